@@ -1,0 +1,142 @@
+# Kipp - build, test, bench. `make help` lists the targets.
+# Pattern rules compile every .c into build/ with -MMD -MP; files named
+# *_avx2.c / *_avx512.c get their ISA flags, everything else stays generic so
+# one binary runs on any x86-64 and picks kernels at run time (kernels/common.h).
+
+CC       ?= cc
+PYTHON   ?= python3
+BUILD    ?= build
+BACKEND  ?= cpu
+MODEL    ?=
+SAN      ?=
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-function
+CFLAGS   ?= -O2 -g
+CPPFLAGS := -D_GNU_SOURCE -Iengine -Ikernels -Ibackends -Itests -Icli
+ALLCFLAGS = -std=c11 $(WARN) $(CFLAGS) $(SAN) -MMD -MP -pthread
+AVX2     := -mavx2 -mfma -mf16c
+AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
+LDLIBS   := -lhwloc -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+HAVE_PAPI := $(shell printf '#include <papi.h>\nint main(void){return 0;}' | $(CC) -x c - -lpapi -o /dev/null 2>/dev/null && echo 1)
+ifeq ($(HAVE_PAPI),1)
+  CPPFLAGS += -DKIPP_HAVE_PAPI=1
+  LDLIBS   += -lpapi
+endif
+
+LIB_SRC   := $(wildcard kernels/*.c kernels/cpu/*.c backends/cpu/*.c engine/*.c)
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_SRC   := $(wildcard cli/*.c)
+TEST_SRC  := $(wildcard tests/test_*.c)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
+BENCH_SRC := $(wildcard bench/kernels/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/kernels/%.c=$(BUILD)/bin/%)
+BENCH_MAIN:= $(wildcard bench/*.c)
+SERVER_SRC:= $(wildcard server/*.c)
+
+.PHONY: all test asan fuzz bench profile demo cuda help clean models-test deps vectors report
+.DEFAULT_GOAL := all
+
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(BENCH_BIN) $(if $(BENCH_MAIN),$(BUILD)/kipp-bench)
+
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX512) -c $< -o $@
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX2) -c $< -o $@
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) -c $< -o $@
+
+$(BUILD)/libkipp.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+$(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+$(BENCH_BIN): $(BUILD)/bin/%: $(BUILD)/bench/kernels/%.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+# ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
+TEST_MODELS := synthetic-tiny synthetic-tiny-untied
+models-test: $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+
+$(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py
+	@mkdir -p $(@D)
+	$(PYTHON) tools/make_checkpoint.py --checkpoint $* --out $(BUILD)/models/$* --quiet
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quiet
+
+test: all models-test
+	tests/run_tests.sh
+
+asan:
+	$(MAKE) BUILD=build-asan CC=clang SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" CFLAGS="-O1 -g" all
+	$(MAKE) models-test
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  KIPP_TEST_BIN=build-asan/bin KIPP_SKIP_PYTEST=1 tests/run_tests.sh
+
+FUZZ_SECONDS ?= 60
+fuzz: models-test
+	@mkdir -p $(BUILD)/fuzz fuzz-corpus
+	clang -std=c11 -D_GNU_SOURCE -Iengine -Ikernels -g -O1 -fsanitize=fuzzer,address,undefined \
+	  tests/fuzz_gguf.c engine/gguf.c -o $(BUILD)/fuzz/fuzz_gguf
+	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 fuzz-corpus
+
+profile: all
+	$(BUILD)/kipp-bench --profile-only --out profiles
+
+bench: all
+	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) tools/report.py
+
+report:
+	$(PYTHON) tools/report.py
+
+vectors: models-test
+	$(PYTHON) tools/gen_vectors.py --models $(BUILD)/models --out tests/vectors
+
+deps:
+	tools/install_deps.sh
+
+demo:
+	tools/install_deps.sh
+	$(MAKE) all
+	tools/demo.sh
+
+NVCC := $(shell command -v nvcc 2>/dev/null)
+cuda:
+ifeq ($(NVCC),)
+	@echo "make cuda: nvcc not found; the CUDA backend is skipped on this machine" && false
+else
+	@mkdir -p $(BUILD)/cuda
+	$(NVCC) -O2 -Iengine -Ikernels -c backends/cuda/*.cu -o $(BUILD)/cuda/kipp_cuda.o
+endif
+
+clean:
+	rm -rf build build-asan
+
+help:
+	@echo "make            build libkipp.a, the kipp CLI, tests and kernel benchmarks"
+	@echo "make demo       install deps, build, make + convert a synthetic checkpoint, generate text"
+	@echo "make test       build tiny synthetic models and run every test (ends 'N passed, N failed')"
+	@echo "make asan       the C tests under ASan+UBSan (clang)"
+	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
+	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
+	@echo "make profile    hardware profile -> profiles/<host>.json"
+	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
+	@echo "make cuda       compile the CUDA backend where nvcc exists"
+	@echo "make clean"
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,15 @@
+/* cli.h - commands of the `kipp` CLI; each returns a process exit status. */
+#ifndef KIPP_CLI_H
+#define KIPP_CLI_H
+
+/* Weak until every command file lands; main() reports a missing one. */
+#define KIPP_CMD(name) int name(int argc, char **argv) __attribute__((weak))
+KIPP_CMD(cmd_inspect);
+KIPP_CMD(cmd_registry);
+KIPP_CMD(cmd_tokenize);
+KIPP_CMD(cmd_detokenize);
+KIPP_CMD(cmd_generate);
+KIPP_CMD(cmd_chat);
+KIPP_CMD(cmd_logits);
+
+#endif

@@ -1,0 +1,60 @@
+/* cmd_registry.c - `kipp registry [--json]`: print the compiled-in registry, for
+ * humans or for tests/test_tooling.py, which compares it with tools/checkpoints.py. */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kipp_checkpoints.h"
+
+static const char *variant_name(kipp_variant v)
+{
+    return v == KIPP_VARIANT_BASE ? "base" : v == KIPP_VARIANT_THINKING ? "thinking" : "instruct";
+}
+
+static const char *chat_name(kipp_chat_kind c)
+{
+    static const char *n[] = {"none", "hybrid", "instruct-2507", "thinking-2507"};
+    return n[c];
+}
+
+static json_t *entry_json(const kipp_checkpoint *c)
+{
+    json_t *stops = json_array();
+    for (uint32_t i = 0; i < c->n_stop; i++) json_array_append_new(stops, json_integer(c->stop_ids[i]));
+    return json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b,s:i,s:o,s:I}",
+                     "id", c->id, "repository", c->repository, "revision", c->revision,
+                     "synthetic", c->synthetic, "variant", variant_name(c->variant),
+                     "chat_template", chat_name(c->chat), "d_model", c->d_model,
+                     "n_layer", c->n_layer, "n_q_head", c->n_q_head, "n_kv_head", c->n_kv_head,
+                     "head_dim", c->head_dim, "d_ff", c->d_ff, "vocab_size", c->vocab_size,
+                     "context_length", c->context_length, "rope_theta", c->rope_theta,
+                     "tied_embeddings", c->tied_embeddings, "eos_token_id", c->eos_token_id,
+                     "stop_token_ids", stops, "kv_bytes_per_token",
+                     (json_int_t)kipp_kv_bytes_per_token(c));
+}
+
+int cmd_registry(int argc, char **argv)
+{
+    int as_json = argc > 1 && !strcmp(argv[1], "--json");
+    if (argc > 1 && !as_json) {
+        fprintf(stderr, "kipp registry: unknown argument '%s' (expected --json or nothing)\n", argv[1]);
+        return 2;
+    }
+    if (as_json) {
+        json_t *arr = json_array();
+        for (size_t i = 0; i < kipp_checkpoints_count; i++)
+            json_array_append_new(arr, entry_json(&kipp_checkpoints[i]));
+        json_dumpf(arr, stdout, JSON_INDENT(1));
+        fputc('\n', stdout);
+        json_decref(arr);
+        return 0;
+    }
+    printf("%-24s %-32s %6s %4s %4s %6s %7s %s\n", "id", "repository", "d", "L", "nq", "ff", "ctx", "tied");
+    for (size_t i = 0; i < kipp_checkpoints_count; i++) {
+        const kipp_checkpoint *c = &kipp_checkpoints[i];
+        printf("%-24s %-32s %6u %4u %4u %6u %7u %s\n", c->id, c->repository, c->d_model, c->n_layer,
+               c->n_q_head, c->d_ff, c->context_length, c->tied_embeddings ? "yes" : "no");
+    }
+    return 0;
+}

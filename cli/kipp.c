@@ -1,0 +1,48 @@
+/*
+ * kipp.c - the `kipp` command-line entry point: dispatches to cli/cmd_*.c.
+ * Each command is `int cmd_<name>(int argc, char **argv)` returning the exit status.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"inspect", cmd_inspect, "inspect FILE.gguf [--kernels]   checkpoint, dims, tensor table"},
+    {"registry", cmd_registry, "registry [--json]               the compiled-in checkpoint registry"},
+    {"tokenize", cmd_tokenize, "tokenize --model F (--text T | --file F) [--special]"},
+    {"detokenize", cmd_detokenize, "detokenize --model F --ids 1,2,3"},
+    {"generate", cmd_generate, "generate --model F --prompt T [--chat] [--max-tokens N] ..."},
+    {"chat", cmd_chat, "chat --model F                   interactive multi-turn chat"},
+    {"logits", cmd_logits, "logits --model F --prompt T --out F.f32"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kipp COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %s\n", commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name)) continue;
+        if (!commands[i].fn) {
+            fprintf(stderr, "kipp: command '%s' is not built into this binary\n", argv[1]);
+            return 2;
+        }
+        return commands[i].fn(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "kipp: unknown command '%s' (expected one of: inspect, registry, tokenize, "
+                    "detokenize, generate, chat, logits)\n", argv[1]);
+    return 2;
+}

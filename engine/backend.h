@@ -1,0 +1,111 @@
+/*
+ * backend.h - the backend boundary (seed 000, "Backend boundary").
+ *
+ * The engine calls a backend only through kipp_backend_ops. A backend owns its
+ * prepared weights, scratch, KV bytes and threads; the engine owns logical
+ * session state (length, block table) and passes it in each kipp_eval_item.
+ * Nothing device-specific crosses this header.
+ */
+#ifndef KIPP_BACKEND_H
+#define KIPP_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/** Tensor element types (GGUF type numbers). */
+#define KIPP_DTYPE_F32 0u
+#define KIPP_DTYPE_Q8_0 8u
+#define KIPP_DTYPE_BF16 30u
+
+/** A validated view into the model mmap: row-major [rows][cols]; vectors have rows == 1. */
+typedef struct {
+    const void *data; /* points into the read-only mapping, 64-byte aligned */
+    uint32_t dtype;   /* KIPP_DTYPE_* */
+    uint64_t rows;
+    uint64_t cols;
+    uint64_t nbytes;
+} kipp_tensor_view;
+
+/** One decoder layer's weights; A = n_q_head*128, KV = n_kv_head*128 = 1024. */
+typedef struct {
+    kipp_tensor_view attn_norm; /* [d_model] bf16 */
+    kipp_tensor_view wq;        /* [A][d_model] bf16 */
+    kipp_tensor_view wk;        /* [KV][d_model] bf16 */
+    kipp_tensor_view wv;        /* [KV][d_model] bf16 */
+    kipp_tensor_view q_norm;    /* [128] bf16 */
+    kipp_tensor_view k_norm;    /* [128] bf16 */
+    kipp_tensor_view wo;        /* [d_model][A] bf16 */
+    kipp_tensor_view ffn_norm;  /* [d_model] bf16 */
+    kipp_tensor_view w_gate;    /* [d_ff][d_model] bf16 */
+    kipp_tensor_view w_up;      /* [d_ff][d_model] bf16 */
+    kipp_tensor_view w_down;    /* [d_model][d_ff] bf16 */
+} kipp_qwen3_layer;
+
+/** All weights, bound by engine/model.c without copying (seed 000, loader). */
+typedef struct {
+    kipp_tensor_view token_embd;  /* [vocab][d_model] bf16 */
+    kipp_qwen3_layer *layers;     /* [n_layer], owned by the engine */
+    kipp_tensor_view output_norm; /* [d_model] bf16 */
+    kipp_tensor_view output;      /* [vocab][d_model] bf16; == token_embd when tied */
+} kipp_qwen3_weights;
+
+/** Fixed model dimensions, copied from the matched registry entry. */
+typedef struct {
+    uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;
+    uint32_t vocab_size;     /* 151936 */
+    uint32_t context_length; /* tokens */
+    float rope_theta;
+    float rms_eps;           /* 1e-6 */
+    int tied_embeddings;
+} kipp_dims;
+
+/** What a backend sees of a model: the validated mapping, dimensions and weights. */
+typedef struct {
+    const void *map;        /* whole file, read-only */
+    size_t map_size;        /* bytes */
+    kipp_dims dims;
+    kipp_qwen3_weights w;
+    const char *checkpoint_id;
+    int n_threads;          /* requested workers; 0 = one per physical core */
+} kipp_model_view;
+
+/**
+ * One evaluation item (seed 000). The engine has already checked that
+ * start_position equals the session's logical length and that
+ * start_position + token_count <= capacity, so the backend only computes.
+ */
+typedef struct {
+    void *session;               /* backend session from session_create */
+    const uint32_t *tokens;      /* [token_count] ids < vocab */
+    uint32_t token_count;        /* >= 1 */
+    uint32_t start_position;     /* position of tokens[0] */
+    const uint32_t *block_table; /* [n_blocks] logical block (pos>>5) -> physical block */
+    uint32_t logits_count;       /* rows for the last logits_count tokens (0..token_count) */
+    float *logits;               /* [logits_count][vocab] FP32, host memory */
+} kipp_eval_item;
+
+/** The ops table a backend fills (seed 000 shape plus error outputs). */
+typedef struct {
+    const char *name; /* "ref", "cpu", ... */
+    /** Prepare weights/scratch/threads for model; *backend_model owned by the backend. */
+    int (*model_create)(const kipp_model_view *model, void **backend_model, char *err,
+                        size_t errlen);
+    void (*model_destroy)(void *backend_model);
+    /** Allocate KV for n_blocks physical 32-position blocks ([layer][block*32+i][8][128] bf16 K and V). */
+    int (*session_create)(void *backend_model, uint32_t n_blocks, void **backend_session,
+                          char *err, size_t errlen);
+    void (*session_destroy)(void *backend_session);
+    /** Synchronous evaluation of items (distinct sessions). */
+    int (*eval)(void *backend_model, kipp_eval_item *items, size_t item_count, char *err,
+                size_t errlen);
+    /** Optional: one line per chosen kernel path, for `kipp inspect --kernels`; may be NULL. */
+    void (*describe)(void *backend_model, char *out, size_t outlen);
+} kipp_backend_ops;
+
+/** Backends known to the engine (engine/backends.c); NULL when name is unknown. */
+const kipp_backend_ops *kipp_backend_find(const char *name);
+
+extern const kipp_backend_ops ref_backend_ops;
+extern const kipp_backend_ops cpu_backend_ops;
+
+#endif

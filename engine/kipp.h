@@ -1,0 +1,251 @@
+/*
+ * kipp.h - the public Kipp engine API (seed 000, "Public engine and session model").
+ *
+ * Narrow and opaque, after antirez/ds4 ds4.h: every call that can fail returns
+ * 0 or a negative KIPP_E* code and writes one sentence naming the bad value and
+ * the expectation into (err, errlen) when err is non-NULL. Every create has a
+ * destroy, and every destroy accepts NULL. Nothing here calls exit().
+ *
+ * Threading: a model and its sessions are used by one thread at a time.
+ */
+#ifndef KIPP_H
+#define KIPP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- error codes ---- */
+#define KIPP_OK 0
+#define KIPP_EINVAL (-1)   /* bad argument value */
+#define KIPP_EIO (-2)      /* open/read/mmap failed */
+#define KIPP_EFORMAT (-3)  /* malformed or rejected model file */
+#define KIPP_ENOMEM (-4)   /* allocation failed */
+#define KIPP_ERANGE (-5)   /* capacity, position or token id out of range */
+#define KIPP_EBACKEND (-6) /* unknown backend or backend failure */
+#define KIPP_ENOTSUP (-7)  /* feature not available for this checkpoint/backend */
+#define KIPP_ENUMERIC (-8) /* NaN or Inf where finite values are required */
+
+/** Short name of an error code ("EINVAL", ...); never NULL. */
+const char *kipp_strerror(int code);
+
+/* ---- model ---- */
+typedef struct kipp_model kipp_model;
+typedef struct kipp_session kipp_session;
+
+/** Options for kipp_model_open; zero-initialise for defaults. */
+typedef struct {
+    int n_threads; /* worker threads for the backend; 0 = one per physical core */
+} kipp_model_options;
+
+/**
+ * Open a Kipp GGUF artifact (docs/FORMAT.md) read-only via mmap, validate it
+ * against the compiled-in registry, bind the weights, and create the named
+ * backend ("ref" = scalar FP32 oracle, "cpu" = fast CPU backend).
+ * opts may be NULL. On success *out owns the mapping; release with
+ * kipp_model_close. Errors: KIPP_EIO, KIPP_EFORMAT (with the loader's reason),
+ * KIPP_EBACKEND (unknown backend name), KIPP_ENOMEM.
+ */
+int kipp_model_open(const char *path, const char *backend, const kipp_model_options *opts,
+                    kipp_model **out, char *err, size_t errlen);
+
+/** Close a model opened by kipp_model_open; NULL is accepted. Sessions must be destroyed first. */
+void kipp_model_close(kipp_model *model);
+
+/** Facts about an open model; all strings are owned by the model. */
+typedef struct {
+    const char *checkpoint_id;  /* registry id */
+    const char *repository;     /* Hugging Face repository */
+    const char *revision;       /* pinned revision */
+    const char *backend;        /* backend name */
+    const char *quant;          /* "bf16" */
+    int has_chat;               /* 1: chat template present (instruct/thinking) */
+    int tied_embeddings;
+    uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;
+    uint32_t vocab_size;        /* logits per row: 151936 */
+    uint32_t context_length;    /* tokens */
+    uint32_t n_stop;
+    uint32_t stop_ids[2];
+    uint64_t kv_bytes_per_token; /* logical KV bytes per cached token (all layers) */
+    uint64_t weight_bytes;       /* bytes of all tensors in the file */
+} kipp_model_info;
+
+/** Fill *info for an open model. Never fails for a valid model. */
+void kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
+
+/* ---- tokenizer (engine/tokenizer.c, seed 000 "Tokenizer") ---- */
+#define KIPP_TOK_SPECIAL 1  /* match added/special token text; else all text is plain */
+
+/**
+ * Encode UTF-8 text (len bytes, may contain NUL) into token ids.
+ * Writes at most cap ids to ids and the full count to *n_out; when *n_out > cap
+ * the call returns KIPP_ERANGE and the caller retries with a bigger buffer.
+ * Invalid UTF-8 follows the reference (docs/TOKENIZER.md).
+ */
+int kipp_tokenize(const kipp_model *model, const char *text, size_t len, int flags,
+                  uint32_t *ids, size_t cap, size_t *n_out, char *err, size_t errlen);
+
+/**
+ * Decode ids to bytes. Writes at most cap bytes (no NUL added) and the full
+ * length to *n_out; KIPP_ERANGE when it does not fit. Ids >= vocab are KIPP_ERANGE.
+ */
+int kipp_detokenize(const kipp_model *model, const uint32_t *ids, size_t n, char *out,
+                    size_t cap, size_t *n_out, char *err, size_t errlen);
+
+/** Streaming detokenizer: emits only complete UTF-8, holding back partial sequences. */
+typedef struct kipp_detok_stream kipp_detok_stream;
+/** Create a stream for model; NULL on allocation failure. */
+kipp_detok_stream *kipp_detok_stream_create(const kipp_model *model);
+/** Destroy; NULL accepted. */
+void kipp_detok_stream_destroy(kipp_detok_stream *s);
+/**
+ * Push one token; writes the newly complete bytes to out (at most cap, must be
+ * >= 64) and their count to *n_out. KIPP_ERANGE for an id >= vocab.
+ */
+int kipp_detok_stream_push(kipp_detok_stream *s, uint32_t id, char *out, size_t cap,
+                           size_t *n_out, char *err, size_t errlen);
+/** Flush held-back bytes at end of stream (invalid tails become U+FFFD). */
+int kipp_detok_stream_flush(kipp_detok_stream *s, char *out, size_t cap, size_t *n_out);
+
+/* ---- chat (engine/chat.c: native Qwen3 ChatML renderer) ---- */
+typedef enum { KIPP_ROLE_SYSTEM, KIPP_ROLE_USER, KIPP_ROLE_ASSISTANT, KIPP_ROLE_TOOL } kipp_role;
+
+/** One tool call made by an assistant turn; arguments is a JSON object text. */
+typedef struct {
+    const char *name;
+    const char *arguments;
+} kipp_tool_call;
+
+/** One chat message; NULL strings are absent fields. */
+typedef struct {
+    kipp_role role;
+    const char *content;            /* may be NULL for assistant turns with tool calls */
+    const char *reasoning_content;  /* assistant only; NULL = absent */
+    const kipp_tool_call *tool_calls;
+    size_t n_tool_calls;
+} kipp_chat_message;
+
+/** Rendering options, as chat_template_kwargs. */
+typedef struct {
+    int add_generation_prompt;  /* 1: end with "<|im_start|>assistant\n" (+ think per kind) */
+    int enable_thinking;        /* hybrid only: 0 appends the empty think block; default 1 */
+    const char *tools_json;     /* NULL or a JSON array of tool definitions, each dumped as-is */
+} kipp_chat_options;
+
+/**
+ * Render messages with the checkpoint's Qwen3 chat template, byte-identical to
+ * Hugging Face apply_chat_template. *out is malloc'd, NUL-terminated, owned by
+ * the caller (free()). Base checkpoints return KIPP_ENOTSUP.
+ */
+int kipp_chat_render(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
+                     const kipp_chat_options *opts, char **out, char *err, size_t errlen);
+
+/* ---- sessions (engine/session.c) ---- */
+
+/**
+ * Create a session with room for capacity tokens (1..context_length). KV
+ * storage (rounded up to whole 32-position blocks) is allocated now, once.
+ * Errors: KIPP_ERANGE for capacity 0 or above the context length, KIPP_ENOMEM.
+ */
+int kipp_session_create(kipp_model *model, uint32_t capacity, kipp_session **out,
+                        char *err, size_t errlen);
+/** Destroy a session; NULL accepted. */
+void kipp_session_destroy(kipp_session *s);
+/** Logical length: tokens currently in the KV cache. */
+uint32_t kipp_session_length(const kipp_session *s);
+/** Capacity in tokens, as created. */
+uint32_t kipp_session_capacity(const kipp_session *s);
+/** Set the length to zero; KV bytes are not cleared. */
+void kipp_session_reset(kipp_session *s);
+/** Roll back to the first n tokens; KIPP_ERANGE when n > length. */
+int kipp_session_truncate(kipp_session *s, uint32_t n, char *err, size_t errlen);
+
+/**
+ * Append n tokens (n >= 1) and write the FP32 logits of the final position to
+ * logits ([vocab_size] floats) unless logits is NULL. Nothing is appended on
+ * error: KIPP_ERANGE when length+n > capacity or an id >= vocab_size,
+ * KIPP_ENUMERIC when the logits are not finite.
+ */
+int kipp_session_eval(kipp_session *s, const uint32_t *tokens, uint32_t n, float *logits,
+                      char *err, size_t errlen);
+
+/**
+ * As kipp_session_eval, writing the logits of the last logits_count positions
+ * (1 <= logits_count <= n) to logits, [logits_count][vocab_size] floats, row
+ * order = position order. Rows equal per-position evaluation.
+ */
+int kipp_session_eval_n(kipp_session *s, const uint32_t *tokens, uint32_t n,
+                        uint32_t logits_count, float *logits, char *err, size_t errlen);
+
+/** Tokenize text (flags as kipp_tokenize) and append it as kipp_session_eval does. */
+int kipp_session_eval_text(kipp_session *s, const char *text, size_t len, int flags,
+                           float *logits, char *err, size_t errlen);
+
+/** One item of a batched evaluation. */
+typedef struct {
+    kipp_session *session;   /* distinct sessions within one batch */
+    const uint32_t *tokens;  /* [token_count] */
+    uint32_t token_count;    /* >= 1 */
+    uint32_t logits_count;   /* 0..token_count; rows for the last positions */
+    float *logits;           /* [logits_count][vocab_size] or NULL when logits_count == 0 */
+} kipp_batch_item;
+
+/**
+ * Evaluate several sessions in one backend call, so weights are read once per
+ * step. All items are validated before any is evaluated; on error nothing is
+ * appended. Results equal isolated evaluation within the backend's tolerance
+ * (bitwise on "ref").
+ */
+int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *err,
+                    size_t errlen);
+
+/* ---- sampling (engine/sampler.c) ---- */
+
+/** xoshiro256** state; seed with kipp_rng_seed. */
+typedef struct { uint64_t s[4]; } kipp_rng;
+/** Seed deterministically (splitmix64 expansion of seed). */
+void kipp_rng_seed(kipp_rng *rng, uint64_t seed);
+
+/** One additive logit bias. */
+typedef struct { uint32_t token; float bias; } kipp_logit_bias;
+
+/**
+ * Sampling parameters. kipp_sample_params_default() gives greedy-equivalent
+ * neutral values (temperature 0 = argmax). Penalties look at the last
+ * penalty_window tokens of history (OpenAI semantics for frequency/presence,
+ * CTRL semantics for repetition_penalty).
+ */
+typedef struct {
+    float temperature;        /* 0 = greedy argmax; > 0 scales logits */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off; (0,1] */
+    float min_p;              /* 0 = off; [0,1] */
+    float repetition_penalty; /* 1 = off; > 0 */
+    float frequency_penalty;  /* 0 = off; [-2,2] */
+    float presence_penalty;   /* 0 = off; [-2,2] */
+    uint32_t penalty_window;  /* tokens of history considered; default 64 */
+    const uint32_t *history;  /* [history_len] previously generated tokens, oldest first */
+    size_t history_len;
+    const kipp_logit_bias *logit_bias; /* [n_logit_bias] */
+    size_t n_logit_bias;
+} kipp_sample_params;
+
+/** Neutral parameters: temperature 0, top_k 0, top_p 1, min_p 0, penalties off, window 64. */
+kipp_sample_params kipp_sample_params_default(void);
+
+/**
+ * Sample one token from logits[n_vocab] (not modified). Deterministic for a
+ * given rng state. Errors: KIPP_EINVAL for out-of-range parameters (named),
+ * KIPP_ENUMERIC when logits hold NaN or Inf, KIPP_ERANGE for a bias token id
+ * >= n_vocab.
+ */
+int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params *p,
+                   kipp_rng *rng, uint32_t *token, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,124 @@
+/*
+ * kipp_checkpoints.h - the compiled-in registry of supported Qwen3 dense
+ * checkpoints (seed 000, "Supported checkpoints").
+ *
+ * A checkpoint outside this table is a rejection, not an extension point.
+ * tools/checkpoints.py mirrors this table; tests/test_tooling.py compares the
+ * two field by field through `kipp registry --json`.
+ *
+ * Sources: ../shared/qwen3-registry.md and ../shared/qwen3-configs/ (one config.json per checkpoint).
+ * Revisions of real checkpoints are public pins, "pinned, unverified" until a
+ * user with network access runs tools/download_model.sh.
+ *
+ * Synthetic entries (repository "synthetic/...") describe deterministic
+ * random-weight checkpoints written by tools/make_checkpoint.py; their
+ * revision is "<generator version>-seed<N>".
+ */
+#ifndef KIPP_CHECKPOINTS_H
+#define KIPP_CHECKPOINTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Family invariants, validated for every entry (seed 000). */
+#define KIPP_VOCAB_SIZE 151936u   /* logits rows; ids >= 151669 are padding */
+#define KIPP_N_KV_HEAD 8u
+#define KIPP_HEAD_DIM 128u
+#define KIPP_RMS_EPS 1e-6f
+#define KIPP_BOS_ID 151643u       /* <|endoftext|> */
+#define KIPP_KV_BLOCK 32u         /* positions per KV page */
+#define KIPP_N_TOKENS 151669u     /* 151643 BPE tokens + 26 added tokens */
+
+/** Checkpoint variant: base models have no chat template. */
+typedef enum {
+    KIPP_VARIANT_BASE = 0,
+    KIPP_VARIANT_INSTRUCT = 1,  /* hybrid Qwen3 and Instruct-2507 */
+    KIPP_VARIANT_THINKING = 2   /* Thinking-2507 */
+} kipp_variant;
+
+/** Which chat template the checkpoint ships (registry.md, "Chat template facts"). */
+typedef enum {
+    KIPP_CHAT_NONE = 0,          /* base: chat requests are refused */
+    KIPP_CHAT_HYBRID = 1,        /* Qwen3 hybrid: enable_thinking switch */
+    KIPP_CHAT_INSTRUCT_2507 = 2, /* no thinking branch */
+    KIPP_CHAT_THINKING_2507 = 3  /* generation prompt ends "<think>\n" */
+} kipp_chat_kind;
+
+/** One registry entry. All strings are static; dimensions are counts. */
+typedef struct {
+    const char *id;          /* short id, e.g. "qwen3-0.6b" */
+    const char *repository;  /* Hugging Face repo, e.g. "Qwen/Qwen3-0.6B" */
+    const char *revision;    /* 40-hex commit, or synthetic "<gen>-seed<N>" */
+    int synthetic;           /* 1: tools/make_checkpoint.py writes it */
+    kipp_variant variant;
+    kipp_chat_kind chat;
+    uint32_t d_model;        /* hidden_size */
+    uint32_t n_layer;        /* num_hidden_layers */
+    uint32_t n_q_head;       /* num_attention_heads; attention width n_q_head*128 */
+    uint32_t n_kv_head;      /* always 8 */
+    uint32_t head_dim;       /* always 128 */
+    uint32_t d_ff;           /* intermediate_size */
+    uint32_t vocab_size;     /* always 151936 */
+    uint32_t context_length; /* max_position_embeddings, tokens */
+    double rope_theta;       /* RoPE base */
+    int tied_embeddings;     /* 1: head is the transposed token embedding */
+    uint32_t eos_token_id;   /* eos in config.json */
+    uint32_t n_stop;         /* entries used in stop_ids */
+    uint32_t stop_ids[2];    /* generation stops at any of these */
+} kipp_checkpoint;
+
+#define KIPP_STOP_BASE 1, { 151643u, 0u }
+#define KIPP_STOP_CHAT 2, { 151645u, 151643u }
+#define KIPP_SYNTH_REV "kipp-synth-v1-seed"
+
+/* Columns: id, repository, revision, synthetic, variant, chat,
+ * d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff, vocab, ctx, theta, tied,
+ * eos, stops. */
+#define KIPP_CHECKPOINT_TABLE \
+  {"qwen3-0.6b-base", "Qwen/Qwen3-0.6B-Base", "da87bfb608c14b7cf20ba1ce41287e8de496c0cd", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-0.6b",      "Qwen/Qwen3-0.6B",      "c1899de289a04d12100db370d81485cdf75e47ca", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-1.7b-base", "Qwen/Qwen3-1.7B-Base", "ea980cb0a6c2ae4b936e82123acc929f1cec04c1", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-1.7b",      "Qwen/Qwen3-1.7B",      "70d244cc86ccca08cf5af4e1e306ecf908b1ad5e", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-4b-base",   "Qwen/Qwen3-4B-Base",   "906bfd4b4dc7f14ee4320094d8b41684abff8539", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-4b",        "Qwen/Qwen3-4B",        "1cfa9a7208912126459214e8b04321603b3df60c", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-4b-instruct-2507", "Qwen/Qwen3-4B-Instruct-2507", "cdbee75f17c01a7cc42f958dc650907174af0554", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_INSTRUCT_2507, 2560, 36, 32, 8, 128, 9728, KIPP_VOCAB_SIZE, 262144, 5e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-4b-thinking-2507", "Qwen/Qwen3-4B-Thinking-2507", "768f209d9ea81521153ed38c47d515654e938aea", 0, KIPP_VARIANT_THINKING, KIPP_CHAT_THINKING_2507, 2560, 36, 32, 8, 128, 9728, KIPP_VOCAB_SIZE, 262144, 5e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-8b-base",   "Qwen/Qwen3-8B-Base",   "49e3418fbbbca6ecbdf9608b4d22e5a407081db4", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-8b",        "Qwen/Qwen3-8B",        "b968826d9c46dd6066d109eabc6255188de91218", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-14b-base",  "Qwen/Qwen3-14B-Base",  "0b0bd3732e2c374d483664439ea334928b65f304", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-14b",       "Qwen/Qwen3-14B",       "40c069824f4251a91eefaf281ebe4c544efd3e18", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-32b",       "Qwen/Qwen3-32B",       "9216db5781bf21249d130ec9da846c4624c16137", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 64, 64, 8, 128, 25600, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
+  /* Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes. */ \
+  {"synthetic-tiny",        "synthetic/qwen3-tiny",        KIPP_SYNTH_REV "1", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,  256, 2, 16, 8, 128,   512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", KIPP_SYNTH_REV "2", 1, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,      384, 3,  8, 8, 128,   640, KIPP_VOCAB_SIZE, 4096, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
+  {"synthetic-0.6b", "synthetic/qwen3-0.6b-shape", KIPP_SYNTH_REV "3", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"synthetic-1.7b", "synthetic/qwen3-1.7b-shape", KIPP_SYNTH_REV "4", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"synthetic-4b",   "synthetic/qwen3-4b-shape",   KIPP_SYNTH_REV "5", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
+  {"synthetic-8b",   "synthetic/qwen3-8b-shape",   KIPP_SYNTH_REV "6", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}
+
+/** The registry, in table order. */
+extern const kipp_checkpoint kipp_checkpoints[];
+/** Number of entries in kipp_checkpoints. */
+extern const size_t kipp_checkpoints_count;
+
+/**
+ * Find the entry whose (repository, revision) match exactly.
+ * Returns NULL when the pair is not in the registry. Strings are not
+ * NUL-terminated (they point into a GGUF mmap): pass their lengths.
+ */
+const kipp_checkpoint *kipp_checkpoint_find(const char *repo, size_t repo_len,
+                                            const char *rev, size_t rev_len);
+
+/** Find an entry by short id (NUL-terminated); NULL when unknown. */
+const kipp_checkpoint *kipp_checkpoint_by_id(const char *id);
+
+/** Attention width in floats: n_q_head * head_dim (seed 000: not d_model). */
+static inline uint32_t kipp_attn_width(const kipp_checkpoint *c) { return c->n_q_head * c->head_dim; }
+
+/** Logical KV bytes per token: n_layer * 2 (K,V) * 8 * 128 * 2 (BF16). */
+static inline uint64_t kipp_kv_bytes_per_token(const kipp_checkpoint *c)
+{
+    return (uint64_t)c->n_layer * 2u * c->n_kv_head * c->head_dim * 2u;
+}
+
+#endif

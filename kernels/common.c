@@ -1,0 +1,118 @@
+/* common.c - CPU feature detection, ISA selection, aligned allocation, FP16. */
+#include "common.h"
+
+#include <cpuid.h>
+#include <stdlib.h>
+
+float kipp_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) { man <<= 1; exp--; }
+            u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t kipp_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+    uint32_t man = u & 0x7fffffu;
+    if (((u >> 23) & 0xffu) == 0xffu) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) { /* subnormal or zero */
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1u))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = sign | ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* may carry into exponent: correct */
+    return (uint16_t)h;
+}
+
+void *kipp_aligned_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) bytes = 64;
+    if (posix_memalign(&p, 64, (bytes + 63) & ~(size_t)63) != 0) return NULL;
+    return p;
+}
+
+void kipp_aligned_free(void *p) { free(p); }
+
+static int os_saves_zmm(void)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6u) == 0xe6u; /* XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM */
+}
+
+static int os_saves_ymm(void)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0x6u) == 0x6u;
+}
+
+const kipp_cpu_features *kipp_cpu_get(void)
+{
+    static kipp_cpu_features f;
+    static int done;
+    if (done) return &f;
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+        unsigned a7, b7, c7, d7, a71, b71, c71, d71;
+        if (osxsave && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7)) {
+            int ymm = os_saves_ymm(), zmm = ymm && os_saves_zmm();
+            f.avx2 = ymm && fma && f16c && ((b7 >> 5) & 1);
+            f.avx512 = zmm && f.avx2 && ((b7 >> 16) & 1) && ((b7 >> 17) & 1) &&
+                       ((b7 >> 30) & 1) && ((b7 >> 31) & 1);
+            f.avx512_vnni = f.avx512 && ((c7 >> 11) & 1);
+            if (__get_cpuid_count(7, 1, &a71, &b71, &c71, &d71))
+                f.avx512_bf16 = f.avx512 && ((a71 >> 5) & 1);
+        }
+    }
+    done = 1;
+    return &f;
+}
+
+const char *kipp_isa_name(kipp_isa isa)
+{
+    return isa == KIPP_ISA_AVX512 ? "avx512" : isa == KIPP_ISA_AVX2 ? "avx2" : "ref";
+}
+
+kipp_isa kipp_isa_select(const char **note)
+{
+    const kipp_cpu_features *f = kipp_cpu_get();
+    kipp_isa best = f->avx512 && f->avx512_bf16 ? KIPP_ISA_AVX512 : f->avx2 ? KIPP_ISA_AVX2 : KIPP_ISA_REF;
+    const char *env = getenv("KIPP_ISA");
+    if (note) *note = NULL;
+    if (!env || !*env) return best;
+    kipp_isa want = !strcmp(env, "avx512") ? KIPP_ISA_AVX512 : !strcmp(env, "avx2") ? KIPP_ISA_AVX2
+                  : !strcmp(env, "ref") ? KIPP_ISA_REF : best;
+    if (want > best) {
+        if (note) *note = "KIPP_ISA asks for an ISA this CPU lacks; using the best available path";
+        return best;
+    }
+    if (note && strcmp(env, "avx512") && strcmp(env, "avx2") && strcmp(env, "ref"))
+        *note = "KIPP_ISA is not one of ref|avx2|avx512; using the best available path";
+    return want;
+}

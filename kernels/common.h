@@ -1,0 +1,70 @@
+/*
+ * common.h - the only header kernels share: BF16/FP16 conversion, aligned
+ * allocation, CPU feature flags (ARCHITECTURE.md, "Layers").
+ */
+#ifndef KIPP_KERNELS_COMMON_H
+#define KIPP_KERNELS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/** BF16 as stored: the top 16 bits of an IEEE-754 binary32. */
+typedef uint16_t kipp_bf16;
+
+/** Exact widening BF16 -> FP32. */
+static inline float kipp_bf16_to_f32(kipp_bf16 h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/** FP32 -> BF16, round to nearest even; NaN stays NaN (quiet). Matches torch's .to(bfloat16). */
+static inline kipp_bf16 kipp_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (kipp_bf16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (kipp_bf16)(u >> 16);
+}
+
+/** FP32 rounded through BF16 and back (the KV storage contract). */
+static inline float kipp_round_bf16(float f) { return kipp_bf16_to_f32(kipp_f32_to_bf16(f)); }
+
+/** IEEE half -> FP32 (for Q8_0 block scales). */
+float kipp_f16_to_f32(uint16_t h);
+/** FP32 -> IEEE half, round to nearest even. */
+uint16_t kipp_f32_to_f16(float f);
+
+/** 64-byte aligned allocation (zmm loads, cache lines); free with kipp_aligned_free. NULL on failure. */
+void *kipp_aligned_alloc(size_t bytes);
+void kipp_aligned_free(void *p);
+
+/** CPU features read once from CPUID. */
+typedef struct {
+    int avx2;        /* AVX2 + FMA + F16C */
+    int avx512;      /* AVX-512 F/BW/VL/DQ */
+    int avx512_bf16; /* AVX512_BF16 (vdpbf16ps) */
+    int avx512_vnni; /* AVX512_VNNI (vpdpbusd) */
+} kipp_cpu_features;
+
+/** Features of this CPU (cached after the first call). */
+const kipp_cpu_features *kipp_cpu_get(void);
+
+/** Kernel ISA levels; KIPP_ISA=ref|avx2|avx512 forces one (capped by the CPU). */
+typedef enum { KIPP_ISA_REF = 0, KIPP_ISA_AVX2 = 1, KIPP_ISA_AVX512 = 2 } kipp_isa;
+
+/**
+ * The ISA kernels should use: the best this CPU has, or the level forced by the
+ * KIPP_ISA environment variable. A forced level the CPU lacks falls back to the
+ * best available and *note (if non-NULL) gets a sentence saying so.
+ */
+kipp_isa kipp_isa_select(const char **note);
+
+/** Name of an ISA level: "ref", "avx2", "avx512". */
+const char *kipp_isa_name(kipp_isa isa);
+
+#endif
