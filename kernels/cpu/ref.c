@@ -1,0 +1,143 @@
+/*
+ * ref.c - scalar reference kernels: the readable oracle every SIMD variant is
+ * checked against (ggml "arch fallback" style). Plain loops, FP32
+ * accumulation in index order, no threads of their own.
+ */
+#include <math.h>
+
+#include "kernels.h"
+
+void k_matvec_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
+                       int ith, int nth)
+{
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 1, &r0, &r1);
+    for (size_t r = r0; r < r1; r++) {
+        const kipp_bf16 *wr = w + r * cols;
+        float acc = 0.0f;
+        for (size_t c = 0; c < cols; c++) acc += kipp_bf16_to_f32(wr[c]) * x[c];
+        y[r] = acc;
+    }
+}
+
+/* Each token row is computed exactly as k_matvec_bf16_ref would, so multi-row
+ * logits are bitwise-equal to per-position evaluation on the ref path. */
+void k_matmul_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
+                       size_t n_tok, int ith, int nth)
+{
+    for (size_t t = 0; t < n_tok; t++) k_matvec_bf16_ref(w, x + t * cols, y + t * rows, rows, cols, ith, nth);
+}
+
+void k_rmsnorm_f32_ref(const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,
+                       float eps)
+{
+    for (size_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float ss = 0.0f;
+        for (size_t i = 0; i < n; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (size_t i = 0; i < n; i++) yr[i] = xr[i] * inv * kipp_bf16_to_f32(w[i]);
+    }
+}
+
+void k_rope_f32_ref(float *x, size_t n_head, const float *cs)
+{
+    const size_t half = K_HEAD_DIM / 2;
+    for (size_t h = 0; h < n_head; h++) {
+        float *xh = x + h * K_HEAD_DIM;
+        for (size_t i = 0; i < half; i++) {
+            float c = cs[i], s = cs[half + i], a = xh[i], b = xh[i + half];
+            xh[i] = a * c - b * s;
+            xh[i + half] = b * c + a * s;
+        }
+    }
+}
+
+void k_swiglu_f32_ref(const float *gate, const float *up, float *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+void k_add_f32_ref(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void k_embed_bf16_ref(const kipp_bf16 *table, uint32_t token, float *out, size_t d)
+{
+    const kipp_bf16 *row = table + (size_t)token * d;
+    for (size_t c = 0; c < d; c++) out[c] = kipp_bf16_to_f32(row[c]);
+}
+
+static size_t kv_row(const uint32_t *block_table, uint32_t pos)
+{
+    return ((size_t)block_table[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) * K_N_KV_HEAD * K_HEAD_DIM;
+}
+
+void k_kv_write_bf16_ref(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table, uint32_t pos,
+                         const float *k, const float *v)
+{
+    size_t off = kv_row(block_table, pos);
+    for (size_t i = 0; i < K_N_KV_HEAD * K_HEAD_DIM; i++) {
+        kc[off + i] = kipp_f32_to_bf16(k[i]);
+        vc[off + i] = kipp_f32_to_bf16(v[i]);
+    }
+}
+
+void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                          uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
+                          float scale, float *m, float *l, float *acc)
+{
+    for (size_t g = 0; g < group; g++) {
+        const float *qg = q + g * K_HEAD_DIM;
+        float mg = -INFINITY, lg = 0.0f, *ag = acc + g * K_HEAD_DIM;
+        for (size_t i = 0; i < K_HEAD_DIM; i++) ag[i] = 0.0f;
+        for (uint32_t p = p0; p < p1; p++) {
+            size_t off = kv_row(block_table, p) + (size_t)kvh * K_HEAD_DIM;
+            float s = 0.0f;
+            for (size_t i = 0; i < K_HEAD_DIM; i++) s += qg[i] * kipp_bf16_to_f32(kc[off + i]);
+            s *= scale;
+            float m_new = s > mg ? s : mg, corr = expf(mg - m_new), e = expf(s - m_new);
+            lg = lg * corr + e;
+            for (size_t i = 0; i < K_HEAD_DIM; i++)
+                ag[i] = ag[i] * corr + e * kipp_bf16_to_f32(vc[off + i]);
+            mg = m_new;
+        }
+        m[g] = mg;
+        l[g] = lg;
+    }
+}
+
+void k_attn_merge(size_t group, float *m, float *l, float *acc, const float *m2, const float *l2,
+                  const float *acc2)
+{
+    for (size_t g = 0; g < group; g++) {
+        float mn = m[g] > m2[g] ? m[g] : m2[g];
+        float c1 = expf(m[g] - mn), c2 = expf(m2[g] - mn);
+        for (size_t i = 0; i < K_HEAD_DIM; i++)
+            acc[g * K_HEAD_DIM + i] = acc[g * K_HEAD_DIM + i] * c1 + acc2[g * K_HEAD_DIM + i] * c2;
+        l[g] = l[g] * c1 + l2[g] * c2;
+        m[g] = mn;
+    }
+}
+
+/* Recipe of HF Qwen3RotaryEmbedding in FP32: inv_freq = 1 / theta^(2i/128)
+ * (f32), angle = f32(pos) * inv_freq rounded to f32, cos/sin of that angle. */
+void k_rope_table(float *cs, size_t n_pos, double theta)
+{
+    const size_t half = K_HEAD_DIM / 2;
+    float inv[K_HEAD_DIM / 2];
+    for (size_t i = 0; i < half; i++) {
+        float p = powf((float)theta, (float)(2 * i) / (float)K_HEAD_DIM);
+        inv[i] = 1.0f / p;
+    }
+    for (size_t pos = 0; pos < n_pos; pos++) {
+        float *row = cs + pos * K_HEAD_DIM;
+        for (size_t i = 0; i < half; i++) {
+            float ang = (float)pos * inv[i];
+            row[i] = (float)cos((double)ang);
+            row[half + i] = (float)sin((double)ang);
+        }
+    }
+}
