@@ -90,6 +90,47 @@ typedef void (*k_flash_gqa_bf16_fn)(const float *q, size_t group, const kipp_bf1
                                     const uint32_t *block_table, uint32_t p0, uint32_t p1,
                                     float scale, float *m, float *l, float *acc);
 
+/* ---- packed BF16 weights (prefill at the BF16 dot peak, decode at bandwidth) ----
+ *
+ * A backend may repack each [rows][cols] bf16 weight once at model creation
+ * (it owns the copy, ARCHITECTURE.md "Ownership"). Layout, panels of 16 rows,
+ * k-pairs interleaved inside a panel:
+ *   wp[(r/16)*16*cols + ((c/2)*16 + r%16)*2 + c%2] = w[r][c]
+ * i.e. [rows/16][cols/2][16][2] bf16, the same byte count as w. One 64-byte load
+ * gives 16 rows x 2 k, which feeds vdpbf16ps against a broadcast activation pair
+ * with no horizontal reduction (the classic GEMM microkernel). Concatenating the
+ * packed buffers of matrices with the same cols is the packing of their row
+ * concatenation (e.g. fused Q|K|V or gate|up). rows % 16 == 0, cols % 32 == 0.
+ */
+
+/** Pack w [rows][cols] bf16 into wp (layout above); this thread packs its share of panels. */
+typedef void (*k_pack_bf16_fn)(const kipp_bf16 *w, kipp_bf16 *wp, size_t rows, size_t cols,
+                               int ith, int nth);
+
+/** Activation rounding for the packed matmul: xb[i] = bf16(x[i]), RNE as kipp_f32_to_bf16. [n]. */
+typedef void (*k_cvt_bf16_fn)(const float *x, kipp_bf16 *xb, size_t n);
+
+/**
+ * Packed decode matvec: y[r] = sum_c w[r][c] * x[c] for this thread's share of
+ * 16-row panels. wp: packed [rows][cols] bf16, x: [cols] f32 (FP32 activations:
+ * weights are widened in registers, so accuracy equals k_matvec_bf16), y: [rows] f32.
+ */
+typedef void (*k_matvec_bf16p_fn)(const kipp_bf16 *wp, const float *x, float *y, size_t rows,
+                                  size_t cols, int ith, int nth);
+
+/**
+ * Packed prefill matmul on BF16 activations: y[t][r] = (accumulate ? y[t][r] : 0)
+ * + sum_c w[r][c] * xb[t][c] for t < n_tok and this thread's share of 16-row panels.
+ * wp: packed [rows][cols] bf16; xb: [n_tok][cols] bf16 (from k_cvt_bf16, rounding
+ * costs NMSE ~1e-6 per matmul; for more accuracy call again with accumulate = 1
+ * on the residual xlo = bf16(x - xhi)); y: [n_tok][rows] f32 (row stride = rows).
+ * Each weight byte comes from DRAM once per call (32-row x 256-k blocks stay in L1
+ * while every token passes over them).
+ */
+typedef void (*k_matmul_bf16p_fn)(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y,
+                                  size_t rows, size_t cols, size_t n_tok, int accumulate,
+                                  int ith, int nth);
+
 /** The dispatch table: one function per op, filled once at startup. */
 typedef struct {
     const char *isa;               /* "ref", "avx2", "avx512" */
@@ -102,6 +143,11 @@ typedef struct {
     k_embed_bf16_fn embed_bf16;
     k_kv_write_bf16_fn kv_write_bf16;
     k_flash_gqa_bf16_fn flash_gqa_bf16;
+    /* packed-weight ops (appended; see the layout above) */
+    k_pack_bf16_fn pack_bf16;
+    k_cvt_bf16_fn cvt_bf16;
+    k_matvec_bf16p_fn matvec_bf16p;
+    k_matmul_bf16p_fn matmul_bf16p;
 } k_cpu_ops;
 
 /* Scalar references (kernels/cpu/ref.c): the oracle for every variant. */
@@ -120,6 +166,20 @@ void k_kv_write_bf16_ref(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_tab
 void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                           uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
                           float scale, float *m, float *l, float *acc);
+
+void k_pack_bf16_ref(const kipp_bf16 *w, kipp_bf16 *wp, size_t rows, size_t cols, int ith,
+                     int nth);
+void k_cvt_bf16_ref(const float *x, kipp_bf16 *xb, size_t n);
+void k_matvec_bf16p_ref(const kipp_bf16 *wp, const float *x, float *y, size_t rows, size_t cols,
+                        int ith, int nth);
+void k_matmul_bf16p_ref(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y, size_t rows,
+                        size_t cols, size_t n_tok, int accumulate, int ith, int nth);
+
+/** Index of w[r][c] inside the packed layout (for tests and the references). */
+static inline size_t k_packed_index(size_t r, size_t c, size_t cols)
+{
+    return (r / 16) * 16 * cols + ((c / 2) * 16 + r % 16) * 2 + c % 2;
+}
 
 /**
  * Merge a partial (m2, l2, acc2) into (m, l, acc) for `group` heads of 128
