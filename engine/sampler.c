@@ -1,0 +1,249 @@
+/*
+ * sampler.c - kipp_sample_ex, the one sampling entry point shared by the CLI and
+ * the server (seed 000, "Server and API surface": temperature, top_p, top_k,
+ * min_p, frequency/presence/repetition penalties over a window, logit_bias, seed).
+ *
+ * Order of operations (each stage sees the previous stage's output):
+ *   1. logit_bias               (additive, OpenAI)
+ *   2. repetition penalty       (CTRL, Keskar et al. 2019: positive logits / p,
+ *                                negative * p, once per distinct windowed token)
+ *   3. frequency / presence     (OpenAI: logit -= count*freq + (count>0)*presence)
+ *   4. temperature 0 => argmax  (ties -> lowest id), done
+ *   5. temperature scaling      (logit / T)
+ *   6. top_k                    (keep the k largest; ties at the boundary -> lower ids)
+ *   7. softmax                  (double precision, max-subtracted)
+ *   8. top_p                    (nucleus, Holtzman et al. 2020: smallest prefix of the
+ *                                descending order whose mass reaches p; at least one)
+ *   9. min_p                    (drop p < min_p * p_max)
+ *  10. renormalise and draw     (xoshiro256**, u in [0,1) from the top 53 bits)
+ * The random generator is Blackman & Vigna's xoshiro256**, seeded via splitmix64.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- xoshiro256** ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void kipp_rng_seed(kipp_rng *rng, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(kipp_rng *rng)
+{
+    uint64_t *s = rng->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* Uniform double in [0, 1): the top 53 bits scaled by 2^-53. */
+static double rng_uniform(kipp_rng *rng) { return (double)(xoshiro_next(rng) >> 11) * 0x1.0p-53; }
+
+kipp_sample_params kipp_sample_params_default(void)
+{
+    kipp_sample_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 0.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repetition_penalty = 1.0f;
+    p.penalty_window = 64;
+    return p;
+}
+
+/* ---- validation ---- */
+
+static int check_params(const kipp_sample_params *p, size_t n_vocab, char *err, size_t errlen)
+{
+    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+        return kipp_err(err, errlen, KIPP_EINVAL, "temperature %g is invalid, expected a finite value >= 0", (double)p->temperature);
+    if (p->top_k < 0) return kipp_err(err, errlen, KIPP_EINVAL, "top_k %d is invalid, expected >= 0 (0 = off)", p->top_k);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "top_p %g is invalid, expected a value in (0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "min_p %g is invalid, expected a value in [0, 1]", (double)p->min_p);
+    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
+        return kipp_err(err, errlen, KIPP_EINVAL, "repetition_penalty %g is invalid, expected a finite value > 0", (double)p->repetition_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "frequency_penalty %g is invalid, expected a value in [-2, 2]", (double)p->frequency_penalty);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "presence_penalty %g is invalid, expected a value in [-2, 2]", (double)p->presence_penalty);
+    if (p->history_len && !p->history)
+        return kipp_err(err, errlen, KIPP_EINVAL, "history is NULL with history_len %zu", p->history_len);
+    for (size_t i = 0; i < p->history_len; i++)
+        if (p->history[i] >= n_vocab)
+            return kipp_err(err, errlen, KIPP_ERANGE, "history token %u (index %zu) is out of range, expected an id below %zu",
+                            p->history[i], i, n_vocab);
+    if (p->n_logit_bias && !p->logit_bias)
+        return kipp_err(err, errlen, KIPP_EINVAL, "logit_bias is NULL with n_logit_bias %zu", p->n_logit_bias);
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias[i].token >= n_vocab)
+            return kipp_err(err, errlen, KIPP_ERANGE, "logit_bias token %u is out of range, expected an id below %zu",
+                            p->logit_bias[i].token, n_vocab);
+        if (!isfinite(p->logit_bias[i].bias))
+            return kipp_err(err, errlen, KIPP_EINVAL, "logit_bias %g for token %u is invalid, expected a finite number",
+                            (double)p->logit_bias[i].bias, p->logit_bias[i].token);
+    }
+    return 0;
+}
+
+/* ---- stages 1-3: adjust logits in x (a private copy) ---- */
+
+static void apply_bias(float *x, const kipp_sample_params *p)
+{
+    for (size_t i = 0; i < p->n_logit_bias; i++) x[p->logit_bias[i].token] += p->logit_bias[i].bias;
+}
+
+/* Counts of each token in the window are gathered in counts[] (zeroed, [n_vocab])
+ * and cleared again on the way out, so the pass costs O(window), not O(vocab). */
+static void apply_penalties(float *x, uint32_t *counts, const kipp_sample_params *p)
+{
+    size_t w = p->history_len < p->penalty_window ? p->history_len : p->penalty_window;
+    const uint32_t *h = p->history + (p->history_len - w);
+    for (size_t i = 0; i < w; i++) counts[h[i]]++;
+    for (size_t i = 0; i < w; i++) {
+        uint32_t t = h[i], c = counts[t];
+        if (!c) continue; /* already penalised */
+        if (p->repetition_penalty != 1.0f)
+            x[t] = x[t] > 0.0f ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
+        x[t] -= (float)c * p->frequency_penalty + p->presence_penalty;
+        counts[t] = 0;
+    }
+}
+
+static uint32_t argmax(const float *x, size_t n)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i; /* strict: the lowest id wins ties */
+    return (uint32_t)best;
+}
+
+/* ---- stages 5-10 over a candidate list ---- */
+
+typedef struct {
+    float logit;
+    uint32_t id;
+    double p;
+} cand;
+
+/* Descending logit, then ascending id: a total order, so results never depend on qsort. */
+static int cand_cmp(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Softmax over c[0..n): fills c[i].p. */
+static void softmax(cand *c, size_t n)
+{
+    float mx = c[0].logit;
+    for (size_t i = 1; i < n; i++)
+        if (c[i].logit > mx) mx = c[i].logit;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += (c[i].p = exp((double)c[i].logit - mx));
+    for (size_t i = 0; i < n; i++) c[i].p /= sum;
+}
+
+/* Nucleus on a sorted list: keep the shortest prefix whose mass reaches top_p. */
+static size_t cut_top_p(const cand *c, size_t n, float top_p)
+{
+    double cum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (cum >= top_p) return i + 1;
+    }
+    return n;
+}
+
+/* min_p keeps p >= min_p * p_max; compacts c in place, preserving order. */
+static size_t cut_min_p(cand *c, size_t n, float min_p)
+{
+    double pmax = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].p > pmax) pmax = c[i].p;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].p >= min_p * pmax) c[k++] = c[i];
+    return k;
+}
+
+static uint32_t draw(const cand *c, size_t n, kipp_rng *rng)
+{
+    double total = 0.0;
+    for (size_t i = 0; i < n; i++) total += c[i].p;
+    double u = rng_uniform(rng) * total, cum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (u < cum) return c[i].id;
+    }
+    for (size_t i = n; i-- > 0;) /* u*total rounded up to total: the last candidate with mass */
+        if (c[i].p > 0.0) return c[i].id;
+    return c[0].id;
+}
+
+static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_params *p, cand *c,
+                              kipp_rng *rng)
+{
+    /* Subtracting the max before dividing keeps a tiny temperature from overflowing to
+     * +Inf; softmax and every cut below are invariant to that shift. */
+    float mx = x[argmax(x, n_vocab)];
+    for (size_t i = 0; i < n_vocab; i++) c[i] = (cand){(x[i] - mx) / p->temperature, (uint32_t)i, 0.0};
+    size_t n = n_vocab;
+    /* Sorting is only needed for top_k and top_p; min_p and the draw work in any fixed order. */
+    if (p->top_k > 0 || p->top_p < 1.0f) qsort(c, n, sizeof *c, cand_cmp);
+    if (p->top_k > 0 && (size_t)p->top_k < n) n = (size_t)p->top_k;
+    softmax(c, n);
+    if (p->top_p < 1.0f) n = cut_top_p(c, n, p->top_p);
+    if (p->min_p > 0.0f) n = cut_min_p(c, n, p->min_p);
+    return draw(c, n, rng);
+}
+
+int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params *p, kipp_rng *rng,
+                   uint32_t *token, char *err, size_t errlen)
+{
+    if (!logits || !p || !rng || !token || n_vocab == 0 || n_vocab > UINT32_MAX)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_sample_ex: NULL argument or vocabulary size %zu, expected 1..2^32-1", n_vocab);
+    int rc = check_params(p, n_vocab, err, errlen);
+    if (rc) return rc;
+    for (size_t i = 0; i < n_vocab; i++)
+        if (!isfinite(logits[i]))
+            return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu is %g, expected a finite value", i, (double)logits[i]);
+    float *x = malloc(n_vocab * sizeof *x);
+    uint32_t *counts = calloc(n_vocab, sizeof *counts);
+    cand *c = p->temperature > 0.0f ? malloc(n_vocab * sizeof *c) : NULL;
+    if (!x || !counts || (p->temperature > 0.0f && !c)) {
+        free(x), free(counts), free(c);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory sampling over %zu logits", n_vocab);
+    }
+    memcpy(x, logits, n_vocab * sizeof *x);
+    apply_bias(x, p);
+    apply_penalties(x, counts, p);
+    /* Biases and penalties are finite, but their sum with a large logit need not be. */
+    for (size_t i = 0; i < n_vocab && !rc; i++)
+        if (!isfinite(x[i]))
+            rc = kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", i, (double)x[i]);
+    if (!rc) *token = p->temperature == 0.0f ? argmax(x, n_vocab) : sample_scaled(x, n_vocab, p, c, rng);
+    free(x), free(counts), free(c);
+    return rc;
+}

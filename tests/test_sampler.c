@@ -1,0 +1,272 @@
+/*
+ * test_sampler.c - kipp_sample_ex (engine/sampler.c) against direct computation.
+ *
+ * Oracles: hand-computed adjusted logits and their exact softmax (double), and
+ * the exact kept sets of top_k / top_p / min_p. Sampled distributions are
+ * compared with the exact probabilities over many draws within a 6-sigma
+ * binomial bound; tokens outside the kept set must never appear.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "harness.h"
+#include "kipp.h"
+
+#define NDRAW 200000
+
+/* Exact softmax of x[n] / t in double. */
+static void softmax_ref(const double *x, size_t n, double t, double *p)
+{
+    double mx = x[0], s = 0;
+    for (size_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (size_t i = 0; i < n; i++) s += (p[i] = exp((x[i] - mx) / t));
+    for (size_t i = 0; i < n; i++) p[i] /= s;
+}
+
+/* Draw NDRAW samples and check each token's frequency against want[] (0 => never). */
+static void check_distribution(const float *logits, size_t n, const kipp_sample_params *p,
+                               const double *want, uint64_t seed)
+{
+    kipp_rng rng;
+    kipp_rng_seed(&rng, seed);
+    long counts[16] = {0};
+    char err[256];
+    for (int i = 0; i < NDRAW; i++) {
+        uint32_t tok = 99;
+        int rc = kipp_sample_ex(logits, n, p, &rng, &tok, err, sizeof err);
+        if (rc || tok >= n) {
+            CHECK(0, "draw %d: rc %d token %u (%s)", i, rc, tok, err);
+            return;
+        }
+        counts[tok]++;
+    }
+    for (size_t t = 0; t < n; t++) {
+        double f = (double)counts[t] / NDRAW;
+        if (want[t] == 0.0) {
+            CHECK(counts[t] == 0, "token %zu drawn %ld times but it should be excluded", t, counts[t]);
+            continue;
+        }
+        double sigma = sqrt(want[t] * (1 - want[t]) / NDRAW);
+        CHECK(fabs(f - want[t]) <= 6 * sigma + 1e-9, "token %zu frequency %.5f, expected %.5f (6 sigma %.5f)",
+              t, f, want[t], 6 * sigma);
+    }
+}
+
+static void test_determinism(void)
+{
+    float logits[64];
+    for (int i = 0; i < 64; i++) logits[i] = (float)sin(i * 1.7) * 3.0f;
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    kipp_rng a, b, c;
+    kipp_rng_seed(&a, 42);
+    kipp_rng_seed(&b, 42);
+    kipp_rng_seed(&c, 43);
+    int same_ab = 1, same_ac = 1;
+    for (int i = 0; i < 200; i++) {
+        uint32_t ta, tb, tc;
+        CHECK(kipp_sample_ex(logits, 64, &p, &a, &ta, NULL, 0) == 0, "sample a");
+        CHECK(kipp_sample_ex(logits, 64, &p, &b, &tb, NULL, 0) == 0, "sample b");
+        CHECK(kipp_sample_ex(logits, 64, &p, &c, &tc, NULL, 0) == 0, "sample c");
+        same_ab &= ta == tb;
+        same_ac &= ta == tc;
+    }
+    CHECK(same_ab, "the same seed gave different sequences");
+    CHECK(!same_ac, "seeds 42 and 43 gave the same 200-token sequence");
+}
+
+/* kipp_rng_seed expands the seed with splitmix64; for seed 0 the first two
+ * outputs are the values of Vigna's reference splitmix64.c. */
+static void test_rng_reference(void)
+{
+    kipp_rng r;
+    kipp_rng_seed(&r, 0);
+    /* splitmix64 with state 0 -> first output 0xe220a8397b1dcdaf (Vigna's splitmix64.c). */
+    CHECK(r.s[0] == 0xe220a8397b1dcdafull, "splitmix64(0) first output %llx", (unsigned long long)r.s[0]);
+    CHECK(r.s[1] == 0x6e789e6aa1b965f4ull, "splitmix64(0) second output %llx", (unsigned long long)r.s[1]);
+}
+
+static void test_greedy_is_argmax(void)
+{
+    float logits[10] = {0.5f, 3.0f, -1.0f, 3.0f, 2.9f, 0, 0, 0, 0, 0};
+    kipp_sample_params p = kipp_sample_params_default();
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    uint32_t tok = 99;
+    CHECK(kipp_sample_ex(logits, 10, &p, &rng, &tok, NULL, 0) == 0, "greedy");
+    CHECK(tok == 1, "greedy picked %u, expected 1 (tie with 3 -> lowest id)", tok);
+    p.temperature = 5.0f;
+    p.top_k = 1;
+    for (int i = 0; i < 100; i++) {
+        CHECK(kipp_sample_ex(logits, 10, &p, &rng, &tok, NULL, 0) == 0, "top_k 1");
+        CHECK(tok == 1, "top_k=1 draw %d picked %u, expected the argmax 1", i, tok);
+    }
+}
+
+static void test_temperature_distribution(void)
+{
+    const float logits[5] = {1.0f, 0.5f, -0.25f, 2.0f, 0.0f};
+    double x[5], want[5];
+    for (int i = 0; i < 5; i++) x[i] = logits[i];
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    softmax_ref(x, 5, 1.0, want);
+    check_distribution(logits, 5, &p, want, 7);
+    p.temperature = 2.0f;
+    softmax_ref(x, 5, 2.0, want);
+    check_distribution(logits, 5, &p, want, 8);
+}
+
+/* Hand-computed: rep 2 divides positive / multiplies negative logits of windowed
+ * tokens; then logit -= count*0.5 + 0.25 for tokens present. */
+static void test_penalties(void)
+{
+    const float logits[5] = {2.0f, 1.0f, -1.0f, 0.5f, 0.0f};
+    const uint32_t history[] = {4, 4, 4, 0, 0, 2}; /* window 3 sees {0, 0, 2}: token 4 is outside */
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    p.repetition_penalty = 2.0f;
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.25f;
+    p.history = history;
+    p.history_len = 6;
+    p.penalty_window = 3;
+    /* token 0: 2/2 - (2*0.5+0.25) = -0.25; token 2: -1*2 - (0.5+0.25) = -2.75 */
+    const double adj[5] = {-0.25, 1.0, -2.75, 0.5, 0.0};
+    double want[5];
+    softmax_ref(adj, 5, 1.0, want);
+    check_distribution(logits, 5, &p, want, 11);
+    /* Greedy sees the same adjusted logits: token 1 (1.0) now beats token 0. */
+    p.temperature = 0.0f;
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    uint32_t tok = 99;
+    CHECK(kipp_sample_ex(logits, 5, &p, &rng, &tok, NULL, 0) == 0 && tok == 1, "penalised greedy picked %u, expected 1", tok);
+    /* A full window reaches token 4 (count 3): 0 - (1.5 + 0.25); repetition leaves 0 unchanged. */
+    p.penalty_window = 64;
+    p.temperature = 1.0f;
+    const double adj2[5] = {-0.25, 1.0, -2.75, 0.5, -1.75};
+    softmax_ref(adj2, 5, 1.0, want);
+    check_distribution(logits, 5, &p, want, 12);
+}
+
+/* probabilities 0.4 0.3 0.2 0.08 0.02 */
+static void five_logits(float *logits)
+{
+    const double pr[5] = {0.4, 0.3, 0.2, 0.08, 0.02};
+    for (int i = 0; i < 5; i++) logits[i] = (float)log(pr[i]);
+}
+
+static void test_top_k_top_p_min_p(void)
+{
+    float lg[5];
+    five_logits(lg);
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    p.top_k = 2; /* keep {0, 1} */
+    double wk[5] = {0.4 / 0.7, 0.3 / 0.7, 0, 0, 0};
+    check_distribution(lg, 5, &p, wk, 21);
+    p.top_k = 0;
+    p.top_p = 0.75f; /* 0.4+0.3 = 0.7 < 0.75 <= 0.9: keep {0, 1, 2} */
+    double wp[5] = {0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0, 0};
+    check_distribution(lg, 5, &p, wp, 22);
+    p.top_p = 0.3f; /* the first token alone reaches 0.3 */
+    double w1[5] = {1, 0, 0, 0, 0};
+    check_distribution(lg, 5, &p, w1, 23);
+    p.top_p = 1.0f;
+    p.min_p = 0.25f; /* threshold 0.1: keep {0, 1, 2} */
+    check_distribution(lg, 5, &p, wp, 24);
+    p.min_p = 0.15f; /* threshold 0.06: keep {0, 1, 2, 3} */
+    double wm[5] = {0.4 / 0.98, 0.3 / 0.98, 0.2 / 0.98, 0.08 / 0.98, 0};
+    check_distribution(lg, 5, &p, wm, 25);
+    p.min_p = 0.0f;
+    p.top_k = 4;
+    p.top_p = 0.8f; /* top_k keeps 4 (mass 0.98, renormalised: 0.408 0.306 0.204 ...): 0.714 < 0.8 <= 0.918 */
+    check_distribution(lg, 5, &p, wp, 26);
+}
+
+static void test_logit_bias(void)
+{
+    float lg[5];
+    five_logits(lg);
+    kipp_logit_bias force = {4, 100.0f}, ban = {0, -100.0f};
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    p.logit_bias = &force;
+    p.n_logit_bias = 1;
+    double w4[5] = {0, 0, 0, 0, 1};
+    check_distribution(lg, 5, &p, w4, 31);
+    p.temperature = 0.0f;
+    p.logit_bias = &ban;
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 3);
+    uint32_t tok = 99;
+    CHECK(kipp_sample_ex(lg, 5, &p, &rng, &tok, NULL, 0) == 0 && tok == 1, "banned argmax: picked %u, expected 1", tok);
+}
+
+/* Each bad value is rejected with the right code and an error naming the field. */
+static void expect_reject(kipp_sample_params p, int code, const char *name)
+{
+    float lg[5];
+    five_logits(lg);
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    uint32_t tok = 77;
+    char err[256] = "";
+    int rc = kipp_sample_ex(lg, 5, &p, &rng, &tok, err, sizeof err);
+    CHECK(rc == code, "%s: rc %d, expected %d", name, rc, code);
+    CHECK(strstr(err, name) != NULL, "error '%s' does not name %s", err, name);
+    CHECK(tok == 77, "%s: token written on error", name);
+}
+
+static void test_bad_parameters(void)
+{
+    kipp_sample_params d = kipp_sample_params_default(), p;
+    p = d, p.temperature = -0.1f, expect_reject(p, KIPP_EINVAL, "temperature");
+    p = d, p.temperature = NAN, expect_reject(p, KIPP_EINVAL, "temperature");
+    p = d, p.top_k = -1, expect_reject(p, KIPP_EINVAL, "top_k");
+    p = d, p.top_p = 0.0f, expect_reject(p, KIPP_EINVAL, "top_p");
+    p = d, p.top_p = 1.5f, expect_reject(p, KIPP_EINVAL, "top_p");
+    p = d, p.min_p = -0.1f, expect_reject(p, KIPP_EINVAL, "min_p");
+    p = d, p.min_p = 1.1f, expect_reject(p, KIPP_EINVAL, "min_p");
+    p = d, p.repetition_penalty = 0.0f, expect_reject(p, KIPP_EINVAL, "repetition_penalty");
+    p = d, p.frequency_penalty = 2.5f, expect_reject(p, KIPP_EINVAL, "frequency_penalty");
+    p = d, p.presence_penalty = -2.5f, expect_reject(p, KIPP_EINVAL, "presence_penalty");
+    kipp_logit_bias far = {5, 1.0f}, nan_bias = {1, NAN};
+    p = d, p.logit_bias = &far, p.n_logit_bias = 1, expect_reject(p, KIPP_ERANGE, "logit_bias token 5");
+    p = d, p.logit_bias = &nan_bias, p.n_logit_bias = 1, expect_reject(p, KIPP_EINVAL, "logit_bias");
+    uint32_t hist[1] = {9};
+    p = d, p.history = hist, p.history_len = 1, expect_reject(p, KIPP_ERANGE, "history token 9");
+}
+
+static void test_nonfinite_logits(void)
+{
+    float lg[5];
+    kipp_sample_params p = kipp_sample_params_default();
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    const float bad[3] = {NAN, INFINITY, -INFINITY};
+    for (int b = 0; b < 3; b++) {
+        five_logits(lg);
+        lg[3] = bad[b];
+        uint32_t tok = 77;
+        char err[256] = "";
+        int rc = kipp_sample_ex(lg, 5, &p, &rng, &tok, err, sizeof err);
+        CHECK(rc == KIPP_ENUMERIC, "logit %g: rc %d, expected ENUMERIC", (double)bad[b], rc);
+        CHECK(strstr(err, "logit 3") != NULL, "error '%s' does not name logit 3", err);
+    }
+}
+
+int main(void)
+{
+    RUN(test_rng_reference);
+    RUN(test_determinism);
+    RUN(test_greedy_is_argmax);
+    RUN(test_temperature_distribution);
+    RUN(test_penalties);
+    RUN(test_top_k_top_p_min_p);
+    RUN(test_logit_bias);
+    RUN(test_bad_parameters);
+    RUN(test_nonfinite_logits);
+    return th_finish();
+}
