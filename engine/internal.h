@@ -25,6 +25,7 @@ struct kipp_model {
     kipp_model_view view;          /* what the backend sees */
     kipp_tokenizer *tok;           /* built from the GGUF tokenizer data */
     kipp_str *tok_strs;            /* index arrays backing the tokenizer views */
+    uint32_t *tok_added_ids;       /* [n_added] aligned copy of kipp.tokenizer.added_ids */
     const kipp_backend_ops *ops;   /* chosen at open, never changed */
     void *bm;                      /* backend model */
     uint64_t weight_bytes;         /* sum of tensor bytes */
@@ -39,6 +40,24 @@ struct kipp_session {
     uint32_t length;          /* tokens in cache */
     uint32_t *block_table;    /* [n_blocks] logical -> physical block */
 };
+
+/**
+ * Open path read-only, mmap it (MAP_PRIVATE, PROT_READ), validate it as a Kipp
+ * GGUF artifact (docs/FORMAT.md: container, registry match, every metadata key,
+ * tensor directory) and bind the weight views and the tokenizer, without a
+ * backend (m->ops == NULL). Weights are never copied. Used by kipp_model_open
+ * and `kipp inspect`. Errors: KIPP_EIO (open/stat/mmap, naming the path),
+ * KIPP_EFORMAT (the loader's reason, naming the bad value and the expectation),
+ * KIPP_ENOMEM. Release *out with kipp_model_close.
+ */
+int kipp_model_load(const char *path, kipp_model **out, char *err, size_t errlen);
+
+/**
+ * Everything kipp_model_load checks, on an in-memory image buf[size] (no mmap,
+ * no tokenizer, no backend); allocations are released before returning. Used
+ * by the fuzz target (tests/fuzz_gguf.c) and the loader tests. Same errors.
+ */
+int kipp_model_validate_image(const void *buf, size_t size, char *err, size_t errlen);
 
 /** printf into (err, errlen) when err != NULL; returns code for `return kipp_err(...)`. */
 int kipp_err(char *err, size_t errlen, int code, const char *fmt, ...)

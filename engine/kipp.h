@@ -76,6 +76,15 @@ typedef struct {
 /** Fill *info for an open model. Never fails for a valid model. */
 void kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
 
+/**
+ * Write the backend's kernel report (one line per chosen kernel path, from the
+ * backend's optional describe op) into out[outlen], NUL-terminated and
+ * truncated to fit; "backend X: no kernel report" when the backend has none.
+ * Used by `kipp inspect --kernels`. Errors: KIPP_EINVAL when model, out or
+ * outlen is NULL/0 or the model has no backend (opened without one).
+ */
+int kipp_model_describe(const kipp_model *model, char *out, size_t outlen);
+
 /* ---- tokenizer (engine/tokenizer.c, seed 000 "Tokenizer") ---- */
 #define KIPP_TOK_SPECIAL 1  /* match added/special token text; else all text is plain */
 

@@ -1,0 +1,108 @@
+/*
+ * cmd_inspect.c - `kipp inspect FILE.gguf [--kernels]` (issue 2, item 7).
+ *
+ * Loads the artifact through the strict loader without a backend and prints
+ * the matched checkpoint, its dimensions, the tensor table and the byte
+ * totals. On rejection it prints "kipp inspect: <loader message>" to stderr
+ * and exits 1. --kernels also opens the model on the "cpu" backend and prints
+ * the kernel paths it chose (kipp_model_describe).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "internal.h"
+
+static const char *dtype_name(uint32_t t)
+{
+    return t == KIPP_DTYPE_BF16 ? "BF16" : t == KIPP_DTYPE_Q8_0 ? "Q8_0" : t == KIPP_DTYPE_F32 ? "F32" : "?";
+}
+
+static void print_header(const kipp_model *m)
+{
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    printf("checkpoint      %s\n", in.checkpoint_id);
+    printf("source          %s@%s\n", in.repository, in.revision);
+    printf("quant scheme    %s\n", in.quant);
+    printf("variant         %s chat template\n", in.has_chat ? "with" : "without");
+    printf("d_model         %u\n", in.d_model);
+    printf("n_layer         %u\n", in.n_layer);
+    printf("n_q_head        %u (attention width %u)\n", in.n_q_head, in.n_q_head * in.head_dim);
+    printf("n_kv_head       %u x head_dim %u\n", in.n_kv_head, in.head_dim);
+    printf("d_ff            %u\n", in.d_ff);
+    printf("vocab           %u\n", in.vocab_size);
+    printf("context         %u tokens\n", in.context_length);
+    printf("rope_theta      %g\n", (double)m->view.dims.rope_theta);
+    printf("embeddings      %s\n", in.tied_embeddings ? "tied (output = token_embd)" : "untied");
+    printf("stop ids        ");
+    for (uint32_t i = 0; i < in.n_stop; i++) printf("%s%u", i ? ", " : "", in.stop_ids[i]);
+    printf("\nKV bytes/token  %llu\n", (unsigned long long)in.kv_bytes_per_token);
+}
+
+static void print_tensors(const kipp_model *m)
+{
+    const kipp_gguf *g = &m->gguf;
+    printf("\n%-28s %-5s %-16s %12s %12s\n", "tensor", "dtype", "shape", "bytes", "offset");
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const kipp_gguf_tensor *t = &g->tensors[i];
+        char shape[48];
+        if (t->n_dims == 2)
+            snprintf(shape, sizeof shape, "[%llu][%llu]", (unsigned long long)t->dims[1],
+                     (unsigned long long)t->dims[0]);
+        else
+            snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)t->dims[0]);
+        printf("%-28.*s %-5s %-16s %12llu %12llu\n", (int)t->name.len, t->name.ptr,
+               dtype_name(t->type), shape, (unsigned long long)t->nbytes,
+               (unsigned long long)(g->data_offset + t->offset));
+    }
+    printf("\n%llu tensors, %llu weight bytes (%.2f MiB), file %zu bytes, data at %llu\n",
+           (unsigned long long)g->n_tensors, (unsigned long long)m->weight_bytes,
+           (double)m->weight_bytes / (1024.0 * 1024.0), m->map_size,
+           (unsigned long long)g->data_offset);
+}
+
+static int print_kernels(const char *path)
+{
+    char err[512];
+    kipp_model *m;
+    int rc = kipp_model_open(path, "cpu", NULL, &m, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "kipp inspect: --kernels: %s\n", err);
+        return 1;
+    }
+    char report[4096];
+    rc = kipp_model_describe(m, report, sizeof report);
+    if (!rc) printf("\nkernels:\n%s", report);
+    kipp_model_close(m);
+    return rc ? 1 : 0;
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    const char *path = NULL;
+    int kernels = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--kernels")) kernels = 1;
+        else if (argv[i][0] == '-' || path) {
+            fprintf(stderr, "kipp inspect: unexpected argument '%s' (usage: kipp inspect FILE.gguf "
+                            "[--kernels])\n", argv[i]);
+            return 2;
+        } else path = argv[i];
+    }
+    if (!path) {
+        fprintf(stderr, "kipp inspect: missing FILE.gguf (usage: kipp inspect FILE.gguf [--kernels])\n");
+        return 2;
+    }
+    char err[512];
+    kipp_model *m;
+    if (kipp_model_load(path, &m, err, sizeof err)) {
+        fprintf(stderr, "kipp inspect: %s\n", err);
+        return 1;
+    }
+    print_header(m);
+    print_tensors(m);
+    kipp_model_close(m);
+    return kernels ? print_kernels(path) : 0;
+}
