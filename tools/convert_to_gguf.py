@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""convert_to_gguf.py - BF16 safetensors checkpoint -> one Kipp GGUF file (docs/FORMAT.md).
+
+Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
+    convert_to_gguf.py --checkpoint ID --input DIR --out FILE [--quant bf16] [--quiet]
+
+1. config.json is validated against the registry entry (tools/checkpoints.py);
+   every mismatch is refused naming the field, the expected and the found value.
+2. Safetensors (single file or sharded with model.safetensors.index.json) are
+   read from their headers; every tensor must be one the entry expects, BF16,
+   with its exact shape. A tied checkpoint's lm_head.weight is accepted only if
+   byte-identical to the embedding, and then dropped.
+3. The tokenizer is rebuilt from tokenizer.json with tokenizer_config.json's
+   added_tokens_decoder merged over its added tokens, as upstream does.
+4. The GGUF v3 file (64-byte alignment) is written by the small writer below
+   (not gguf.GGUFWriter, so the `gguf` package stays an independent reader in
+   the tests). Tensor bytes are copied verbatim: no float conversion. The file
+   is written as FILE.part and renamed, so a failure never leaves a bad FILE.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkpoints as reg  # noqa: E402
+
+ALIGNMENT = 64               # docs/FORMAT.md: one cache line, one zmm load
+FORMAT_VERSION = 1           # kipp.format_version
+GGUF_VERSION = 3
+GGML_TYPE_BF16 = 30
+COPY_CHUNK = 16 << 20        # bytes per read while copying tensor data
+MAX_HEADER = 100 << 20       # a safetensors JSON header larger than this is refused
+
+# GGUF metadata value types.
+T_U32, T_F32, T_BOOL, T_STRING, T_ARRAY = 4, 6, 7, 8, 9
+
+QUANT_LATER = ("q8_0", "affine4_gs32")
+
+
+class ConvertError(Exception):
+    """A refusal: the message names the bad value and what was expected."""
+
+
+# ---------------------------------------------------------------- safetensors input
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """One tensor in a safetensors file: where its bytes lie (absolute file offsets)."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    path: Path
+    begin: int          # absolute byte offset in path
+    nbytes: int
+
+
+def read_safetensors_header(path: Path) -> dict[str, SourceTensor]:
+    """Parse one safetensors header (u64 LE length + JSON) and bound-check every entry."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ConvertError(f"{path.name}: file is {size} bytes, too short for a safetensors header")
+        hlen = int.from_bytes(raw, "little")
+        if hlen > MAX_HEADER or 8 + hlen > size:
+            raise ConvertError(f"{path.name}: header length {hlen} does not fit the file of {size} "
+                               "bytes (expected a safetensors file)")
+        try:
+            header = json.loads(f.read(hlen))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConvertError(f"{path.name}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ConvertError(f"{path.name}: header is a {type(header).__name__}, expected a JSON object")
+    data_start = 8 + hlen
+    out: dict[str, SourceTensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (b, e) = info["dtype"], tuple(int(x) for x in info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise ConvertError(f"{path.name}: tensor {name} has a malformed header entry {info!r}") from None
+        if not (0 <= b <= e and data_start + e <= size):
+            raise ConvertError(f"{path.name}: tensor {name} data_offsets [{b}, {e}] lie outside the "
+                               f"{size - data_start} data bytes")
+        out[name] = SourceTensor(name, dtype, shape, path, data_start + b, e - b)
+    return out
+
+
+def read_source_tensors(indir: Path) -> dict[str, SourceTensor]:
+    """All tensors of a checkpoint directory, single-file or sharded (index.json wins)."""
+    index = indir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ConvertError(f"{index.name}: expected a JSON object with a weight_map ({e})") from None
+        tensors: dict[str, SourceTensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            if not (indir / shard).is_file():
+                raise ConvertError(f"{index.name} names shard {shard}, which is not in {indir}")
+            for name, t in read_safetensors_header(indir / shard).items():
+                if name in tensors:
+                    raise ConvertError(f"tensor {name} appears in both {tensors[name].path.name} "
+                                       f"and {shard} (expected exactly one copy)")
+                if weight_map.get(name) != shard:
+                    raise ConvertError(f"tensor {name} is in {shard} but {index.name} maps it to "
+                                       f"{weight_map.get(name)!r}")
+                tensors[name] = t
+        for name, shard in weight_map.items():
+            if name not in tensors:
+                raise ConvertError(f"{index.name} maps {name} to {shard}, but that shard has no such tensor")
+        return tensors
+    single = indir / "model.safetensors"
+    if not single.is_file():
+        raise ConvertError(f"{indir} has neither model.safetensors nor model.safetensors.index.json "
+                           "(expected a Hugging Face checkpoint directory)")
+    return read_safetensors_header(single)
+
+
+# ---------------------------------------------------------------- validation
+
+def _load_json(path: Path) -> dict:
+    """Read a JSON object, refusing a missing or malformed file by name."""
+    if not path.is_file():
+        raise ConvertError(f"{path} is missing (expected it in the checkpoint directory)")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConvertError(f"{path.name} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ConvertError(f"{path.name} holds a {type(obj).__name__}, expected a JSON object")
+    return obj
+
+
+_MISSING = object()
+
+
+def _json_equal(got: object, want: object) -> bool:
+    """Equality as JSON values: 1000000 == 1e6, but true != 1 and "8" != 8."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and float(got) == float(want)
+    return got == want
+
+
+def config_mismatches(cfg: dict, c: reg.Checkpoint) -> list[str]:
+    """Every config.json field that differs from the registry entry, as readable lines."""
+    expect: list[tuple[str, object]] = [
+        ("architectures", [reg.ARCHITECTURE]), ("model_type", "qwen3"),
+        ("hidden_size", c.d_model), ("num_hidden_layers", c.n_layer),
+        ("num_attention_heads", c.n_q_head), ("num_key_value_heads", c.n_kv_head),
+        ("head_dim", c.head_dim), ("intermediate_size", c.d_ff), ("vocab_size", c.vocab_size),
+        ("max_position_embeddings", c.context_length), ("rope_theta", c.rope_theta),
+        ("rms_norm_eps", reg.RMS_EPS), ("tie_word_embeddings", c.tied_embeddings),
+        ("eos_token_id", c.eos_token_id), ("bos_token_id", reg.BOS_ID),
+        ("hidden_act", "silu"), ("attention_bias", False),
+    ]
+    bad: list[str] = []
+    for key, want in expect:
+        got = cfg.get(key, _MISSING)
+        if not _json_equal(got, want):
+            found = "missing" if got is _MISSING else json.dumps(got)
+            bad.append(f"{key}: expected {json.dumps(want)}, found {found}")
+    # transformers >= 4.56 writes "dtype" instead of "torch_dtype".
+    dtype = cfg.get("torch_dtype", cfg.get("dtype", _MISSING))
+    if dtype != "bfloat16":
+        bad.append(f"torch_dtype: expected \"bfloat16\", found "
+                   f"{'missing' if dtype is _MISSING else json.dumps(dtype)}")
+    if cfg.get("rope_scaling") is not None:
+        bad.append(f"rope_scaling: expected null, found {json.dumps(cfg['rope_scaling'])}")
+    if cfg.get("use_sliding_window", False) is not False:
+        bad.append(f"use_sliding_window: expected false (no sliding window), found "
+                   f"{json.dumps(cfg['use_sliding_window'])}")
+    return bad
+
+
+def gguf_tensor_plan(c: reg.Checkpoint) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(GGUF name, HF name, row-major shape) in the exact order of docs/FORMAT.md."""
+    d, a, kv, ff, hd = c.d_model, c.attn_width, c.n_kv_head * c.head_dim, c.d_ff, c.head_dim
+    plan = [("token_embd.weight", "model.embed_tokens.weight", (c.vocab_size, d))]
+    for i in range(c.n_layer):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        plan += [
+            (b + "attn_norm.weight", p + "input_layernorm.weight", (d,)),
+            (b + "attn_q.weight", p + "self_attn.q_proj.weight", (a, d)),
+            (b + "attn_k.weight", p + "self_attn.k_proj.weight", (kv, d)),
+            (b + "attn_v.weight", p + "self_attn.v_proj.weight", (kv, d)),
+            (b + "attn_q_norm.weight", p + "self_attn.q_norm.weight", (hd,)),
+            (b + "attn_k_norm.weight", p + "self_attn.k_norm.weight", (hd,)),
+            (b + "attn_output.weight", p + "self_attn.o_proj.weight", (d, a)),
+            (b + "ffn_norm.weight", p + "post_attention_layernorm.weight", (d,)),
+            (b + "ffn_gate.weight", p + "mlp.gate_proj.weight", (ff, d)),
+            (b + "ffn_up.weight", p + "mlp.up_proj.weight", (ff, d)),
+            (b + "ffn_down.weight", p + "mlp.down_proj.weight", (d, ff)),
+        ]
+    plan.append(("output_norm.weight", "model.norm.weight", (d,)))
+    if not c.tied_embeddings:
+        plan.append(("output.weight", "lm_head.weight", (c.vocab_size, d)))
+    return plan
+
+
+def _same_bytes(a: SourceTensor, b: SourceTensor) -> Optional[int]:
+    """None when both tensors hold identical bytes, else the first differing chunk offset."""
+    if a.nbytes != b.nbytes:
+        return 0
+    with open(a.path, "rb") as fa, open(b.path, "rb") as fb:
+        fa.seek(a.begin)
+        fb.seek(b.begin)
+        for off in range(0, a.nbytes, COPY_CHUNK):
+            n = min(COPY_CHUNK, a.nbytes - off)
+            if fa.read(n) != fb.read(n):
+                return off
+    return None
+
+
+def select_tensors(src: dict[str, SourceTensor], c: reg.Checkpoint) -> list[tuple[str, SourceTensor]]:
+    """Match the source tensors to the plan: refuse unknown, missing, non-BF16 or misshapen ones."""
+    plan = gguf_tensor_plan(c)
+    wanted = {hf for _, hf, _ in plan}
+    extra = set(src) - wanted
+    if c.tied_embeddings and "lm_head.weight" in extra:
+        emb = src.get("model.embed_tokens.weight")
+        head = src["lm_head.weight"]
+        if emb is not None:
+            if head.dtype != emb.dtype or head.shape != emb.shape:
+                raise ConvertError(f"lm_head.weight is {head.dtype} {list(head.shape)} but the checkpoint "
+                                   f"is tied: expected a byte-identical copy of model.embed_tokens.weight "
+                                   f"({emb.dtype} {list(emb.shape)})")
+            diff = _same_bytes(head, emb)
+            if diff is not None:
+                raise ConvertError(f"lm_head.weight differs from model.embed_tokens.weight (first differing "
+                                   f"chunk at byte {diff}) but checkpoint {c.id} is tied: expected a "
+                                   "byte-identical copy")
+        extra.discard("lm_head.weight")  # verified duplicate of the embedding: dropped
+    if extra:
+        raise ConvertError(f"unknown tensor(s) {', '.join(sorted(extra))}: checkpoint {c.id} expects only "
+                           "the Qwen3 tensors of docs/FORMAT.md")
+    missing = [hf for hf in sorted(wanted) if hf not in src]
+    if missing:
+        raise ConvertError(f"missing tensor(s) {', '.join(missing)} (required by checkpoint {c.id})")
+    out = []
+    for gname, hf, shape in plan:
+        t = src[hf]
+        if t.dtype != "BF16":
+            raise ConvertError(f"tensor {hf} has dtype {t.dtype}; expected BF16")
+        if t.shape != shape:
+            raise ConvertError(f"tensor {hf} has shape {list(t.shape)}; expected {list(shape)} for {c.id}")
+        if t.nbytes != 2 * _numel(shape):
+            raise ConvertError(f"tensor {hf} spans {t.nbytes} bytes; expected {2 * _numel(shape)} "
+                               f"for BF16 {list(shape)}")
+        out.append((gname, t))
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# ---------------------------------------------------------------- tokenizer
+
+@dataclass
+class TokenizerData:
+    """What the GGUF carries of the tokenizer (docs/FORMAT.md, kipp.tokenizer.*)."""
+    tokens: list[str]          # [151669], index = id
+    merges: list[str]          # rank order, "left right"
+    added_ids: list[int]       # ascending
+    added_special: list[bool]  # parallel to added_ids
+    pre_regex: str
+
+
+def _split_regex(pre: object) -> str:
+    """The pattern of the (single) Split pre-tokenizer, possibly inside a Sequence."""
+    if not isinstance(pre, dict):
+        raise ConvertError(f"tokenizer.json pre_tokenizer is {pre!r}; expected a Split pre-tokenizer")
+    items = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    found = [p.get("pattern", {}).get("Regex") for p in items if isinstance(p, dict) and p.get("type") == "Split"]
+    if len(found) != 1 or not isinstance(found[0], str):
+        raise ConvertError(f"tokenizer.json: expected exactly one Split pre-tokenizer with a Regex pattern, "
+                           f"found {len(found)}")
+    return found[0]
+
+
+def build_tokenizer(tok: dict, tok_cfg: dict) -> TokenizerData:
+    """Vocab + added tokens (tokenizer_config.json's added_tokens_decoder merged over
+    tokenizer.json's added_tokens, content and special flag), merges and regex."""
+    model = tok.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ConvertError(f"tokenizer.json model type is {model.get('type')!r}; expected 'BPE'")
+    norm = tok.get("normalizer") or {}
+    if norm.get("type") != "NFC":
+        raise ConvertError(f"tokenizer.json normalizer is {norm.get('type')!r}; expected 'NFC'")
+    tokens: list[Optional[str]] = [None] * reg.N_TOKENS
+    for text, tid in model.get("vocab", {}).items():
+        if not (isinstance(tid, int) and 0 <= tid < reg.FIRST_ADDED_ID):
+            raise ConvertError(f"tokenizer.json vocab entry {text!r} has id {tid!r}; expected "
+                               f"0..{reg.FIRST_ADDED_ID - 1}")
+        if tokens[tid] is not None:
+            raise ConvertError(f"tokenizer.json vocab assigns id {tid} to both {tokens[tid]!r} and {text!r}")
+        tokens[tid] = text
+    added: dict[int, tuple[str, bool]] = {}
+    try:
+        for a in tok.get("added_tokens", []):
+            added[int(a["id"])] = (str(a["content"]), bool(a.get("special", False)))
+        for key, a in (tok_cfg.get("added_tokens_decoder") or {}).items():  # config wins, as upstream
+            added[int(key)] = (str(a["content"]), bool(a.get("special", False)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConvertError(f"malformed added token entry ({e!r}); expected id/content/special fields") from None
+    want = set(range(reg.FIRST_ADDED_ID, reg.N_TOKENS))
+    if set(added) != want:
+        odd = sorted(set(added) ^ want)
+        raise ConvertError(f"added tokens have ids {odd[:8]} out of place; expected exactly "
+                           f"{reg.FIRST_ADDED_ID}..{reg.N_TOKENS - 1}")
+    for tid, (content, _) in added.items():
+        tokens[tid] = content
+    missing = [i for i, t in enumerate(tokens) if t is None]
+    if missing:
+        raise ConvertError(f"token id {missing[0]} has no entry ({len(missing)} ids missing); expected "
+                           f"every id in 0..{reg.N_TOKENS - 1}")
+    merges = []
+    for rank, m in enumerate(model.get("merges", [])):
+        pair = m.split(" ") if isinstance(m, str) else list(m)
+        if len(pair) != 2 or not pair[0] or not pair[1]:
+            raise ConvertError(f"tokenizer.json merge {rank} is {m!r}; expected a pair 'left right'")
+        merges.append(f"{pair[0]} {pair[1]}")
+    ids = sorted(added)
+    return TokenizerData([t for t in tokens if t is not None], merges, ids,
+                         [added[i][1] for i in ids], _split_regex(tok.get("pre_tokenizer")))
+
+
+# ---------------------------------------------------------------- GGUF writer
+
+def _gstr(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _kv(key: str, vtype: int, value: object) -> bytes:
+    """One metadata entry: key string, u32 type, value."""
+    out = [_gstr(key), struct.pack("<I", vtype)]
+    if vtype == T_STRING:
+        out.append(_gstr(value))  # type: ignore[arg-type]
+    elif vtype == T_U32:
+        out.append(struct.pack("<I", value))
+    elif vtype == T_F32:
+        out.append(struct.pack("<f", value))
+    elif vtype == T_BOOL:
+        out.append(struct.pack("<B", 1 if value else 0))
+    else:
+        raise ValueError(f"unsupported scalar type {vtype}")
+    return b"".join(out)
+
+
+def _kv_array(key: str, etype: int, values: list) -> bytes:
+    """One array entry: key, ARRAY, element type, u64 count, elements."""
+    head = _gstr(key) + struct.pack("<IIQ", T_ARRAY, etype, len(values))
+    if etype == T_STRING:
+        return head + b"".join(_gstr(v) for v in values)
+    if etype == T_U32:
+        return head + struct.pack(f"<{len(values)}I", *values)
+    if etype == T_BOOL:
+        return head + bytes(1 if v else 0 for v in values)
+    raise ValueError(f"unsupported array type {etype}")
+
+
+def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData) -> list[bytes]:
+    """All metadata entries, in the order of docs/FORMAT.md's table."""
+    return [
+        _kv("general.architecture", T_STRING, "qwen3"),
+        _kv("general.alignment", T_U32, ALIGNMENT),
+        _kv("general.name", T_STRING, c.id),
+        _kv("kipp.format_version", T_U32, FORMAT_VERSION),
+        _kv("kipp.checkpoint.id", T_STRING, c.id),
+        _kv("kipp.source.repository", T_STRING, c.repository),
+        _kv("kipp.source.revision", T_STRING, c.revision),
+        _kv("kipp.quant.scheme", T_STRING, quant),
+        _kv("kipp.variant", T_STRING, c.variant),
+        _kv("kipp.chat_template", T_STRING, c.chat_template),
+        _kv("kipp.d_model", T_U32, c.d_model),
+        _kv("kipp.n_layer", T_U32, c.n_layer),
+        _kv("kipp.n_q_head", T_U32, c.n_q_head),
+        _kv("kipp.n_kv_head", T_U32, c.n_kv_head),
+        _kv("kipp.head_dim", T_U32, c.head_dim),
+        _kv("kipp.d_ff", T_U32, c.d_ff),
+        _kv("kipp.vocab_size", T_U32, c.vocab_size),
+        _kv("kipp.context_length", T_U32, c.context_length),
+        _kv("kipp.rope_theta", T_F32, c.rope_theta),
+        _kv("kipp.rms_norm_eps", T_F32, reg.RMS_EPS),
+        _kv("kipp.tied_embeddings", T_BOOL, c.tied_embeddings),
+        _kv("kipp.bos_token_id", T_U32, reg.BOS_ID),
+        _kv("kipp.eos_token_id", T_U32, c.eos_token_id),
+        _kv_array("kipp.stop_token_ids", T_U32, list(c.stop_token_ids)),
+        _kv_array("kipp.tokenizer.tokens", T_STRING, tk.tokens),
+        _kv_array("kipp.tokenizer.merges", T_STRING, tk.merges),
+        _kv_array("kipp.tokenizer.added_ids", T_U32, tk.added_ids),
+        _kv_array("kipp.tokenizer.added_special", T_BOOL, tk.added_special),
+        _kv("kipp.tokenizer.pre_regex", T_STRING, tk.pre_regex),
+        _kv("kipp.tokenizer.normalizer", T_STRING, "NFC"),
+    ]
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGNMENT
+
+
+def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTensor]], bar) -> None:
+    """Header, metadata, tensor directory, aligned data (docs/FORMAT.md, "Container")."""
+    f.write(b"GGUF" + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(meta)))
+    for m in meta:
+        f.write(m)
+    offset = 0
+    for name, t in tensors:
+        dims = tuple(reversed(t.shape))  # GGUF lists the fastest-varying dimension first
+        f.write(_gstr(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, GGML_TYPE_BF16, offset))
+        offset += t.nbytes + _pad(t.nbytes)
+    f.write(b"\0" * _pad(f.tell()))
+    for _, t in tensors:
+        with open(t.path, "rb") as src:
+            src.seek(t.begin)
+            left = t.nbytes
+            while left:
+                chunk = src.read(min(COPY_CHUNK, left))
+                if not chunk:
+                    raise ConvertError(f"{t.path.name} ended inside tensor {t.name}")
+                f.write(chunk)
+                left -= len(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+        f.write(b"\0" * _pad(t.nbytes))
+
+
+def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quiet: bool = True) -> int:
+    """Validate and convert; returns the number of tensors written. Raises ConvertError."""
+    if quant in QUANT_LATER:
+        raise ConvertError(f"--quant {quant} is not supported yet; only bf16 is implemented")
+    if quant != "bf16":
+        raise ConvertError(f"--quant is '{quant}'; expected bf16 (q8_0 and affine4_gs32 come later)")
+    if not indir.is_dir():
+        raise ConvertError(f"input directory {indir} does not exist")
+    bad = config_mismatches(_load_json(indir / "config.json"), c)
+    if bad:
+        raise ConvertError(f"config.json does not match registry entry {c.id}:\n  " + "\n  ".join(bad))
+    tensors = select_tensors(read_source_tensors(indir), c)
+    tok_cfg = _load_json(indir / "tokenizer_config.json")
+    tk = build_tokenizer(_load_json(indir / "tokenizer.json"), tok_cfg)
+    eos = tok_cfg.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if eos != tk.tokens[c.eos_token_id]:
+        raise ConvertError(f"tokenizer_config.json eos_token is {eos!r}; expected "
+                           f"{tk.tokens[c.eos_token_id]!r} (id {c.eos_token_id}) for {c.id}")
+    meta = gguf_metadata(c, quant, tk)
+    bar = None
+    if not quiet:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(t.nbytes for _, t in tensors), unit="B", unit_scale=True, desc=out.name)
+    part = out.with_name(out.name + ".part")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(part, "wb") as f:
+            write_gguf(f, meta, tensors, bar)
+        os.replace(part, out)
+    finally:
+        if bar is not None:
+            bar.close()
+        if part.exists():
+            part.unlink()
+    return len(tensors)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description="Convert a BF16 safetensors Qwen3 checkpoint into a Kipp "
+                                 "GGUF file (docs/FORMAT.md).")
+    ap.add_argument("--checkpoint", required=True, help="registry id, e.g. qwen3-0.6b or synthetic-tiny")
+    ap.add_argument("--input", required=True, type=Path, help="Hugging Face checkpoint directory")
+    ap.add_argument("--out", required=True, type=Path, help="output .gguf file")
+    ap.add_argument("--quant", default="bf16", help="weight scheme (only bf16 for now)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        c = reg.by_id(args.checkpoint)
+    except KeyError as e:
+        print(f"convert_to_gguf: {e.args[0]}", file=sys.stderr)
+        return 1
+    try:
+        n = convert(c, args.input, args.out, args.quant, args.quiet)
+    except (ConvertError, OSError) as e:
+        print(f"convert_to_gguf: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"convert_to_gguf: wrote {args.out} ({n} tensors, {c.id}, {args.quant})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
