@@ -1,31 +1,371 @@
-/* ref_backend.c - placeholder until the ref backend lands: every op reports ENOTSUP. */
+/*
+ * ref_backend.c - the "ref" backend: the readable scalar FP32 Qwen3 forward
+ * (seed 000, "Each layer performs these operations in order", Phase 1 item 5,
+ * Phase 2 "KV cache").
+ *
+ * This is the oracle every other backend is checked against, so it favours
+ * clarity over speed: one thread, the scalar k_*_ref kernels only (no SIMD,
+ * no dispatch table), and each of the seed's nine per-layer steps is its own
+ * named function. Activations are FP32; weights and the KV cache are BF16.
+ *
+ * Rows are independent everywhere (the ref matmul computes each token row as a
+ * matvec, attention is per query token), so logits do not depend on how tokens
+ * are grouped into chunks, items or calls: multi-row logits, cached decode and
+ * batched evaluation are bitwise-equal to per-position evaluation.
+ */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
+#include "cpu/kernels.h"
 #include "kipp.h"
 
-static int stub_model_create(const kipp_model_view *m, void **bm, char *err, size_t errlen)
+/* Tokens per forward round. Scratch is sized for this many rows once, at model
+ * creation; longer items are processed in rounds of at most this many tokens. */
+#define REF_CHUNK 32u
+#define REF_KV_WIDTH (K_N_KV_HEAD * K_HEAD_DIM) /* 1024 floats per position */
+
+/** Per-model state: the weight views and activation scratch for one round. */
+typedef struct {
+    kipp_dims d;
+    kipp_qwen3_weights w;   /* views into the engine's mapping; layers owned by the engine */
+    uint32_t attn_width;    /* n_q_head * 128: not d_model (seed 000) */
+    uint32_t group;         /* query heads per KV head: n_q_head / 8 */
+    float *x;               /* [REF_CHUNK][d_model] residual stream */
+    float *xn;              /* [REF_CHUNK][d_model] normed input of a sublayer */
+    float *q;               /* [REF_CHUNK][attn_width] queries */
+    float *k;               /* [REF_CHUNK][1024] keys of the round */
+    float *v;               /* [REF_CHUNK][1024] values of the round */
+    float *att;             /* [REF_CHUNK][attn_width] attention output */
+    float *proj;            /* [REF_CHUNK][d_model] o_proj / down_proj output */
+    float *gate;            /* [REF_CHUNK][d_ff] gate_proj, then SwiGLU output */
+    float *up;              /* [REF_CHUNK][d_ff] up_proj */
+    float *fm, *fl;         /* [group] flash-attention running max and sum */
+    float *facc;            /* [group][128] flash-attention accumulator */
+} ref_model;
+
+/** Per-session state: paged KV stores and the RoPE table for every position. */
+typedef struct {
+    uint32_t n_blocks;      /* physical 32-position blocks */
+    uint32_t n_pos;         /* n_blocks * 32 positions */
+    size_t layer_elems;     /* n_pos * 1024: one layer's K (or V) elements */
+    kipp_bf16 *kc;          /* [n_layer][n_pos][8][128] bf16 keys */
+    kipp_bf16 *vc;          /* [n_layer][n_pos][8][128] bf16 values */
+    float *rope;            /* [n_pos][128] f32 cos[64] then sin[64] per position */
+} ref_session;
+
+static const kipp_bf16 *bf(const kipp_tensor_view *t) { return (const kipp_bf16 *)t->data; }
+
+/* ---- model ---- */
+
+static int check_tensor(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
+                        char *err, size_t errlen)
 {
-    (void)m;
-    *bm = NULL;
-    if (err) snprintf(err, errlen, "backend 'ref' is not implemented yet");
-    return KIPP_ENOTSUP;
-}
-static void stub_model_destroy(void *bm) { (void)bm; }
-static int stub_session_create(void *bm, uint32_t n, void **bs, char *err, size_t errlen)
-{
-    (void)bm; (void)n; *bs = NULL;
-    if (err) snprintf(err, errlen, "backend 'ref' is not implemented yet");
-    return KIPP_ENOTSUP;
-}
-static void stub_session_destroy(void *bs) { (void)bs; }
-static int stub_eval(void *bm, kipp_eval_item *it, size_t n, char *err, size_t errlen)
-{
-    (void)bm; (void)it; (void)n;
-    if (err) snprintf(err, errlen, "backend 'ref' is not implemented yet");
-    return KIPP_ENOTSUP;
+    if (t->data && t->dtype == KIPP_DTYPE_BF16 && t->rows == rows && t->cols == cols) return 0;
+    if (err)
+        snprintf(err, errlen,
+                 "ref backend: tensor %s is [%llu][%llu] dtype %u (data %s), expected [%llu][%llu] bf16",
+                 name, (unsigned long long)t->rows, (unsigned long long)t->cols, t->dtype,
+                 t->data ? "set" : "NULL", (unsigned long long)rows, (unsigned long long)cols);
+    return KIPP_EFORMAT;
 }
 
+/* The loader validated the file; this re-checks what the forward relies on, so a
+ * hand-built view (tests, future loaders) fails with a sentence, not a crash. */
+static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
+{
+    const kipp_dims *d = &mv->dims;
+    if (d->head_dim != K_HEAD_DIM || d->n_kv_head != K_N_KV_HEAD || d->n_q_head == 0 ||
+        d->n_q_head % K_N_KV_HEAD || d->d_model == 0 || d->d_model % 32 || d->d_ff == 0 ||
+        d->d_ff % 32 || d->n_layer == 0 || d->vocab_size == 0 || !mv->w.layers) {
+        if (err)
+            snprintf(err, errlen,
+                     "ref backend: dims d_model %u, n_layer %u, n_q_head %u, n_kv_head %u, head_dim %u, "
+                     "d_ff %u, vocab %u are not a Qwen3 shape (expected 8 KV heads of 128, n_q_head a "
+                     "multiple of 8, widths multiples of 32, layers present)",
+                     d->d_model, d->n_layer, d->n_q_head, d->n_kv_head, d->head_dim, d->d_ff, d->vocab_size);
+        return KIPP_EFORMAT;
+    }
+    uint64_t A = (uint64_t)d->n_q_head * K_HEAD_DIM, D = d->d_model, F = d->d_ff;
+    int rc = check_tensor(&mv->w.token_embd, "token_embd", d->vocab_size, D, err, errlen);
+    if (!rc) rc = check_tensor(&mv->w.output_norm, "output_norm", 1, D, err, errlen);
+    if (!rc) rc = check_tensor(&mv->w.output, "output", d->vocab_size, D, err, errlen);
+    for (uint32_t i = 0; !rc && i < d->n_layer; i++) {
+        const kipp_qwen3_layer *L = &mv->w.layers[i];
+        rc = check_tensor(&L->attn_norm, "attn_norm", 1, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->wq, "attn_q", A, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->wk, "attn_k", REF_KV_WIDTH, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->wv, "attn_v", REF_KV_WIDTH, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, K_HEAD_DIM, err, errlen);
+        if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, K_HEAD_DIM, err, errlen);
+        if (!rc) rc = check_tensor(&L->wo, "attn_output", D, A, err, errlen);
+        if (!rc) rc = check_tensor(&L->ffn_norm, "ffn_norm", 1, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->w_gate, "ffn_gate", F, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->w_up, "ffn_up", F, D, err, errlen);
+        if (!rc) rc = check_tensor(&L->w_down, "ffn_down", D, F, err, errlen);
+    }
+    return rc;
+}
+
+static void ref_model_destroy(void *bm)
+{
+    ref_model *m = bm;
+    if (!m) return;
+    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->fm, m->fl, m->facc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kipp_aligned_free(bufs[i]);
+    free(m);
+}
+
+static float *scratch(size_t rows, size_t cols, int *fail)
+{
+    float *p = kipp_aligned_alloc(rows * cols * sizeof(float));
+    if (!p) *fail = 1;
+    return p;
+}
+
+static int ref_model_create(const kipp_model_view *mv, void **backend_model, char *err, size_t errlen)
+{
+    *backend_model = NULL;
+    int rc = check_view(mv, err, errlen);
+    if (rc) return rc;
+    ref_model *m = calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->d = mv->dims;
+    m->w = mv->w;
+    m->attn_width = m->d.n_q_head * K_HEAD_DIM;
+    m->group = m->d.n_q_head / K_N_KV_HEAD;
+    int fail = 0;
+    m->x = scratch(REF_CHUNK, m->d.d_model, &fail);
+    m->xn = scratch(REF_CHUNK, m->d.d_model, &fail);
+    m->q = scratch(REF_CHUNK, m->attn_width, &fail);
+    m->k = scratch(REF_CHUNK, REF_KV_WIDTH, &fail);
+    m->v = scratch(REF_CHUNK, REF_KV_WIDTH, &fail);
+    m->att = scratch(REF_CHUNK, m->attn_width, &fail);
+    m->proj = scratch(REF_CHUNK, m->d.d_model, &fail);
+    m->gate = scratch(REF_CHUNK, m->d.d_ff, &fail);
+    m->up = scratch(REF_CHUNK, m->d.d_ff, &fail);
+    m->fm = scratch(m->group, 1, &fail);
+    m->fl = scratch(m->group, 1, &fail);
+    m->facc = scratch(m->group, K_HEAD_DIM, &fail);
+    if (fail) goto oom;
+    *backend_model = m;
+    return 0;
+oom:
+    ref_model_destroy(m);
+    if (err) snprintf(err, errlen, "ref backend: out of memory allocating activation scratch");
+    return KIPP_ENOMEM;
+}
+
+/* ---- session: KV stores allocated once, zeroed; RoPE table for its positions ---- */
+
+static void ref_session_destroy(void *bs)
+{
+    ref_session *s = bs;
+    if (!s) return;
+    kipp_aligned_free(s->kc);
+    kipp_aligned_free(s->vc);
+    kipp_aligned_free(s->rope);
+    free(s);
+}
+
+/* The RoPE table costs 512 bytes per position next to the KV's n_layer*4096, so a
+ * per-session table of exactly the session's positions stays bounded by its KV. */
+static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_session, char *err,
+                              size_t errlen)
+{
+    ref_model *m = bm;
+    *backend_session = NULL;
+    if (n_blocks == 0 || (uint64_t)n_blocks * K_KV_BLOCK > m->d.context_length + (uint64_t)K_KV_BLOCK - 1) {
+        if (err)
+            snprintf(err, errlen, "ref backend: %u KV blocks requested, expected 1..ceil(%u/32)",
+                     n_blocks, m->d.context_length);
+        return KIPP_ERANGE;
+    }
+    ref_session *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    s->n_blocks = n_blocks;
+    s->n_pos = n_blocks * K_KV_BLOCK;
+    s->layer_elems = (size_t)s->n_pos * REF_KV_WIDTH;
+    size_t kv_bytes = s->layer_elems * m->d.n_layer * sizeof(kipp_bf16);
+    s->kc = kipp_aligned_alloc(kv_bytes);
+    s->vc = kipp_aligned_alloc(kv_bytes);
+    s->rope = kipp_aligned_alloc((size_t)s->n_pos * K_HEAD_DIM * sizeof(float));
+    if (!s->kc || !s->vc || !s->rope) goto oom;
+    memset(s->kc, 0, kv_bytes);
+    memset(s->vc, 0, kv_bytes);
+    k_rope_table(s->rope, s->n_pos, m->d.rope_theta);
+    *backend_session = s;
+    return 0;
+oom:
+    ref_session_destroy(s);
+    if (err) snprintf(err, errlen, "ref backend: out of memory allocating KV for %u blocks", n_blocks);
+    return KIPP_ENOMEM;
+}
+
+/* ---- the forward: the seed's nine steps, one function each ---- */
+
+/** One round: n <= REF_CHUNK consecutive tokens of one item at positions pos0.. */
+typedef struct {
+    ref_model *m;
+    ref_session *s;
+    const uint32_t *block_table; /* [n_blocks] logical -> physical block */
+    uint32_t pos0;               /* position of the round's first token */
+    uint32_t n;                  /* tokens in the round */
+} ref_round;
+
+/* Steps 1 and 7: RMSNorm the residual stream x into xn with weight w [d_model]. */
+static void step_rmsnorm(const ref_round *r, const kipp_tensor_view *w)
+{
+    ref_model *m = r->m;
+    k_rmsnorm_f32_ref(m->x, bf(w), m->xn, r->n, m->d.d_model, m->d.rms_eps);
+}
+
+/* Step 2: project Q [n][A], K [n][1024] and V [n][1024] from xn. */
+static void step_qkv_projection(const ref_round *r, const kipp_qwen3_layer *L)
+{
+    ref_model *m = r->m;
+    k_matmul_bf16_ref(bf(&L->wq), m->xn, m->q, m->attn_width, m->d.d_model, r->n, 0, 1);
+    k_matmul_bf16_ref(bf(&L->wk), m->xn, m->k, REF_KV_WIDTH, m->d.d_model, r->n, 0, 1);
+    k_matmul_bf16_ref(bf(&L->wv), m->xn, m->v, REF_KV_WIDTH, m->d.d_model, r->n, 0, 1);
+}
+
+/* Step 3: per-head RMSNorm of every 128-wide Q and K head (V is not normed). */
+static void step_qk_norm(const ref_round *r, const kipp_qwen3_layer *L)
+{
+    ref_model *m = r->m;
+    k_rmsnorm_f32_ref(m->q, bf(&L->q_norm), m->q, (size_t)r->n * m->d.n_q_head, K_HEAD_DIM, m->d.rms_eps);
+    k_rmsnorm_f32_ref(m->k, bf(&L->k_norm), m->k, (size_t)r->n * K_N_KV_HEAD, K_HEAD_DIM, m->d.rms_eps);
+}
+
+/* Step 4: RoPE on Q and K with each token's absolute position (theta from the registry). */
+static void step_rope(const ref_round *r)
+{
+    ref_model *m = r->m;
+    for (uint32_t t = 0; t < r->n; t++) {
+        const float *cs = r->s->rope + (size_t)(r->pos0 + t) * K_HEAD_DIM;
+        k_rope_f32_ref(m->q + (size_t)t * m->attn_width, m->d.n_q_head, cs);
+        k_rope_f32_ref(m->k + (size_t)t * REF_KV_WIDTH, K_N_KV_HEAD, cs);
+    }
+}
+
+/* Step 5: causal grouped-query attention. The round's K/V go into the paged
+ * cache first (rounded to BF16), and every query then reads K/V back from the
+ * cache, so the current token sees the same BF16 values a later decode step
+ * will: cached and uncached evaluation are one code path. Query heads
+ * [kvh*group, (kvh+1)*group) share KV head kvh (HF repeat_kv). */
+static void step_attention(const ref_round *r, uint32_t layer)
+{
+    ref_model *m = r->m;
+    kipp_bf16 *kc = r->s->kc + (size_t)layer * r->s->layer_elems;
+    kipp_bf16 *vc = r->s->vc + (size_t)layer * r->s->layer_elems;
+    for (uint32_t t = 0; t < r->n; t++)
+        k_kv_write_bf16_ref(kc, vc, r->block_table, r->pos0 + t, m->k + (size_t)t * REF_KV_WIDTH,
+                            m->v + (size_t)t * REF_KV_WIDTH);
+    const float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    for (uint32_t t = 0; t < r->n; t++) {
+        for (uint32_t kvh = 0; kvh < K_N_KV_HEAD; kvh++) {
+            size_t off = (size_t)t * m->attn_width + (size_t)kvh * m->group * K_HEAD_DIM;
+            k_flash_gqa_bf16_ref(m->q + off, m->group, kc, vc, kvh, r->block_table, 0,
+                                 r->pos0 + t + 1, scale, m->fm, m->fl, m->facc);
+            for (uint32_t g = 0; g < m->group; g++)
+                for (uint32_t i = 0; i < K_HEAD_DIM; i++)
+                    m->att[off + g * K_HEAD_DIM + i] = m->facc[g * K_HEAD_DIM + i] / m->fl[g];
+        }
+    }
+}
+
+/* Step 6: attention output projection [n][A] -> [n][d_model], then the residual add. */
+static void step_output_projection(const ref_round *r, const kipp_qwen3_layer *L)
+{
+    ref_model *m = r->m;
+    k_matmul_bf16_ref(bf(&L->wo), m->att, m->proj, m->d.d_model, m->attn_width, r->n, 0, 1);
+    k_add_f32_ref(m->x, m->proj, (size_t)r->n * m->d.d_model);
+}
+
+/* Step 8: the SwiGLU MLP, down_proj(silu(gate_proj(xn)) * up_proj(xn)) -> proj. */
+static void step_swiglu_mlp(const ref_round *r, const kipp_qwen3_layer *L)
+{
+    ref_model *m = r->m;
+    size_t D = m->d.d_model, F = m->d.d_ff;
+    k_matmul_bf16_ref(bf(&L->w_gate), m->xn, m->gate, F, D, r->n, 0, 1);
+    k_matmul_bf16_ref(bf(&L->w_up), m->xn, m->up, F, D, r->n, 0, 1);
+    k_swiglu_f32_ref(m->gate, m->up, m->gate, (size_t)r->n * F);
+    k_matmul_bf16_ref(bf(&L->w_down), m->gate, m->proj, D, F, r->n, 0, 1);
+}
+
+/* Step 9: the feed-forward residual add. */
+static void step_ffn_residual(const ref_round *r)
+{
+    k_add_f32_ref(r->m->x, r->m->proj, (size_t)r->n * r->m->d.d_model);
+}
+
+static void decoder_layer(const ref_round *r, uint32_t layer)
+{
+    const kipp_qwen3_layer *L = &r->m->w.layers[layer];
+    step_rmsnorm(r, &L->attn_norm);   /* 1 */
+    step_qkv_projection(r, L);        /* 2 */
+    step_qk_norm(r, L);               /* 3 */
+    step_rope(r);                     /* 4 */
+    step_attention(r, layer);         /* 5 */
+    step_output_projection(r, L);     /* 6 */
+    step_rmsnorm(r, &L->ffn_norm);    /* 7 */
+    step_swiglu_mlp(r, L);            /* 8 */
+    step_ffn_residual(r);             /* 9 */
+}
+
+/* Final RMSNorm of round row t, then the head (token_embd when tied; the view
+ * already points output at it) -> [vocab] FP32 logits. */
+static void head_row(const ref_round *r, uint32_t t, float *logits)
+{
+    ref_model *m = r->m;
+    size_t D = m->d.d_model;
+    k_rmsnorm_f32_ref(m->x + t * D, bf(&m->w.output_norm), m->xn + t * D, 1, D, m->d.rms_eps);
+    k_matvec_bf16_ref(bf(&m->w.output), m->xn + t * D, logits, m->d.vocab_size, D, 0, 1);
+}
+
+/* Evaluate one item in rounds of REF_CHUNK tokens; logits for its last logits_count tokens. */
+static void eval_item(ref_model *m, const kipp_eval_item *it)
+{
+    uint32_t first_logit = it->token_count - it->logits_count; /* item index of the first logits row */
+    for (uint32_t r0 = 0; r0 < it->token_count; r0 += REF_CHUNK) {
+        ref_round r = {m, it->session, it->block_table, it->start_position + r0,
+                       it->token_count - r0 < REF_CHUNK ? it->token_count - r0 : REF_CHUNK};
+        for (uint32_t t = 0; t < r.n; t++)
+            k_embed_bf16_ref(bf(&m->w.token_embd), it->tokens[r0 + t], m->x + (size_t)t * m->d.d_model,
+                             m->d.d_model);
+        for (uint32_t layer = 0; layer < m->d.n_layer; layer++) decoder_layer(&r, layer);
+        for (uint32_t t = 0; t < r.n; t++)
+            if (r0 + t >= first_logit)
+                head_row(&r, t, it->logits + (size_t)(r0 + t - first_logit) * m->d.vocab_size);
+    }
+}
+
+/* The engine validated positions, capacity and token ids (backend.h); the
+ * checks here guard the invariants the forward would otherwise corrupt memory on. */
+static int ref_eval(void *bm, kipp_eval_item *items, size_t item_count, char *err, size_t errlen)
+{
+    ref_model *m = bm;
+    for (size_t i = 0; i < item_count; i++) {
+        const kipp_eval_item *it = &items[i];
+        const ref_session *s = it->session;
+        if (!s || !it->tokens || !it->block_table || it->token_count == 0 ||
+            it->logits_count > it->token_count || (it->logits_count && !it->logits) ||
+            (uint64_t)it->start_position + it->token_count > s->n_pos) {
+            if (err)
+                snprintf(err, errlen,
+                         "ref backend: item %zu (start %u, %u tokens, %u logits rows) does not fit a "
+                         "session of %u positions or lacks tokens/block table/logits",
+                         i, it->start_position, it->token_count, it->logits_count, s ? s->n_pos : 0);
+            return KIPP_EINVAL;
+        }
+    }
+    for (size_t i = 0; i < item_count; i++) eval_item(m, &items[i]);
+    return 0;
+}
+
+/* No describe hook: the ref backend has exactly one path, the scalar kernels. */
 const kipp_backend_ops ref_backend_ops = {
-    "ref", stub_model_create, stub_model_destroy, stub_session_create, stub_session_destroy, stub_eval, NULL,
+    "ref", ref_model_create, ref_model_destroy, ref_session_create, ref_session_destroy, ref_eval, NULL,
 };
