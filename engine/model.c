@@ -152,7 +152,7 @@ static int want_u32(const kipp_gguf *g, const char *key, uint64_t expect,
     const kipp_gguf_kv *kv = kv_of(g, key);
     if (kv->v.u == expect) return KIPP_OK;
     return kipp_err(err, errlen, KIPP_EFORMAT,
-                    "dimension mismatch: %s is %llu but registry entry '%s' expects %llu", key,
+                    "%s is %llu but registry entry '%s' expects %llu", key,
                     (unsigned long long)kv->v.u, c->id, (unsigned long long)expect);
 }
 

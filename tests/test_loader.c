@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -280,6 +281,43 @@ static void test_open_backends(void)
     kipp_model_close(NULL);
 }
 
+/* Run `kipp inspect ARGS` (the CLI next to the test binaries); output in out, exit status returned. */
+static int run_inspect(const char *args, char *out, size_t cap)
+{
+    const char *bin = getenv("KIPP_TEST_BIN"); /* build/bin or build-asan/bin: the CLI is one up */
+    char dirbuf[512], cmd[1024];
+    snprintf(dirbuf, sizeof dirbuf, "%s", bin ? bin : "build/bin");
+    char *slash = strrchr(dirbuf, '/');
+    if (slash) *slash = 0;
+    else snprintf(dirbuf, sizeof dirbuf, ".");
+    snprintf(cmd, sizeof cmd, "%s/kipp inspect %s 2>&1", dirbuf, args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_inspect_cli(void)
+{
+    static char out[16384];
+    int rc = run_inspect(tmp, out, sizeof out);
+    CHECK(rc == 0, "kipp inspect exited %d: %s", rc, out);
+    char embd[96];
+    snprintf(embd, sizeof embd, "[151936][256]    %12llu", 151936ull * 256 * 2); /* shape, bytes */
+    const char *want[] = {"checkpoint      synthetic-tiny", "synthetic/qwen3-tiny@kipp-synth-v1-seed1",
+                          "quant scheme    bf16", "attention width 2048", "KV bytes/token  8192",
+                          "blk.1.ffn_down.weight", embd, "24 tensors"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        CHECK(strstr(out, want[i]) != NULL, "inspect output lacks '%s'", want[i]);
+    patch_u32(kv_value_at("kipp.d_model"), 512);
+    rc = run_inspect(tmp, out, sizeof out);
+    undo_all();
+    CHECK(rc == 1 && !strncmp(out, "kipp inspect: kipp.d_model is 512 but", 37), "rejected file: exit %d, '%s'",
+          rc, out);
+}
+
 /* ---- rejections: one test per reason (issue 2, item 6) ---- */
 
 static void test_reject_magic(void) { patch(0, "GGUX", 4); expect_reject("bad magic 47 47 55 58", "magic"); }
@@ -456,6 +494,7 @@ int main(void)
     RUN(test_load_untied);
     RUN(test_views_match_file_bytes);
     RUN(test_open_backends);
+    RUN(test_inspect_cli);
     RUN(test_reject_magic);
     RUN(test_reject_version);
     RUN(test_reject_truncated);
