@@ -4,7 +4,7 @@
 # and tokenizer cases; pass --reference to install them too.
 set -euo pipefail
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-APT_PKGS="build-essential clang libclang-rt-14-dev libhwloc-dev hwloc libjansson-dev libpcre2-dev libutf8proc-dev libpapi-dev papi-tools python3 python3-pip curl"
+APT_PKGS="build-essential clang libclang-rt-14-dev libhwloc-dev hwloc libjansson-dev libpcre2-dev libutf8proc-dev libpapi-dev papi-tools libsimde-dev python3 python3-pip curl"
 missing=""
 for p in $APT_PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -1,0 +1,113 @@
+/*
+ * attention_avx2.c - flash GQA attention partial over the paged BF16 KV for
+ * AVX2 + FMA (kernels.h; Dao et al. 2022 online softmax, split-K as in flash
+ * decoding).
+ *
+ * Positions are taken in chunks of up to 16 inside one 32-position page. Per
+ * chunk: every K row is widened once and dotted with all `group` query heads
+ * (group accumulators in registers), the online-softmax state is updated once
+ * per chunk with a vector exp, and every V row is widened once and FMA'd into
+ * all group accumulators. So the heads of a group share each K/V load.
+ *
+ * Accuracy vs k_flash_gqa_bf16_ref: same products, different summation order
+ * and a polynomial exp (~2 ulp), and the max is taken per chunk instead of
+ * per position (mathematically identical): NMSE ~1e-12 on acc/l.
+ */
+#include <math.h>
+
+#include "kernels_isa.h"
+#include "vmath_avx2.h"
+
+#define CHUNK 16u
+#define GMAX 8u /* heads per register pass; larger groups run in passes */
+
+static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
+{
+    return ((size_t)bt[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) * K_N_KV_HEAD * K_HEAD_DIM +
+           (size_t)kvh * K_HEAD_DIM;
+}
+
+/* s[g][j] = scale * q_g . k_j for j < n, g < G (G <= GMAX); rows at kbase + j*stride. */
+static void chunk_scores(const float *q, size_t G, const kipp_bf16 *kbase, size_t n, float scale,
+                         float s[GMAX][CHUNK])
+{
+    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
+    for (size_t j = 0; j < n; j++) {
+        const kipp_bf16 *kr = kbase + j * stride;
+        __m256 a[GMAX];
+        for (size_t g = 0; g < G; g++) a[g] = _mm256_setzero_ps();
+        for (size_t d = 0; d < K_HEAD_DIM; d += 8) {
+            __m256 kv = k_widen8(kr + d);
+            for (size_t g = 0; g < G; g++)
+                a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * K_HEAD_DIM + d), kv, a[g]);
+        }
+        for (size_t g = 0; g < G; g++) s[g][j] = k_hsum8(a[g]) * scale;
+    }
+}
+
+/* Online-softmax step for one head: turns s[0..n) into weights e (in place),
+ * returns the factor that rescales the old l and acc. */
+static float chunk_softmax(float *s, size_t n, float *m, float *l)
+{
+    float mx = *m;
+    for (size_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    float corr = expf(*m - mx), sum = 0.0f;
+    const __m256 vm = _mm256_set1_ps(mx);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, k_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm)));
+    for (; j < n; j++) s[j] = expf(s[j] - mx);
+    for (j = 0; j < n; j++) sum += s[j];
+    *l = *l * corr + sum;
+    *m = mx;
+    return corr;
+}
+
+/* acc[g] = acc[g] * corr[g] + sum_j e[g][j] * v_j over 8-wide slices of the head. */
+static void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t n,
+                         float e[GMAX][CHUNK], const float *corr)
+{
+    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
+    for (size_t d = 0; d < K_HEAD_DIM; d += 8) {
+        __m256 a[GMAX];
+        for (size_t g = 0; g < G; g++)
+            a[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * K_HEAD_DIM + d), _mm256_set1_ps(corr[g]));
+        for (size_t j = 0; j < n; j++) {
+            __m256 vv = k_widen8(vbase + j * stride + d);
+            for (size_t g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(e[g][j]), vv, a[g]);
+        }
+        for (size_t g = 0; g < G; g++) _mm256_storeu_ps(acc + g * K_HEAD_DIM + d, a[g]);
+    }
+}
+
+static void flash_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                       uint32_t kvh, const uint32_t *bt, uint32_t p0, uint32_t p1, float scale,
+                       float *m, float *l, float *acc)
+{
+    float s[GMAX][CHUNK], corr[GMAX];
+    for (size_t g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+        for (size_t i = 0; i < K_HEAD_DIM; i++) acc[g * K_HEAD_DIM + i] = 0.0f;
+    }
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t in_page = K_KV_BLOCK - p % K_KV_BLOCK, n = p1 - p;
+        n = n < in_page ? n : in_page;
+        n = n < CHUNK ? n : CHUNK;
+        size_t off = kv_off(bt, p, kvh);
+        chunk_scores(q, G, kc + off, n, scale, s);
+        for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
+        chunk_values(acc, G, vc + off, n, s, corr);
+        p += n;
+    }
+}
+
+void k_flash_gqa_bf16_avx2(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                           uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
+                           float scale, float *m, float *l, float *acc)
+{
+    for (size_t g0 = 0; g0 < group; g0 += GMAX) {
+        size_t G = group - g0 < GMAX ? group - g0 : GMAX;
+        flash_pass(q + g0 * K_HEAD_DIM, G, kc, vc, kvh, block_table, p0, p1, scale, m + g0, l + g0,
+                   acc + g0 * K_HEAD_DIM);
+    }
+}

@@ -1,0 +1,212 @@
+/*
+ * linear_avx2.c - BF16 matvec/matmul for AVX2 + FMA (kernels.h). AVX2 has no
+ * BF16 dot, so weights are widened to FP32 in registers (a BF16 is the top
+ * half of an FP32: a 16-bit shift or a mask) and multiplied with FMA.
+ *
+ * Accuracy vs the *_ref kernels: the same products in FP32, summed in a
+ * different order (8-16 lane partial sums, then a tree), so the difference is
+ * FP32 rounding only: NMSE ~1e-12 for cols <= 10k (see tests/test_kernels.c).
+ */
+#include <immintrin.h>
+
+#include <string.h>
+
+#include "kernels_isa.h"
+#include "vmath_avx2.h"
+
+static inline __m256 widen8(const kipp_bf16 *p) { return k_widen8(p); }
+
+/* Lane j of a 32-bit load of packed pairs holds (w[2j] low, w[2j+1] high):
+ * the even element is the low half shifted up, the odd one the high half. */
+static inline __m256 even_bf16(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+static inline __m256 odd_bf16(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+static inline float hsum8(__m256 v) { return k_hsum8(v); }
+
+/* ---- unpacked row-major weights ---- */
+
+/* Four rows against one x, two accumulator chains per row (8 in flight hide
+ * the FMA latency; the loop is DRAM-bound anyway). */
+static void matvec_rows4(const kipp_bf16 *w, const float *x, float *y, size_t cols)
+{
+    __m256 a[4][2];
+    for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (size_t c = 0; c < cols; c += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+        for (int r = 0; r < 4; r++) {
+            const kipp_bf16 *wr = w + (size_t)r * cols + c;
+            _mm_prefetch((const char *)(wr + 512), _MM_HINT_T0);
+            a[r][0] = _mm256_fmadd_ps(widen8(wr), x0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(widen8(wr + 8), x1, a[r][1]);
+        }
+    }
+    for (int r = 0; r < 4; r++) y[r] = hsum8(_mm256_add_ps(a[r][0], a[r][1]));
+}
+
+static float dot_row(const kipp_bf16 *w, const float *x, size_t cols)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (size_t c = 0; c < cols; c += 16) {
+        a0 = _mm256_fmadd_ps(widen8(w + c), _mm256_loadu_ps(x + c), a0);
+        a1 = _mm256_fmadd_ps(widen8(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+    }
+    return hsum8(_mm256_add_ps(a0, a1));
+}
+
+void k_matvec_bf16_avx2(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
+                        int ith, int nth)
+{
+    size_t r0, r1, r;
+    k_split_rows(rows, ith, nth, 4, &r0, &r1);
+    for (r = r0; r + 4 <= r1; r += 4) matvec_rows4(w + r * cols, x, y + r, cols);
+    for (; r < r1; r++) y[r] = dot_row(w + r * cols, x, cols);
+}
+
+/* 4 rows x 3 tokens: 12 accumulators + 3 x + 1 widened weight = 16 ymm. */
+static void matmul_4x3(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
+                       size_t nt)
+{
+    __m256 a[4][3];
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < 3; t++) a[r][t] = _mm256_setzero_ps();
+    for (size_t c = 0; c < cols; c += 8) {
+        __m256 xv[3];
+        for (size_t t = 0; t < 3; t++) xv[t] = _mm256_loadu_ps(x + (t < nt ? t : 0) * cols + c);
+        for (int r = 0; r < 4; r++) {
+            __m256 wv = widen8(w + (size_t)r * cols + c);
+            for (int t = 0; t < 3; t++) a[r][t] = _mm256_fmadd_ps(wv, xv[t], a[r][t]);
+        }
+    }
+    for (size_t t = 0; t < nt; t++)
+        for (int r = 0; r < 4; r++) y[t * rows + (size_t)r] = hsum8(a[r][t]);
+}
+
+/* Rows in blocks of 4 are the outer loop, so a block (<= 80 KB at cols 9728)
+ * stays in L1/L2 while all tokens pass: each weight byte leaves DRAM once. */
+void k_matmul_bf16_avx2(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
+                        size_t n_tok, int ith, int nth)
+{
+    size_t r0, r1, r;
+    k_split_rows(rows, ith, nth, 4, &r0, &r1);
+    for (r = r0; r + 4 <= r1; r += 4)
+        for (size_t t = 0; t < n_tok; t += 3) {
+            size_t nt = n_tok - t < 3 ? n_tok - t : 3;
+            matmul_4x3(w + r * cols, x + t * cols, y + t * rows + r, rows, cols, nt);
+        }
+    for (; r < r1; r++)
+        for (size_t t = 0; t < n_tok; t++) y[t * rows + r] = dot_row(w + r * cols, x + t * cols, cols);
+}
+
+/* ---- activation rounding ---- */
+
+void k_cvt_bf16_avx2(const float *x, kipp_bf16 *xb, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(xb + i), k_cvt8_bf16(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) xb[i] = kipp_f32_to_bf16(x[i]);
+}
+
+/* ---- packed weights ([rows/16][cols/2][16][2]) ---- */
+
+void k_matvec_bf16p_avx2(const kipp_bf16 *wp, const float *x, float *y, size_t rows, size_t cols,
+                         int ith, int nth)
+{
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t r = r0; r < r1; r += 16) {
+        const kipp_bf16 *p = wp + r * cols;
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        for (size_t c = 0; c < cols; c += 4, p += 64) { /* two k-pairs per step */
+            _mm_prefetch((const char *)(p + 1024), _MM_HINT_T0);
+            for (int h = 0; h < 2; h++) {
+                __m256 xe = _mm256_broadcast_ss(x + c + 2 * (size_t)h);
+                __m256 xo = _mm256_broadcast_ss(x + c + 2 * (size_t)h + 1);
+                __m256i lo = _mm256_loadu_si256((const __m256i *)(p + 32 * h));
+                __m256i hi = _mm256_loadu_si256((const __m256i *)(p + 32 * h + 16));
+                a[4 * h + 0] = _mm256_fmadd_ps(even_bf16(lo), xe, a[4 * h + 0]);
+                a[4 * h + 1] = _mm256_fmadd_ps(odd_bf16(lo), xo, a[4 * h + 1]);
+                a[4 * h + 2] = _mm256_fmadd_ps(even_bf16(hi), xe, a[4 * h + 2]);
+                a[4 * h + 3] = _mm256_fmadd_ps(odd_bf16(hi), xo, a[4 * h + 3]);
+            }
+        }
+        __m256 ylo = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[4], a[5]));
+        __m256 yhi = _mm256_add_ps(_mm256_add_ps(a[2], a[3]), _mm256_add_ps(a[6], a[7]));
+        _mm256_storeu_ps(y + r, ylo);
+        _mm256_storeu_ps(y + r + 8, yhi);
+    }
+}
+
+/* 16 rows x T tokens over k-pairs [0, kp): per k-pair the 16x2 weights are
+ * widened once (4 ymm) and FMA'd against T broadcast activation pairs.
+ * 2T accumulators + 4 weights + 2 activations <= 16 ymm for T <= 5. */
+static inline __attribute__((always_inline)) void
+mk_16xT(const kipp_bf16 *p, const kipp_bf16 *xb, size_t ldx, size_t kp, float *y, size_t ldy,
+        int T, int load)
+{
+    __m256 a[5][2];
+#pragma GCC unroll 5
+    for (int t = 0; t < T; t++) {
+        a[t][0] = load ? _mm256_loadu_ps(y + (size_t)t * ldy) : _mm256_setzero_ps();
+        a[t][1] = load ? _mm256_loadu_ps(y + (size_t)t * ldy + 8) : _mm256_setzero_ps();
+    }
+    for (size_t k = 0; k < kp; k++, p += 32) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)p);
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(p + 16));
+        __m256 le = even_bf16(lo), lodd = odd_bf16(lo), he = even_bf16(hi), ho = odd_bf16(hi);
+#pragma GCC unroll 5
+        for (int t = 0; t < T; t++) {
+            int32_t pair;
+            memcpy(&pair, xb + (size_t)t * ldx + 2 * k, 4);
+            __m256i xv = _mm256_set1_epi32(pair);
+            __m256 xe = even_bf16(xv), xo = odd_bf16(xv);
+            a[t][0] = _mm256_fmadd_ps(le, xe, a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(he, xe, a[t][1]);
+            a[t][0] = _mm256_fmadd_ps(lodd, xo, a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(ho, xo, a[t][1]);
+        }
+    }
+#pragma GCC unroll 5
+    for (int t = 0; t < T; t++) {
+        _mm256_storeu_ps(y + (size_t)t * ldy, a[t][0]);
+        _mm256_storeu_ps(y + (size_t)t * ldy + 8, a[t][1]);
+    }
+}
+
+static void mk_16xT_any(const kipp_bf16 *p, const kipp_bf16 *xb, size_t ldx, size_t kp, float *y,
+                        size_t ldy, int T, int load)
+{
+    switch (T) {
+    case 1: mk_16xT(p, xb, ldx, kp, y, ldy, 1, load); break;
+    case 2: mk_16xT(p, xb, ldx, kp, y, ldy, 2, load); break;
+    case 3: mk_16xT(p, xb, ldx, kp, y, ldy, 3, load); break;
+    case 4: mk_16xT(p, xb, ldx, kp, y, ldy, 4, load); break;
+    default: mk_16xT(p, xb, ldx, kp, y, ldy, 5, load); break;
+    }
+}
+
+#define KB_AVX2 256u /* k per block: 16 rows x 256 k x 2 B = 8 KB of weights stay in L1 */
+#define TT_AVX2 5
+
+/* Loop order: 16-row panel (outer, from DRAM once), k-block, token tile. */
+void k_matmul_bf16p_avx2(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y, size_t rows,
+                         size_t cols, size_t n_tok, int accumulate, int ith, int nth)
+{
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t r = r0; r < r1; r += 16) {
+        const kipp_bf16 *panel = wp + r * cols;
+        for (size_t k0 = 0; k0 < cols; k0 += KB_AVX2) {
+            size_t kn = cols - k0 < KB_AVX2 ? cols - k0 : KB_AVX2;
+            int load = accumulate || k0 > 0;
+            for (size_t t = 0; t < n_tok; t += TT_AVX2) {
+                int T = (int)(n_tok - t < TT_AVX2 ? n_tok - t : TT_AVX2);
+                mk_16xT_any(panel + k0 * 16, xb + t * cols + k0, cols, kn / 2, y + t * rows + r,
+                            rows, T, load);
+            }
+        }
+    }
+}
