@@ -1,31 +1,355 @@
-/* cpu_backend.c - placeholder until the cpu backend lands: every op reports ENOTSUP. */
+/*
+ * cpu_backend.c - the fast CPU backend's ops table (engine/backend.h, seed 000
+ * "Backend boundary"): kernel table selection, pool and scratch lifetime,
+ * paged KV sessions, and eval's packing of items into rounds.
+ *
+ * Everything that grows with the work is allocated here, at model or session
+ * creation; the forward pass (cpu_forward.c) never allocates.
+ */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
-#include "backend.h"
-#include "kipp.h"
+#include "cpu_internal.h"
+#include "internal.h"
 
-static int stub_model_create(const kipp_model_view *m, void **bm, char *err, size_t errlen)
+static void cpu_model_destroy(void *bm);
+
+/* Pick the kernel table (kernels/common.h kipp_isa_select) and record why a
+ * slower path runs, so describe and stderr can say so. */
+static void choose_kernels(cpu_model *m)
 {
-    (void)m;
-    *bm = NULL;
-    if (err) snprintf(err, errlen, "backend 'cpu' is not implemented yet");
-    return KIPP_ENOTSUP;
+    static int warned;
+    const char *note = NULL;
+    const kipp_cpu_features *f = kipp_cpu_get();
+    m->isa = kipp_isa_select(&note);
+    m->k = k_cpu_ops_get(m->isa);
+    if (note)
+        snprintf(m->isa_note, sizeof m->isa_note, "%s (KIPP_ISA=%s, running %s)", note,
+                 getenv("KIPP_ISA"), kipp_isa_name(m->isa));
+    else if (m->isa < KIPP_ISA_AVX512 && !getenv("KIPP_ISA"))
+        snprintf(m->isa_note, sizeof m->isa_note,
+                 "the avx512 path needs AVX-512 F/BW/VL/DQ + BF16 (this CPU: avx512=%d bf16=%d); running %s",
+                 f->avx512, f->avx512_bf16, kipp_isa_name(m->isa));
+    if (m->isa_note[0] && !warned) {
+        warned = 1;
+        fprintf(stderr, "kipp cpu backend: %s\n", m->isa_note);
+    }
 }
-static void stub_model_destroy(void *bm) { (void)bm; }
-static int stub_session_create(void *bm, uint32_t n, void **bs, char *err, size_t errlen)
+
+static int alloc_f32(float **p, size_t n, size_t *total)
 {
-    (void)bm; (void)n; *bs = NULL;
-    if (err) snprintf(err, errlen, "backend 'cpu' is not implemented yet");
-    return KIPP_ENOTSUP;
+    *p = kipp_aligned_alloc(n * sizeof(float));
+    *total += n * sizeof(float);
+    return *p ? 0 : -1;
 }
-static void stub_session_destroy(void *bs) { (void)bs; }
-static int stub_eval(void *bm, kipp_eval_item *it, size_t n, char *err, size_t errlen)
+
+/* Large buffers (packed weights, KV): 2 MiB aligned and marked for
+ * transparent huge pages, which saves TLB misses when decode streams
+ * gigabytes per token. NULL on failure; release with free(). */
+static void *alloc_big(size_t bytes)
 {
-    (void)bm; (void)it; (void)n;
-    if (err) snprintf(err, errlen, "backend 'cpu' is not implemented yet");
-    return KIPP_ENOTSUP;
+    void *p = NULL;
+    const size_t huge = (size_t)2 << 20;
+    if (posix_memalign(&p, huge, (bytes + huge - 1) / huge * huge) != 0) return NULL;
+    madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE); /* advisory: ignore refusal */
+    return p;
+}
+
+/* Round scratch for KIPP_CPU_ROUND_TOKENS rows (ARCHITECTURE.md "Scratch"). */
+static int alloc_scratch(cpu_model *m)
+{
+    const kipp_dims *d = &m->d;
+    size_t R = KIPP_CPU_ROUND_TOKENS, D = d->d_model, A = m->A, F = d->d_ff;
+    size_t group = d->n_q_head / K_N_KV_HEAD, t = 0;
+    size_t xw = D > A ? (D > F ? D : F) : (A > F ? A : F);
+    m->max_units = 2 * K_N_KV_HEAD * KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
+    m->xb = kipp_aligned_alloc(R * xw * sizeof(kipp_bf16));
+    t += R * xw * sizeof(kipp_bf16);
+    int bad = alloc_f32(&m->x, R * D, &t) | alloc_f32(&m->xn, R * D, &t) |
+              alloc_f32(&m->qkv, R * m->QKV, &t) | alloc_f32(&m->att, R * A, &t) |
+              alloc_f32(&m->tmp, R * D, &t) | alloc_f32(&m->gu, R * 2 * F, &t) |
+              alloc_f32(&m->part_ml, (size_t)m->max_units * 2 * group, &t) |
+              alloc_f32(&m->part_acc, (size_t)m->max_units * group * K_HEAD_DIM, &t) |
+              alloc_f32(&m->head_tmp, (size_t)m->nth * R * KIPP_CPU_HEAD_BLOCK, &t) |
+              alloc_f32(&m->rope, (size_t)d->context_length * K_HEAD_DIM, &t);
+    m->row_item = malloc(R * sizeof *m->row_item);
+    m->row_pos = malloc(R * sizeof *m->row_pos);
+    m->row_tok = malloc(R * sizeof *m->row_tok);
+    m->lrow = malloc(R * sizeof *m->lrow);
+    m->ldst = malloc(R * sizeof *m->ldst);
+    t += R * (4 * sizeof(uint32_t) + sizeof(float *));
+    m->scratch_bytes = t;
+    return bad || !m->xb || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst ? -1 : 0;
+}
+
+/* One matrix to repack: src [rows][cols] bf16 from the mapping -> dst. */
+typedef struct {
+    const kipp_bf16 *src;
+    kipp_bf16 *dst;
+    size_t rows, cols;
+} pack_job;
+
+typedef struct {
+    const cpu_model *m;
+    const pack_job *jobs;
+    size_t n;
+} pack_task;
+
+static void pack_run(void *arg, int ith, int nth)
+{
+    const pack_task *t = arg;
+    for (size_t i = 0; i < t->n; i++)
+        t->m->k->pack_bf16(t->jobs[i].src, t->jobs[i].dst, t->jobs[i].rows, t->jobs[i].cols, ith, nth);
+}
+
+/* Repack every projection and the head once, on the pool (the prepared copy
+ * ARCHITECTURE.md "Ownership" allows; reported by describe). Q|K|V and
+ * Gate|Up are packed back to back, which is the packing of their row
+ * concatenation (kernels.h), so each is one kernel call per layer. */
+static int pack_weights(cpu_model *m)
+{
+    const kipp_dims *d = &m->d;
+    size_t D = d->d_model, A = m->A, F = d->d_ff, KV = K_N_KV_HEAD * K_HEAD_DIM;
+    size_t per_layer = m->QKV * D + D * A + 2 * F * D + D * F, head = (size_t)d->vocab_size * D;
+    size_t elems = per_layer * d->n_layer + head, nj = 0;
+    m->lw = calloc(d->n_layer, sizeof *m->lw);
+    pack_job *jobs = calloc((size_t)d->n_layer * 7 + 1, sizeof *jobs);
+    m->packed = alloc_big(elems * sizeof(kipp_bf16));
+    if (!m->lw || !jobs || !m->packed) { free(jobs); return -1; }
+    m->prepared_bytes = elems * sizeof(kipp_bf16);
+    kipp_bf16 *cur = m->packed;
+#define JOB(view, r) (jobs[nj++] = (pack_job){(view).data, cur, (r), (view).cols}, cur += (r) * (view).cols)
+    for (uint32_t l = 0; l < d->n_layer; l++) {
+        const kipp_qwen3_layer *L = &m->w.layers[l];
+        m->lw[l].qkv = cur;
+        JOB(L->wq, A); JOB(L->wk, KV); JOB(L->wv, KV);
+        m->lw[l].o = cur;
+        JOB(L->wo, D);
+        m->lw[l].gu = cur;
+        JOB(L->w_gate, F); JOB(L->w_up, F);
+        m->lw[l].down = cur;
+        JOB(L->w_down, D);
+    }
+    m->head = cur;
+    JOB(m->w.output, (size_t)d->vocab_size);
+#undef JOB
+    pack_task t = {m, jobs, nj};
+    kipp_cpu_pool_run(m->pool, pack_run, &t);
+    free(jobs);
+    return 0;
+}
+
+/* The shapes this backend relies on; the loader has validated them against
+ * the registry, so a failure here is a caller bug, reported as EINVAL. */
+static int check_view(const kipp_model_view *v, char *err, size_t errlen)
+{
+    const kipp_dims *d = &v->dims;
+    if (d->head_dim != K_HEAD_DIM || d->n_kv_head != K_N_KV_HEAD)
+        return kipp_err(err, errlen, KIPP_EINVAL, "head_dim %u / n_kv_head %u unsupported; expected 128 / 8", d->head_dim, d->n_kv_head);
+    if (d->n_q_head % K_N_KV_HEAD || d->n_q_head / K_N_KV_HEAD > 64 || d->d_model % 32 || d->d_ff % 32)
+        return kipp_err(err, errlen, KIPP_EINVAL, "n_q_head %u, d_model %u, d_ff %u unsupported; expected a multiple of 8 (<= 512) and multiples of 32",
+                        d->n_q_head, d->d_model, d->d_ff);
+    if (!v->w.layers || d->n_layer == 0 || d->context_length == 0)
+        return kipp_err(err, errlen, KIPP_EINVAL, "model view has %u layers, context %u and layers %p; expected a bound model",
+                        d->n_layer, d->context_length, (const void *)v->w.layers);
+    const kipp_tensor_view *t[] = {&v->w.token_embd, &v->w.output, &v->w.output_norm};
+    for (size_t i = 0; i < 3; i++)
+        if (!t[i]->data || t[i]->dtype != KIPP_DTYPE_BF16)
+            return kipp_err(err, errlen, KIPP_EINVAL, "tensor %zu of the view has dtype %u; the cpu backend expects bf16 (type 30)", i, t[i]->dtype);
+    if (d->vocab_size % 16 || v->w.output.rows != d->vocab_size || v->w.output.cols != d->d_model)
+        return kipp_err(err, errlen, KIPP_EINVAL, "output head is [%llu][%llu] for vocab %u; expected [vocab][d_model] with vocab %% 16 == 0 (packed panels)",
+                        (unsigned long long)v->w.output.rows, (unsigned long long)v->w.output.cols, d->vocab_size);
+    for (uint32_t l = 0; l < d->n_layer; l++) {
+        const kipp_qwen3_layer *L = &v->w.layers[l];
+        const kipp_tensor_view *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < 7; i++)
+            if (!lt[i]->data || lt[i]->dtype != KIPP_DTYPE_BF16)
+                return kipp_err(err, errlen, KIPP_ENOTSUP, "layer %u projection %zu has dtype %u; the cpu backend runs bf16 (type 30) only", l, i, lt[i]->dtype);
+    }
+    return 0;
+}
+
+static int cpu_model_create(const kipp_model_view *v, void **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = check_view(v, err, errlen);
+    if (rc) return rc;
+    cpu_model *m = calloc(1, sizeof *m);
+    if (!m) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the cpu backend model");
+    m->d = v->dims;
+    m->w = v->w;
+    choose_kernels(m);
+    rc = kipp_cpu_pool_create(v->n_threads, &m->pool, err, errlen);
+    if (rc) { cpu_model_destroy(m); return rc; }
+    m->nth = kipp_cpu_pool_size(m->pool);
+    m->A = (size_t)m->d.n_q_head * K_HEAD_DIM;
+    m->QKV = m->A + 2 * K_N_KV_HEAD * K_HEAD_DIM;
+    if (pack_weights(m)) {
+        cpu_model_destroy(m);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the packed weight copy of the %u-layer model", v->dims.n_layer);
+    }
+    if (alloc_scratch(m)) {
+        size_t need = m->scratch_bytes;
+        cpu_model_destroy(m);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu bytes of cpu round scratch", need);
+    }
+    k_rope_table(m->rope, m->d.context_length, m->d.rope_theta);
+    *out = m;
+    return 0;
+}
+
+static void cpu_model_destroy(void *bm)
+{
+    cpu_model *m = bm;
+    if (!m) return;
+    kipp_cpu_pool_destroy(m->pool);
+    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->part_ml, m->part_acc, m->head_tmp, m->rope};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
+    kipp_aligned_free(m->xb);
+    free(m->packed);
+    free(m->lw);
+    free(m->row_item);
+    free(m->row_pos);
+    free(m->row_tok);
+    free(m->lrow);
+    free(m->ldst);
+    free(m);
+}
+
+static int cpu_session_create(void *bm, uint32_t n_blocks, void **out, char *err, size_t errlen)
+{
+    cpu_model *m = bm;
+    *out = NULL;
+    uint32_t max_blocks = (m->d.context_length + K_KV_BLOCK - 1) / K_KV_BLOCK;
+    if (n_blocks == 0 || n_blocks > max_blocks)
+        return kipp_err(err, errlen, KIPP_ERANGE, "n_blocks %u is out of range; expected 1..%u (context %u / 32)", n_blocks, max_blocks, m->d.context_length);
+    cpu_session *s = calloc(1, sizeof *s);
+    size_t bytes = (size_t)m->d.n_layer * n_blocks * K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM * sizeof(kipp_bf16);
+    if (s) {
+        s->k = alloc_big(bytes);
+        s->v = alloc_big(bytes);
+    }
+    if (!s || !s->k || !s->v) {
+        if (s) { free(s->k); free(s->v); }
+        free(s);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for 2 x %zu bytes of KV (%u blocks)", bytes, n_blocks);
+    }
+    s->m = m;
+    s->n_blocks = n_blocks;
+    *out = s;
+    return 0;
+}
+
+static void cpu_session_destroy(void *bs)
+{
+    cpu_session *s = bs;
+    if (!s) return;
+    free(s->k);
+    free(s->v);
+    free(s);
+}
+
+/* Defensive checks of what the engine promises (engine/backend.h), so a bad
+ * direct caller gets an error instead of a wild write. */
+static int check_items(const cpu_model *m, const kipp_eval_item *items, size_t n, char *err, size_t errlen)
+{
+    if (!items || n == 0) return kipp_err(err, errlen, KIPP_EINVAL, "eval got %zu items at %p; expected at least one", n, (const void *)items);
+    for (size_t i = 0; i < n; i++) {
+        const kipp_eval_item *it = &items[i];
+        const cpu_session *s = it->session;
+        if (!s || s->m != m || !it->tokens || !it->block_table || it->token_count == 0)
+            return kipp_err(err, errlen, KIPP_EINVAL, "item %zu has a missing session/tokens/block table or 0 tokens; expected a session of this model and >= 1 token", i);
+        for (size_t j = 0; j < i; j++)
+            if (items[j].session == s) return kipp_err(err, errlen, KIPP_EINVAL, "items %zu and %zu share a session; expected distinct sessions", j, i);
+        if ((uint64_t)it->start_position + it->token_count > (uint64_t)s->n_blocks * K_KV_BLOCK)
+            return kipp_err(err, errlen, KIPP_ERANGE, "item %zu: start %u + %u tokens exceeds the session's %u positions", i, it->start_position, it->token_count, s->n_blocks * K_KV_BLOCK);
+        if (it->logits_count > it->token_count || (it->logits_count && !it->logits))
+            return kipp_err(err, errlen, KIPP_EINVAL, "item %zu: logits_count %u with %u tokens and logits %p; expected <= token_count and a buffer", i, it->logits_count, it->token_count, (void *)it->logits);
+        for (uint32_t t = 0; t < it->token_count; t++)
+            if (it->tokens[t] >= m->d.vocab_size)
+                return kipp_err(err, errlen, KIPP_ERANGE, "item %zu token %u is id %u; expected < vocab %u", i, t, it->tokens[t], m->d.vocab_size);
+        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / K_KV_BLOCK; b++)
+            if (it->block_table[b] >= s->n_blocks)
+                return kipp_err(err, errlen, KIPP_ERANGE, "item %zu block_table[%u] = %u; expected < %u physical blocks", i, b, it->block_table[b], s->n_blocks);
+    }
+    return 0;
+}
+
+/* Fill the next round from the (item, offset) cursor; returns rows taken. */
+static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, size_t *ci, uint32_t *co)
+{
+    cpu_model *m = r->m;
+    uint32_t rows = 0, nl = 0, max_ctx = 0;
+    while (*ci < n && rows < KIPP_CPU_ROUND_TOKENS) {
+        const kipp_eval_item *it = &items[*ci];
+        uint32_t o = *co, first_logit = it->token_count - it->logits_count;
+        m->row_item[rows] = (uint32_t)*ci;
+        m->row_pos[rows] = it->start_position + o;
+        m->row_tok[rows] = it->tokens[o];
+        if (m->row_pos[rows] + 1 > max_ctx) max_ctx = m->row_pos[rows] + 1;
+        if (o >= first_logit) {
+            m->lrow[nl] = rows;
+            m->ldst[nl++] = it->logits + (size_t)(o - first_logit) * m->d.vocab_size;
+        }
+        rows++;
+        if (++*co == it->token_count) { (*ci)++; *co = 0; }
+    }
+    r->n_rows = rows;
+    r->n_logits = nl;
+    r->head_direct = 1;
+    for (uint32_t j = 1; j < nl; j++)
+        if (m->ldst[j] != m->ldst[0] + (size_t)j * m->d.vocab_size) r->head_direct = 0;
+    r->n_chunks = kipp_cpu_attn_chunks(m, rows, max_ctx);
+    return rows;
+}
+
+static int cpu_eval(void *bm, kipp_eval_item *items, size_t n, char *err, size_t errlen)
+{
+    cpu_model *m = bm;
+    int rc = check_items(m, items, n, err, errlen);
+    if (rc) return rc;
+    cpu_round r;
+    memset(&r, 0, sizeof r);
+    r.m = m;
+    r.items = items;
+    size_t ci = 0;
+    uint32_t co = 0;
+    while (pack_round(&r, items, n, &ci, &co) > 0) kipp_cpu_pool_run(m->pool, kipp_cpu_forward_round, &r);
+    return 0;
+}
+
+/* One line per kernel path: the table's ISA, or "ref" where that ISA's table
+ * still points at the scalar reference for the op. */
+static void cpu_describe(void *bm, char *out, size_t outlen)
+{
+    const cpu_model *m = bm;
+    const k_cpu_ops *k = m->k;
+    struct { const char *op; int is_ref; } p[] = {
+        {"matvec_bf16", k->matvec_bf16 == k_matvec_bf16_ref}, {"matmul_bf16", k->matmul_bf16 == k_matmul_bf16_ref},
+        {"rmsnorm_f32", k->rmsnorm_f32 == k_rmsnorm_f32_ref}, {"rope_f32", k->rope_f32 == k_rope_f32_ref},
+        {"swiglu_f32", k->swiglu_f32 == k_swiglu_f32_ref}, {"add_f32", k->add_f32 == k_add_f32_ref},
+        {"embed_bf16", k->embed_bf16 == k_embed_bf16_ref}, {"kv_write_bf16", k->kv_write_bf16 == k_kv_write_bf16_ref},
+        {"flash_gqa_bf16", k->flash_gqa_bf16 == k_flash_gqa_bf16_ref}, {"pack_bf16", k->pack_bf16 == k_pack_bf16_ref},
+        {"cvt_bf16", k->cvt_bf16 == k_cvt_bf16_ref}, {"matvec_bf16p", k->matvec_bf16p == k_matvec_bf16p_ref},
+        {"matmul_bf16p", k->matmul_bf16p == k_matmul_bf16p_ref},
+    };
+    size_t o = 0;
+    if (outlen == 0) return;
+    out[0] = '\0';
+#define PUT(...) do { if (o < outlen) o += (size_t)snprintf(out + o, outlen - o, __VA_ARGS__); } while (0)
+    PUT("backend cpu: kernel table %s (%s)\n", k->isa, m->isa_note[0] ? m->isa_note : "best path this CPU has");
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        PUT("  k_%s_%s%s\n", p[i].op, p[i].is_ref ? "ref" : k->isa,
+            p[i].is_ref && m->isa != KIPP_ISA_REF ? "  (no variant for this ISA yet: scalar reference)" : "");
+    PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
+    PUT("paths: decode k_matvec_bf16p (FP32 activations), prefill k_matmul_bf16p (BF16 activations), attention k_flash_gqa_bf16 + k_attn_merge split-K\n");
+    PUT("prepared weights: %zu bytes (16-row packed copy of every projection and the head, owned by the backend)\n", m->prepared_bytes);
+    PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);
+#undef PUT
 }
 
 const kipp_backend_ops cpu_backend_ops = {
-    "cpu", stub_model_create, stub_model_destroy, stub_session_create, stub_session_destroy, stub_eval, NULL,
+    "cpu", cpu_model_create, cpu_model_destroy, cpu_session_create, cpu_session_destroy, cpu_eval, cpu_describe,
 };

@@ -1,0 +1,129 @@
+/*
+ * cpu_attention.c - causal GQA attention over the paged BF16 KV for one round
+ * (seed 000 step 5; seed 002 item 6: threaded over (token, head)).
+ *
+ * Work units are (row, KV head, chunk). The group of query heads sharing a KV
+ * head is handled by one k_flash_gqa_bf16 call, so each K/V row is loaded
+ * once per group. When a round has too few (row, head) pairs to keep every
+ * worker busy (decode with more workers than ~8 KV heads / 4), each pair's
+ * context is cut into chunks whose online-softmax partials are combined with
+ * k_attn_merge (split-K, as in flash decoding). Units are claimed from an
+ * atomic counter because causal rows have unequal lengths.
+ */
+#include <math.h>
+
+#include "cpu_internal.h"
+#include "internal.h"
+
+uint32_t kipp_cpu_attn_chunks(const cpu_model *m, uint32_t n_rows, uint32_t max_ctx)
+{
+    uint32_t pairs = n_rows * K_N_KV_HEAD, want = KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
+    if (pairs == 0 || pairs >= want || m->nth == 1) return 1;
+    uint32_t nch = (want + pairs - 1) / pairs;
+    uint32_t by_len = max_ctx / KIPP_CPU_ATTN_MIN_CHUNK;
+    if (nch > by_len) nch = by_len;
+    if (nch * pairs > m->max_units) nch = m->max_units / pairs;
+    return nch < 1 ? 1 : nch;
+}
+
+/* Layer bases of the K and V stores of the session behind round row `row`. */
+static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const kipp_bf16 **kc,
+                   const kipp_bf16 **vc, const uint32_t **bt)
+{
+    const kipp_eval_item *it = &r->items[r->m->row_item[row]];
+    const cpu_session *s = it->session;
+    size_t layer_elems = (size_t)s->n_blocks * K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM;
+    *kc = s->k + layer * layer_elems;
+    *vc = s->v + layer * layer_elems;
+    *bt = it->block_table;
+}
+
+/* Positions [p0, p1) of chunk c out of nch over a context of ctx positions;
+ * chunk bounds fall on 32-position pages so a chunk never splits a page. */
+static void chunk_range(uint32_t ctx, uint32_t c, uint32_t nch, uint32_t *p0, uint32_t *p1)
+{
+    uint32_t len = (ctx + nch - 1) / nch;
+    len = (len + K_KV_BLOCK - 1) / K_KV_BLOCK * K_KV_BLOCK;
+    *p0 = c * len < ctx ? c * len : ctx;
+    *p1 = (c + 1) * len < ctx ? (c + 1) * len : ctx;
+}
+
+/* out = acc / l for the group's heads (out may alias acc); for a matmul
+ * round also the BF16 copy of the same segment of the O projection's input. */
+static void finish(const cpu_round *r, const float *acc, const float *l, size_t group, size_t off)
+{
+    const cpu_model *m = r->m;
+    float *out = m->att + off;
+    for (size_t g = 0; g < group; g++) {
+        float inv = 1.0f / l[g]; /* l >= 1: the max score contributes exp(0) */
+        for (size_t i = 0; i < K_HEAD_DIM; i++) out[g * K_HEAD_DIM + i] = acc[g * K_HEAD_DIM + i] * inv;
+    }
+    if (r->n_rows > 1) m->k->cvt_bf16(out, m->xb + off, group * K_HEAD_DIM);
+}
+
+/* Whole-context units: the kernel writes straight into the output rows. */
+static void attend_direct(cpu_round *r, uint32_t layer, size_t group, float scale)
+{
+    cpu_model *m = r->m;
+    uint32_t units = r->n_rows * K_N_KV_HEAD;
+    float ml[2 * 64];
+    KIPP_ASSERT(group <= 64);
+    for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
+        uint32_t row = u / K_N_KV_HEAD, kvh = u % K_N_KV_HEAD;
+        const kipp_bf16 *kc, *vc;
+        const uint32_t *bt;
+        row_kv(r, row, layer, &kc, &vc, &bt);
+        size_t head0 = (size_t)kvh * group * K_HEAD_DIM, off = (size_t)row * m->A + head0;
+        m->k->flash_gqa_bf16(m->qkv + (size_t)row * m->QKV + head0, group, kc, vc, kvh, bt, 0,
+                             m->row_pos[row] + 1, scale, ml, ml + group, m->att + off);
+        finish(r, m->att + off, ml + group, group, off);
+    }
+}
+
+/* Split-K units write partials; a second pass merges each (row, head). */
+static void attend_split(cpu_round *r, uint32_t layer, size_t group, float scale, int ith,
+                         int nth)
+{
+    cpu_model *m = r->m;
+    uint32_t nch = r->n_chunks, units = r->n_rows * K_N_KV_HEAD * nch;
+    for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
+        uint32_t row = u / (K_N_KV_HEAD * nch), kvh = (u / nch) % K_N_KV_HEAD, c = u % nch;
+        uint32_t p0, p1;
+        chunk_range(m->row_pos[row] + 1, c, nch, &p0, &p1);
+        float *ml = m->part_ml + (size_t)u * group * 2, *acc = m->part_acc + (size_t)u * group * K_HEAD_DIM;
+        if (p0 >= p1) { /* empty tail chunk: mark it so the merge skips it */
+            ml[group] = 0.0f;
+            continue;
+        }
+        const kipp_bf16 *kc, *vc;
+        const uint32_t *bt;
+        row_kv(r, row, layer, &kc, &vc, &bt);
+        const float *q = m->qkv + (size_t)row * m->QKV + (size_t)kvh * group * K_HEAD_DIM;
+        m->k->flash_gqa_bf16(q, group, kc, vc, kvh, bt, p0, p1, scale, ml, ml + group, acc);
+    }
+    kipp_cpu_pool_barrier(m->pool);
+    size_t r0, r1;
+    k_split_rows((size_t)r->n_rows * K_N_KV_HEAD, ith, nth, 1, &r0, &r1);
+    for (size_t pr = r0; pr < r1; pr++) { /* pair = row * 8 + kvh; chunk 0 is never empty */
+        size_t u0 = pr * nch;
+        float *ml0 = m->part_ml + u0 * group * 2, *acc0 = m->part_acc + u0 * group * K_HEAD_DIM;
+        for (uint32_t c = 1; c < nch; c++) {
+            const float *mlc = m->part_ml + (u0 + c) * group * 2;
+            if (mlc[group] == 0.0f) continue;
+            k_attn_merge(group, ml0, ml0 + group, acc0, mlc, mlc + group,
+                         m->part_acc + (u0 + c) * group * K_HEAD_DIM);
+        }
+        size_t row = pr / K_N_KV_HEAD, kvh = pr % K_N_KV_HEAD;
+        finish(r, acc0, ml0 + group, group, row * m->A + kvh * group * K_HEAD_DIM);
+    }
+}
+
+void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth)
+{
+    size_t group = r->m->d.n_q_head / K_N_KV_HEAD;
+    float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    if (r->n_chunks <= 1)
+        attend_direct(r, layer, group, scale);
+    else
+        attend_split(r, layer, group, scale, ith, nth);
+}

@@ -1,0 +1,186 @@
+/*
+ * cpu_forward.c - the Qwen3 forward pass of one round (seed 000, the nine
+ * per-layer steps; HF Qwen3DecoderLayer), run by every pool worker.
+ *
+ * Decode rounds (one row) use the matvec kernel, wider rounds the tiled
+ * matmul (seed 002 items 4-5). Each projection is split by output rows across
+ * workers inside the kernel; row-local steps (norms, RoPE, KV write, residual)
+ * are split by token rows, and fused where the same worker owns the row, so a
+ * layer needs eight barriers.
+ */
+#include "cpu_internal.h"
+#include "internal.h"
+
+/* y[n][rows] = x[n][cols] W^T for this worker's share of the packed W's
+ * 16-row panels: FP32 activations x for one row (decode, bandwidth-bound),
+ * their BF16 rounding xb for more (prefill, the BF16 dot product). */
+static void linear(const cpu_model *m, const kipp_bf16 *wp, size_t rows, size_t cols,
+                   const float *x, const kipp_bf16 *xb, float *y, uint32_t n, int ith, int nth)
+{
+    if (n == 1)
+        m->k->matvec_bf16p(wp, x, y, rows, cols, ith, nth);
+    else
+        m->k->matmul_bf16p(wp, xb, y, rows, cols, n, 0, ith, nth);
+}
+
+static void my_rows(size_t n, int ith, int nth, size_t *r0, size_t *r1)
+{
+    k_split_rows(n, ith, nth, 1, r0, r1);
+}
+
+/* RMSNorm of x into xn row i, and its BF16 copy when the round uses matmul. */
+static void norm_row(const cpu_round *r, const kipp_tensor_view *w, const float *x, size_t i)
+{
+    const cpu_model *m = r->m;
+    size_t D = m->d.d_model;
+    m->k->rmsnorm_f32(x, w->data, m->xn + i * D, 1, D, m->d.rms_eps);
+    if (r->n_rows > 1) m->k->cvt_bf16(m->xn + i * D, m->xb + i * D, D);
+}
+
+/* Embedding gather plus layer 0's attention norm (steps before layer 0's step 2). */
+static void embed_rows(cpu_round *r, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    size_t D = m->d.d_model, r0, r1;
+    my_rows(r->n_rows, ith, nth, &r0, &r1);
+    for (size_t i = r0; i < r1; i++) {
+        m->k->embed_bf16(m->w.token_embd.data, m->row_tok[i], m->x + i * D, D);
+        norm_row(r, &m->w.layers[0].attn_norm, m->x + i * D, i);
+    }
+}
+
+/* Steps 3-4 plus the paged KV write: per-head Q/K RMSNorm, RoPE, page K and V. */
+static void qk_rows(cpu_round *r, uint32_t l, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    const kipp_qwen3_layer *L = &m->w.layers[l];
+    size_t KV = K_N_KV_HEAD * K_HEAD_DIM, r0, r1;
+    my_rows(r->n_rows, ith, nth, &r0, &r1);
+    for (size_t i = r0; i < r1; i++) {
+        const kipp_eval_item *it = &r->items[m->row_item[i]];
+        const cpu_session *s = it->session;
+        float *q = m->qkv + i * m->QKV, *k = q + m->A, *v = k + KV;
+        const float *cs = m->rope + (size_t)m->row_pos[i] * K_HEAD_DIM;
+        m->k->rmsnorm_f32(q, L->q_norm.data, q, m->d.n_q_head, K_HEAD_DIM, m->d.rms_eps);
+        m->k->rmsnorm_f32(k, L->k_norm.data, k, K_N_KV_HEAD, K_HEAD_DIM, m->d.rms_eps);
+        m->k->rope_f32(q, m->d.n_q_head, cs);
+        m->k->rope_f32(k, K_N_KV_HEAD, cs);
+        size_t layer_elems = (size_t)s->n_blocks * K_KV_BLOCK * KV;
+        m->k->kv_write_bf16(s->k + l * layer_elems, s->v + l * layer_elems, it->block_table,
+                            m->row_pos[i], k, v);
+    }
+}
+
+/* Residual add of `tmp`, then RMSNorm with `w` into xn, for this worker's rows. */
+static void add_norm_rows(cpu_round *r, const kipp_tensor_view *w, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    size_t D = m->d.d_model, r0, r1;
+    my_rows(r->n_rows, ith, nth, &r0, &r1);
+    for (size_t i = r0; i < r1; i++) {
+        m->k->add_f32(m->x + i * D, m->tmp + i * D, D);
+        norm_row(r, w, m->x + i * D, i);
+    }
+}
+
+/* SwiGLU over this worker's share of all n_rows * d_ff elements, in place in
+ * the gate half of each gu row, plus the BF16 copy for the down matmul. */
+static void swiglu_share(cpu_round *r, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    size_t F = m->d.d_ff, e0, e1;
+    k_split_rows((size_t)r->n_rows * F, ith, nth, 16, &e0, &e1);
+    while (e0 < e1) {
+        size_t row = e0 / F, c0 = e0 % F, c1 = row * F + F < e1 ? F : e1 - row * F;
+        float *g = m->gu + row * 2 * F;
+        m->k->swiglu_f32(g + c0, g + F + c0, g + c0, c1 - c0);
+        if (r->n_rows > 1) m->k->cvt_bf16(g + c0, m->xb + row * F + c0, c1 - c0);
+        e0 = row * F + c1;
+    }
+}
+
+/* One decoder layer. On entry xn/xb hold RMSNorm(x) with this layer's
+ * attn_norm; on exit x holds the layer output and, when `next` is given,
+ * xn/xb hold RMSNorm(x) with the next layer's attn_norm. */
+static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    kipp_cpu_pool *pool = m->pool;
+    const cpu_layer *P = &m->lw[l];
+    size_t D = m->d.d_model, F = m->d.d_ff;
+    uint32_t n = r->n_rows;
+    linear(m, P->qkv, m->QKV, D, m->xn, m->xb, m->qkv, n, ith, nth); /* step 2 */
+    if (ith == 0) atomic_store(&r->attn_next, 0);
+    kipp_cpu_pool_barrier(pool);
+    qk_rows(r, l, ith, nth);                                          /* steps 3-4, KV write */
+    kipp_cpu_pool_barrier(pool);
+    kipp_cpu_attention(r, l, ith, nth);                               /* step 5 (+ cvt of att) */
+    kipp_cpu_pool_barrier(pool);
+    linear(m, P->o, D, m->A, m->att, m->xb, m->tmp, n, ith, nth);      /* step 6 */
+    kipp_cpu_pool_barrier(pool);
+    add_norm_rows(r, &m->w.layers[l].ffn_norm, ith, nth);             /* steps 6-7 */
+    kipp_cpu_pool_barrier(pool);
+    linear(m, P->gu, 2 * F, D, m->xn, m->xb, m->gu, n, ith, nth);      /* step 8 */
+    kipp_cpu_pool_barrier(pool);
+    swiglu_share(r, ith, nth);
+    kipp_cpu_pool_barrier(pool);
+    /* decode reads the gate half of row 0 as the [d_ff] input; prefill reads xb */
+    linear(m, P->down, D, F, m->gu, m->xb, m->tmp, n, ith, nth);
+    kipp_cpu_pool_barrier(pool);
+    if (next) {                                                        /* step 9 + next step 1 */
+        add_norm_rows(r, next, ith, nth);
+        kipp_cpu_pool_barrier(pool);
+    }
+}
+
+/* After the last layer: residual add and final RMSNorm of the rows that need
+ * logits only, compacted into xn/xb rows [0, n_logits). */
+static void final_rows(cpu_round *r, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    size_t D = m->d.d_model, j0, j1;
+    my_rows(r->n_logits, ith, nth, &j0, &j1);
+    for (size_t j = j0; j < j1; j++) {
+        float *x = m->x + (size_t)m->lrow[j] * D;
+        m->k->add_f32(x, m->tmp + (size_t)m->lrow[j] * D, D);
+        m->k->rmsnorm_f32(x, m->w.output_norm.data, m->xn + j * D, 1, D, m->d.rms_eps);
+        if (r->n_logits > 1) m->k->cvt_bf16(m->xn + j * D, m->xb + j * D, D);
+    }
+}
+
+/* Output head over 151,936 rows. When the logits rows go to several items,
+ * each worker runs its share of the vocabulary in blocks through a private
+ * staging buffer and scatters, so the head is still read once per round. */
+static void head(cpu_round *r, int ith, int nth)
+{
+    cpu_model *m = r->m;
+    size_t V = m->d.vocab_size, D = m->d.d_model, B = KIPP_CPU_HEAD_BLOCK, v0, v1;
+    uint32_t nl = r->n_logits;
+    if (r->head_direct) {
+        linear(m, m->head, V, D, m->xn, m->xb, m->ldst[0], nl, ith, nth);
+        return;
+    }
+    float *stage = m->head_tmp + (size_t)ith * KIPP_CPU_ROUND_TOKENS * B;
+    k_split_rows(V, ith, nth, B, &v0, &v1);
+    for (size_t vb = v0; vb < v1; vb += B) {
+        size_t nb = v1 - vb < B ? v1 - vb : B; /* vocab % 16 == 0, so nb stays whole panels */
+        m->k->matmul_bf16p(m->head + vb * D, m->xb, stage, nb, D, nl, 0, 0, 1);
+        for (uint32_t j = 0; j < nl; j++)
+            for (size_t i = 0; i < nb; i++) m->ldst[j][vb + i] = stage[j * nb + i];
+    }
+}
+
+void kipp_cpu_forward_round(void *arg, int ith, int nth)
+{
+    cpu_round *r = arg;
+    cpu_model *m = r->m;
+    uint32_t nl = m->d.n_layer;
+    embed_rows(r, ith, nth);
+    kipp_cpu_pool_barrier(m->pool);
+    for (uint32_t l = 0; l < nl; l++)
+        layer(r, l, l + 1 < nl ? &m->w.layers[l + 1].attn_norm : NULL, ith, nth);
+    if (r->n_logits == 0) return;
+    final_rows(r, ith, nth);
+    kipp_cpu_pool_barrier(m->pool);
+    head(r, ith, nth);
+}

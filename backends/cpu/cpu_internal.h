@@ -1,0 +1,109 @@
+/*
+ * cpu_internal.h - shared structures of the fast cpu backend (backends/cpu/cpu_*.c).
+ *
+ * The backend composes the kernel table (kernels/cpu/kernels.h) into the
+ * Qwen3 forward pass of seed 000 ("Each layer performs these operations in
+ * order"). One eval is cut into rounds of at most KIPP_CPU_ROUND_TOKENS token
+ * rows; a round packs the tokens of every item so each weight matrix is read
+ * once per round (seed 000 "Backend boundary": batched items), and all
+ * workers run the whole round SPMD-style, meeting at pool barriers.
+ */
+#ifndef KIPP_CPU_INTERNAL_H
+#define KIPP_CPU_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "cpu/kernels.h"
+#include "cpu_threadpool.h"
+
+/* Token rows per round. 256 keeps the tiled matmul's token loop long enough to
+ * amortise each L1/L2 weight slab (seed 002 item 4) while bounding scratch to
+ * ~35 MB at the 4B shape; pp512 reads each weight twice, ~3% of its time. */
+#define KIPP_CPU_ROUND_TOKENS 256u
+
+/* Vocabulary rows per block when head outputs are scattered to several items. */
+#define KIPP_CPU_HEAD_BLOCK 128u
+
+/* Split-K attention: aim for this many work units per worker, and never cut a
+ * chunk below this many positions (a chunk's fixed cost is a merge). */
+#define KIPP_CPU_ATTN_UNITS_PER_THREAD 4u
+#define KIPP_CPU_ATTN_MIN_CHUNK 64u
+
+/** A backend session: paged KV storage (seed 000 "KV cache"). */
+typedef struct {
+    struct cpu_model *m;
+    uint32_t n_blocks; /* physical 32-position blocks */
+    kipp_bf16 *k;      /* [n_layer][n_blocks*32][8][128] bf16 */
+    kipp_bf16 *v;      /* [n_layer][n_blocks*32][8][128] bf16 */
+} cpu_session;
+
+/**
+ * One layer's weights repacked for the packed kernels (kernels.h "packed BF16
+ * weights": [rows/16][cols/2][16][2] panels). Matrices that read the same
+ * input are concatenated by rows, so one call computes Q|K|V and one Gate|Up.
+ */
+typedef struct {
+    const kipp_bf16 *qkv;  /* packed [A + 2*1024][d_model] bf16: Wq | Wk | Wv */
+    const kipp_bf16 *o;    /* packed [d_model][A] bf16 */
+    const kipp_bf16 *gu;   /* packed [2*d_ff][d_model] bf16: W_gate | W_up */
+    const kipp_bf16 *down; /* packed [d_model][d_ff] bf16 */
+} cpu_layer;
+
+/** Backend model: borrowed weight views, packed copies, kernel table, pool and round scratch. */
+typedef struct cpu_model {
+    kipp_dims d;
+    kipp_qwen3_weights w;      /* views into the engine's mapping; layers owned by the engine */
+    const k_cpu_ops *k;        /* chosen once at create */
+    kipp_isa isa;
+    char isa_note[200];        /* fallback sentence, "" when the best path runs */
+    kipp_cpu_pool *pool;
+    int nth;
+    size_t A, QKV;             /* n_q_head*128; A + 2*1024 (row width of qkv) */
+    cpu_layer *lw;             /* [n_layer] views into packed */
+    const kipp_bf16 *head;     /* packed [vocab][d_model] bf16 (the tied embedding when tied) */
+    kipp_bf16 *packed;         /* the one allocation behind lw and head, owned here */
+    size_t prepared_bytes;     /* bytes of packed */
+    float *rope;               /* [context_length][128] f32: cos[64] then sin[64] per position */
+    /* Round scratch, R = KIPP_CPU_ROUND_TOKENS rows. */
+    float *x;                  /* [R][d_model] f32 residual stream */
+    float *xn;                 /* [R][d_model] f32 normed input / final-norm rows */
+    kipp_bf16 *xb;             /* [R][max(d_model, A, d_ff)] bf16 matmul input */
+    float *qkv;                /* [R][QKV] f32: q [A], k [1024], v [1024] per row */
+    float *att;                /* [R][A] f32 attention output */
+    float *tmp;                /* [R][d_model] f32 projection output before the residual add */
+    float *gu;                 /* [R][2*d_ff] f32: gate then up; swiglu writes into gate */
+    uint32_t max_units;        /* split-K partial slots */
+    float *part_ml;            /* [max_units][2][group] f32: running max, then sum */
+    float *part_acc;           /* [max_units][group][128] f32 */
+    float *head_tmp;           /* [nth][R][KIPP_CPU_HEAD_BLOCK] f32 scatter staging */
+    uint32_t *row_item;        /* [R] item index of each round row */
+    uint32_t *row_pos;         /* [R] position of each round row */
+    uint32_t *row_tok;         /* [R] token id of each round row */
+    uint32_t *lrow;            /* [R] round rows that need logits */
+    float **ldst;              /* [R] destination logits row of each */
+    size_t scratch_bytes;      /* all round scratch above plus the RoPE table */
+} cpu_model;
+
+/** One round: rows [0, n_rows) drawn from items, consumed by every worker. */
+typedef struct {
+    cpu_model *m;
+    const kipp_eval_item *items;
+    uint32_t n_rows;           /* token rows in this round */
+    uint32_t n_logits;         /* rows needing logits (lrow/ldst) */
+    int head_direct;           /* 1: logits rows are consecutive rows of one destination */
+    uint32_t n_chunks;         /* attention split-K chunks per (row, kv head) */
+    atomic_uint attn_next;     /* dynamic attention work counter */
+} cpu_round;
+
+/** Run one round on the calling worker (SPMD body of kipp_cpu_pool_run). */
+void kipp_cpu_forward_round(void *round, int ith, int nth);
+
+/** Attention of layer `layer` for every row of the round: att = softmax(qK^T)V (all workers). */
+void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth);
+
+/** Split-K chunk count for a round (seed 002 item 6; flash decoding). */
+uint32_t kipp_cpu_attn_chunks(const cpu_model *m, uint32_t n_rows, uint32_t max_ctx);
+
+#endif
