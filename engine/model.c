@@ -549,8 +549,6 @@ static int map_file(kipp_model *m, const char *path, char *err, size_t errlen)
         else {
             m->map = p;
             m->map_size = (size_t)st.st_size;
-            /* A dense model reads every weight for every token: start readahead now. */
-            madvise(p, m->map_size, MADV_WILLNEED);
         }
     }
     close(fd);
@@ -602,6 +600,10 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     kipp_model *m;
     int rc = kipp_model_load(path, &m, err, errlen);
     if (rc) return rc;
+    /* A dense model reads every weight for every token: start readahead now, while
+     * the backend prepares. Not in kipp_model_load, which `kipp inspect` uses on
+     * multi-GB files it only needs the header of. Advisory: failure is harmless. */
+    (void)madvise(m->map, m->map_size, MADV_WILLNEED);
     m->ops = ops;
     m->view.n_threads = opts ? opts->n_threads : 0;
     rc = ops->model_create(&m->view, &m->bm, err, errlen);
