@@ -18,6 +18,7 @@ AVX2     := -mavx2 -mfma -mf16c
 AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
 LDLIBS   := -lhwloc -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
 HAVE_PAPI := $(shell printf '#include <papi.h>\nint main(void){return 0;}' | $(CC) -x c - -lpapi -o /dev/null 2>/dev/null && echo 1)
+HAVE_SIMDE := $(shell printf '\043include <simde/x86/avx512.h>\nint main(void){return 0;}' | $(CC) -x c - -mavx2 -mfma -o /dev/null 2>/dev/null && echo 1)
 ifeq ($(HAVE_PAPI),1)
   CPPFLAGS += -DKIPP_HAVE_PAPI=1
   LDLIBS   += -lpapi
@@ -36,7 +37,9 @@ SERVER_SRC:= $(wildcard server/*.c)
 .PHONY: all test asan fuzz bench profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(BENCH_BIN) $(if $(BENCH_MAIN),$(BUILD)/kipp-bench)
+EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/test_kernels_avx512emu)
+
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(EMU_TEST) $(BENCH_BIN) $(BUILD)/bin/kipp_profile $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
 
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
@@ -62,6 +65,20 @@ $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 $(BENCH_BIN): $(BUILD)/bin/%: $(BUILD)/bench/kernels/%.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+# The AVX-512 kernels once more against SIMDe's portable AVX-512 (libsimde-dev),
+# so test_kernels checks that path on CPUs without it (kernels/cpu/vmath_avx512.h).
+$(BUILD)/emu512/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX2) -Wno-psabi -DKIPP_SIMDE_EMU -DKIPP_TEST_AVX512_EMU -c $< -o $@
+
+$(BUILD)/bin/test_kernels_avx512emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(wildcard kernels/cpu/*_avx512.c) tests/test_kernels.c) $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -97,8 +114,8 @@ fuzz: models-test $(BUILD)/libkipp.a
 	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
-profile: all
-	$(BUILD)/kipp-bench --profile-only --out profiles
+profile: $(BUILD)/bin/kipp_profile
+	$(BUILD)/bin/kipp_profile --out profiles
 
 bench: all
 	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))

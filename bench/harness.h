@@ -1,0 +1,106 @@
+/*
+ * harness.h - Kipp's own benchmark harness (issue 5, "bench/"; no Google
+ * Benchmark): monotonic timing with warm-up and N repetitions
+ * (median/min/max), a team of threads pinned one per physical core through
+ * hwloc, PAPI counters where the machine exposes them, the machine profile
+ * (profiles/<host>.json, written by `make profile`) for roofline shares, and
+ * result files in the kipp.bench.v1 schema written with jansson
+ * (bench/README.md documents the schema).
+ *
+ * Errors: functions returning int give 0 or a negative KIPP_E*-style code (-1)
+ * and fill (err, errlen) with one sentence naming the bad value.
+ */
+#ifndef KIPP_BENCH_HARNESS_H
+#define KIPP_BENCH_HARNESS_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/** Seconds on CLOCK_MONOTONIC. */
+double kipp_timer_now(void);
+
+/** Timing of one benchmark: seconds per repetition. */
+typedef struct {
+    double median, min, max; /* seconds */
+    int reps;                /* measured repetitions (after warm-up) */
+    double cycles, instructions; /* PAPI per repetition on the calling thread; < 0 when unavailable */
+} kipp_bench_stats;
+
+/* ---- thread team ---- */
+
+/** A team of nth threads, thread 0 being the caller; each pinned to its own physical core. */
+typedef struct kipp_team kipp_team;
+
+/** Physical cores of this machine (hwloc); >= 1. */
+int kipp_team_cores(void);
+
+/**
+ * Create a team of nth threads (0 = one per physical core; nth > cores is
+ * refused). The caller becomes thread 0 and is pinned too. NULL on failure
+ * with err filled. Free with kipp_team_destroy (accepts NULL).
+ */
+kipp_team *kipp_team_create(int nth, char *err, size_t errlen);
+void kipp_team_destroy(kipp_team *team);
+int kipp_team_size(const kipp_team *team);
+
+/** Run fn(arg, ith, nth) on every thread of the team and wait for all. */
+void kipp_team_run(kipp_team *team, void (*fn)(void *arg, int ith, int nth), void *arg);
+
+/**
+ * Warm up (warmup runs) then time reps runs of fn on the team; fills st.
+ * PAPI (PAPI_TOT_CYC, PAPI_TOT_INS) counts the calling thread when available.
+ */
+void kipp_bench_run(kipp_team *team, void (*fn)(void *arg, int ith, int nth), void *arg,
+                    int warmup, int reps, kipp_bench_stats *st);
+
+/** Whether PAPI counters work here; *why gets a sentence when they do not. */
+int kipp_papi_available(const char **why);
+
+/* ---- machine profile ---- */
+
+/** What the roofline needs from profiles/<host>.json (bench/README.md). */
+typedef struct {
+    char path[512];            /* "profiles/<host>.json" */
+    int loaded;                /* 0 when the file is missing or unreadable */
+    double read_gbps_1t;       /* streaming DRAM read, one core, GB/s (1e9 B/s) */
+    double read_gbps_all;      /* all physical cores */
+    double fp32_gflops_all;    /* FP32 FMA peak, all cores, best ISA */
+    double bf16_gflops_all;    /* vdpbf16ps peak, all cores; 0 when the CPU lacks it */
+} kipp_profile;
+
+/** Host name (gethostname), "unknown-host" on failure. */
+const char *kipp_host_name(void);
+
+/** Read profiles/<host>.json below dir (usually "profiles"); p->loaded says if found. */
+int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen);
+
+/* ---- results ---- */
+
+/** git rev-parse --short HEAD of the working directory, "unknown" outside git. */
+const char *kipp_git_sha(void);
+
+/**
+ * A new kipp.bench.v1 document: schema, kind ("kernel", "model", "tokenizer"),
+ * git_sha, date (ISO-8601 UTC), host, profile path, config (stolen reference,
+ * may be NULL) and an empty results array. Owned by the caller (json_decref).
+ */
+json_t *kipp_result_create(const char *kind, const char *profile_path, json_t *config);
+
+/**
+ * Append one result {name, unit: "s", median, min, max, reps, gbps, gflops,
+ * roofline_share, bound, papi} to doc. bytes / flops are per repetition (0 =
+ * not meaningful); the roofline share is the achieved rate over the profile's
+ * bandwidth (bound "memory") or peak (bound "compute"), null without a profile.
+ */
+json_t *kipp_result_add(json_t *doc, const char *name, const kipp_bench_stats *st, double bytes,
+                        double flops, const char *bound, double roof_rate);
+
+/**
+ * Write doc to dir/<YYYYMMDD>-<host>-<tag>-<sha>.json (dir created if needed);
+ * path_out gets the file name. 0 or -1 with err.
+ */
+int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_out,
+                      size_t path_len, char *err, size_t errlen);
+
+#endif

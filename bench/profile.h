@@ -1,0 +1,30 @@
+/*
+ * profile.h - the measurement loops of `make profile` (bench/profile.c), one
+ * per ISA so each file gets its flags from the Makefile pattern rules.
+ */
+#ifndef KIPP_BENCH_PROFILE_H
+#define KIPP_BENCH_PROFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Stream-read bytes [p, p+n) (n % 256 == 0) and return a checksum so the
+ * loads cannot be dropped. Four independent 32/64-byte loads per step. */
+uint64_t kipp_prof_read_avx2(const void *p, size_t n);
+uint64_t kipp_prof_read_avx512(const void *p, size_t n);
+
+/* Register-only loops: iters x 30 independent FMA (or vdpbf16ps) chains (12
+ * for ymm FMA, whose 16 registers must also hold the operands); return a
+ * value derived from the accumulators. Flops per call:
+ *   fma_avx2:   iters * 12 * 8 lanes * 2
+ *   fma_avx512: iters * 30 * 16 lanes * 2
+ *   bf16_avx512: iters * 30 * 16 lanes * 2 pairs * 2 */
+float kipp_prof_fma_avx2(long iters, float seed);
+float kipp_prof_fma_avx512(long iters, float seed);
+float kipp_prof_bf16_avx512(long iters, float seed);
+
+#define KIPP_PROF_FMA_AVX2_FLOPS (12.0 * 8 * 2)
+#define KIPP_PROF_FMA_AVX512_FLOPS (30.0 * 16 * 2)
+#define KIPP_PROF_BF16_AVX512_FLOPS (30.0 * 16 * 2 * 2)
+
+#endif
