@@ -34,7 +34,7 @@ BENCH_BIN := $(BENCH_SRC:bench/kernels/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz bench profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz bench bench-kernels profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/test_kernels_avx512emu)
@@ -117,7 +117,14 @@ fuzz: models-test $(BUILD)/libkipp.a
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles
 
-bench: all
+KERNEL_BENCHES := $(notdir $(BENCH_BIN))
+profiles/$(shell hostname).json:
+	$(MAKE) profile
+
+bench-kernels: $(BENCH_BIN) profiles/$(shell hostname).json
+	@for b in $(KERNEL_BENCHES); do $(BUILD)/bin/$$b || exit 1; done
+
+bench: all bench-kernels
 	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
 	$(PYTHON) tools/report.py
 
