@@ -1,0 +1,437 @@
+/*
+ * tokenizer_encode.c - text -> ids for the Qwen2Tokenizer byte-level BPE,
+ * following the Hugging Face `tokenizers` pipeline of tokenizer.json:
+ *
+ *   invalid UTF-8 -> U+FFFD (as Python bytes.decode("utf-8", "replace"))
+ *   -> added tokens split out of the raw text (KIPP_TOK_SPECIAL only)
+ *   -> NFC per remaining segment (utf8proc)
+ *   -> Split pre-tokenizer regex from the GGUF (PCRE2, UTF|UCP, JIT)
+ *   -> byte-level BPE by merge rank on each pre-token.
+ *
+ * BPE applies the lowest-ranked adjacent pair first, leftmost on ties, exactly
+ * like the reference's priority queue. Short pre-tokens use an array scan;
+ * long ones (a 10 MB word) a binary heap over a linked list, O(n log n).
+ * Behaviour on odd input is documented in docs/TOKENIZER.md.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <utf8proc.h>
+
+#include "internal.h"
+#include "tokenizer_impl.h"
+
+#define SMALL_WORD 48u            /* bytes: array BPE up to here, heap BPE above */
+#define JIT_STACK_MAX (64u << 20) /* bytes of JIT stack one encode call may use */
+
+/* One encode call: output cursor plus reusable scratch. */
+typedef struct {
+    const kipp_tokenizer *t;
+    uint32_t *ids;
+    size_t cap, n;               /* ids written = min(n, cap); n counts all */
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jstack;
+    int32_t *nfc;                /* [nfc_cap] utf8proc scratch (UTF-32, then UTF-8 in place) */
+    size_t nfc_cap;
+    uint32_t *sym;               /* [sym_cap] BPE symbol ids */
+    uint64_t *heap;              /* [3*sym_cap] (rank << 32 | pos) min-heap */
+    int32_t *prev, *next;        /* [sym_cap] linked list over symbols */
+    size_t sym_cap;
+    char *err;
+    size_t errlen;
+} enc_ctx;
+
+static inline void emit(enc_ctx *c, uint32_t id)
+{
+    if (c->n < c->cap) c->ids[c->n] = id;
+    c->n++;
+}
+
+/* ---- invalid UTF-8 ---- */
+
+/* Length of the well-formed sequence at s[i..n) (Unicode Table 3-7), or 0;
+ * *bad gets the length of its maximal well-formed prefix (>= 1) when 0. */
+size_t kipp_utf8_seq(const uint8_t *s, size_t i, size_t n, size_t *bad)
+{
+    uint8_t b = s[i];
+    size_t need;
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (b < 0x80) return 1;
+    if (b >= 0xC2 && b <= 0xDF) need = 2;
+    else if (b >= 0xE0 && b <= 0xEF) {
+        need = 3;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F; /* UTF-8-encoded surrogates are ill-formed */
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        need = 4;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+    } else {
+        *bad = 1;
+        return 0;
+    }
+    size_t k = 1;
+    for (; k < need && i + k < n; k++) {
+        uint8_t c = s[i + k];
+        if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) break;
+    }
+    if (k == need) return need;
+    *bad = k;
+    return 0;
+}
+
+size_t kipp_utf8_valid_prefix(const char *s, size_t n)
+{
+    const uint8_t *p = (const uint8_t *)s;
+    size_t i = 0, bad;
+    while (i < n) {
+        size_t k = kipp_utf8_seq(p, i, n, &bad);
+        if (!k) break;
+        i += k;
+    }
+    return i;
+}
+
+/* Each maximal ill-formed subpart becomes one U+FFFD, which is what CPython's
+ * "replace" error handler does; returns 1 and a malloc'd copy when something
+ * was replaced, 0 when s is valid, KIPP_ENOMEM. */
+int kipp_utf8_sanitize(const char *s, size_t n, char **out, size_t *out_len)
+{
+    size_t ok = kipp_utf8_valid_prefix(s, n);
+    *out = NULL;
+    if (ok == n) return 0;
+    char *o = malloc(ok + (n - ok) * 3 + 1);
+    if (!o) return KIPP_ENOMEM;
+    memcpy(o, s, ok);
+    size_t i = ok, m = ok, bad;
+    const uint8_t *p = (const uint8_t *)s;
+    while (i < n) {
+        size_t k = kipp_utf8_seq(p, i, n, &bad);
+        if (k) {
+            memcpy(o + m, s + i, k);
+            m += k;
+            i += k;
+        } else {
+            memcpy(o + m, "\xEF\xBF\xBD", 3);
+            m += 3;
+            i += bad;
+        }
+    }
+    *out = o;
+    *out_len = m;
+    return 1;
+}
+
+/* ---- BPE ---- */
+
+static int grow_sym(enc_ctx *c, size_t n)
+{
+    if (n <= c->sym_cap) return KIPP_OK;
+    size_t cap = n < 1024 ? 1024 : n;
+    free(c->sym); free(c->heap); free(c->prev); free(c->next);
+    c->sym = malloc(cap * sizeof *c->sym);
+    c->heap = malloc(3 * cap * sizeof *c->heap); /* n-1 pairs + 2 per merge, stale ones included */
+    c->prev = malloc(cap * sizeof *c->prev);
+    c->next = malloc(cap * sizeof *c->next);
+    c->sym_cap = (c->sym && c->heap && c->prev && c->next) ? cap : 0;
+    if (!c->sym_cap)
+        return kipp_err(c->err, c->errlen, KIPP_ENOMEM, "out of memory for a %zu-byte pre-token", n);
+    return KIPP_OK;
+}
+
+static inline uint32_t pair_rank(const kipp_tokenizer *t, uint32_t a, uint32_t b, uint32_t *merged)
+{
+    uint64_t v = kipp_tok_merge_find(t, a, b);
+    *merged = (uint32_t)v;
+    return v == UINT64_MAX ? KIPP_TOK_NO_RANK : (uint32_t)(v >> 32);
+}
+
+/* Short words: ranks of all adjacent pairs in an array; merge the leftmost
+ * lowest rank, then refresh only the two pairs that touch the new symbol. */
+static void bpe_small(enc_ctx *c, const uint8_t *w, size_t n)
+{
+    const kipp_tokenizer *t = c->t;
+    uint32_t sym[SMALL_WORD], rank[SMALL_WORD], mid[SMALL_WORD];
+    for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[w[i]];
+    for (size_t i = 0; i + 1 < n; i++) rank[i] = pair_rank(t, sym[i], sym[i + 1], &mid[i]);
+    while (n > 1) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (rank[i] < rank[best]) best = i;
+        if (rank[best] == KIPP_TOK_NO_RANK) break;
+        sym[best] = mid[best];
+        memmove(sym + best + 1, sym + best + 2, (n - best - 2) * sizeof *sym);
+        size_t tail = n - best >= 3 ? n - best - 3 : 0; /* pairs after the removed one */
+        memmove(rank + best + 1, rank + best + 2, tail * sizeof *rank);
+        memmove(mid + best + 1, mid + best + 2, tail * sizeof *mid);
+        n--;
+        if (best > 0) rank[best - 1] = pair_rank(t, sym[best - 1], sym[best], &mid[best - 1]);
+        if (best + 1 < n) rank[best] = pair_rank(t, sym[best], sym[best + 1], &mid[best]);
+    }
+    for (size_t i = 0; i < n; i++) emit(c, sym[i]);
+}
+
+/* A 4-ary min-heap: half the levels of a binary heap, and the four children
+ * share a cache line, which is what matters on multi-MB pre-tokens. */
+static void heap_sift_down(uint64_t *h, size_t n, size_t i)
+{
+    uint64_t v = h[i];
+    for (;;) {
+        size_t c = 4 * i + 1, m = c;
+        if (c >= n) break;
+        size_t end = c + 4 < n ? c + 4 : n;
+        for (size_t k = c + 1; k < end; k++)
+            if (h[k] < h[m]) m = k;
+        if (h[m] >= v) break;
+        h[i] = h[m];
+        i = m;
+    }
+    h[i] = v;
+}
+
+static void heap_push(uint64_t *h, size_t *n, uint64_t v)
+{
+    size_t i = (*n)++;
+    while (i && h[(i - 1) / 4] > v) {
+        h[i] = h[(i - 1) / 4];
+        i = (i - 1) / 4;
+    }
+    h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n)
+{
+    uint64_t top = h[0];
+    h[0] = h[--*n];
+    if (*n) heap_sift_down(h, *n, 0);
+    return top;
+}
+
+/* Long words: a min-heap of (rank, left position); stale entries are
+ * recognised because a rank names exactly one pair. */
+static int bpe_large(enc_ctx *c, const uint8_t *w, size_t n)
+{
+    const kipp_tokenizer *t = c->t;
+    int rc = grow_sym(c, n);
+    if (rc) return rc;
+    uint32_t *sym = c->sym, m;
+    int32_t *prev = c->prev, *next = c->next;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        sym[i] = t->byte_id[w[i]];
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        uint32_t r = pair_rank(t, sym[i], sym[i + 1], &m);
+        if (r != KIPP_TOK_NO_RANK) c->heap[hn++] = (uint64_t)r << 32 | i;
+    }
+    for (size_t i = hn / 4 + 1; i-- > 0;) /* bottom-up heapify: O(n) */
+        if (i < hn) heap_sift_down(c->heap, hn, i);
+    while (hn) {
+        uint64_t top = heap_pop(c->heap, &hn);
+        uint32_t r = (uint32_t)(top >> 32), pos = (uint32_t)top;
+        int32_t nx = next[pos];
+        if (sym[pos] == UINT32_MAX || nx < 0 || pair_rank(t, sym[pos], sym[nx], &m) != r) continue;
+        sym[pos] = m; /* absorb the right symbol */
+        sym[nx] = UINT32_MAX;
+        next[pos] = next[nx];
+        if (next[nx] >= 0) prev[next[nx]] = (int32_t)pos;
+        uint32_t r2, m2;
+        if (prev[pos] >= 0 && (r2 = pair_rank(t, sym[prev[pos]], sym[pos], &m2)) != KIPP_TOK_NO_RANK)
+            heap_push(c->heap, &hn, (uint64_t)r2 << 32 | (uint32_t)prev[pos]);
+        if (next[pos] >= 0 && (r2 = pair_rank(t, sym[pos], sym[next[pos]], &m2)) != KIPP_TOK_NO_RANK)
+            heap_push(c->heap, &hn, (uint64_t)r2 << 32 | pos);
+    }
+    for (int32_t i = 0; i >= 0; i = next[i]) emit(c, sym[i]);
+    return KIPP_OK;
+}
+
+static int bpe(enc_ctx *c, const char *w, size_t n)
+{
+    if (n == 0) return KIPP_OK;
+    if (n == 1) {
+        emit(c, c->t->byte_id[(uint8_t)w[0]]);
+        return KIPP_OK;
+    }
+    if (n <= SMALL_WORD) {
+        bpe_small(c, (const uint8_t *)w, n);
+        return KIPP_OK;
+    }
+    if (n > INT32_MAX) return kipp_err(c->err, c->errlen, KIPP_ERANGE, "pre-token of %zu bytes exceeds 2 GiB", n);
+    return bpe_large(c, (const uint8_t *)w, n);
+}
+
+/* ---- pre-tokenizer ---- */
+
+static int regex_match(enc_ctx *c, const char *s, size_t n, size_t off)
+{
+    const kipp_tokenizer *t = c->t;
+    int rc = t->re_jit ? pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, c->md, c->mctx)
+                       : pcre2_match(t->re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, c->md, c->mctx);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !c->jstack) {
+        /* Rare deep backtracking: retry once with a large JIT stack. */
+        c->jstack = pcre2_jit_stack_create(32 << 10, JIT_STACK_MAX, NULL);
+        if (!c->jstack) return PCRE2_ERROR_NOMEMORY;
+        pcre2_jit_stack_assign(c->mctx, NULL, c->jstack);
+        return regex_match(c, s, n, off);
+    }
+    return rc;
+}
+
+/* Split s[n] (valid, NFC UTF-8) with the pattern; Isolated behaviour: every
+ * match and every gap between matches is one pre-token. */
+static int pretokenize(enc_ctx *c, const char *s, size_t n)
+{
+    size_t off = 0;
+    while (off < n) {
+        int rc = regex_match(c, s, n, off);
+        if (rc == PCRE2_ERROR_NOMATCH) return bpe(c, s + off, n - off);
+        if (rc < 0) {
+            PCRE2_UCHAR msg[128];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return kipp_err(c->err, c->errlen, KIPP_EINVAL,
+                            "pre-tokenizer regex failed at byte %zu: %s", off, (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
+        size_t a = ov[0], b = ov[1];
+        int e = bpe(c, s + off, a - off);
+        if (!e) e = bpe(c, s + a, b - a);
+        if (e) return e;
+        if (b == a) { /* an empty match cannot come from the Qwen pattern; step one char */
+            if (b >= n) break;
+            b++;
+            while (b < n && ((uint8_t)s[b] & 0xC0) == 0x80) b++;
+            e = bpe(c, s + a, b - a);
+            if (e) return e;
+        }
+        off = b;
+    }
+    return KIPP_OK;
+}
+
+/* ---- NFC ---- */
+
+static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+{
+    size_t i = 0;
+    while (i < n && (uint8_t)s[i] < 0x80) i++;
+    if (i == n) { /* ASCII is already NFC */
+        *out = s;
+        *out_n = n;
+        return KIPP_OK;
+    }
+    const utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
+    for (;;) {
+        utf8proc_ssize_t r = c->nfc_cap
+            ? utf8proc_decompose((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, c->nfc,
+                                 (utf8proc_ssize_t)c->nfc_cap, opt)
+            : (utf8proc_ssize_t)n + 16;
+        if (r < 0)
+            return kipp_err(c->err, c->errlen, KIPP_EINVAL, "NFC normalisation failed: %s",
+                            utf8proc_errmsg(r));
+        if ((size_t)r <= c->nfc_cap && c->nfc_cap) {
+            r = utf8proc_normalize_utf32(c->nfc, r, opt);
+            if (r >= 0) r = utf8proc_reencode(c->nfc, r, opt);
+            if (r < 0)
+                return kipp_err(c->err, c->errlen, KIPP_EINVAL, "NFC normalisation failed: %s",
+                                utf8proc_errmsg(r));
+            *out = (const char *)c->nfc;
+            *out_n = (size_t)r;
+            return KIPP_OK;
+        }
+        free(c->nfc);
+        c->nfc_cap = (size_t)r + 16;
+        c->nfc = malloc(c->nfc_cap * sizeof *c->nfc);
+        if (!c->nfc) {
+            c->nfc_cap = 0;
+            return kipp_err(c->err, c->errlen, KIPP_ENOMEM, "out of memory normalising %zu bytes", n);
+        }
+    }
+}
+
+static int encode_plain(enc_ctx *c, const char *s, size_t n)
+{
+    if (!n) return KIPP_OK;
+    const char *p;
+    size_t pn;
+    int rc = nfc_segment(c, s, n, &p, &pn);
+    return rc ? rc : pretokenize(c, p, pn);
+}
+
+/* ---- added tokens ---- */
+
+/* Leftmost added token at or after *pos (longest at one position, as the
+ * reference's leftmost-longest matcher); returns its id or -1. */
+static int64_t find_added(const kipp_tokenizer *t, const char *s, size_t n, size_t *pos)
+{
+    for (size_t i = *pos; i < n; i++) {
+        if (!t->added_first[(uint8_t)s[i]]) continue;
+        int64_t best = -1;
+        uint64_t best_len = 0;
+        for (size_t k = 0; k < t->n_added; k++) {
+            kipp_str a = t->tokens[t->added_ids[k]];
+            if (a.len <= n - i && a.len > best_len && !memcmp(s + i, a.ptr, a.len)) {
+                best = t->added_ids[k];
+                best_len = a.len;
+            }
+        }
+        if (best >= 0) {
+            *pos = i;
+            return best;
+        }
+    }
+    *pos = n;
+    return -1;
+}
+
+static int encode_text(enc_ctx *c, const char *s, size_t n, int flags)
+{
+    if (!(flags & KIPP_TOK_SPECIAL)) return encode_plain(c, s, n);
+    size_t off = 0;
+    while (off < n) {
+        size_t at = off;
+        int64_t id = find_added(c->t, s, n, &at);
+        int rc = encode_plain(c, s + off, at - off);
+        if (rc) return rc;
+        if (id < 0) break;
+        emit(c, (uint32_t)id);
+        off = at + c->t->tokens[id].len;
+    }
+    return KIPP_OK;
+}
+
+int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len, int flags,
+                          uint32_t *ids, size_t cap, size_t *n_out, char *err, size_t errlen)
+{
+    if (!t || (len && !text) || (cap && !ids) || !n_out)
+        return kipp_err(err, errlen, KIPP_EINVAL, "encode got a NULL tokenizer, text, ids or n_out");
+    if (flags & ~KIPP_TOK_SPECIAL)
+        return kipp_err(err, errlen, KIPP_EINVAL, "tokenize flags 0x%x are unknown; expected 0 or KIPP_TOK_SPECIAL",
+                        (unsigned)flags);
+    enc_ctx c = {.t = t, .ids = ids, .cap = cap, .err = err, .errlen = errlen};
+    char *clean = NULL;
+    size_t clean_n = 0;
+    int rc = kipp_utf8_sanitize(text, len, &clean, &clean_n);
+    if (rc < 0) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory replacing invalid UTF-8");
+    c.md = pcre2_match_data_create_from_pattern(t->re, NULL);
+    c.mctx = pcre2_match_context_create(NULL);
+    if (!c.md || !c.mctx) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for regex match data");
+    /* The default limit (10^7 steps) trips on a 10 MB whitespace run, where
+     * \s*[\r\n]+ scans the run once per match; the work stays linear
+     * (docs/TOKENIZER.md, "Long lines"), so lift it. */
+    else if (pcre2_set_match_limit(c.mctx, UINT32_MAX)) rc = KIPP_EINVAL;
+    else rc = encode_text(&c, clean ? clean : text, clean ? clean_n : len, flags);
+    free(clean);
+    free(c.nfc);
+    free(c.sym); free(c.heap); free(c.prev); free(c.next);
+    pcre2_match_data_free(c.md);
+    pcre2_match_context_free(c.mctx);
+    pcre2_jit_stack_free(c.jstack);
+    if (rc) return rc;
+    *n_out = c.n;
+    if (c.n > cap)
+        return kipp_err(err, errlen, KIPP_ERANGE, "text encodes to %zu tokens; the buffer holds %zu", c.n, cap);
+    return KIPP_OK;
+}

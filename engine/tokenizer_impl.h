@@ -1,0 +1,74 @@
+/*
+ * tokenizer_impl.h - private layout of the Qwen2 byte-level BPE tokenizer,
+ * shared by engine/tokenizer.c (tables, decode) and engine/tokenizer_encode.c
+ * (NFC, pre-tokenizer, BPE). Not for use outside those files and their tests.
+ *
+ * Memory: token strings are never copied. The vocab hash stores token ids
+ * whose bytes are read through the borrowed kipp_str views (the GGUF mmap);
+ * the merge hash stores (left id, right id) -> (rank, merged id).
+ */
+#ifndef KIPP_TOKENIZER_IMPL_H
+#define KIPP_TOKENIZER_IMPL_H
+
+#include <stdint.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "tokenizer.h"
+
+#define KIPP_TOK_MAX_ADDED 64u   /* added tokens accepted from a file */
+#define KIPP_TOK_NO_RANK UINT32_MAX
+
+struct kipp_tokenizer {
+    const kipp_str *tokens;       /* [n_tokens] borrowed views, byte-level form */
+    size_t n_tokens;
+    uint32_t byte_id[256];        /* raw byte -> id of its one-character token */
+    int16_t cp_byte[324];         /* byte-level code point (< 0x144) -> raw byte, -1 none */
+
+    uint32_t *vocab_slot;         /* [vocab_mask+1] id+1, 0 = empty (open addressing) */
+    uint64_t vocab_mask;
+
+    uint64_t *merge_key;          /* [merge_mask+1] (left<<32 | right) + 1, 0 = empty */
+    uint64_t *merge_val;          /* [merge_mask+1] (rank<<32 | merged id) */
+    uint64_t merge_mask;
+    unsigned merge_shift;         /* 64 - log2(merge_mask+1) */
+    size_t n_merges;
+
+    uint32_t added_ids[KIPP_TOK_MAX_ADDED];   /* ascending */
+    uint8_t added_special[KIPP_TOK_MAX_ADDED];
+    size_t n_added;
+    uint8_t added_first[256];     /* 1: some added token starts with this byte */
+    uint8_t *is_added;            /* [n_tokens] 1 = added token (decoded literally) */
+
+    pcre2_code *re;               /* the Split pre-tokenizer pattern, UTF|UCP */
+    int re_jit;                   /* 1: JIT compiled */
+};
+
+/** Look up a merge of two adjacent symbols; returns rank<<32|merged id, or UINT64_MAX. */
+static inline uint64_t kipp_tok_merge_find(const struct kipp_tokenizer *t, uint32_t a, uint32_t b)
+{
+    uint64_t key = ((uint64_t)a << 32 | b) + 1;
+    uint64_t h = (key * 0x9E3779B97F4A7C15ull) >> t->merge_shift;
+    for (;;) {
+        uint64_t k = t->merge_key[h & t->merge_mask];
+        if (k == key) return t->merge_val[h & t->merge_mask];
+        if (k == 0) return UINT64_MAX;
+        h++;
+    }
+}
+
+/** Replace invalid UTF-8 per Python bytes.decode("utf-8", "replace"); see tokenizer_encode.c. */
+int kipp_utf8_sanitize(const char *s, size_t n, char **out, size_t *out_len);
+
+/**
+ * Length of the well-formed UTF-8 sequence starting at s[i] (i < n), or 0 when
+ * it is ill-formed or cut off by n; then *bad is the length of its maximal
+ * well-formed prefix (>= 1), the bytes one U+FFFD replaces. Unicode Table 3-7.
+ */
+size_t kipp_utf8_seq(const uint8_t *s, size_t i, size_t n, size_t *bad);
+
+/** Length of the valid UTF-8 prefix of s[n] that ends on a character boundary. */
+size_t kipp_utf8_valid_prefix(const char *s, size_t n);
+
+#endif
