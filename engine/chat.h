@@ -1,0 +1,26 @@
+/*
+ * chat.h - engine-internal entry of the native Qwen3 ChatML renderer
+ * (engine/chat.c), usable without a model (tests, tools).
+ */
+#ifndef KIPP_CHAT_H
+#define KIPP_CHAT_H
+
+#include <stddef.h>
+
+#include "kipp.h"
+#include "kipp_checkpoints.h"
+
+/**
+ * Render msgs[n] with the chat template of the given kind, byte-identical to
+ * Hugging Face apply_chat_template on that template (tokenizer_config.json's
+ * chat_template of the hybrid, Instruct-2507 or Thinking-2507 checkpoints).
+ * opts may be NULL: HF's defaults (no generation prompt, thinking on, no tools).
+ * *out is malloc'd and NUL-terminated; the caller frees it.
+ * Errors: KIPP_ENOTSUP for KIPP_CHAT_NONE (base checkpoints have no template),
+ * KIPP_EINVAL for a bad role, a NULL first system content, or tools_json that
+ * is not a JSON array (the message names the position), KIPP_ENOMEM.
+ */
+int kipp_chat_render_kind(kipp_chat_kind kind, const kipp_chat_message *msgs, size_t n,
+                          const kipp_chat_options *opts, char **out, char *err, size_t errlen);
+
+#endif
