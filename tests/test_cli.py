@@ -1,0 +1,229 @@
+"""test_cli.py - `kipp generate`, `kipp chat` and `kipp logits` driven as processes (issue 4, item 7).
+
+Oracles: the transformers golden vectors in tests/vectors (written by
+tools/gen_vectors.py from the same synthetic checkpoints: their sha256s are
+checked first), and for chat KV reuse the same conversation re-evaluated from
+scratch every turn (--no-cache-reuse). All runs use the scalar "ref" backend.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, models_dir
+
+KIPP = REPO_ROOT / "build" / "kipp"
+VECTORS = REPO_ROOT / "tests" / "vectors"
+MANIFEST = json.loads((VECTORS / "MANIFEST.json").read_text())
+NMSE_HF = MANIFEST["tolerances"]["prefill_nmse"]
+# Greedy tokens are compared only while HF's top-1/top-2 margin stays well above
+# the logit error an NMSE of ~1e-5 implies (~0.01 at logit std 4).
+SAFE_MARGIN = 0.1
+TIMINGS = re.compile(r"prompt (\d+) tokens, generated (\d+) \(([a-z ]+)\), prefill [\d.]+ tok/s, "
+                     r"decode [\d.]+ tok/s, TTFT [\d.]+ ms, KV (\d+) bytes/token, backend ref")
+
+
+def gguf(cid: str) -> Path:
+    p = models_dir() / f"{cid}.gguf"
+    assert p.is_file(), f"{p} is missing: run `make models-test`"
+    return p
+
+
+def kipp(*args: str, stdin: str | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    assert KIPP.is_file(), f"{KIPP} is missing: run `make all`"
+    return subprocess.run([str(KIPP), *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO_ROOT)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prompt(cid: str, name: str) -> dict:
+    return MANIFEST["checkpoints"][cid]["prompts"][name]
+
+
+def safe_greedy(p: dict) -> list[int]:
+    """The HF greedy ids up to the first step whose top-2 margin is fragile."""
+    n = next((i for i, m in enumerate(p["greedy_margins"]) if m < SAFE_MARGIN), len(p["greedy"]))
+    return p["greedy"][:n]
+
+
+def nmse(a: np.ndarray, ref: np.ndarray) -> float:
+    a, ref = a.astype(np.float64), ref.astype(np.float64)
+    return float(((a - ref) ** 2).sum() / (ref ** 2).sum())
+
+
+@pytest.mark.parametrize("cid", sorted(MANIFEST["checkpoints"]))
+def test_vectors_match_checkpoints(cid):
+    """The vectors were generated from exactly the weights build/models holds."""
+    entry = MANIFEST["checkpoints"][cid]
+    recorded = json.loads((REPO_ROOT / "tests" / "checkpoints.sha256.json").read_text())["checkpoints"][cid]["files"]
+    for name, digest in entry["safetensors_sha256"].items():
+        assert recorded[name]["sha256"] == digest, f"{cid}/{name}: vectors made from other weights; run `make vectors`"
+        assert sha256(models_dir() / cid / name) == digest, f"build/models/{cid}/{name} differs from the vectors' source"
+    assert sha256(gguf(cid)) == entry["gguf_sha256"], f"{gguf(cid)} is not the file the vectors were checked against"
+    assert (VECTORS / entry["bin"]).stat().st_size == sum(r["count"] * 4 for p in entry["prompts"].values()
+                                                         for r in p["logits"]) + \
+        sum(h["count"] * 4 for p in entry["prompts"].values() for h in p["hidden"].values())
+
+
+@pytest.mark.parametrize("cid,name", [("synthetic-tiny", "short"), ("synthetic-tiny-untied", "long")])
+def test_logits_file_matches_transformers(cid, name, tmp_path):
+    p = prompt(cid, name)
+    out = tmp_path / "l.f32"
+    r = kipp("logits", "--model", str(gguf(cid)), "--prompt", p["text"], "--out", str(out), "--backend", "ref")
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(out, dtype="<f4")
+    row = p["logits"][0]
+    want = np.fromfile(VECTORS / MANIFEST["checkpoints"][cid]["bin"], dtype="<f4", count=row["count"],
+                       offset=row["offset"])
+    assert got.shape == want.shape == (151936,)
+    assert nmse(got, want) <= NMSE_HF
+    assert int(np.argmax(got)) == row["argmax"] == int(np.argmax(want))
+    assert f"{len(p['ids'])} prompt tokens" in r.stderr
+
+
+def generated_ids(stderr: str) -> list[int]:
+    line = next(ln for ln in stderr.splitlines() if ln.startswith("ids:"))
+    return [int(x) for x in line.split()[1:]]
+
+
+@pytest.mark.parametrize("cid,name", [("synthetic-tiny", "short"), ("synthetic-tiny-untied", "short"),
+                                      ("synthetic-tiny-untied", "long")])
+def test_generate_greedy_equals_transformers(cid, name):
+    p = prompt(cid, name)
+    want = safe_greedy(p)
+    assert len(want) >= 3, f"{cid}/{name}: only {len(want)} greedy steps have a safe margin"
+    r = kipp("generate", "--model", str(gguf(cid)), "--prompt", p["text"], "--max-tokens", str(len(want)),
+             "--backend", "ref", "--show-ids")
+    assert r.returncode == 0, r.stderr
+    assert generated_ids(r.stderr) == want
+    m = TIMINGS.search(r.stderr)
+    assert m, f"no timings line in {r.stderr!r}"
+    n_layer = {"synthetic-tiny": 2, "synthetic-tiny-untied": 3}[cid]
+    assert (int(m[1]), int(m[2]), m[3], int(m[4])) == (len(p["ids"]), len(want), "max tokens", n_layer * 4096)
+    assert r.stdout.endswith("\n")
+
+
+def test_generate_chat_renders_and_matches_transformers():
+    """--chat renders one user turn natively; HF rendered the same turn for the vectors."""
+    p = prompt("synthetic-tiny", "chat")
+    want = safe_greedy(p)
+    assert len(want) >= 1
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", MANIFEST["checkpoints"]["synthetic-tiny"]
+             ["chat_user"], "--chat", "--max-tokens", str(len(want)), "--backend", "ref", "--show-ids")
+    assert r.returncode == 0, r.stderr
+    assert generated_ids(r.stderr) == want
+    assert TIMINGS.search(r.stderr)[1] == str(len(p["ids"]))
+
+
+@pytest.mark.parametrize("cid,stop,is_stop", [("synthetic-tiny", 151645, True), ("synthetic-tiny", 151643, True),
+                                              ("synthetic-tiny-untied", 151643, True),
+                                              ("synthetic-tiny-untied", 151645, False)])
+def test_generate_stops_at_registry_stop_tokens(cid, stop, is_stop):
+    """--logit-bias forces the first token; it ends generation only if the registry lists it as a stop."""
+    r = kipp("generate", "--model", str(gguf(cid)), "--prompt", "Hello", "--max-tokens", "3", "--backend", "ref",
+             "--logit-bias", f"{stop}=100", "--show-ids")
+    assert r.returncode == 0, r.stderr
+    if is_stop:
+        assert "generated 0 (stop token)" in r.stderr and generated_ids(r.stderr) == [] and r.stdout == "\n"
+    else:  # <|im_end|> is ordinary text for a base model: emitted three times
+        assert generated_ids(r.stderr) == [stop] * 3 and r.stdout == "<|im_end|>" * 3 + "\n"
+
+
+def chat(*extra: str, stdin: str) -> subprocess.CompletedProcess:
+    return kipp("chat", "--model", str(gguf("synthetic-tiny")), "--backend", "ref", "--max-tokens", "4", *extra,
+                stdin=stdin)
+
+
+CONVERSATION = "Hello there\nWhat comes next?\n\nAnd then?\n/reset\nHello there\n/exit\nnever read\n"
+
+
+def test_chat_reuses_kv_and_matches_full_recompute():
+    r = chat(stdin=CONVERSATION)
+    assert r.returncode == 0, r.stderr
+    reuse = [(int(a), int(b)) for a, b in re.findall(r"reused (\d+) of (\d+) prompt tokens", r.stderr)]
+    assert len(reuse) == 4, r.stderr  # four turns; the empty line is ignored, /exit stops before "never read"
+    assert reuse[0][0] == 0 and reuse[3][0] == 0, "the first turn and the turn after /reset start empty"
+    assert reuse[1][0] > reuse[0][1] // 2 and reuse[2][0] > reuse[1][0], f"no KV reuse across turns: {reuse}"
+    assert "conversation reset" in r.stderr
+    oracle = chat("--no-cache-reuse", stdin=CONVERSATION)
+    assert oracle.returncode == 0, oracle.stderr
+    assert re.findall(r"reused (\d+) of", oracle.stderr) == ["0"] * 4
+    assert r.stdout == oracle.stdout, "replies with KV reuse differ from re-evaluating the conversation"
+    # the turn after /reset repeats the first turn exactly
+    first = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "Hello there", "--chat",
+                 "--max-tokens", "4", "--backend", "ref")
+    assert first.returncode == 0, first.stderr
+    assert r.stdout.startswith(first.stdout) and r.stdout.endswith(first.stdout)
+
+
+def test_chat_eof_exits_cleanly():
+    r = chat(stdin="Hello there\n")
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r"reused \d+ of", r.stderr)) == 1
+
+
+def test_chat_refuses_base_model():
+    r = kipp("chat", "--model", str(gguf("synthetic-tiny-untied")), "--backend", "ref", stdin="hi\n")
+    assert r.returncode == 2 and "base checkpoint" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "--model"),
+    (["--model", "M"], "--prompt"),
+    (["--model", "M", "--prompt", "x", "--top-p", "1.5"], "top_p 1.5"),
+    (["--model", "M", "--prompt", "x", "--temperature", "-1"], "temperature -1"),
+    (["--model", "M", "--prompt", "x", "--top-k", "-3"], "--top-k '-3'"),
+    (["--model", "M", "--prompt", "x", "--max-tokens", "0"], "--max-tokens '0'"),
+    (["--model", "M", "--prompt", "x", "--seed", "abc"], "--seed 'abc'"),
+    (["--model", "M", "--prompt", "x", "--frobnicate", "1"], "--frobnicate"),
+    (["--model", "M", "--prompt", "x", "--max-tokens"], "--max-tokens"),
+    (["--model", "M", "--prompt", "x", "--logit-bias", "5"], "TOKEN_ID=BIAS"),
+    (["--model", "M", "--prompt", "x", "--logit-bias", "5=inf"], "finite"),
+])
+def test_generate_argument_errors(args, needle):
+    r = kipp("generate", *args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+
+
+def test_unknown_backend_is_an_argument_error():
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", "--backend", "vulkan")
+    assert r.returncode == 2 and "vulkan" in r.stderr
+
+
+def test_logit_bias_token_out_of_range():
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", "--backend", "ref",
+             "--logit-bias", "151936=1")
+    assert r.returncode == 2 and "151936" in r.stderr and "below 151936" in r.stderr
+
+
+def test_chat_on_base_model_generate_is_rejected():
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny-untied")), "--prompt", "x", "--chat", "--backend", "ref")
+    assert r.returncode == 2 and "--chat" in r.stderr
+
+
+def test_logits_needs_out():
+    r = kipp("logits", "--model", str(gguf("synthetic-tiny")), "--prompt", "x")
+    assert r.returncode == 2 and "--out" in r.stderr
+
+
+def test_prompt_longer_than_context_is_rejected_before_compute():
+    text = " a" * 5000  # ~5000 tokens > the tiny model's 4096-token context
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", text, "--backend", "ref", timeout=60)
+    assert r.returncode == 1
+    m = re.search(r"(\d+) tokens do not fit: the session holds 0 of 4096", r.stderr)
+    assert m and int(m[1]) > 4096, r.stderr
+    assert "prefill" not in r.stderr  # no timings: nothing was computed
