@@ -1,0 +1,454 @@
+/*
+ * bench_model.c - `kipp-bench`: model benchmarks pp512, tg128 and tg at a 4k
+ * context (issue 5, items 5-6), through the public engine API.
+ *
+ *   kipp-bench --model models/synthetic-0.6b.gguf [--model ...] [--backend cpu]
+ *              [--bench pp512,tg128,tg4k] [--reps N] [--warmup N] [--threads N]
+ *              [--profiles DIR] [--out DIR]
+ * (the machine profile comes from `make profile`, build/bin/kipp_profile)
+ *
+ * Each benchmark warms up, then times N repetitions of only the measured part
+ * (prefill of 512 tokens; 128 decode steps after a 16-token prompt; 32 decode
+ * steps after a 4096-token KV fill) with the monotonic clock, and reports
+ * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
+ * read per token / time), GFLOP/s and the share of the roofline taken from the
+ * machine profile, next to the issue's targets. Decode tokens are fixed
+ * pseudo-random ids (as llama-bench), not sampled, so runs are comparable.
+ * Results go to <out>/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,
+ * bench/README.md); results of the same (name, model) already in that file
+ * are replaced, others kept, so models may be benchmarked one at a time.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cpu/kernels.h"
+#include "harness.h"
+#include "kipp.h"
+
+#ifdef KIPP_HAVE_PAPI
+#include <papi.h>
+#endif
+
+#define MAX_MODELS 8
+#define TG_PROMPT 16u   /* prompt before tg128 */
+#define LONG_CTX 4096u  /* KV positions before tg4k */
+#define LONG_STEPS 32u  /* decode steps timed at the long context */
+
+/* Targets of issue 5, item 6 (shares of the roofline). */
+#define TARGET_DECODE 0.95
+#define TARGET_PREFILL 0.80
+#define TARGET_LONG 0.90
+
+typedef struct {
+    const char *models[MAX_MODELS];
+    int n_models;
+    const char *backend;
+    char benches[128];
+    int reps, warmup, threads;
+    const char *profiles, *out;
+} options;
+
+/* Bytes and FLOPs of one model, from its dimensions (seed 000 shapes). */
+typedef struct {
+    kipp_model_info info;
+    double layer_weight_bytes; /* every layer projection + norm, all layers */
+    double head_bytes;         /* output head [vocab][d_model] bf16 */
+    double layer_params;       /* projection weights, all layers (2 FLOP each per token) */
+    double kv_bytes_per_pos;   /* K+V bytes read per cached position, all layers */
+    double attn_flops_per_pos; /* QK^T and PV FLOPs per attended position, all layers */
+} model_cost;
+
+static void cost_of(const kipp_model_info *in, model_cost *c)
+{
+    double D = in->d_model, A = (double)in->n_q_head * in->head_dim, KV = (double)in->n_kv_head * in->head_dim;
+    double F = in->d_ff, L = in->n_layer;
+    c->info = *in;
+    c->layer_params = L * ((A + 2 * KV) * D + D * A + 3 * F * D);
+    c->layer_weight_bytes = 2 * (c->layer_params + L * (2 * D + 2 * in->head_dim));
+    c->head_bytes = 2.0 * in->vocab_size * D;
+    c->kv_bytes_per_pos = L * 2 * KV * 2;
+    c->attn_flops_per_pos = L * 4 * A;
+}
+
+/* Bytes one decode step reads at context ctx: all weights, one embedding row,
+ * the final norm and the KV of ctx positions. */
+static double decode_bytes(const model_cost *c, double ctx)
+{
+    return c->layer_weight_bytes + c->head_bytes + 4.0 * c->info.d_model + ctx * c->kv_bytes_per_pos;
+}
+
+/* Fixed pseudo-random token ids (LCG), below vocab. */
+static void fill_tokens(uint32_t *ids, size_t n, uint32_t vocab, uint32_t seed)
+{
+    uint64_t s = 0x9e3779b97f4a7c15ull ^ seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (uint32_t)((s >> 33) % vocab);
+    }
+}
+
+/* ---- PAPI on the calling thread (worker 0), when available ---- */
+typedef struct {
+    int es;
+    long long v[2];
+} papi_ctr;
+
+static void papi_start(papi_ctr *p)
+{
+    p->es = -1;
+#ifdef KIPP_HAVE_PAPI
+    if (!kipp_papi_available(NULL)) return;
+    int es = PAPI_NULL;
+    if (PAPI_create_eventset(&es) != PAPI_OK) return;
+    if (PAPI_add_event(es, PAPI_TOT_CYC) != PAPI_OK || PAPI_add_event(es, PAPI_TOT_INS) != PAPI_OK ||
+        PAPI_start(es) != PAPI_OK) {
+        PAPI_cleanup_eventset(es);
+        PAPI_destroy_eventset(&es);
+        return;
+    }
+    p->es = es;
+#endif
+}
+
+static void papi_stop(papi_ctr *p, double *cycles, double *instr)
+{
+    *cycles = *instr = -1;
+#ifdef KIPP_HAVE_PAPI
+    if (p->es < 0) return;
+    if (PAPI_stop(p->es, p->v) == PAPI_OK) {
+        *cycles = (double)p->v[0];
+        *instr = (double)p->v[1];
+    }
+    PAPI_cleanup_eventset(p->es);
+    PAPI_destroy_eventset(&p->es);
+#endif
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One measured case: setup (untimed) then the timed part, reps + warmup times. */
+typedef struct {
+    kipp_session *s;
+    const uint32_t *ids;
+    uint32_t prefix;  /* tokens already in the cache before the timed part (kept) */
+    uint32_t n_prompt; /* tokens evaluated in one call in the timed part (0 = decode) */
+    uint32_t steps;   /* decode steps in the timed part */
+    float *logits;
+} bench_case;
+
+static int run_once(const bench_case *bc, double *sec, char *err, size_t errlen)
+{
+    int rc = kipp_session_truncate(bc->s, bc->prefix, err, errlen);
+    if (rc) return rc;
+    double t0 = kipp_timer_now();
+    if (bc->n_prompt) rc = kipp_session_eval(bc->s, bc->ids + bc->prefix, bc->n_prompt, bc->logits, err, errlen);
+    for (uint32_t i = 0; i < bc->steps && !rc; i++)
+        rc = kipp_session_eval(bc->s, bc->ids + bc->prefix + i, 1, bc->logits, err, errlen);
+    *sec = kipp_timer_now() - t0;
+    return rc;
+}
+
+/* Warm-up, then reps timed runs; st in seconds per run. PAPI spans the timed runs. */
+static int measure(const bench_case *bc, int warmup, int reps, kipp_bench_stats *st, char *err, size_t errlen)
+{
+    double t[64], sec;
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < warmup; i++)
+        if (run_once(bc, &sec, err, errlen)) return -1;
+    papi_ctr pc;
+    papi_start(&pc);
+    for (int i = 0; i < reps; i++)
+        if (run_once(bc, &t[i], err, errlen)) return -1;
+    papi_stop(&pc, &st->cycles, &st->instructions);
+    if (st->cycles >= 0) { st->cycles /= reps; st->instructions /= reps; }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    st->reps = reps;
+    st->min = t[0];
+    st->max = t[reps - 1];
+    st->median = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    return 0;
+}
+
+/* What the roofline and target of one benchmark are. */
+typedef struct {
+    const char *name;
+    double tokens;          /* tokens per timed run */
+    double bytes_per_token; /* decode: bytes read per token */
+    double flops_per_token; /* prefill: FLOPs per token */
+    double context;         /* mean attended positions */
+    int compute_bound;
+    double target;
+} bench_meta;
+
+static json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench_stats *st,
+                           const kipp_profile *prof, kipp_isa isa)
+{
+    double tps_med = bm->tokens / st->median, tps_min = bm->tokens / st->max, tps_max = bm->tokens / st->min;
+    json_t *r = json_object();
+    json_object_set_new(r, "name", json_string(bm->name));
+    json_object_set_new(r, "model", json_string(model_id));
+    json_object_set_new(r, "format", json_string("bf16"));
+    json_object_set_new(r, "unit", json_string("tok/s"));
+    json_object_set_new(r, "median", json_real(tps_med));
+    json_object_set_new(r, "min", json_real(tps_min));
+    json_object_set_new(r, "max", json_real(tps_max));
+    json_object_set_new(r, "reps", json_integer(st->reps));
+    json_object_set_new(r, "tokens_per_rep", json_real(bm->tokens));
+    json_object_set_new(r, "ms_per_token", json_real(1e3 / tps_med));
+    json_object_set_new(r, "context_mean", json_real(bm->context));
+    double gbps = bm->bytes_per_token * tps_med / 1e9, gflops = bm->flops_per_token * tps_med / 1e9;
+    json_object_set_new(r, "bytes_per_token", json_real(bm->bytes_per_token));
+    json_object_set_new(r, "flops_per_token", json_real(bm->flops_per_token));
+    json_object_set_new(r, "gbps_effective", json_real(gbps));
+    json_object_set_new(r, "gflops", json_real(gflops));
+    json_object_set_new(r, "bound", json_string(bm->compute_bound ? "compute" : "memory"));
+    /* The prefill target is stated against the BF16 dot peak; a CPU without
+     * it runs the FP32-FMA path, whose peak is then the honest roofline. */
+    const char *roof_key = bm->compute_bound ? (isa == KIPP_ISA_AVX512 && prof->bf16_gflops_all > 0 ? "bf16_gflops_all" : "fp32_gflops_all")
+                                             : "read_gbps_all";
+    double roof = !prof->loaded ? 0 : bm->compute_bound ? (!strcmp(roof_key, "bf16_gflops_all") ? prof->bf16_gflops_all : prof->fp32_gflops_all)
+                                                        : prof->read_gbps_all;
+    double share = roof > 0 ? (bm->compute_bound ? gflops : gbps) / roof : -1;
+    json_object_set_new(r, "roofline_ref", json_string(roof_key));
+    json_object_set_new(r, "roofline", roof > 0 ? json_real(roof) : json_null());
+    json_object_set_new(r, "roofline_share", share >= 0 ? json_real(share) : json_null());
+    if (bm->compute_bound && prof->loaded && prof->bf16_gflops_all > 0)
+        json_object_set_new(r, "bf16_peak_share", json_real(gflops / prof->bf16_gflops_all));
+    json_object_set_new(r, "target_share", json_real(bm->target));
+    json_object_set_new(r, "target_ratio", share >= 0 ? json_real(share / bm->target) : json_null());
+    json_object_set_new(r, "target_met", share >= 0 ? json_boolean(share >= bm->target) : json_null());
+    json_t *papi = json_object();
+    json_object_set_new(papi, "cycles_per_rep_thread0", st->cycles >= 0 ? json_real(st->cycles) : json_null());
+    json_object_set_new(papi, "instructions_per_rep_thread0", st->instructions >= 0 ? json_real(st->instructions) : json_null());
+    json_object_set_new(r, "papi", papi);
+    printf("  %-6s %-16s %9.2f tok/s (min %.2f max %.2f, %d reps) %8.2f ms/tok %7.2f GB/s %8.1f GFLOP/s\n",
+           bm->name, model_id, tps_med, tps_min, tps_max, st->reps, 1e3 / tps_med, gbps, gflops);
+    if (share >= 0)
+        printf("         %.1f%% of %s (target %.0f%%: %s)\n", 100 * share, roof_key, 100 * bm->target,
+               share >= bm->target ? "met" : "not met");
+    else
+        printf("         no profile: roofline share not computed\n");
+    fflush(stdout);
+    return r;
+}
+
+static int wants(const options *o, const char *name)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, ",%s,", name);
+    char list[132];
+    snprintf(list, sizeof list, ",%s,", o->benches);
+    return strstr(list, buf) != NULL;
+}
+
+/* Model id from the path: basename without ".gguf" (matches the registry id
+ * for files made by tools/bench_models.py). */
+static void model_id_of(const char *path, char *id, size_t n)
+{
+    const char *b = strrchr(path, '/');
+    snprintf(id, n, "%s", b ? b + 1 : path);
+    char *dot = strstr(id, ".gguf");
+    if (dot) *dot = '\0';
+}
+
+/* Run the chosen benchmarks on one model; appends results to `results`. */
+static int bench_model(const options *o, const char *path, const kipp_profile *prof, json_t *results, char *err, size_t errlen)
+{
+    kipp_model *m = NULL;
+    kipp_session *s = NULL;
+    kipp_model_options mo = {o->threads};
+    char id[256];
+    model_id_of(path, id, sizeof id);
+    double t0 = kipp_timer_now();
+    int rc = kipp_model_open(path, o->backend, &mo, &m, err, errlen);
+    if (rc) return rc;
+    printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    model_cost c;
+    cost_of(&info, &c);
+    kipp_isa isa = kipp_isa_select(NULL);
+    uint32_t cap = LONG_CTX + LONG_STEPS + 32;
+    if (cap > info.context_length) cap = info.context_length;
+    uint32_t *ids = malloc(cap * sizeof *ids);
+    float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
+    if (!ids || !logits) { rc = -1; snprintf(err, errlen, "out of memory for %u token ids", cap); goto out; }
+    fill_tokens(ids, cap, info.vocab_size, 42);
+    rc = kipp_session_create(m, cap, &s, err, errlen);
+    if (rc) goto out;
+    kipp_bench_stats st;
+    if (wants(o, "pp512")) {
+        bench_case bc = {s, ids, 0, 512, 0, logits};
+        bench_meta bm = {"pp512", 512, 0, 0, 256.5, 1, TARGET_PREFILL};
+        bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
+        bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
+        if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
+        json_array_append_new(results, result_json(id, &bm, &st, prof, isa));
+    }
+    if (wants(o, "tg128")) {
+        rc = kipp_session_truncate(s, 0, err, errlen);
+        if (!rc) rc = kipp_session_eval(s, ids, TG_PROMPT, logits, err, errlen);
+        if (rc) goto out;
+        bench_case bc = {s, ids, TG_PROMPT, 0, 128, logits};
+        bench_meta bm = {"tg128", 128, 0, 0, TG_PROMPT + 64.5, 0, TARGET_DECODE};
+        bm.bytes_per_token = decode_bytes(&c, bm.context);
+        bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
+        if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
+        json_array_append_new(results, result_json(id, &bm, &st, prof, isa));
+    }
+    if (wants(o, "tg4k") && cap >= LONG_CTX + LONG_STEPS) {
+        t0 = kipp_timer_now();
+        rc = kipp_session_truncate(s, 0, err, errlen);
+        if (!rc) rc = kipp_session_eval(s, ids, LONG_CTX, logits, err, errlen);
+        if (rc) goto out;
+        printf("  (KV filled with %u tokens in %.1f s)\n", LONG_CTX, kipp_timer_now() - t0);
+        bench_case bc = {s, ids, LONG_CTX, 0, LONG_STEPS, logits};
+        bench_meta bm = {"tg4k", LONG_STEPS, 0, 0, LONG_CTX + (LONG_STEPS + 1) / 2.0, 0, TARGET_LONG};
+        bm.bytes_per_token = decode_bytes(&c, bm.context);
+        bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
+        if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
+        json_array_append_new(results, result_json(id, &bm, &st, prof, isa));
+    }
+out:
+    kipp_session_destroy(s);
+    kipp_model_close(m);
+    free(ids);
+    free(logits);
+    return rc;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref] [--bench pp512,tg128,tg4k]\n"
+            "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n");
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || *end || x < lo || x > hi) {
+        fprintf(stderr, "kipp-bench: %s '%s' is not an integer in %d..%d\n", flag, v ? v : "", lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, options *o)
+{
+    *o = (options){.backend = "cpu", .reps = 3, .warmup = 1, .profiles = "profiles", .out = "results"};
+    snprintf(o->benches, sizeof o->benches, "pp512,tg128,tg4k");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v) {
+            if (o->n_models == MAX_MODELS) { fprintf(stderr, "kipp-bench: more than %d --model flags\n", MAX_MODELS); return -1; }
+            o->models[o->n_models++] = v;
+        }
+        else if (!strcmp(a, "--backend") && v) o->backend = v;
+        else if (!strcmp(a, "--bench") && v) snprintf(o->benches, sizeof o->benches, "%s", v);
+        else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 64, &o->reps)) return -1; }
+        else if (!strcmp(a, "--warmup")) { if (parse_int(a, v, 0, 16, &o->warmup)) return -1; }
+        else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--profiles") && v) o->profiles = v;
+        else if (!strcmp(a, "--out") && v) o->out = v;
+        else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(); return -1; }
+        i++;
+    }
+    if (o->n_models == 0) { fprintf(stderr, "kipp-bench: no --model given\n"); usage(); return -1; }
+    return 0;
+}
+
+/* Same (name, model) means the same measurement: the newer one replaces it. */
+static int same_key(json_t *a, json_t *b)
+{
+    const char *na = json_string_value(json_object_get(a, "name")), *nb = json_string_value(json_object_get(b, "name"));
+    const char *ma = json_string_value(json_object_get(a, "model")), *mb = json_string_value(json_object_get(b, "model"));
+    return na && nb && ma && mb && !strcmp(na, nb) && !strcmp(ma, mb);
+}
+
+/* Write doc as <out>/<date>-<host>-<backend>-<sha>.json, keeping the results
+ * of an earlier run of the same day/host/backend/commit that this run did not
+ * repeat. The harness names the file (written first under <out>/tmp). */
+static int write_merged(json_t *doc, const options *o, char *err, size_t errlen)
+{
+    char tmpdir[512], tmp_path[1024], final[1280];
+    snprintf(tmpdir, sizeof tmpdir, "%s/tmp", o->out);
+    mkdir(o->out, 0755); /* the harness creates only the last level */
+    if (kipp_result_write(doc, tmpdir, o->backend, tmp_path, sizeof tmp_path, err, errlen)) return -1;
+    const char *base = strrchr(tmp_path, '/');
+    snprintf(final, sizeof final, "%s/%s", o->out, base ? base + 1 : tmp_path);
+    json_t *old = json_load_file(final, 0, NULL), *res = json_object_get(doc, "results");
+    json_t *old_res = old ? json_object_get(old, "results") : NULL;
+    size_t i, j;
+    json_t *r, *n;
+    json_array_foreach(old_res, i, r) {
+        int replaced = 0;
+        json_array_foreach(res, j, n) replaced |= same_key(r, n);
+        if (!replaced) json_array_append(res, r);
+    }
+    json_decref(old);
+    if (json_dump_file(doc, final, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) != 0) {
+        snprintf(err, errlen, "could not write %.400s; expected a writable results directory", final);
+        return -1;
+    }
+    remove(tmp_path);
+    printf("wrote %s (%zu results)\n", final, json_array_size(res));
+    return 0;
+}
+
+static double load_average(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    char err[512] = "";
+    if (parse_args(argc, argv, &o)) return 2;
+    kipp_profile prof;
+    memset(&prof, 0, sizeof prof);
+    if (kipp_profile_load(&prof, o.profiles, err, sizeof err) || !prof.loaded)
+        fprintf(stderr, "kipp-bench: no machine profile (%s); run `make profile` for roofline shares\n", err[0] ? err : prof.path);
+    else
+        printf("profile %s: read %.1f GB/s (all cores), FP32 FMA %.0f GFLOP/s, BF16 dot %.0f GFLOP/s\n", prof.path,
+               prof.read_gbps_all, prof.fp32_gflops_all, prof.bf16_gflops_all);
+    json_t *config = json_object();
+    json_object_set_new(config, "backend", json_string(o.backend));
+    json_object_set_new(config, "threads", json_integer(o.threads ? o.threads : kipp_team_cores()));
+    json_object_set_new(config, "reps", json_integer(o.reps));
+    json_object_set_new(config, "warmup", json_integer(o.warmup));
+    json_object_set_new(config, "isa", json_string(kipp_isa_name(kipp_isa_select(NULL))));
+    json_object_set_new(config, "load_avg_1min_at_start", json_real(load_average()));
+    json_object_set_new(config, "tg_prompt_tokens", json_integer(TG_PROMPT));
+    json_object_set_new(config, "long_context", json_integer(LONG_CTX));
+    json_object_set_new(config, "long_context_steps", json_integer(LONG_STEPS));
+    json_t *doc = kipp_result_create("model", prof.loaded ? prof.path : NULL, config);
+    json_t *results = json_object_get(doc, "results");
+    int rc = 0;
+    for (int i = 0; i < o.n_models && !rc; i++) {
+        rc = bench_model(&o, o.models[i], &prof, results, err, sizeof err);
+        if (rc) fprintf(stderr, "kipp-bench: %s: %s\n", o.models[i], err);
+    }
+    json_object_set_new(config, "load_avg_1min_at_end", json_real(load_average()));
+    if (json_array_size(results) > 0 && write_merged(doc, &o, err, sizeof err)) {
+        fprintf(stderr, "kipp-bench: %s\n", err);
+        rc = -1;
+    }
+    json_decref(doc);
+    return rc ? 1 : 0;
+}

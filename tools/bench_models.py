@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""bench_models.py - driver of `make bench BACKEND=cpu [MODEL=...]` (issue 5, items 5-6).
+
+For each benchmark model (default: synthetic-0.6b, synthetic-1.7b, synthetic-4b,
+the real Qwen3 shapes with deterministic random weights) it:
+  1. makes models/<id>.gguf when missing, with tools/make_checkpoint.py and
+     tools/convert_to_gguf.py (the Hugging Face directory models/<id>/ is
+     deleted after conversion unless --keep-hf; an existing GGUF is reused);
+  2. runs build/kipp-bench on it (pp512, tg128, tg4k; warm-up + N reps) in its
+     own process, so one model's memory is released before the next loads.
+Before the first model it re-measures the machine profile (build/bin/kipp_profile
+-> profiles/<host>.json) so the roofline shares compare rates measured in the
+same run, as the issue asks; --reuse-profile keeps an existing one.
+kipp-bench writes results/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,
+bench/README.md), replacing earlier results of the same (bench, model) in that
+file. Models run smallest first: the 4B shape needs ~8 GB for the packed
+weights plus the page cache of its 8 GB file, so it runs last and alone, and is
+refused with a message when MemAvailable cannot hold it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODELS = ["synthetic-0.6b", "synthetic-1.7b", "synthetic-4b"]
+BENCH_MODELS = set(DEFAULT_MODELS) | {"synthetic-tiny", "synthetic-tiny-untied"}
+
+
+def mem_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo in bytes (0 when unreadable)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def run(cmd: list[str]) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
+
+
+def ensure_model(mid: str, models_dir: Path, keep_hf: bool) -> Path:
+    """models/<id>.gguf, generated and converted when missing."""
+    gguf = models_dir / f"{mid}.gguf"
+    if gguf.exists():
+        return gguf
+    hf = models_dir / mid
+    models_dir.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    if not (hf / "config.json").exists():
+        run(["nice", py, "tools/make_checkpoint.py", "--checkpoint", mid, "--out", hf, "--quiet"])
+    tmp = gguf.with_suffix(".gguf.part")
+    run(["nice", py, "tools/convert_to_gguf.py", "--checkpoint", mid, "--input", hf, "--out", tmp, "--quiet"])
+    tmp.rename(gguf)
+    if not keep_hf:
+        shutil.rmtree(hf)
+    return gguf
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="cpu", help="engine backend: cpu (default) or ref")
+    ap.add_argument("--model", action="append", default=[],
+                    help="registry id (repeatable or comma-separated); default: %s" % ", ".join(DEFAULT_MODELS))
+    ap.add_argument("--bench", default="pp512,tg128,tg4k", help="comma list of pp512, tg128, tg4k")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per benchmark (default 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up runs per benchmark (default 1)")
+    ap.add_argument("--threads", type=int, default=0, help="backend workers (0 = one per physical core)")
+    ap.add_argument("--models-dir", type=Path, default=ROOT / "models")
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--profiles", type=Path, default=ROOT / "profiles")
+    ap.add_argument("--reuse-profile", action="store_true", help="keep an existing profiles/<host>.json")
+    ap.add_argument("--keep-hf", action="store_true", help="keep the Hugging Face directory after conversion")
+    args = ap.parse_args()
+
+    models = [m for arg in args.model for m in arg.split(",") if m] or list(DEFAULT_MODELS)
+    for m in models:
+        if m not in BENCH_MODELS:
+            ap.error(f"model '{m}' is not a synthetic benchmark shape; expected one of {sorted(BENCH_MODELS)}")
+    models.sort(key=lambda m: DEFAULT_MODELS.index(m) if m in DEFAULT_MODELS else -1)  # 4B last
+    bench_bin, prof_bin = ROOT / "build/kipp-bench", ROOT / "build/bin/kipp_profile"
+    for b in (bench_bin, prof_bin):
+        if not b.exists():
+            print(f"bench_models.py: {b} is missing; run `make all` first", file=sys.stderr)
+            return 2
+
+    host = os.uname().nodename
+    if not (args.reuse_profile and (args.profiles / f"{host}.json").exists()):
+        run([prof_bin, "--out", args.profiles])
+    failed = []
+    for mid in models:
+        gguf = ensure_model(mid, args.models_dir, args.keep_hf)
+        need = 2.1 * gguf.stat().st_size  # packed copy + the mapping's pages
+        avail = mem_available_bytes()
+        if avail and need > avail:
+            print(f"bench_models.py: skipping {mid}: it needs about {need / 1e9:.1f} GB but MemAvailable is "
+                  f"{avail / 1e9:.1f} GB", file=sys.stderr)
+            failed.append(mid)
+            continue
+        print(f"== {mid} (load average {load_avg()})", flush=True)
+        cmd = [bench_bin, "--model", gguf, "--backend", args.backend, "--bench", args.bench,
+               "--reps", str(args.reps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+               "--profiles", args.profiles, "--out", args.results]
+        try:
+            run(cmd)
+        except subprocess.CalledProcessError as e:
+            print(f"bench_models.py: kipp-bench failed on {mid} (exit {e.returncode})", file=sys.stderr)
+            failed.append(mid)
+    print(f"load average at the end: {load_avg()}")
+    if failed:
+        print(f"bench_models.py: no results for {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""report.py - draw results/report.png from results/*.json (issue 5, item 5).
+
+Reads only kipp.bench.v1 documents (bench/README.md); any other JSON under
+results/ is skipped with a note. Two panels:
+  * left: model throughput (tok/s, median with min-max bars) per benchmark
+    (pp512, tg128, tg4k), model and format, over commits in date order;
+  * right: a roofline of the kernels from the newest kernel results: the
+    machine profile's read bandwidth and compute peaks (profiles/<host>.json,
+    cited by each result document) as ceilings, each kernel at its arithmetic
+    intensity (FLOP / byte) and achieved GFLOP/s; the newest model results are
+    added as hollow markers so the forward pass sits on the same chart.
+Usage: tools/report.py [--results DIR] [--out results/report.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = "kipp.bench.v1"
+
+
+def load_docs(results_dir: Path) -> list[dict]:
+    """Every kipp.bench.v1 document in results_dir (not recursive), oldest first."""
+    docs = []
+    for p in sorted(results_dir.glob("*.json")):
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"report.py: skipping {p.name}: not readable JSON ({e})", file=sys.stderr)
+            continue
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            print(f"report.py: skipping {p.name}: schema is not {SCHEMA}", file=sys.stderr)
+            continue
+        d["_file"] = p.name
+        docs.append(d)
+    docs.sort(key=lambda d: d.get("date", ""))
+    return docs
+
+
+def load_profile(doc: dict) -> dict | None:
+    """The machine profile a result document cites, or None."""
+    path = doc.get("profile")
+    if not path:
+        return None
+    p = Path(path) if Path(path).is_absolute() else ROOT / path
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def ceilings(profile: dict) -> dict:
+    """Read bandwidth (GB/s) and compute peaks (GFLOP/s) from a profile."""
+    bw = (profile.get("bandwidth") or {}).get("read_gbps_all")
+    peaks = profile.get("peaks") or {}
+    out = {"bw": bw}
+    if peaks.get("fp32_fma_gflops_all"):
+        out["FP32 FMA peak"] = peaks["fp32_fma_gflops_all"]
+    if peaks.get("bf16_dot_gflops_all"):
+        out["BF16 dot peak"] = peaks["bf16_dot_gflops_all"]
+    return out
+
+
+def plot_models(ax, docs: list[dict]) -> int:
+    """tok/s over commits, one line per (bench, model, format). Returns lines drawn."""
+    series = defaultdict(list)  # (name, model, format) -> [(commit index, med, lo, hi)]
+    commits = []
+    for d in docs:
+        if d.get("kind") != "model":
+            continue
+        key = f"{d.get('git_sha', '?')}\n{d.get('date', '')[:10]}"
+        if key not in commits:
+            commits.append(key)
+        for r in d.get("results", []):
+            if r.get("unit") != "tok/s":
+                continue
+            k = (r.get("name"), r.get("model"), r.get("format", "bf16"))
+            series[k].append((commits.index(key), r["median"], r["min"], r["max"]))
+    for (name, model, fmt), pts in sorted(series.items()):
+        pts.sort()
+        xs = [p[0] for p in pts]
+        med = [p[1] for p in pts]
+        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=f"{name} {model} {fmt}")
+    ax.set_xticks(range(len(commits)))
+    ax.set_xticklabels(commits, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("tok/s (median, min-max)")
+    ax.set_title("Model throughput over commits")
+    if series:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no model results yet", ha="center", transform=ax.transAxes)
+    return len(series)
+
+
+def plot_roofline(ax, docs: list[dict]) -> int:
+    """Kernels (newest kernel document) and models (newest model document) on the profile's roofline."""
+    kern = next((d for d in reversed(docs) if d.get("kind") == "kernel"), None)
+    model = next((d for d in reversed(docs) if d.get("kind") == "model"), None)
+    newest = {}  # (name, model) -> newest model result, across documents
+    for d in docs:
+        if d.get("kind") == "model":
+            for r in d.get("results", []):
+                newest[(r.get("name"), r.get("model"))] = r
+    prof = load_profile(kern or model or {}) or {}
+    c = ceilings(prof)
+    xs = [2.0 ** e for e in range(-6, 13)]
+    if c.get("bw"):
+        for label, peak in c.items():
+            if label == "bw":
+                continue
+            ax.plot(xs, [min(peak, c["bw"] * x) for x in xs], label=f"{label} {peak:.0f} GFLOP/s, "
+                    f"read {c['bw']:.1f} GB/s")
+    n = 0
+    for r in (kern or {}).get("results", []):
+        fl, by, gf = r.get("flops") or 0, r.get("bytes") or 0, r.get("gflops")
+        if fl > 0 and by > 0 and gf:
+            ax.plot(fl / by, gf, "o")
+            ax.annotate(r.get("name", "?"), (fl / by, gf), fontsize=6)
+            n += 1
+    for _, r in sorted(newest.items()):
+        fl, by = r.get("flops_per_token") or 0, r.get("bytes_per_token") or 0
+        if fl > 0 and by > 0 and r.get("gflops"):
+            ax.plot(fl / by, r["gflops"], "s", mfc="none")
+            ax.annotate(f"{r['name']} {r['model']}", (fl / by, r["gflops"]), fontsize=6)
+            n += 1
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("GFLOP/s")
+    host = prof.get("host", "?") if prof else "no profile"
+    ax.set_title(f"Roofline ({host}; kernels {kern['git_sha'] if kern else 'none'}, "
+                 f"models {model['git_sha'] if model else 'none'})", fontsize=9)
+    if n or c.get("bw"):
+        ax.legend(fontsize=7, loc="lower right")
+    return n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, default=None, help="default: <results>/report.png")
+    args = ap.parse_args()
+    out = args.out or args.results / "report.png"
+    docs = load_docs(args.results)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 6))
+    lines = plot_models(a1, docs)
+    points = plot_roofline(a2, docs)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"report.py: wrote {out} ({len(docs)} result files, {lines} model series, {points} roofline points)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
