@@ -1,0 +1,185 @@
+/*
+ * cmd_tokenize.c - `kipp tokenize` and `kipp detokenize` (issue 3, item 3).
+ *
+ *   kipp tokenize --model FILE (--text T | --file F) [--special]
+ *       prints the ids as a JSON array, e.g. [9707, 1879]
+ *   kipp detokenize --model FILE --ids 1,2,3
+ *       prints the decoded text followed by one newline
+ *
+ * The model is opened with the loader alone (no backend, weights untouched).
+ * Exit status: 0 ok, 1 model or I/O failure, 2 bad arguments (named on stderr).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "internal.h"
+
+typedef struct {
+    const char *model, *text, *file, *ids;
+    int special;
+} tok_args;
+
+static int usage_error(const char *cmd, const char *msg, const char *val)
+{
+    fprintf(stderr, "kipp %s: %s%s%s\n", cmd, msg, val ? " " : "", val ? val : "");
+    if (!strcmp(cmd, "tokenize"))
+        fprintf(stderr, "usage: kipp tokenize --model FILE (--text T | --file F) [--special]\n");
+    else
+        fprintf(stderr, "usage: kipp detokenize --model FILE --ids 1,2,3\n");
+    return 2;
+}
+
+/* Parse argv; returns 0 or the exit status 2 after printing the problem. */
+static int parse_args(const char *cmd, int argc, char **argv, tok_args *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char **slot = !strcmp(o, "--model") ? &a->model
+                          : !strcmp(o, "--text") && !strcmp(cmd, "tokenize") ? &a->text
+                          : !strcmp(o, "--file") && !strcmp(cmd, "tokenize") ? &a->file
+                          : !strcmp(o, "--ids") && !strcmp(cmd, "detokenize") ? &a->ids : NULL;
+        if (!strcmp(o, "--special") && !strcmp(cmd, "tokenize")) {
+            a->special = 1;
+        } else if (slot) {
+            if (i + 1 >= argc) return usage_error(cmd, "missing value after", o);
+            *slot = argv[++i];
+        } else {
+            return usage_error(cmd, "unknown argument", o);
+        }
+    }
+    if (!a->model) return usage_error(cmd, "--model FILE is required", NULL);
+    if (!strcmp(cmd, "tokenize") && !!a->text == !!a->file)
+        return usage_error(cmd, "give exactly one of --text T or --file F", NULL);
+    if (!strcmp(cmd, "detokenize") && !a->ids) return usage_error(cmd, "--ids is required", NULL);
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = !strcmp(path, "-") ? stdin : fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; }
+            buf = nb;
+        }
+    }
+    if (f != stdin) fclose(f);
+    *len = n;
+    return buf;
+}
+
+static kipp_model *open_model(const char *cmd, const char *path)
+{
+    char err[512];
+    kipp_model *m = NULL;
+    if (kipp_model_load(path, &m, err, sizeof err)) {
+        fprintf(stderr, "kipp %s: %s\n", cmd, err);
+        return NULL;
+    }
+    return m;
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+    tok_args a;
+    int rc = parse_args("tokenize", argc, argv, &a);
+    if (rc) return rc;
+    size_t len = a.text ? strlen(a.text) : 0;
+    char *text = a.file ? read_file(a.file, &len) : NULL;
+    if (a.file && !text) {
+        fprintf(stderr, "kipp tokenize: cannot read --file %s: %s\n", a.file, strerror(errno));
+        return 1;
+    }
+    kipp_model *m = open_model("tokenize", a.model);
+    char err[512];
+    size_t n = 0;
+    uint32_t *ids = NULL;
+    rc = m ? 0 : 1;
+    const char *src = a.file ? text : a.text;
+    int flags = a.special ? KIPP_TOK_SPECIAL : 0;
+    if (!rc) {
+        int r = kipp_tokenize(m, src, len, flags, NULL, 0, &n, err, sizeof err); /* size it */
+        if (r && r != KIPP_ERANGE) rc = 1;
+    }
+    if (!rc && !(ids = malloc((n + 1) * sizeof *ids))) rc = 1;
+    if (!rc && kipp_tokenize(m, src, len, flags, ids, n, &n, err, sizeof err)) rc = 1;
+    if (rc && m) fprintf(stderr, "kipp tokenize: %s\n", err);
+    if (!rc) {
+        putchar('[');
+        for (size_t i = 0; i < n; i++) printf(i ? ", %u" : "%u", ids[i]);
+        puts("]");
+    }
+    free(ids);
+    free(text);
+    kipp_model_close(m);
+    return rc;
+}
+
+/* "1,2, 3" -> ids; returns 0 or 2 after naming the bad piece. */
+static int parse_ids(const char *s, uint32_t **ids, size_t *n)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    *ids = malloc(cap * sizeof **ids);
+    *n = 0;
+    for (const char *p = s; *ids;) {
+        char *end;
+        while (*p == ' ') p++;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || *p == '-' || errno || v > UINT32_MAX) {
+            fprintf(stderr, "kipp detokenize: --ids entry %zu (\"%.*s\") is not a token id; expected "
+                            "comma-separated integers 0..%u\n", *n, (int)strcspn(p, ","), p, KIPP_VOCAB_SIZE - 1);
+            return 2;
+        }
+        (*ids)[(*n)++] = (uint32_t)v;
+        for (p = end; *p == ' '; p++) {}
+        if (!*p) return 0;
+        if (*p != ',') {
+            fprintf(stderr, "kipp detokenize: unexpected '%c' in --ids; expected commas between ids\n", *p);
+            return 2;
+        }
+        p++;
+    }
+    return 1;
+}
+
+int cmd_detokenize(int argc, char **argv)
+{
+    tok_args a;
+    uint32_t *ids = NULL;
+    size_t n = 0, len = 0;
+    int rc = parse_args("detokenize", argc, argv, &a);
+    if (!rc) rc = parse_ids(a.ids, &ids, &n);
+    if (rc) {
+        free(ids);
+        return rc;
+    }
+    kipp_model *m = open_model("detokenize", a.model);
+    char err[512], *out = NULL;
+    rc = m ? 0 : 1;
+    if (!rc) {
+        int r = kipp_detokenize(m, ids, n, NULL, 0, &len, err, sizeof err);
+        if (r && !(r == KIPP_ERANGE && len > 0)) rc = r == KIPP_ERANGE ? 2 : 1;
+    }
+    if (!rc && !(out = malloc(len + 1))) rc = 1;
+    if (!rc && kipp_detokenize(m, ids, n, out, len, &len, err, sizeof err)) rc = 1;
+    if (rc && m) fprintf(stderr, "kipp detokenize: %s\n", err);
+    if (!rc) {
+        fwrite(out, 1, len, stdout);
+        putchar('\n');
+    }
+    free(out);
+    free(ids);
+    kipp_model_close(m);
+    return rc;
+}

@@ -1,0 +1,60 @@
+"""`kipp tokenize` / `kipp detokenize` on a converted synthetic checkpoint,
+against Hugging Face `tokenizers` on ../shared/qwen3-tokenizer (the oracle)."""
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KIPP = os.path.join(ROOT, "build", "kipp")
+MODEL = os.path.join(ROOT, os.environ.get("KIPP_TEST_MODELS", "build/models"), "synthetic-tiny.gguf")
+SHARED = os.environ.get("KIPP_SHARED", os.path.join(ROOT, "..", "shared"))
+TEXTS = ["Hello world", "<|im_start|>user\nHi<|im_end|>", "naïve café 中文 😀 'LL", "  \t\r\n x", ""]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(os.path.join(SHARED, "qwen3-tokenizer", "tokenizer.json"))
+
+
+def kipp(*args, data=None):
+    return subprocess.run([KIPP, *args], capture_output=True, input=data, timeout=120)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenize_matches_hf(hf, text):
+    r = kipp("tokenize", "--model", MODEL, "--text", text, "--special")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == hf.encode(text, add_special_tokens=False).ids
+
+
+def test_tokenize_file_and_plain_mode(hf, tmp_path):
+    p = tmp_path / "in.txt"
+    p.write_bytes("<think>x</think>".encode())
+    r = kipp("tokenize", "--model", MODEL, "--file", str(p))
+    ids = json.loads(r.stdout)
+    assert r.returncode == 0 and 151667 not in ids and 151668 not in ids
+    r = kipp("tokenize", "--model", MODEL, "--file", str(p), "--special")
+    assert json.loads(r.stdout) == [151667, 87, 151668]
+
+
+def test_detokenize_round_trip(hf):
+    text = "Hello 👨‍👩‍👧 <think>ok</think>"
+    ids = hf.encode(text, add_special_tokens=False).ids
+    r = kipp("detokenize", "--model", MODEL, "--ids", ",".join(map(str, ids)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == text + "\n"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tokenize", "--model", MODEL], "exactly one of --text"),
+    (["tokenize", "--model", MODEL, "--text", "a", "--bogus"], "unknown argument --bogus"),
+    (["detokenize", "--model", MODEL, "--ids", "1,x"], "(\"x\") is not a token id"),
+    (["detokenize", "--model", MODEL, "--ids", "151936"], "151936 at index 0 is out of range"),
+    (["detokenize", "--ids", "1"], "--model FILE is required"),
+])
+def test_bad_arguments_exit_2(args, needle):
+    r = kipp(*args)
+    assert r.returncode == 2 and needle in r.stderr.decode(), r.stderr
