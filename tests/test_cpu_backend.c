@@ -7,9 +7,11 @@
  * scrambled block table must give bitwise the same logits as the identity.
  *
  * Models are random-weight Qwen3 shapes built in memory (group sizes 1, 2
- * and 4, tied and untied heads), plus the converted tiny GGUF models through
- * the public API.
+ * and 4, tied and untied heads) compared with the ref backend, plus the
+ * golden vectors of the converted tiny GGUF models (tests/vectors, Hugging
+ * Face transformers logits) through the public API.
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,12 +155,21 @@ static uint32_t argmax(const float *x, size_t n)
     return (uint32_t)best;
 }
 
+static double worst_nmse; /* largest NMSE seen since the last report, printed per test */
+
+static void report_worst(const char *what)
+{
+    printf("  %s: worst NMSE %.3g (bound %.0e)\n", what, worst_nmse, NMSE_MAX);
+    worst_nmse = 0;
+}
+
 /* NMSE and argmax of rows rows of logits against the oracle. */
 static void check_rows(const float *got, const float *want, uint32_t rows, uint32_t vocab, const char *what)
 {
     for (uint32_t r = 0; r < rows; r++) {
         double e = th_nmse(got + (size_t)r * vocab, want + (size_t)r * vocab, vocab);
         uint32_t ag = argmax(got + (size_t)r * vocab, vocab), aw = argmax(want + (size_t)r * vocab, vocab);
+        if (e > worst_nmse) worst_nmse = e;
         CHECK(e <= NMSE_MAX, "%s row %u: NMSE %.3g > %.0e", what, r, e, NMSE_MAX);
         CHECK(ag == aw, "%s row %u: argmax %u, reference %u", what, r, ag, aw);
     }
@@ -253,6 +264,7 @@ static void test_matches_ref_every_isa(void)
         tmodel_free(t);
     }
     unsetenv("KIPP_ISA");
+    report_worst("cpu vs ref backend");
 }
 
 /* The chosen table is the one asked for, and describe says so. */
@@ -421,6 +433,84 @@ out:
     tmodel_free(t);
 }
 
+/* ---- golden vectors (tests/vectors, tools/gen_vectors.py: HF transformers FP32 from BF16) ---- */
+
+/* Rows of one prompt: prefill of ids, then one decode step per greedy token.
+ * Each stored row k has n_tokens = len(ids) + k. */
+static void check_prompt(kipp_model *m, const char *cid, const char *pname, json_t *pr, FILE *bin, const char *isa)
+{
+    json_t *ids_j = json_object_get(pr, "ids"), *greedy = json_object_get(pr, "greedy"), *rows = json_object_get(pr, "logits");
+    size_t n = json_array_size(ids_j), nrows = json_array_size(rows), V = 151936;
+    uint32_t *ids = malloc((n + json_array_size(greedy) + 1) * sizeof *ids);
+    float *got = malloc(V * sizeof *got), *want = malloc(V * sizeof *want);
+    for (size_t i = 0; i < n; i++) ids[i] = (uint32_t)json_integer_value(json_array_get(ids_j, i));
+    for (size_t i = 0; i < json_array_size(greedy); i++) ids[n + i] = (uint32_t)json_integer_value(json_array_get(greedy, i));
+    kipp_session *s = NULL;
+    char err[256] = "", what[160];
+    int rc = kipp_session_create(m, 1024, &s, err, sizeof err);
+    CHECK(rc == 0, "%s: session: %s", cid, err);
+    CHECK(nrows >= 2, "%s/%s: expected a prefill row and decode rows, got %zu", cid, pname, nrows);
+    for (size_t k = 0; k < nrows && rc == 0; k++) {
+        json_t *row = json_array_get(rows, k);
+        size_t nt = (size_t)json_integer_value(json_object_get(row, "n_tokens"));
+        long off = (long)json_integer_value(json_object_get(row, "offset"));
+        CHECK(nt == n + k, "%s/%s row %zu: n_tokens %zu, expected %zu", cid, pname, k, nt, n + k);
+        if (nt != n + k) break;
+        rc = k == 0 ? kipp_session_eval(s, ids, (uint32_t)n, got, err, sizeof err)
+                    : kipp_session_eval(s, ids + n + k - 1, 1, got, err, sizeof err);
+        CHECK(rc == 0, "%s/%s row %zu: eval: %s", cid, pname, k, err);
+        if (rc) break;
+        int ok = fseek(bin, off, SEEK_SET) == 0 && fread(want, sizeof *want, V, bin) == V;
+        CHECK(ok, "%s/%s row %zu: could not read %zu floats at byte %ld of the vector file", cid, pname, k, V, off);
+        if (!ok) break;
+        snprintf(what, sizeof what, "vectors %s/%s isa %s %s", cid, pname, isa, k ? "decode" : "prefill");
+        check_rows(got, want, 1, (uint32_t)V, what);
+        CHECK(argmax(got, V) == (uint32_t)json_integer_value(json_object_get(row, "argmax")),
+              "%s row %zu: argmax differs from the manifest's", what, k);
+    }
+    kipp_session_destroy(s);
+    free(ids);
+    free(got);
+    free(want);
+}
+
+/* Every checkpoint and prompt of tests/vectors/MANIFEST.json, prefill and
+ * decode, on every ISA path this CPU has, through the public API. */
+static void test_golden_vectors(void)
+{
+    json_error_t je;
+    json_t *man = json_load_file("tests/vectors/MANIFEST.json", 0, &je);
+    CHECK(man != NULL, "tests/vectors/MANIFEST.json: %s (run from the repository root)", je.text);
+    json_t *cks = json_object_get(man, "checkpoints");
+    CHECK(json_object_size(cks) >= 2, "manifest lists %zu checkpoints, expected the two tiny models", json_object_size(cks));
+    const char *cid;
+    json_t *ck;
+    json_object_foreach(cks, cid, ck) {
+        char path[512], bpath[512], err[256] = "";
+        snprintf(path, sizeof path, "%s/%s.gguf", th_models_dir(), cid);
+        snprintf(bpath, sizeof bpath, "tests/vectors/%s", json_string_value(json_object_get(ck, "bin")));
+        FILE *bin = fopen(bpath, "rb");
+        CHECK(bin != NULL, "cannot open %s", bpath);
+        for (int isa = KIPP_ISA_REF; bin && isa <= KIPP_ISA_AVX512; isa++) {
+            if (!isa_available((kipp_isa)isa)) continue;
+            setenv("KIPP_ISA", kipp_isa_name((kipp_isa)isa), 1);
+            kipp_model *m = NULL;
+            int rc = kipp_model_open(path, "cpu", NULL, &m, err, sizeof err);
+            CHECK(rc == 0, "open %s with cpu: %s (make models-test builds it)", path, err);
+            if (rc) break;
+            const char *pname;
+            json_t *pr;
+            json_object_foreach(json_object_get(ck, "prompts"), pname, pr)
+                check_prompt(m, cid, pname, pr, bin, kipp_isa_name((kipp_isa)isa));
+            kipp_model_close(m);
+        }
+        if (bin) fclose(bin);
+    }
+    unsetenv("KIPP_ISA");
+    json_decref(man);
+    report_worst("cpu vs golden vectors");
+}
+
 int main(void)
 {
     RUN(test_matches_ref_every_isa);
@@ -430,5 +520,6 @@ int main(void)
     RUN(test_multirow_logits);
     RUN(test_scrambled_block_table);
     RUN(test_bad_input);
+    RUN(test_golden_vectors);
     return th_finish();
 }
