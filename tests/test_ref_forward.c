@@ -274,6 +274,42 @@ static void check_checkpoint(const char *cid)
 static void test_golden_tiny(void) { check_checkpoint("synthetic-tiny"); }
 static void test_golden_tiny_untied(void) { check_checkpoint("synthetic-tiny-untied"); }
 
+/* Text and token-id evaluation converge before the backend: bitwise-equal logits. */
+static void test_eval_text(void)
+{
+    json_t *p = json_object_get(json_object_get(json_object_get(json_object_get(manifest, "checkpoints"),
+                                                                "synthetic-tiny"), "prompts"), "short");
+    const char *text = json_string_value(json_object_get(p, "text"));
+    uint32_t n;
+    uint32_t *ids = json_ids(json_object_get(p, "ids"), &n);
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    kipp_model *m = NULL;
+    CHECK(text && kipp_model_open(path, "ref", NULL, &m, err, sizeof err) == 0, "open: %s", err);
+    if (m && text) {
+        uint32_t V = m->view.dims.vocab_size;
+        float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+        kipp_session *s = NULL, *t = NULL;
+        CHECK(kipp_session_create(m, n, &s, NULL, 0) == 0 && kipp_session_create(m, n - 1, &t, NULL, 0) == 0, "create");
+        CHECK(kipp_session_eval_text(s, text, strlen(text), KIPP_TOK_SPECIAL, a, err, sizeof err) == 0, "text: %s", err);
+        CHECK(kipp_session_length(s) == n, "eval_text appended %u tokens, expected %u", kipp_session_length(s), n);
+        kipp_session_reset(s);
+        CHECK(kipp_session_eval(s, ids, n, b, NULL, 0) == 0, "ids");
+        CHECK(!memcmp(a, b, (size_t)V * 4), "eval_text logits differ from eval of the same ids");
+        /* one token too long for the session: rejected with both numbers, nothing appended */
+        CHECK(kipp_session_eval_text(t, text, strlen(text), KIPP_TOK_SPECIAL, a, err, sizeof err) == KIPP_ERANGE,
+              "prompt longer than capacity accepted");
+        char want[64];
+        snprintf(want, sizeof want, "%u tokens do not fit", n);
+        CHECK(strstr(err, want) != NULL && kipp_session_length(t) == 0, "error '%s', length %u", err,
+              kipp_session_length(t));
+        kipp_session_destroy(s), kipp_session_destroy(t);
+        free(a), free(b);
+    }
+    kipp_model_close(m);
+    free(ids);
+}
+
 static void test_unknown_backend(void)
 {
     char path[512], err[256] = "";
@@ -299,6 +335,7 @@ int main(void)
     RUN(test_fixture_cached_decode);
     RUN(test_golden_tiny);
     RUN(test_golden_tiny_untied);
+    RUN(test_eval_text);
     RUN(test_unknown_backend);
     fx_model_destroy(fx);
     json_decref(manifest);
