@@ -17,6 +17,7 @@ downloader falls back to the sha256 the pinned revision's tree reports.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Optional
@@ -283,6 +284,12 @@ def hf_config(c: Checkpoint) -> dict:
         "use_sliding_window": False,
         "vocab_size": c.vocab_size,
     }
+
+
+def hf_config_text(c: Checkpoint) -> str:
+    """config.json bytes: transformers' indent-2 sorted JSON. The Hub's Base configs end
+    with a newline and the others do not (../shared/qwen3-configs); we follow the same rule."""
+    return json.dumps(hf_config(c), indent=2, sort_keys=True) + ("\n" if c.variant == "base" else "")
 
 
 def hf_generation_config(c: Checkpoint) -> dict:

@@ -169,7 +169,8 @@ def config_mismatches(cfg: dict, c: reg.Checkpoint) -> list[str]:
         got = cfg.get(key, _MISSING)
         if not _json_equal(got, want):
             found = "missing" if got is _MISSING else json.dumps(got)
-            bad.append(f"{key}: expected {json.dumps(want)}, found {found}")
+            shown = int(want) if isinstance(want, float) and want.is_integer() else want  # 1000000, as JSON has it
+            bad.append(f"{key}: expected {json.dumps(shown)}, found {found}")
     # transformers >= 4.56 writes "dtype" instead of "torch_dtype".
     dtype = cfg.get("torch_dtype", cfg.get("dtype", _MISSING))
     if dtype != "bfloat16":

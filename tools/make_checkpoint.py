@@ -235,9 +235,8 @@ def _write_tensor(f: BinaryIO, spec: TensorSpec, seed: int, bar, budget: Optiona
     return True
 
 
-def _dump_json(path: Path, obj: dict, trailing_newline: bool) -> None:
-    """Write JSON with indent 2 (transformers' style); config.json on the Hub has no final newline."""
-    text = json.dumps(obj, indent=2, sort_keys=True) + ("\n" if trailing_newline else "")
+def _write_text(path: Path, text: str) -> None:
+    """Write via path.part + rename, so an interrupted run leaves no half file."""
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
@@ -295,14 +294,32 @@ def write_checkpoint(c: reg.Checkpoint, out: Path, shard_bytes: int = DEFAULT_SH
     written = list(names)
     if len(shards) > 1:
         weight_map = {s.name: n for n, shard in zip(names, shards) for s in shard}
-        _dump_json(out / "model.safetensors.index.json",
-                   {"metadata": {"total_size": total}, "weight_map": weight_map}, True)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        _write_text(out / "model.safetensors.index.json", json.dumps(index, indent=2, sort_keys=True) + "\n")
         written.append("model.safetensors.index.json")
-    _dump_json(out / "config.json", reg.hf_config(c), False)
-    _dump_json(out / "generation_config.json", reg.hf_generation_config(c), True)
+    _write_text(out / "config.json", reg.hf_config_text(c))
+    _write_text(out / "generation_config.json",
+                json.dumps(reg.hf_generation_config(c), indent=2, sort_keys=True) + "\n")
     _copy_tokenizer(c, out)
     return sorted(written + ["config.json", "generation_config.json", "tokenizer.json",
                              "tokenizer_config.json"])
+
+
+def update_manifest(path: Path, c: reg.Checkpoint, out: Path, files: list[str]) -> None:
+    """Record sha256 and size of every written file of `c` in the JSON manifest at `path`
+    (tests/checkpoints.sha256.json), keeping the other entries."""
+    import hashlib
+    man = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if man.get("generator", reg.SYNTH_GENERATOR) != reg.SYNTH_GENERATOR:
+        man = {}  # a new generator version invalidates every old hash
+    man["generator"] = reg.SYNTH_GENERATOR
+    man["shard_bytes"] = DEFAULT_SHARD_BYTES
+    entry = {"revision": c.revision, "files": {}}
+    for name in files:
+        data = (out / name).read_bytes()
+        entry["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    man.setdefault("checkpoints", {})[c.id] = entry
+    path.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -313,10 +330,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES,
                     help=f"shard threshold in bytes (default {DEFAULT_SHARD_BYTES})")
+    ap.add_argument("--update-manifest", type=Path, metavar="FILE",
+                    help="record the written files' sha256 in FILE (tests/checkpoints.sha256.json)")
     args = ap.parse_args(argv)
+    if args.update_manifest and args.shard_bytes != DEFAULT_SHARD_BYTES:
+        print("make_checkpoint: --update-manifest needs the default --shard-bytes "
+              f"{DEFAULT_SHARD_BYTES} (found {args.shard_bytes})", file=sys.stderr)
+        return 1
     try:
         c = reg.by_id(args.checkpoint)
         files = write_checkpoint(c, args.out, args.shard_bytes, args.quiet)
+        if args.update_manifest:
+            update_manifest(args.update_manifest, c, args.out, files)
     except KeyError as e:
         print(f"make_checkpoint: {e.args[0]}", file=sys.stderr)
         return 1

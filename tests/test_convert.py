@@ -1,0 +1,345 @@
+"""test_convert.py - tools/convert_to_gguf.py against docs/FORMAT.md.
+
+Oracles: the `gguf` PyPI package (gguf.GGUFReader) reads our files; tensor bytes
+are compared with the safetensors bytes located by a header parse written here;
+metadata with tools/checkpoints.py and ../shared/qwen3-tokenizer/tokenizer.json.
+Refusals run the converter CLI on minimally altered copies of synthetic-tiny and
+check the exit status, the message (field, expected, found) and that no output
+file is left behind.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import gguf
+import pytest
+
+import checkpoints as reg
+import convert_to_gguf as cv
+
+
+REPO = Path(__file__).resolve().parent.parent
+CONVERT = REPO / "tools" / "convert_to_gguf.py"
+
+FORMAT_KEYS = [
+    "general.architecture", "general.alignment", "general.name", "kipp.format_version", "kipp.checkpoint.id",
+    "kipp.source.repository", "kipp.source.revision", "kipp.quant.scheme", "kipp.variant",
+    "kipp.chat_template", "kipp.d_model", "kipp.n_layer", "kipp.n_q_head", "kipp.n_kv_head", "kipp.head_dim",
+    "kipp.d_ff", "kipp.vocab_size", "kipp.context_length", "kipp.rope_theta", "kipp.rms_norm_eps",
+    "kipp.tied_embeddings", "kipp.bos_token_id", "kipp.eos_token_id", "kipp.stop_token_ids",
+    "kipp.tokenizer.tokens", "kipp.tokenizer.merges", "kipp.tokenizer.added_ids",
+    "kipp.tokenizer.added_special", "kipp.tokenizer.pre_regex", "kipp.tokenizer.normalizer"]
+LAYER = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
+HF_OF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+         "attn_v": "self_attn.v_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+         "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def st_tensors(d: Path) -> dict[str, tuple[list[int], str, bytes]]:
+    """name -> (shape, dtype, raw bytes) of every tensor in a checkpoint dir (own parser)."""
+    idx = d / "model.safetensors.index.json"
+    files = sorted(set(json.loads(idx.read_text())["weight_map"].values())) if idx.exists() \
+        else ["model.safetensors"]
+    out = {}
+    for fn in files:
+        raw = (d / fn).read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        for k, v in json.loads(raw[8:8 + n]).items():
+            if k != "__metadata__":
+                b, e = v["data_offsets"]
+                out[k] = (v["shape"], v["dtype"], raw[8 + n + b:8 + n + e])
+    return out
+
+
+def expected_names(c: reg.Checkpoint) -> list[tuple[str, str]]:
+    """(GGUF name, HF name) in FORMAT.md order, written out independently of the converter."""
+    names = [("token_embd.weight", "model.embed_tokens.weight")]
+    for i in range(c.n_layer):
+        names += [(f"blk.{i}.{t}.weight", f"model.layers.{i}.{HF_OF[t]}.weight") for t in LAYER]
+    names.append(("output_norm.weight", "model.norm.weight"))
+    if not c.tied_embeddings:
+        names.append(("output.weight", "lm_head.weight"))
+    return names
+
+
+def field_value(r, key):
+    return r.fields[key].contents()
+
+
+@pytest.fixture(scope="module")
+def reader(synthetic_gguf):
+    """id -> gguf.GGUFReader of the converted file (opened once: the reader is slow on 300k strings)."""
+    cache: dict = {}
+
+    def get(id_: str):
+        if id_ not in cache:
+            cache[id_] = gguf.GGUFReader(str(synthetic_gguf(id_)))
+        return cache[id_]
+    return get
+
+
+@pytest.mark.parametrize("id_", ["synthetic-tiny", "synthetic-tiny-untied"])
+def test_round_trip_with_gguf_reader(id_, synthetic_dir, synthetic_gguf, reader):
+    c = reg.by_id(id_)
+    path = synthetic_gguf(id_)
+    r = reader(id_)
+    src = st_tensors(synthetic_dir(id_))
+    names = expected_names(c)
+    assert [t.name for t in r.tensors] == [g for g, _ in names]
+    assert r.data_offset % 64 == 0
+    for t, (_, hf) in zip(r.tensors, names):
+        shape, dtype, raw = src[hf]
+        assert dtype == "BF16" and t.tensor_type == gguf.GGMLQuantizationType.BF16
+        assert list(t.shape) == list(reversed(shape))  # GGUF: fastest-varying dimension first
+        assert t.data_offset % 64 == 0
+        assert np.asarray(t.data).tobytes() == raw, f"{t.name} bytes differ from {hf}"
+    last = r.tensors[-1]
+    assert os.path.getsize(path) - (last.data_offset + last.n_bytes) < 64
+
+
+@pytest.mark.parametrize("id_", ["synthetic-tiny", "synthetic-tiny-untied"])
+def test_metadata_per_format(id_, reader, shared_dir):
+    c = reg.by_id(id_)
+    r = reader(id_)
+    assert list(r.fields)[3:] == FORMAT_KEYS  # the reader adds GGUF.version/tensor_count/kv_count
+    want = {"general.architecture": "qwen3", "general.alignment": 64, "general.name": c.id,
+            "kipp.format_version": 1, "kipp.checkpoint.id": c.id, "kipp.source.repository": c.repository,
+            "kipp.source.revision": c.revision, "kipp.quant.scheme": "bf16", "kipp.variant": c.variant,
+            "kipp.chat_template": c.chat_template, "kipp.d_model": c.d_model, "kipp.n_layer": c.n_layer,
+            "kipp.n_q_head": c.n_q_head, "kipp.n_kv_head": 8, "kipp.head_dim": 128, "kipp.d_ff": c.d_ff,
+            "kipp.vocab_size": 151936, "kipp.context_length": c.context_length,
+            "kipp.tied_embeddings": c.tied_embeddings, "kipp.bos_token_id": 151643,
+            "kipp.eos_token_id": c.eos_token_id, "kipp.stop_token_ids": list(c.stop_token_ids),
+            "kipp.tokenizer.normalizer": "NFC"}
+    for k, v in want.items():
+        assert field_value(r, k) == v, k
+    types = gguf.GGUFValueType
+    assert r.fields["general.alignment"].types == [types.UINT32]
+    assert r.fields["kipp.rope_theta"].types == [types.FLOAT32]
+    assert field_value(r, "kipp.rope_theta") == pytest.approx(c.rope_theta, rel=1e-7)
+    assert field_value(r, "kipp.rms_norm_eps") == pytest.approx(1e-6, rel=1e-6)
+    assert r.fields["kipp.tied_embeddings"].types == [types.BOOL]
+    tok = json.loads((shared_dir / "qwen3-tokenizer" / "tokenizer.json").read_text())
+    tokens = field_value(r, "kipp.tokenizer.tokens")
+    assert len(tokens) == 151669
+    for text, tid in list(tok["model"]["vocab"].items())[::997]:
+        assert tokens[tid] == text
+    assert tokens[151643] == "<|endoftext|>" and tokens[151667] == "<think>"
+    merges = field_value(r, "kipp.tokenizer.merges")
+    assert len(merges) == len(tok["model"]["merges"]) and merges[0] == "Ġ Ġ"
+    assert merges[-1] == " ".join(tok["model"]["merges"][-1])
+    assert field_value(r, "kipp.tokenizer.added_ids") == list(range(151643, 151669))
+    special = field_value(r, "kipp.tokenizer.added_special")
+    assert special[151644 - 151643] is True and special[151667 - 151643] is False
+    assert field_value(r, "kipp.tokenizer.pre_regex") == tok["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+
+
+# ---------------------------------------------------------------- refusals
+
+def tiny_copy(src: Path, dst: Path) -> Path:
+    """A copy of a checkpoint dir whose big files are symlinks (cheap to alter one file)."""
+    dst.mkdir()
+    for p in src.iterdir():
+        (dst / p.name).symlink_to(p)
+    return dst
+
+
+def replace_file(path: Path, data: bytes | str) -> None:
+    path.unlink()
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def rewrite_safetensors(path: Path, edit, extra: bytes = b"") -> None:
+    """Rewrite a (possibly symlinked) safetensors file with an edited header (+ appended data)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    hdr = edit(json.loads(raw[8:8 + n]), len(raw) - 8 - n)
+    text = json.dumps(hdr).encode()
+    text += b" " * (-len(text) % 8)
+    replace_file(path, len(text).to_bytes(8, "little") + text + raw[8 + n:] + extra)
+
+
+def run_convert(indir: Path, out: Path, *extra: str, id_: str = "synthetic-tiny") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CONVERT), "--checkpoint", id_, "--input", str(indir),
+                           "--out", str(out), "--quiet", *extra], capture_output=True, text=True)
+
+
+def assert_refused(r: subprocess.CompletedProcess, out: Path, *needles: str) -> None:
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in r.stderr, f"{n!r} not in: {r.stderr}"
+    assert not out.exists() and not out.with_name(out.name + ".part").exists()
+
+
+@pytest.mark.parametrize("field,value,found", [
+    ("hidden_size", 512, "512"), ("num_hidden_layers", 3, "3"), ("num_attention_heads", 8, "8"),
+    ("num_key_value_heads", 4, "4"), ("head_dim", 64, "64"), ("intermediate_size", 1024, "1024"),
+    ("vocab_size", 151669, "151669"), ("max_position_embeddings", 40960, "40960"),
+    ("rope_theta", 10000.0, "10000.0"), ("rms_norm_eps", 1e-5, "1e-05"),
+    ("tie_word_embeddings", False, "false"), ("eos_token_id", 151643, "151643"),
+    ("bos_token_id", 1, "1"), ("architectures", ["Qwen2ForCausalLM"], '["Qwen2ForCausalLM"]'),
+    ("torch_dtype", "float16", '"float16"'), ("attention_bias", True, "true"),
+    ("rope_scaling", {"type": "yarn", "factor": 4.0}, '"yarn"'), ("use_sliding_window", True, "true"),
+])
+def test_config_mismatch_refused(field, value, found, synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+    cfg = json.loads((d / "config.json").read_text())
+    expected = json.dumps(cfg[field])
+    cfg[field] = value
+    replace_file(d / "config.json", json.dumps(cfg))
+    out = tmp_path / "x.gguf"
+    r = run_convert(d, out)
+    assert_refused(r, out, f"{field}: expected", found)
+    if field not in ("rope_scaling", "use_sliding_window", "torch_dtype"):
+        assert f"{field}: expected {expected}, found {found}" in r.stderr
+
+
+def test_config_missing_field_refused(synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["intermediate_size"]
+    replace_file(d / "config.json", json.dumps(cfg))
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(d, out), out, "intermediate_size: expected 512, found missing")
+
+
+def test_wrong_checkpoint_id_for_input_refused(synthetic_dir, tmp_path):
+    out = tmp_path / "x.gguf"
+    r = run_convert(synthetic_dir("synthetic-tiny"), out, id_="synthetic-tiny-untied")
+    assert_refused(r, out, "hidden_size: expected 384, found 256", "tie_word_embeddings: expected false")
+
+
+def test_unknown_tensor_refused(synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+
+    def add_bias(h, n):
+        h["model.layers.0.self_attn.q_proj.bias"] = {"dtype": "BF16", "shape": [2048], "data_offsets": [0, 4096]}
+        return h
+    rewrite_safetensors(d / "model.safetensors", add_bias)
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(d, out), out, "unknown tensor(s) model.layers.0.self_attn.q_proj.bias")
+
+
+def test_missing_tensor_refused(synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+
+    def drop(h, n):
+        del h["model.layers.1.mlp.up_proj.weight"]
+        return h
+    rewrite_safetensors(d / "model.safetensors", drop)
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(d, out), out, "missing tensor(s) model.layers.1.mlp.up_proj.weight")
+
+
+def test_wrong_dtype_and_shape_refused(synthetic_dir, tmp_path):
+    for i, (key, val, needle) in enumerate([
+            ("dtype", "F16", "model.norm.weight has dtype F16; expected BF16"),
+            ("shape", [128, 2], "model.norm.weight has shape [128, 2]; expected [256]")]):
+        d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / f"in{i}")
+
+        def edit(h, n):
+            h["model.norm.weight"][key] = val
+            return h
+        rewrite_safetensors(d / "model.safetensors", edit)
+        out = tmp_path / f"x{i}.gguf"
+        assert_refused(run_convert(d, out), out, needle)
+
+
+def test_tied_lm_head_copy_accepted_and_dropped(synthetic_dir, synthetic_gguf, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+
+    def alias(h, n):  # the real 0.6B ships a duplicate lm_head: same bytes as the embedding
+        h["lm_head.weight"] = dict(h["model.embed_tokens.weight"])
+        return h
+    rewrite_safetensors(d / "model.safetensors", alias)
+    out = tmp_path / "x.gguf"
+    r = run_convert(d, out)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == synthetic_gguf("synthetic-tiny").read_bytes()
+
+
+def test_tied_lm_head_mismatch_refused(synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+    src = st_tensors(synthetic_dir("synthetic-tiny"))["model.embed_tokens.weight"][2]
+    head = bytearray(src)
+    head[12345] ^= 0x01
+
+    def add_head(h, n):
+        h["lm_head.weight"] = {"dtype": "BF16", "shape": [151936, 256], "data_offsets": [n, n + len(head)]}
+        return h
+    rewrite_safetensors(d / "model.safetensors", add_head, bytes(head))
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(d, out), out, "lm_head.weight differs from model.embed_tokens.weight",
+                   "byte-identical")
+
+
+def test_sharded_index_inconsistency_refused(synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny-untied"), tmp_path / "in")
+    idx = json.loads((d / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors"
+    replace_file(d / "model.safetensors.index.json", json.dumps(idx))
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(d, out, id_="synthetic-tiny-untied"), out,
+                   "model.norm.weight is in model-00002-of-00003.safetensors")
+
+
+def test_quant_schemes_refused(synthetic_dir, tmp_path):
+    out = tmp_path / "x.gguf"
+    for q, needle in (("q8_0", "--quant q8_0 is not supported yet"),
+                      ("affine4_gs32", "--quant affine4_gs32 is not supported yet"),
+                      ("fp8", "--quant is 'fp8'; expected bf16")):
+        assert_refused(run_convert(synthetic_dir("synthetic-tiny"), out, "--quant", q), out, needle)
+
+
+def test_unknown_checkpoint_and_missing_input(tmp_path):
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(tmp_path, out, id_="qwen3-99b"), out, "unknown checkpoint id 'qwen3-99b'")
+    assert_refused(run_convert(tmp_path / "nope", out), out, "does not exist")
+
+
+# ---------------------------------------------------------------- tokenizer merge
+
+@pytest.fixture(scope="module")
+def tokenizer_files(shared_dir):
+    t = shared_dir / "qwen3-tokenizer"
+    return (json.loads((t / "tokenizer.json").read_text()), json.loads((t / "tokenizer_config.json").read_text()))
+
+
+def test_added_tokens_decoder_merged_over_tokenizer_json(tokenizer_files):
+    tok, cfg = copy.deepcopy(tokenizer_files[0]), tokenizer_files[1]
+    # An older tokenizer.json without the think/tool tokens, and a wrong special flag:
+    tok["added_tokens"] = [a for a in tok["added_tokens"] if a["id"] < 151665]
+    next(a for a in tok["added_tokens"] if a["id"] == 151657)["special"] = True  # <tool_call>
+    td = cv.build_tokenizer(tok, cfg)
+    assert len(td.tokens) == 151669
+    assert td.tokens[151667] == "<think>" and td.tokens[151668] == "</think>"
+    flags = dict(zip(td.added_ids, td.added_special))
+    assert flags[151667] is cfg["added_tokens_decoder"]["151667"]["special"] is False
+    assert flags[151657] is False and flags[151645] is True  # config wins over tokenizer.json
+    with pytest.raises(cv.ConvertError, match="added tokens have ids"):
+        cv.build_tokenizer(tok, {})  # without the config the think tokens are missing
+
+
+def test_tokenizer_merges_as_strings_or_pairs_and_missing_ids(tokenizer_files):
+    tok, cfg = tokenizer_files
+    as_pairs = cv.build_tokenizer(tok, cfg)
+    tok2 = dict(tok, model=dict(tok["model"], merges=[" ".join(m) for m in tok["model"]["merges"]]))
+    assert cv.build_tokenizer(tok2, cfg).merges == as_pairs.merges
+    vocab = dict(tok["model"]["vocab"])
+    gone = next(k for k, v in vocab.items() if v == 4242)
+    del vocab[gone]
+    tok3 = dict(tok, model=dict(tok["model"], vocab=vocab))
+    with pytest.raises(cv.ConvertError, match="token id 4242 has no entry"):
+        cv.build_tokenizer(tok3, cfg)
+    tok4 = dict(tok, model=dict(tok["model"], merges=["a b c"]))
+    with pytest.raises(cv.ConvertError, match="merge 0 is 'a b c'"):
+        cv.build_tokenizer(tok4, cfg)
