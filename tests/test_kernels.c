@@ -239,7 +239,6 @@ static void test_rmsnorm(void)
 static void test_rope(void)
 {
     const size_t n_head = 16, n_pos = 40000;
-    float *cs = kipp_aligned_alloc(2 * K_HEAD_DIM * sizeof(float));
     float *table = kipp_aligned_alloc(K_HEAD_DIM * sizeof(float));
     const size_t pos[] = {0, 1, 31, 32, 4095, n_pos - 1};
     float *x = rand_f32(n_head * K_HEAD_DIM, -2, 2), *ref = rand_f32(n_head * K_HEAD_DIM, 0, 0);
@@ -258,7 +257,7 @@ static void test_rope(void)
                   paths[i]->isa, pos[k]);
         }
     }
-    kipp_aligned_free(cs); kipp_aligned_free(table); kipp_aligned_free(x); kipp_aligned_free(ref);
+    kipp_aligned_free(table); kipp_aligned_free(x); kipp_aligned_free(ref);
     kipp_aligned_free(y);
 }
 
