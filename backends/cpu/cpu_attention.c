@@ -11,6 +11,7 @@
  * atomic counter because causal rows have unequal lengths.
  */
 #include <math.h>
+#include <string.h>
 
 #include "cpu_internal.h"
 #include "internal.h"
@@ -80,6 +81,56 @@ static void attend_direct(cpu_round *r, uint32_t layer, size_t group, float scal
     }
 }
 
+/* Per-worker tile state inside tile_buf. */
+typedef struct {
+    float *q, *ml, *acc;   /* [tile_q][128], [2][tile_q], [tile_q][128] */
+    float *dml, *dacc;     /* diagonal partial of one token: [2][group], [group][128] */
+} tile_state;
+
+static tile_state tile_state_of(const cpu_model *m, size_t group, int ith)
+{
+    size_t Q = m->tile_q, per = Q * (2 * K_HEAD_DIM + 2) + group * (K_HEAD_DIM + 2);
+    float *b = m->tile_buf + (size_t)ith * per;
+    tile_state t = {b, b + Q * K_HEAD_DIM, b + Q * (K_HEAD_DIM + 2), b + Q * (2 * K_HEAD_DIM + 2), NULL};
+    t.dacc = t.dml + 2 * group;
+    return t;
+}
+
+/* Prefill units (query tile, KV head): the tile's T tokens at positions
+ * p0..p0+T-1 all see [0, p0) in full, computed once for T*group queries;
+ * each token's causal diagonal [p0, pos] is a small second partial, merged. */
+static void attend_tiles(cpu_round *r, uint32_t layer, size_t group, float scale, int ith)
+{
+    cpu_model *m = r->m;
+    tile_state ts = tile_state_of(m, group, ith);
+    uint32_t units = r->n_tiles * K_N_KV_HEAD;
+    for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
+        uint32_t tile = u / K_N_KV_HEAD, kvh = u % K_N_KV_HEAD, r0 = m->tile_r0[tile], T = m->tile_n[tile];
+        uint32_t p0 = m->row_pos[r0];
+        size_t head0 = (size_t)kvh * group * K_HEAD_DIM, Q = (size_t)T * group;
+        const kipp_bf16 *kc, *vc;
+        const uint32_t *bt;
+        row_kv(r, r0, layer, &kc, &vc, &bt);
+        for (uint32_t t = 0; t < T; t++)
+            memcpy(ts.q + t * group * K_HEAD_DIM, m->qkv + (size_t)(r0 + t) * m->QKV + head0, group * K_HEAD_DIM * sizeof(float));
+        if (p0 > 0) {
+            m->k->flash_gqa_bf16(ts.q, Q, kc, vc, kvh, bt, 0, p0, scale, ts.ml, ts.ml + Q, ts.acc);
+        } else { /* no shared prefix: an empty partial (merge weight exp(-inf) = 0) */
+            for (size_t i = 0; i < Q; i++) { ts.ml[i] = -INFINITY; ts.ml[Q + i] = 0.0f; }
+            memset(ts.acc, 0, Q * K_HEAD_DIM * sizeof(float));
+        }
+        for (uint32_t t = 0; t < T; t++) {
+            float *mt = ts.dml, *lt = ts.dml + group, *at = ts.dacc;
+            m->k->flash_gqa_bf16(ts.q + t * group * K_HEAD_DIM, group, kc, vc, kvh, bt, p0, p0 + t + 1, scale, mt, lt, at);
+            /* merge the prefix partial (token t's slice) into the diagonal one */
+            float pm[64], pl[64];
+            for (size_t g = 0; g < group; g++) { pm[g] = ts.ml[t * group + g]; pl[g] = ts.ml[Q + t * group + g]; }
+            k_attn_merge(group, mt, lt, at, pm, pl, ts.acc + t * group * K_HEAD_DIM);
+            finish(r, at, lt, group, (size_t)(r0 + t) * m->A + head0);
+        }
+    }
+}
+
 /* Split-K units write partials; a second pass merges each (row, head). */
 static void attend_split(cpu_round *r, uint32_t layer, size_t group, float scale, int ith,
                          int nth)
@@ -122,7 +173,9 @@ void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth)
 {
     size_t group = r->m->d.n_q_head / K_N_KV_HEAD;
     float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
-    if (r->n_chunks <= 1)
+    if (r->n_chunks <= 1 && r->n_tiles > 0)
+        attend_tiles(r, layer, group, scale, ith);
+    else if (r->n_chunks <= 1)
         attend_direct(r, layer, group, scale);
     else
         attend_split(r, layer, group, scale, ith, nth);

@@ -64,6 +64,8 @@ static int alloc_scratch(cpu_model *m)
     size_t R = KIPP_CPU_ROUND_TOKENS, D = d->d_model, A = m->A, F = d->d_ff;
     size_t group = d->n_q_head / K_N_KV_HEAD, t = 0;
     size_t xw = D > A ? (D > F ? D : F) : (A > F ? A : F);
+    m->tile_tokens = group >= KIPP_CPU_ATTN_TILE_QUERIES ? 1 : KIPP_CPU_ATTN_TILE_QUERIES / (uint32_t)group;
+    m->tile_q = m->tile_tokens * group;
     m->max_units = 2 * K_N_KV_HEAD * KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
     m->xb = kipp_aligned_alloc(R * xw * sizeof(kipp_bf16));
     t += R * xw * sizeof(kipp_bf16);
@@ -73,15 +75,18 @@ static int alloc_scratch(cpu_model *m)
               alloc_f32(&m->part_ml, (size_t)m->max_units * 2 * group, &t) |
               alloc_f32(&m->part_acc, (size_t)m->max_units * group * K_HEAD_DIM, &t) |
               alloc_f32(&m->head_tmp, (size_t)m->nth * R * KIPP_CPU_HEAD_BLOCK, &t) |
+              alloc_f32(&m->tile_buf, (size_t)m->nth * (m->tile_q * (2 * K_HEAD_DIM + 2) + group * (K_HEAD_DIM + 2)), &t) |
               alloc_f32(&m->rope, (size_t)d->context_length * K_HEAD_DIM, &t);
     m->row_item = malloc(R * sizeof *m->row_item);
     m->row_pos = malloc(R * sizeof *m->row_pos);
     m->row_tok = malloc(R * sizeof *m->row_tok);
     m->lrow = malloc(R * sizeof *m->lrow);
     m->ldst = malloc(R * sizeof *m->ldst);
-    t += R * (4 * sizeof(uint32_t) + sizeof(float *));
+    m->tile_r0 = malloc(R * sizeof *m->tile_r0);
+    m->tile_n = malloc(R * sizeof *m->tile_n);
+    t += R * (6 * sizeof(uint32_t) + sizeof(float *));
     m->scratch_bytes = t;
-    return bad || !m->xb || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst ? -1 : 0;
+    return bad || !m->xb || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst || !m->tile_r0 || !m->tile_n ? -1 : 0;
 }
 
 /* One matrix to repack: src [rows][cols] bf16 from the mapping -> dst. */
@@ -205,7 +210,7 @@ static void cpu_model_destroy(void *bm)
     cpu_model *m = bm;
     if (!m) return;
     kipp_cpu_pool_destroy(m->pool);
-    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->part_ml, m->part_acc, m->head_tmp, m->rope};
+    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->part_ml, m->part_acc, m->head_tmp, m->tile_buf, m->rope};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
     kipp_aligned_free(m->xb);
     free(m->packed);
@@ -215,6 +220,8 @@ static void cpu_model_destroy(void *bm)
     free(m->row_tok);
     free(m->lrow);
     free(m->ldst);
+    free(m->tile_r0);
+    free(m->tile_n);
     free(m);
 }
 
@@ -277,6 +284,23 @@ static int check_items(const cpu_model *m, const kipp_eval_item *items, size_t n
     return 0;
 }
 
+/* Cut the round's rows into prefill query tiles: runs of consecutive rows of
+ * one item, at most tile_tokens long. Decode rounds (one row per item) and
+ * split-K rounds keep per-row units (n_tiles = 0). */
+static void tile_round(cpu_round *r)
+{
+    cpu_model *m = r->m;
+    r->n_tiles = 0;
+    if (r->n_chunks > 1 || r->n_rows <= 1) return;
+    for (uint32_t i = 0; i < r->n_rows;) {
+        uint32_t n = 1;
+        while (i + n < r->n_rows && n < m->tile_tokens && m->row_item[i + n] == m->row_item[i]) n++;
+        m->tile_r0[r->n_tiles] = i;
+        m->tile_n[r->n_tiles++] = n;
+        i += n;
+    }
+}
+
 /* Fill the next round from the (item, offset) cursor; returns rows taken. */
 static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, size_t *ci, uint32_t *co)
 {
@@ -302,6 +326,7 @@ static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, 
     for (uint32_t j = 1; j < nl; j++)
         if (m->ldst[j] != m->ldst[0] + (size_t)j * m->d.vocab_size) r->head_direct = 0;
     r->n_chunks = kipp_cpu_attn_chunks(m, rows, max_ctx);
+    tile_round(r);
     return rows;
 }
 

@@ -31,6 +31,12 @@
 #define KIPP_CPU_ATTN_UNITS_PER_THREAD 4u
 #define KIPP_CPU_ATTN_MIN_CHUNK 64u
 
+/* Prefill attention runs query tiles: consecutive tokens of one item whose
+ * query heads of a KV head together fill this many query vectors (the
+ * kernels keep 8 heads in registers per pass), so each K/V row loaded from
+ * cache serves all of them for the shared causal prefix. */
+#define KIPP_CPU_ATTN_TILE_QUERIES 8u
+
 /** A backend session: paged KV storage (seed 000 "KV cache"). */
 typedef struct {
     struct cpu_model *m;
@@ -78,6 +84,11 @@ typedef struct cpu_model {
     float *part_ml;            /* [max_units][2][group] f32: running max, then sum */
     float *part_acc;           /* [max_units][group][128] f32 */
     float *head_tmp;           /* [nth][R][KIPP_CPU_HEAD_BLOCK] f32 scatter staging */
+    uint32_t tile_tokens;      /* tokens per prefill query tile: max(1, TILE_QUERIES / group) */
+    size_t tile_q;             /* query vectors per tile: tile_tokens * group */
+    float *tile_buf;           /* [nth][tile_q*(2*128 + 2) + group*(128 + 2)] f32 per-worker tile state */
+    uint32_t *tile_r0;         /* [R] first round row of each query tile */
+    uint32_t *tile_n;          /* [R] rows in each query tile */
     uint32_t *row_item;        /* [R] item index of each round row */
     uint32_t *row_pos;         /* [R] position of each round row */
     uint32_t *row_tok;         /* [R] token id of each round row */
@@ -94,6 +105,7 @@ typedef struct {
     uint32_t n_logits;         /* rows needing logits (lrow/ldst) */
     int head_direct;           /* 1: logits rows are consecutive rows of one destination */
     uint32_t n_chunks;         /* attention split-K chunks per (row, kv head) */
+    uint32_t n_tiles;          /* query tiles of the round (tile_r0/tile_n) */
     atomic_uint attn_next;     /* dynamic attention work counter */
 } cpu_round;
 
