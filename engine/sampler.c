@@ -202,6 +202,56 @@ static uint32_t draw(const cand *c, size_t n, kipp_rng *rng)
     return c[0].id;
 }
 
+/* a ranks before b in the total order of cand_cmp. */
+static int better(const cand *a, const cand *b) { return cand_cmp(a, b) < 0; }
+
+static void sift_down(cand *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && better(&h[w], &h[l])) w = l; /* min-heap: the worst candidate at the root */
+        if (r < n && better(&h[w], &h[r])) w = r;
+        if (w == i) return;
+        cand t = h[i];
+        h[i] = h[w], h[w] = t;
+        i = w;
+    }
+}
+
+/* Move the k best candidates to c[0..k), sorted: a k-element heap, O(n log k),
+ * instead of sorting the whole vocabulary for every token. */
+static size_t select_top_k(cand *c, size_t n, size_t k)
+{
+    for (size_t i = k / 2; i-- > 0;) sift_down(c, k, i);
+    for (size_t i = k; i < n; i++)
+        if (better(&c[i], &c[0])) {
+            c[0] = c[i];
+            sift_down(c, k, 0);
+        }
+    qsort(c, k, sizeof *c, cand_cmp);
+    return k;
+}
+
+/* Sort only a descending prefix that contains the nucleus: the tokens with
+ * p >= t form a prefix of the sorted order, so once their mass reaches top_p
+ * the nucleus lies inside it. t starts at p_max/100 and falls by 100x. */
+static size_t sorted_nucleus_prefix(cand *c, size_t n, float top_p)
+{
+    double pmax = 0.0;
+    for (size_t i = 0; i < n; i++) pmax = c[i].p > pmax ? c[i].p : pmax;
+    double t = pmax * 1e-2;
+    for (;; t *= 1e-2) {
+        double mass = 0.0;
+        for (size_t i = 0; i < n; i++) mass += c[i].p >= t ? c[i].p : 0.0;
+        if (mass >= top_p || t < 1e-300) break;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].p >= t || t < 1e-300) c[m++] = c[i];
+    qsort(c, m, sizeof *c, cand_cmp);
+    return m;
+}
+
 static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_params *p, cand *c,
                               kipp_rng *rng)
 {
@@ -210,12 +260,13 @@ static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_
     float mx = x[argmax(x, n_vocab)];
     for (size_t i = 0; i < n_vocab; i++) c[i] = (cand){(x[i] - mx) / p->temperature, (uint32_t)i, 0.0};
     size_t n = n_vocab;
-    /* Sorting is only needed for top_k and top_p; min_p and the draw work in any fixed order. */
-    if (p->top_k > 0 || p->top_p < 1.0f) qsort(c, n, sizeof *c, cand_cmp);
-    if (p->top_k > 0 && (size_t)p->top_k < n) n = (size_t)p->top_k;
+    if (p->top_k > 0 && (size_t)p->top_k < n) n = select_top_k(c, n, (size_t)p->top_k);
     softmax(c, n);
-    if (p->top_p < 1.0f) n = cut_top_p(c, n, p->top_p);
-    if (p->min_p > 0.0f) n = cut_min_p(c, n, p->min_p);
+    if (p->top_p < 1.0f) {
+        if (n == n_vocab) n = sorted_nucleus_prefix(c, n, p->top_p); /* top_k already sorted otherwise */
+        n = cut_top_p(c, n, p->top_p);
+    }
+    if (p->min_p > 0.0f) n = cut_min_p(c, n, p->min_p); /* order-independent */
     return draw(c, n, rng);
 }
 

@@ -23,15 +23,16 @@ static void softmax_ref(const double *x, size_t n, double t, double *p)
     for (size_t i = 0; i < n; i++) p[i] /= s;
 }
 
-/* Draw NDRAW samples and check each token's frequency against want[] (0 => never). */
-static void check_distribution(const float *logits, size_t n, const kipp_sample_params *p,
-                               const double *want, uint64_t seed)
+/* Draw ndraw samples and check each token's frequency against want[] (0 => never). */
+static void check_draws(const float *logits, size_t n, const kipp_sample_params *p, const double *want,
+                        uint64_t seed, int ndraw)
 {
     kipp_rng rng;
     kipp_rng_seed(&rng, seed);
-    long counts[16] = {0};
+    static long counts[1024];
+    memset(counts, 0, sizeof counts);
     char err[256];
-    for (int i = 0; i < NDRAW; i++) {
+    for (int i = 0; i < ndraw; i++) {
         uint32_t tok = 99;
         int rc = kipp_sample_ex(logits, n, p, &rng, &tok, err, sizeof err);
         if (rc || tok >= n) {
@@ -41,15 +42,21 @@ static void check_distribution(const float *logits, size_t n, const kipp_sample_
         counts[tok]++;
     }
     for (size_t t = 0; t < n; t++) {
-        double f = (double)counts[t] / NDRAW;
+        double f = (double)counts[t] / ndraw;
         if (want[t] == 0.0) {
             CHECK(counts[t] == 0, "token %zu drawn %ld times but it should be excluded", t, counts[t]);
             continue;
         }
-        double sigma = sqrt(want[t] * (1 - want[t]) / NDRAW);
+        double sigma = sqrt(want[t] * (1 - want[t]) / ndraw);
         CHECK(fabs(f - want[t]) <= 6 * sigma + 1e-9, "token %zu frequency %.5f, expected %.5f (6 sigma %.5f)",
               t, f, want[t], 6 * sigma);
     }
+}
+
+static void check_distribution(const float *logits, size_t n, const kipp_sample_params *p,
+                               const double *want, uint64_t seed)
+{
+    check_draws(logits, n, p, want, seed, NDRAW);
 }
 
 static void test_determinism(void)
@@ -185,6 +192,40 @@ static void test_top_k_top_p_min_p(void)
     check_distribution(lg, 5, &p, wp, 26);
 }
 
+/* Ties at the top_k boundary go to the lower ids (the total order logit desc, id asc). */
+static void test_top_k_ties(void)
+{
+    float lg[10];
+    for (int i = 0; i < 10; i++) lg[i] = i == 7 ? 2.0f : 1.0f;
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    p.top_k = 3; /* keep 7 (the max), then 0 and 1 among the tied rest */
+    double e = exp(1.0), z = e + 2.0, want[10] = {1 / z, 1 / z, 0, 0, 0, 0, 0, e / z, 0, 0};
+    check_distribution(lg, 10, &p, want, 41);
+}
+
+/* A 1000-token geometric distribution p_i ~ 0.99^i, shuffled over ids: the
+ * nucleus for top_p 0.5 is the m most likely tokens, m computed directly. */
+static void test_top_p_large_vocab(void)
+{
+    enum { N = 1000 };
+    static float lg[N];
+    static double pr[N], want[N];
+    double z = 0, cum = 0;
+    for (int r = 0; r < N; r++) z += pow(0.99, r);
+    size_t m = 0;
+    for (int r = 0; r < N; r++) { /* rank r lives at id (r*7) % N: 7 is coprime to 1000 */
+        pr[(r * 7) % N] = pow(0.99, r) / z;
+        lg[(r * 7) % N] = (float)(r * log(0.99));
+        if (cum < 0.5) cum += pow(0.99, r) / z, m = (size_t)r + 1;
+    }
+    for (int r = 0; r < N; r++) want[(r * 7) % N] = (size_t)r < m ? pr[(r * 7) % N] / cum : 0.0;
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    p.top_p = 0.5f;
+    check_draws(lg, N, &p, want, 42, 40000); /* 69 kept tokens: 6 sigma ~ 0.004 each */
+}
+
 static void test_logit_bias(void)
 {
     float lg[5];
@@ -265,6 +306,8 @@ int main(void)
     RUN(test_temperature_distribution);
     RUN(test_penalties);
     RUN(test_top_k_top_p_min_p);
+    RUN(test_top_k_ties);
+    RUN(test_top_p_large_vocab);
     RUN(test_logit_bias);
     RUN(test_bad_parameters);
     RUN(test_nonfinite_logits);
