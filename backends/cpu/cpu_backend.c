@@ -366,10 +366,12 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
 #define PUT(...) do { if (o < outlen) o += (size_t)snprintf(out + o, outlen - o, __VA_ARGS__); } while (0)
     PUT("backend cpu: kernel table %s (%s)\n", k->isa, m->isa_note[0] ? m->isa_note : "best path this CPU has");
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        PUT("  k_%s_%s%s\n", p[i].op, p[i].is_ref ? "ref" : k->isa,
-            p[i].is_ref && m->isa != KIPP_ISA_REF ? "  (no variant for this ISA yet: scalar reference)" : "");
+        PUT("  k_%s_%s%s%s\n", p[i].op, p[i].is_ref ? "ref" : k->isa,
+            p[i].is_ref && m->isa != KIPP_ISA_REF ? "  (no variant for this ISA yet: scalar reference)" : "",
+            i < 2 ? "  (unused: the packed variant runs)" : "");
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
-    PUT("paths: decode k_matvec_bf16p (FP32 activations), prefill k_matmul_bf16p (BF16 activations), attention k_flash_gqa_bf16 + k_attn_merge split-K\n");
+    PUT("paths: decode k_matvec_bf16p (FP32 activations), prefill k_matmul_bf16p (BF16 activations); attention k_flash_gqa_bf16 in %u-token query tiles (prefill), split-K + k_attn_merge when (rows x 8 KV heads) < %u per worker\n",
+        m->tile_tokens, KIPP_CPU_ATTN_UNITS_PER_THREAD);
     PUT("prepared weights: %zu bytes (16-row packed copy of every projection and the head, owned by the backend)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);
 #undef PUT
