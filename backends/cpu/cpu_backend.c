@@ -370,7 +370,7 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
             p[i].is_ref && m->isa != KIPP_ISA_REF ? "  (no variant for this ISA yet: scalar reference)" : "",
             i < 2 ? "  (unused: the packed variant runs)" : "");
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
-    PUT("paths: decode k_matvec_bf16p (FP32 activations), prefill k_matmul_bf16p (BF16 activations); attention k_flash_gqa_bf16 in %u-token query tiles (prefill), split-K + k_attn_merge when (rows x 8 KV heads) < %u per worker\n",
+    PUT("paths: decode k_matvec_bf16p (FP32 activations), prefill k_matmul_bf16p (BF16 activations); attention k_flash_gqa_bf16 in %u-token query tiles (prefill), split-K + k_attn_merge when rows x 8 KV heads < %u x workers\n",
         m->tile_tokens, KIPP_CPU_ATTN_UNITS_PER_THREAD);
     PUT("prepared weights: %zu bytes (16-row packed copy of every projection and the head, owned by the backend)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);
