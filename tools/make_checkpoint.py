@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -52,9 +53,9 @@ _M64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15         # splitmix64 increment (golden ratio)
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
-_IH_STD = ((2 ** 32 - 1) / 3) ** 0.5  # std of the centred sum of four uniform 16-bit lanes
+_IH_STD = math.sqrt((2 ** 32 - 1) / 3)  # std of the centred sum of four uniform 16-bit lanes
 _ROW_FLAG = 1 << 39                   # counter bit that separates per-row draws from elements
-_HEAD_RMS = (1 + 6 / 9 + 9 / 17) ** 0.5  # sqrt(E[(1 + 3u^8)^2]) for u ~ U[0,1)
+_HEAD_RMS = math.sqrt(1 + 6 / 9 + 9 / 17)  # sqrt(E[(1 + 3u^8)^2]) for u ~ U[0,1)
 
 
 class UserError(Exception):
@@ -154,7 +155,9 @@ def _row_scales(spec: TensorSpec, seed: int, start: int, count: int) -> np.ndarr
 def tensor_specs(c: reg.Checkpoint) -> list[TensorSpec]:
     """All weights in transformers' state-dict order (which also decides sharding)."""
     d, a, kv, ff = c.d_model, c.attn_width, c.n_kv_head * c.head_dim, c.d_ff
-    head_std = 4.0 / d ** 0.5
+    # Scales use sqrt and division only: IEEE correctly rounded, unlike pow() in some libms.
+    head_std = 4.0 / math.sqrt(d)
+    sd, sa, sf = 1.0 / math.sqrt(d), 1.0 / math.sqrt(a), 1.0 / math.sqrt(ff)
     out: list[TensorSpec] = []
 
     def add(name: str, shape: tuple[int, ...], kind: str = "normal", std: float = 0.0) -> None:
@@ -163,15 +166,15 @@ def tensor_specs(c: reg.Checkpoint) -> list[TensorSpec]:
     add("model.embed_tokens.weight", (c.vocab_size, d), "head" if c.tied_embeddings else "normal", head_std)
     for i in range(c.n_layer):
         p = f"model.layers.{i}."
-        add(p + "self_attn.q_proj.weight", (a, d), std=d ** -0.5)
-        add(p + "self_attn.k_proj.weight", (kv, d), std=d ** -0.5)
-        add(p + "self_attn.v_proj.weight", (kv, d), std=d ** -0.5)
-        add(p + "self_attn.o_proj.weight", (d, a), std=a ** -0.5)
+        add(p + "self_attn.q_proj.weight", (a, d), std=sd)
+        add(p + "self_attn.k_proj.weight", (kv, d), std=sd)
+        add(p + "self_attn.v_proj.weight", (kv, d), std=sd)
+        add(p + "self_attn.o_proj.weight", (d, a), std=sa)
         add(p + "self_attn.q_norm.weight", (c.head_dim,), "norm")
         add(p + "self_attn.k_norm.weight", (c.head_dim,), "norm")
-        add(p + "mlp.gate_proj.weight", (ff, d), std=d ** -0.5)
-        add(p + "mlp.up_proj.weight", (ff, d), std=d ** -0.5)
-        add(p + "mlp.down_proj.weight", (d, ff), std=ff ** -0.5)
+        add(p + "mlp.gate_proj.weight", (ff, d), std=sd)
+        add(p + "mlp.up_proj.weight", (ff, d), std=sd)
+        add(p + "mlp.down_proj.weight", (d, ff), std=sf)
         add(p + "input_layernorm.weight", (d,), "norm")
         add(p + "post_attention_layernorm.weight", (d,), "norm")
     add("model.norm.weight", (d,), "norm")
