@@ -34,12 +34,12 @@ BENCH_BIN := $(BENCH_SRC:bench/kernels/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz bench bench-kernels profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/test_kernels_avx512emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(EMU_TEST) $(BENCH_BIN) $(BUILD)/bin/kipp_profile $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(EMU_TEST) $(BENCH_BIN) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
 
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
@@ -81,6 +81,14 @@ $(BUILD)/bin/test_kernels_avx512emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(wildca
 $(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+# Tokenizer benchmark: its own main, no kernel harness (tools/bench_tokenizer.py drives it).
+$(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
+	$(PYTHON) tools/bench_tokenizer.py
 
 $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
@@ -160,6 +168,7 @@ help:
 	@echo "make test       build tiny synthetic models and run every test (ends 'N passed, N failed')"
 	@echo "make asan       the C tests under ASan+UBSan (clang)"
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
+	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"

@@ -142,15 +142,14 @@ static int parse_merge(const kipp_tokenizer *t, size_t i, kipp_str m, uint32_t *
 
 static int build_merges(kipp_tokenizer *t, const kipp_tokenizer_data *d, char *err, size_t errlen)
 {
-    size_t cap = pow2_at_least(d->n_merges * 2 + 2);
+    size_t cap = pow2_at_least(d->n_merges + d->n_merges / 2 + 2); /* load <= 2/3: 4 MiB for Qwen */
     t->merge_mask = cap - 1;
     t->merge_shift = 64;
     for (size_t c = cap; c > 1; c >>= 1) t->merge_shift--;
-    t->merge_key = calloc(cap, sizeof *t->merge_key);
-    t->merge_val = malloc(cap * sizeof *t->merge_val);
+    t->merge = calloc(cap, sizeof *t->merge);
     char *buf = malloc(MAX_TOKEN_BYTES * 2);
     int rc = KIPP_OK;
-    if (!t->merge_key || !t->merge_val || !buf)
+    if (!t->merge || !buf)
         rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu merges", d->n_merges);
     for (size_t i = 0; i < d->n_merges && !rc; i++) {
         uint32_t a = 0, b = 0, c = 0;
@@ -163,9 +162,9 @@ static int build_merges(kipp_tokenizer *t, const kipp_tokenizer_data *d, char *e
         }
         uint64_t key = ((uint64_t)a << 32 | b) + 1;
         for (uint64_t h = (key * 0x9E3779B97F4A7C15ull) >> t->merge_shift;; h++)
-            if (!t->merge_key[h & t->merge_mask]) {
-                t->merge_key[h & t->merge_mask] = key;
-                t->merge_val[h & t->merge_mask] = (uint64_t)i << 32 | c;
+            if (!t->merge[h & t->merge_mask].key) {
+                t->merge[h & t->merge_mask].key = key;
+                t->merge[h & t->merge_mask].val = (uint64_t)i << 32 | c;
                 break;
             }
     }
@@ -234,6 +233,14 @@ int kipp_tokenizer_create(const kipp_tokenizer_data *d, kipp_tokenizer **out, ch
     if (!rc) rc = build_bytes(t, err, errlen);
     if (!rc) rc = build_merges(t, d, err, errlen);
     if (!rc) rc = build_regex(t, d->pre_regex, err, errlen);
+    if (!rc) { /* optional: without it encode is only slower */
+        t->cache = calloc(1, sizeof *t->cache);
+        if (t->cache && !(t->cache->e = calloc(KIPP_TOK_CACHE_SLOTS, sizeof *t->cache->e))) {
+            free(t->cache);
+            t->cache = NULL;
+        }
+        if (t->cache) pthread_mutex_init(&t->cache->mu, NULL);
+    }
     if (rc) {
         kipp_tokenizer_destroy(t);
         return rc;
@@ -246,8 +253,12 @@ void kipp_tokenizer_destroy(kipp_tokenizer *t)
 {
     if (!t) return;
     free(t->vocab_slot);
-    free(t->merge_key);
-    free(t->merge_val);
+    free(t->merge);
+    if (t->cache) {
+        pthread_mutex_destroy(&t->cache->mu);
+        free(t->cache->e);
+        free(t->cache);
+    }
     free(t->is_added);
     pcre2_code_free(t->re);
     free(t);

@@ -149,10 +149,9 @@ static inline uint32_t pair_rank(const kipp_tokenizer *t, uint32_t a, uint32_t b
 
 /* Short words: ranks of all adjacent pairs in an array; merge the leftmost
  * lowest rank, then refresh only the two pairs that touch the new symbol. */
-static void bpe_small(enc_ctx *c, const uint8_t *w, size_t n)
+static size_t bpe_small(const kipp_tokenizer *t, const uint8_t *w, size_t n, uint32_t *sym)
 {
-    const kipp_tokenizer *t = c->t;
-    uint32_t sym[SMALL_WORD], rank[SMALL_WORD], mid[SMALL_WORD];
+    uint32_t rank[SMALL_WORD], mid[SMALL_WORD];
     for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[w[i]];
     for (size_t i = 0; i + 1 < n; i++) rank[i] = pair_rank(t, sym[i], sym[i + 1], &mid[i]);
     while (n > 1) {
@@ -169,7 +168,49 @@ static void bpe_small(enc_ctx *c, const uint8_t *w, size_t n)
         if (best > 0) rank[best - 1] = pair_rank(t, sym[best - 1], sym[best], &mid[best - 1]);
         if (best + 1 < n) rank[best] = pair_rank(t, sym[best], sym[best + 1], &mid[best]);
     }
-    for (size_t i = 0; i < n; i++) emit(c, sym[i]);
+    return n;
+}
+
+static uint64_t word_hash(const uint8_t *w, size_t n)
+{
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    for (size_t i = 0; i < n; i++) h = (h ^ w[i]) * 0x100000001b3ull;
+    return (h ^ (h >> 31)) | 1; /* never 0: 0 marks an empty slot */
+}
+
+/* Short words go through the shared cache: most pre-tokens of real text repeat. */
+static void bpe_cached(enc_ctx *c, const uint8_t *w, size_t n)
+{
+    kipp_tok_cache *k = c->t->cache;
+    uint32_t sym[SMALL_WORD];
+    size_t m;
+    if (!k || n > KIPP_TOK_CACHE_WORD) {
+        m = bpe_small(c->t, w, n, sym);
+        for (size_t i = 0; i < m; i++) emit(c, sym[i]);
+        return;
+    }
+    uint64_t h = word_hash(w, n);
+    kipp_tok_cache_entry *e = &k->e[h & (KIPP_TOK_CACHE_SLOTS - 1)];
+    pthread_mutex_lock(&k->mu);
+    int hit = e->hash == h && e->len == n && !memcmp(e->word, w, n);
+    if (hit) {
+        m = e->n;
+        memcpy(sym, e->ids, m * sizeof *sym);
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (!hit) {
+        m = bpe_small(c->t, w, n, sym);
+        if (m <= KIPP_TOK_CACHE_IDS) {
+            pthread_mutex_lock(&k->mu);
+            e->hash = h;
+            e->len = (uint8_t)n;
+            e->n = (uint8_t)m;
+            memcpy(e->word, w, n);
+            memcpy(e->ids, sym, m * sizeof *sym);
+            pthread_mutex_unlock(&k->mu);
+        }
+    }
+    for (size_t i = 0; i < m; i++) emit(c, sym[i]);
 }
 
 /* A 4-ary min-heap: half the levels of a binary heap, and the four children
@@ -256,7 +297,7 @@ static int bpe(enc_ctx *c, const char *w, size_t n)
         return KIPP_OK;
     }
     if (n <= SMALL_WORD) {
-        bpe_small(c, (const uint8_t *)w, n);
+        bpe_cached(c, (const uint8_t *)w, n);
         return KIPP_OK;
     }
     if (n > INT32_MAX) return kipp_err(c->err, c->errlen, KIPP_ERANGE, "pre-token of %zu bytes exceeds 2 GiB", n);

@@ -10,6 +10,7 @@
 #ifndef KIPP_TOKENIZER_IMPL_H
 #define KIPP_TOKENIZER_IMPL_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -20,6 +21,33 @@
 #define KIPP_TOK_MAX_ADDED 64u   /* added tokens accepted from a file */
 #define KIPP_TOK_NO_RANK UINT32_MAX
 
+#define KIPP_TOK_CACHE_SLOTS 32768u /* direct-mapped word cache: 3 MiB */
+#define KIPP_TOK_CACHE_WORD 30u     /* longest cached pre-token, bytes */
+#define KIPP_TOK_CACHE_IDS 14u      /* most ids of a cached pre-token */
+
+/** A cached pre-token and its BPE ids; hash 0 = empty. */
+typedef struct {
+    uint64_t hash;
+    uint8_t len, n;
+    char word[KIPP_TOK_CACHE_WORD];
+    uint32_t ids[KIPP_TOK_CACHE_IDS];
+} kipp_tok_cache_entry;
+
+/**
+ * Pre-token -> ids cache shared by every encode call on one tokenizer (the
+ * reference keeps one too). Mutable behind the const tokenizer, so it has its
+ * own lock: encode may be called from several threads at once.
+ */
+typedef struct {
+    pthread_mutex_t mu;
+    kipp_tok_cache_entry *e; /* [KIPP_TOK_CACHE_SLOTS] */
+} kipp_tok_cache;
+
+/** One merge-hash slot: key (left<<32 | right) + 1 (0 = empty), val (rank<<32 | merged id). */
+typedef struct {
+    uint64_t key, val;
+} kipp_tok_merge;
+
 struct kipp_tokenizer {
     const kipp_str *tokens;       /* [n_tokens] borrowed views, byte-level form */
     size_t n_tokens;
@@ -29,8 +57,7 @@ struct kipp_tokenizer {
     uint32_t *vocab_slot;         /* [vocab_mask+1] id+1, 0 = empty (open addressing) */
     uint64_t vocab_mask;
 
-    uint64_t *merge_key;          /* [merge_mask+1] (left<<32 | right) + 1, 0 = empty */
-    uint64_t *merge_val;          /* [merge_mask+1] (rank<<32 | merged id) */
+    kipp_tok_merge *merge;        /* [merge_mask+1] open addressing, key and value in one line */
     uint64_t merge_mask;
     unsigned merge_shift;         /* 64 - log2(merge_mask+1) */
     size_t n_merges;
@@ -41,6 +68,7 @@ struct kipp_tokenizer {
     uint8_t added_first[256];     /* 1: some added token starts with this byte */
     uint8_t *is_added;            /* [n_tokens] 1 = added token (decoded literally) */
 
+    kipp_tok_cache *cache;        /* word cache; NULL when it could not be allocated */
     pcre2_code *re;               /* the Split pre-tokenizer pattern, UTF|UCP */
     int re_jit;                   /* 1: JIT compiled */
 };
@@ -51,9 +79,9 @@ static inline uint64_t kipp_tok_merge_find(const struct kipp_tokenizer *t, uint3
     uint64_t key = ((uint64_t)a << 32 | b) + 1;
     uint64_t h = (key * 0x9E3779B97F4A7C15ull) >> t->merge_shift;
     for (;;) {
-        uint64_t k = t->merge_key[h & t->merge_mask];
-        if (k == key) return t->merge_val[h & t->merge_mask];
-        if (k == 0) return UINT64_MAX;
+        const kipp_tok_merge *e = &t->merge[h & t->merge_mask];
+        if (e->key == key) return e->val;
+        if (e->key == 0) return UINT64_MAX;
         h++;
     }
 }

@@ -11,6 +11,7 @@
  * Bad input (invalid UTF-8, NUL, surrogates, 10 MB lines) is checked against
  * the behaviour documented in docs/TOKENIZER.md.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -428,6 +429,40 @@ static void test_stream(void)
     CHECK(kipp_detok_stream_create(NULL) == NULL, "stream on a NULL model must fail");
 }
 
+/* The word cache is shared by concurrent encode calls: two threads encoding
+ * the same texts must each get the single-threaded ids. */
+static const char *mt_text[] = {"the cat sat on the mat again and again", "naïve café résumé", "中文字符 日本語",
+                                "x = foo(bar, baz) + 42;", "Hello, world! How are you?"};
+static uint32_t mt_want[5][64];
+static size_t mt_n[5];
+
+static void *mt_worker(void *arg)
+{
+    size_t bad = 0, n;
+    uint32_t ids[64];
+    char err[128];
+    for (int it = 0; it < 2000; it++) {
+        size_t k = (size_t)(it + (intptr_t)arg) % 5;
+        if (kipp_tokenizer_encode(tok_json, mt_text[k], strlen(mt_text[k]), 0, ids, 64, &n, err, sizeof err)
+            || n != mt_n[k] || memcmp(ids, mt_want[k], n * sizeof *ids))
+            bad++;
+    }
+    return (void *)bad;
+}
+
+static void test_threads(void)
+{
+    char err[128];
+    for (size_t k = 0; k < 5; k++)
+        CHECK(!kipp_tokenizer_encode(tok_json, mt_text[k], strlen(mt_text[k]), 0, mt_want[k], 64, &mt_n[k], err,
+                                     sizeof err), "encode %zu: %s", k, err);
+    pthread_t th[2];
+    void *bad[2];
+    for (intptr_t i = 0; i < 2; i++) pthread_create(&th[i], NULL, mt_worker, (void *)i);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], &bad[i]);
+    CHECK(!bad[0] && !bad[1], "concurrent encodes differed %zu + %zu times", (size_t)bad[0], (size_t)bad[1]);
+}
+
 /* Malformed tables are refused with the bad entry named. */
 static void test_create_errors(void)
 {
@@ -478,6 +513,7 @@ int main(void)
     RUN(test_erange_and_errors);
     RUN(test_plain_mode);
     RUN(test_stream);
+    RUN(test_threads);
     RUN(test_create_errors);
     kipp_model_close(model);
     kipp_tokenizer_destroy(tok_json);
