@@ -116,7 +116,11 @@ void kipp_detok_stream_destroy(kipp_detok_stream *s);
  */
 int kipp_detok_stream_push(kipp_detok_stream *s, uint32_t id, char *out, size_t cap,
                            size_t *n_out, char *err, size_t errlen);
-/** Flush held-back bytes at end of stream (invalid tails become U+FFFD). */
+/**
+ * Flush held-back bytes at end of stream (invalid tails become U+FFFD). Bytes
+ * that did not fit a push's cap stay queued: flush returns KIPP_ERANGE while
+ * some remain (call again). docs/TOKENIZER.md, "Decode".
+ */
 int kipp_detok_stream_flush(kipp_detok_stream *s, char *out, size_t cap, size_t *n_out);
 
 /* ---- chat (engine/chat.c: native Qwen3 ChatML renderer) ---- */
