@@ -20,7 +20,9 @@
 
 /* GCC 12 reports a[] lanes g >= G as maybe-uninitialized in the unrolled
  * constant-G copies although every loop is bounded by G: a false positive. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #define CHUNK 16u
 #define GMAX 8u /* heads per register pass; larger groups run in passes */
