@@ -156,7 +156,7 @@ ifeq ($(NVCC),)
 	@echo "make cuda: nvcc not found; the CUDA backend is skipped on this machine" && false
 else
 	@mkdir -p $(BUILD)/cuda
-	$(NVCC) -O2 -Iengine -Ikernels -c backends/cuda/*.cu -o $(BUILD)/cuda/kipp_cuda.o
+	$(NVCC) -O2 -Iengine -Ikernels -c kernels/cuda/matvec_bf16.cu -o $(BUILD)/cuda/matvec_bf16.o
 endif
 
 clean:
@@ -172,7 +172,7 @@ help:
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
-	@echo "make cuda       compile the CUDA backend where nvcc exists"
+	@echo "make cuda       compile the CUDA kernel units (kernels/cuda) where nvcc exists"
 	@echo "make clean"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
