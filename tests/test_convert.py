@@ -167,6 +167,20 @@ def rewrite_safetensors(path: Path, edit, extra: bytes = b"") -> None:
     replace_file(path, len(text).to_bytes(8, "little") + text + raw[8 + n:] + extra)
 
 
+def drop_tensor(path: Path, name: str) -> None:
+    """Remove one tensor and its bytes, shifting the later offsets so the data stays tiled."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    hdr = json.loads(raw[8:8 + n])
+    b, e = hdr.pop(name)["data_offsets"]
+    for k, v in hdr.items():
+        if k != "__metadata__" and v["data_offsets"][0] >= e:
+            v["data_offsets"] = [o - (e - b) for o in v["data_offsets"]]
+    text = json.dumps(hdr).encode()
+    text += b" " * (-len(text) % 8)
+    replace_file(path, len(text).to_bytes(8, "little") + text + raw[8 + n:8 + n + b] + raw[8 + n + e:])
+
+
 def run_convert(indir: Path, out: Path, *extra: str, id_: str = "synthetic-tiny") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(CONVERT), "--checkpoint", id_, "--input", str(indir),
                            "--out", str(out), "--quiet", *extra], capture_output=True, text=True)
@@ -222,9 +236,9 @@ def test_unknown_tensor_refused(synthetic_dir, tmp_path):
     d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
 
     def add_bias(h, n):
-        h["model.layers.0.self_attn.q_proj.bias"] = {"dtype": "BF16", "shape": [2048], "data_offsets": [0, 4096]}
+        h["model.layers.0.self_attn.q_proj.bias"] = {"dtype": "BF16", "shape": [2048], "data_offsets": [n, n + 4096]}
         return h
-    rewrite_safetensors(d / "model.safetensors", add_bias)
+    rewrite_safetensors(d / "model.safetensors", add_bias, bytes(4096))
     out = tmp_path / "x.gguf"
     assert_refused(run_convert(d, out), out, "unknown tensor(s) model.layers.0.self_attn.q_proj.bias")
 
@@ -232,10 +246,7 @@ def test_unknown_tensor_refused(synthetic_dir, tmp_path):
 def test_missing_tensor_refused(synthetic_dir, tmp_path):
     d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
 
-    def drop(h, n):
-        del h["model.layers.1.mlp.up_proj.weight"]
-        return h
-    rewrite_safetensors(d / "model.safetensors", drop)
+    drop_tensor(d / "model.safetensors", "model.layers.1.mlp.up_proj.weight")
     out = tmp_path / "x.gguf"
     assert_refused(run_convert(d, out), out, "missing tensor(s) model.layers.1.mlp.up_proj.weight")
 
@@ -257,10 +268,12 @@ def test_wrong_dtype_and_shape_refused(synthetic_dir, tmp_path):
 def test_tied_lm_head_copy_accepted_and_dropped(synthetic_dir, synthetic_gguf, tmp_path):
     d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
 
-    def alias(h, n):  # the real 0.6B ships a duplicate lm_head: same bytes as the embedding
-        h["lm_head.weight"] = dict(h["model.embed_tokens.weight"])
+    emb = st_tensors(synthetic_dir("synthetic-tiny"))["model.embed_tokens.weight"][2]
+
+    def add_copy(h, n):  # the real 0.6B ships a duplicate lm_head: same bytes as the embedding
+        h["lm_head.weight"] = dict(h["model.embed_tokens.weight"], data_offsets=[n, n + len(emb)])
         return h
-    rewrite_safetensors(d / "model.safetensors", alias)
+    rewrite_safetensors(d / "model.safetensors", add_copy, emb)
     out = tmp_path / "x.gguf"
     r = run_convert(d, out)
     assert r.returncode == 0, r.stderr
@@ -304,6 +317,124 @@ def test_unknown_checkpoint_and_missing_input(tmp_path):
     out = tmp_path / "x.gguf"
     assert_refused(run_convert(tmp_path, out, id_="qwen3-99b"), out, "unknown checkpoint id 'qwen3-99b'")
     assert_refused(run_convert(tmp_path / "nope", out), out, "does not exist")
+
+
+# ---------------------------------------------------------------- safetensors header strictness
+# Each malformed file is checked against the safetensors library itself (the oracle:
+# it must refuse the file too) and against the converter's own parser.
+
+ST_GOOD = {"a": ("F32", [2, 3], 0, 24), "b": ("I32", [4], 24, 40), "c": ("F32", [2], 40, 48)}
+
+
+def st_header(entries: dict) -> bytes:
+    return json.dumps({k: {"dtype": d, "shape": s, "data_offsets": [b, e]}
+                       for k, (d, s, b, e) in entries.items()}).encode()
+
+
+def st_file(path: Path, text: bytes, data: bytes, hlen: int | None = None) -> Path:
+    """A safetensors file with header text `text`, its length field `hlen` (default: true length)."""
+    path.write_bytes((len(text) if hlen is None else hlen).to_bytes(8, "little") + text + data)
+    return path
+
+
+def st_data() -> bytes:
+    return bytes(range(48))
+
+
+def _edit(**changes):
+    return st_header({**ST_GOOD, **changes})
+
+
+ST_BAD = {  # case -> (header text, data, length field or None, needle in our message)
+    "begin_shifted": (_edit(a=("F32", [2, 3], 2, 26), b=("I32", [4], 26, 42), c=("F32", [2], 42, 50)),
+                      st_data() + b"\0\0", None, "leaves a gap of 2 bytes"),
+    "gap_between": (_edit(c=("F32", [2], 41, 49)), st_data() + b"\0", None, "tensor c data_offsets [41, 49] leaves a gap"),
+    "overlap": (_edit(b=("I32", [4], 20, 36), c=("F32", [2], 36, 44)), st_data()[:44], None, "overlaps"),
+    "alias": (_edit(c=("F32", [2], 0, 8)), st_data()[:40], None, "overlaps"),
+    "duplicate_name": (st_header(ST_GOOD)[:-1] + b', "a": {"dtype": "F32", "shape": [2], "data_offsets": [48, 56]}}',
+                       st_data() + bytes(8), None, "'a' appears twice"),
+    "trailing_data": (st_header(ST_GOOD), st_data() + b"\0", None, "data section after the"),
+    "data_short": (st_header(ST_GOOD), st_data()[:47], None, "tensors cover 48 bytes but the data section"),
+    "hlen_minus_1": (st_header(ST_GOOD) + b" ", st_data(), len(st_header(ST_GOOD)), "data section"),
+    "hlen_plus_1": (st_header(ST_GOOD), st_data(), len(st_header(ST_GOOD)) + 1, "not valid JSON"),
+    "hlen_past_file": (st_header(ST_GOOD), st_data(), 10 ** 6, "header length 1000000 does not fit"),
+    "hlen_over_limit": (st_header(ST_GOOD), st_data(), 100_000_001, "header length 100000001"),
+    "nul_padding": (st_header(ST_GOOD) + b"\0\0", st_data(), None, "padded only with whitespace"),
+    "junk_padding": (st_header(ST_GOOD) + b" x", st_data(), None, "not valid JSON"),
+    "not_utf8": (st_header(ST_GOOD).replace(b'"a"', b'"a\xff"'), st_data(), None, "not valid UTF-8"),
+    "not_object": (b"[1, 2]", b"", None, "header is a list"),
+    "nan_offset": (st_header(ST_GOOD).replace(b"[40, 48]", b"[40, NaN]"), st_data(), None, "NaN"),
+    "float_offset": (st_header(ST_GOOD).replace(b"[40, 48]", b"[40, 48.0]"), st_data(), None,
+                     "data_offsets [40, 48.0]; expected [begin, end] non-negative integers"),
+    "three_offsets": (st_header(ST_GOOD).replace(b"[40, 48]", b"[40, 48, 56]"), st_data(), None,
+                      "data_offsets [40, 48, 56]"),
+    "negative_dim": (st_header(ST_GOOD).replace(b"[2, 3]", b"[-2, -3]"), st_data(), None, "shape [-2, -3]"),
+    "string_dim": (st_header(ST_GOOD).replace(b"[2, 3]", b'["2", 3]'), st_data(), None, "shape ['2', 3]"),
+    "size_vs_shape": (_edit(a=("F32", [2, 2], 0, 24)), st_data(), None, "span 24 bytes; expected 16 for F32 [2, 2]"),
+    "unknown_dtype": (_edit(a=("Q4", [2, 3], 0, 24)), st_data(), None, "unknown dtype 'Q4'"),
+    "missing_field": (st_header(ST_GOOD).replace(b'"shape": [4], ', b""), st_data(), None,
+                      "tensor b has a malformed header entry"),
+    "metadata_not_strings": (b'{"__metadata__": {"k": 1}, ' + st_header(ST_GOOD)[1:], st_data(), None,
+                             "__metadata__ is {'k': 1}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ST_BAD))
+def test_malformed_safetensors_refused_like_the_library(case, tmp_path):
+    from safetensors import SafetensorError, safe_open
+    text, data, hlen, needle = ST_BAD[case]
+    path = st_file(tmp_path / "m.safetensors", text, data, hlen)
+    with pytest.raises(SafetensorError):  # the oracle refuses it too
+        with safe_open(str(path), framework="numpy") as f:
+            [f.get_tensor(k) for k in f.keys()]
+    with pytest.raises(cv.ConvertError) as e:
+        cv.read_safetensors_header(path)
+    assert needle in str(e.value) and "m.safetensors" in str(e.value)
+
+
+def test_wellformed_safetensors_located_like_the_library(tmp_path):
+    """Positive control: offsets listed out of order and whitespace around the JSON are valid."""
+    from safetensors import safe_open
+    entries = dict(reversed(list(ST_GOOD.items())))
+    text = b" \n" + st_header(entries) + b"\t \r\n"
+    path = st_file(tmp_path / "g.safetensors", text, st_data())
+    got = cv.read_safetensors_header(path)
+    raw = path.read_bytes()
+    with safe_open(str(path), framework="numpy") as f:
+        assert sorted(f.keys()) == sorted(got)
+        for k, t in got.items():
+            assert raw[t.begin:t.begin + t.nbytes] == f.get_tensor(k).tobytes()
+            assert (t.dtype, list(t.shape)) == ST_GOOD[k][:2]
+    assert cv.read_safetensors_header(st_file(tmp_path / "e.safetensors", b"{}", b"")) == {}
+
+
+def _embedding_shifted(raw: bytes) -> bytes:
+    """The tester's repro: embedding data_offsets [0, E] -> [2, E + 2], padded to the same length."""
+    n = int.from_bytes(raw[:8], "little")
+    hdr = json.loads(raw[8:8 + n])
+    e = hdr["model.embed_tokens.weight"]["data_offsets"][1]
+    old = f'"data_offsets":[0,{e}]'.encode()
+    text = raw[8:8 + n].replace(b" ", b"")
+    assert old in text, "make_checkpoint's header layout changed; update this repro"
+    text = text.replace(old, f'"data_offsets":[2,{e + 2}]'.encode())
+    return n.to_bytes(8, "little") + text.ljust(n) + raw[8 + n:]
+
+
+def _hlen_minus_one(raw: bytes) -> bytes:
+    n = int.from_bytes(raw[:8], "little")
+    assert raw[8 + n - 1:8 + n] == b" ", "the header must end in padding for this repro"
+    return (n - 1).to_bytes(8, "little") + raw[8:]
+
+
+@pytest.mark.parametrize("corrupt,needle", [
+    (_embedding_shifted, "model.embed_tokens.weight data_offsets [2, "),
+    (_hlen_minus_one, "but the data section after the"),
+])
+def test_corrupt_synthetic_tiny_refused(corrupt, needle, synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+    replace_file(d / "model.safetensors", corrupt((d / "model.safetensors").read_bytes()))
+    out = tmp_path / "x.gguf"
+    assert_refused(run_convert(d, out), out, "model.safetensors: ", needle)
 
 
 # ---------------------------------------------------------------- tokenizer merge

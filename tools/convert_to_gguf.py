@@ -36,7 +36,7 @@ FORMAT_VERSION = 1           # kipp.format_version
 GGUF_VERSION = 3
 GGML_TYPE_BF16 = 30
 COPY_CHUNK = 16 << 20        # bytes per read while copying tensor data
-MAX_HEADER = 100 << 20       # a safetensors JSON header larger than this is refused
+MAX_HEADER = 100_000_000     # a larger safetensors JSON header is refused (the library's limit)
 
 # GGUF metadata value types.
 T_U32, T_F32, T_BOOL, T_STRING, T_ARRAY = 4, 6, 7, 8, 9
@@ -61,8 +61,83 @@ class SourceTensor:
     nbytes: int
 
 
+# Bits per element of every dtype the safetensors library (0.8) knows; others are refused as it does.
+ST_DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
+    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+}
+
+
+def _is_count(x: object) -> bool:
+    """A JSON unsigned integer (not a bool, not a float such as 4.0), as serde's usize."""
+    return type(x) is int and x >= 0
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json object_pairs_hook: a repeated tensor name would silently shadow the first entry."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ConvertError(f"key {k!r} appears twice in one JSON object (expected unique names)")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str) -> None:
+    raise ConvertError(f"{name} is not a JSON value (expected strict JSON)")
+
+
+def _parse_header_json(path: Path, text: bytes) -> dict:
+    """Strict UTF-8 JSON object, as serde_json reads it: whitespace is the only padding allowed
+    around it, no NaN/Infinity, no duplicate keys, no lone surrogates."""
+    try:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+                            parse_constant=_reject_constant)
+        json.dumps(header, ensure_ascii=False).encode("utf-8")  # lone surrogate escapes (\ud800) fail here
+    except UnicodeError as e:
+        raise ConvertError(f"{path.name}: header is not valid UTF-8 JSON ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ConvertError(f"{path.name}: header is not valid JSON ({e}); expected a JSON object "
+                           "padded only with whitespace") from None
+    except ConvertError as e:
+        raise ConvertError(f"{path.name}: header {e}") from None
+    if not isinstance(header, dict):
+        raise ConvertError(f"{path.name}: header is a {type(header).__name__}, expected a JSON object")
+    meta = header.get("__metadata__", {})
+    if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ConvertError(f"{path.name}: __metadata__ is {meta!r}; expected an object of strings")
+    return header
+
+
+def _header_entry(path: Path, name: str, info: object) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype, shape, begin, end) of one tensor entry, each field type-checked."""
+    try:
+        dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise ConvertError(f"{path.name}: tensor {name} has a malformed header entry {info!r} "
+                           "(expected dtype, shape and data_offsets)") from None
+    if dtype not in ST_DTYPE_BITS:
+        raise ConvertError(f"{path.name}: tensor {name} has unknown dtype {dtype!r} (expected one of "
+                           f"{', '.join(ST_DTYPE_BITS)})")
+    if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
+        raise ConvertError(f"{path.name}: tensor {name} has shape {shape!r}; expected a list of "
+                           "non-negative integers")
+    if not (isinstance(offs, list) and len(offs) == 2 and all(_is_count(o) for o in offs)):
+        raise ConvertError(f"{path.name}: tensor {name} has data_offsets {offs!r}; expected "
+                           "[begin, end] non-negative integers")
+    bits = _numel(tuple(shape)) * ST_DTYPE_BITS[dtype]
+    if bits % 8 or offs[1] - offs[0] != bits // 8:
+        raise ConvertError(f"{path.name}: tensor {name} data_offsets {offs} span {offs[1] - offs[0]} bytes; "
+                           f"expected {bits / 8:g} for {dtype} {shape}")
+    return dtype, tuple(shape), offs[0], offs[1]
+
+
 def read_safetensors_header(path: Path) -> dict[str, SourceTensor]:
-    """Parse one safetensors header (u64 LE length + JSON) and bound-check every entry."""
+    """Parse one safetensors header (u64 LE length + JSON) as strictly as the safetensors
+    library does: sorted by offset, the tensors must tile the data section exactly, from
+    byte 0 to its last byte, with no gap, overlap or alias; anything else means the
+    offsets (or the header length) are wrong and the bytes would be read shifted."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -71,26 +146,24 @@ def read_safetensors_header(path: Path) -> dict[str, SourceTensor]:
         hlen = int.from_bytes(raw, "little")
         if hlen > MAX_HEADER or 8 + hlen > size:
             raise ConvertError(f"{path.name}: header length {hlen} does not fit the file of {size} "
-                               "bytes (expected a safetensors file)")
-        try:
-            header = json.loads(f.read(hlen))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConvertError(f"{path.name}: header is not valid JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise ConvertError(f"{path.name}: header is a {type(header).__name__}, expected a JSON object")
-    data_start = 8 + hlen
+                               f"bytes (expected at most {min(MAX_HEADER, size - 8)}; a safetensors file?)")
+        header = _parse_header_json(path, f.read(hlen))
+    data_start, data_len = 8 + hlen, size - 8 - hlen
+    entries = sorted(((_header_entry(path, name, info), name) for name, info in header.items()
+                      if name != "__metadata__"), key=lambda x: (x[0][2], x[0][3]))
     out: dict[str, SourceTensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (b, e) = info["dtype"], tuple(int(x) for x in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ConvertError(f"{path.name}: tensor {name} has a malformed header entry {info!r}") from None
-        if not (0 <= b <= e and data_start + e <= size):
-            raise ConvertError(f"{path.name}: tensor {name} data_offsets [{b}, {e}] lie outside the "
-                               f"{size - data_start} data bytes")
+    covered = 0  # bytes of the data section tiled so far, in offset order
+    for (dtype, shape, b, e), name in entries:
+        if b != covered:
+            what = "overlaps the previous tensor" if b < covered else f"leaves a gap of {b - covered} bytes"
+            raise ConvertError(f"{path.name}: tensor {name} data_offsets [{b}, {e}] {what} (expected it "
+                               f"to begin at byte {covered}: tensors must tile the data section)")
+        covered = e
         out[name] = SourceTensor(name, dtype, shape, path, data_start + b, e - b)
+    if covered != data_len:
+        raise ConvertError(f"{path.name}: tensors cover {covered} bytes but the data section after the "
+                           f"{hlen}-byte header is {data_len} bytes (expected exactly covered; header "
+                           "length or data_offsets are wrong)")
     return out
 
 
