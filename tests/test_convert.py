@@ -437,6 +437,22 @@ def test_corrupt_synthetic_tiny_refused(corrupt, needle, synthetic_dir, tmp_path
     assert_refused(run_convert(d, out), out, "model.safetensors: ", needle)
 
 
+def test_output_path_checked_before_converting(synthetic_dir, tmp_path):
+    d = tiny_copy(synthetic_dir("synthetic-tiny"), tmp_path / "in")
+    replace_file(d / "config.json", "not json")  # conversion would fail here; the --out check comes first
+    missing = tmp_path / "no" / "such" / "w.gguf"
+    assert_refused(run_convert(d, missing), missing, f"--out {missing}: directory {missing.parent} does not exist")
+    assert not (tmp_path / "no").exists()  # no silent mkdir -p
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    r = run_convert(d, outdir)
+    assert r.returncode == 1 and f"--out {outdir} is a directory" in r.stderr, r.stderr
+    assert "Errno" not in r.stderr and list(outdir.iterdir()) == []
+    os.mkfifo(tmp_path / "fifo")
+    r = run_convert(d, tmp_path / "fifo")
+    assert r.returncode == 1 and "is not a regular file" in r.stderr, r.stderr
+
+
 # ---------------------------------------------------------------- tokenizer merge
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
    (not gguf.GGUFWriter, so the `gguf` package stays an independent reader in
    the tests). Tensor bytes are copied verbatim: no float conversion. The file
    is written as FILE.part and renamed, so a failure never leaves a bad FILE.
+   FILE's directory must already exist and FILE must not be a directory or
+   other non-regular file; this is checked before any conversion work.
 """
 from __future__ import annotations
 
@@ -514,6 +516,21 @@ def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTe
         f.write(b"\0" * _pad(t.nbytes))
 
 
+def check_output_path(out: Path) -> None:
+    """Refuse an output path that cannot take the file before any work is done: its
+    directory must already exist (no silent mkdir -p) and be writable, and the path
+    itself must be absent or a regular file (it is replaced atomically)."""
+    parent = out.parent
+    if not parent.is_dir():
+        raise ConvertError(f"--out {out}: directory {parent} does not exist (expected an existing "
+                           "directory; create it first)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConvertError(f"--out {out}: directory {parent} is not writable")
+    if out.exists() and not out.is_file():
+        kind = "a directory" if out.is_dir() else "not a regular file"
+        raise ConvertError(f"--out {out} is {kind} (expected a .gguf file path to create or replace)")
+
+
 def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quiet: bool = True) -> int:
     """Validate and convert; returns the number of tensors written. Raises ConvertError."""
     if quant in QUANT_LATER:
@@ -522,6 +539,7 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
         raise ConvertError(f"--quant is '{quant}'; expected bf16 (q8_0 and affine4_gs32 come later)")
     if not indir.is_dir():
         raise ConvertError(f"input directory {indir} does not exist")
+    check_output_path(out)
     bad = config_mismatches(_load_json(indir / "config.json"), c)
     if bad:
         raise ConvertError(f"config.json does not match registry entry {c.id}:\n  " + "\n  ".join(bad))
@@ -540,7 +558,6 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
         bar = tqdm(total=sum(t.nbytes for _, t in tensors), unit="B", unit_scale=True, desc=out.name)
     part = out.with_name(out.name + ".part")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         with open(part, "wb") as f:
             write_gguf(f, meta, tensors, bar)
         os.replace(part, out)
@@ -557,7 +574,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  "GGUF file (docs/FORMAT.md).")
     ap.add_argument("--checkpoint", required=True, help="registry id, e.g. qwen3-0.6b or synthetic-tiny")
     ap.add_argument("--input", required=True, type=Path, help="Hugging Face checkpoint directory")
-    ap.add_argument("--out", required=True, type=Path, help="output .gguf file")
+    ap.add_argument("--out", required=True, type=Path,
+                    help="output .gguf file (its directory must exist; an existing file is replaced)")
     ap.add_argument("--quant", default="bf16", help="weight scheme (only bf16 for now)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
