@@ -6,7 +6,8 @@
  * Order of operations (each stage sees the previous stage's output):
  *   1. logit_bias               (additive, OpenAI)
  *   2. repetition penalty       (CTRL, Keskar et al. 2019: positive logits / p,
- *                                negative * p, once per distinct windowed token)
+ *                                negative * p, once per distinct windowed token;
+ *                                saturated at +-FLT_MAX instead of overflowing)
  *   3. frequency / presence     (OpenAI: logit -= count*freq + (count>0)*presence)
  *   4. temperature 0 => argmax  (ties -> lowest id), done
  *   5. temperature scaling      (logit / T)
@@ -18,6 +19,7 @@
  *  10. renormalise and draw     (xoshiro256**, u in [0,1) from the top 53 bits)
  * The random generator is Blackman & Vigna's xoshiro256**, seeded via splitmix64.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,8 +125,12 @@ static void apply_penalties(float *x, uint32_t *counts, const kipp_sample_params
     for (size_t i = 0; i < w; i++) {
         uint32_t t = h[i], c = counts[t];
         if (!c) continue; /* already penalised */
-        if (p->repetition_penalty != 1.0f)
-            x[t] = x[t] > 0.0f ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
+        if (p->repetition_penalty != 1.0f) {
+            float v = x[t] > 0.0f ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
+            /* The penalty is monotone, so saturating keeps the order it means to impose
+             * where a large finite logit and a small (or large) penalty would overflow. */
+            x[t] = isinf(v) ? copysignf(FLT_MAX, v) : v;
+        }
         x[t] -= (float)c * p->frequency_penalty + p->presence_penalty;
         counts[t] = 0;
     }

@@ -298,6 +298,29 @@ static void test_nonfinite_logits(void)
     }
 }
 
+/* A repetition penalty that would push a large finite logit past FLT_MAX saturates
+ * (the order it imposes is kept) instead of failing with a non-finite logit. */
+static void test_penalty_saturates(void)
+{
+    const float lg[3] = {3e38f, 2e38f, -3e38f};
+    const uint32_t hist[2] = {0, 2};
+    kipp_sample_params p = kipp_sample_params_default();
+    p.history = hist;
+    p.history_len = 2;
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    uint32_t tok = 99;
+    char err[256] = "";
+    /* 0.5: token 0 -> 6e38 saturates to FLT_MAX and stays first */
+    p.repetition_penalty = 0.5f;
+    int rc = kipp_sample_ex(lg, 3, &p, &rng, &tok, err, sizeof err);
+    CHECK(rc == 0 && tok == 0, "penalty 0.5: rc %d (%s), token %u, expected 0 and token 0", rc, err, tok);
+    /* 4: token 0 -> 7.5e37 falls below token 1; token 2 -> -1.2e39 saturates to -FLT_MAX */
+    p.repetition_penalty = 4.0f;
+    rc = kipp_sample_ex(lg, 3, &p, &rng, &tok, err, sizeof err);
+    CHECK(rc == 0 && tok == 1, "penalty 4: rc %d (%s), token %u, expected 0 and token 1", rc, err, tok);
+}
+
 int main(void)
 {
     RUN(test_rng_reference);
@@ -311,5 +334,6 @@ int main(void)
     RUN(test_logit_bias);
     RUN(test_bad_parameters);
     RUN(test_nonfinite_logits);
+    RUN(test_penalty_saturates);
     return th_finish();
 }
