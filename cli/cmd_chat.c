@@ -119,12 +119,13 @@ static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_ge
     fputc('\n', stdout);
     fflush(stdout);
     if (rc) {
-        fprintf(stderr, "kipp chat: %s (turn dropped; /reset starts over)\n", err[0] ? err : kipp_strerror(rc));
+        fprintf(stderr, "kipp chat: %s%s (turn dropped; /reset starts over)\n", err[0] ? err : kipp_strerror(rc),
+                cli_gen_hint(rc));
         if (c->n_msgs && c->msgs[c->n_msgs - 1].role == KIPP_ROLE_USER) chat_pop(c);
     } else {
         fprintf(stderr, "kipp chat: reused %zu of %zu prompt tokens from the cache, evaluated %zu\n", reused, n,
                 n - reused);
-        cli_gen_print_timings("chat", m, n - reused, t_prefill, &st);
+        cli_gen_print_timings("chat", m, s, o, n - reused, t_prefill, &st);
     }
     free(ids), free(gen), free(reply);
     return rc;
@@ -171,7 +172,7 @@ int cmd_chat(int argc, char **argv)
 {
     cli_gen_opts o;
     int rc = cli_gen_parse("chat", argc, argv, &o);
-    if (rc) return rc;
+    if (rc) return rc == CLI_HELP_SHOWN ? 0 : rc;
     kipp_model *m = NULL;
     if ((rc = cli_gen_open("chat", &o, &m))) return rc;
     kipp_model_info info;
@@ -182,14 +183,15 @@ int cmd_chat(int argc, char **argv)
         kipp_model_close(m);
         return 2;
     }
-    uint32_t cap = o.ctx ? o.ctx : DEFAULT_CHAT_CTX;
+    /* cli_gen_open rejected a --ctx above the context length; only the default is capped. */
+    uint32_t cap = o.ctx ? (uint32_t)o.ctx : DEFAULT_CHAT_CTX;
     if (cap > info.context_length) cap = info.context_length;
     kipp_session *s = NULL;
     char err[512];
     float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     if (kipp_session_create(m, cap, &s, err, sizeof err)) {
         fprintf(stderr, "kipp chat: %s\n", err);
-        rc = o.ctx > info.context_length ? 2 : 1;
+        rc = 1;
     } else if (!logits) {
         fprintf(stderr, "kipp chat: out of memory\n");
         rc = 1;

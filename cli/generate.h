@@ -1,6 +1,7 @@
 /*
  * generate.h - pieces shared by `kipp generate`, `kipp chat` and `kipp logits`
- * (cli/cmd_generate.c, cli/cmd_chat.c). CLI-internal: only kipp.h below it.
+ * (cli/gen_args.c, cli/cmd_generate.c, cli/cmd_chat.c). CLI-internal: only
+ * kipp.h below it.
  */
 #ifndef KIPP_CLI_GENERATE_H
 #define KIPP_CLI_GENERATE_H
@@ -12,6 +13,9 @@
 #include "kipp.h"
 
 #define CLI_MAX_BIAS 64 /* --logit-bias entries */
+#define CLI_MAX_THREADS 1024 /* --threads upper bound; the cpu thread pool's own limit (cpu_threadpool.c) */
+#define CLI_DEFAULT_MAX_TOKENS 128u
+#define CLI_HELP_SHOWN (-1) /* cli_gen_parse printed --help: exit 0 */
 
 /** Options common to the three commands; filled by cli_gen_parse. */
 typedef struct {
@@ -22,24 +26,33 @@ typedef struct {
     int chat;                 /* --chat: render the prompt as one user turn */
     int think;                /* 0 with --no-think (hybrid templates), else 1 */
     int threads;              /* --threads N; 0 = one per physical core */
+    const char *threads_arg;  /* --threads as written; NULL when not given */
     int show_ids;             /* --show-ids: print generated ids to stderr */
     int no_reuse;             /* --no-cache-reuse (chat): re-prefill every turn; a test oracle */
     uint32_t max_tokens;      /* --max-tokens N: generated tokens per reply; default 128 */
-    uint32_t ctx;             /* --ctx N: session capacity for chat; 0 = default */
+    uint64_t ctx;             /* --ctx N: session capacity (generate, chat); 0 = default */
+    const char *ctx_arg;      /* --ctx as written, for messages */
     uint64_t seed;            /* --seed S; default 0 */
     kipp_sample_params sp;    /* --temperature/--top-p/--top-k/--min-p/--repeat-penalty/... */
     kipp_logit_bias bias[CLI_MAX_BIAS]; /* --logit-bias ID=B, repeatable; sp.logit_bias points here */
+    const char *bias_arg[CLI_MAX_BIAS]; /* each --logit-bias as written */
 } cli_gen_opts;
 
 /**
  * Parse argv (argv[0] = command name) into o for command cmd ("generate",
- * "chat", "logits"); unknown, malformed or out-of-range arguments print one
- * sentence to stderr naming the argument and the expectation. Returns 0, or 2
- * (the exit status for argument errors).
+ * "chat", "logits"); unknown, malformed or out-of-range arguments, and options
+ * another command uses, print one sentence to stderr naming the flag and the
+ * value as written. Returns 0; 2 (the exit status for argument errors); or
+ * CLI_HELP_SHOWN after printing --help to stdout (the caller exits 0).
+ * --ctx is bounded by the model's context length later, in cli_gen_open.
  */
 int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o);
 
-/** Open o->model on o->backend; prints the error and returns the exit status (1, or 2 for a bad backend). */
+/**
+ * Open o->model on o->backend and check what needs the model (--logit-bias ids
+ * below the vocabulary, --ctx within the context length); prints the error and
+ * returns the exit status (1, or 2 for a bad backend or argument).
+ */
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out);
 
 /** Tokenize text (special tokens matched) into a malloc'd array *ids[*n]; 0 or a KIPP_E* code. */
@@ -71,8 +84,17 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
                    FILE *out, uint32_t **ids, size_t *n_ids, char **text, cli_reply_stats *st, char *err,
                    size_t errlen);
 
-/** Print the one-line timings summary to stderr. */
-void cli_gen_print_timings(const char *cmd, const kipp_model *m, size_t n_prompt, double t_prefill,
-                           const cli_reply_stats *st);
+/**
+ * Print the one-line timings summary (with the sampling seed) to stderr, and a
+ * note when the reply stopped because the session's context was full.
+ */
+void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s, const cli_gen_opts *o,
+                           size_t n_prompt, double t_prefill, const cli_reply_stats *st);
+
+/** A clause to append to an error message: a corrupt-weights hint for KIPP_ENUMERIC, else "". */
+const char *cli_gen_hint(int rc);
+
+/** Print "kipp CMD: err" (or rc's kipp_strerror when err is empty) plus cli_gen_hint(rc) to stderr. */
+void cli_gen_report(const char *cmd, int rc, const char *err);
 
 #endif

@@ -26,7 +26,7 @@ NMSE_HF = MANIFEST["tolerances"]["prefill_nmse"]
 # the logit error an NMSE of ~1e-5 implies (~0.01 at logit std 4).
 SAFE_MARGIN = 0.1
 TIMINGS = re.compile(r"prompt (\d+) tokens, generated (\d+) \(([a-z ]+)\), prefill [\d.]+ tok/s, "
-                     r"decode [\d.]+ tok/s, TTFT [\d.]+ ms, KV (\d+) bytes/token, backend ref")
+                     r"decode [\d.]+ tok/s, TTFT [\d.]+ ms, KV (\d+) bytes/token, backend ref, seed (\d+)")
 
 
 def gguf(cid: str) -> Path:
@@ -185,8 +185,8 @@ def test_chat_refuses_base_model():
 @pytest.mark.parametrize("args,needle", [
     ([], "--model"),
     (["--model", "M"], "--prompt"),
-    (["--model", "M", "--prompt", "x", "--top-p", "1.5"], "top_p 1.5"),
-    (["--model", "M", "--prompt", "x", "--temperature", "-1"], "temperature -1"),
+    (["--model", "M", "--prompt", "x", "--top-p", "1.5"], "--top-p '1.5'"),
+    (["--model", "M", "--prompt", "x", "--temperature", "-1"], "--temperature '-1'"),
     (["--model", "M", "--prompt", "x", "--top-k", "-3"], "--top-k '-3'"),
     (["--model", "M", "--prompt", "x", "--max-tokens", "0"], "--max-tokens '0'"),
     (["--model", "M", "--prompt", "x", "--seed", "abc"], "--seed 'abc'"),
@@ -209,7 +209,7 @@ def test_unknown_backend_is_an_argument_error():
 def test_logit_bias_token_out_of_range():
     r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", "--backend", "ref",
              "--logit-bias", "151936=1")
-    assert r.returncode == 2 and "151936" in r.stderr and "below 151936" in r.stderr
+    assert r.returncode == 2 and "--logit-bias '151936=1'" in r.stderr and "below 151936" in r.stderr
 
 
 def test_chat_on_base_model_generate_is_rejected():
@@ -229,3 +229,158 @@ def test_prompt_longer_than_context_is_rejected_before_compute():
     m = re.search(r"(\d+) tokens do not fit: the session holds 0 of 4096", r.stderr)
     assert m and int(m[1]) > 4096, r.stderr
     assert "prefill" not in r.stderr  # no timings: nothing was computed
+
+
+# ---- trial-report fixes: help, per-command options, --ctx, ranges, messages, seed, chat lines ----
+
+TINY = ["--model", str(REPO_ROOT / "build" / "models" / "synthetic-tiny.gguf"), "--backend", "ref"]
+# What each command uses (the decision, written out independently of the parser's table).
+OWN = {
+    "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
+                 "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
+                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help"},
+    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse",
+             "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
+             "--presence-penalty", "--logit-bias", "--help"},
+    "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help"},
+}
+ALL_OPTS = set().union(*OWN.values())
+
+
+@pytest.mark.parametrize("cmd", sorted(OWN))
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_goes_to_stdout_and_lists_only_own_options(cmd, flag):
+    r = kipp(cmd, flag)
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.startswith(f"usage: kipp {cmd} ")
+    listed = set(re.findall(r"^  (--[a-z-]+)", r.stdout, re.M))
+    assert listed == OWN[cmd]
+
+
+@pytest.mark.parametrize("cmd,flag", [(c, f) for c in sorted(OWN) for f in sorted(ALL_OPTS - OWN[c])])
+def test_option_of_another_command_is_rejected(cmd, flag):
+    args = [*TINY, "--prompt", "x", "--out", "o.f32"] if cmd == "logits" else [*TINY, "--prompt", "x"]
+    args = [a for a in args if cmd != "chat" or a not in ("--prompt", "x")]
+    value = [] if flag in ("--chat", "--show-ids", "--no-cache-reuse", "--no-think") else ["1"]
+    r = kipp(cmd, *args, flag, *value, stdin="")
+    assert r.returncode == 2, r.stderr
+    assert f"option {flag} does not apply to `kipp {cmd}`" in r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("cmd", ["generate", "logits"])
+def test_no_think_needs_chat(cmd):
+    r = kipp(cmd, *TINY, "--prompt", "x", "--out", "o.f32", "--no-think") if cmd == "logits" else \
+        kipp(cmd, *TINY, "--prompt", "x", "--no-think")
+    assert r.returncode == 2 and "--no-think" in r.stderr and "--chat" in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat"])
+def test_ctx_above_context_length_is_an_error(cmd):
+    args = [*TINY, "--ctx", "999999"] + (["--prompt", "hi"] if cmd == "generate" else [])
+    r = kipp(cmd, *args, stdin="hi\n")
+    assert r.returncode == 2, r.stderr
+    assert "--ctx '999999'" in r.stderr and "4096" in r.stderr
+    assert r.stdout == ""
+
+
+def test_generate_ctx_bounds_the_session():
+    """--ctx 6 with a 2-token prompt: 4 tokens evaluated after the prompt, 5 sampled, then a note."""
+    base = ["--prompt", "hello hello", "--show-ids"]
+    r = kipp("generate", *TINY, *base, "--ctx", "6", "--max-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    m = TIMINGS.search(r.stderr)
+    assert (int(m[1]), int(m[2]), m[3]) == (2, 5, "context full")
+    assert "context of 6 tokens is full" in r.stderr
+    # oracle: the same greedy run limited by --max-tokens instead
+    full = kipp("generate", *TINY, *base, "--max-tokens", "5")
+    assert full.returncode == 0 and generated_ids(r.stderr) == generated_ids(full.stderr)
+    assert r.stdout == full.stdout
+    assert "context full" not in full.stderr and "is full" not in full.stderr
+
+
+def test_generate_prompt_longer_than_ctx_is_rejected():
+    r = kipp("generate", *TINY, "--prompt", "one two three four five six", "--ctx", "3")
+    assert r.returncode == 1
+    assert re.search(r"(\d+) tokens do not fit: the session holds 0 of 3", r.stderr), r.stderr
+    assert "prefill" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", sorted(OWN))
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("n", ["1025", "2000", "-1"])
+def test_threads_limit_is_1024_at_parse_time(cmd, backend, n):
+    # a missing model file shows the check happens before anything is opened
+    r = kipp(cmd, "--model", "/nonexistent.gguf", "--prompt", "x", "--out", "o", "--backend", backend,
+             "--threads", n) if cmd == "logits" else \
+        kipp(cmd, "--model", "/nonexistent.gguf", *(["--prompt", "x"] if cmd == "generate" else []),
+             "--backend", backend, "--threads", n, stdin="")
+    assert r.returncode == 2, r.stderr
+    assert f"--threads '{n}'" in r.stderr and "0..1024" in r.stderr
+
+
+def test_ref_backend_rejects_threads_other_than_one():
+    r = kipp("generate", *TINY, "--prompt", "hi", "--threads", "4")
+    assert r.returncode == 2 and "--threads '4'" in r.stderr and "single-threaded" in r.stderr
+    ok = kipp("generate", *TINY, "--prompt", "hi", "--threads", "1", "--max-tokens", "1")
+    assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("value", ["1e-38", "0", "0.0099", "100.5", "1e39", "nan", "inf"])
+def test_repeat_penalty_out_of_range_is_rejected_up_front(value):
+    r = kipp("generate", *TINY, "--prompt", "hello hello", "--repeat-penalty", value)
+    assert r.returncode == 2
+    assert f"--repeat-penalty '{value}'" in r.stderr and "[0.01, 100]" in r.stderr
+    assert r.stdout == ""  # nothing generated before the error
+
+
+@pytest.mark.parametrize("value", ["0.01", "100"])
+def test_repeat_penalty_range_ends_run(value):
+    r = kipp("generate", *TINY, "--prompt", "hello hello", "--repeat-penalty", value, "--max-tokens", "4",
+             "--temperature", "1", "--show-ids")
+    assert r.returncode == 0, r.stderr
+    assert TIMINGS.search(r.stderr)[2] == "4" or "stop token" in r.stderr
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--temperature", "1e39", "--temperature '1e39'"),
+    ("--top-p", "0", "--top-p '0' is invalid, expected a number in (0, 1]"),
+    ("--min-p", "1.5", "--min-p '1.5' is invalid, expected a number in [0, 1]"),
+    ("--frequency-penalty", "3", "--frequency-penalty '3'"),
+    ("--presence-penalty", "-2.5", "--presence-penalty '-2.5'"),
+    ("--max-tokens", "99999999999", "1073741824"),
+    ("--top-k", "99999999999", "1073741824"),
+    ("--seed", "-1", "--seed '-1'"),
+    ("--ctx", "0", "--ctx '0'"),
+    ("--logit-bias", "5=1e39", "--logit-bias '5=1e39'"),
+    ("--logit-bias", "5=100.5", "[-100, 100]"),
+])
+def test_messages_name_the_flag_and_value_as_written(flag, value, needle):
+    r = kipp("generate", *TINY, "--prompt", "x", flag, value)
+    assert r.returncode == 2
+    assert needle in r.stderr, r.stderr
+    assert "top_p" not in r.stderr and "repetition_penalty" not in r.stderr and " inf" not in r.stderr
+
+
+def test_nonfinite_logits_hint_at_corrupt_weights(tmp_path):
+    from gguf import GGUFReader
+    src = gguf("synthetic-tiny")
+    norm = next(t for t in GGUFReader(str(src)).tensors if t.name == "output_norm.weight")
+    bad = tmp_path / "nan.gguf"
+    data = bytearray(src.read_bytes())
+    data[norm.data_offset:norm.data_offset + norm.n_bytes] = b"\xc0\x7f" * (norm.n_bytes // 2)  # bf16 NaN
+    bad.write_bytes(bytes(data))
+    for args in (["generate", "--prompt", "hi"], ["logits", "--prompt", "hi", "--out", str(tmp_path / "o.f32")]):
+        r = kipp(args[0], "--model", str(bad), "--backend", "ref", *args[1:])
+        assert r.returncode == 1
+        assert "is nan" in r.stderr and "weights may be corrupt" in r.stderr, r.stderr
+
+
+def test_unseeded_sampling_uses_seed_zero_and_prints_it():
+    base = ["generate", *TINY, "--prompt", "hello", "--temperature", "1.5", "--max-tokens", "6", "--show-ids"]
+    unseeded, zero, seven = kipp(*base), kipp(*base, "--seed", "0"), kipp(*base, "--seed", "7")
+    for r in (unseeded, zero, seven):
+        assert r.returncode == 0, r.stderr
+    assert TIMINGS.search(unseeded.stderr)[5] == "0" and TIMINGS.search(seven.stderr)[5] == "7"
+    assert generated_ids(unseeded.stderr) == generated_ids(zero.stderr)
+    assert "default 0" in kipp("generate", "--help").stdout

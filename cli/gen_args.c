@@ -1,0 +1,279 @@
+/*
+ * gen_args.c - the argument parser shared by `kipp generate`, `kipp chat` and
+ * `kipp logits` (cli_gen_parse in generate.h).
+ *
+ * One table lists every option, the commands that use it and its help text,
+ * so the usage each command prints and the options it accepts cannot drift
+ * apart: an option another command uses is rejected by name ("does not
+ * apply"), never accepted and ignored. Values are range-checked here, with the
+ * flag and the text as the user wrote it in the message; the ranges are
+ * subsets of what kipp_sample_ex accepts (engine/sampler.c), and the sampler's
+ * own check runs afterwards as a backstop.
+ */
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate.h"
+
+enum { C_GEN = 1, C_CHAT = 2, C_LOGITS = 4, C_ALL = 7, C_SAMPLE = C_GEN | C_CHAT };
+
+/** One command-line option: the commands using it and its usage line. */
+typedef struct {
+    const char *flag;
+    const char *arg;  /* value placeholder, NULL for a switch */
+    unsigned cmds;    /* C_* mask */
+    const char *help; /* range and default */
+} opt_def;
+
+static const opt_def OPTS[] = {
+    {"--model", "FILE.gguf", C_ALL, "the model file (required)"},
+    {"--prompt", "TEXT", C_GEN | C_LOGITS, "the prompt text (required)"},
+    {"--out", "FILE.f32", C_LOGITS, "where the final row's logits go, little-endian float32 (required)"},
+    {"--backend", "ref|cpu", C_ALL, "compute backend; default cpu (ref: scalar FP32 oracle, single-threaded)"},
+    {"--threads", "N", C_ALL, "cpu worker threads, 0..1024; default 0 = one per physical core;\n"
+                              "      ref is single-threaded and accepts only 1"},
+    {"--chat", NULL, C_GEN | C_LOGITS, "render the prompt as one user turn of the chat template"},
+    {"--no-think", NULL, C_ALL, "hybrid templates: disable thinking (generate/logits: needs --chat)"},
+    {"--max-tokens", "N", C_SAMPLE, "tokens generated per reply, 1..1073741824 (2^30); default 128"},
+    {"--ctx", "N", C_SAMPLE, "session capacity in tokens, 1..the model's context length; default\n"
+                             "      generate: prompt + max-tokens, chat: 8192 (both capped at the context\n"
+                             "      length); generation stops with a note when the context is full"},
+    {"--show-ids", NULL, C_GEN, "print the generated token ids to stderr"},
+    {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
+    {"--temperature", "T", C_SAMPLE, "finite, >= 0; default 0 = greedy"},
+    {"--top-p", "P", C_SAMPLE, "nucleus mass in (0, 1]; default 1 (off)"},
+    {"--top-k", "K", C_SAMPLE, "0..1073741824; default 0 (off)"},
+    {"--min-p", "M", C_SAMPLE, "in [0, 1]; default 0 (off)"},
+    {"--seed", "S", C_SAMPLE, "0..2^64-1; default 0, so unseeded runs repeat; printed in the timings line"},
+    {"--repeat-penalty", "R", C_SAMPLE, "CTRL penalty on the last 64 tokens, in [0.01, 100]; default 1 (off)"},
+    {"--frequency-penalty", "F", C_SAMPLE, "in [-2, 2]; default 0"},
+    {"--presence-penalty", "F", C_SAMPLE, "in [-2, 2]; default 0"},
+    {"--logit-bias", "ID=BIAS", C_SAMPLE, "add BIAS in [-100, 100] to token ID's logit; repeatable, at most 64"},
+    {"--help", NULL, C_ALL, "print this help and exit"},
+};
+#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
+
+/** A float option: where it goes in kipp_sample_params and its accepted range. */
+typedef struct {
+    const char *flag;
+    size_t off;      /* offsetof(kipp_sample_params, field) */
+    double lo, hi;   /* inclusive bounds ... */
+    int lo_open;     /* ... except lo when set */
+    const char *expect;
+} float_spec;
+
+#define SP(f) offsetof(kipp_sample_params, f)
+static const float_spec FLOATS[] = {
+    {"--temperature", SP(temperature), 0.0, FLT_MAX, 0, "a finite number >= 0 (0 = greedy)"},
+    {"--top-p", SP(top_p), 0.0, 1.0, 1, "a number in (0, 1]"},
+    {"--min-p", SP(min_p), 0.0, 1.0, 0, "a number in [0, 1]"},
+    /* 1/100..100 covers every published setting (1.0-1.5); the sampler saturates the rest. */
+    {"--repeat-penalty", SP(repetition_penalty), 0.01, 100.0, 0, "a number in [0.01, 100] (1 = off)"},
+    {"--frequency-penalty", SP(frequency_penalty), -2.0, 2.0, 0, "a number in [-2, 2]"},
+    {"--presence-penalty", SP(presence_penalty), -2.0, 2.0, 0, "a number in [-2, 2]"},
+};
+#undef SP
+
+/* OpenAI's logit_bias range; with it no finite logit can overflow when biased. */
+#define MAX_ABS_BIAS 100.0
+
+static unsigned cmd_bit(const char *cmd)
+{
+    return !strcmp(cmd, "generate") ? C_GEN : !strcmp(cmd, "chat") ? C_CHAT : C_LOGITS;
+}
+
+static void usage(const char *cmd, FILE *f)
+{
+    unsigned bit = cmd_bit(cmd);
+    fprintf(f, "usage: kipp %s [OPTIONS]%s\n\noptions:\n", cmd,
+            bit == C_CHAT ? " < MESSAGES\n  reads one user message per line; /reset clears the conversation,\n"
+                            "  /exit (or end of input) quits, a leading // sends a literal '/';\n"
+                            "  exit status 1 when any turn failed or a line was rejected"
+                          : "");
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (OPTS[i].cmds & bit)
+            fprintf(f, "  %s%s%s\n      %s\n", OPTS[i].flag, OPTS[i].arg ? " " : "", OPTS[i].arg ? OPTS[i].arg : "",
+                    OPTS[i].help);
+    if (bit != C_LOGITS)
+        fprintf(f, "\nQwen3 model cards suggest --temperature 0.6 --top-p 0.95 --top-k 20 for thinking mode\n"
+                   "and 0.7 / 0.8 / 20 without it.\n");
+}
+
+static int bad_arg(const char *cmd, const char *flag, const char *val, const char *expect)
+{
+    fprintf(stderr, "kipp %s: %s '%s' is invalid, expected %s\n", cmd, flag, val ? val : "(missing)", expect);
+    return 2;
+}
+
+/* A decimal float whose magnitude fits a float, so "1e39" is named, not "inf". */
+static int parse_float(const char *s, double lo, double hi, int lo_open, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || fabs(v) > FLT_MAX) return -1;
+    if (v < lo || v > hi || (lo_open && v == lo)) return -1;
+    *out = (float)v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (*s < '0' || *s > '9') return -1; /* strtoull would accept "-1", " 1", "+1" */
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+/* "--logit-bias ID=BIAS": an additive bias on one token (OpenAI logit_bias). */
+static int parse_bias(const char *cmd, const char *v, cli_gen_opts *o)
+{
+    const char *eq = strchr(v, '=');
+    char id[32];
+    uint64_t tok;
+    float b;
+    if (!eq || eq == v || (size_t)(eq - v) >= sizeof id) return bad_arg(cmd, "--logit-bias", v, "TOKEN_ID=BIAS");
+    memcpy(id, v, (size_t)(eq - v));
+    id[eq - v] = 0;
+    if (parse_u64(id, UINT32_MAX, &tok) || parse_float(eq + 1, -MAX_ABS_BIAS, MAX_ABS_BIAS, 0, &b))
+        return bad_arg(cmd, "--logit-bias", v, "TOKEN_ID=BIAS with an integer id and a finite BIAS in [-100, 100]");
+    if (o->sp.n_logit_bias >= CLI_MAX_BIAS) return bad_arg(cmd, "--logit-bias", v, "at most 64 entries");
+    o->bias_arg[o->sp.n_logit_bias] = v;
+    o->bias[o->sp.n_logit_bias++] = (kipp_logit_bias){(uint32_t)tok, b};
+    o->sp.logit_bias = o->bias;
+    return 0;
+}
+
+static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_opts *o)
+{
+    uint64_t u = 0;
+    if (!strcmp(f, "--seed")) {
+        if (parse_u64(v, UINT64_MAX, &o->seed)) return bad_arg(cmd, f, v, "an integer in 0..18446744073709551615");
+    } else if (!strcmp(f, "--top-k")) {
+        if (parse_u64(v, 1u << 30, &u)) return bad_arg(cmd, f, v, "an integer in 0..1073741824 (0 = off)");
+        o->sp.top_k = (int)u;
+    } else if (!strcmp(f, "--max-tokens")) {
+        if (parse_u64(v, 1u << 30, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..1073741824 (2^30)");
+        o->max_tokens = (uint32_t)u;
+    } else if (!strcmp(f, "--threads")) {
+        if (parse_u64(v, CLI_MAX_THREADS, &u))
+            return bad_arg(cmd, f, v, "an integer in 0..1024 (0 = one per physical core)");
+        o->threads = (int)u;
+        o->threads_arg = v;
+    } else if (!strcmp(f, "--ctx")) {
+        /* The upper bound is the model's context length, checked once it is open. */
+        if (parse_u64(v, UINT32_MAX, &o->ctx) || o->ctx == 0)
+            return bad_arg(cmd, f, v, "an integer >= 1 and at most the model's context length (tokens)");
+        o->ctx_arg = v;
+    } else {
+        fprintf(stderr, "kipp %s: internal error: option %s has no parser\n", cmd, f);
+        return 2;
+    }
+    return 0;
+}
+
+/* One "--flag VALUE" option known to apply to cmd; returns 0 or 2. */
+static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_gen_opts *o)
+{
+    for (size_t i = 0; i < sizeof FLOATS / sizeof FLOATS[0]; i++)
+        if (!strcmp(f, FLOATS[i].flag)) {
+            float *dst = (float *)((char *)&o->sp + FLOATS[i].off);
+            return parse_float(v, FLOATS[i].lo, FLOATS[i].hi, FLOATS[i].lo_open, dst)
+                       ? bad_arg(cmd, f, v, FLOATS[i].expect) : 0;
+        }
+    if (!strcmp(f, "--model")) o->model = v;
+    else if (!strcmp(f, "--prompt")) o->prompt = v;
+    else if (!strcmp(f, "--backend")) o->backend = v;
+    else if (!strcmp(f, "--out")) o->out = v;
+    else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
+    else return parse_int_opt(cmd, f, v, o);
+    return 0;
+}
+
+static void set_switch(const char *f, cli_gen_opts *o)
+{
+    if (!strcmp(f, "--chat")) o->chat = 1;
+    else if (!strcmp(f, "--no-think")) o->think = 0;
+    else if (!strcmp(f, "--show-ids")) o->show_ids = 1;
+    else if (!strcmp(f, "--no-cache-reuse")) o->no_reuse = 1;
+}
+
+/* Backstop: the sampler's own validation must accept what the ranges above let through. */
+static int check_sampling(const char *cmd, const cli_gen_opts *o)
+{
+    float dummy = 0.0f;
+    uint32_t tok;
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 0);
+    char err[256];
+    kipp_sample_params sp = o->sp;
+    sp.n_logit_bias = 0; /* bias ids are checked against the vocabulary once the model is open */
+    if (kipp_sample_ex(&dummy, 1, &sp, &rng, &tok, err, sizeof err) == 0) return 0;
+    fprintf(stderr, "kipp %s: sampling options rejected: %s\n", cmd, err);
+    return 2;
+}
+
+/* Requirements and combinations, once every option is read. */
+static int check_combination(const char *cmd, const cli_gen_opts *o)
+{
+    unsigned bit = cmd_bit(cmd);
+    if (!o->model) return bad_arg(cmd, "--model", NULL, "a .gguf path");
+    if (bit != C_CHAT && !o->prompt) return bad_arg(cmd, "--prompt", NULL, "the prompt text"), 2;
+    if (bit == C_LOGITS && !o->out) return bad_arg(cmd, "--out", NULL, "an output file"), 2;
+    if (bit != C_CHAT && !o->think && !o->chat) {
+        fprintf(stderr, "kipp %s: --no-think applies to the chat template, expected it together with --chat\n", cmd);
+        return 2;
+    }
+    if (o->threads_arg && !strcmp(o->backend, "ref") && o->threads != 1) {
+        fprintf(stderr, "kipp %s: --threads '%s' does not apply to --backend ref, which is single-threaded; "
+                        "expected --threads 1 or no --threads\n", cmd, o->threads_arg);
+        return 2;
+    }
+    return 0;
+}
+
+static const opt_def *find_opt(const char *f)
+{
+    for (size_t i = 0; i < N_OPTS; i++)
+        if (!strcmp(f, OPTS[i].flag)) return &OPTS[i];
+    return NULL;
+}
+
+int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu";
+    o->think = 1;
+    o->max_tokens = CLI_DEFAULT_MAX_TOKENS;
+    o->sp = kipp_sample_params_default();
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const opt_def *d = find_opt(!strcmp(f, "-h") ? "--help" : f);
+        if (!d) {
+            fprintf(stderr, "kipp %s: %s '%s'; `kipp %s --help` lists the options\n", cmd,
+                    f[0] == '-' ? "unknown option" : "unexpected argument", f, cmd);
+            return 2;
+        }
+        if (!(d->cmds & cmd_bit(cmd))) {
+            fprintf(stderr, "kipp %s: option %s does not apply to `kipp %s`\n", cmd, f, cmd);
+            return 2;
+        }
+        if (!strcmp(d->flag, "--help")) return usage(cmd, stdout), CLI_HELP_SHOWN;
+        if (!d->arg) {
+            set_switch(f, o);
+            continue;
+        }
+        if (i + 1 >= argc) return bad_arg(cmd, f, NULL, "a value after it");
+        int rc = parse_value_opt(cmd, f, argv[++i], o);
+        if (rc) return rc;
+    }
+    int rc = check_combination(cmd, o);
+    return rc ? rc : check_sampling(cmd, o);
+}
