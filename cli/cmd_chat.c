@@ -2,8 +2,11 @@
  * cmd_chat.c - `kipp chat --model FILE`: interactive multi-turn chat for
  * instruct checkpoints (issue 4, item 7).
  *
- * Reads one user message per stdin line; `/reset` clears the conversation,
- * `/exit` or end of input quits. Each turn re-renders the whole conversation
+ * Reads one user message per stdin line, trimmed of surrounding whitespace;
+ * blank lines are skipped. `/reset` clears the conversation, `/exit` or end of
+ * input quits; any other line starting with '/' is rejected with the list of
+ * commands (a leading `//` sends the rest, starting with '/', as a message).
+ * The exit status is 1 when any turn failed or any line was rejected. Each turn re-renders the whole conversation
  * with the native renderer (kipp_chat_render) and tokenizes it, then reuses the
  * session's KV for the longest common prefix of token ids with what the
  * session already holds: kipp_session_truncate drops the rest (for example,
@@ -18,6 +21,7 @@
  * stdout carries only the replies (one line per turn end); prompts and the
  * per-turn statistics go to stderr, so the command can be driven by a pipe.
  */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,15 +135,34 @@ static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_ge
     return rc;
 }
 
-/* Strip the line end; returns the line, or NULL at end of input. */
+/* Read one line trimmed of surrounding whitespace (line end included); NULL at end of input. */
 static char *read_line(char **buf, size_t *cap)
 {
     fputs("> ", stderr);
     fflush(stderr);
     ssize_t len = getline(buf, cap, stdin);
     if (len < 0) return NULL;
-    while (len > 0 && ((*buf)[len - 1] == '\n' || (*buf)[len - 1] == '\r')) (*buf)[--len] = 0;
-    return *buf;
+    char *p = *buf;
+    while (len > 0 && isspace((unsigned char)p[len - 1])) p[--len] = 0;
+    while (isspace((unsigned char)*p)) p++;
+    return p;
+}
+
+typedef enum { LINE_SKIP, LINE_MESSAGE, LINE_RESET, LINE_EXIT, LINE_BAD } line_kind;
+
+/* What a trimmed line asks for; *msg is the text to send for LINE_MESSAGE. */
+static line_kind classify(const char *line, const char **msg)
+{
+    *msg = line;
+    if (!line[0]) return LINE_SKIP;
+    if (line[0] != '/') return LINE_MESSAGE;
+    if (line[1] == '/') {
+        *msg = line + 1; /* "//x" sends "/x" */
+        return LINE_MESSAGE;
+    }
+    if (!strcmp(line, "/exit")) return LINE_EXIT;
+    if (!strcmp(line, "/reset")) return LINE_RESET;
+    return LINE_BAD;
 }
 
 static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits)
@@ -149,23 +172,28 @@ static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o, floa
     kipp_rng_seed(&rng, o->seed);
     char *buf = NULL;
     size_t cap = 0;
-    const char *line;
+    const char *line, *msg;
+    int failed = 0;
     while ((line = read_line(&buf, &cap)) != NULL) {
-        if (!strcmp(line, "/exit")) break;
-        if (!strcmp(line, "/reset")) {
+        line_kind k = classify(line, &msg);
+        if (k == LINE_EXIT) break;
+        if (k == LINE_RESET) {
             chat_clear(&c);
             kipp_session_reset(s);
             fprintf(stderr, "kipp chat: conversation reset\n");
-            continue;
+        } else if (k == LINE_BAD) {
+            fprintf(stderr, "kipp chat: unknown command '%s', expected /reset or /exit "
+                            "(start a message with // to send a leading '/')\n", line);
+            failed = 1;
+        } else if (k == LINE_MESSAGE && chat_turn(m, s, &c, o, logits, &rng, msg)) {
+            failed = 1; /* reported; the chat goes on, the exit status remembers */
         }
-        if (!line[0]) continue;
-        chat_turn(m, s, &c, o, logits, &rng, line); /* errors are reported; the chat goes on */
     }
     chat_clear(&c);
     free(c.msgs);
     free(c.held);
     free(buf);
-    return 0;
+    return failed;
 }
 
 int cmd_chat(int argc, char **argv)

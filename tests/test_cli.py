@@ -384,3 +384,38 @@ def test_unseeded_sampling_uses_seed_zero_and_prints_it():
     assert TIMINGS.search(unseeded.stderr)[5] == "0" and TIMINGS.search(seven.stderr)[5] == "7"
     assert generated_ids(unseeded.stderr) == generated_ids(zero.stderr)
     assert "default 0" in kipp("generate", "--help").stdout
+
+
+def test_chat_trims_lines_and_skips_blank_ones():
+    messy = chat(stdin="   \n\t\n  Hello there  \t\n /exit  \nnever read\n")
+    clean = chat(stdin="Hello there\n")
+    assert messy.returncode == 0 and clean.returncode == 0, messy.stderr
+    assert len(re.findall(r"reused \d+ of", messy.stderr)) == 1  # the blank lines and /exit are no turns
+    assert messy.stdout == clean.stdout
+
+
+def test_chat_reset_with_whitespace():
+    r = chat(stdin="Hello there\n  /reset \t\nHello there\n")
+    assert r.returncode == 0, r.stderr
+    assert "conversation reset" in r.stderr
+    assert re.findall(r"reused (\d+) of", r.stderr) == ["0", "0"]
+
+
+def test_chat_rejects_unknown_commands_and_exits_1():
+    r = chat(stdin="/help\nHello there\n")
+    assert r.returncode == 1
+    assert "unknown command '/help'" in r.stderr and "/reset" in r.stderr and "/exit" in r.stderr
+    assert len(re.findall(r"reused \d+ of", r.stderr)) == 1  # the chat goes on after the rejected line
+
+
+def test_chat_double_slash_sends_a_literal_slash():
+    r = chat(stdin="//x\n")
+    assert r.returncode == 0, r.stderr
+    one = kipp("generate", *TINY, "--prompt", "/x", "--chat", "--max-tokens", "4")
+    assert one.returncode == 0 and r.stdout == one.stdout
+
+
+def test_chat_exits_1_when_a_turn_fails():
+    r = chat("--ctx", "8", stdin="this message is far too long for an eight token context\n")
+    assert r.returncode == 1
+    assert "do not fit" in r.stderr and "turn dropped" in r.stderr
