@@ -528,16 +528,41 @@ static int build_tokenizer(kipp_model *m, char *err, size_t errlen)
     return kipp_tokenizer_create(&d, &m->tok, err, errlen);
 }
 
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
+         : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
+/* Open `path` for mapping without ever blocking: open() on a FIFO waits for a writer and
+ * on some devices has side effects, so the path is stat()ed first, then opened with
+ * O_NONBLOCK (a FIFO swapped in after the stat still cannot block) and fstat()ed again
+ * to catch that swap. Returns the descriptor (>= 0) with *st filled, or a KIPP_E* code. */
+static int open_regular(const char *path, struct stat *st, char *err, size_t errlen)
+{
+    if (stat(path, st)) return kipp_err(err, errlen, KIPP_EIO, "cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st->st_mode))
+        return kipp_err(err, errlen, KIPP_EIO, "'%s' is %s; expected a regular GGUF file", path,
+                        file_kind(st->st_mode));
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kipp_err(err, errlen, KIPP_EIO, "cannot open '%s': %s", path, strerror(errno));
+    if (fstat(fd, st) || !S_ISREG(st->st_mode)) {
+        int rc = kipp_err(err, errlen, KIPP_EIO, "'%s' is %s; expected a regular GGUF file", path,
+                          file_kind(st->st_mode));
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 /* Map the whole file read-only; the mapping outlives the descriptor. */
 static int map_file(kipp_model *m, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kipp_err(err, errlen, KIPP_EIO, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
+    int fd = open_regular(path, &st, err, errlen);
+    if (fd < 0) return fd;
     int rc = KIPP_OK;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode))
-        rc = kipp_err(err, errlen, KIPP_EIO, "'%s' is not a readable regular file", path);
-    else if (st.st_size < 24)
+    if (st.st_size < 24)
         rc = kipp_err(err, errlen, KIPP_EFORMAT,
                       "truncated file: '%s' is %lld bytes, shorter than the 24-byte GGUF header",
                       path, (long long)st.st_size);

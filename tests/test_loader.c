@@ -12,9 +12,11 @@
  * kipp_model_validate_image (memory), then undone. Only the two variants that
  * change the header size (a dropped key, a dropped tensor) are rewritten whole.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -281,7 +283,8 @@ static void test_open_backends(void)
     kipp_model_close(NULL);
 }
 
-/* Run `kipp inspect ARGS` (the CLI next to the test binaries); output in out, exit status returned. */
+/* Run `kipp inspect ARGS` (the CLI next to the test binaries) under a 60 s timeout(1), so a
+ * blocked CLI fails (exit 124) instead of hanging; output in out, exit status returned. */
 static int run_inspect(const char *args, char *out, size_t cap)
 {
     const char *bin = getenv("KIPP_TEST_BIN"); /* build/bin or build-asan/bin: the CLI is one up */
@@ -290,7 +293,7 @@ static int run_inspect(const char *args, char *out, size_t cap)
     char *slash = strrchr(dirbuf, '/');
     if (slash) *slash = 0;
     else snprintf(dirbuf, sizeof dirbuf, ".");
-    snprintf(cmd, sizeof cmd, "%s/kipp inspect %s 2>&1", dirbuf, args);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kipp inspect %s 2>&1", dirbuf, args);
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     size_t n = fread(out, 1, cap - 1, p);
@@ -316,6 +319,31 @@ static void test_inspect_cli(void)
     undo_all();
     CHECK(rc == 1 && !strncmp(out, "kipp inspect: kipp.d_model is 512 but", 37), "rejected file: exit %d, '%s'",
           rc, out);
+}
+
+/* A FIFO or directory given as the model is refused by name, without blocking in open()
+ * (trial defect 9). SIGALRM kills the binary, failing it, if the loader ever blocks. */
+static void test_reject_non_regular(void)
+{
+    char d[] = "/tmp/kipp_loader_XXXXXX", fifo[64], path[128], out[2048];
+    if (!mkdtemp(d)) { CHECK(0, "mkdtemp failed: %s", strerror(errno)); return; }
+    snprintf(fifo, sizeof fifo, "%s/model.gguf", d);
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+    alarm(20);
+    snprintf(path, sizeof path, "'%s' is a FIFO; expected a regular GGUF file", fifo);
+    expect_load(fifo, KIPP_EIO, path, "fifo");
+    snprintf(path, sizeof path, "'%s' is a directory; expected a regular GGUF file", d);
+    expect_load(d, KIPP_EIO, path, "directory");
+    kipp_model *m = (kipp_model *)1;
+    char err[512] = "";
+    int rc = kipp_model_open(fifo, "ref", NULL, &m, err, sizeof err);
+    CHECK(rc == KIPP_EIO && strstr(err, "is a FIFO") && m == NULL, "open fifo: %s (%s)", kipp_strerror(rc), err);
+    alarm(0);
+    rc = run_inspect(fifo, out, sizeof out); /* under timeout(1): a blocked CLI exits 124 */
+    CHECK(rc == 1 && strstr(out, "is a FIFO; expected a regular GGUF file"), "inspect fifo: exit %d, '%s'",
+          rc, out);
+    unlink(fifo);
+    rmdir(d);
 }
 
 /* ---- rejections: one test per reason (issue 2, item 6) ---- */
@@ -495,6 +523,7 @@ int main(void)
     RUN(test_views_match_file_bytes);
     RUN(test_open_backends);
     RUN(test_inspect_cli);
+    RUN(test_reject_non_regular);
     RUN(test_reject_magic);
     RUN(test_reject_version);
     RUN(test_reject_truncated);

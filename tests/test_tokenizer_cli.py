@@ -58,3 +58,13 @@ def test_detokenize_round_trip(hf):
 def test_bad_arguments_exit_2(args, needle):
     r = kipp(*args)
     assert r.returncode == 2 and needle in r.stderr.decode(), r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["tokenize", "detokenize"])
+def test_model_fifo_refused_without_blocking(cmd, tmp_path):
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    extra = ["--text", "hi"] if cmd == "tokenize" else ["--ids", "1"]
+    r = subprocess.run([KIPP, cmd, "--model", str(fifo), *extra], capture_output=True, timeout=20)
+    assert r.returncode == 1 and f"'{fifo}' is a FIFO; expected a regular GGUF file" in r.stderr.decode()
+
