@@ -10,9 +10,12 @@
  * Exit status: 0 ok, 1 model or I/O failure, 2 bad arguments (named on stderr).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "internal.h"
@@ -58,21 +61,49 @@ static int parse_args(const char *cmd, int argc, char **argv, tok_args *a)
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len)
+/* Read all of `path` ("-" = stdin) into a malloc'd buffer of *len bytes. Returns NULL
+ * and a reason in `why` (strerror text or "not a regular file ...") on failure. A named
+ * path must be a regular file: a directory would read as empty text and a FIFO would
+ * block in open(), so it is opened non-blocking and checked with fstat first. */
+static char *read_file(const char *path, size_t *len, char *why, size_t whylen)
 {
-    FILE *f = !strcmp(path, "-") ? stdin : fopen(path, "rb");
-    if (!f) return NULL;
+    int is_stdin = !strcmp(path, "-");
+    int fd = is_stdin ? fileno(stdin) : open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        snprintf(why, whylen, "%s", strerror(errno));
+        if (fd >= 0 && !is_stdin) close(fd);
+        return NULL;
+    }
+    if (!is_stdin && !S_ISREG(st.st_mode)) {
+        snprintf(why, whylen, "%s", S_ISDIR(st.st_mode) ? strerror(EISDIR)
+                 : "not a regular file (expected a text file, or - for stdin)");
+        close(fd);
+        return NULL;
+    }
+    FILE *f = is_stdin ? stdin : fdopen(fd, "rb");
+    if (!f) {
+        snprintf(why, whylen, "%s", strerror(errno));
+        close(fd);
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
         n += got;
         if (n == cap) {
             char *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); buf = NULL; }
+            if (!nb) free(buf);
             buf = nb;
         }
     }
-    if (f != stdin) fclose(f);
+    int failed = ferror(f), saved = errno;
+    if (!is_stdin) fclose(f);
+    if (!buf || failed) {
+        snprintf(why, whylen, "%s", !buf ? "out of memory" : strerror(saved ? saved : EIO));
+        free(buf);
+        return NULL;
+    }
     *len = n;
     return buf;
 }
@@ -94,9 +125,10 @@ int cmd_tokenize(int argc, char **argv)
     int rc = parse_args("tokenize", argc, argv, &a);
     if (rc) return rc;
     size_t len = a.text ? strlen(a.text) : 0;
-    char *text = a.file ? read_file(a.file, &len) : NULL;
+    char why[160];
+    char *text = a.file ? read_file(a.file, &len, why, sizeof why) : NULL;
     if (a.file && !text) {
-        fprintf(stderr, "kipp tokenize: cannot read --file %s: %s\n", a.file, strerror(errno));
+        fprintf(stderr, "kipp tokenize: cannot read --file %s: %s\n", a.file, why);
         return 1;
     }
     kipp_model *m = open_model("tokenize", a.model);

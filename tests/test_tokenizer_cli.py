@@ -60,6 +60,30 @@ def test_bad_arguments_exit_2(args, needle):
     assert r.returncode == 2 and needle in r.stderr.decode(), r.stderr
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo", "missing"])
+def test_tokenize_unreadable_file_exit_1(kind, tmp_path):
+    """--file that is not a readable regular file: named with the reason, exit 1, nothing on
+    stdout (was: `[]` and exit 0 for a directory; a FIFO must not block)."""
+    path = tmp_path / "x"
+    if kind == "directory":
+        path.mkdir()
+        reason = os.strerror(21)  # EISDIR: "Is a directory"
+    elif kind == "fifo":
+        os.mkfifo(path)
+        reason = "not a regular file"
+    else:
+        reason = os.strerror(2)  # ENOENT
+    r = subprocess.run([KIPP, "tokenize", "--model", MODEL, "--file", str(path)],
+                       capture_output=True, timeout=20)
+    assert r.returncode == 1 and r.stdout == b"", (r.returncode, r.stdout, r.stderr)
+    assert f"kipp tokenize: cannot read --file {path}: {reason}" in r.stderr.decode(), r.stderr
+
+
+def test_tokenize_file_from_stdin(hf):
+    r = kipp("tokenize", "--model", MODEL, "--file", "-", data="Hello world".encode())
+    assert r.returncode == 0 and json.loads(r.stdout) == hf.encode("Hello world", add_special_tokens=False).ids
+
+
 @pytest.mark.parametrize("cmd", ["tokenize", "detokenize"])
 def test_model_fifo_refused_without_blocking(cmd, tmp_path):
     fifo = tmp_path / "m.gguf"
