@@ -5,7 +5,8 @@
  * the matched checkpoint, its dimensions, the tensor table and the byte
  * totals. On rejection it prints "kipp inspect: <loader message>" to stderr
  * and exits 1. --kernels also opens the model on the "cpu" backend and prints
- * the kernel paths it chose (kipp_model_describe).
+ * the kernel paths it chose (kipp_model_describe). --help / -h prints the usage
+ * to stdout and exits 0.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,13 @@ int cmd_inspect(int argc, char **argv)
     const char *path = NULL;
     int kernels = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: kipp inspect FILE.gguf [--kernels]\n"
+                   "  --kernels    also open the model on the cpu backend and print the chosen kernels\n"
+                   "  --help, -h   print this help\n"
+                   "prints the matched checkpoint, its dimensions, the tensor table and byte totals\n");
+            return 0;
+        }
         if (!strcmp(argv[i], "--kernels")) kernels = 1;
         else if (argv[i][0] == '-' || path) {
             fprintf(stderr, "kipp inspect: unexpected argument '%s' (usage: kipp inspect FILE.gguf "

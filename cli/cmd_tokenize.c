@@ -7,6 +7,7 @@
  *       prints the decoded text followed by one newline
  *
  * The model is opened with the loader alone (no backend, weights untouched).
+ * --help / -h prints the usage to stdout and exits 0.
  * Exit status: 0 ok, 1 model or I/O failure, 2 bad arguments (named on stderr).
  */
 #include <errno.h>
@@ -25,22 +26,42 @@ typedef struct {
     int special;
 } tok_args;
 
+static void print_usage(FILE *f, const char *cmd)
+{
+    if (!strcmp(cmd, "tokenize"))
+        fprintf(f, "usage: kipp tokenize --model FILE (--text T | --file F) [--special]\n"
+                   "  --model FILE   converted .gguf model (only its tokenizer is used)\n"
+                   "  --text T       the text to tokenize\n"
+                   "  --file F       read the text from regular file F (- reads stdin)\n"
+                   "  --special      match special tokens such as <|im_start|> in the text\n"
+                   "  --help, -h     print this help\n"
+                   "prints the token ids as a JSON array, e.g. [9707, 1879]\n");
+    else
+        fprintf(f, "usage: kipp detokenize --model FILE --ids 1,2,3\n"
+                   "  --model FILE   converted .gguf model (only its tokenizer is used)\n"
+                   "  --ids LIST     comma-separated token ids\n"
+                   "  --help, -h     print this help\n"
+                   "prints the decoded text followed by one newline\n");
+}
+
 static int usage_error(const char *cmd, const char *msg, const char *val)
 {
     fprintf(stderr, "kipp %s: %s%s%s\n", cmd, msg, val ? " " : "", val ? val : "");
-    if (!strcmp(cmd, "tokenize"))
-        fprintf(stderr, "usage: kipp tokenize --model FILE (--text T | --file F) [--special]\n");
-    else
-        fprintf(stderr, "usage: kipp detokenize --model FILE --ids 1,2,3\n");
+    print_usage(stderr, cmd);
     return 2;
 }
 
-/* Parse argv; returns 0 or the exit status 2 after printing the problem. */
+/* Parse argv; returns 0, the exit status 2 after printing the problem, or -1 after
+ * printing the usage for --help / -h (the caller exits 0). */
 static int parse_args(const char *cmd, int argc, char **argv, tok_args *a)
 {
     memset(a, 0, sizeof *a);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            print_usage(stdout, cmd);
+            return -1;
+        }
         const char **slot = !strcmp(o, "--model") ? &a->model
                           : !strcmp(o, "--text") && !strcmp(cmd, "tokenize") ? &a->text
                           : !strcmp(o, "--file") && !strcmp(cmd, "tokenize") ? &a->file
@@ -123,7 +144,7 @@ int cmd_tokenize(int argc, char **argv)
 {
     tok_args a;
     int rc = parse_args("tokenize", argc, argv, &a);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;
     size_t len = a.text ? strlen(a.text) : 0;
     char why[160];
     char *text = a.file ? read_file(a.file, &len, why, sizeof why) : NULL;
@@ -191,7 +212,8 @@ int cmd_detokenize(int argc, char **argv)
     uint32_t *ids = NULL;
     size_t n = 0, len = 0;
     int rc = parse_args("detokenize", argc, argv, &a);
-    if (!rc) rc = parse_ids(a.ids, &ids, &n);
+    if (rc) return rc < 0 ? 0 : rc;
+    rc = parse_ids(a.ids, &ids, &n);
     if (rc) {
         free(ids);
         return rc;

@@ -2,6 +2,7 @@
 against Hugging Face `tokenizers` on ../shared/qwen3-tokenizer (the oracle)."""
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -92,3 +93,29 @@ def test_model_fifo_refused_without_blocking(cmd, tmp_path):
     r = subprocess.run([KIPP, cmd, "--model", str(fifo), *extra], capture_output=True, timeout=20)
     assert r.returncode == 1 and f"'{fifo}' is a FIFO; expected a regular GGUF file" in r.stderr.decode()
 
+
+HELP_OPTS = {  # the options each command takes, written out independently of the parser
+    "tokenize": {"--model", "--text", "--file", "--special", "--help"},
+    "detokenize": {"--model", "--ids", "--help"},
+    "inspect": {"--kernels", "--help"},
+}
+HELP_FIRST = {
+    "tokenize": "usage: kipp tokenize --model FILE (--text T | --file F) [--special]\n",
+    "detokenize": "usage: kipp detokenize --model FILE --ids 1,2,3\n",
+    "inspect": "usage: kipp inspect FILE.gguf [--kernels]\n",
+}
+
+
+@pytest.mark.parametrize("cmd", sorted(HELP_OPTS))
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_to_stdout_exit_0(cmd, flag):
+    r = kipp(cmd, flag)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    out = r.stdout.decode()
+    assert out.startswith(HELP_FIRST[cmd]), out
+    assert set(re.findall(r"^  (--[a-z-]+)", out, re.M)) == HELP_OPTS[cmd]
+
+
+def test_help_wins_over_other_arguments():
+    r = kipp("tokenize", "--model", MODEL, "--text", "x", "--help")
+    assert r.returncode == 0 and r.stdout.decode().startswith(HELP_FIRST["tokenize"])
