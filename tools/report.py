@@ -108,11 +108,13 @@ def plot_roofline(ax, docs: list[dict]) -> int:
     """Kernels (newest kernel document) and models (newest model document) on the profile's roofline."""
     kern = next((d for d in reversed(docs) if d.get("kind") == "kernel"), None)
     model = next((d for d in reversed(docs) if d.get("kind") == "model"), None)
-    newest = {}  # (name, model) -> newest model result, across documents
+    newest, kernels = {}, {}  # newest result per (name, model) / per kernel name, across documents
     for d in docs:
-        if d.get("kind") == "model":
-            for r in d.get("results", []):
+        for r in d.get("results", []):
+            if d.get("kind") == "model":
                 newest[(r.get("name"), r.get("model"))] = r
+            elif d.get("kind") == "kernel":
+                kernels[r.get("name")] = r
     prof = load_profile(kern or model or {}) or {}
     c = ceilings(prof)
     xs = [2.0 ** e for e in range(-6, 13)]
@@ -123,7 +125,7 @@ def plot_roofline(ax, docs: list[dict]) -> int:
             ax.plot(xs, [min(peak, c["bw"] * x) for x in xs], label=f"{label} {peak:.0f} GFLOP/s, "
                     f"read {c['bw']:.1f} GB/s")
     n = 0
-    for r in (kern or {}).get("results", []):
+    for _, r in sorted(kernels.items()):
         fl, by, gf = r.get("flops") or 0, r.get("bytes") or 0, r.get("gflops")
         if fl > 0 and by > 0 and gf:
             ax.plot(fl / by, gf, "o")
@@ -140,7 +142,7 @@ def plot_roofline(ax, docs: list[dict]) -> int:
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("GFLOP/s")
     host = prof.get("host", "?") if prof else "no profile"
-    ax.set_title(f"Roofline ({host}; kernels {kern['git_sha'] if kern else 'none'}, "
+    ax.set_title(f"Roofline ({host}; newest kernel results up to {kern['git_sha'] if kern else 'none'}, "
                  f"models {model['git_sha'] if model else 'none'})", fontsize=9)
     if n or c.get("bw"):
         ax.legend(fontsize=7, loc="lower right")
