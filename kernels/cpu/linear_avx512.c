@@ -115,8 +115,8 @@ void k_matvec_bf16p_avx512(const kipp_bf16 *wp, const float *x, float *y, size_t
         __m512 a[8];
         for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
         for (size_t c = 0; c < cols; c += 8, p += 128) { /* four k-pairs per step */
-            _mm_prefetch((const char *)(p + 1024), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p + 1056), _MM_HINT_T0);
+            /* every 64-byte line of the 256 B step (skipping lines slowed the AVX2 twin ~35%) */
+            for (int q = 0; q < 4; q++) _mm_prefetch((const char *)(p + 1024 + 32 * q), _MM_HINT_T0);
             for (int h = 0; h < 4; h++) {
                 __m512i v = _mm512_loadu_si512((const void *)(p + 32 * h));
                 a[2 * h] = _mm512_fmadd_ps(k_even16(v), _mm512_set1_ps(x[c + 2 * (size_t)h]), a[2 * h]);
