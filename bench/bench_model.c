@@ -351,7 +351,7 @@ static int parse_args(int argc, char **argv, options *o)
 {
     *o = (options){.backend = "cpu", .reps = 3, .warmup = 1, .profiles = "profiles", .out = "results"};
     snprintf(o->benches, sizeof o->benches, "pp512,tg128,tg4k");
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v) {
             if (o->n_models == MAX_MODELS) { fprintf(stderr, "kipp-bench: more than %d --model flags\n", MAX_MODELS); return -1; }
@@ -365,7 +365,6 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
         else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(); return -1; }
-        i++;
     }
     if (o->n_models == 0) { fprintf(stderr, "kipp-bench: no --model given\n"); usage(); return -1; }
     return 0;
