@@ -115,6 +115,7 @@ static void papi_start(papi_ctr *p)
 static void papi_stop(papi_ctr *p, double *cycles, double *instr)
 {
     *cycles = *instr = -1;
+    (void)p; /* unused without PAPI */
 #ifdef KIPP_HAVE_PAPI
     if (p->es < 0) return;
     if (PAPI_stop(p->es, p->v) == PAPI_OK) {
