@@ -120,6 +120,7 @@ static void apply_bias(float *x, const kipp_sample_params *p)
 static void apply_penalties(float *x, uint32_t *counts, const kipp_sample_params *p)
 {
     size_t w = p->history_len < p->penalty_window ? p->history_len : p->penalty_window;
+    if (w == 0 || !p->history) return; /* no history: nothing to penalise (history may be NULL) */
     const uint32_t *h = p->history + (p->history_len - w);
     for (size_t i = 0; i < w; i++) counts[h[i]]++;
     for (size_t i = 0; i < w; i++) {
