@@ -378,6 +378,51 @@ static void test_flash_gqa(void)
     kipp_aligned_free(kc); kipp_aligned_free(vc); kipp_aligned_free(q);
 }
 
+/* flash_rows_bf16 (all 8 KV heads, page-major walk) equals the reference
+ * flash_gqa_bf16 run per KV head, within the flash bound. */
+static void test_flash_rows(void)
+{
+    const uint32_t n_blocks = 12;
+    uint32_t bt[12];
+    for (uint32_t b = 0; b < n_blocks; b++) bt[b] = (b * 5 + 7) % n_blocks; /* scrambled pages */
+    const size_t total = (size_t)n_blocks * K_KV_BLOCK * KV_ROW;
+    kipp_bf16 *kc = rand_bf16(total, 1.0f), *vc = rand_bf16(total, 1.0f);
+    float *q = rand_f32(8 * 8 * K_HEAD_DIM, -3, 3);
+    float *m = rand_f32(64, 0, 1), *l = rand_f32(64, 0, 1), *a = rand_f32(64 * K_HEAD_DIM, 0, 1);
+    float *o_r = rand_f32(64 * K_HEAD_DIM, 0, 1), *o_t = rand_f32(64 * K_HEAD_DIM, 0, 1);
+    const float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    const size_t groups[] = {2, 4, 8};
+    const uint32_t ranges[][2] = {{0, 1}, {0, 45}, {3, 100}, {37, 300}, {31, 33}, {64, 96}, {0, 384}};
+    for (int i = 0; i < n_paths; i++)
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
+            for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
+                size_t G = groups[g], H = K_N_KV_HEAD * G;
+                uint32_t p0 = ranges[r][0], p1 = ranges[r][1];
+                double worst = 0, e;
+                for (uint32_t h = 0; h < K_N_KV_HEAD; h++) { /* the oracle, head by head */
+                    float mr[8], lr[8];
+                    k_flash_gqa_bf16_ref(q + h * G * K_HEAD_DIM, G, kc, vc, h, bt, p0, p1, scale, mr, lr,
+                                         o_r + h * G * K_HEAD_DIM);
+                    for (size_t j = 0; j < G; j++) { m[h * G + j] = mr[j]; l[h * G + j] = lr[j]; }
+                }
+                attn_out(H, l, o_r, o_r);
+                float ml_r[128];
+                memcpy(ml_r, m, H * sizeof(float));
+                memcpy(ml_r + 64, l, H * sizeof(float));
+                paths[i]->flash_rows_bf16(q, G, kc, vc, bt, p0, p1, scale, m, l, a);
+                attn_out(H, l, a, o_t);
+                e = th_nmse(o_t, o_r, H * K_HEAD_DIM);
+                for (size_t h = 0; h < H; h++) {
+                    double d = fabs((double)l[h] * exp((double)m[h]) / ((double)ml_r[64 + h] * exp((double)ml_r[h])) - 1.0);
+                    worst = d > worst ? d : worst;
+                }
+                CHECK(e <= K_NMSE_ORDER && worst < 1e-5, "%s flash_rows group %zu [%u,%u) nmse %.3g denom rel %.3g",
+                      paths[i]->isa, G, p0, p1, e, worst);
+            }
+    kipp_aligned_free(kc); kipp_aligned_free(vc); kipp_aligned_free(q); kipp_aligned_free(m);
+    kipp_aligned_free(l); kipp_aligned_free(a); kipp_aligned_free(o_r); kipp_aligned_free(o_t);
+}
+
 /* k_cpu_ops_get never hands out a level above what the CPU runs. */
 static void test_ops_cap(void)
 {
@@ -404,6 +449,7 @@ int main(void)
     RUN(test_add_embed);
     RUN(test_kv_write);
     RUN(test_flash_gqa);
+    RUN(test_flash_rows);
     RUN(test_ops_cap);
     return th_finish();
 }

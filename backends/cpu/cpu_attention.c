@@ -1,14 +1,15 @@
 /*
  * cpu_attention.c - causal GQA attention over the paged BF16 KV for one round
- * (seed 000 step 5; seed 002 item 6: threaded over (token, head)).
+ * (seed 000 step 5; seed 002 item 6: threaded over (token, head, chunk)).
  *
- * Work units are (row, KV head, chunk). The group of query heads sharing a KV
- * head is handled by one k_flash_gqa_bf16 call, so each K/V row is loaded
- * once per group. When a round has too few (row, head) pairs to keep every
- * worker busy (decode with more workers than ~8 KV heads / 4), each pair's
- * context is cut into chunks whose online-softmax partials are combined with
- * k_attn_merge (split-K, as in flash decoding). Units are claimed from an
- * atomic counter because causal rows have unequal lengths.
+ * Prefill rounds run (query tile, KV head) units: the group of query heads
+ * sharing a KV head is one k_flash_gqa_bf16 call, so each K/V row is loaded
+ * once per tile. Rounds of independent rows (decode) run (row, chunk) units
+ * over all 8 KV heads at once with k_flash_rows_bf16, which reads K and V as
+ * contiguous 2 KB rows; each row's context is cut into enough chunks to keep
+ * every worker busy, and the chunk partials are combined with k_attn_merge
+ * (split-K, as in flash decoding). Units are claimed from an atomic counter
+ * because causal rows have unequal lengths.
  */
 #include <math.h>
 #include <string.h>
@@ -62,25 +63,6 @@ static void finish(const cpu_round *r, const float *acc, const float *l, size_t 
     if (r->n_rows > 1) m->k->cvt_bf16(out, m->xb + off, group * K_HEAD_DIM);
 }
 
-/* Whole-context units: the kernel writes straight into the output rows. */
-static void attend_direct(cpu_round *r, uint32_t layer, size_t group, float scale)
-{
-    cpu_model *m = r->m;
-    uint32_t units = r->n_rows * K_N_KV_HEAD;
-    float ml[2 * 64];
-    KIPP_ASSERT(group <= 64);
-    for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
-        uint32_t row = u / K_N_KV_HEAD, kvh = u % K_N_KV_HEAD;
-        const kipp_bf16 *kc, *vc;
-        const uint32_t *bt;
-        row_kv(r, row, layer, &kc, &vc, &bt);
-        size_t head0 = (size_t)kvh * group * K_HEAD_DIM, off = (size_t)row * m->A + head0;
-        m->k->flash_gqa_bf16(m->qkv + (size_t)row * m->QKV + head0, group, kc, vc, kvh, bt, 0,
-                             m->row_pos[row] + 1, scale, ml, ml + group, m->att + off);
-        finish(r, m->att + off, ml + group, group, off);
-    }
-}
-
 /* Per-worker tile state inside tile_buf. */
 typedef struct {
     float *q, *ml, *acc;   /* [tile_q][128], [2][tile_q], [tile_q][128] */
@@ -131,41 +113,69 @@ static void attend_tiles(cpu_round *r, uint32_t layer, size_t group, float scale
     }
 }
 
-/* Split-K units write partials; a second pass merges each (row, head). */
-static void attend_split(cpu_round *r, uint32_t layer, size_t group, float scale, int ith,
-                         int nth)
+/* Chunks per row for rows-units: enough units to keep every worker busy,
+ * none below KIPP_CPU_ATTN_MIN_CHUNK positions, and within the partial slots
+ * (max_units holds max_units / 8 all-head partials). */
+static uint32_t rows_chunks(const cpu_round *r)
+{
+    const cpu_model *m = r->m;
+    uint32_t max_ctx = 0;
+    for (uint32_t i = 0; i < r->n_rows; i++)
+        if (m->row_pos[i] + 1 > max_ctx) max_ctx = m->row_pos[i] + 1;
+    uint32_t want = KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
+    uint32_t nch = (want + r->n_rows - 1) / r->n_rows, by_len = max_ctx / KIPP_CPU_ATTN_MIN_CHUNK;
+    uint32_t cap = m->max_units / K_N_KV_HEAD / r->n_rows;
+    if (nch > by_len) nch = by_len;
+    if (nch > cap) nch = cap;
+    return nch < 1 ? 1 : nch;
+}
+
+/* Rounds of independent rows (decode): units (row, chunk) over all 8 KV heads
+ * at once through flash_rows_bf16, which streams whole 2 KB K/V rows (one KV
+ * head alone reads 256 B of every 2 KB, a third of the DRAM bandwidth). A row
+ * in one chunk writes its output directly; otherwise chunk partials go to
+ * part_ml/part_acc and a second pass merges them per (row, KV head). */
+static void attend_rows(cpu_round *r, uint32_t layer, size_t group, float scale, int ith, int nth)
 {
     cpu_model *m = r->m;
-    uint32_t nch = r->n_chunks, units = r->n_rows * K_N_KV_HEAD * nch;
+    const size_t H = K_N_KV_HEAD * group;
+    const uint32_t nch = rows_chunks(r), units = r->n_rows * nch;
+    float ml[2 * K_N_KV_HEAD * 64];
+    KIPP_ASSERT(group <= 64);
     for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
-        uint32_t row = u / (K_N_KV_HEAD * nch), kvh = (u / nch) % K_N_KV_HEAD, c = u % nch;
-        uint32_t p0, p1;
+        uint32_t row = u / nch, c = u % nch, p0, p1;
         chunk_range(m->row_pos[row] + 1, c, nch, &p0, &p1);
-        float *ml = m->part_ml + (size_t)u * group * 2, *acc = m->part_acc + (size_t)u * group * K_HEAD_DIM;
-        if (p0 >= p1) { /* empty tail chunk: mark it so the merge skips it */
-            ml[group] = 0.0f;
-            continue;
-        }
         const kipp_bf16 *kc, *vc;
         const uint32_t *bt;
         row_kv(r, row, layer, &kc, &vc, &bt);
-        const float *q = m->qkv + (size_t)row * m->QKV + (size_t)kvh * group * K_HEAD_DIM;
-        m->k->flash_gqa_bf16(q, group, kc, vc, kvh, bt, p0, p1, scale, ml, ml + group, acc);
+        const float *q = m->qkv + (size_t)row * m->QKV;
+        if (nch == 1) {
+            float *out = m->att + (size_t)row * m->A;
+            m->k->flash_rows_bf16(q, group, kc, vc, bt, p0, p1, scale, ml, ml + H, out);
+            finish(r, out, ml + H, H, (size_t)row * m->A);
+            continue;
+        }
+        float *pml = m->part_ml + (size_t)u * 2 * H, *pacc = m->part_acc + (size_t)u * H * K_HEAD_DIM;
+        if (p0 >= p1) { /* empty tail chunk: l = 0 marks it for the merge */
+            pml[H] = 0.0f;
+            continue;
+        }
+        m->k->flash_rows_bf16(q, group, kc, vc, bt, p0, p1, scale, pml, pml + H, pacc);
     }
+    if (nch == 1) return;
     kipp_cpu_pool_barrier(m->pool);
     size_t r0, r1;
     k_split_rows((size_t)r->n_rows * K_N_KV_HEAD, ith, nth, 1, &r0, &r1);
     for (size_t pr = r0; pr < r1; pr++) { /* pair = row * 8 + kvh; chunk 0 is never empty */
-        size_t u0 = pr * nch;
-        float *ml0 = m->part_ml + u0 * group * 2, *acc0 = m->part_acc + u0 * group * K_HEAD_DIM;
+        size_t row = pr / K_N_KV_HEAD, kvh = pr % K_N_KV_HEAD, hg = kvh * group;
+        float *ml0 = m->part_ml + row * nch * 2 * H, *acc0 = m->part_acc + row * nch * H * K_HEAD_DIM;
         for (uint32_t c = 1; c < nch; c++) {
-            const float *mlc = m->part_ml + (u0 + c) * group * 2;
-            if (mlc[group] == 0.0f) continue;
-            k_attn_merge(group, ml0, ml0 + group, acc0, mlc, mlc + group,
-                         m->part_acc + (u0 + c) * group * K_HEAD_DIM);
+            const float *mlc = ml0 + (size_t)c * 2 * H, *accc = acc0 + (size_t)c * H * K_HEAD_DIM;
+            if (mlc[H] == 0.0f) continue;
+            k_attn_merge(group, ml0 + hg, ml0 + H + hg, acc0 + hg * K_HEAD_DIM, mlc + hg,
+                         mlc + H + hg, accc + hg * K_HEAD_DIM);
         }
-        size_t row = pr / K_N_KV_HEAD, kvh = pr % K_N_KV_HEAD;
-        finish(r, acc0, ml0 + group, group, row * m->A + kvh * group * K_HEAD_DIM);
+        finish(r, acc0 + hg * K_HEAD_DIM, ml0 + H + hg, group, row * m->A + hg * K_HEAD_DIM);
     }
 }
 
@@ -173,10 +183,8 @@ void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth)
 {
     size_t group = r->m->d.n_q_head / K_N_KV_HEAD;
     float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
-    if (r->n_chunks <= 1 && r->n_tiles > 0)
+    if (r->n_tiles > 0)
         attend_tiles(r, layer, group, scale, ith);
-    else if (r->n_chunks <= 1)
-        attend_direct(r, layer, group, scale);
     else
-        attend_split(r, layer, group, scale, ith, nth);
+        attend_rows(r, layer, group, scale, ith, nth);
 }

@@ -35,6 +35,23 @@ static void attn(void *arg, int ith, int nth)
     }
 }
 
+/* Decode as the backend runs it: units (layer, chunk of 512 positions) over all
+ * 8 KV heads through flash_rows_bf16 (the partials are left unmerged). */
+static void attn_rows(void *arg, int ith, int nth)
+{
+    attn_job *j = arg;
+    const size_t layer_elems = (size_t)N_BLK * K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM, nch = CTX / 512;
+    const size_t H = K_N_KV_HEAD * j->group;
+    size_t u0, u1;
+    k_split_rows(N_LAYER * nch, ith, nth, 1, &u0, &u1);
+    for (size_t u = u0; u < u1; u++) {
+        size_t layer = u / nch, c = u % nch, slot = (size_t)ith % 8; /* m/l/acc hold 8 slots of 64 heads */
+        j->ops->flash_rows_bf16(j->q, j->group, j->kc + layer * layer_elems, j->vc + layer * layer_elems,
+                                j->bt, (uint32_t)(c * 512), (uint32_t)(c * 512 + 512), 0.08838834764831845f,
+                                j->m + slot * H, j->l + slot * H, j->acc + slot * H * K_HEAD_DIM);
+    }
+}
+
 int main(int argc, char **argv)
 {
     kbench b;
@@ -61,6 +78,8 @@ int main(int argc, char **argv)
         char name[96];
         snprintf(name, sizeof name, "flash_gqa group %zu ctx %u x8 layers", groups[g], CTX);
         kbench_case(&b, name, attn, &j, bytes, flops, "memory", 0);
+        snprintf(name, sizeof name, "flash_rows group %zu ctx %u x8 layers", groups[g], CTX);
+        kbench_case(&b, name, attn_rows, &j, bytes, flops, "memory", 0);
     }
     kipp_aligned_free(kc); kipp_aligned_free(vc); kipp_aligned_free(bt); kipp_aligned_free(q);
     kipp_aligned_free(m); kipp_aligned_free(l); kipp_aligned_free(acc);

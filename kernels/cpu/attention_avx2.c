@@ -33,25 +33,40 @@ static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
            (size_t)kvh * K_HEAD_DIM;
 }
 
+/* P positions' scores against all G heads (P * G <= 8 independent FMA chains,
+ * enough to cover the FMA latency; one position per step left only G chains
+ * and ran latency-bound). s[g][j0 + i] for i < P. */
+static inline __attribute__((always_inline)) void scores_step(const float *q, size_t G, size_t P,
+                                                              const kipp_bf16 *kr, size_t j0,
+                                                              float scale, float s[GMAX][CHUNK])
+{
+    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
+    __m256 a[8]; /* index & 7: P * G <= 8 always; the mask only tells the compiler */
+#pragma GCC unroll 8
+    for (size_t i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    for (size_t d = 0; d < K_HEAD_DIM; d += 8) {
+#pragma GCC unroll 4
+        for (size_t i = 0; i < P; i++) {
+            __m256 kv = k_widen8(kr + i * stride + d);
+#pragma GCC unroll 8
+            for (size_t g = 0; g < G; g++)
+                a[(i * G + g) & 7] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * K_HEAD_DIM + d), kv, a[(i * G + g) & 7]);
+        }
+    }
+#pragma GCC unroll 4
+    for (size_t i = 0; i < P; i++)
+#pragma GCC unroll 8
+        for (size_t g = 0; g < G; g++) s[g][j0 + i] = k_hsum8(a[(i * G + g) & 7]) * scale;
+}
+
 /* s[g][j] = scale * q_g . k_j for j < n, g < G (G <= GMAX); rows at kbase + j*stride. */
 static inline __attribute__((always_inline)) void chunk_scores(const float *q, size_t G, const kipp_bf16 *kbase, size_t n, float scale,
                          float s[GMAX][CHUNK])
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
-    for (size_t j = 0; j < n; j++) {
-        const kipp_bf16 *kr = kbase + j * stride;
-        __m256 a[GMAX];
-#pragma GCC unroll 8
-        for (size_t g = 0; g < GMAX; g++) a[g] = _mm256_setzero_ps(); /* all: keeps -Wmaybe-uninitialized quiet */
-        for (size_t d = 0; d < K_HEAD_DIM; d += 8) {
-            __m256 kv = k_widen8(kr + d);
-    #pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++)
-                a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * K_HEAD_DIM + d), kv, a[g]);
-        }
-#pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++) s[g][j] = k_hsum8(a[g]) * scale;
-    }
+    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM, P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    size_t j = 0;
+    for (; j + P <= n; j += P) scores_step(q, G, P, kbase + j * stride, j, scale, s);
+    for (; j < n; j++) scores_step(q, G, 1, kbase + j * stride, j, scale, s);
 }
 
 /* Online-softmax step for one head: turns s[0..n) into weights e (in place),
@@ -71,62 +86,89 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
     return corr;
 }
 
-/* acc[g] = acc[g] * corr[g] + sum_j e[g][j] * v_j over 8-wide slices of the head. */
+/* acc[g] = acc[g] * corr[g] + sum_j e[g][j] * v_j over S 8-wide slices of
+ * the head at once (S * G <= 8 chains, as in chunk_scores). */
 static inline __attribute__((always_inline)) void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t n,
                          float e[GMAX][CHUNK], const float *corr)
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
-    for (size_t d = 0; d < K_HEAD_DIM; d += 8) {
-        __m256 a[GMAX];
-        for (size_t g = G; g < GMAX; g++) a[g] = _mm256_setzero_ps(); /* unused lanes, for -Wmaybe-uninitialized */
+    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM, S = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    for (size_t d = 0; d < K_HEAD_DIM; d += 8 * S) {
+        __m256 a[8];
+#pragma GCC unroll 8
+        for (size_t i = 0; i < 8; i++) a[i] = _mm256_setzero_ps(); /* unused lanes, for -Wmaybe-uninitialized */
 #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++)
-            a[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * K_HEAD_DIM + d), _mm256_set1_ps(corr[g]));
+#pragma GCC unroll 4
+            for (size_t t = 0; t < S; t++)
+                a[(g * S + t) & 7] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * K_HEAD_DIM + d + 8 * t), _mm256_set1_ps(corr[g]));
         for (size_t j = 0; j < n; j++) {
-            __m256 vv = k_widen8(vbase + j * stride + d);
-    #pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(e[g][j]), vv, a[g]);
+            __m256 vv[4];
+#pragma GCC unroll 4
+            for (size_t t = 0; t < S; t++) vv[t] = k_widen8(vbase + j * stride + d + 8 * t);
+#pragma GCC unroll 8
+            for (size_t g = 0; g < G; g++) {
+                __m256 eg = _mm256_set1_ps(e[g][j]);
+#pragma GCC unroll 4
+                for (size_t t = 0; t < S; t++) a[(g * S + t) & 7] = _mm256_fmadd_ps(eg, vv[t], a[(g * S + t) & 7]);
+            }
         }
 #pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++) _mm256_storeu_ps(acc + g * K_HEAD_DIM + d, a[g]);
+        for (size_t g = 0; g < G; g++)
+#pragma GCC unroll 4
+            for (size_t t = 0; t < S; t++) _mm256_storeu_ps(acc + g * K_HEAD_DIM + d + 8 * t, a[(g * S + t) & 7]);
     }
 }
 
-/* Prefetch the K and V rows of positions [p, p1) up to 16 ahead: rows sit
- * 2 KB apart (8 KV heads interleaved), which defeats the stream prefetchers,
- * so without this the kernel waits on memory latency, not bandwidth. */
-static inline void prefetch_chunk(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-                                  const uint32_t *bt, uint32_t p, uint32_t p1)
+/* K/V rows sit 2 KB apart (8 KV heads interleaved), which defeats the
+ * stream prefetchers, so the kernel prefetches itself, PF_AHEAD positions
+ * (16 KB of K+V) ahead, one position's K and V rows (8 lines) per position
+ * consumed. A steady trickle keeps the miss buffers busy while the chunk
+ * computes; the old burst of a whole chunk's 128 lines before each chunk
+ * stalled on the miss buffers and then left memory idle during the compute. */
+#define PF_AHEAD 32u
+
+static inline void prefetch_pos(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                                const uint32_t *bt, uint32_t pos)
 {
-    for (uint32_t i = 0; i < CHUNK && p + i < p1; i++) {
-        size_t off = kv_off(bt, p + i, kvh);
-        for (size_t b = 0; b < K_HEAD_DIM * 2; b += 64) {
-            _mm_prefetch((const char *)(kc + off) + b, _MM_HINT_T0);
-            _mm_prefetch((const char *)(vc + off) + b, _MM_HINT_T0);
-        }
+    size_t off = kv_off(bt, pos, kvh);
+    for (size_t b = 0; b < K_HEAD_DIM * 2; b += 64) {
+        _mm_prefetch((const char *)(kc + off) + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(vc + off) + b, _MM_HINT_T0);
     }
+}
+
+/* Online-softmax update of G heads' state with the n <= CHUNK positions at p
+ * (inside one page). */
+static inline __attribute__((always_inline)) void chunk_step(const float *q, size_t G, const kipp_bf16 *kc,
+                                                             const kipp_bf16 *vc, uint32_t kvh,
+                                                             const uint32_t *bt, uint32_t p, uint32_t n,
+                                                             float scale, float *m, float *l, float *acc)
+{
+    float s[GMAX][CHUNK], corr[GMAX];
+    size_t off = kv_off(bt, p, kvh);
+    chunk_scores(q, G, kc + off, n, scale, s);
+#pragma GCC unroll 8
+    for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
+    chunk_values(acc, G, vc + off, n, s, corr);
 }
 
 static inline __attribute__((always_inline)) void flash_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc,
                        uint32_t kvh, const uint32_t *bt, uint32_t p0, uint32_t p1, float scale,
                        float *m, float *l, float *acc)
 {
-    float s[GMAX][CHUNK], corr[GMAX];
     for (size_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
         for (size_t i = 0; i < K_HEAD_DIM; i++) acc[g * K_HEAD_DIM + i] = 0.0f;
     }
+    uint32_t pf = p0; /* next position to prefetch: the first PF_AHEAD at once, then one per position */
+    for (; pf < p1 && pf < p0 + PF_AHEAD; pf++) prefetch_pos(kc, vc, kvh, bt, pf);
     for (uint32_t p = p0; p < p1;) {
         uint32_t in_page = K_KV_BLOCK - p % K_KV_BLOCK, n = p1 - p;
         n = n < in_page ? n : in_page;
         n = n < CHUNK ? n : CHUNK;
-        size_t off = kv_off(bt, p, kvh);
-        prefetch_chunk(kc, vc, kvh, bt, p + n, p1);
-        chunk_scores(q, G, kc + off, n, scale, s);
-#pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
-        chunk_values(acc, G, vc + off, n, s, corr);
+        for (uint32_t i = 0; i < n && pf < p1; i++, pf++) prefetch_pos(kc, vc, kvh, bt, pf);
+        chunk_step(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc);
         p += n;
     }
 }
@@ -147,5 +189,77 @@ void k_flash_gqa_bf16_avx2(const float *q, size_t group, const kipp_bf16 *kc, co
         case 8: flash_pass(qg, 8, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
         default: flash_pass(qg, G, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
         }
+    }
+}
+
+/* ---- all KV heads, page by page (k_flash_rows_bf16) ---- */
+
+#define SLICE_BYTES (K_KV_BLOCK * K_HEAD_DIM * 2u) /* 1/8 of a page's K (or V): 8 KB */
+
+/* Positions [a, b) of one page for head group G of KV head kvh, continuing the
+ * state; while it computes, it prefetches the 8 KB at pk and at pv (this
+ * head's eighth of the next page, contiguous), spread over its chunks. */
+static inline __attribute__((always_inline)) void
+seg_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+         const uint32_t *bt, uint32_t a, uint32_t b, float scale, float *m, float *l, float *acc,
+         const char *pk, const char *pv)
+{
+    uint32_t n_chunks = (b - a + CHUNK - 1) / CHUNK, c = 0;
+    for (uint32_t p = a; p < b; p += CHUNK, c++) {
+        uint32_t n = b - p < CHUNK ? b - p : CHUNK;
+        if (pk)
+            for (size_t o = SLICE_BYTES * c / n_chunks; o < SLICE_BYTES * (c + 1) / n_chunks; o += 64) {
+                _mm_prefetch(pk + o, _MM_HINT_T0);
+                _mm_prefetch(pv + o, _MM_HINT_T0);
+            }
+        chunk_step(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc);
+    }
+}
+
+static void seg_any(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                    const uint32_t *bt, uint32_t a, uint32_t b, float scale, float *m, float *l,
+                    float *acc, const char *pk, const char *pv)
+{
+    switch (G) {
+    case 1: seg_pass(q, 1, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
+    case 2: seg_pass(q, 2, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
+    case 4: seg_pass(q, 4, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
+    case 8: seg_pass(q, 8, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
+    default: seg_pass(q, G, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
+    }
+}
+
+/* Page-major walk: for each page, every KV head in turn, so the page's K and V
+ * (64 KB each, contiguous) are consumed together and the next page is
+ * prefetched as one sequential stream. Same arithmetic per head as
+ * k_flash_gqa_bf16_avx2 (chunks never cross a page in either), so the results
+ * are bit-identical to calling it per head. */
+void k_flash_rows_bf16_avx2(const float *q, size_t group, const kipp_bf16 *kc,
+                            const kipp_bf16 *vc, const uint32_t *block_table, uint32_t p0,
+                            uint32_t p1, float scale, float *m, float *l, float *acc)
+{
+    const size_t H = K_N_KV_HEAD * group, page = (size_t)K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM;
+    for (size_t h = 0; h < H; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+        for (size_t i = 0; i < K_HEAD_DIM; i++) acc[h * K_HEAD_DIM + i] = 0.0f;
+    }
+    for (uint32_t a = p0; a < p1;) {
+        uint32_t b = (a / K_KV_BLOCK + 1) * K_KV_BLOCK;
+        b = b < p1 ? b : p1;
+        const char *nk = NULL, *nv = NULL; /* the next page, when there is one */
+        if (b < p1) {
+            nk = (const char *)(kc + block_table[b / K_KV_BLOCK] * page);
+            nv = (const char *)(vc + block_table[b / K_KV_BLOCK] * page);
+        }
+        for (uint32_t kvh = 0; kvh < K_N_KV_HEAD; kvh++)
+            for (size_t g0 = 0; g0 < group; g0 += GMAX) {
+                size_t G = group - g0 < GMAX ? group - g0 : GMAX, h0 = kvh * group + g0;
+                int pf = nk && g0 == 0;
+                seg_any(q + h0 * K_HEAD_DIM, G, kc, vc, kvh, block_table, a, b, scale, m + h0, l + h0,
+                        acc + h0 * K_HEAD_DIM, pf ? nk + kvh * SLICE_BYTES : NULL,
+                        pf ? nv + kvh * SLICE_BYTES : NULL);
+            }
+        a = b;
     }
 }

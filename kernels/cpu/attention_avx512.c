@@ -92,18 +92,21 @@ static inline __attribute__((always_inline)) void chunk_values(float *acc, size_
     }
 }
 
-/* Prefetch the K and V rows of positions [p, p1) up to 16 ahead: rows sit
- * 2 KB apart (8 KV heads interleaved), which defeats the stream prefetchers,
- * so without this the kernel waits on memory latency, not bandwidth. */
-static inline void prefetch_chunk(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-                                  const uint32_t *bt, uint32_t p, uint32_t p1)
+/* K/V rows sit 2 KB apart (8 KV heads interleaved), which defeats the
+ * stream prefetchers, so the kernel prefetches itself, PF_AHEAD positions
+ * (16 KB of K+V) ahead, one position's K and V rows (8 lines) per position
+ * consumed. A steady trickle keeps the miss buffers busy while the chunk
+ * computes; the old burst of a whole chunk's 128 lines before each chunk
+ * stalled on the miss buffers and then left memory idle during the compute. */
+#define PF_AHEAD 32u
+
+static inline void prefetch_pos(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                                const uint32_t *bt, uint32_t pos)
 {
-    for (uint32_t i = 0; i < CHUNK && p + i < p1; i++) {
-        size_t off = kv_off(bt, p + i, kvh);
-        for (size_t b = 0; b < K_HEAD_DIM * 2; b += 64) {
-            _mm_prefetch((const char *)(kc + off) + b, _MM_HINT_T0);
-            _mm_prefetch((const char *)(vc + off) + b, _MM_HINT_T0);
-        }
+    size_t off = kv_off(bt, pos, kvh);
+    for (size_t b = 0; b < K_HEAD_DIM * 2; b += 64) {
+        _mm_prefetch((const char *)(kc + off) + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(vc + off) + b, _MM_HINT_T0);
     }
 }
 
@@ -117,12 +120,14 @@ static inline __attribute__((always_inline)) void flash_pass(const float *q, siz
         l[g] = 0.0f;
         for (size_t i = 0; i < K_HEAD_DIM; i++) acc[g * K_HEAD_DIM + i] = 0.0f;
     }
+    uint32_t pf = p0; /* next position to prefetch: the first PF_AHEAD at once, then one per position */
+    for (; pf < p1 && pf < p0 + PF_AHEAD; pf++) prefetch_pos(kc, vc, kvh, bt, pf);
     for (uint32_t p = p0; p < p1;) {
         uint32_t in_page = K_KV_BLOCK - p % K_KV_BLOCK, n = p1 - p;
         n = n < in_page ? n : in_page;
         n = n < CHUNK ? n : CHUNK;
         size_t off = kv_off(bt, p, kvh);
-        prefetch_chunk(kc, vc, kvh, bt, p + n, p1);
+        for (uint32_t i = 0; i < n && pf < p1; i++, pf++) prefetch_pos(kc, vc, kvh, bt, pf);
         chunk_scores(q, G, kc + off, n, scale, s);
 #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
@@ -148,4 +153,15 @@ void k_flash_gqa_bf16_avx512(const float *q, size_t group, const kipp_bf16 *kc, 
         default: flash_pass(qg, G, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
         }
     }
+}
+
+/* One KV head after another (kernels.h allows it; the page-wise walk of the
+ * AVX2 variant is not ported yet, and this dev machine cannot time AVX-512). */
+void k_flash_rows_bf16_avx512(const float *q, size_t group, const kipp_bf16 *kc,
+                              const kipp_bf16 *vc, const uint32_t *block_table, uint32_t p0,
+                              uint32_t p1, float scale, float *m, float *l, float *acc)
+{
+    for (uint32_t h = 0; h < K_N_KV_HEAD; h++)
+        k_flash_gqa_bf16_avx512(q + h * group * K_HEAD_DIM, group, kc, vc, h, block_table, p0, p1,
+                                scale, m + h * group, l + h * group, acc + h * group * K_HEAD_DIM);
 }

@@ -9,7 +9,7 @@
 static const k_cpu_ops ref_ops = {
     "ref", k_matvec_bf16_ref, k_matmul_bf16_ref, k_rmsnorm_f32_ref, k_rope_f32_ref,
     k_swiglu_f32_ref, k_add_f32_ref, k_embed_bf16_ref, k_kv_write_bf16_ref, k_flash_gqa_bf16_ref,
-    k_pack_bf16_ref, k_cvt_bf16_ref, k_matvec_bf16p_ref, k_matmul_bf16p_ref,
+    k_pack_bf16_ref, k_cvt_bf16_ref, k_matvec_bf16p_ref, k_matmul_bf16p_ref, k_flash_rows_bf16_ref,
 };
 
 #define ISA_OPS(sfx)                                                                          \
@@ -17,7 +17,7 @@ static const k_cpu_ops ref_ops = {
         #sfx, k_matvec_bf16_##sfx, k_matmul_bf16_##sfx, k_rmsnorm_f32_##sfx, k_rope_f32_##sfx, \
             k_swiglu_f32_##sfx, k_add_f32_##sfx, k_embed_bf16_##sfx, k_kv_write_bf16_##sfx,   \
             k_flash_gqa_bf16_##sfx, k_pack_bf16_ref, k_cvt_bf16_##sfx, k_matvec_bf16p_##sfx,   \
-            k_matmul_bf16p_##sfx,                                                             \
+            k_matmul_bf16p_##sfx, k_flash_rows_bf16_##sfx,                                    \
     }
 
 static const k_cpu_ops avx2_ops = ISA_OPS(avx2);

@@ -90,6 +90,20 @@ typedef void (*k_flash_gqa_bf16_fn)(const float *q, size_t group, const kipp_bf1
                                     const uint32_t *block_table, uint32_t p0, uint32_t p1,
                                     float scale, float *m, float *l, float *acc);
 
+/**
+ * Decode flash attention of one token over all 8 KV heads for positions
+ * [p0, p1): the same partials as k_flash_gqa_bf16 called for kvh = 0..7, but
+ * a fast variant walks the cache page by page, all heads of a page together,
+ * so K and V are read as contiguous 2 KB rows (one KV head alone reads 256 B
+ * of every 2 KB, which streams at a third of the DRAM bandwidth).
+ * q: [8*group][128] f32 (query heads in order, group per KV head); kc, vc, bt
+ * as k_flash_gqa_bf16; m, l: [8*group], acc: [8*group][128] f32 partials.
+ */
+typedef void (*k_flash_rows_bf16_fn)(const float *q, size_t group, const kipp_bf16 *kc,
+                                     const kipp_bf16 *vc, const uint32_t *block_table,
+                                     uint32_t p0, uint32_t p1, float scale, float *m, float *l,
+                                     float *acc);
+
 /* ---- packed BF16 weights (prefill at the BF16 dot peak, decode at bandwidth) ----
  *
  * A backend may repack each [rows][cols] bf16 weight once at model creation
@@ -148,6 +162,7 @@ typedef struct {
     k_cvt_bf16_fn cvt_bf16;
     k_matvec_bf16p_fn matvec_bf16p;
     k_matmul_bf16p_fn matmul_bf16p;
+    k_flash_rows_bf16_fn flash_rows_bf16; /* appended: decode attention, all KV heads */
 } k_cpu_ops;
 
 /* Scalar references (kernels/cpu/ref.c): the oracle for every variant. */
@@ -166,6 +181,10 @@ void k_kv_write_bf16_ref(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_tab
 void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                           uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
                           float scale, float *m, float *l, float *acc);
+
+void k_flash_rows_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                           const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
+                           float *m, float *l, float *acc);
 
 void k_pack_bf16_ref(const kipp_bf16 *w, kipp_bf16 *wp, size_t rows, size_t cols, int ith,
                      int nth);

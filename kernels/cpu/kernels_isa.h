@@ -30,7 +30,10 @@
     void k_matvec_bf16p_##sfx(const kipp_bf16 *wp, const float *x, float *y, size_t rows,      \
                               size_t cols, int ith, int nth);                                  \
     void k_matmul_bf16p_##sfx(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y, size_t rows, \
-                              size_t cols, size_t n_tok, int accumulate, int ith, int nth);
+                              size_t cols, size_t n_tok, int accumulate, int ith, int nth); \
+    void k_flash_rows_bf16_##sfx(const float *q, size_t group, const kipp_bf16 *kc,            \
+                                 const kipp_bf16 *vc, const uint32_t *block_table, uint32_t p0, \
+                                 uint32_t p1, float scale, float *m, float *l, float *acc);
 
 K_DECLARE_ISA(avx2)
 K_DECLARE_ISA(avx512)

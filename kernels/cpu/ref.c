@@ -122,6 +122,16 @@ void k_attn_merge(size_t group, float *m, float *l, float *acc, const float *m2,
     }
 }
 
+/* By definition: k_flash_gqa_bf16_ref once per KV head. */
+void k_flash_rows_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                           const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
+                           float *m, float *l, float *acc)
+{
+    for (uint32_t h = 0; h < K_N_KV_HEAD; h++)
+        k_flash_gqa_bf16_ref(q + h * group * K_HEAD_DIM, group, kc, vc, h, block_table, p0, p1,
+                             scale, m + h * group, l + h * group, acc + h * group * K_HEAD_DIM);
+}
+
 /* Recipe of HF Qwen3RotaryEmbedding in FP32: inv_freq = 1 / theta^(2i/128)
  * (f32), angle = f32(pos) * inv_freq rounded to f32, cos/sin of that angle. */
 void k_rope_table(float *cs, size_t n_pos, double theta)
