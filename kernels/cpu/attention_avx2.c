@@ -73,6 +73,22 @@ static inline __attribute__((always_inline)) void chunk_scores(const float *q, s
  * returns the factor that rescales the old l and acc. */
 static float chunk_softmax(float *s, size_t n, float *m, float *l)
 {
+    if (n == CHUNK) { /* full chunk: max, exp and sum in two vectors, no scalar chains */
+        __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8), t = _mm256_max_ps(a, b);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float mx = _mm_cvtss_f32(h) > *m ? _mm_cvtss_f32(h) : *m;
+        const __m256 vm = _mm256_set1_ps(mx);
+        float corr = _mm256_cvtss_f32(k_exp8(_mm256_set1_ps(*m - mx))); /* -inf - mx gives 0 */
+        a = k_exp8(_mm256_sub_ps(a, vm));
+        b = k_exp8(_mm256_sub_ps(b, vm));
+        _mm256_storeu_ps(s, a);
+        _mm256_storeu_ps(s + 8, b);
+        *l = *l * corr + k_hsum8(_mm256_add_ps(a, b));
+        *m = mx;
+        return corr;
+    }
     float mx = *m;
     for (size_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
     float corr = expf(*m - mx), sum = 0.0f;
@@ -243,6 +259,14 @@ void k_flash_rows_bf16_avx2(const float *q, size_t group, const kipp_bf16 *kc,
         m[h] = -INFINITY;
         l[h] = 0.0f;
         for (size_t i = 0; i < K_HEAD_DIM; i++) acc[h * K_HEAD_DIM + i] = 0.0f;
+    }
+    { /* the first page has no predecessor to prefetch it: fetch it now, whole */
+        const char *fk = (const char *)(kc + block_table[p0 / K_KV_BLOCK] * page);
+        const char *fv = (const char *)(vc + block_table[p0 / K_KV_BLOCK] * page);
+        for (size_t o = 0; o < page * 2; o += 64) {
+            _mm_prefetch(fk + o, _MM_HINT_T0);
+            _mm_prefetch(fv + o, _MM_HINT_T0);
+        }
     }
     for (uint32_t a = p0; a < p1;) {
         uint32_t b = (a / K_KV_BLOCK + 1) * K_KV_BLOCK;
