@@ -57,7 +57,7 @@ int main(int argc, char **argv)
     kbench b;
     if (kbench_begin(&b, "attention", argc, argv)) return 2;
     const size_t elems = (size_t)N_LAYER * N_BLK * K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM, gmax = 8;
-    kipp_bf16 *kc = kipp_aligned_alloc(elems * 2), *vc = kipp_aligned_alloc(elems * 2);
+    kipp_bf16 *kc = kbench_alloc_big(elems * 2), *vc = kbench_alloc_big(elems * 2);
     uint32_t *bt = kipp_aligned_alloc(N_BLK * 4);
     float *q = kipp_aligned_alloc(K_N_KV_HEAD * gmax * K_HEAD_DIM * 4);
     float *m = kipp_aligned_alloc(N_LAYER * K_N_KV_HEAD * gmax * 4), *l = kipp_aligned_alloc(N_LAYER * K_N_KV_HEAD * gmax * 4);
@@ -81,7 +81,8 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "flash_rows group %zu ctx %u x8 layers", groups[g], CTX);
         kbench_case(&b, name, attn_rows, &j, bytes, flops, "memory", 0);
     }
-    kipp_aligned_free(kc); kipp_aligned_free(vc); kipp_aligned_free(bt); kipp_aligned_free(q);
+    free(kc); free(vc); /* kbench_alloc_big */
+    kipp_aligned_free(bt); kipp_aligned_free(q);
     kipp_aligned_free(m); kipp_aligned_free(l); kipp_aligned_free(acc);
     return kbench_end(&b);
 }

@@ -29,7 +29,7 @@ int main(int argc, char **argv)
     if (kbench_begin(&b, "head", argc, argv)) return 2;
     const size_t cols = 1024;
     size_t n = (size_t)VOCAB * cols;
-    kipp_bf16 *w = kipp_aligned_alloc(n * 2);
+    kipp_bf16 *w = kbench_alloc_big(n * 2);
     float *x = kipp_aligned_alloc(cols * 4), *y = kipp_aligned_alloc((size_t)VOCAB * 4);
     if (!w || !x || !y) {
         fprintf(stderr, "bench_head: cannot allocate %zu MiB\n", n * 2 >> 20);
@@ -41,6 +41,7 @@ int main(int argc, char **argv)
     kbench_case(&b, "head matvec_bf16 151936x1024", head, &j, (double)n * 2, 2.0 * (double)n, "memory", 0);
     j.packed = 1;
     kbench_case(&b, "head matvec_bf16p 151936x1024", head, &j, (double)n * 2, 2.0 * (double)n, "memory", 0);
-    kipp_aligned_free(w); kipp_aligned_free(x); kipp_aligned_free(y);
+    free(w); /* kbench_alloc_big */
+    kipp_aligned_free(x); kipp_aligned_free(y);
     return kbench_end(&b);
 }

@@ -34,7 +34,7 @@ int main(int argc, char **argv)
     kbench b;
     if (kbench_begin(&b, "matvec", argc, argv)) return 2;
     size_t n = (size_t)N_MAT * ROWS * COLS;
-    kipp_bf16 *w = kipp_aligned_alloc(n * sizeof(kipp_bf16));
+    kipp_bf16 *w = kbench_alloc_big(n * sizeof(kipp_bf16));
     float *x = kipp_aligned_alloc(COLS * sizeof(float)), *y = kipp_aligned_alloc((size_t)N_MAT * ROWS * sizeof(float));
     if (!w || !x || !y) {
         fprintf(stderr, "bench_matvec: cannot allocate %zu MiB of weights\n", n * 2 >> 20);
@@ -47,6 +47,7 @@ int main(int argc, char **argv)
     kbench_case(&b, "matvec_bf16 3072x1024 x64 (384 MiB)", sweep, &j, bytes, flops, "memory", 0);
     j.packed = 1;
     kbench_case(&b, "matvec_bf16p 3072x1024 x64 (384 MiB)", sweep, &j, bytes, flops, "memory", 0);
-    kipp_aligned_free(w); kipp_aligned_free(x); kipp_aligned_free(y);
+    free(w); /* kbench_alloc_big */
+    kipp_aligned_free(x); kipp_aligned_free(y);
     return kbench_end(&b);
 }

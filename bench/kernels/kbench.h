@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../harness.h"
 #include "cpu/kernels.h"
@@ -104,6 +105,18 @@ static int kbench_end(kbench *b)
 }
 
 /* Deterministic bf16 fill in [-amp, amp) (xorshift): benchmarks need values, not an oracle. */
+/* A large benchmark buffer as the cpu backend allocates its packed weights
+ * and KV (alloc_big): 2 MiB aligned and marked for transparent huge pages, so
+ * kernel rates match the model's. NULL on failure; release with free(). */
+static void *kbench_alloc_big(size_t bytes)
+{
+    void *p = NULL;
+    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, n) != 0) return NULL;
+    madvise(p, n, MADV_HUGEPAGE); /* advisory: a refusal only costs TLB misses */
+    return p;
+}
+
 static void kbench_fill_bf16(kipp_bf16 *p, size_t n, float amp)
 {
     uint32_t s = 0x9e3779b9u;
