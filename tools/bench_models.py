@@ -49,9 +49,20 @@ def load_avg() -> str:
         return "unknown"
 
 
-def run(cmd: list[str]) -> None:
-    print("+", " ".join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
+def rel(c: object) -> str:
+    """Paths inside the repository become relative to it (commands run there), so
+    results cite `profiles/<host>.json` rather than one machine's absolute path."""
+    if isinstance(c, Path) and c.is_absolute():
+        try:
+            return str(c.relative_to(ROOT))
+        except ValueError:
+            pass
+    return str(c)
+
+
+def run(cmd: list[object]) -> None:
+    print("+", " ".join(rel(c) for c in cmd), flush=True)
+    subprocess.run([rel(c) for c in cmd], cwd=ROOT, check=True)
 
 
 def ensure_model(mid: str, models_dir: Path, keep_hf: bool) -> Path:
