@@ -24,6 +24,12 @@ static inline __m256 odd_bf16(__m256i v)
     return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
 }
 
+/* odd_bf16 by two shifts, for kernels with no register left for the mask. */
+static inline __m256 odd_shift(__m256i v)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16));
+}
+
 static inline float hsum8(__m256 v) { return k_hsum8(v); }
 
 /* ---- unpacked row-major weights ---- */
@@ -149,15 +155,19 @@ void k_matvec_bf16p_avx2(const kipp_bf16 *wp, const float *x, float *y, size_t r
     }
 }
 
-/* 16 rows x T tokens over k-pairs [0, kp): per k-pair the 16x2 weights are
- * widened once (4 ymm) and FMA'd against T broadcast activation pairs.
- * 2T accumulators + 4 weights + 2 activations <= 16 ymm for T <= 5. */
+/* 16 rows x T tokens over k-pairs [0, kp), activations already widened to
+ * FP32 (xf: [T][ldx] f32). AVX2 has no BF16 dot, so the cost to beat is the
+ * integer widening: each weight vector is widened once (one shift or one and
+ * per 8 lanes) and reused by T <= 6 tokens, and each activation is a plain
+ * vbroadcastss load. Per k-pair the even half runs first, then the odd half,
+ * so the live set is 12 accumulators + 2 weights + 1 broadcast (+ the mask):
+ * 24 FMAs against 2 weight loads, 4 integer ops and 12 broadcast loads. */
 static inline __attribute__((always_inline)) void
-mk_16xT(const kipp_bf16 *p, const kipp_bf16 *xb, size_t ldx, size_t kp, float *y, size_t ldy,
-        int T, int load)
+mk_16xT(const kipp_bf16 *p, const float *xf, size_t ldx, size_t kp, float *y, size_t ldy, int T,
+        int load)
 {
-    __m256 a[5][2];
-#pragma GCC unroll 5
+    __m256 a[6][2];
+#pragma GCC unroll 6
     for (int t = 0; t < T; t++) {
         a[t][0] = load ? _mm256_loadu_ps(y + (size_t)t * ldy) : _mm256_setzero_ps();
         a[t][1] = load ? _mm256_loadu_ps(y + (size_t)t * ldy + 8) : _mm256_setzero_ps();
@@ -165,56 +175,79 @@ mk_16xT(const kipp_bf16 *p, const kipp_bf16 *xb, size_t ldx, size_t kp, float *y
     for (size_t k = 0; k < kp; k++, p += 32) {
         __m256i lo = _mm256_loadu_si256((const __m256i *)p);
         __m256i hi = _mm256_loadu_si256((const __m256i *)(p + 16));
-        __m256 le = even_bf16(lo), lodd = odd_bf16(lo), he = even_bf16(hi), ho = odd_bf16(hi);
-#pragma GCC unroll 5
+        __m256 w0 = even_bf16(lo), w1 = even_bf16(hi);
+#pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
-            int32_t pair;
-            memcpy(&pair, xb + (size_t)t * ldx + 2 * k, 4);
-            __m256i xv = _mm256_set1_epi32(pair);
-            __m256 xe = even_bf16(xv), xo = odd_bf16(xv);
-            a[t][0] = _mm256_fmadd_ps(le, xe, a[t][0]);
-            a[t][1] = _mm256_fmadd_ps(he, xe, a[t][1]);
-            a[t][0] = _mm256_fmadd_ps(lodd, xo, a[t][0]);
-            a[t][1] = _mm256_fmadd_ps(ho, xo, a[t][1]);
+            __m256 xe = _mm256_broadcast_ss(xf + (size_t)t * ldx + 2 * k);
+            a[t][0] = _mm256_fmadd_ps(w0, xe, a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w1, xe, a[t][1]);
+        }
+        w0 = odd_shift(lo); /* no mask register: all 16 ymm are taken */
+        w1 = odd_shift(hi);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            __m256 xo = _mm256_broadcast_ss(xf + (size_t)t * ldx + 2 * k + 1);
+            a[t][0] = _mm256_fmadd_ps(w0, xo, a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w1, xo, a[t][1]);
         }
     }
-#pragma GCC unroll 5
+#pragma GCC unroll 6
     for (int t = 0; t < T; t++) {
         _mm256_storeu_ps(y + (size_t)t * ldy, a[t][0]);
         _mm256_storeu_ps(y + (size_t)t * ldy + 8, a[t][1]);
     }
 }
 
-static void mk_16xT_any(const kipp_bf16 *p, const kipp_bf16 *xb, size_t ldx, size_t kp, float *y,
+static void mk_16xT_any(const kipp_bf16 *p, const float *xf, size_t ldx, size_t kp, float *y,
                         size_t ldy, int T, int load)
 {
     switch (T) {
-    case 1: mk_16xT(p, xb, ldx, kp, y, ldy, 1, load); break;
-    case 2: mk_16xT(p, xb, ldx, kp, y, ldy, 2, load); break;
-    case 3: mk_16xT(p, xb, ldx, kp, y, ldy, 3, load); break;
-    case 4: mk_16xT(p, xb, ldx, kp, y, ldy, 4, load); break;
-    default: mk_16xT(p, xb, ldx, kp, y, ldy, 5, load); break;
+    case 1: mk_16xT(p, xf, ldx, kp, y, ldy, 1, load); break;
+    case 2: mk_16xT(p, xf, ldx, kp, y, ldy, 2, load); break;
+    case 3: mk_16xT(p, xf, ldx, kp, y, ldy, 3, load); break;
+    case 4: mk_16xT(p, xf, ldx, kp, y, ldy, 4, load); break;
+    case 5: mk_16xT(p, xf, ldx, kp, y, ldy, 5, load); break;
+    default: mk_16xT(p, xf, ldx, kp, y, ldy, 6, load); break;
     }
 }
 
-#define KB_AVX2 256u /* k per block: 16 rows x 256 k x 2 B = 8 KB of weights stay in L1 */
-#define TT_AVX2 5
+#define KB_AVX2 128u /* k per block: 4 panels x 16 rows x 128 k x 2 B = 16 KB of weights in L1 */
+#define TT_AVX2 6    /* tokens per micro-tile */
+#define NP_AVX2 4    /* panels sharing one widened activation tile */
 
-/* Loop order: 16-row panel (outer, from DRAM once), k-block, token tile. */
+/* Widen T token rows of xb[.][k0, k0 + kn) into xf[T][KB_AVX2] f32 (exact). */
+static void widen_tile(const kipp_bf16 *xb, size_t ldx, size_t kn, int T, float *xf)
+{
+    for (int t = 0; t < T; t++)
+        for (size_t c = 0; c < kn; c += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(xb + (size_t)t * ldx + c));
+            __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+            _mm256_storeu_ps(xf + (size_t)t * KB_AVX2 + c, _mm256_castsi256_ps(w));
+        }
+}
+
+/* Loop order: group of NP_AVX2 16-row panels (outer, from DRAM once), k-block
+ * (their 16 KB stays in L1), token tile (activations widened once per group,
+ * about 3% of the FMA work). */
 void k_matmul_bf16p_avx2(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y, size_t rows,
                          size_t cols, size_t n_tok, int accumulate, int ith, int nth)
 {
     size_t r0, r1;
+    float xf[TT_AVX2 * KB_AVX2] __attribute__((aligned(32)));
     k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r += 16) {
-        const kipp_bf16 *panel = wp + r * cols;
+    for (size_t rg = r0; rg < r1; rg += 16 * NP_AVX2) {
+        size_t np = (r1 - rg) / 16 < NP_AVX2 ? (r1 - rg) / 16 : NP_AVX2;
         for (size_t k0 = 0; k0 < cols; k0 += KB_AVX2) {
             size_t kn = cols - k0 < KB_AVX2 ? cols - k0 : KB_AVX2;
             int load = accumulate || k0 > 0;
             for (size_t t = 0; t < n_tok; t += TT_AVX2) {
                 int T = (int)(n_tok - t < TT_AVX2 ? n_tok - t : TT_AVX2);
-                mk_16xT_any(panel + k0 * 16, xb + t * cols + k0, cols, kn / 2, y + t * rows + r,
-                            rows, T, load);
+                widen_tile(xb + t * cols + k0, cols, kn, T, xf);
+                for (size_t g = 0; g < np; g++) {
+                    size_t r = rg + 16 * g;
+                    mk_16xT_any(wp + r * cols + k0 * 16, xf, KB_AVX2, kn / 2, y + t * rows + r,
+                                rows, T, load);
+                }
             }
         }
     }
