@@ -138,8 +138,8 @@ typedef void (*k_matvec_bf16p_fn)(const kipp_bf16 *wp, const float *x, float *y,
  * wp: packed [rows][cols] bf16; xb: [n_tok][cols] bf16 (from k_cvt_bf16, rounding
  * costs NMSE ~1e-6 per matmul; for more accuracy call again with accumulate = 1
  * on the residual xlo = bf16(x - xhi)); y: [n_tok][rows] f32 (row stride = rows).
- * Each weight byte comes from DRAM once per call (32-row x 256-k blocks stay in L1
- * while every token passes over them).
+ * Each weight byte comes from DRAM once per call: a block of panels stays in L1
+ * while every token passes over it (AVX-512: 32 rows x 256 k; AVX2: 64 rows x 128 k).
  */
 typedef void (*k_matmul_bf16p_fn)(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y,
                                   size_t rows, size_t cols, size_t n_tok, int accumulate,
