@@ -18,20 +18,7 @@
 #include "kernels_isa.h"
 #include "vmath_avx2.h"
 
-/* GCC 12 reports a[] lanes g >= G as maybe-uninitialized in the unrolled
- * constant-G copies although every loop is bounded by G: a false positive. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-#define CHUNK 16u
-#define GMAX 8u /* heads per register pass; larger groups run in passes */
-
-static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
-{
-    return ((size_t)bt[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) * K_N_KV_HEAD * K_HEAD_DIM +
-           (size_t)kvh * K_HEAD_DIM;
-}
+#include "attention_common.h"
 
 /* P positions' scores against all G heads (P * G <= 8 independent FMA chains,
  * enough to cover the FMA latency; one position per step left only G chains

@@ -18,20 +18,7 @@
 #include "kernels_isa.h"
 #include "vmath_avx512.h"
 
-/* GCC 12 reports a[] lanes g >= G as maybe-uninitialized in the unrolled
- * constant-G copies although every loop is bounded by G: a false positive. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-#define CHUNK 16u
-#define GMAX 8u /* heads per register pass; larger groups run in passes */
-
-static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
-{
-    return ((size_t)bt[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) * K_N_KV_HEAD * K_HEAD_DIM +
-           (size_t)kvh * K_HEAD_DIM;
-}
+#include "attention_common.h"
 
 /* s[g][j] = scale * q_g . k_j for j < n, g < G (G <= GMAX); rows at kbase + j*stride. */
 static inline __attribute__((always_inline)) void chunk_scores(const float *q, size_t G, const kipp_bf16 *kbase, size_t n, float scale,
