@@ -12,7 +12,7 @@ SAN      ?=
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-function
 CFLAGS   ?= -O2 -g
-CPPFLAGS := -D_GNU_SOURCE -Iengine -Ikernels -Ibackends -Itests -Icli
+CPPFLAGS := -D_GNU_SOURCE -I.
 ALLCFLAGS = -std=c11 $(WARN) $(CFLAGS) $(SAN) -MMD -MP -pthread
 AVX2     := -mavx2 -mfma -mf16c
 AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
@@ -64,7 +64,7 @@ $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BENCH_BIN): $(BUILD)/bin/%: $(BUILD)/bench/kernels/%.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
+$(BENCH_BIN): $(BUILD)/bin/%: $(BUILD)/bench/kernels/%.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -78,7 +78,7 @@ $(BUILD)/bin/test_kernels_avx512emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(wildca
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
+$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -90,7 +90,7 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/libkipp.
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
 
-$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/harness.o $(BUILD)/libkipp.a
+$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
@@ -156,7 +156,7 @@ ifeq ($(NVCC),)
 	@echo "make cuda: nvcc not found; the CUDA backend is skipped on this machine" && false
 else
 	@mkdir -p $(BUILD)/cuda
-	$(NVCC) -O2 -Iengine -Ikernels -c kernels/cuda/matvec_bf16.cu -o $(BUILD)/cuda/matvec_bf16.o
+	$(NVCC) -O2 -I. -c kernels/cuda/matvec_bf16.cu -o $(BUILD)/cuda/matvec_bf16.o
 endif
 
 clean:

@@ -23,9 +23,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cpu/kernels.h"
-#include "harness.h"
-#include "kipp.h"
+#include "kernels/cpu/kernels.h"
+#include "bench/bench_harness.h"
+#include "engine/kipp.h"
 
 #ifdef KIPP_HAVE_PAPI
 #include <papi.h>

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "engine/internal.h"
 
 static double now_s(void)
 {

@@ -20,9 +20,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "common.h"
-#include "harness.h"
-#include "profile.h"
+#include "kernels/common.h"
+#include "bench/bench_harness.h"
+#include "bench/profile.h"
 
 /* ---- topology ---- */
 

@@ -1,7 +1,7 @@
 /* profile_avx2.c - AVX2 read-bandwidth and FP32 FMA peak loops (bench/profile.h). */
 #include <immintrin.h>
 
-#include "profile.h"
+#include "bench/profile.h"
 
 uint64_t kipp_prof_read_avx2(const void *p, size_t n)
 {

@@ -4,7 +4,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "profile.h"
+#include "bench/profile.h"
 
 uint64_t kipp_prof_read_avx512(const void *p, size_t n)
 {

@@ -25,8 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "generate.h"
+#include "cli/cli.h"
+#include "cli/generate.h"
 
 #define DEFAULT_CHAT_CTX 8192u
 

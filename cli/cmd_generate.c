@@ -18,8 +18,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "generate.h"
+#include "cli/cli.h"
+#include "cli/generate.h"
 
 double cli_now(void)
 {

@@ -12,13 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "internal.h"
-
-static const char *dtype_name(uint32_t t)
-{
-    return t == KIPP_DTYPE_BF16 ? "BF16" : t == KIPP_DTYPE_Q8_0 ? "Q8_0" : t == KIPP_DTYPE_F32 ? "F32" : "?";
-}
+#include "cli/cli.h"
+#include "engine/kipp.h"
 
 static void print_header(const kipp_model *m)
 {
@@ -35,7 +30,7 @@ static void print_header(const kipp_model *m)
     printf("d_ff            %u\n", in.d_ff);
     printf("vocab           %u\n", in.vocab_size);
     printf("context         %u tokens\n", in.context_length);
-    printf("rope_theta      %g\n", (double)m->view.dims.rope_theta);
+    printf("rope_theta      %g\n", (double)in.rope_theta);
     printf("embeddings      %s\n", in.tied_embeddings ? "tied (output = token_embd)" : "untied");
     printf("stop ids        ");
     for (uint32_t i = 0; i < in.n_stop; i++) printf("%s%u", i ? ", " : "", in.stop_ids[i]);
@@ -44,24 +39,24 @@ static void print_header(const kipp_model *m)
 
 static void print_tensors(const kipp_model *m)
 {
-    const kipp_gguf *g = &m->gguf;
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
     printf("\n%-28s %-5s %-16s %12s %12s\n", "tensor", "dtype", "shape", "bytes", "offset");
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const kipp_gguf_tensor *t = &g->tensors[i];
+    for (uint64_t i = 0; i < in.n_tensors; i++) {
+        kipp_tensor_info t;
+        if (kipp_model_tensor(m, i, &t)) break;
         char shape[48];
-        if (t->n_dims == 2)
-            snprintf(shape, sizeof shape, "[%llu][%llu]", (unsigned long long)t->dims[1],
-                     (unsigned long long)t->dims[0]);
+        if (t.n_dims == 2)
+            snprintf(shape, sizeof shape, "[%llu][%llu]", (unsigned long long)t.rows, (unsigned long long)t.cols);
         else
-            snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)t->dims[0]);
-        printf("%-28.*s %-5s %-16s %12llu %12llu\n", (int)t->name.len, t->name.ptr,
-               dtype_name(t->type), shape, (unsigned long long)t->nbytes,
-               (unsigned long long)(g->data_offset + t->offset));
+            snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)t.cols);
+        printf("%-28.*s %-5s %-16s %12llu %12llu\n", (int)t.name_len, t.name, t.type_name, shape,
+               (unsigned long long)t.nbytes, (unsigned long long)t.file_offset);
     }
-    printf("\n%llu tensors, %llu weight bytes (%.2f MiB), file %zu bytes, data at %llu\n",
-           (unsigned long long)g->n_tensors, (unsigned long long)m->weight_bytes,
-           (double)m->weight_bytes / (1024.0 * 1024.0), m->map_size,
-           (unsigned long long)g->data_offset);
+    printf("\n%llu tensors, %llu weight bytes (%.2f MiB), file %llu bytes, data at %llu\n",
+           (unsigned long long)in.n_tensors, (unsigned long long)in.weight_bytes,
+           (double)in.weight_bytes / (1024.0 * 1024.0), (unsigned long long)in.file_bytes,
+           (unsigned long long)in.data_offset);
 }
 
 static int print_kernels(const char *path)
@@ -105,7 +100,7 @@ int cmd_inspect(int argc, char **argv)
     }
     char err[512];
     kipp_model *m;
-    if (kipp_model_load(path, &m, err, sizeof err)) {
+    if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
         fprintf(stderr, "kipp inspect: %s\n", err);
         return 1;
     }

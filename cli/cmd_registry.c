@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "kipp_checkpoints.h"
+#include "cli/cli.h"
+#include "engine/kipp_checkpoints.h"
 
 static const char *variant_name(kipp_variant v)
 {

@@ -18,8 +18,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "internal.h"
+#include "cli/cli.h"
+#include "engine/kipp.h"
+#include "engine/kipp_checkpoints.h"
 
 typedef struct {
     const char *model, *text, *file, *ids;
@@ -133,7 +134,7 @@ static kipp_model *open_model(const char *cmd, const char *path)
 {
     char err[512];
     kipp_model *m = NULL;
-    if (kipp_model_load(path, &m, err, sizeof err)) {
+    if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
         fprintf(stderr, "kipp %s: %s\n", cmd, err);
         return NULL;
     }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "generate.h"
+#include "cli/generate.h"
 
 enum { C_GEN = 1, C_CHAT = 2, C_LOGITS = 4, C_ALL = 7, C_SAMPLE = C_GEN | C_CHAT };
 

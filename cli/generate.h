@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kipp.h"
+#include "engine/kipp.h"
 
 #define CLI_MAX_BIAS 64 /* --logit-bias entries */
 #define CLI_MAX_THREADS 1024 /* --threads upper bound; the cpu thread pool's own limit (cpu_threadpool.c) */

@@ -1,7 +1,7 @@
 /* backends.c - the engine's list of backends; chosen by name at model open (ARCHITECTURE.md). */
 #include <string.h>
 
-#include "backend.h"
+#include "engine/backend.h"
 
 static const kipp_backend_ops *const backends[] = {&ref_backend_ops, &cpu_backend_ops};
 

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chat.h"
-#include "internal.h"
+#include "engine/chat.h"
+#include "engine/internal.h"
 
 /* ---- growable output ---- */
 

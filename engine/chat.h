@@ -7,8 +7,8 @@
 
 #include <stddef.h>
 
-#include "kipp.h"
-#include "kipp_checkpoints.h"
+#include "engine/kipp.h"
+#include "engine/kipp_checkpoints.h"
 
 /**
  * Render msgs[n] with the chat template of the given kind, byte-identical to

@@ -1,7 +1,7 @@
 /* checkpoints.c - lookup in the compiled-in registry (engine/kipp_checkpoints.h). */
 #include <string.h>
 
-#include "kipp_checkpoints.h"
+#include "engine/kipp_checkpoints.h"
 
 const kipp_checkpoint kipp_checkpoints[] = {KIPP_CHECKPOINT_TABLE};
 const size_t kipp_checkpoints_count = sizeof kipp_checkpoints / sizeof kipp_checkpoints[0];

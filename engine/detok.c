@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "tokenizer_impl.h"
+#include "engine/internal.h"
+#include "engine/tokenizer_impl.h"
 
 #define FFFD "\xEF\xBF\xBD"
 

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tokenizer.h" /* kipp_str */
+#include "engine/tokenizer.h" /* kipp_str */
 
 /* GGUF value types (GGUF spec). */
 enum {

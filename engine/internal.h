@@ -9,11 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "gguf.h"
-#include "kipp.h"
-#include "kipp_checkpoints.h"
-#include "tokenizer.h"
+#include "engine/backend.h"
+#include "engine/backend_util.h"
+#include "engine/gguf.h"
+#include "engine/kipp.h"
+#include "engine/kipp_checkpoints.h"
+#include "engine/tokenizer.h"
 
 /** An open model: one read-only mapping plus everything bound from it. */
 struct kipp_model {
@@ -59,9 +60,6 @@ int kipp_model_load(const char *path, kipp_model **out, char *err, size_t errlen
  */
 int kipp_model_validate_image(const void *buf, size_t size, char *err, size_t errlen);
 
-/** printf into (err, errlen) when err != NULL; returns code for `return kipp_err(...)`. */
-int kipp_err(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 /**
  * Test hook: replace a session's block table with perm ([n_blocks], a
@@ -71,9 +69,5 @@ int kipp_err(char *err, size_t errlen, int code, const char *fmt, ...)
 int kipp_session_set_block_table(kipp_session *s, const uint32_t *perm, char *err,
                                  size_t errlen);
 
-/** Release-build assert for internal invariants (ARCHITECTURE.md "Errors"). */
-#define KIPP_ASSERT(c) \
-    do { if (!(c)) kipp_assert_fail(#c, __FILE__, __LINE__); } while (0)
-void kipp_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 
 #endif

@@ -44,8 +44,10 @@ typedef struct {
 /**
  * Open a Kipp GGUF artifact (docs/FORMAT.md) read-only via mmap, validate it
  * against the compiled-in registry, bind the weights, and create the named
- * backend ("ref" = scalar FP32 oracle, "cpu" = fast CPU backend).
- * opts may be NULL. On success *out owns the mapping; release with
+ * backend ("ref" = scalar FP32 oracle, "cpu" = fast CPU backend, NULL = "cpu").
+ * Backend "none" opens without a backend: info, tensor table, tokenizer and
+ * chat work, sessions are refused (KIPP_EBACKEND); `kipp inspect` and
+ * `kipp tokenize` use it on files they only read. opts may be NULL. On success *out owns the mapping; release with
  * kipp_model_close. Errors: KIPP_EIO, KIPP_EFORMAT (with the loader's reason),
  * KIPP_EBACKEND (unknown backend name), KIPP_ENOMEM.
  */
@@ -71,10 +73,32 @@ typedef struct {
     uint32_t stop_ids[2];
     uint64_t kv_bytes_per_token; /* logical KV bytes per cached token (all layers) */
     uint64_t weight_bytes;       /* bytes of all tensors in the file */
+    float rope_theta;            /* RoPE base */
+    uint64_t file_bytes;         /* size of the mapped file */
+    uint64_t n_tensors;          /* entries of the tensor table (kipp_model_tensor) */
+    uint64_t data_offset;        /* file offset of the tensor data section */
 } kipp_model_info;
 
 /** Fill *info for an open model. Never fails for a valid model. */
 void kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
+
+/** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
+typedef struct {
+    const char *name;     /* GGUF tensor name, name_len bytes, as stored: may hold any byte */
+    size_t name_len;
+    uint32_t type;        /* GGUF tensor type id (30 = BF16, 8 = Q8_0, 0 = F32) */
+    const char *type_name;/* "BF16", "Q8_0", "F32", "?" */
+    uint32_t n_dims;      /* 1 or 2 */
+    uint64_t rows, cols;  /* [rows][cols] row-major; rows == 1 for vectors */
+    uint64_t nbytes;      /* bytes of the tensor data */
+    uint64_t file_offset; /* absolute offset of the data in the file */
+} kipp_tensor_info;
+
+/**
+ * Fill *out with tensor i of the file's tensor table (0 <= i < info.n_tensors,
+ * file order). Errors: KIPP_EINVAL for a NULL argument, KIPP_ERANGE for i out of range.
+ */
+int kipp_model_tensor(const kipp_model *model, uint64_t i, kipp_tensor_info *out);
 
 /**
  * Write the backend's kernel report (one line per chosen kernel path, from the

@@ -20,13 +20,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/qwen3_shape.h"
+
 /* Family invariants, validated for every entry (seed 000). */
 #define KIPP_VOCAB_SIZE 151936u   /* logits rows; ids >= 151669 are padding */
-#define KIPP_N_KV_HEAD 8u
-#define KIPP_HEAD_DIM 128u
+/* KIPP_N_KV_HEAD, KIPP_HEAD_DIM, KIPP_KV_BLOCK: kernels/qwen3_shape.h */
 #define KIPP_RMS_EPS 1e-6f
 #define KIPP_BOS_ID 151643u       /* <|endoftext|> */
-#define KIPP_KV_BLOCK 32u         /* positions per KV page */
 #define KIPP_N_TOKENS 151669u     /* 151643 BPE tokens + 26 added tokens */
 
 /** Checkpoint variant: base models have no chat template. */

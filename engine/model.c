@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "engine/internal.h"
 
 #define KIPP_FORMAT_VERSION 1u
 #define KIPP_ALIGNMENT 64u
@@ -616,8 +616,8 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     *out = NULL;
     const char *name = backend ? backend : "cpu";
     const kipp_backend_ops *ops = kipp_backend_find(name);
-    if (!ops)
-        return kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s', expected one of: %s, %s",
+    if (!ops && strcmp(name, "none") != 0)
+        return kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s', expected one of: %s, %s, none",
                         name, ref_backend_ops.name, cpu_backend_ops.name);
     if (opts && opts->n_threads < 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_threads is %d, expected 0 (auto) or more",
@@ -625,6 +625,10 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     kipp_model *m;
     int rc = kipp_model_load(path, &m, err, errlen);
     if (rc) return rc;
+    if (!ops) { /* "none": read-only use of the file, no weights touched */
+        *out = m;
+        return KIPP_OK;
+    }
     /* A dense model reads every weight for every token: start readahead now, while
      * the backend prepares. Not in kipp_model_load, which `kipp inspect` uses on
      * multi-GB files it only needs the header of. Advisory: failure is harmless. */
@@ -678,6 +682,29 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     memcpy(info->stop_ids, c->stop_ids, sizeof info->stop_ids);
     info->kv_bytes_per_token = kipp_kv_bytes_per_token(c);
     info->weight_bytes = m->weight_bytes;
+    info->rope_theta = m->view.dims.rope_theta;
+    info->file_bytes = m->map_size;
+    info->n_tensors = m->gguf.n_tensors;
+    info->data_offset = m->gguf.data_offset;
+}
+
+int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)
+{
+    if (!m || !out) return KIPP_EINVAL;
+    if (i >= m->gguf.n_tensors) return KIPP_ERANGE;
+    const kipp_gguf_tensor *t = &m->gguf.tensors[i];
+    memset(out, 0, sizeof *out);
+    out->name = t->name.ptr;
+    out->name_len = t->name.len;
+    out->type = t->type;
+    out->type_name = t->type == KIPP_DTYPE_BF16 ? "BF16" : t->type == KIPP_DTYPE_Q8_0 ? "Q8_0"
+                   : t->type == KIPP_DTYPE_F32 ? "F32" : "?";
+    out->n_dims = t->n_dims;
+    out->cols = t->dims[0];
+    out->rows = t->n_dims == 2 ? t->dims[1] : 1;
+    out->nbytes = t->nbytes;
+    out->file_offset = m->gguf.data_offset + t->offset;
+    return KIPP_OK;
 }
 
 int kipp_model_describe(const kipp_model *m, char *out, size_t outlen)

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "engine/internal.h"
 
 /* ---- xoshiro256** ---- */
 

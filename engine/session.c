@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "engine/internal.h"
 
 static const uint32_t BLOCK = KIPP_KV_BLOCK; /* positions per KV page */
 
@@ -21,6 +21,9 @@ int kipp_session_create(kipp_model *model, uint32_t capacity, kipp_session **out
     if (!out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_session_create: out is NULL, expected a pointer");
     *out = NULL;
     if (!model) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_session_create: model is NULL, expected an open model");
+    if (!model->ops)
+        return kipp_err(err, errlen, KIPP_EBACKEND, "kipp_session_create: the model was opened with backend \"none\"; "
+                        "open it with \"cpu\" or \"ref\" to evaluate");
     uint32_t ctx = model->view.dims.context_length;
     if (capacity == 0 || capacity > ctx)
         return kipp_err(err, errlen, KIPP_ERANGE,

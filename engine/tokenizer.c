@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "tokenizer_impl.h"
+#include "engine/internal.h"
+#include "engine/tokenizer_impl.h"
 
 #define MAX_TOKEN_BYTES 4096u  /* longest token string accepted from a file */
 

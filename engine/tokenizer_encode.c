@@ -18,8 +18,8 @@
 
 #include <utf8proc.h>
 
-#include "internal.h"
-#include "tokenizer_impl.h"
+#include "engine/internal.h"
+#include "engine/tokenizer_impl.h"
 
 #define SMALL_WORD 48u            /* bytes: array BPE up to here, heap BPE above */
 #define JIT_STACK_MAX (64u << 20) /* bytes of JIT stack one encode call may use */

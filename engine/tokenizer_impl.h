@@ -16,7 +16,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "tokenizer.h"
+#include "engine/tokenizer.h"
 
 #define KIPP_TOK_MAX_ADDED 64u   /* added tokens accepted from a file */
 #define KIPP_TOK_NO_RANK UINT32_MAX

@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "engine/internal.h"
 
 int kipp_err(char *err, size_t errlen, int code, const char *fmt, ...)
 {

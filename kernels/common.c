@@ -1,5 +1,5 @@
 /* common.c - CPU feature detection, ISA selection, aligned allocation, FP16. */
-#include "common.h"
+#include "kernels/common.h"
 
 #include <cpuid.h>
 #include <stdlib.h>

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
-#include "internal.h"
+#include "kernels/common.h"
+#include "engine/internal.h"
 
 #define FX_VOCAB 512u
 #define FX_CTX 300u

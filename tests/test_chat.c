@@ -10,9 +10,9 @@
 #include <jansson.h>
 #include <string.h>
 
-#include "chat.h"
-#include "harness.h"
-#include "internal.h"
+#include "engine/chat.h"
+#include "tests/test_harness.h"
+#include "engine/internal.h"
 
 static kipp_chat_kind kind_of(const char *s)
 {

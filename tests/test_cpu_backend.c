@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/kernels.h"
-#include "harness.h"
-#include "internal.h"
+#include "kernels/cpu/kernels.h"
+#include "tests/test_harness.h"
+#include "engine/internal.h"
 
 #define NMSE_MAX 1e-4
 

@@ -8,8 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "harness.h"
-#include "internal.h"
+#include "tests/test_harness.h"
+#include "engine/internal.h"
 
 /* ---- a tiny GGUF image builder ---- */
 typedef struct {

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "harness.h"
-#include "cpu/kernels_isa.h"
+#include "tests/test_harness.h"
+#include "kernels/cpu/kernels_isa.h"
 
 #define K_NMSE_ORDER 1e-9
 #define K_NMSE_BF16_ACT 1e-5
@@ -239,21 +239,21 @@ static void test_rmsnorm(void)
 static void test_rope(void)
 {
     const size_t n_head = 16, n_pos = 40000;
-    float *table = kipp_aligned_alloc(K_HEAD_DIM * sizeof(float));
+    float *table = kipp_aligned_alloc(KIPP_HEAD_DIM * sizeof(float));
     const size_t pos[] = {0, 1, 31, 32, 4095, n_pos - 1};
-    float *x = rand_f32(n_head * K_HEAD_DIM, -2, 2), *ref = rand_f32(n_head * K_HEAD_DIM, 0, 0);
-    float *y = rand_f32(n_head * K_HEAD_DIM, 0, 0);
+    float *x = rand_f32(n_head * KIPP_HEAD_DIM, -2, 2), *ref = rand_f32(n_head * KIPP_HEAD_DIM, 0, 0);
+    float *y = rand_f32(n_head * KIPP_HEAD_DIM, 0, 0);
     for (size_t k = 0; k < sizeof pos / sizeof pos[0]; k++) {
-        float *rows = kipp_aligned_alloc((pos[k] + 1) * K_HEAD_DIM * sizeof(float));
+        float *rows = kipp_aligned_alloc((pos[k] + 1) * KIPP_HEAD_DIM * sizeof(float));
         k_rope_table(rows, pos[k] + 1, 1000000.0);
-        memcpy(table, rows + pos[k] * K_HEAD_DIM, K_HEAD_DIM * sizeof(float));
+        memcpy(table, rows + pos[k] * KIPP_HEAD_DIM, KIPP_HEAD_DIM * sizeof(float));
         kipp_aligned_free(rows);
-        memcpy(ref, x, n_head * K_HEAD_DIM * sizeof(float));
+        memcpy(ref, x, n_head * KIPP_HEAD_DIM * sizeof(float));
         k_rope_f32_ref(ref, n_head, table);
         for (int i = 0; i < n_paths; i++) {
-            memcpy(y, x, n_head * K_HEAD_DIM * sizeof(float));
+            memcpy(y, x, n_head * KIPP_HEAD_DIM * sizeof(float));
             paths[i]->rope_f32(y, n_head, table);
-            CHECK(bits_equal(y, ref, n_head * K_HEAD_DIM * sizeof(float)), "%s rope at pos %zu not exact",
+            CHECK(bits_equal(y, ref, n_head * KIPP_HEAD_DIM * sizeof(float)), "%s rope at pos %zu not exact",
                   paths[i]->isa, pos[k]);
         }
     }
@@ -296,12 +296,12 @@ static void test_add_embed(void)
 
 /* ---- paged KV and attention ---- */
 
-#define KV_ROW (K_N_KV_HEAD * K_HEAD_DIM)
+#define KV_ROW (KIPP_N_KV_HEAD * KIPP_HEAD_DIM)
 
 static void test_kv_write(void)
 {
     const uint32_t n_blocks = 4, bt[4] = {2, 0, 3, 1};
-    const size_t total = (size_t)n_blocks * K_KV_BLOCK * KV_ROW;
+    const size_t total = (size_t)n_blocks * KIPP_KV_BLOCK * KV_ROW;
     kipp_bf16 *kr = rand_bf16(total, 0), *vr = rand_bf16(total, 0), *kc = rand_bf16(total, 0),
               *vc = rand_bf16(total, 0);
     float *k = rand_f32(KV_ROW, -8, 8), *v = rand_f32(KV_ROW, -8, 8);
@@ -316,7 +316,7 @@ static void test_kv_write(void)
         CHECK(bits_equal(kc, kr, total * 2) && bits_equal(vc, vr, total * 2), "%s kv_write not exact",
               paths[i]->isa);
         /* independent check of the page mapping: pos 77 -> block bt[2]=3, slot 13 */
-        size_t row = ((size_t)3 * K_KV_BLOCK + 13) * KV_ROW;
+        size_t row = ((size_t)3 * KIPP_KV_BLOCK + 13) * KV_ROW;
         CHECK(kc[row + 5] == kipp_f32_to_bf16(k[5]) && vc[row + 9] == kipp_f32_to_bf16(v[9]),
               "%s kv_write put pos 77 in the wrong page", paths[i]->isa);
     }
@@ -328,21 +328,21 @@ static void test_kv_write(void)
 static void attn_out(size_t group, const float *l, const float *acc, float *o)
 {
     for (size_t g = 0; g < group; g++)
-        for (size_t i = 0; i < K_HEAD_DIM; i++) o[g * K_HEAD_DIM + i] = acc[g * K_HEAD_DIM + i] / l[g];
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) o[g * KIPP_HEAD_DIM + i] = acc[g * KIPP_HEAD_DIM + i] / l[g];
 }
 
 static void check_flash(const k_cpu_ops *o, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                         const uint32_t *bt, uint32_t p0, uint32_t p1, const float *q, uint32_t kvh)
 {
     enum { GM = 16 };
-    static float m_r[GM], l_r[GM], a_r[GM * K_HEAD_DIM], m[GM], l[GM], a[GM * K_HEAD_DIM];
-    static float m2[GM], l2[GM], a2[GM * K_HEAD_DIM], o_r[GM * K_HEAD_DIM], o_t[GM * K_HEAD_DIM];
-    const float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    static float m_r[GM], l_r[GM], a_r[GM * KIPP_HEAD_DIM], m[GM], l[GM], a[GM * KIPP_HEAD_DIM];
+    static float m2[GM], l2[GM], a2[GM * KIPP_HEAD_DIM], o_r[GM * KIPP_HEAD_DIM], o_t[GM * KIPP_HEAD_DIM];
+    const float scale = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
     k_flash_gqa_bf16_ref(q, group, kc, vc, kvh, bt, p0, p1, scale, m_r, l_r, a_r);
     attn_out(group, l_r, a_r, o_r);
     o->flash_gqa_bf16(q, group, kc, vc, kvh, bt, p0, p1, scale, m, l, a);
     attn_out(group, l, a, o_t);
-    double e = th_nmse(o_t, o_r, group * K_HEAD_DIM), worst = 0;
+    double e = th_nmse(o_t, o_r, group * KIPP_HEAD_DIM), worst = 0;
     for (size_t g = 0; g < group; g++) { /* l * e^m is the softmax denominator, whatever m is */
         double d = fabs((double)l[g] * exp((double)m[g]) / ((double)l_r[g] * exp((double)m_r[g])) - 1.0);
         worst = d > worst ? d : worst;
@@ -356,7 +356,7 @@ static void check_flash(const k_cpu_ops *o, size_t group, const kipp_bf16 *kc, c
     o->flash_gqa_bf16(q, group, kc, vc, kvh, bt, mid, p1, scale, m2, l2, a2);
     k_attn_merge(group, m, l, a, m2, l2, a2);
     attn_out(group, l, a, o_t);
-    e = th_nmse(o_t, o_r, group * K_HEAD_DIM);
+    e = th_nmse(o_t, o_r, group * KIPP_HEAD_DIM);
     CHECK(e <= K_NMSE_ORDER, "%s flash split at %u merged nmse %.3g", o->isa, mid, e);
 }
 
@@ -365,16 +365,16 @@ static void test_flash_gqa(void)
     const uint32_t n_blocks = 12;
     uint32_t bt[12];
     for (uint32_t b = 0; b < n_blocks; b++) bt[b] = (b * 7 + 3) % n_blocks; /* scrambled pages */
-    const size_t total = (size_t)n_blocks * K_KV_BLOCK * KV_ROW;
+    const size_t total = (size_t)n_blocks * KIPP_KV_BLOCK * KV_ROW;
     kipp_bf16 *kc = rand_bf16(total, 1.0f), *vc = rand_bf16(total, 1.0f);
-    float *q = rand_f32(16 * K_HEAD_DIM, -3, 3); /* scores spread over ~+-10: a peaked softmax */
+    float *q = rand_f32(16 * KIPP_HEAD_DIM, -3, 3); /* scores spread over ~+-10: a peaked softmax */
     const size_t groups[] = {2, 4, 5, 8, 16};
     const uint32_t ranges[][2] = {{0, 1}, {0, 45}, {3, 100}, {37, 300}, {31, 33}, {0, 384}};
     for (int i = 0; i < n_paths; i++)
         for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
             for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++)
                 check_flash(paths[i], groups[g], kc, vc, bt, ranges[r][0], ranges[r][1], q,
-                            (uint32_t)(g + r) % K_N_KV_HEAD);
+                            (uint32_t)(g + r) % KIPP_N_KV_HEAD);
     kipp_aligned_free(kc); kipp_aligned_free(vc); kipp_aligned_free(q);
 }
 
@@ -385,24 +385,24 @@ static void test_flash_rows(void)
     const uint32_t n_blocks = 12;
     uint32_t bt[12];
     for (uint32_t b = 0; b < n_blocks; b++) bt[b] = (b * 5 + 7) % n_blocks; /* scrambled pages */
-    const size_t total = (size_t)n_blocks * K_KV_BLOCK * KV_ROW;
+    const size_t total = (size_t)n_blocks * KIPP_KV_BLOCK * KV_ROW;
     kipp_bf16 *kc = rand_bf16(total, 1.0f), *vc = rand_bf16(total, 1.0f);
-    float *q = rand_f32(8 * 8 * K_HEAD_DIM, -3, 3);
-    float *m = rand_f32(64, 0, 1), *l = rand_f32(64, 0, 1), *a = rand_f32(64 * K_HEAD_DIM, 0, 1);
-    float *o_r = rand_f32(64 * K_HEAD_DIM, 0, 1), *o_t = rand_f32(64 * K_HEAD_DIM, 0, 1);
-    const float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    float *q = rand_f32(8 * 8 * KIPP_HEAD_DIM, -3, 3);
+    float *m = rand_f32(64, 0, 1), *l = rand_f32(64, 0, 1), *a = rand_f32(64 * KIPP_HEAD_DIM, 0, 1);
+    float *o_r = rand_f32(64 * KIPP_HEAD_DIM, 0, 1), *o_t = rand_f32(64 * KIPP_HEAD_DIM, 0, 1);
+    const float scale = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
     const size_t groups[] = {2, 4, 8};
     const uint32_t ranges[][2] = {{0, 1}, {0, 45}, {3, 100}, {37, 300}, {31, 33}, {64, 96}, {0, 384}};
     for (int i = 0; i < n_paths; i++)
         for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
             for (size_t r = 0; r < sizeof ranges / sizeof ranges[0]; r++) {
-                size_t G = groups[g], H = K_N_KV_HEAD * G;
+                size_t G = groups[g], H = KIPP_N_KV_HEAD * G;
                 uint32_t p0 = ranges[r][0], p1 = ranges[r][1];
                 double worst = 0, e;
-                for (uint32_t h = 0; h < K_N_KV_HEAD; h++) { /* the oracle, head by head */
+                for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++) { /* the oracle, head by head */
                     float mr[8], lr[8];
-                    k_flash_gqa_bf16_ref(q + h * G * K_HEAD_DIM, G, kc, vc, h, bt, p0, p1, scale, mr, lr,
-                                         o_r + h * G * K_HEAD_DIM);
+                    k_flash_gqa_bf16_ref(q + h * G * KIPP_HEAD_DIM, G, kc, vc, h, bt, p0, p1, scale, mr, lr,
+                                         o_r + h * G * KIPP_HEAD_DIM);
                     for (size_t j = 0; j < G; j++) { m[h * G + j] = mr[j]; l[h * G + j] = lr[j]; }
                 }
                 attn_out(H, l, o_r, o_r);
@@ -411,7 +411,7 @@ static void test_flash_rows(void)
                 memcpy(ml_r + 64, l, H * sizeof(float));
                 paths[i]->flash_rows_bf16(q, G, kc, vc, bt, p0, p1, scale, m, l, a);
                 attn_out(H, l, a, o_t);
-                e = th_nmse(o_t, o_r, H * K_HEAD_DIM);
+                e = th_nmse(o_t, o_r, H * KIPP_HEAD_DIM);
                 for (size_t h = 0; h < H; h++) {
                     double d = fabs((double)l[h] * exp((double)m[h]) / ((double)ml_r[64 + h] * exp((double)ml_r[h])) - 1.0);
                     worst = d > worst ? d : worst;

@@ -20,8 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "harness.h"
-#include "internal.h"
+#include "tests/test_harness.h"
+#include "engine/internal.h"
 
 static uint8_t *img;        /* pristine bytes of synthetic-tiny.gguf (restored after each patch) */
 static size_t img_size;

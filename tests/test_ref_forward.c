@@ -17,8 +17,8 @@
 #include <jansson.h>
 #include <string.h>
 
-#include "fixture_model.h"
-#include "harness.h"
+#include "tests/fixture_model.h"
+#include "tests/test_harness.h"
 
 #define NMSE_HF 5e-5
 #define NMSE_CACHE 1e-6

@@ -9,8 +9,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "harness.h"
-#include "kipp.h"
+#include "tests/test_harness.h"
+#include "engine/kipp.h"
 
 #define NDRAW 200000
 

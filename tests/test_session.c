@@ -9,8 +9,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "fixture_model.h"
-#include "harness.h"
+#include "tests/fixture_model.h"
+#include "tests/test_harness.h"
 
 static fx_model *fx;
 

@@ -15,10 +15,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "harness.h"
-#include "internal.h"
-#include "tokenizer_impl.h"
-#include "tokenizer_json.h"
+#include "tests/test_harness.h"
+#include "engine/internal.h"
+#include "engine/tokenizer_impl.h"
+#include "tests/tokenizer_json.h"
 
 static kipp_tokenizer *tok_json;  /* from tokenizer.json */
 static kipp_model *model;         /* from the GGUF; NULL when not loadable */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "engine/tokenizer.h"
 
 typedef struct {
     json_t *tj, *cfg;              /* parsed files; the views point into their strings */

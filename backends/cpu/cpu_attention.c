@@ -14,12 +14,12 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu_internal.h"
-#include "internal.h"
+#include "backends/cpu/cpu_internal.h"
+#include "engine/backend_util.h"
 
 uint32_t kipp_cpu_attn_chunks(const cpu_model *m, uint32_t n_rows, uint32_t max_ctx)
 {
-    uint32_t pairs = n_rows * K_N_KV_HEAD, want = KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
+    uint32_t pairs = n_rows * KIPP_N_KV_HEAD, want = KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
     if (pairs == 0 || pairs >= want || m->nth == 1) return 1;
     uint32_t nch = (want + pairs - 1) / pairs;
     uint32_t by_len = max_ctx / KIPP_CPU_ATTN_MIN_CHUNK;
@@ -34,7 +34,7 @@ static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const kipp_
 {
     const kipp_eval_item *it = &r->items[r->m->row_item[row]];
     const cpu_session *s = it->session;
-    size_t layer_elems = (size_t)s->n_blocks * K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM;
+    size_t layer_elems = (size_t)s->n_blocks * KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     *kc = s->k + layer * layer_elems;
     *vc = s->v + layer * layer_elems;
     *bt = it->block_table;
@@ -45,7 +45,7 @@ static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const kipp_
 static void chunk_range(uint32_t ctx, uint32_t c, uint32_t nch, uint32_t *p0, uint32_t *p1)
 {
     uint32_t len = (ctx + nch - 1) / nch;
-    len = (len + K_KV_BLOCK - 1) / K_KV_BLOCK * K_KV_BLOCK;
+    len = (len + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK * KIPP_KV_BLOCK;
     *p0 = c * len < ctx ? c * len : ctx;
     *p1 = (c + 1) * len < ctx ? (c + 1) * len : ctx;
 }
@@ -58,9 +58,9 @@ static void finish(const cpu_round *r, const float *acc, const float *l, size_t 
     float *out = m->att + off;
     for (size_t g = 0; g < group; g++) {
         float inv = 1.0f / l[g]; /* l >= 1: the max score contributes exp(0) */
-        for (size_t i = 0; i < K_HEAD_DIM; i++) out[g * K_HEAD_DIM + i] = acc[g * K_HEAD_DIM + i] * inv;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) out[g * KIPP_HEAD_DIM + i] = acc[g * KIPP_HEAD_DIM + i] * inv;
     }
-    if (r->n_rows > 1) m->k->cvt_bf16(out, m->xb + off, group * K_HEAD_DIM);
+    if (r->n_rows > 1) m->k->cvt_bf16(out, m->xb + off, group * KIPP_HEAD_DIM);
 }
 
 /* Per-worker tile state inside tile_buf. */
@@ -71,9 +71,9 @@ typedef struct {
 
 static tile_state tile_state_of(const cpu_model *m, size_t group, int ith)
 {
-    size_t Q = m->tile_q, per = Q * (2 * K_HEAD_DIM + 2) + group * (K_HEAD_DIM + 2);
+    size_t Q = m->tile_q, per = Q * (2 * KIPP_HEAD_DIM + 2) + group * (KIPP_HEAD_DIM + 2);
     float *b = m->tile_buf + (size_t)ith * per;
-    tile_state t = {b, b + Q * K_HEAD_DIM, b + Q * (K_HEAD_DIM + 2), b + Q * (2 * K_HEAD_DIM + 2), NULL};
+    tile_state t = {b, b + Q * KIPP_HEAD_DIM, b + Q * (KIPP_HEAD_DIM + 2), b + Q * (2 * KIPP_HEAD_DIM + 2), NULL};
     t.dacc = t.dml + 2 * group;
     return t;
 }
@@ -85,29 +85,29 @@ static void attend_tiles(cpu_round *r, uint32_t layer, size_t group, float scale
 {
     cpu_model *m = r->m;
     tile_state ts = tile_state_of(m, group, ith);
-    uint32_t units = r->n_tiles * K_N_KV_HEAD;
+    uint32_t units = r->n_tiles * KIPP_N_KV_HEAD;
     for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
-        uint32_t tile = u / K_N_KV_HEAD, kvh = u % K_N_KV_HEAD, r0 = m->tile_r0[tile], T = m->tile_n[tile];
+        uint32_t tile = u / KIPP_N_KV_HEAD, kvh = u % KIPP_N_KV_HEAD, r0 = m->tile_r0[tile], T = m->tile_n[tile];
         uint32_t p0 = m->row_pos[r0];
-        size_t head0 = (size_t)kvh * group * K_HEAD_DIM, Q = (size_t)T * group;
+        size_t head0 = (size_t)kvh * group * KIPP_HEAD_DIM, Q = (size_t)T * group;
         const kipp_bf16 *kc, *vc;
         const uint32_t *bt;
         row_kv(r, r0, layer, &kc, &vc, &bt);
         for (uint32_t t = 0; t < T; t++)
-            memcpy(ts.q + t * group * K_HEAD_DIM, m->qkv + (size_t)(r0 + t) * m->QKV + head0, group * K_HEAD_DIM * sizeof(float));
+            memcpy(ts.q + t * group * KIPP_HEAD_DIM, m->qkv + (size_t)(r0 + t) * m->QKV + head0, group * KIPP_HEAD_DIM * sizeof(float));
         if (p0 > 0) {
             m->k->flash_gqa_bf16(ts.q, Q, kc, vc, kvh, bt, 0, p0, scale, ts.ml, ts.ml + Q, ts.acc);
         } else { /* no shared prefix: an empty partial (merge weight exp(-inf) = 0) */
             for (size_t i = 0; i < Q; i++) { ts.ml[i] = -INFINITY; ts.ml[Q + i] = 0.0f; }
-            memset(ts.acc, 0, Q * K_HEAD_DIM * sizeof(float));
+            memset(ts.acc, 0, Q * KIPP_HEAD_DIM * sizeof(float));
         }
         for (uint32_t t = 0; t < T; t++) {
             float *mt = ts.dml, *lt = ts.dml + group, *at = ts.dacc;
-            m->k->flash_gqa_bf16(ts.q + t * group * K_HEAD_DIM, group, kc, vc, kvh, bt, p0, p0 + t + 1, scale, mt, lt, at);
+            m->k->flash_gqa_bf16(ts.q + t * group * KIPP_HEAD_DIM, group, kc, vc, kvh, bt, p0, p0 + t + 1, scale, mt, lt, at);
             /* merge the prefix partial (token t's slice) into the diagonal one */
             float pm[64], pl[64];
             for (size_t g = 0; g < group; g++) { pm[g] = ts.ml[t * group + g]; pl[g] = ts.ml[Q + t * group + g]; }
-            k_attn_merge(group, mt, lt, at, pm, pl, ts.acc + t * group * K_HEAD_DIM);
+            k_attn_merge(group, mt, lt, at, pm, pl, ts.acc + t * group * KIPP_HEAD_DIM);
             finish(r, at, lt, group, (size_t)(r0 + t) * m->A + head0);
         }
     }
@@ -124,7 +124,7 @@ static uint32_t rows_chunks(const cpu_round *r)
         if (m->row_pos[i] + 1 > max_ctx) max_ctx = m->row_pos[i] + 1;
     uint32_t want = KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
     uint32_t nch = (want + r->n_rows - 1) / r->n_rows, by_len = max_ctx / KIPP_CPU_ATTN_MIN_CHUNK;
-    uint32_t cap = m->max_units / K_N_KV_HEAD / r->n_rows;
+    uint32_t cap = m->max_units / KIPP_N_KV_HEAD / r->n_rows;
     if (nch > by_len) nch = by_len;
     if (nch > cap) nch = cap;
     return nch < 1 ? 1 : nch;
@@ -138,9 +138,9 @@ static uint32_t rows_chunks(const cpu_round *r)
 static void attend_rows(cpu_round *r, uint32_t layer, size_t group, float scale, int ith, int nth)
 {
     cpu_model *m = r->m;
-    const size_t H = K_N_KV_HEAD * group;
+    const size_t H = KIPP_N_KV_HEAD * group;
     const uint32_t nch = rows_chunks(r), units = r->n_rows * nch;
-    float ml[2 * K_N_KV_HEAD * 64];
+    float ml[2 * KIPP_N_KV_HEAD * 64];
     KIPP_ASSERT(group <= 64);
     for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
         uint32_t row = u / nch, c = u % nch, p0, p1;
@@ -155,7 +155,7 @@ static void attend_rows(cpu_round *r, uint32_t layer, size_t group, float scale,
             finish(r, out, ml + H, H, (size_t)row * m->A);
             continue;
         }
-        float *pml = m->part_ml + (size_t)u * 2 * H, *pacc = m->part_acc + (size_t)u * H * K_HEAD_DIM;
+        float *pml = m->part_ml + (size_t)u * 2 * H, *pacc = m->part_acc + (size_t)u * H * KIPP_HEAD_DIM;
         if (p0 >= p1) { /* empty tail chunk: l = 0 marks it for the merge */
             pml[H] = 0.0f;
             continue;
@@ -165,24 +165,24 @@ static void attend_rows(cpu_round *r, uint32_t layer, size_t group, float scale,
     if (nch == 1) return;
     kipp_cpu_pool_barrier(m->pool);
     size_t r0, r1;
-    k_split_rows((size_t)r->n_rows * K_N_KV_HEAD, ith, nth, 1, &r0, &r1);
+    k_split_rows((size_t)r->n_rows * KIPP_N_KV_HEAD, ith, nth, 1, &r0, &r1);
     for (size_t pr = r0; pr < r1; pr++) { /* pair = row * 8 + kvh; chunk 0 is never empty */
-        size_t row = pr / K_N_KV_HEAD, kvh = pr % K_N_KV_HEAD, hg = kvh * group;
-        float *ml0 = m->part_ml + row * nch * 2 * H, *acc0 = m->part_acc + row * nch * H * K_HEAD_DIM;
+        size_t row = pr / KIPP_N_KV_HEAD, kvh = pr % KIPP_N_KV_HEAD, hg = kvh * group;
+        float *ml0 = m->part_ml + row * nch * 2 * H, *acc0 = m->part_acc + row * nch * H * KIPP_HEAD_DIM;
         for (uint32_t c = 1; c < nch; c++) {
-            const float *mlc = ml0 + (size_t)c * 2 * H, *accc = acc0 + (size_t)c * H * K_HEAD_DIM;
+            const float *mlc = ml0 + (size_t)c * 2 * H, *accc = acc0 + (size_t)c * H * KIPP_HEAD_DIM;
             if (mlc[H] == 0.0f) continue;
-            k_attn_merge(group, ml0 + hg, ml0 + H + hg, acc0 + hg * K_HEAD_DIM, mlc + hg,
-                         mlc + H + hg, accc + hg * K_HEAD_DIM);
+            k_attn_merge(group, ml0 + hg, ml0 + H + hg, acc0 + hg * KIPP_HEAD_DIM, mlc + hg,
+                         mlc + H + hg, accc + hg * KIPP_HEAD_DIM);
         }
-        finish(r, acc0 + hg * K_HEAD_DIM, ml0 + H + hg, group, row * m->A + hg * K_HEAD_DIM);
+        finish(r, acc0 + hg * KIPP_HEAD_DIM, ml0 + H + hg, group, row * m->A + hg * KIPP_HEAD_DIM);
     }
 }
 
 void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth)
 {
-    size_t group = r->m->d.n_q_head / K_N_KV_HEAD;
-    float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    size_t group = r->m->d.n_q_head / KIPP_N_KV_HEAD;
+    float scale = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
     if (r->n_tiles > 0)
         attend_tiles(r, layer, group, scale, ith);
     else

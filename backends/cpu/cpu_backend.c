@@ -11,8 +11,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "cpu_internal.h"
-#include "internal.h"
+#include "backends/cpu/cpu_internal.h"
+#include "engine/backend_util.h"
 
 static void cpu_model_destroy(void *bm);
 
@@ -62,21 +62,21 @@ static int alloc_scratch(cpu_model *m)
 {
     const kipp_dims *d = &m->d;
     size_t R = KIPP_CPU_ROUND_TOKENS, D = d->d_model, A = m->A, F = d->d_ff;
-    size_t group = d->n_q_head / K_N_KV_HEAD, t = 0;
+    size_t group = d->n_q_head / KIPP_N_KV_HEAD, t = 0;
     size_t xw = D > A ? (D > F ? D : F) : (A > F ? A : F);
     m->tile_tokens = group >= KIPP_CPU_ATTN_TILE_QUERIES ? 1 : KIPP_CPU_ATTN_TILE_QUERIES / (uint32_t)group;
     m->tile_q = m->tile_tokens * group;
-    m->max_units = 2 * K_N_KV_HEAD * KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
+    m->max_units = 2 * KIPP_N_KV_HEAD * KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
     m->xb = kipp_aligned_alloc(R * xw * sizeof(kipp_bf16));
     t += R * xw * sizeof(kipp_bf16);
     int bad = alloc_f32(&m->x, R * D, &t) | alloc_f32(&m->xn, R * D, &t) |
               alloc_f32(&m->qkv, R * m->QKV, &t) | alloc_f32(&m->att, R * A, &t) |
               alloc_f32(&m->tmp, R * D, &t) | alloc_f32(&m->gu, R * 2 * F, &t) |
               alloc_f32(&m->part_ml, (size_t)m->max_units * 2 * group, &t) |
-              alloc_f32(&m->part_acc, (size_t)m->max_units * group * K_HEAD_DIM, &t) |
+              alloc_f32(&m->part_acc, (size_t)m->max_units * group * KIPP_HEAD_DIM, &t) |
               alloc_f32(&m->head_tmp, (size_t)m->nth * R * KIPP_CPU_HEAD_BLOCK, &t) |
-              alloc_f32(&m->tile_buf, (size_t)m->nth * (m->tile_q * (2 * K_HEAD_DIM + 2) + group * (K_HEAD_DIM + 2)), &t) |
-              alloc_f32(&m->rope, (size_t)d->context_length * K_HEAD_DIM, &t);
+              alloc_f32(&m->tile_buf, (size_t)m->nth * (m->tile_q * (2 * KIPP_HEAD_DIM + 2) + group * (KIPP_HEAD_DIM + 2)), &t) |
+              alloc_f32(&m->rope, (size_t)d->context_length * KIPP_HEAD_DIM, &t);
     m->row_item = malloc(R * sizeof *m->row_item);
     m->row_pos = malloc(R * sizeof *m->row_pos);
     m->row_tok = malloc(R * sizeof *m->row_tok);
@@ -116,7 +116,7 @@ static void pack_run(void *arg, int ith, int nth)
 static int pack_weights(cpu_model *m)
 {
     const kipp_dims *d = &m->d;
-    size_t D = d->d_model, A = m->A, F = d->d_ff, KV = K_N_KV_HEAD * K_HEAD_DIM;
+    size_t D = d->d_model, A = m->A, F = d->d_ff, KV = KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     size_t per_layer = m->QKV * D + D * A + 2 * F * D + D * F, head = (size_t)d->vocab_size * D;
     size_t elems = per_layer * d->n_layer + head, nj = 0;
     m->lw = calloc(d->n_layer, sizeof *m->lw);
@@ -151,9 +151,9 @@ static int pack_weights(cpu_model *m)
 static int check_view(const kipp_model_view *v, char *err, size_t errlen)
 {
     const kipp_dims *d = &v->dims;
-    if (d->head_dim != K_HEAD_DIM || d->n_kv_head != K_N_KV_HEAD)
+    if (d->head_dim != KIPP_HEAD_DIM || d->n_kv_head != KIPP_N_KV_HEAD)
         return kipp_err(err, errlen, KIPP_EINVAL, "head_dim %u / n_kv_head %u unsupported; expected 128 / 8", d->head_dim, d->n_kv_head);
-    if (d->n_q_head % K_N_KV_HEAD || d->n_q_head / K_N_KV_HEAD > 64 || d->d_model % 32 || d->d_ff % 32)
+    if (d->n_q_head % KIPP_N_KV_HEAD || d->n_q_head / KIPP_N_KV_HEAD > 64 || d->d_model % 32 || d->d_ff % 32)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_q_head %u, d_model %u, d_ff %u unsupported; expected a multiple of 8 (<= 512) and multiples of 32",
                         d->n_q_head, d->d_model, d->d_ff);
     if (!v->w.layers || d->n_layer == 0 || d->context_length == 0)
@@ -189,8 +189,8 @@ static int cpu_model_create(const kipp_model_view *v, void **out, char *err, siz
     rc = kipp_cpu_pool_create(v->n_threads, &m->pool, err, errlen);
     if (rc) { cpu_model_destroy(m); return rc; }
     m->nth = kipp_cpu_pool_size(m->pool);
-    m->A = (size_t)m->d.n_q_head * K_HEAD_DIM;
-    m->QKV = m->A + 2 * K_N_KV_HEAD * K_HEAD_DIM;
+    m->A = (size_t)m->d.n_q_head * KIPP_HEAD_DIM;
+    m->QKV = m->A + 2 * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     if (pack_weights(m)) {
         cpu_model_destroy(m);
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the packed weight copy of the %u-layer model", v->dims.n_layer);
@@ -229,11 +229,11 @@ static int cpu_session_create(void *bm, uint32_t n_blocks, void **out, char *err
 {
     cpu_model *m = bm;
     *out = NULL;
-    uint32_t max_blocks = (m->d.context_length + K_KV_BLOCK - 1) / K_KV_BLOCK;
+    uint32_t max_blocks = (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK;
     if (n_blocks == 0 || n_blocks > max_blocks)
         return kipp_err(err, errlen, KIPP_ERANGE, "n_blocks %u is out of range; expected 1..%u (context %u / 32)", n_blocks, max_blocks, m->d.context_length);
     cpu_session *s = calloc(1, sizeof *s);
-    size_t bytes = (size_t)m->d.n_layer * n_blocks * K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM * sizeof(kipp_bf16);
+    size_t bytes = (size_t)m->d.n_layer * n_blocks * KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM * sizeof(kipp_bf16);
     if (s) {
         s->k = alloc_big(bytes);
         s->v = alloc_big(bytes);
@@ -270,14 +270,14 @@ static int check_items(const cpu_model *m, const kipp_eval_item *items, size_t n
             return kipp_err(err, errlen, KIPP_EINVAL, "item %zu has a missing session/tokens/block table or 0 tokens; expected a session of this model and >= 1 token", i);
         for (size_t j = 0; j < i; j++)
             if (items[j].session == s) return kipp_err(err, errlen, KIPP_EINVAL, "items %zu and %zu share a session; expected distinct sessions", j, i);
-        if ((uint64_t)it->start_position + it->token_count > (uint64_t)s->n_blocks * K_KV_BLOCK)
-            return kipp_err(err, errlen, KIPP_ERANGE, "item %zu: start %u + %u tokens exceeds the session's %u positions", i, it->start_position, it->token_count, s->n_blocks * K_KV_BLOCK);
+        if ((uint64_t)it->start_position + it->token_count > (uint64_t)s->n_blocks * KIPP_KV_BLOCK)
+            return kipp_err(err, errlen, KIPP_ERANGE, "item %zu: start %u + %u tokens exceeds the session's %u positions", i, it->start_position, it->token_count, s->n_blocks * KIPP_KV_BLOCK);
         if (it->logits_count > it->token_count || (it->logits_count && !it->logits))
             return kipp_err(err, errlen, KIPP_EINVAL, "item %zu: logits_count %u with %u tokens and logits %p; expected <= token_count and a buffer", i, it->logits_count, it->token_count, (void *)it->logits);
         for (uint32_t t = 0; t < it->token_count; t++)
             if (it->tokens[t] >= m->d.vocab_size)
                 return kipp_err(err, errlen, KIPP_ERANGE, "item %zu token %u is id %u; expected < vocab %u", i, t, it->tokens[t], m->d.vocab_size);
-        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / K_KV_BLOCK; b++)
+        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / KIPP_KV_BLOCK; b++)
             if (it->block_table[b] >= s->n_blocks)
                 return kipp_err(err, errlen, KIPP_ERANGE, "item %zu block_table[%u] = %u; expected < %u physical blocks", i, b, it->block_table[b], s->n_blocks);
     }

@@ -8,8 +8,8 @@
  * are split by token rows, and fused where the same worker owns the row, so a
  * layer needs eight barriers.
  */
-#include "cpu_internal.h"
-#include "internal.h"
+#include "backends/cpu/cpu_internal.h"
+#include "engine/backend_util.h"
 
 /* y[n][rows] = x[n][cols] W^T for this worker's share of the packed W's
  * 16-row panels: FP32 activations x for one row (decode, bandwidth-bound),
@@ -54,18 +54,18 @@ static void qk_rows(cpu_round *r, uint32_t l, int ith, int nth)
 {
     cpu_model *m = r->m;
     const kipp_qwen3_layer *L = &m->w.layers[l];
-    size_t KV = K_N_KV_HEAD * K_HEAD_DIM, r0, r1;
+    size_t KV = KIPP_N_KV_HEAD * KIPP_HEAD_DIM, r0, r1;
     my_rows(r->n_rows, ith, nth, &r0, &r1);
     for (size_t i = r0; i < r1; i++) {
         const kipp_eval_item *it = &r->items[m->row_item[i]];
         const cpu_session *s = it->session;
         float *q = m->qkv + i * m->QKV, *k = q + m->A, *v = k + KV;
-        const float *cs = m->rope + (size_t)m->row_pos[i] * K_HEAD_DIM;
-        m->k->rmsnorm_f32(q, L->q_norm.data, q, m->d.n_q_head, K_HEAD_DIM, m->d.rms_eps);
-        m->k->rmsnorm_f32(k, L->k_norm.data, k, K_N_KV_HEAD, K_HEAD_DIM, m->d.rms_eps);
+        const float *cs = m->rope + (size_t)m->row_pos[i] * KIPP_HEAD_DIM;
+        m->k->rmsnorm_f32(q, L->q_norm.data, q, m->d.n_q_head, KIPP_HEAD_DIM, m->d.rms_eps);
+        m->k->rmsnorm_f32(k, L->k_norm.data, k, KIPP_N_KV_HEAD, KIPP_HEAD_DIM, m->d.rms_eps);
         m->k->rope_f32(q, m->d.n_q_head, cs);
-        m->k->rope_f32(k, K_N_KV_HEAD, cs);
-        size_t layer_elems = (size_t)s->n_blocks * K_KV_BLOCK * KV;
+        m->k->rope_f32(k, KIPP_N_KV_HEAD, cs);
+        size_t layer_elems = (size_t)s->n_blocks * KIPP_KV_BLOCK * KV;
         m->k->kv_write_bf16(s->k + l * layer_elems, s->v + l * layer_elems, it->block_table,
                             m->row_pos[i], k, v);
     }

@@ -14,9 +14,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "cpu/kernels.h"
-#include "cpu_threadpool.h"
+#include "engine/backend.h"
+#include "kernels/cpu/kernels.h"
+#include "backends/cpu/cpu_threadpool.h"
 
 /* Token rows per round. 256 keeps the tiled matmul's token loop long enough to
  * amortise each L1/L2 weight slab (seed 002 item 4) while bounding scratch to

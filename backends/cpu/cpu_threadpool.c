@@ -3,7 +3,7 @@
  * (see cpu_threadpool.h). Linux futexes park the waiters; hwloc finds and
  * binds the physical cores.
  */
-#include "cpu_threadpool.h"
+#include "backends/cpu/cpu_threadpool.h"
 
 #include <hwloc.h>
 #include <immintrin.h>
@@ -17,7 +17,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "engine/backend_util.h"
 
 /* Pause-loop iterations before parking: ~10-50 us on current x86, far longer
  * than a balanced barrier inside a forward pass, far shorter than the gap

@@ -18,14 +18,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "cpu/kernels.h"
-#include "kipp.h"
+#include "engine/backend.h"
+#include "kernels/cpu/kernels.h"
+#include "engine/kipp.h"
 
 /* Tokens per forward round. Scratch is sized for this many rows once, at model
  * creation; longer items are processed in rounds of at most this many tokens. */
 #define REF_CHUNK 32u
-#define REF_KV_WIDTH (K_N_KV_HEAD * K_HEAD_DIM) /* 1024 floats per position */
+#define REF_KV_WIDTH (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* 1024 floats per position */
 
 /** Per-model state: the weight views and activation scratch for one round. */
 typedef struct {
@@ -77,8 +77,8 @@ static int check_tensor(const kipp_tensor_view *t, const char *name, uint64_t ro
 static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
 {
     const kipp_dims *d = &mv->dims;
-    if (d->head_dim != K_HEAD_DIM || d->n_kv_head != K_N_KV_HEAD || d->n_q_head == 0 ||
-        d->n_q_head % K_N_KV_HEAD || d->d_model == 0 || d->d_model % 32 || d->d_ff == 0 ||
+    if (d->head_dim != KIPP_HEAD_DIM || d->n_kv_head != KIPP_N_KV_HEAD || d->n_q_head == 0 ||
+        d->n_q_head % KIPP_N_KV_HEAD || d->d_model == 0 || d->d_model % 32 || d->d_ff == 0 ||
         d->d_ff % 32 || d->n_layer == 0 || d->vocab_size == 0 || !mv->w.layers) {
         if (err)
             snprintf(err, errlen,
@@ -88,7 +88,7 @@ static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
                      d->d_model, d->n_layer, d->n_q_head, d->n_kv_head, d->head_dim, d->d_ff, d->vocab_size);
         return KIPP_EFORMAT;
     }
-    uint64_t A = (uint64_t)d->n_q_head * K_HEAD_DIM, D = d->d_model, F = d->d_ff;
+    uint64_t A = (uint64_t)d->n_q_head * KIPP_HEAD_DIM, D = d->d_model, F = d->d_ff;
     int rc = check_tensor(&mv->w.token_embd, "token_embd", d->vocab_size, D, err, errlen);
     if (!rc) rc = check_tensor(&mv->w.output_norm, "output_norm", 1, D, err, errlen);
     if (!rc) rc = check_tensor(&mv->w.output, "output", d->vocab_size, D, err, errlen);
@@ -98,8 +98,8 @@ static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
         if (!rc) rc = check_tensor(&L->wq, "attn_q", A, D, err, errlen);
         if (!rc) rc = check_tensor(&L->wk, "attn_k", REF_KV_WIDTH, D, err, errlen);
         if (!rc) rc = check_tensor(&L->wv, "attn_v", REF_KV_WIDTH, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, K_HEAD_DIM, err, errlen);
-        if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, K_HEAD_DIM, err, errlen);
+        if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, KIPP_HEAD_DIM, err, errlen);
+        if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, KIPP_HEAD_DIM, err, errlen);
         if (!rc) rc = check_tensor(&L->wo, "attn_output", D, A, err, errlen);
         if (!rc) rc = check_tensor(&L->ffn_norm, "ffn_norm", 1, D, err, errlen);
         if (!rc) rc = check_tensor(&L->w_gate, "ffn_gate", F, D, err, errlen);
@@ -134,8 +134,8 @@ static int ref_model_create(const kipp_model_view *mv, void **backend_model, cha
     if (!m) goto oom;
     m->d = mv->dims;
     m->w = mv->w;
-    m->attn_width = m->d.n_q_head * K_HEAD_DIM;
-    m->group = m->d.n_q_head / K_N_KV_HEAD;
+    m->attn_width = m->d.n_q_head * KIPP_HEAD_DIM;
+    m->group = m->d.n_q_head / KIPP_N_KV_HEAD;
     int fail = 0;
     m->x = scratch(REF_CHUNK, m->d.d_model, &fail);
     m->xn = scratch(REF_CHUNK, m->d.d_model, &fail);
@@ -148,7 +148,7 @@ static int ref_model_create(const kipp_model_view *mv, void **backend_model, cha
     m->up = scratch(REF_CHUNK, m->d.d_ff, &fail);
     m->fm = scratch(m->group, 1, &fail);
     m->fl = scratch(m->group, 1, &fail);
-    m->facc = scratch(m->group, K_HEAD_DIM, &fail);
+    m->facc = scratch(m->group, KIPP_HEAD_DIM, &fail);
     if (fail) goto oom;
     *backend_model = m;
     return 0;
@@ -177,7 +177,7 @@ static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_sessio
 {
     ref_model *m = bm;
     *backend_session = NULL;
-    if (n_blocks == 0 || (uint64_t)n_blocks * K_KV_BLOCK > m->d.context_length + (uint64_t)K_KV_BLOCK - 1) {
+    if (n_blocks == 0 || (uint64_t)n_blocks * KIPP_KV_BLOCK > m->d.context_length + (uint64_t)KIPP_KV_BLOCK - 1) {
         if (err)
             snprintf(err, errlen, "ref backend: %u KV blocks requested, expected 1..ceil(%u/32)",
                      n_blocks, m->d.context_length);
@@ -186,12 +186,12 @@ static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_sessio
     ref_session *s = calloc(1, sizeof *s);
     if (!s) goto oom;
     s->n_blocks = n_blocks;
-    s->n_pos = n_blocks * K_KV_BLOCK;
+    s->n_pos = n_blocks * KIPP_KV_BLOCK;
     s->layer_elems = (size_t)s->n_pos * REF_KV_WIDTH;
     size_t kv_bytes = s->layer_elems * m->d.n_layer * sizeof(kipp_bf16);
     s->kc = kipp_aligned_alloc(kv_bytes);
     s->vc = kipp_aligned_alloc(kv_bytes);
-    s->rope = kipp_aligned_alloc((size_t)s->n_pos * K_HEAD_DIM * sizeof(float));
+    s->rope = kipp_aligned_alloc((size_t)s->n_pos * KIPP_HEAD_DIM * sizeof(float));
     if (!s->kc || !s->vc || !s->rope) goto oom;
     memset(s->kc, 0, kv_bytes);
     memset(s->vc, 0, kv_bytes);
@@ -235,8 +235,8 @@ static void step_qkv_projection(const ref_round *r, const kipp_qwen3_layer *L)
 static void step_qk_norm(const ref_round *r, const kipp_qwen3_layer *L)
 {
     ref_model *m = r->m;
-    k_rmsnorm_f32_ref(m->q, bf(&L->q_norm), m->q, (size_t)r->n * m->d.n_q_head, K_HEAD_DIM, m->d.rms_eps);
-    k_rmsnorm_f32_ref(m->k, bf(&L->k_norm), m->k, (size_t)r->n * K_N_KV_HEAD, K_HEAD_DIM, m->d.rms_eps);
+    k_rmsnorm_f32_ref(m->q, bf(&L->q_norm), m->q, (size_t)r->n * m->d.n_q_head, KIPP_HEAD_DIM, m->d.rms_eps);
+    k_rmsnorm_f32_ref(m->k, bf(&L->k_norm), m->k, (size_t)r->n * KIPP_N_KV_HEAD, KIPP_HEAD_DIM, m->d.rms_eps);
 }
 
 /* Step 4: RoPE on Q and K with each token's absolute position (theta from the registry). */
@@ -244,9 +244,9 @@ static void step_rope(const ref_round *r)
 {
     ref_model *m = r->m;
     for (uint32_t t = 0; t < r->n; t++) {
-        const float *cs = r->s->rope + (size_t)(r->pos0 + t) * K_HEAD_DIM;
+        const float *cs = r->s->rope + (size_t)(r->pos0 + t) * KIPP_HEAD_DIM;
         k_rope_f32_ref(m->q + (size_t)t * m->attn_width, m->d.n_q_head, cs);
-        k_rope_f32_ref(m->k + (size_t)t * REF_KV_WIDTH, K_N_KV_HEAD, cs);
+        k_rope_f32_ref(m->k + (size_t)t * REF_KV_WIDTH, KIPP_N_KV_HEAD, cs);
     }
 }
 
@@ -263,15 +263,15 @@ static void step_attention(const ref_round *r, uint32_t layer)
     for (uint32_t t = 0; t < r->n; t++)
         k_kv_write_bf16_ref(kc, vc, r->block_table, r->pos0 + t, m->k + (size_t)t * REF_KV_WIDTH,
                             m->v + (size_t)t * REF_KV_WIDTH);
-    const float scale = 1.0f / sqrtf((float)K_HEAD_DIM);
+    const float scale = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
     for (uint32_t t = 0; t < r->n; t++) {
-        for (uint32_t kvh = 0; kvh < K_N_KV_HEAD; kvh++) {
-            size_t off = (size_t)t * m->attn_width + (size_t)kvh * m->group * K_HEAD_DIM;
+        for (uint32_t kvh = 0; kvh < KIPP_N_KV_HEAD; kvh++) {
+            size_t off = (size_t)t * m->attn_width + (size_t)kvh * m->group * KIPP_HEAD_DIM;
             k_flash_gqa_bf16_ref(m->q + off, m->group, kc, vc, kvh, r->block_table, 0,
                                  r->pos0 + t + 1, scale, m->fm, m->fl, m->facc);
             for (uint32_t g = 0; g < m->group; g++)
-                for (uint32_t i = 0; i < K_HEAD_DIM; i++)
-                    m->att[off + g * K_HEAD_DIM + i] = m->facc[g * K_HEAD_DIM + i] / m->fl[g];
+                for (uint32_t i = 0; i < KIPP_HEAD_DIM; i++)
+                    m->att[off + g * KIPP_HEAD_DIM + i] = m->facc[g * KIPP_HEAD_DIM + i] / m->fl[g];
         }
     }
 }

@@ -3,7 +3,7 @@
  * largest single matrix of a decode step, 311 MiB at d_model 1024, 778 MiB at
  * 2560). Memory-bound: it must run at the DRAM read roofline.
  */
-#include "kbench.h"
+#include "bench/kernels/kbench.h"
 
 #define VOCAB 151936u
 

@@ -6,7 +6,7 @@
  * activations, FP32 FMA). Activation rounding (cvt_bf16) is timed separately
  * since the backend does it once per matmul input. Bound: compute.
  */
-#include "kbench.h"
+#include "bench/kernels/kbench.h"
 
 typedef struct {
     const k_cpu_ops *ops;

@@ -5,7 +5,7 @@
  * layer weights, so every byte comes from DRAM, as in a real token; both the
  * row-major and the packed layout are measured. Bound: memory.
  */
-#include "kbench.h"
+#include "bench/kernels/kbench.h"
 
 #define N_MAT 64
 #define ROWS 3072u

@@ -14,8 +14,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "../harness.h"
-#include "cpu/kernels.h"
+#include "bench/bench_harness.h"
+#include "kernels/cpu/kernels.h"
 
 typedef struct {
     const char *bench;

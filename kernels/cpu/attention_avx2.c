@@ -15,10 +15,10 @@
  */
 #include <math.h>
 
-#include "kernels_isa.h"
-#include "vmath_avx2.h"
+#include "kernels/cpu/kernels_isa.h"
+#include "kernels/cpu/vmath_avx2.h"
 
-#include "attention_common.h"
+#include "kernels/cpu/attention_common.h"
 
 /* P positions' scores against all G heads (P * G <= 8 independent FMA chains,
  * enough to cover the FMA latency; one position per step left only G chains
@@ -27,17 +27,17 @@ static inline __attribute__((always_inline)) void scores_step(const float *q, si
                                                               const kipp_bf16 *kr, size_t j0,
                                                               float scale, float s[GMAX][CHUNK])
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
+    const size_t stride = KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     __m256 a[8]; /* index & 7: P * G <= 8 always; the mask only tells the compiler */
 #pragma GCC unroll 8
     for (size_t i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-    for (size_t d = 0; d < K_HEAD_DIM; d += 8) {
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += 8) {
 #pragma GCC unroll 4
         for (size_t i = 0; i < P; i++) {
             __m256 kv = k_widen8(kr + i * stride + d);
 #pragma GCC unroll 8
             for (size_t g = 0; g < G; g++)
-                a[(i * G + g) & 7] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * K_HEAD_DIM + d), kv, a[(i * G + g) & 7]);
+                a[(i * G + g) & 7] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * KIPP_HEAD_DIM + d), kv, a[(i * G + g) & 7]);
         }
     }
 #pragma GCC unroll 4
@@ -50,7 +50,7 @@ static inline __attribute__((always_inline)) void scores_step(const float *q, si
 static inline __attribute__((always_inline)) void chunk_scores(const float *q, size_t G, const kipp_bf16 *kbase, size_t n, float scale,
                          float s[GMAX][CHUNK])
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM, P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    const size_t stride = KIPP_N_KV_HEAD * KIPP_HEAD_DIM, P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
     size_t j = 0;
     for (; j + P <= n; j += P) scores_step(q, G, P, kbase + j * stride, j, scale, s);
     for (; j < n; j++) scores_step(q, G, 1, kbase + j * stride, j, scale, s);
@@ -94,8 +94,8 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
 static inline __attribute__((always_inline)) void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t n,
                          float e[GMAX][CHUNK], const float *corr)
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM, S = G <= 2 ? 4 : G <= 4 ? 2 : 1;
-    for (size_t d = 0; d < K_HEAD_DIM; d += 8 * S) {
+    const size_t stride = KIPP_N_KV_HEAD * KIPP_HEAD_DIM, S = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += 8 * S) {
         __m256 a[8];
 #pragma GCC unroll 8
         for (size_t i = 0; i < 8; i++) a[i] = _mm256_setzero_ps(); /* unused lanes, for -Wmaybe-uninitialized */
@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void chunk_values(float *acc, size_
         for (size_t g = 0; g < G; g++)
 #pragma GCC unroll 4
             for (size_t t = 0; t < S; t++)
-                a[(g * S + t) & 7] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * K_HEAD_DIM + d + 8 * t), _mm256_set1_ps(corr[g]));
+                a[(g * S + t) & 7] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * KIPP_HEAD_DIM + d + 8 * t), _mm256_set1_ps(corr[g]));
         for (size_t j = 0; j < n; j++) {
             __m256 vv[4];
 #pragma GCC unroll 4
@@ -118,9 +118,9 @@ static inline __attribute__((always_inline)) void chunk_values(float *acc, size_
 #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++)
 #pragma GCC unroll 4
-            for (size_t t = 0; t < S; t++) _mm256_storeu_ps(acc + g * K_HEAD_DIM + d + 8 * t, a[(g * S + t) & 7]);
+            for (size_t t = 0; t < S; t++) _mm256_storeu_ps(acc + g * KIPP_HEAD_DIM + d + 8 * t, a[(g * S + t) & 7]);
     }
 }
 
 #define ATTN_FN(name) name##_avx2
-#include "attention_walk.h"
+#include "kernels/cpu/attention_walk.h"

@@ -15,26 +15,26 @@
  */
 #include <math.h>
 
-#include "kernels_isa.h"
-#include "vmath_avx512.h"
+#include "kernels/cpu/kernels_isa.h"
+#include "kernels/cpu/vmath_avx512.h"
 
-#include "attention_common.h"
+#include "kernels/cpu/attention_common.h"
 
 /* s[g][j] = scale * q_g . k_j for j < n, g < G (G <= GMAX); rows at kbase + j*stride. */
 static inline __attribute__((always_inline)) void chunk_scores(const float *q, size_t G, const kipp_bf16 *kbase, size_t n, float scale,
                          float s[GMAX][CHUNK])
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
+    const size_t stride = KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     for (size_t j = 0; j < n; j++) {
         const kipp_bf16 *kr = kbase + j * stride;
         __m512 a[GMAX];
 #pragma GCC unroll 8
         for (size_t g = 0; g < GMAX; g++) a[g] = _mm512_setzero_ps(); /* all: keeps -Wmaybe-uninitialized quiet */
-        for (size_t d = 0; d < K_HEAD_DIM; d += 16) {
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += 16) {
             __m512 kv = k_widen16(kr + d);
     #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++)
-                a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * K_HEAD_DIM + d), kv, a[g]);
+                a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * KIPP_HEAD_DIM + d), kv, a[g]);
         }
 #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++) s[g][j] = _mm512_reduce_add_ps(a[g]) * scale;
@@ -62,22 +62,22 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
 static inline __attribute__((always_inline)) void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t n,
                          float e[GMAX][CHUNK], const float *corr)
 {
-    const size_t stride = K_N_KV_HEAD * K_HEAD_DIM;
-    for (size_t d = 0; d < K_HEAD_DIM; d += 16) {
+    const size_t stride = KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += 16) {
         __m512 a[GMAX];
         for (size_t g = G; g < GMAX; g++) a[g] = _mm512_setzero_ps(); /* unused lanes, for -Wmaybe-uninitialized */
 #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++)
-            a[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * K_HEAD_DIM + d), _mm512_set1_ps(corr[g]));
+            a[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * KIPP_HEAD_DIM + d), _mm512_set1_ps(corr[g]));
         for (size_t j = 0; j < n; j++) {
             __m512 vv = k_widen16(vbase + j * stride + d);
     #pragma GCC unroll 8
         for (size_t g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(e[g][j]), vv, a[g]);
         }
 #pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++) _mm512_storeu_ps(acc + g * K_HEAD_DIM + d, a[g]);
+        for (size_t g = 0; g < G; g++) _mm512_storeu_ps(acc + g * KIPP_HEAD_DIM + d, a[g]);
     }
 }
 
 #define ATTN_FN(name) name##_avx512
-#include "attention_walk.h"
+#include "kernels/cpu/attention_walk.h"

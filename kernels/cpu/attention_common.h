@@ -7,7 +7,7 @@
 #ifndef KIPP_ATTENTION_COMMON_H
 #define KIPP_ATTENTION_COMMON_H
 
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 /* GCC 12 reports a[] lanes g >= G as maybe-uninitialized in the unrolled
  * constant-G copies although every loop is bounded by G: a false positive. */
@@ -20,8 +20,8 @@
 
 static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
 {
-    return ((size_t)bt[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) * K_N_KV_HEAD * K_HEAD_DIM +
-           (size_t)kvh * K_HEAD_DIM;
+    return ((size_t)bt[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KIPP_N_KV_HEAD * KIPP_HEAD_DIM +
+           (size_t)kvh * KIPP_HEAD_DIM;
 }
 
 #endif

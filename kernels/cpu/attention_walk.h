@@ -23,7 +23,7 @@ static inline void prefetch_pos(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32
                                 const uint32_t *bt, uint32_t pos)
 {
     size_t off = kv_off(bt, pos, kvh);
-    for (size_t b = 0; b < K_HEAD_DIM * 2; b += 64) {
+    for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
         _mm_prefetch((const char *)(kc + off) + b, _MM_HINT_T0);
         _mm_prefetch((const char *)(vc + off) + b, _MM_HINT_T0);
     }
@@ -51,12 +51,12 @@ static inline __attribute__((always_inline)) void flash_pass(const float *q, siz
     for (size_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
-        for (size_t i = 0; i < K_HEAD_DIM; i++) acc[g * K_HEAD_DIM + i] = 0.0f;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[g * KIPP_HEAD_DIM + i] = 0.0f;
     }
     uint32_t pf = p0; /* next position to prefetch: the first PF_AHEAD at once, then one per position */
     for (; pf < p1 && pf < p0 + PF_AHEAD; pf++) prefetch_pos(kc, vc, kvh, bt, pf);
     for (uint32_t p = p0; p < p1;) {
-        uint32_t in_page = K_KV_BLOCK - p % K_KV_BLOCK, n = p1 - p;
+        uint32_t in_page = KIPP_KV_BLOCK - p % KIPP_KV_BLOCK, n = p1 - p;
         n = n < in_page ? n : in_page;
         n = n < CHUNK ? n : CHUNK;
         for (uint32_t i = 0; i < n && pf < p1; i++, pf++) prefetch_pos(kc, vc, kvh, bt, pf);
@@ -71,8 +71,8 @@ void ATTN_FN(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc
 {
     for (size_t g0 = 0; g0 < group; g0 += GMAX) {
         size_t G = group - g0 < GMAX ? group - g0 : GMAX;
-        const float *qg = q + g0 * K_HEAD_DIM;
-        float *mg = m + g0, *lg = l + g0, *ag = acc + g0 * K_HEAD_DIM;
+        const float *qg = q + g0 * KIPP_HEAD_DIM;
+        float *mg = m + g0, *lg = l + g0, *ag = acc + g0 * KIPP_HEAD_DIM;
         /* constant group sizes let the compiler keep the accumulators in registers */
         switch (G) {
         case 1: flash_pass(qg, 1, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
@@ -86,7 +86,7 @@ void ATTN_FN(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc
 
 /* ---- all KV heads, page by page (k_flash_rows_bf16) ---- */
 
-#define SLICE_BYTES (K_KV_BLOCK * K_HEAD_DIM * 2u) /* 1/8 of a page's K (or V): 8 KB */
+#define SLICE_BYTES (KIPP_KV_BLOCK * KIPP_HEAD_DIM * 2u) /* 1/8 of a page's K (or V): 8 KB */
 
 /* Positions [a, b) of one page for head group G of KV head kvh, continuing the
  * state; while it computes, it prefetches the 8 KB at pk and at pv (this
@@ -130,34 +130,34 @@ void ATTN_FN(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *k
                             const kipp_bf16 *vc, const uint32_t *block_table, uint32_t p0,
                             uint32_t p1, float scale, float *m, float *l, float *acc)
 {
-    const size_t H = K_N_KV_HEAD * group, page = (size_t)K_KV_BLOCK * K_N_KV_HEAD * K_HEAD_DIM;
+    const size_t H = KIPP_N_KV_HEAD * group, page = (size_t)KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     for (size_t h = 0; h < H; h++) {
         m[h] = -INFINITY;
         l[h] = 0.0f;
-        for (size_t i = 0; i < K_HEAD_DIM; i++) acc[h * K_HEAD_DIM + i] = 0.0f;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[h * KIPP_HEAD_DIM + i] = 0.0f;
     }
     { /* the first page has no predecessor to prefetch it: fetch it now, whole */
-        const char *fk = (const char *)(kc + block_table[p0 / K_KV_BLOCK] * page);
-        const char *fv = (const char *)(vc + block_table[p0 / K_KV_BLOCK] * page);
+        const char *fk = (const char *)(kc + block_table[p0 / KIPP_KV_BLOCK] * page);
+        const char *fv = (const char *)(vc + block_table[p0 / KIPP_KV_BLOCK] * page);
         for (size_t o = 0; o < page * 2; o += 64) {
             _mm_prefetch(fk + o, _MM_HINT_T0);
             _mm_prefetch(fv + o, _MM_HINT_T0);
         }
     }
     for (uint32_t a = p0; a < p1;) {
-        uint32_t b = (a / K_KV_BLOCK + 1) * K_KV_BLOCK;
+        uint32_t b = (a / KIPP_KV_BLOCK + 1) * KIPP_KV_BLOCK;
         b = b < p1 ? b : p1;
         const char *nk = NULL, *nv = NULL; /* the next page, when there is one */
         if (b < p1) {
-            nk = (const char *)(kc + block_table[b / K_KV_BLOCK] * page);
-            nv = (const char *)(vc + block_table[b / K_KV_BLOCK] * page);
+            nk = (const char *)(kc + block_table[b / KIPP_KV_BLOCK] * page);
+            nv = (const char *)(vc + block_table[b / KIPP_KV_BLOCK] * page);
         }
-        for (uint32_t kvh = 0; kvh < K_N_KV_HEAD; kvh++)
+        for (uint32_t kvh = 0; kvh < KIPP_N_KV_HEAD; kvh++)
             for (size_t g0 = 0; g0 < group; g0 += GMAX) {
                 size_t G = group - g0 < GMAX ? group - g0 : GMAX, h0 = kvh * group + g0;
                 int pf = nk && g0 == 0;
-                seg_any(q + h0 * K_HEAD_DIM, G, kc, vc, kvh, block_table, a, b, scale, m + h0, l + h0,
-                        acc + h0 * K_HEAD_DIM, pf ? nk + kvh * SLICE_BYTES : NULL,
+                seg_any(q + h0 * KIPP_HEAD_DIM, G, kc, vc, kvh, block_table, a, b, scale, m + h0, l + h0,
+                        acc + h0 * KIPP_HEAD_DIM, pf ? nk + kvh * SLICE_BYTES : NULL,
                         pf ? nv + kvh * SLICE_BYTES : NULL);
             }
         a = b;

@@ -4,7 +4,7 @@
  * at what this CPU runs, so a caller can never get an illegal-instruction path.
  * Packing is a one-time layout copy, so every level shares k_pack_bf16_ref.
  */
-#include "kernels_isa.h"
+#include "kernels/cpu/kernels_isa.h"
 
 static const k_cpu_ops ref_ops = {
     "ref", k_matvec_bf16_ref, k_matmul_bf16_ref, k_rmsnorm_f32_ref, k_rope_f32_ref,

@@ -10,8 +10,8 @@
  */
 #include <math.h>
 
-#include "kernels_isa.h"
-#include "vmath_avx512.h"
+#include "kernels/cpu/kernels_isa.h"
+#include "kernels/cpu/vmath_avx512.h"
 
 void k_rmsnorm_f32_avx512(const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,
                         float eps)
@@ -38,9 +38,9 @@ void k_rmsnorm_f32_avx512(const float *x, const kipp_bf16 *w, float *y, size_t n
 
 void k_rope_f32_avx512(float *x, size_t n_head, const float *cs)
 {
-    const size_t half = K_HEAD_DIM / 2;
+    const size_t half = KIPP_HEAD_DIM / 2;
     for (size_t h = 0; h < n_head; h++) {
-        float *xh = x + h * K_HEAD_DIM;
+        float *xh = x + h * KIPP_HEAD_DIM;
         for (size_t i = 0; i < half; i += 16) {
             __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(cs + half + i);
             __m512 a = _mm512_loadu_ps(xh + i), b = _mm512_loadu_ps(xh + half + i);
@@ -82,9 +82,9 @@ void k_embed_bf16_avx512(const kipp_bf16 *table, uint32_t token, float *out, siz
 void k_kv_write_bf16_avx512(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table,
                           uint32_t pos, const float *k, const float *v)
 {
-    size_t off = ((size_t)block_table[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) *
-                 K_N_KV_HEAD * K_HEAD_DIM;
-    for (size_t i = 0; i < K_N_KV_HEAD * K_HEAD_DIM; i += 16) {
+    size_t off = ((size_t)block_table[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) *
+                 KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
+    for (size_t i = 0; i < KIPP_N_KV_HEAD * KIPP_HEAD_DIM; i += 16) {
         _mm256_storeu_si256((__m256i *)(kc + off + i), k_cvt16_bf16(_mm512_loadu_ps(k + i)));
         _mm256_storeu_si256((__m256i *)(vc + off + i), k_cvt16_bf16(_mm512_loadu_ps(v + i)));
     }

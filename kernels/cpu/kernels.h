@@ -15,11 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common.h"
-
-#define K_HEAD_DIM 128u /* Qwen3 family constant */
-#define K_N_KV_HEAD 8u
-#define K_KV_BLOCK 32u  /* positions per KV page */
+#include "kernels/common.h"
+#include "kernels/qwen3_shape.h"
 
 /* ---- linear algebra ---- */
 

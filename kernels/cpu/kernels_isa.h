@@ -7,7 +7,7 @@
 #ifndef KIPP_KERNELS_ISA_H
 #define KIPP_KERNELS_ISA_H
 
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 #define K_DECLARE_ISA(sfx)                                                                     \
     void k_matvec_bf16_##sfx(const kipp_bf16 *w, const float *x, float *y, size_t rows,        \

@@ -11,8 +11,8 @@
 
 #include <string.h>
 
-#include "kernels_isa.h"
-#include "vmath_avx2.h"
+#include "kernels/cpu/kernels_isa.h"
+#include "kernels/cpu/vmath_avx2.h"
 
 static inline __m256 widen8(const kipp_bf16 *p) { return k_widen8(p); }
 

@@ -18,8 +18,8 @@
  * matmul_bf16 (unpacked, FP32 activations) widens weights and uses FP32 FMA:
  * exact up to order, at most the FP32 peak.
  */
-#include "kernels_isa.h"
-#include "vmath_avx512.h"
+#include "kernels/cpu/kernels_isa.h"
+#include "kernels/cpu/vmath_avx512.h"
 
 static inline float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 

@@ -5,7 +5,7 @@
  */
 #include <math.h>
 
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 void k_matvec_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
                        int ith, int nth)
@@ -43,9 +43,9 @@ void k_rmsnorm_f32_ref(const float *x, const kipp_bf16 *w, float *y, size_t n_ro
 
 void k_rope_f32_ref(float *x, size_t n_head, const float *cs)
 {
-    const size_t half = K_HEAD_DIM / 2;
+    const size_t half = KIPP_HEAD_DIM / 2;
     for (size_t h = 0; h < n_head; h++) {
-        float *xh = x + h * K_HEAD_DIM;
+        float *xh = x + h * KIPP_HEAD_DIM;
         for (size_t i = 0; i < half; i++) {
             float c = cs[i], s = cs[half + i], a = xh[i], b = xh[i + half];
             xh[i] = a * c - b * s;
@@ -72,14 +72,14 @@ void k_embed_bf16_ref(const kipp_bf16 *table, uint32_t token, float *out, size_t
 
 static size_t kv_row(const uint32_t *block_table, uint32_t pos)
 {
-    return ((size_t)block_table[pos / K_KV_BLOCK] * K_KV_BLOCK + pos % K_KV_BLOCK) * K_N_KV_HEAD * K_HEAD_DIM;
+    return ((size_t)block_table[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
 }
 
 void k_kv_write_bf16_ref(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table, uint32_t pos,
                          const float *k, const float *v)
 {
     size_t off = kv_row(block_table, pos);
-    for (size_t i = 0; i < K_N_KV_HEAD * K_HEAD_DIM; i++) {
+    for (size_t i = 0; i < KIPP_N_KV_HEAD * KIPP_HEAD_DIM; i++) {
         kc[off + i] = kipp_f32_to_bf16(k[i]);
         vc[off + i] = kipp_f32_to_bf16(v[i]);
     }
@@ -90,17 +90,17 @@ void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, con
                           float scale, float *m, float *l, float *acc)
 {
     for (size_t g = 0; g < group; g++) {
-        const float *qg = q + g * K_HEAD_DIM;
-        float mg = -INFINITY, lg = 0.0f, *ag = acc + g * K_HEAD_DIM;
-        for (size_t i = 0; i < K_HEAD_DIM; i++) ag[i] = 0.0f;
+        const float *qg = q + g * KIPP_HEAD_DIM;
+        float mg = -INFINITY, lg = 0.0f, *ag = acc + g * KIPP_HEAD_DIM;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) ag[i] = 0.0f;
         for (uint32_t p = p0; p < p1; p++) {
-            size_t off = kv_row(block_table, p) + (size_t)kvh * K_HEAD_DIM;
+            size_t off = kv_row(block_table, p) + (size_t)kvh * KIPP_HEAD_DIM;
             float s = 0.0f;
-            for (size_t i = 0; i < K_HEAD_DIM; i++) s += qg[i] * kipp_bf16_to_f32(kc[off + i]);
+            for (size_t i = 0; i < KIPP_HEAD_DIM; i++) s += qg[i] * kipp_bf16_to_f32(kc[off + i]);
             s *= scale;
             float m_new = s > mg ? s : mg, corr = expf(mg - m_new), e = expf(s - m_new);
             lg = lg * corr + e;
-            for (size_t i = 0; i < K_HEAD_DIM; i++)
+            for (size_t i = 0; i < KIPP_HEAD_DIM; i++)
                 ag[i] = ag[i] * corr + e * kipp_bf16_to_f32(vc[off + i]);
             mg = m_new;
         }
@@ -115,8 +115,8 @@ void k_attn_merge(size_t group, float *m, float *l, float *acc, const float *m2,
     for (size_t g = 0; g < group; g++) {
         float mn = m[g] > m2[g] ? m[g] : m2[g];
         float c1 = expf(m[g] - mn), c2 = expf(m2[g] - mn);
-        for (size_t i = 0; i < K_HEAD_DIM; i++)
-            acc[g * K_HEAD_DIM + i] = acc[g * K_HEAD_DIM + i] * c1 + acc2[g * K_HEAD_DIM + i] * c2;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++)
+            acc[g * KIPP_HEAD_DIM + i] = acc[g * KIPP_HEAD_DIM + i] * c1 + acc2[g * KIPP_HEAD_DIM + i] * c2;
         l[g] = l[g] * c1 + l2[g] * c2;
         m[g] = mn;
     }
@@ -127,23 +127,23 @@ void k_flash_rows_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, co
                            const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
                            float *m, float *l, float *acc)
 {
-    for (uint32_t h = 0; h < K_N_KV_HEAD; h++)
-        k_flash_gqa_bf16_ref(q + h * group * K_HEAD_DIM, group, kc, vc, h, block_table, p0, p1,
-                             scale, m + h * group, l + h * group, acc + h * group * K_HEAD_DIM);
+    for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++)
+        k_flash_gqa_bf16_ref(q + h * group * KIPP_HEAD_DIM, group, kc, vc, h, block_table, p0, p1,
+                             scale, m + h * group, l + h * group, acc + h * group * KIPP_HEAD_DIM);
 }
 
 /* Recipe of HF Qwen3RotaryEmbedding in FP32: inv_freq = 1 / theta^(2i/128)
  * (f32), angle = f32(pos) * inv_freq rounded to f32, cos/sin of that angle. */
 void k_rope_table(float *cs, size_t n_pos, double theta)
 {
-    const size_t half = K_HEAD_DIM / 2;
-    float inv[K_HEAD_DIM / 2];
+    const size_t half = KIPP_HEAD_DIM / 2;
+    float inv[KIPP_HEAD_DIM / 2];
     for (size_t i = 0; i < half; i++) {
-        float p = powf((float)theta, (float)(2 * i) / (float)K_HEAD_DIM);
+        float p = powf((float)theta, (float)(2 * i) / (float)KIPP_HEAD_DIM);
         inv[i] = 1.0f / p;
     }
     for (size_t pos = 0; pos < n_pos; pos++) {
-        float *row = cs + pos * K_HEAD_DIM;
+        float *row = cs + pos * KIPP_HEAD_DIM;
         for (size_t i = 0; i < half; i++) {
             float ang = (float)pos * inv[i];
             row[i] = (float)cos((double)ang);

@@ -4,7 +4,7 @@
  * accumulation in column order, exactly as k_matvec_bf16_ref, so the packed
  * matvec reference equals the unpacked one bit for bit.
  */
-#include "kernels.h"
+#include "kernels/cpu/kernels.h"
 
 void k_pack_bf16_ref(const kipp_bf16 *w, kipp_bf16 *wp, size_t rows, size_t cols, int ith,
                      int nth)

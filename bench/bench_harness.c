@@ -2,7 +2,7 @@
  * harness.c - timing, pinned thread team, PAPI, machine profile and
  * kipp.bench.v1 result files (bench/harness.h, bench/README.md).
  */
-#include "harness.h"
+#include "bench/bench_harness.h"
 
 #include <errno.h>
 #include <hwloc.h>
