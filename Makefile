@@ -15,7 +15,8 @@ CFLAGS   ?= -O2 -g
 CPPFLAGS := -D_GNU_SOURCE -I.
 ALLCFLAGS = -std=c11 $(WARN) $(CFLAGS) $(SAN) -MMD -MP -pthread
 AVX2     := -mavx2 -mfma -mf16c
-AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni
+AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
+AVX512BF16 := $(AVX512) -mavx512bf16 -mavx512vnni
 LDLIBS   := -lhwloc -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
 HAVE_PAPI := $(shell printf '#include <papi.h>\nint main(void){return 0;}' | $(CC) -x c - -lpapi -o /dev/null 2>/dev/null && echo 1)
 HAVE_SIMDE := $(shell printf '\043include <simde/x86/avx512.h>\nint main(void){return 0;}' | $(CC) -x c - -mavx2 -mfma -o /dev/null 2>/dev/null && echo 1)
@@ -24,22 +25,28 @@ ifeq ($(HAVE_PAPI),1)
   LDLIBS   += -lpapi
 endif
 
-LIB_SRC   := $(wildcard kernels/*.c kernels/cpu/*.c backends/cpu/*.c engine/*.c)
+KERN_SRC  := $(wildcard kernels/*.c kernels/cpu/*.c)
+LIB_SRC   := $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c)
+# kcheck links the kernels-only library plus the pool and the bench harness (no tokenizer, no engine).
+KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/backends/cpu/cpu_threadpool.o $(BUILD)/engine/util.o $(BUILD)/libkipp_kernels.a
 CLI_SRC   := $(wildcard cli/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
-BENCH_SRC := $(wildcard bench/kernels/*.c)
-BENCH_BIN := $(BENCH_SRC:bench/kernels/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
 .PHONY: all test asan fuzz bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
-EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/test_kernels_avx512emu)
+EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(EMU_TEST) $(BENCH_BIN) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
+
+$(BUILD)/%_avx512bf16.o: %_avx512bf16.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX512BF16) -c $< -o $@
 
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
@@ -57,6 +64,15 @@ $(BUILD)/libkipp.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Kernels only: what a kernel check or benchmark needs, without the engine.
+$(BUILD)/libkipp_kernels.a: $(KERN_SRC:%.c=$(BUILD)/%.o)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/bin/kcheck: $(KCHECK_SRC:%.c=$(BUILD)/%.o) $(KCHECK_DEP)
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -64,21 +80,18 @@ $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BENCH_BIN): $(BUILD)/bin/%: $(BUILD)/bench/kernels/%.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
-	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
-
-# The AVX-512 kernels once more against SIMDe's portable AVX-512 (libsimde-dev),
-# so test_kernels checks that path on CPUs without it (kernels/cpu/vmath_avx512.h).
+# The levels this CPU lacks: their sources once more against SIMDe's portable
+# AVX-512 (libsimde-dev), linked into kcheck_emu in place of the native ones.
+EMU_LEVEL_SRC := $(wildcard kernels/cpu/*_avx512.c kernels/cpu/*_avx512bf16.c)
 $(BUILD)/emu512/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX2) -Wno-psabi -DKIPP_SIMDE_EMU -DKIPP_TEST_AVX512_EMU -c $< -o $@
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX2) -Wno-psabi -DKIPP_SIMDE_EMU -c $< -o $@
 
-$(BUILD)/bin/test_kernels_avx512emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(wildcard kernels/cpu/*_avx512.c) tests/test_kernels.c) $(BUILD)/libkipp.a
+$(BUILD)/bin/kcheck_emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(EMU_LEVEL_SRC) $(KCHECK_SRC)) $(KCHECK_DEP)
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/profile_avx512bf16.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -125,12 +138,11 @@ fuzz: models-test $(BUILD)/libkipp.a
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles
 
-KERNEL_BENCHES := $(notdir $(BENCH_BIN))
 profiles/$(shell hostname).json:
 	$(MAKE) profile
 
-bench-kernels: $(BENCH_BIN) profiles/$(shell hostname).json
-	@for b in $(KERNEL_BENCHES); do $(BUILD)/bin/$$b || exit 1; done
+bench-kernels: $(BUILD)/bin/kcheck profiles/$(shell hostname).json
+	$(BUILD)/bin/kcheck --bench
 
 bench: all bench-kernels
 	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
@@ -151,12 +163,18 @@ demo:
 	tools/demo.sh
 
 NVCC := $(shell command -v nvcc 2>/dev/null)
-cuda:
+# The CUDA kernel units and their check over the shared case table
+# (kernels/cuda/check/kcheck_cuda.cu); running the check needs a GPU.
+KCASE_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(filter-out %/kcheck.c,$(KCHECK_SRC)))
+cuda: $(BUILD)/libkipp_kernels.a $(KCASE_OBJ)
 ifeq ($(NVCC),)
 	@echo "make cuda: nvcc not found; the CUDA backend is skipped on this machine" && false
 else
 	@mkdir -p $(BUILD)/cuda
 	$(NVCC) -O2 -I. -c kernels/cuda/matvec_bf16.cu -o $(BUILD)/cuda/matvec_bf16.o
+	$(NVCC) -O2 -I. -c kernels/cuda/check/kcheck_cuda.cu -o $(BUILD)/cuda/kcheck_cuda.o
+	$(NVCC) $(BUILD)/cuda/kcheck_cuda.o $(BUILD)/cuda/matvec_bf16.o $(KCASE_OBJ) \
+	  $(BUILD)/libkipp_kernels.a -lm -lpthread -o $(BUILD)/cuda/kcheck_cuda
 endif
 
 clean:

@@ -1,8 +1,10 @@
 /*
- * harness.c - timing, pinned thread team, PAPI, machine profile and
+ * bench_harness.c - timing, the thread team (the cpu backend pool), PAPI, machine profile and
  * kipp.bench.v1 result files (bench/harness.h, bench/README.md).
  */
 #include "bench/bench_harness.h"
+
+#include "backends/cpu/cpu_threadpool.h"
 
 #include <errno.h>
 #include <hwloc.h>
@@ -54,49 +56,13 @@ int kipp_team_cores(void)
     return n > 0 ? n : 1;
 }
 
-/* Pin the calling thread to physical core i (its first PU): one thread per
- * core, never two on SMT siblings (seed 002: siblings only add contention). */
-static void pin_to_core(int i)
-{
-    if (!topo) return;
-    hwloc_obj_t core = hwloc_get_obj_by_type(topo, HWLOC_OBJ_CORE, (unsigned)i);
-    if (!core || !core->cpuset) return;
-    hwloc_cpuset_t set = hwloc_bitmap_dup(core->cpuset);
-    hwloc_bitmap_singlify(set);
-    hwloc_set_cpubind(topo, set, HWLOC_CPUBIND_THREAD);
-    hwloc_bitmap_free(set);
-}
-
-/* ---- thread team: two barriers per run (start, done) ---- */
-
-struct team_slot {
-    struct kipp_team *team;
-    int ith;
-};
+/* ---- thread team: the cpu backend's own pool (backends/cpu/cpu_threadpool.c),
+ * so kernels are timed with the workers, pinning and barriers the forward
+ * pass runs on ---- */
 
 struct kipp_team {
-    int nth, quit;
-    pthread_t *tid;
-    struct team_slot *slots; /* [nth]: what each worker gets */
-    pthread_barrier_t start, done;
-    void (*fn)(void *, int, int);
-    void *arg;
+    kipp_cpu_pool *pool;
 };
-
-static void *team_worker(void *p)
-{
-    const struct team_slot *slot = p;
-    kipp_team *t = slot->team;
-    int ith = slot->ith;
-    pin_to_core(ith);
-    for (;;) {
-        pthread_barrier_wait(&t->start);
-        if (t->quit) break;
-        t->fn(t->arg, ith, t->nth);
-        pthread_barrier_wait(&t->done);
-    }
-    return NULL;
-}
 
 kipp_team *kipp_team_create(int nth, char *err, size_t errlen)
 {
@@ -107,64 +73,30 @@ kipp_team *kipp_team_create(int nth, char *err, size_t errlen)
         return NULL;
     }
     kipp_team *t = calloc(1, sizeof *t);
-    if (t) {
-        t->tid = calloc((size_t)nth, sizeof(pthread_t));
-        t->slots = calloc((size_t)nth, sizeof(struct team_slot));
-    }
-    if (!t || !t->tid || !t->slots) {
+    if (!t) {
         set_err(err, errlen, "out of memory creating a team of %d threads", nth);
-        if (t) {
-            free(t->tid);
-            free(t->slots);
-        }
-        free(t);
         return NULL;
     }
-    t->nth = nth;
-    pthread_barrier_init(&t->start, NULL, (unsigned)nth);
-    pthread_barrier_init(&t->done, NULL, (unsigned)nth);
-    pin_to_core(0);
-    for (int i = 1; i < nth; i++) {
-        t->slots[i].team = t;
-        t->slots[i].ith = i;
-        if (pthread_create(&t->tid[i], NULL, team_worker, &t->slots[i]) != 0) {
-            set_err(err, errlen, "pthread_create failed for team thread %d (errno %d)", i, errno);
-            /* workers 1..i-1 exist: shrink the barriers to them and let them exit */
-            pthread_barrier_destroy(&t->start);
-            pthread_barrier_init(&t->start, NULL, (unsigned)i);
-            t->nth = i;
-            kipp_team_destroy(t);
-            return NULL;
-        }
+    if (kipp_cpu_pool_create(nth, &t->pool, err, errlen) != 0) {
+        free(t);
+        return NULL;
     }
     return t;
 }
 
 void kipp_team_run(kipp_team *t, void (*fn)(void *arg, int ith, int nth), void *arg)
 {
-    t->fn = fn;
-    t->arg = arg;
-    if (t->nth > 1) pthread_barrier_wait(&t->start);
-    fn(arg, 0, t->nth);
-    if (t->nth > 1) pthread_barrier_wait(&t->done);
+    kipp_cpu_pool_run(t->pool, fn, arg);
 }
 
 void kipp_team_destroy(kipp_team *t)
 {
     if (!t) return;
-    if (t->nth > 1) {
-        t->quit = 1;
-        pthread_barrier_wait(&t->start);
-        for (int i = 1; i < t->nth; i++) pthread_join(t->tid[i], NULL);
-    }
-    pthread_barrier_destroy(&t->start);
-    pthread_barrier_destroy(&t->done);
-    free(t->tid);
-    free(t->slots);
+    kipp_cpu_pool_destroy(t->pool);
     free(t);
 }
 
-int kipp_team_size(const kipp_team *t) { return t->nth; }
+int kipp_team_size(const kipp_team *t) { return kipp_cpu_pool_size(t->pool); }
 
 /* ---- PAPI ---- */
 

@@ -1,5 +1,5 @@
-/* profile_avx512.c - AVX-512 read-bandwidth, FP32 FMA and BF16 dot (vdpbf16ps)
- * peak loops with 30 independent accumulators (bench/profile.h;
+/* profile_avx512.c - AVX-512 F read-bandwidth and FP32 FMA peak loops (the BF16
+ * dot is in profile_avx512bf16.c) with 30 independent accumulators (bench/profile.h;
  * /work/shared/reference-numbers.md measures its peaks the same way). */
 #include <immintrin.h>
 #include <string.h>
@@ -28,23 +28,6 @@ float kipp_prof_fma_avx512(long iters, float seed)
     for (long it = 0; it < iters; it++) {
 #pragma GCC unroll 30
         for (int i = 0; i < 30; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
-    }
-    __m512 s = a[0];
-    for (int i = 1; i < 30; i++) s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
-
-float kipp_prof_bf16_avx512(long iters, float seed)
-{
-    __m512 a[30];
-    __m512bh x, y;
-    __m512i xi = _mm512_set1_epi32(0x3f803f80), yi = _mm512_set1_epi32(0x33803380); /* 1.0, 6e-8 */
-    memcpy(&x, &xi, sizeof x);
-    memcpy(&y, &yi, sizeof y);
-    for (int i = 0; i < 30; i++) a[i] = _mm512_set1_ps(seed + (float)i);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 30
-        for (int i = 0; i < 30; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
     }
     __m512 s = a[0];
     for (int i = 1; i < 30; i++) s = _mm512_add_ps(s, a[i]);

@@ -94,25 +94,38 @@ const kipp_cpu_features *kipp_cpu_get(void)
     return &f;
 }
 
+static const char *const isa_names[KIPP_ISA_COUNT] = {"ref", "avx2", "avx512", "avx512_bf16"};
+
 const char *kipp_isa_name(kipp_isa isa)
 {
-    return isa == KIPP_ISA_AVX512 ? "avx512" : isa == KIPP_ISA_AVX2 ? "avx2" : "ref";
+    return (unsigned)isa < KIPP_ISA_COUNT ? isa_names[isa] : "?";
+}
+
+kipp_isa kipp_isa_cpu_max(void)
+{
+    const kipp_cpu_features *f = kipp_cpu_get();
+    return f->avx512 && f->avx512_bf16 ? KIPP_ISA_AVX512_BF16
+         : f->avx512                   ? KIPP_ISA_AVX512
+         : f->avx2                     ? KIPP_ISA_AVX2
+                                       : KIPP_ISA_REF;
 }
 
 kipp_isa kipp_isa_select(const char **note)
 {
-    const kipp_cpu_features *f = kipp_cpu_get();
-    kipp_isa best = f->avx512 && f->avx512_bf16 ? KIPP_ISA_AVX512 : f->avx2 ? KIPP_ISA_AVX2 : KIPP_ISA_REF;
+    kipp_isa best = kipp_isa_cpu_max();
     const char *env = getenv("KIPP_ISA");
     if (note) *note = NULL;
     if (!env || !*env) return best;
-    kipp_isa want = !strcmp(env, "avx512") ? KIPP_ISA_AVX512 : !strcmp(env, "avx2") ? KIPP_ISA_AVX2
-                  : !strcmp(env, "ref") ? KIPP_ISA_REF : best;
-    if (want > best) {
+    int want = -1;
+    for (int i = 0; i < KIPP_ISA_COUNT; i++)
+        if (!strcmp(env, isa_names[i])) want = i;
+    if (want < 0) {
+        if (note) *note = "KIPP_ISA is not one of ref|avx2|avx512|avx512_bf16; using the best available path";
+        return best;
+    }
+    if ((kipp_isa)want > best) {
         if (note) *note = "KIPP_ISA asks for an ISA this CPU lacks; using the best available path";
         return best;
     }
-    if (note && strcmp(env, "avx512") && strcmp(env, "avx2") && strcmp(env, "ref"))
-        *note = "KIPP_ISA is not one of ref|avx2|avx512; using the best available path";
-    return want;
+    return (kipp_isa)want;
 }

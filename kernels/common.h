@@ -54,8 +54,22 @@ typedef struct {
 /** Features of this CPU (cached after the first call). */
 const kipp_cpu_features *kipp_cpu_get(void);
 
-/** Kernel ISA levels; KIPP_ISA=ref|avx2|avx512 forces one (capped by the CPU). */
-typedef enum { KIPP_ISA_REF = 0, KIPP_ISA_AVX2 = 1, KIPP_ISA_AVX512 = 2 } kipp_isa;
+/**
+ * Kernel ISA levels, each a superset of the one before (ARCHITECTURE.md "ISA
+ * dispatch"): avx2 = AVX2+FMA+F16C; avx512 = AVX-512 F/BW/VL/DQ (Skylake-SP and
+ * later); avx512_bf16 = avx512 + AVX512_BF16 (vdpbf16ps; Zen 4/5, Sapphire
+ * Rapids). KIPP_ISA=ref|avx2|avx512|avx512_bf16 forces one (capped by the CPU).
+ */
+typedef enum {
+    KIPP_ISA_REF = 0,
+    KIPP_ISA_AVX2 = 1,
+    KIPP_ISA_AVX512 = 2,
+    KIPP_ISA_AVX512_BF16 = 3,
+    KIPP_ISA_COUNT = 4
+} kipp_isa;
+
+/** The best level this CPU runs (from kipp_cpu_get). */
+kipp_isa kipp_isa_cpu_max(void);
 
 /**
  * The ISA kernels should use: the best this CPU has, or the level forced by the
@@ -64,7 +78,7 @@ typedef enum { KIPP_ISA_REF = 0, KIPP_ISA_AVX2 = 1, KIPP_ISA_AVX512 = 2 } kipp_i
  */
 kipp_isa kipp_isa_select(const char **note);
 
-/** Name of an ISA level: "ref", "avx2", "avx512". */
+/** Name of an ISA level: "ref", "avx2", "avx512", "avx512_bf16"; "?" out of range. */
 const char *kipp_isa_name(kipp_isa isa);
 
 #endif

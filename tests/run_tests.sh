@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export KIPP_TEST_MODELS=${KIPP_TEST_MODELS:-build/models}
 BIN=${KIPP_TEST_BIN:-build/bin}
 passed=0; failed=0; skipped=0
-for t in "$BIN"/test_*; do
+for t in "$BIN"/test_* "$BIN"/kcheck "$BIN"/kcheck_emu; do
     [ -x "$t" ] || continue
     echo "== $t"
     out=$("$t" 2>&1); rc=$?

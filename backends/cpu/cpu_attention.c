@@ -50,9 +50,9 @@ static void chunk_range(uint32_t ctx, uint32_t c, uint32_t nch, uint32_t *p0, ui
     *p1 = (c + 1) * len < ctx ? (c + 1) * len : ctx;
 }
 
-/* out = acc / l for the group's heads (out may alias acc); for a matmul
- * round also the BF16 copy of the same segment of the O projection's input. */
-static void finish(const cpu_round *r, const float *acc, const float *l, size_t group, size_t off)
+/* out = acc / l for the group's heads (out may alias acc), and the same
+ * segment of the O projection's input in the activation format it reads. */
+static void finish(const cpu_round *r, uint32_t layer, const float *acc, const float *l, size_t group, size_t off)
 {
     const cpu_model *m = r->m;
     float *out = m->att + off;
@@ -60,7 +60,7 @@ static void finish(const cpu_round *r, const float *acc, const float *l, size_t 
         float inv = 1.0f / l[g]; /* l >= 1: the max score contributes exp(0) */
         for (size_t i = 0; i < KIPP_HEAD_DIM; i++) out[g * KIPP_HEAD_DIM + i] = acc[g * KIPP_HEAD_DIM + i] * inv;
     }
-    if (r->n_rows > 1) m->k->cvt_bf16(out, m->xb + off, group * KIPP_HEAD_DIM);
+    kipp_cpu_act(m, &m->lw[layer].o, r->n_rows, out, off, group * KIPP_HEAD_DIM);
 }
 
 /* Per-worker tile state inside tile_buf. */
@@ -108,7 +108,7 @@ static void attend_tiles(cpu_round *r, uint32_t layer, size_t group, float scale
             float pm[64], pl[64];
             for (size_t g = 0; g < group; g++) { pm[g] = ts.ml[t * group + g]; pl[g] = ts.ml[Q + t * group + g]; }
             k_attn_merge(group, mt, lt, at, pm, pl, ts.acc + t * group * KIPP_HEAD_DIM);
-            finish(r, at, lt, group, (size_t)(r0 + t) * m->A + head0);
+            finish(r, layer, at, lt, group, (size_t)(r0 + t) * m->A + head0);
         }
     }
 }
@@ -152,7 +152,7 @@ static void attend_rows(cpu_round *r, uint32_t layer, size_t group, float scale,
         if (nch == 1) {
             float *out = m->att + (size_t)row * m->A;
             m->k->flash_rows_bf16(q, group, kc, vc, bt, p0, p1, scale, ml, ml + H, out);
-            finish(r, out, ml + H, H, (size_t)row * m->A);
+            finish(r, layer, out, ml + H, H, (size_t)row * m->A);
             continue;
         }
         float *pml = m->part_ml + (size_t)u * 2 * H, *pacc = m->part_acc + (size_t)u * H * KIPP_HEAD_DIM;
@@ -175,7 +175,7 @@ static void attend_rows(cpu_round *r, uint32_t layer, size_t group, float scale,
             k_attn_merge(group, ml0 + hg, ml0 + H + hg, acc0 + hg * KIPP_HEAD_DIM, mlc + hg,
                          mlc + H + hg, accc + hg * KIPP_HEAD_DIM);
         }
-        finish(r, acc0 + hg * KIPP_HEAD_DIM, ml0 + H + hg, group, row * m->A + hg * KIPP_HEAD_DIM);
+        finish(r, layer, acc0 + hg * KIPP_HEAD_DIM, ml0 + H + hg, group, row * m->A + hg * KIPP_HEAD_DIM);
     }
 }
 

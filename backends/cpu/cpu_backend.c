@@ -28,10 +28,10 @@ static void choose_kernels(cpu_model *m)
     if (note)
         snprintf(m->isa_note, sizeof m->isa_note, "%s (KIPP_ISA=%s, running %s)", note,
                  getenv("KIPP_ISA"), kipp_isa_name(m->isa));
-    else if (m->isa < KIPP_ISA_AVX512 && !getenv("KIPP_ISA"))
+    else if (m->isa < KIPP_ISA_AVX512_BF16 && !getenv("KIPP_ISA"))
         snprintf(m->isa_note, sizeof m->isa_note,
-                 "the avx512 path needs AVX-512 F/BW/VL/DQ + BF16 (this CPU: avx512=%d bf16=%d); running %s",
-                 f->avx512, f->avx512_bf16, kipp_isa_name(m->isa));
+                 "best level on this CPU is %s (avx2=%d avx512=%d avx512_bf16=%d); the BF16-dot prefill tile needs avx512_bf16",
+                 kipp_isa_name(m->isa), f->avx2, f->avx512, f->avx512_bf16);
     if (m->isa_note[0] && !warned) {
         warned = 1;
         fprintf(stderr, "kipp cpu backend: %s\n", m->isa_note);
@@ -67,8 +67,13 @@ static int alloc_scratch(cpu_model *m)
     m->tile_tokens = group >= KIPP_CPU_ATTN_TILE_QUERIES ? 1 : KIPP_CPU_ATTN_TILE_QUERIES / (uint32_t)group;
     m->tile_q = m->tile_tokens * group;
     m->max_units = 2 * KIPP_N_KV_HEAD * KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
-    m->xb = kipp_aligned_alloc(R * xw * sizeof(kipp_bf16));
-    t += R * xw * sizeof(kipp_bf16);
+    size_t act_row = 0; /* widest activation row any format's matmul reads */
+    for (int f = 0; f < K_FMT_COUNT; f++) {
+        size_t b = k_act_row_bytes(k_fmt_get((k_fmt)f)->act_mm, xw);
+        act_row = b > act_row ? b : act_row;
+    }
+    m->xa = kipp_aligned_alloc(R * act_row);
+    t += R * act_row;
     int bad = alloc_f32(&m->x, R * D, &t) | alloc_f32(&m->xn, R * D, &t) |
               alloc_f32(&m->qkv, R * m->QKV, &t) | alloc_f32(&m->att, R * A, &t) |
               alloc_f32(&m->tmp, R * D, &t) | alloc_f32(&m->gu, R * 2 * F, &t) |
@@ -86,13 +91,14 @@ static int alloc_scratch(cpu_model *m)
     m->tile_n = malloc(R * sizeof *m->tile_n);
     t += R * (6 * sizeof(uint32_t) + sizeof(float *));
     m->scratch_bytes = t;
-    return bad || !m->xb || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst || !m->tile_r0 || !m->tile_n ? -1 : 0;
+    return bad || !m->xa || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst || !m->tile_r0 || !m->tile_n ? -1 : 0;
 }
 
-/* One matrix to repack: src [rows][cols] bf16 from the mapping -> dst. */
+/* One matrix to repack: src [rows][cols] in the file layout of fmt -> dst. */
 typedef struct {
-    const kipp_bf16 *src;
-    kipp_bf16 *dst;
+    k_fmt fmt;
+    const void *src;
+    void *dst;
     size_t rows, cols;
 } pack_job;
 
@@ -105,44 +111,82 @@ typedef struct {
 static void pack_run(void *arg, int ith, int nth)
 {
     const pack_task *t = arg;
-    for (size_t i = 0; i < t->n; i++)
-        t->m->k->pack_bf16(t->jobs[i].src, t->jobs[i].dst, t->jobs[i].rows, t->jobs[i].cols, ith, nth);
+    for (size_t i = 0; i < t->n; i++) {
+        const pack_job *j = &t->jobs[i];
+        t->m->k->fmt[j->fmt].pack(j->src, j->dst, j->rows, j->cols, ith, nth);
+    }
 }
 
-/* Repack every projection and the head once, on the pool (the prepared copy
- * ARCHITECTURE.md "Ownership" allows; reported by describe). Q|K|V and
- * Gate|Up are packed back to back, which is the packing of their row
- * concatenation (kernels.h), so each is one kernel call per layer. */
+/* Jobs and weights of one layer: Q|K|V and Gate|Up are packed back to back,
+ * which is the packing of their row concatenation (kernels.h), so each is one
+ * kernel call per layer. All members of a fused weight share one format
+ * (check_view). Returns the bytes used from cur. */
+static size_t plan_layer(const kipp_qwen3_layer *L, cpu_layer *out, pack_job *jobs, size_t *nj, char *cur)
+{
+    const kipp_tensor_view *parts[4][2] = {{&L->wq, &L->wk}, {&L->wo, NULL}, {&L->w_gate, &L->w_up}, {&L->w_down, NULL}};
+    k_weight *dst[4] = {&out->qkv, &out->o, &out->gu, &out->down};
+    size_t used = 0;
+    for (int w = 0; w < 4; w++) {
+        k_fmt f = (k_fmt)k_fmt_from_gguf(parts[w][0]->dtype);
+        const k_fmt_info *fi = k_fmt_get(f);
+        *dst[w] = (k_weight){f, cur + used, 0, parts[w][0]->cols};
+        const kipp_tensor_view *list[3] = {parts[w][0], parts[w][1], w == 0 ? &L->wv : NULL};
+        for (int i = 0; i < 3 && list[i]; i++) {
+            const kipp_tensor_view *v = list[i];
+            jobs[(*nj)++] = (pack_job){f, v->data, cur + used, v->rows, v->cols};
+            used += fi->packed_bytes(v->rows, v->cols);
+            dst[w]->rows += v->rows;
+        }
+    }
+    return used;
+}
+
+/* Packed bytes of one tensor view in its format. */
+static size_t view_packed_bytes(const kipp_tensor_view *v)
+{
+    return k_fmt_get((k_fmt)k_fmt_from_gguf(v->dtype))->packed_bytes(v->rows, v->cols);
+}
+
+/* Repack every projection and the head once, on the pool, into each
+ * format's packed layout (the prepared copy ARCHITECTURE.md "Ownership"
+ * allows; reported by describe). */
 static int pack_weights(cpu_model *m)
 {
     const kipp_dims *d = &m->d;
-    size_t D = d->d_model, A = m->A, F = d->d_ff, KV = KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
-    size_t per_layer = m->QKV * D + D * A + 2 * F * D + D * F, head = (size_t)d->vocab_size * D;
-    size_t elems = per_layer * d->n_layer + head, nj = 0;
-    m->lw = calloc(d->n_layer, sizeof *m->lw);
-    pack_job *jobs = calloc((size_t)d->n_layer * 7 + 1, sizeof *jobs);
-    m->packed = alloc_big(elems * sizeof(kipp_bf16));
-    if (!m->lw || !jobs || !m->packed) { free(jobs); return -1; }
-    m->prepared_bytes = elems * sizeof(kipp_bf16);
-    kipp_bf16 *cur = m->packed;
-#define JOB(view, r) (jobs[nj++] = (pack_job){(view).data, cur, (r), (view).cols}, cur += (r) * (view).cols)
+    size_t bytes = view_packed_bytes(&m->w.output), nj = 0;
     for (uint32_t l = 0; l < d->n_layer; l++) {
         const kipp_qwen3_layer *L = &m->w.layers[l];
-        m->lw[l].qkv = cur;
-        JOB(L->wq, A); JOB(L->wk, KV); JOB(L->wv, KV);
-        m->lw[l].o = cur;
-        JOB(L->wo, D);
-        m->lw[l].gu = cur;
-        JOB(L->w_gate, F); JOB(L->w_up, F);
-        m->lw[l].down = cur;
-        JOB(L->w_down, D);
+        const kipp_tensor_view *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < 7; i++) bytes += view_packed_bytes(v[i]);
     }
-    m->head = cur;
-    JOB(m->w.output, (size_t)d->vocab_size);
-#undef JOB
+    m->lw = calloc(d->n_layer, sizeof *m->lw);
+    pack_job *jobs = calloc((size_t)d->n_layer * 7 + 1, sizeof *jobs);
+    m->packed = alloc_big(bytes);
+    if (!m->lw || !jobs || !m->packed) { free(jobs); return -1; }
+    m->prepared_bytes = bytes;
+    char *cur = m->packed;
+    for (uint32_t l = 0; l < d->n_layer; l++) cur += plan_layer(&m->w.layers[l], &m->lw[l], jobs, &nj, cur);
+    k_fmt hf = (k_fmt)k_fmt_from_gguf(m->w.output.dtype);
+    m->head = (k_weight){hf, cur, m->w.output.rows, m->w.output.cols};
+    jobs[nj++] = (pack_job){hf, m->w.output.data, cur, m->w.output.rows, m->w.output.cols};
     pack_task t = {m, jobs, nj};
     kipp_cpu_pool_run(m->pool, pack_run, &t);
     free(jobs);
+    return 0;
+}
+
+/* A projection the backend can pack: a format row exists for its file type
+ * and its shape fits that format's packed layout. */
+static int check_weight(const kipp_tensor_view *w, const char *name, char *err, size_t errlen)
+{
+    int f = w->data ? k_fmt_from_gguf(w->dtype) : -1;
+    if (f < 0)
+        return kipp_err(err, errlen, KIPP_ENOTSUP, "tensor %s has GGUF type %u; the cpu backend has no weight format for it (bf16 = 30)",
+                        name, w->dtype);
+    const k_fmt_info *fi = k_fmt_get((k_fmt)f);
+    if (w->rows % fi->row_align || w->cols % fi->col_align)
+        return kipp_err(err, errlen, KIPP_EINVAL, "tensor %s is [%llu][%llu]; format %s packs rows in multiples of %zu and cols of %zu",
+                        name, (unsigned long long)w->rows, (unsigned long long)w->cols, fi->name, fi->row_align, fi->col_align);
     return 0;
 }
 
@@ -159,21 +203,26 @@ static int check_view(const kipp_model_view *v, char *err, size_t errlen)
     if (!v->w.layers || d->n_layer == 0 || d->context_length == 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "model view has %u layers, context %u and layers %p; expected a bound model",
                         d->n_layer, d->context_length, (const void *)v->w.layers);
-    const kipp_tensor_view *t[] = {&v->w.token_embd, &v->w.output, &v->w.output_norm};
-    for (size_t i = 0; i < 3; i++)
+    const kipp_tensor_view *t[] = {&v->w.token_embd, &v->w.output_norm};
+    for (size_t i = 0; i < 2; i++)
         if (!t[i]->data || t[i]->dtype != KIPP_DTYPE_BF16)
-            return kipp_err(err, errlen, KIPP_EINVAL, "tensor %zu of the view has dtype %u; the cpu backend expects bf16 (type 30)", i, t[i]->dtype);
+            return kipp_err(err, errlen, KIPP_EINVAL, "%s has dtype %u; the cpu backend expects bf16 (type 30)",
+                            i ? "output_norm" : "token_embd", t[i]->dtype);
     if (d->vocab_size % 16 || v->w.output.rows != d->vocab_size || v->w.output.cols != d->d_model)
         return kipp_err(err, errlen, KIPP_EINVAL, "output head is [%llu][%llu] for vocab %u; expected [vocab][d_model] with vocab %% 16 == 0 (packed panels)",
                         (unsigned long long)v->w.output.rows, (unsigned long long)v->w.output.cols, d->vocab_size);
-    for (uint32_t l = 0; l < d->n_layer; l++) {
+    int rc = check_weight(&v->w.output, "output", err, errlen);
+    for (uint32_t l = 0; !rc && l < d->n_layer; l++) {
         const kipp_qwen3_layer *L = &v->w.layers[l];
         const kipp_tensor_view *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < 7; i++)
-            if (!lt[i]->data || lt[i]->dtype != KIPP_DTYPE_BF16)
-                return kipp_err(err, errlen, KIPP_ENOTSUP, "layer %u projection %zu has dtype %u; the cpu backend runs bf16 (type 30) only", l, i, lt[i]->dtype);
+        static const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+        for (size_t i = 0; !rc && i < 7; i++) rc = check_weight(lt[i], names[i], err, errlen);
+        if (!rc && (L->wk.dtype != L->wq.dtype || L->wv.dtype != L->wq.dtype || L->w_up.dtype != L->w_gate.dtype))
+            rc = kipp_err(err, errlen, KIPP_ENOTSUP, "layer %u mixes formats inside Q|K|V (%u %u %u) or Gate|Up (%u %u); "
+                          "expected one format per fused projection", l, L->wq.dtype, L->wk.dtype, L->wv.dtype,
+                          L->w_gate.dtype, L->w_up.dtype);
     }
-    return 0;
+    return rc;
 }
 
 static int cpu_model_create(const kipp_model_view *v, void **out, char *err, size_t errlen)
@@ -212,7 +261,7 @@ static void cpu_model_destroy(void *bm)
     kipp_cpu_pool_destroy(m->pool);
     float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->part_ml, m->part_acc, m->head_tmp, m->tile_buf, m->rope};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
-    kipp_aligned_free(m->xb);
+    kipp_aligned_free(m->xa);
     free(m->packed);
     free(m->lw);
     free(m->row_item);
@@ -345,34 +394,24 @@ static int cpu_eval(void *bm, kipp_eval_item *items, size_t n, char *err, size_t
     return 0;
 }
 
-/* One line per kernel path: the table's ISA, or "ref" where that ISA's table
- * still points at the scalar reference for the op. */
+/* The merged kernel table, one line per slot with the level it came from
+ * (kernels/cpu/dispatch.c), then the schedule and the prepared bytes. */
 static void cpu_describe(void *bm, char *out, size_t outlen)
 {
     const cpu_model *m = bm;
-    const k_cpu_ops *k = m->k;
-    struct { const char *op; int is_ref; } p[] = {
-        {"matvec_bf16", k->matvec_bf16 == k_matvec_bf16_ref}, {"matmul_bf16", k->matmul_bf16 == k_matmul_bf16_ref},
-        {"rmsnorm_f32", k->rmsnorm_f32 == k_rmsnorm_f32_ref}, {"rope_f32", k->rope_f32 == k_rope_f32_ref},
-        {"swiglu_f32", k->swiglu_f32 == k_swiglu_f32_ref}, {"add_f32", k->add_f32 == k_add_f32_ref},
-        {"embed_bf16", k->embed_bf16 == k_embed_bf16_ref}, {"kv_write_bf16", k->kv_write_bf16 == k_kv_write_bf16_ref},
-        {"flash_gqa_bf16", k->flash_gqa_bf16 == k_flash_gqa_bf16_ref}, {"pack_bf16", k->pack_bf16 == k_pack_bf16_ref},
-        {"cvt_bf16", k->cvt_bf16 == k_cvt_bf16_ref}, {"matvec_bf16p", k->matvec_bf16p == k_matvec_bf16p_ref},
-        {"matmul_bf16p", k->matmul_bf16p == k_matmul_bf16p_ref},
-    };
     size_t o = 0;
     if (outlen == 0) return;
     out[0] = '\0';
 #define PUT(...) do { if (o < outlen) o += (size_t)snprintf(out + o, outlen - o, __VA_ARGS__); } while (0)
-    PUT("backend cpu: kernel table %s (%s)\n", k->isa, m->isa_note[0] ? m->isa_note : "best path this CPU has");
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
-        PUT("  k_%s_%s%s%s\n", p[i].op, p[i].is_ref ? "ref" : k->isa,
-            p[i].is_ref && m->isa != KIPP_ISA_REF ? "  (no variant for this ISA yet: scalar reference)" : "",
-            i < 2 ? "  (unused: the packed variant runs)" : "");
+    PUT("backend cpu: kernel level %s (%s)\n", m->k->isa, m->isa_note[0] ? m->isa_note : "best level this CPU has");
+    if (o < outlen) k_cpu_ops_describe(m->isa, out + o, outlen - o);
+    o += strlen(out + o);
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
-    PUT("paths: decode k_matvec_bf16p (FP32 activations), prefill k_matmul_bf16p (BF16 activations); attention k_flash_gqa_bf16 in %u-token query tiles (prefill), split-K + k_attn_merge when rows x 8 KV heads < %u x workers\n",
+    PUT("paths: decode = the format's matvec, prefill = its tiled matmul; attention k_flash_gqa_bf16 in %u-token query tiles (prefill), "
+        "k_flash_rows_bf16 (decode), split-K + k_attn_merge when rows x 8 KV heads < %u x workers\n",
         m->tile_tokens, KIPP_CPU_ATTN_UNITS_PER_THREAD);
-    PUT("prepared weights: %zu bytes (16-row packed copy of every projection and the head, owned by the backend)\n", m->prepared_bytes);
+    PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend)\n",
+        m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);
 #undef PUT
 }

@@ -11,16 +11,32 @@
 #include "backends/cpu/cpu_internal.h"
 #include "engine/backend_util.h"
 
-/* y[n][rows] = x[n][cols] W^T for this worker's share of the packed W's
- * 16-row panels: FP32 activations x for one row (decode, bandwidth-bound),
- * their BF16 rounding xb for more (prefill, the BF16 dot product). */
-static void linear(const cpu_model *m, const kipp_bf16 *wp, size_t rows, size_t cols,
-                   const float *x, const kipp_bf16 *xb, float *y, uint32_t n, int ith, int nth)
+/* The activation format w reads in an n-row call (kernels.h "activation formats"). */
+static k_act act_of(const k_weight *w, uint32_t n)
 {
+    const k_fmt_info *fi = k_fmt_get(w->fmt);
+    return n > 1 ? fi->act_mm : fi->act_mv;
+}
+
+void kipp_cpu_act(const cpu_model *m, const k_weight *w, uint32_t n, const float *src, size_t dst, size_t cnt)
+{
+    k_act a = act_of(w, n);
+    if (a != K_ACT_F32) m->k->act[a](src, (char *)m->xa + k_act_row_bytes(a, dst), cnt);
+}
+
+/* y[n][rows] = x[n][cols] W^T for this worker's share of W's rows, through
+ * the row of W's format: matvec for one row (decode, bandwidth-bound), the
+ * tiled matmul for more (prefill); each reads its activation format, x itself
+ * when that is F32, else the copy kipp_cpu_act left in xa. */
+static void linear(const cpu_model *m, const k_weight *w, const float *x, float *y, uint32_t n,
+                   int ith, int nth)
+{
+    const k_fmt_kernels *k = &m->k->fmt[w->fmt];
+    const void *in = act_of(w, n) == K_ACT_F32 ? (const void *)x : m->xa;
     if (n == 1)
-        m->k->matvec_bf16p(wp, x, y, rows, cols, ith, nth);
+        k->matvec(w->data, in, y, w->rows, w->cols, ith, nth);
     else
-        m->k->matmul_bf16p(wp, xb, y, rows, cols, n, 0, ith, nth);
+        k->matmul(w->data, in, y, w->rows, w->cols, n, 0, ith, nth);
 }
 
 static void my_rows(size_t n, int ith, int nth, size_t *r0, size_t *r1)
@@ -28,13 +44,14 @@ static void my_rows(size_t n, int ith, int nth, size_t *r0, size_t *r1)
     k_split_rows(n, ith, nth, 1, r0, r1);
 }
 
-/* RMSNorm of x into xn row i, and its BF16 copy when the round uses matmul. */
-static void norm_row(const cpu_round *r, const kipp_tensor_view *w, const float *x, size_t i)
+/* RMSNorm of x into xn row i, and the activation copy that `next` (the
+ * projection reading xn: QKV or Gate|Up) wants. */
+static void norm_row(const cpu_round *r, const kipp_tensor_view *w, const k_weight *next, const float *x, size_t i)
 {
     const cpu_model *m = r->m;
     size_t D = m->d.d_model;
     m->k->rmsnorm_f32(x, w->data, m->xn + i * D, 1, D, m->d.rms_eps);
-    if (r->n_rows > 1) m->k->cvt_bf16(m->xn + i * D, m->xb + i * D, D);
+    kipp_cpu_act(m, next, r->n_rows, m->xn + i * D, i * D, D);
 }
 
 /* Embedding gather plus layer 0's attention norm (steps before layer 0's step 2). */
@@ -45,7 +62,7 @@ static void embed_rows(cpu_round *r, int ith, int nth)
     my_rows(r->n_rows, ith, nth, &r0, &r1);
     for (size_t i = r0; i < r1; i++) {
         m->k->embed_bf16(m->w.token_embd.data, m->row_tok[i], m->x + i * D, D);
-        norm_row(r, &m->w.layers[0].attn_norm, m->x + i * D, i);
+        norm_row(r, &m->w.layers[0].attn_norm, &m->lw[0].qkv, m->x + i * D, i);
     }
 }
 
@@ -71,70 +88,71 @@ static void qk_rows(cpu_round *r, uint32_t l, int ith, int nth)
     }
 }
 
-/* Residual add of `tmp`, then RMSNorm with `w` into xn, for this worker's rows. */
-static void add_norm_rows(cpu_round *r, const kipp_tensor_view *w, int ith, int nth)
+/* Residual add of `tmp`, then RMSNorm with `w` into xn (and next's activation copy), for this worker's rows. */
+static void add_norm_rows(cpu_round *r, const kipp_tensor_view *w, const k_weight *next, int ith, int nth)
 {
     cpu_model *m = r->m;
     size_t D = m->d.d_model, r0, r1;
     my_rows(r->n_rows, ith, nth, &r0, &r1);
     for (size_t i = r0; i < r1; i++) {
         m->k->add_f32(m->x + i * D, m->tmp + i * D, D);
-        norm_row(r, w, m->x + i * D, i);
+        norm_row(r, w, next, m->x + i * D, i);
     }
 }
 
 /* SwiGLU over this worker's share of all n_rows * d_ff elements, in place in
- * the gate half of each gu row, plus the BF16 copy for the down matmul. */
-static void swiglu_share(cpu_round *r, int ith, int nth)
+ * the gate half of each gu row, plus the activation copy for the down
+ * projection (shares in multiples of 32: whole quantization blocks). */
+static void swiglu_share(cpu_round *r, const k_weight *down, int ith, int nth)
 {
     cpu_model *m = r->m;
     size_t F = m->d.d_ff, e0, e1;
-    k_split_rows((size_t)r->n_rows * F, ith, nth, 16, &e0, &e1);
+    k_split_rows((size_t)r->n_rows * F, ith, nth, 32, &e0, &e1);
     while (e0 < e1) {
         size_t row = e0 / F, c0 = e0 % F, c1 = row * F + F < e1 ? F : e1 - row * F;
         float *g = m->gu + row * 2 * F;
         m->k->swiglu_f32(g + c0, g + F + c0, g + c0, c1 - c0);
-        if (r->n_rows > 1) m->k->cvt_bf16(g + c0, m->xb + row * F + c0, c1 - c0);
+        kipp_cpu_act(m, down, r->n_rows, g + c0, row * F + c0, c1 - c0); /* decode F32 reads the gate half in place */
         e0 = row * F + c1;
     }
 }
 
-/* One decoder layer. On entry xn/xb hold RMSNorm(x) with this layer's
+/* One decoder layer. On entry xn/xa hold RMSNorm(x) with this layer's
  * attn_norm; on exit x holds the layer output and, when `next` is given,
- * xn/xb hold RMSNorm(x) with the next layer's attn_norm. */
+ * xn/xa hold RMSNorm(x) with the next layer's attn_norm. */
 static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int ith, int nth)
 {
     cpu_model *m = r->m;
     kipp_cpu_pool *pool = m->pool;
     const cpu_layer *P = &m->lw[l];
-    size_t D = m->d.d_model, F = m->d.d_ff;
+    (void)0;
     uint32_t n = r->n_rows;
-    linear(m, P->qkv, m->QKV, D, m->xn, m->xb, m->qkv, n, ith, nth); /* step 2 */
+    linear(m, &P->qkv, m->xn, m->qkv, n, ith, nth);                   /* step 2 */
     if (ith == 0) atomic_store(&r->attn_next, 0);
     kipp_cpu_pool_barrier(pool);
     qk_rows(r, l, ith, nth);                                          /* steps 3-4, KV write */
     kipp_cpu_pool_barrier(pool);
     kipp_cpu_attention(r, l, ith, nth);                               /* step 5 (+ cvt of att) */
     kipp_cpu_pool_barrier(pool);
-    linear(m, P->o, D, m->A, m->att, m->xb, m->tmp, n, ith, nth);      /* step 6 */
+    linear(m, &P->o, m->att, m->tmp, n, ith, nth);                    /* step 6 */
     kipp_cpu_pool_barrier(pool);
-    add_norm_rows(r, &m->w.layers[l].ffn_norm, ith, nth);             /* steps 6-7 */
+    add_norm_rows(r, &m->w.layers[l].ffn_norm, &P->gu, ith, nth);     /* steps 6-7 */
     kipp_cpu_pool_barrier(pool);
-    linear(m, P->gu, 2 * F, D, m->xn, m->xb, m->gu, n, ith, nth);      /* step 8 */
+    linear(m, &P->gu, m->xn, m->gu, n, ith, nth);                     /* step 8 */
     kipp_cpu_pool_barrier(pool);
-    swiglu_share(r, ith, nth);
+    swiglu_share(r, &P->down, ith, nth);
     kipp_cpu_pool_barrier(pool);
-    /* decode reads the gate half of row 0 as the [d_ff] input; prefill reads xb */
-    linear(m, P->down, D, F, m->gu, m->xb, m->tmp, n, ith, nth);
+    /* decode reads the gate half of row 0 as the [d_ff] input; prefill reads xa */
+    linear(m, &P->down, m->gu, m->tmp, n, ith, nth);
     kipp_cpu_pool_barrier(pool);
     if (next) {                                                        /* step 9 + next step 1 */
-        add_norm_rows(r, next, ith, nth);
+        add_norm_rows(r, next, &m->lw[l + 1].qkv, ith, nth);
         kipp_cpu_pool_barrier(pool);
     }
 }
 
 /* After the last layer: residual add and final RMSNorm of the rows that need
- * logits only, compacted into xn/xb rows [0, n_logits). */
+ * logits only, compacted into xn/xa rows [0, n_logits). */
 static void final_rows(cpu_round *r, int ith, int nth)
 {
     cpu_model *m = r->m;
@@ -144,7 +162,7 @@ static void final_rows(cpu_round *r, int ith, int nth)
         float *x = m->x + (size_t)m->lrow[j] * D;
         m->k->add_f32(x, m->tmp + (size_t)m->lrow[j] * D, D);
         m->k->rmsnorm_f32(x, m->w.output_norm.data, m->xn + j * D, 1, D, m->d.rms_eps);
-        if (r->n_logits > 1) m->k->cvt_bf16(m->xn + j * D, m->xb + j * D, D);
+        kipp_cpu_act(m, &m->head, r->n_logits, m->xn + j * D, j * D, D);
     }
 }
 
@@ -157,14 +175,17 @@ static void head(cpu_round *r, int ith, int nth)
     size_t V = m->d.vocab_size, D = m->d.d_model, B = KIPP_CPU_HEAD_BLOCK, v0, v1;
     uint32_t nl = r->n_logits;
     if (r->head_direct) {
-        linear(m, m->head, V, D, m->xn, m->xb, m->ldst[0], nl, ith, nth);
+        linear(m, &m->head, m->xn, m->ldst[0], nl, ith, nth);
         return;
     }
     float *stage = m->head_tmp + (size_t)ith * KIPP_CPU_ROUND_TOKENS * B;
     k_split_rows(V, ith, nth, B, &v0, &v1);
     for (size_t vb = v0; vb < v1; vb += B) {
         size_t nb = v1 - vb < B ? v1 - vb : B; /* vocab % 16 == 0, so nb stays whole panels */
-        m->k->matmul_bf16p(m->head + vb * D, m->xb, stage, nb, D, nl, 0, 0, 1);
+        k_weight blk = m->head; /* rows [vb, vb + nb): whole packed panels (vocab and B are multiples of 16) */
+        blk.data = (const char *)m->head.data + k_fmt_get(blk.fmt)->packed_bytes(vb, D);
+        blk.rows = nb;
+        linear(m, &blk, m->xn, stage, nl, 0, 1);
         for (uint32_t j = 0; j < nl; j++)
             for (size_t i = 0; i < nb; i++) m->ldst[j][vb + i] = stage[j * nb + i];
     }

@@ -14,9 +14,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "backends/cpu/cpu_threadpool.h"
 #include "engine/backend.h"
 #include "kernels/cpu/kernels.h"
-#include "backends/cpu/cpu_threadpool.h"
 
 /* Token rows per round. 256 keeps the tiled matmul's token loop long enough to
  * amortise each L1/L2 weight slab (seed 002 item 4) while bounding scratch to
@@ -46,15 +46,15 @@ typedef struct {
 } cpu_session;
 
 /**
- * One layer's weights repacked for the packed kernels (kernels.h "packed BF16
- * weights": [rows/16][cols/2][16][2] panels). Matrices that read the same
- * input are concatenated by rows, so one call computes Q|K|V and one Gate|Up.
+ * One layer's weights in their format's packed layout (kernels.h "weight
+ * formats"). Matrices that read the same input are concatenated by rows, so
+ * one call computes Q|K|V and one Gate|Up.
  */
 typedef struct {
-    const kipp_bf16 *qkv;  /* packed [A + 2*1024][d_model] bf16: Wq | Wk | Wv */
-    const kipp_bf16 *o;    /* packed [d_model][A] bf16 */
-    const kipp_bf16 *gu;   /* packed [2*d_ff][d_model] bf16: W_gate | W_up */
-    const kipp_bf16 *down; /* packed [d_model][d_ff] bf16 */
+    k_weight qkv;  /* [A + 2*1024][d_model]: Wq | Wk | Wv */
+    k_weight o;    /* [d_model][A] */
+    k_weight gu;   /* [2*d_ff][d_model]: W_gate | W_up */
+    k_weight down; /* [d_model][d_ff] */
 } cpu_layer;
 
 /** Backend model: borrowed weight views, packed copies, kernel table, pool and round scratch. */
@@ -68,14 +68,14 @@ typedef struct cpu_model {
     int nth;
     size_t A, QKV;             /* n_q_head*128; A + 2*1024 (row width of qkv) */
     cpu_layer *lw;             /* [n_layer] views into packed */
-    const kipp_bf16 *head;     /* packed [vocab][d_model] bf16 (the tied embedding when tied) */
-    kipp_bf16 *packed;         /* the one allocation behind lw and head, owned here */
+    k_weight head;             /* [vocab][d_model] (the tied embedding when tied) */
+    void *packed;              /* the one allocation behind lw and head, owned here */
     size_t prepared_bytes;     /* bytes of packed */
     float *rope;               /* [context_length][128] f32: cos[64] then sin[64] per position */
     /* Round scratch, R = KIPP_CPU_ROUND_TOKENS rows. */
     float *x;                  /* [R][d_model] f32 residual stream */
     float *xn;                 /* [R][d_model] f32 normed input / final-norm rows */
-    kipp_bf16 *xb;             /* [R][max(d_model, A, d_ff)] bf16 matmul input */
+    void *xa;                  /* [R][max(d_model, A, d_ff)] matmul input in the weight's activation format */
     float *qkv;                /* [R][QKV] f32: q [A], k [1024], v [1024] per row */
     float *att;                /* [R][A] f32 attention output */
     float *tmp;                /* [R][d_model] f32 projection output before the residual add */
@@ -111,6 +111,14 @@ typedef struct {
 
 /** Run one round on the calling worker (SPMD body of kipp_cpu_pool_run). */
 void kipp_cpu_forward_round(void *round, int ith, int nth);
+
+/**
+ * The activation copy that w reads in an n-row call: src [cnt] f32 quantized
+ * into the round's [R][width] buffer xa at element offset dst (dst and cnt
+ * multiples of 32, whole quantization blocks). Nothing when w reads F32: the
+ * kernel then takes the f32 input itself.
+ */
+void kipp_cpu_act(const cpu_model *m, const k_weight *w, uint32_t n, const float *src, size_t dst, size_t cnt);
 
 /** Attention of layer `layer` for every row of the round: att = softmax(qK^T)V (all workers). */
 void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth);

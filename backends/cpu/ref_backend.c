@@ -60,16 +60,40 @@ static const kipp_bf16 *bf(const kipp_tensor_view *t) { return (const kipp_bf16 
 
 /* ---- model ---- */
 
+/* Norms and the embedding are bf16; a projection (quant != 0) may be any
+ * weight format the kernels know (kernels.h k_fmt_from_gguf). */
+static int check_tensor_q(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
+                          int quant, char *err, size_t errlen)
+{
+    int type_ok = t->dtype == KIPP_DTYPE_BF16 || (quant && k_fmt_from_gguf(t->dtype) >= 0);
+    if (t->data && type_ok && t->rows == rows && t->cols == cols) return 0;
+    if (err)
+        snprintf(err, errlen,
+                 "ref backend: tensor %s is [%llu][%llu] dtype %u (data %s), expected [%llu][%llu] %s",
+                 name, (unsigned long long)t->rows, (unsigned long long)t->cols, t->dtype,
+                 t->data ? "set" : "NULL", (unsigned long long)rows, (unsigned long long)cols,
+                 quant ? "in a weight format (bf16 = 30)" : "bf16");
+    return KIPP_EFORMAT;
+}
+
 static int check_tensor(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
                         char *err, size_t errlen)
 {
-    if (t->data && t->dtype == KIPP_DTYPE_BF16 && t->rows == rows && t->cols == cols) return 0;
-    if (err)
-        snprintf(err, errlen,
-                 "ref backend: tensor %s is [%llu][%llu] dtype %u (data %s), expected [%llu][%llu] bf16",
-                 name, (unsigned long long)t->rows, (unsigned long long)t->cols, t->dtype,
-                 t->data ? "set" : "NULL", (unsigned long long)rows, (unsigned long long)cols);
-    return KIPP_EFORMAT;
+    return check_tensor_q(t, name, rows, cols, 0, err, errlen);
+}
+
+static int check_weight(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
+                        char *err, size_t errlen)
+{
+    return check_tensor_q(t, name, rows, cols, 1, err, errlen);
+}
+
+/* y[n][rows] = x[n][cols] W^T through W's format oracle over the file layout
+ * (seed 000 "type-dispatched matvec"; kernels.h k_fmt_info.linear_ref). */
+static void linear_ref(const kipp_tensor_view *w, const float *x, float *y, uint32_t n)
+{
+    const k_fmt_info *fi = k_fmt_get((k_fmt)k_fmt_from_gguf(w->dtype));
+    fi->linear_ref(w->data, x, y, w->rows, w->cols, n, 0, 1);
 }
 
 /* The loader validated the file; this re-checks what the forward relies on, so a
@@ -91,20 +115,20 @@ static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
     uint64_t A = (uint64_t)d->n_q_head * KIPP_HEAD_DIM, D = d->d_model, F = d->d_ff;
     int rc = check_tensor(&mv->w.token_embd, "token_embd", d->vocab_size, D, err, errlen);
     if (!rc) rc = check_tensor(&mv->w.output_norm, "output_norm", 1, D, err, errlen);
-    if (!rc) rc = check_tensor(&mv->w.output, "output", d->vocab_size, D, err, errlen);
+    if (!rc) rc = check_weight(&mv->w.output, "output", d->vocab_size, D, err, errlen);
     for (uint32_t i = 0; !rc && i < d->n_layer; i++) {
         const kipp_qwen3_layer *L = &mv->w.layers[i];
         rc = check_tensor(&L->attn_norm, "attn_norm", 1, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->wq, "attn_q", A, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->wk, "attn_k", REF_KV_WIDTH, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->wv, "attn_v", REF_KV_WIDTH, D, err, errlen);
+        if (!rc) rc = check_weight(&L->wq, "attn_q", A, D, err, errlen);
+        if (!rc) rc = check_weight(&L->wk, "attn_k", REF_KV_WIDTH, D, err, errlen);
+        if (!rc) rc = check_weight(&L->wv, "attn_v", REF_KV_WIDTH, D, err, errlen);
         if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, KIPP_HEAD_DIM, err, errlen);
         if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, KIPP_HEAD_DIM, err, errlen);
-        if (!rc) rc = check_tensor(&L->wo, "attn_output", D, A, err, errlen);
+        if (!rc) rc = check_weight(&L->wo, "attn_output", D, A, err, errlen);
         if (!rc) rc = check_tensor(&L->ffn_norm, "ffn_norm", 1, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->w_gate, "ffn_gate", F, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->w_up, "ffn_up", F, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->w_down, "ffn_down", D, F, err, errlen);
+        if (!rc) rc = check_weight(&L->w_gate, "ffn_gate", F, D, err, errlen);
+        if (!rc) rc = check_weight(&L->w_up, "ffn_up", F, D, err, errlen);
+        if (!rc) rc = check_weight(&L->w_down, "ffn_down", D, F, err, errlen);
     }
     return rc;
 }
@@ -226,9 +250,9 @@ static void step_rmsnorm(const ref_round *r, const kipp_tensor_view *w)
 static void step_qkv_projection(const ref_round *r, const kipp_qwen3_layer *L)
 {
     ref_model *m = r->m;
-    k_matmul_bf16_ref(bf(&L->wq), m->xn, m->q, m->attn_width, m->d.d_model, r->n, 0, 1);
-    k_matmul_bf16_ref(bf(&L->wk), m->xn, m->k, REF_KV_WIDTH, m->d.d_model, r->n, 0, 1);
-    k_matmul_bf16_ref(bf(&L->wv), m->xn, m->v, REF_KV_WIDTH, m->d.d_model, r->n, 0, 1);
+    linear_ref(&L->wq, m->xn, m->q, r->n);
+    linear_ref(&L->wk, m->xn, m->k, r->n);
+    linear_ref(&L->wv, m->xn, m->v, r->n);
 }
 
 /* Step 3: per-head RMSNorm of every 128-wide Q and K head (V is not normed). */
@@ -280,7 +304,7 @@ static void step_attention(const ref_round *r, uint32_t layer)
 static void step_output_projection(const ref_round *r, const kipp_qwen3_layer *L)
 {
     ref_model *m = r->m;
-    k_matmul_bf16_ref(bf(&L->wo), m->att, m->proj, m->d.d_model, m->attn_width, r->n, 0, 1);
+    linear_ref(&L->wo, m->att, m->proj, r->n);
     k_add_f32_ref(m->x, m->proj, (size_t)r->n * m->d.d_model);
 }
 
@@ -288,11 +312,11 @@ static void step_output_projection(const ref_round *r, const kipp_qwen3_layer *L
 static void step_swiglu_mlp(const ref_round *r, const kipp_qwen3_layer *L)
 {
     ref_model *m = r->m;
-    size_t D = m->d.d_model, F = m->d.d_ff;
-    k_matmul_bf16_ref(bf(&L->w_gate), m->xn, m->gate, F, D, r->n, 0, 1);
-    k_matmul_bf16_ref(bf(&L->w_up), m->xn, m->up, F, D, r->n, 0, 1);
+    size_t F = m->d.d_ff;
+    linear_ref(&L->w_gate, m->xn, m->gate, r->n);
+    linear_ref(&L->w_up, m->xn, m->up, r->n);
     k_swiglu_f32_ref(m->gate, m->up, m->gate, (size_t)r->n * F);
-    k_matmul_bf16_ref(bf(&L->w_down), m->gate, m->proj, D, F, r->n, 0, 1);
+    linear_ref(&L->w_down, m->gate, m->proj, r->n);
 }
 
 /* Step 9: the feed-forward residual add. */
@@ -322,7 +346,7 @@ static void head_row(const ref_round *r, uint32_t t, float *logits)
     ref_model *m = r->m;
     size_t D = m->d.d_model;
     k_rmsnorm_f32_ref(m->x + t * D, bf(&m->w.output_norm), m->xn + t * D, 1, D, m->d.rms_eps);
-    k_matvec_bf16_ref(bf(&m->w.output), m->xn + t * D, logits, m->d.vocab_size, D, 0, 1);
+    linear_ref(&m->w.output, m->xn + t * D, logits, 1);
 }
 
 /* Evaluate one item in rounds of REF_CHUNK tokens; logits for its last logits_count tokens. */

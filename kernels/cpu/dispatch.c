@@ -1,43 +1,159 @@
 /*
- * dispatch.c - the CPU kernel table per ISA level (ARCHITECTURE.md "ISA
- * dispatch"). One static table per level; k_cpu_ops_get caps the asked level
- * at what this CPU runs, so a caller can never get an illegal-instruction path.
- * Packing is a one-time layout copy, so every level shares k_pack_bf16_ref.
+ * dispatch.c - the CPU kernel table (ARCHITECTURE.md "ISA dispatch", "Weight
+ * formats"). Each level lists, with designated initializers, only the slots it
+ * implements; k_cpu_ops_table merges them per slot from the asked level down
+ * to ref, so every slot gets the best variant at or below that level and a
+ * level whose only new instruction is a dot product lists one tile.
+ * k_cpu_ops_get caps the level at what this CPU runs, so a caller can never get
+ * an illegal-instruction path. Packing is a one-time layout copy: every level
+ * shares k_pack_bf16_ref.
  */
-#include "kernels/cpu/kernels_isa.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
 
-static const k_cpu_ops ref_ops = {
-    "ref", k_matvec_bf16_ref, k_matmul_bf16_ref, k_rmsnorm_f32_ref, k_rope_f32_ref,
-    k_swiglu_f32_ref, k_add_f32_ref, k_embed_bf16_ref, k_kv_write_bf16_ref, k_flash_gqa_bf16_ref,
-    k_pack_bf16_ref, k_cvt_bf16_ref, k_matvec_bf16p_ref, k_matmul_bf16p_ref, k_flash_rows_bf16_ref,
-};
+#include "kernels/cpu/kernels.h"
 
-#define ISA_OPS(sfx)                                                                          \
-    {                                                                                         \
-        #sfx, k_matvec_bf16_##sfx, k_matmul_bf16_##sfx, k_rmsnorm_f32_##sfx, k_rope_f32_##sfx, \
-            k_swiglu_f32_##sfx, k_add_f32_##sfx, k_embed_bf16_##sfx, k_kv_write_bf16_##sfx,   \
-            k_flash_gqa_bf16_##sfx, k_pack_bf16_ref, k_cvt_bf16_##sfx, k_matvec_bf16p_##sfx,   \
-            k_matmul_bf16p_##sfx, k_flash_rows_bf16_##sfx,                                    \
-    }
+/* ---- formats ---- */
 
-static const k_cpu_ops avx2_ops = ISA_OPS(avx2);
-static const k_cpu_ops avx512_ops = ISA_OPS(avx512);
+extern const k_fmt_info k_fmt_info_bf16;
 
-const k_cpu_ops *k_cpu_ops_table(kipp_isa isa)
+#define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
+static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
+#undef K_FMT_INFO
+
+const k_fmt_info *k_fmt_get(k_fmt f) { return (unsigned)f < K_FMT_COUNT ? fmt_info[f] : NULL; }
+
+int k_fmt_from_gguf(uint32_t gguf_type)
 {
-    return isa == KIPP_ISA_AVX512 ? &avx512_ops : isa == KIPP_ISA_AVX2 ? &avx2_ops : &ref_ops;
+    for (int f = 0; f < K_FMT_COUNT; f++)
+        if (fmt_info[f]->gguf_type == gguf_type) return f;
+    return -1;
 }
 
-/* The best level this CPU runs: AVX-512 needs the BF16 dot as well (the
- * prefill kernel is built on it), exactly as kipp_isa_select decides. */
-static kipp_isa cpu_max_isa(void)
+#define K_ACT_BYTES(ID, name, bytes) [K_ACT_##ID] = bytes,
+#define K_ACT_NAME(ID, name, bytes) [K_ACT_##ID] = #name,
+static const size_t act_bytes[K_ACT_COUNT] = {K_ACT_LIST(K_ACT_BYTES)};
+static const char *const act_names[K_ACT_COUNT] = {K_ACT_LIST(K_ACT_NAME)};
+#undef K_ACT_BYTES
+#undef K_ACT_NAME
+
+size_t k_act_row_bytes(k_act a, size_t n) { return (unsigned)a < K_ACT_COUNT ? act_bytes[a] * n : 0; }
+const char *k_act_name(k_act a) { return (unsigned)a < K_ACT_COUNT ? act_names[a] : "?"; }
+
+/* ---- the levels: only what each one implements ---- */
+
+#define K_OP_INIT(sfx) K_CPU_OP_LIST(K_OP_INIT_##sfx)
+#define K_OP_INIT_ref(name, params) .name = k_##name##_ref,
+#define K_OP_INIT_avx2(name, params) .name = k_##name##_avx2,
+#define K_OP_INIT_avx512(name, params) .name = k_##name##_avx512,
+
+static const k_cpu_ops level_ref = {
+    .isa = "ref",
+    K_OP_INIT(ref)
+    .fmt[K_FMT_BF16] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16_ref, .matmul = k_matmul_bf16_ref},
+    .act[K_ACT_BF16] = k_cvt_bf16_ref,
+};
+
+static const k_cpu_ops level_avx2 = {
+    .isa = "avx2",
+    K_OP_INIT(avx2)
+    .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx2, .matmul = k_matmul_bf16_avx2},
+    .act[K_ACT_BF16] = k_cvt_bf16_avx2,
+};
+
+static const k_cpu_ops level_avx512 = {
+    .isa = "avx512",
+    K_OP_INIT(avx512)
+    .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx512, .matmul = k_matmul_bf16_avx512},
+    .act[K_ACT_BF16] = k_cvt_bf16_avx512,
+};
+
+static const k_cpu_ops level_avx512_bf16 = {
+    .isa = "avx512_bf16",
+    .fmt[K_FMT_BF16] = {.matmul = k_matmul_bf16_avx512bf16},
+};
+
+static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {
+    [KIPP_ISA_REF] = &level_ref,
+    [KIPP_ISA_AVX2] = &level_avx2,
+    [KIPP_ISA_AVX512] = &level_avx512,
+    [KIPP_ISA_AVX512_BF16] = &level_avx512_bf16,
+};
+
+/* ---- merging ---- */
+
+#define TAKE(dst, src_slot, lvl_slot, lv) \
+    do { if (!(dst) && (src_slot)) { (dst) = (src_slot); (lvl_slot) = (lv); } } while (0)
+
+static void merge(kipp_isa isa, k_cpu_ops *out, k_cpu_src *src)
 {
-    const kipp_cpu_features *f = kipp_cpu_get();
-    return f->avx512 && f->avx512_bf16 ? KIPP_ISA_AVX512 : f->avx2 ? KIPP_ISA_AVX2 : KIPP_ISA_REF;
+    memset(out, 0, sizeof *out);
+    memset(src, 0, sizeof *src);
+    out->isa = kipp_isa_name(isa);
+    for (int lv = (int)isa; lv >= 0; lv--) {
+        const k_cpu_ops *L = levels[lv];
+#define K_OP_MERGE(name, params) TAKE(out->name, L->name, src->name, (kipp_isa)lv);
+        K_CPU_OP_LIST(K_OP_MERGE)
+#undef K_OP_MERGE
+        for (int f = 0; f < K_FMT_COUNT; f++) {
+            TAKE(out->fmt[f].pack, L->fmt[f].pack, src->fmt[f][0], (kipp_isa)lv);
+            TAKE(out->fmt[f].matvec, L->fmt[f].matvec, src->fmt[f][1], (kipp_isa)lv);
+            TAKE(out->fmt[f].matmul, L->fmt[f].matmul, src->fmt[f][2], (kipp_isa)lv);
+        }
+        for (int a = 0; a < K_ACT_COUNT; a++) TAKE(out->act[a], L->act[a], src->act[a], (kipp_isa)lv);
+    }
+}
+#undef TAKE
+
+static k_cpu_ops merged[KIPP_ISA_COUNT];
+static k_cpu_src merged_src[KIPP_ISA_COUNT];
+
+static void build_once(void)
+{
+    for (int i = 0; i < KIPP_ISA_COUNT; i++) merge((kipp_isa)i, &merged[i], &merged_src[i]);
+}
+
+/* Built once (pthread_once: models may open on several threads) and never changed. */
+static void build_all(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_once);
+}
+
+const k_cpu_ops *k_cpu_ops_table(kipp_isa isa, k_cpu_src *src)
+{
+    build_all();
+    if ((unsigned)isa >= KIPP_ISA_COUNT) isa = KIPP_ISA_REF;
+    if (src) *src = merged_src[isa];
+    return &merged[isa];
 }
 
 const k_cpu_ops *k_cpu_ops_get(kipp_isa isa)
 {
-    kipp_isa best = cpu_max_isa();
-    return k_cpu_ops_table(isa > best ? best : isa);
+    kipp_isa best = kipp_isa_cpu_max();
+    return k_cpu_ops_table(isa > best ? best : isa, NULL);
+}
+
+void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen)
+{
+    kipp_isa best = kipp_isa_cpu_max();
+    k_cpu_src s;
+    k_cpu_ops_table(isa > best ? best : isa, &s);
+    size_t o = 0;
+    if (outlen == 0) return;
+    out[0] = '\0';
+#define PUT(...) do { if (o < outlen) o += (size_t)snprintf(out + o, outlen - o, __VA_ARGS__); } while (0)
+#define K_OP_LINE(name, params) PUT("  k_%s_%s\n", #name, kipp_isa_name(s.name));
+    K_CPU_OP_LIST(K_OP_LINE)
+#undef K_OP_LINE
+    for (int f = 0; f < K_FMT_COUNT; f++) {
+        const k_fmt_info *fi = fmt_info[f];
+        PUT("  format %s: pack %s, matvec %s (%s activations), matmul %s (%s activations)\n", fi->name,
+            kipp_isa_name(s.fmt[f][0]), kipp_isa_name(s.fmt[f][1]), k_act_name(fi->act_mv),
+            kipp_isa_name(s.fmt[f][2]), k_act_name(fi->act_mm));
+    }
+    for (int a = 0; a < K_ACT_COUNT; a++)
+        if (a != K_ACT_F32) PUT("  activations %s: quantize %s\n", act_names[a], kipp_isa_name(s.act[a]));
+#undef PUT
 }

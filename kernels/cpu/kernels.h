@@ -1,13 +1,25 @@
 /*
- * kernels.h - CPU kernel signatures (ARCHITECTURE.md "Layers", "ISA dispatch").
+ * kernels.h - the CPU kernel table (ARCHITECTURE.md "Layers", "Weight
+ * formats", "ISA dispatch").
  *
  * Kernels compute on plain pointers and sizes: no model, no session, no
- * allocation. Each op has a scalar `_ref` version (kernels/cpu/ref.c) and
- * optional `_avx2` / `_avx512` variants with the same signature; the table
- * k_cpu_ops is filled once from CPUID (kernels/cpu/dispatch.c). Threaded
- * kernels take (ith, nth) and split their rows; no kernel spawns threads.
+ * allocation. Two kinds of entries:
+ *  - ops (K_CPU_OP_LIST): format-free steps of the forward pass (norms, RoPE,
+ *    SwiGLU, KV write, attention). Each has k_<op>_ref (kernels/cpu/ref.c) and
+ *    SIMD variants k_<op>_<isa> with the same signature.
+ *  - weight formats (K_FMT_LIST): one row per format per level with pack,
+ *    matvec and matmul over that format's packed layout, plus one
+ *    level-independent k_fmt_info (file type, layout sizes, the activation
+ *    formats it reads, its FP32 oracle). Adding a format adds one row and its
+ *    kernel files, never new op slots (kernels/README.md lists the files).
+ * The op list exists once, here: the struct, the declarations and the
+ * describe lines are generated from it. k_cpu_ops_get merges the levels per
+ * slot: each op and each format kernel comes from the best level at or below
+ * the asked one that has it, so a level only lists what it does differently.
  *
- * Shapes are row-major. Activations are FP32; weights and KV are BF16.
+ * Threaded kernels take (ith, nth) and split their rows; no kernel spawns
+ * threads. Shapes are row-major. Activations are FP32 unless a format asks for
+ * another activation format (K_ACT_*); KV is BF16.
  */
 #ifndef KIPP_KERNELS_CPU_H
 #define KIPP_KERNELS_CPU_H
@@ -18,180 +30,227 @@
 #include "kernels/common.h"
 #include "kernels/qwen3_shape.h"
 
-/* ---- linear algebra ---- */
-
-/**
- * Decode matvec: y[r] = sum_c w[r][c] * x[c] for rows r in this thread's share
- * of [0, rows). w: [rows][cols] bf16, x: [cols] f32, y: [rows] f32.
- * cols % 32 == 0. FP32 accumulation.
- */
-typedef void (*k_matvec_bf16_fn)(const kipp_bf16 *w, const float *x, float *y, size_t rows,
-                                 size_t cols, int ith, int nth);
-
-/**
- * Prefill matmul: y[t][r] = sum_c w[r][c] * x[t][c] for t < n_tok and rows r in
- * this thread's share. w: [rows][cols] bf16, x: [n_tok][cols] f32,
- * y: [n_tok][rows] f32 (row stride = rows). cols % 32 == 0.
- */
-typedef void (*k_matmul_bf16_fn)(const kipp_bf16 *w, const float *x, float *y, size_t rows,
-                                 size_t cols, size_t n_tok, int ith, int nth);
-
-/* ---- elementwise / normalisation ---- */
-
-/**
- * RMSNorm of n_rows rows of width n (Zhang & Sennrich 2019; HF Qwen3RMSNorm):
- * y = x / sqrt(mean(x^2) + eps) * w. x, y: [n_rows][n] f32 (may alias),
- * w: [n] bf16. Also the per-head Q/K norm with n = 128.
- */
-typedef void (*k_rmsnorm_f32_fn)(const float *x, const kipp_bf16 *w, float *y, size_t n_rows,
-                                 size_t n, float eps);
-
-/**
- * RoPE, rotate-half pairing (HF apply_rotary_pos_emb, Su et al. 2021) in place
- * on n_head heads of 128: for i < 64, (x[i], x[i+64]) rotated by angle
- * pos * theta^(-2i/128). x: [n_head][128] f32; cs: [128] f32 = cos[64] then
- * sin[64] for this position, from k_rope_table.
- */
-typedef void (*k_rope_f32_fn)(float *x, size_t n_head, const float *cs);
-
-/** out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). [n] f32. */
-typedef void (*k_swiglu_f32_fn)(const float *gate, const float *up, float *out, size_t n);
-
-/** x[i] += y[i], [n] f32 (residual add). */
-typedef void (*k_add_f32_fn)(float *x, const float *y, size_t n);
-
-/** Embedding gather: out[c] = table[token][c] widened to f32. table: [vocab][d] bf16. */
-typedef void (*k_embed_bf16_fn)(const kipp_bf16 *table, uint32_t token, float *out, size_t d);
-
-/* ---- KV cache and attention (paged: 32-position blocks) ---- */
-
-/**
- * Write one position's K and V (each [8][128] f32) into a layer's paged cache,
- * rounding to BF16. kc, vc: layer bases [n_blocks*32][8][128] bf16;
- * physical row = block_table[pos >> 5] * 32 + (pos & 31).
- */
-typedef void (*k_kv_write_bf16_fn)(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table,
-                                   uint32_t pos, const float *k, const float *v);
-
-/**
- * Flash-attention partial (Dao et al. 2022, online softmax) for one query token
- * and one KV head over positions [p0, p1) (p1 > p0): the `group` query heads
- * that share KV head kvh read each K/V row once.
- * q: [group][128] f32; kc, vc: layer bases [n_blocks*32][8][128] bf16;
- * scale = 1/sqrt(128). Outputs, per query head g: m[g] running max of scaled
- * scores, l[g] = sum exp(s - m[g]), acc[g][128] = sum exp(s - m[g]) * v.
- * Final output = acc / l after merging partials with k_attn_merge.
- */
-typedef void (*k_flash_gqa_bf16_fn)(const float *q, size_t group, const kipp_bf16 *kc,
-                                    const kipp_bf16 *vc, uint32_t kvh,
-                                    const uint32_t *block_table, uint32_t p0, uint32_t p1,
-                                    float scale, float *m, float *l, float *acc);
-
-/**
- * Decode flash attention of one token over all 8 KV heads for positions
- * [p0, p1): the same partials as k_flash_gqa_bf16 called for kvh = 0..7, but
- * a fast variant walks the cache page by page, all heads of a page together,
- * so K and V are read as contiguous 2 KB rows (one KV head alone reads 256 B
- * of every 2 KB, which streams at a third of the DRAM bandwidth).
- * q: [8*group][128] f32 (query heads in order, group per KV head); kc, vc, bt
- * as k_flash_gqa_bf16; m, l: [8*group], acc: [8*group][128] f32 partials.
- */
-typedef void (*k_flash_rows_bf16_fn)(const float *q, size_t group, const kipp_bf16 *kc,
-                                     const kipp_bf16 *vc, const uint32_t *block_table,
-                                     uint32_t p0, uint32_t p1, float scale, float *m, float *l,
-                                     float *acc);
-
-/* ---- packed BF16 weights (prefill at the BF16 dot peak, decode at bandwidth) ----
+/* ---- format-free ops ----
  *
- * A backend may repack each [rows][cols] bf16 weight once at model creation
- * (it owns the copy, ARCHITECTURE.md "Ownership"). Layout, panels of 16 rows,
- * k-pairs interleaved inside a panel:
- *   wp[(r/16)*16*cols + ((c/2)*16 + r%16)*2 + c%2] = w[r][c]
- * i.e. [rows/16][cols/2][16][2] bf16, the same byte count as w. One 64-byte load
- * gives 16 rows x 2 k, which feeds vdpbf16ps against a broadcast activation pair
- * with no horizontal reduction (the classic GEMM microkernel). Concatenating the
- * packed buffers of matrices with the same cols is the packing of their row
- * concatenation (e.g. fused Q|K|V or gate|up). rows % 16 == 0, cols % 32 == 0.
+ * rmsnorm_f32: RMSNorm of n_rows rows of width n (Zhang & Sennrich 2019; HF
+ *   Qwen3RMSNorm): y = x / sqrt(mean(x^2) + eps) * w. x, y: [n_rows][n] f32
+ *   (may alias), w: [n] bf16. Also the per-head Q/K norm with n = 128.
+ * rope_f32: RoPE, rotate-half pairing (HF apply_rotary_pos_emb, Su et al.
+ *   2021) in place on n_head heads of 128: for i < 64, (x[i], x[i+64]) rotated
+ *   by pos * theta^(-2i/128). x: [n_head][128] f32; cs: [128] f32 = cos[64]
+ *   then sin[64] for this position, from k_rope_table.
+ * swiglu_f32: out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). [n] f32.
+ * add_f32: x[i] += y[i], [n] f32 (residual add).
+ * embed_bf16: out[c] = table[token][c] widened to f32. table: [vocab][d] bf16.
+ * kv_write_bf16: write one position's K and V (each [8][128] f32) into a
+ *   layer's paged cache, rounding to BF16. kc, vc: layer bases
+ *   [n_blocks*32][8][128] bf16; physical row = block_table[pos >> 5] * 32 + (pos & 31).
+ * flash_gqa_bf16: flash-attention partial (Dao et al. 2022, online softmax)
+ *   for one query token and one KV head over positions [p0, p1) (p1 > p0): the
+ *   `group` query heads that share KV head kvh read each K/V row once.
+ *   q: [group][128] f32; kc, vc: layer bases as kv_write; scale = 1/sqrt(128).
+ *   Outputs per query head g: m[g] running max of scaled scores, l[g] = sum
+ *   exp(s - m[g]), acc[g][128] = sum exp(s - m[g]) * v. Final output = acc / l
+ *   after merging partials with k_attn_merge.
+ * flash_rows_bf16: decode attention of one token over all 8 KV heads for
+ *   [p0, p1): the partials of flash_gqa_bf16 for kvh = 0..7, but a fast
+ *   variant walks the cache page by page, all heads of a page together, so K
+ *   and V are read as contiguous 2 KB rows. q: [8*group][128] f32 (group query
+ *   heads per KV head, in order); m, l: [8*group], acc: [8*group][128] f32.
  */
+#define K_CPU_OP_LIST(X)                                                                          \
+    X(rmsnorm_f32, (const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,         \
+                    float eps))                                                                   \
+    X(rope_f32, (float *x, size_t n_head, const float *cs))                                       \
+    X(swiglu_f32, (const float *gate, const float *up, float *out, size_t n))                     \
+    X(add_f32, (float *x, const float *y, size_t n))                                              \
+    X(embed_bf16, (const kipp_bf16 *table, uint32_t token, float *out, size_t d))                 \
+    X(kv_write_bf16, (kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table, uint32_t pos,     \
+                      const float *k, const float *v))                                            \
+    X(flash_gqa_bf16, (const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,     \
+                       uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,       \
+                       float scale, float *m, float *l, float *acc))                              \
+    X(flash_rows_bf16, (const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,    \
+                        const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,       \
+                        float *m, float *l, float *acc))
 
-/** Pack w [rows][cols] bf16 into wp (layout above); this thread packs its share of panels. */
-typedef void (*k_pack_bf16_fn)(const kipp_bf16 *w, kipp_bf16 *wp, size_t rows, size_t cols,
-                               int ith, int nth);
+#define K_OP_TYPEDEF(name, params) typedef void(*k_##name##_fn) params;
+K_CPU_OP_LIST(K_OP_TYPEDEF)
+#undef K_OP_TYPEDEF
 
-/** Activation rounding for the packed matmul: xb[i] = bf16(x[i]), RNE as kipp_f32_to_bf16. [n]. */
-typedef void (*k_cvt_bf16_fn)(const float *x, kipp_bf16 *xb, size_t n);
+/* ---- activation formats ----
+ * What a format's matvec or matmul reads as its input x. F32: [n] float as the
+ * forward pass holds it. BF16: [n] bf16, RNE from F32 (kipp_f32_to_bf16), the
+ * operand of the BF16 dot. A quantizer converts one row of n values. */
+#define K_ACT_LIST(X) \
+    X(F32, f32, 4)    \
+    X(BF16, bf16, 2)
+
+#define K_ACT_ENUM(ID, name, bytes) K_ACT_##ID,
+typedef enum { K_ACT_LIST(K_ACT_ENUM) K_ACT_COUNT } k_act;
+#undef K_ACT_ENUM
+
+/** Quantize an activation row: x [n] f32 -> xa [n] in the act format. */
+typedef void (*k_act_fn)(const float *x, void *xa, size_t n);
+
+/** Bytes of one activation row of n values in format a. */
+size_t k_act_row_bytes(k_act a, size_t n);
+/** Name of an activation format: "f32", "bf16". */
+const char *k_act_name(k_act a);
+
+/* ---- weight formats ----
+ * bf16: GGUF type 30 in the file ([rows][cols] bf16 row-major). Packed layout,
+ *   panels of 16 rows with k-pairs interleaved inside a panel:
+ *     wp[(r/16)*16*cols + ((c/2)*16 + r%16)*2 + c%2] = w[r][c]
+ *   i.e. [rows/16][cols/2][16][2] bf16, the same byte count as w. One 64-byte
+ *   load gives 16 rows x 2 k: vdpbf16ps against a broadcast activation pair
+ *   with no horizontal reduction, or two FP32 FMAs after a shift and a mask.
+ *   Concatenating the packed buffers of matrices with the same cols is the
+ *   packing of their row concatenation (fused Q|K|V, Gate|Up).
+ *   rows % 16 == 0, cols % 32 == 0. matvec reads F32 activations (weights are
+ *   widened in registers: accuracy equals FP32); matmul reads BF16 activations.
+ */
+#define K_FMT_LIST(X) X(BF16, bf16)
+
+#define K_FMT_ENUM(ID, name) K_FMT_##ID,
+typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
+#undef K_FMT_ENUM
+
+/** Pack w (file layout of the format) into wp (its packed layout); this thread's share of panels. */
+typedef void (*k_pack_fn)(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
 
 /**
- * Packed decode matvec: y[r] = sum_c w[r][c] * x[c] for this thread's share of
- * 16-row panels. wp: packed [rows][cols] bf16, x: [cols] f32 (FP32 activations:
- * weights are widened in registers, so accuracy equals k_matvec_bf16), y: [rows] f32.
+ * Decode matvec: y[r] = sum_c W[r][c] * x[c] for this thread's share of rows.
+ * wp: packed [rows][cols]; x: [cols] in the format's act_mv; y: [rows] f32.
  */
-typedef void (*k_matvec_bf16p_fn)(const kipp_bf16 *wp, const float *x, float *y, size_t rows,
-                                  size_t cols, int ith, int nth);
+typedef void (*k_matvec_fn)(const void *wp, const void *x, float *y, size_t rows, size_t cols,
+                            int ith, int nth);
 
 /**
- * Packed prefill matmul on BF16 activations: y[t][r] = (accumulate ? y[t][r] : 0)
- * + sum_c w[r][c] * xb[t][c] for t < n_tok and this thread's share of 16-row panels.
- * wp: packed [rows][cols] bf16; xb: [n_tok][cols] bf16 (from k_cvt_bf16, rounding
- * costs NMSE ~1e-6 per matmul; for more accuracy call again with accumulate = 1
- * on the residual xlo = bf16(x - xhi)); y: [n_tok][rows] f32 (row stride = rows).
- * Each weight byte comes from DRAM once per call: a block of panels stays in L1
- * while every token passes over it (AVX-512: 32 rows x 256 k; AVX2: 64 rows x 128 k).
+ * Prefill matmul: y[t][r] = (accumulate ? y[t][r] : 0) + sum_c W[r][c] * xa[t][c]
+ * for t < n_tok and this thread's share of rows. wp: packed [rows][cols];
+ * xa: [n_tok][cols] in the format's act_mm; y: [n_tok][rows] f32 (row stride
+ * rows). Each weight byte leaves DRAM once per call (L1-tiled, seed 002).
  */
-typedef void (*k_matmul_bf16p_fn)(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y,
-                                  size_t rows, size_t cols, size_t n_tok, int accumulate,
-                                  int ith, int nth);
+typedef void (*k_matmul_fn)(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                            size_t n_tok, int accumulate, int ith, int nth);
 
-/** The dispatch table: one function per op, filled once at startup. */
+/**
+ * The format's oracle over the FILE layout with FP32 activations, as the ref
+ * backend computes (seed 000 "type-dispatched matvec"): y[t][r] = sum_c
+ * W[r][c] * x[t][c], FP32 accumulation in column order. w: [rows][cols] as in
+ * the file; x: [n_tok][cols] f32; y: [n_tok][rows] f32.
+ */
+typedef void (*k_linear_ref_fn)(const void *w, const float *x, float *y, size_t rows,
+                                size_t cols, size_t n_tok, int ith, int nth);
+
+/** A level's kernels for one format (NULL: inherit from the level below). */
 typedef struct {
-    const char *isa;               /* "ref", "avx2", "avx512" */
-    k_matvec_bf16_fn matvec_bf16;
-    k_matmul_bf16_fn matmul_bf16;
-    k_rmsnorm_f32_fn rmsnorm_f32;
-    k_rope_f32_fn rope_f32;
-    k_swiglu_f32_fn swiglu_f32;
-    k_add_f32_fn add_f32;
-    k_embed_bf16_fn embed_bf16;
-    k_kv_write_bf16_fn kv_write_bf16;
-    k_flash_gqa_bf16_fn flash_gqa_bf16;
-    /* packed-weight ops (appended; see the layout above) */
-    k_pack_bf16_fn pack_bf16;
-    k_cvt_bf16_fn cvt_bf16;
-    k_matvec_bf16p_fn matvec_bf16p;
-    k_matmul_bf16p_fn matmul_bf16p;
-    k_flash_rows_bf16_fn flash_rows_bf16; /* appended: decode attention, all KV heads */
+    k_pack_fn pack;
+    k_matvec_fn matvec;
+    k_matmul_fn matmul;
+} k_fmt_kernels;
+
+/** Level-independent facts of a format: every level reads the same packed layout. */
+typedef struct {
+    const char *name;        /* "bf16" */
+    uint32_t gguf_type;      /* tensor type id in the GGUF file (30 = BF16) */
+    size_t row_align;        /* rows % row_align == 0 for the packed layout */
+    size_t col_align;        /* cols % col_align == 0 */
+    size_t (*file_bytes)(size_t rows, size_t cols);   /* bytes in the file */
+    size_t (*packed_bytes)(size_t rows, size_t cols); /* bytes of the packed copy */
+    k_act act_mv;            /* activations matvec reads */
+    k_act act_mm;            /* activations matmul reads */
+    k_linear_ref_fn linear_ref;
+    /** FP32 weights w [rows][cols] -> the file layout (what the converter writes), for checks. */
+    void (*from_f32)(const float *w, void *out, size_t rows, size_t cols);
+} k_fmt_info;
+
+/** Facts of format f (f < K_FMT_COUNT). */
+const k_fmt_info *k_fmt_get(k_fmt f);
+
+/** The format whose file type is gguf_type; -1 when no format reads it. */
+int k_fmt_from_gguf(uint32_t gguf_type);
+
+/** A prepared weight: its format, its packed data and shape. */
+typedef struct {
+    k_fmt fmt;
+    const void *data; /* packed [rows][cols] in fmt's layout, owned by the backend */
+    size_t rows, cols;
+} k_weight;
+
+/* ---- the table ---- */
+
+#define K_OP_MEMBER(name, params) k_##name##_fn name;
+/** The kernels of one ISA level, merged per slot with the levels below it. */
+typedef struct {
+    const char *isa; /* level asked for: "ref", "avx2", "avx512", "avx512_bf16" */
+    K_CPU_OP_LIST(K_OP_MEMBER)
+    k_fmt_kernels fmt[K_FMT_COUNT]; /* one row per weight format */
+    k_act_fn act[K_ACT_COUNT];      /* activation quantizers (F32: NULL, no conversion) */
 } k_cpu_ops;
+#undef K_OP_MEMBER
 
-/* Scalar references (kernels/cpu/ref.c): the oracle for every variant. */
-void k_matvec_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
-                       int ith, int nth);
-void k_matmul_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
+/** Which level each slot of a merged table came from (for describe and tests). */
+typedef struct {
+#define K_OP_SRC(name, params) kipp_isa name;
+    K_CPU_OP_LIST(K_OP_SRC)
+#undef K_OP_SRC
+    kipp_isa fmt[K_FMT_COUNT][3]; /* pack, matvec, matmul */
+    kipp_isa act[K_ACT_COUNT];
+} k_cpu_src;
+
+/** The merged table for level isa, capped at what this CPU runs (never an illegal instruction). */
+const k_cpu_ops *k_cpu_ops_get(kipp_isa isa);
+
+/**
+ * The merged table of level isa without the CPU cap: only for the SIMDe
+ * emulation test (tests/kcheck.c built with KIPP_SIMDE_EMU), where the
+ * AVX-512 entries are portable C. src (may be NULL) gets each slot's level.
+ */
+const k_cpu_ops *k_cpu_ops_table(kipp_isa isa, k_cpu_src *src);
+
+/** One line per slot of the table for level isa: "k_<op>_<level>", for `kipp inspect --kernels`. */
+void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen);
+
+/* ---- declarations of every variant, from the lists ---- */
+
+#define K_OP_DECL(name, params, sfx) void k_##name##_##sfx params;
+#define K_OP_DECL_REF(name, params) K_OP_DECL(name, params, ref)
+#define K_OP_DECL_AVX2(name, params) K_OP_DECL(name, params, avx2)
+#define K_OP_DECL_AVX512(name, params) K_OP_DECL(name, params, avx512)
+K_CPU_OP_LIST(K_OP_DECL_REF)
+K_CPU_OP_LIST(K_OP_DECL_AVX2)
+K_CPU_OP_LIST(K_OP_DECL_AVX512)
+#undef K_OP_DECL_REF
+#undef K_OP_DECL_AVX2
+#undef K_OP_DECL_AVX512
+#undef K_OP_DECL
+
+/* bf16 format (kernels/cpu/ref_bf16.c, linear_avx2.c, linear_avx512.c, linear_avx512bf16.c) */
+void k_pack_bf16_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
+void k_linear_bf16_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);
-void k_rmsnorm_f32_ref(const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,
-                       float eps);
-void k_rope_f32_ref(float *x, size_t n_head, const float *cs);
-void k_swiglu_f32_ref(const float *gate, const float *up, float *out, size_t n);
-void k_add_f32_ref(float *x, const float *y, size_t n);
-void k_embed_bf16_ref(const kipp_bf16 *table, uint32_t token, float *out, size_t d);
-void k_kv_write_bf16_ref(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table, uint32_t pos,
-                         const float *k, const float *v);
-void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
-                          uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
-                          float scale, float *m, float *l, float *acc);
+#define K_BF16_DECL(sfx)                                                                          \
+    void k_matvec_bf16_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
+                             int ith, int nth);                                                   \
+    void k_matmul_bf16_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
+                             size_t n_tok, int accumulate, int ith, int nth);
+K_BF16_DECL(ref)
+K_BF16_DECL(avx2)
+K_BF16_DECL(avx512)
+void k_matmul_bf16_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                              size_t n_tok, int accumulate, int ith, int nth);
+#undef K_BF16_DECL
 
-void k_flash_rows_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
-                           const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
-                           float *m, float *l, float *acc);
+/* activation quantizers */
+void k_cvt_bf16_ref(const float *x, void *xb, size_t n);
+void k_cvt_bf16_avx2(const float *x, void *xb, size_t n);
+void k_cvt_bf16_avx512(const float *x, void *xb, size_t n);
 
-void k_pack_bf16_ref(const kipp_bf16 *w, kipp_bf16 *wp, size_t rows, size_t cols, int ith,
-                     int nth);
-void k_cvt_bf16_ref(const float *x, kipp_bf16 *xb, size_t n);
-void k_matvec_bf16p_ref(const kipp_bf16 *wp, const float *x, float *y, size_t rows, size_t cols,
-                        int ith, int nth);
-void k_matmul_bf16p_ref(const kipp_bf16 *wp, const kipp_bf16 *xb, float *y, size_t rows,
-                        size_t cols, size_t n_tok, int accumulate, int ith, int nth);
+/* ---- helpers every level shares ---- */
 
-/** Index of w[r][c] inside the packed layout (for tests and the references). */
+/** Index of w[r][c] inside the bf16 packed layout (for tests and the references). */
 static inline size_t k_packed_index(size_t r, size_t c, size_t cols)
 {
     return (r / 16) * 16 * cols + ((c / 2) * 16 + r % 16) * 2 + c % 2;
@@ -221,8 +280,5 @@ static inline void k_split_rows(size_t rows, int ith, int nth, size_t align, siz
     *r0 = u0 * align < rows ? u0 * align : rows;
     *r1 = u1 * align < rows ? u1 * align : rows;
 }
-
-/** The kernel table for isa (a level this CPU has; see kipp_isa_select). */
-const k_cpu_ops *k_cpu_ops_get(kipp_isa isa);
 
 #endif

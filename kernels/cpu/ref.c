@@ -1,32 +1,12 @@
 /*
  * ref.c - scalar reference kernels: the readable oracle every SIMD variant is
  * checked against (ggml "arch fallback" style). Plain loops, FP32
- * accumulation in index order, no threads of their own.
+ * accumulation in index order, no threads of their own. The format kernels
+ * (pack, matvec, matmul and the file-layout oracle) live in ref_<fmt>.c.
  */
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
-
-void k_matvec_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
-                       int ith, int nth)
-{
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 1, &r0, &r1);
-    for (size_t r = r0; r < r1; r++) {
-        const kipp_bf16 *wr = w + r * cols;
-        float acc = 0.0f;
-        for (size_t c = 0; c < cols; c++) acc += kipp_bf16_to_f32(wr[c]) * x[c];
-        y[r] = acc;
-    }
-}
-
-/* Each token row is computed exactly as k_matvec_bf16_ref would, so multi-row
- * logits are bitwise-equal to per-position evaluation on the ref path. */
-void k_matmul_bf16_ref(const kipp_bf16 *w, const float *x, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int ith, int nth)
-{
-    for (size_t t = 0; t < n_tok; t++) k_matvec_bf16_ref(w, x + t * cols, y + t * rows, rows, cols, ith, nth);
-}
 
 void k_rmsnorm_f32_ref(const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,
                        float eps)

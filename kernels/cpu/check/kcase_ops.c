@@ -1,0 +1,384 @@
+/*
+ * kcase_ops.c - kernel-case kinds of the format-free ops (kcase.h): RMSNorm,
+ * RoPE, SwiGLU, residual add, embedding gather, paged KV write and the two
+ * flash-attention walks, each against its k_<op>_ref.
+ *
+ * Bounds (kcase_table.c): add, embed, kv_write and rope are bit-exact (same
+ * single operation per element; integer RNE for BF16; RoPE without FMA
+ * contraction). RMSNorm reorders one sum: NMSE ~1e-14. SwiGLU and attention
+ * use a polynomial exp (~2 ulp, NMSE ~1e-13) and attention reorders 128-wide
+ * dots: bound 1e-9 for all, and the softmax denominators l*e^m within 1e-5.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/check/kcase.h"
+
+#define KV_ROW (KIPP_N_KV_HEAD * KIPP_HEAD_DIM)
+
+/* ---- elementwise: one state shape for all ---- */
+
+typedef struct {
+    const kcase *c;
+    const k_cpu_ops *k;
+    size_t n;             /* elements written */
+    float *x, *x2, *y, *ref, *cs;
+    kipp_bf16 *w;
+    int bitwise;
+} ew_state;
+
+static void ew_release(void *p)
+{
+    ew_state *s = p;
+    if (!s) return;
+    float *f[] = {s->x, s->x2, s->y, s->ref, s->cs};
+    for (size_t i = 0; i < 5; i++) kipp_aligned_free(f[i]);
+    kipp_aligned_free(s->w);
+    free(s);
+}
+
+static ew_state *ew_alloc(const kcase *c, const k_cpu_ops *k, size_t n, size_t nw, float lo, float hi)
+{
+    ew_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->c = c;
+    s->k = k;
+    s->n = n;
+    s->x = kc_rand_f32(n, lo, hi);
+    s->x2 = kc_rand_f32(n, -3, 3);
+    s->y = kc_rand_f32(n, 0, 0);
+    s->ref = kc_rand_f32(n, 0, 0);
+    s->w = kc_rand_bf16(nw ? nw : 1, 2.0f);
+    if (!s->x || !s->x2 || !s->y || !s->ref || !s->w) { ew_release(s); return NULL; }
+    return s;
+}
+
+static double ew_error(void *p)
+{
+    ew_state *s = p;
+    if (s->bitwise) return memcmp(s->y, s->ref, s->n * sizeof(float)) == 0 ? 0.0 : 1.0;
+    return kc_nmse(s->y, s->ref, s->n);
+}
+
+static double ew_bytes(const kcase *c) { return (double)c->s[0] * (c->s[1] ? (double)c->s[1] : 1.0) * 12.0; }
+static double ew_flops(const kcase *c) { return (double)c->s[0] * (c->s[1] ? (double)c->s[1] : 1.0) * 3.0; }
+
+/* rmsnorm: s = n_rows n in_place */
+static void *rmsnorm_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    ew_state *s = ew_alloc(c, k, c->s[0] * c->s[1], c->s[1], -4, 4);
+    if (s && mode == KC_CHECK) k_rmsnorm_f32_ref(s->x, s->w, s->ref, c->s[0], c->s[1], 1e-6f);
+    return s;
+}
+
+static void rmsnorm_run(void *p, int ith, int nth)
+{
+    ew_state *s = p;
+    size_t r0, r1, n = s->c->s[1];
+    k_split_rows(s->c->s[0], ith, nth, 1, &r0, &r1);
+    const float *src = s->x + r0 * n;
+    float *dst = s->y + r0 * n;
+    if (s->c->s[2]) { /* in place (x == y): y starts as a copy of x */
+        memcpy(dst, src, (r1 - r0) * n * sizeof(float));
+        src = dst;
+    }
+    s->k->rmsnorm_f32(src, s->w, dst, r1 - r0, n, 1e-6f);
+}
+
+/* rope: s = n_head pos (table row pos of theta 1e6) */
+static void *rope_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    (void)mode;
+    ew_state *s = ew_alloc(c, k, c->s[0] * KIPP_HEAD_DIM, 0, -2, 2);
+    float *table = s ? kipp_aligned_alloc((c->s[1] + 1) * KIPP_HEAD_DIM * sizeof(float)) : NULL;
+    if (s) s->cs = kipp_aligned_alloc(KIPP_HEAD_DIM * sizeof(float));
+    if (!table || !s->cs) { kipp_aligned_free(table); ew_release(s); return NULL; }
+    k_rope_table(table, c->s[1] + 1, 1000000.0);
+    memcpy(s->cs, table + c->s[1] * KIPP_HEAD_DIM, KIPP_HEAD_DIM * sizeof(float));
+    kipp_aligned_free(table);
+    memcpy(s->ref, s->x, s->n * sizeof(float));
+    k_rope_f32_ref(s->ref, c->s[0], s->cs);
+    s->bitwise = 1;
+    return s;
+}
+
+static void rope_run(void *p, int ith, int nth)
+{
+    ew_state *s = p;
+    size_t h0, h1;
+    k_split_rows(s->c->s[0], ith, nth, 1, &h0, &h1);
+    memcpy(s->y + h0 * KIPP_HEAD_DIM, s->x + h0 * KIPP_HEAD_DIM, (h1 - h0) * KIPP_HEAD_DIM * sizeof(float));
+    s->k->rope_f32(s->y + h0 * KIPP_HEAD_DIM, h1 - h0, s->cs);
+}
+
+/* swiglu: s = n */
+static void *swiglu_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    ew_state *s = ew_alloc(c, k, c->s[0], 0, -20, 20);
+    if (s && mode == KC_CHECK) k_swiglu_f32_ref(s->x, s->x2, s->ref, s->n);
+    return s;
+}
+
+static void swiglu_run(void *p, int ith, int nth)
+{
+    ew_state *s = p;
+    size_t e0, e1;
+    k_split_rows(s->n, ith, nth, 32, &e0, &e1);
+    s->k->swiglu_f32(s->x + e0, s->x2 + e0, s->y + e0, e1 - e0);
+}
+
+/* add: s = n (bit-exact) */
+static void *add_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    (void)mode;
+    ew_state *s = ew_alloc(c, k, c->s[0], 0, -5, 5);
+    if (!s) return NULL;
+    memcpy(s->ref, s->x, s->n * sizeof(float));
+    k_add_f32_ref(s->ref, s->x2, s->n);
+    s->bitwise = 1;
+    return s;
+}
+
+static void add_run(void *p, int ith, int nth)
+{
+    ew_state *s = p;
+    size_t e0, e1;
+    k_split_rows(s->n, ith, nth, 32, &e0, &e1);
+    memcpy(s->y + e0, s->x + e0, (e1 - e0) * sizeof(float));
+    s->k->add_f32(s->y + e0, s->x2 + e0, e1 - e0);
+}
+
+/* embed: s = d vocab token (bit-exact, and the row is the right one) */
+static void *embed_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    (void)mode;
+    ew_state *s = ew_alloc(c, k, c->s[0], c->s[0] * c->s[1], 0, 0);
+    if (!s) return NULL;
+    for (size_t i = 0; i < s->n; i++) s->ref[i] = kipp_bf16_to_f32(s->w[c->s[2] * c->s[0] + i]); /* independent */
+    s->bitwise = 1;
+    return s;
+}
+
+static void embed_run(void *p, int ith, int nth)
+{
+    ew_state *s = p;
+    if (ith == nth - 1) s->k->embed_bf16(s->w, (uint32_t)s->c->s[2], s->y, s->n);
+}
+
+/* ---- paged KV write: s = n_blocks (bit-exact, and the page mapping is right) ---- */
+
+typedef struct {
+    const k_cpu_ops *k;
+    size_t total;
+    uint32_t bt[64];
+    kipp_bf16 *kr, *vr, *kc, *vc;
+    float *kx, *vx;
+} kv_state;
+
+static const uint32_t kv_pos[] = {0, 31, 32, 77, 127};
+
+static void kv_release(void *p)
+{
+    kv_state *s = p;
+    if (!s) return;
+    kipp_aligned_free(s->kr); kipp_aligned_free(s->vr); kipp_aligned_free(s->kc); kipp_aligned_free(s->vc);
+    kipp_aligned_free(s->kx); kipp_aligned_free(s->vx);
+    free(s);
+}
+
+static void *kv_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    (void)mode;
+    kv_state *s = calloc(1, sizeof *s);
+    uint32_t nb = (uint32_t)(c->s[0] < 64 ? c->s[0] : 64);
+    if (!s) return NULL;
+    s->k = k;
+    s->total = (size_t)nb * KIPP_KV_BLOCK * KV_ROW;
+    for (uint32_t b = 0; b < nb; b++) s->bt[b] = (b * 5 + 2) % nb; /* scrambled: nb not a multiple of 5 */
+    s->kr = kc_rand_bf16(s->total, 0); s->vr = kc_rand_bf16(s->total, 0);
+    s->kc = kc_rand_bf16(s->total, 0); s->vc = kc_rand_bf16(s->total, 0);
+    s->kx = kc_rand_f32(KV_ROW, -8, 8); s->vx = kc_rand_f32(KV_ROW, -8, 8);
+    if (!s->kr || !s->vr || !s->kc || !s->vc || !s->kx || !s->vx || nb < 4) { kv_release(s); return NULL; }
+    s->kx[0] = 1e-40f; s->kx[1] = NAN; s->vx[2] = -INFINITY; s->vx[3] = 1.00390625f;
+    for (size_t i = 0; i < sizeof kv_pos / sizeof kv_pos[0]; i++) k_kv_write_bf16_ref(s->kr, s->vr, s->bt, kv_pos[i], s->kx, s->vx);
+    return s;
+}
+
+static void kv_run(void *p, int ith, int nth)
+{
+    kv_state *s = p;
+    for (size_t i = 0; i < sizeof kv_pos / sizeof kv_pos[0]; i++)
+        if ((int)(i % (size_t)nth) == ith) s->k->kv_write_bf16(s->kc, s->vc, s->bt, kv_pos[i], s->kx, s->vx);
+}
+
+static double kv_error(void *p)
+{
+    kv_state *s = p;
+    int same = !memcmp(s->kc, s->kr, s->total * 2) && !memcmp(s->vc, s->vr, s->total * 2);
+    /* independent page mapping: pos 77 -> block bt[2], slot 13 */
+    size_t row = ((size_t)s->bt[2] * KIPP_KV_BLOCK + 13) * KV_ROW;
+    same &= s->kc[row + 5] == kipp_f32_to_bf16(s->kx[5]) && s->vc[row + 9] == kipp_f32_to_bf16(s->vx[9]);
+    return same ? 0.0 : 1.0;
+}
+
+static double kv_bytes(const kcase *c) { (void)c; return 5.0 * KV_ROW * 12; }
+
+/* ---- flash attention: s = group p0 p1 layers ---- */
+
+typedef struct {
+    const kcase *c;
+    const k_cpu_ops *k;
+    size_t group, layers, n_blocks, layer_elems, nch; /* nch: 512-position chunks per layer (flash_rows bench) */
+    uint32_t p0, p1, *bt;
+    kipp_bf16 *kc, *vc;                       /* [layers][n_blocks*32][8][128] */
+    float *q;                                 /* [8][group][128] */
+    float *m, *l, *acc;                       /* [layers*8][group], [..][group][128] path */
+    float *mr, *lr, *accr;                    /* oracle for layer 0 */
+} fa_state;
+
+static void fa_release(void *p)
+{
+    fa_state *s = p;
+    if (!s) return;
+    free(s->kc); free(s->vc);
+    float *f[] = {s->q, s->m, s->l, s->acc, s->mr, s->lr, s->accr};
+    for (size_t i = 0; i < 7; i++) kipp_aligned_free(f[i]);
+    kipp_aligned_free(s->bt);
+    free(s);
+}
+
+static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    fa_state *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->c = c;
+    s->k = k;
+    s->group = c->s[0];
+    s->p0 = (uint32_t)c->s[1];
+    s->p1 = (uint32_t)c->s[2];
+    s->layers = mode == KC_BENCH && c->s[3] > 1 ? c->s[3] : 1;
+    s->n_blocks = (s->p1 + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK + 2;
+    s->layer_elems = s->n_blocks * KIPP_KV_BLOCK * KV_ROW;
+    size_t H = KIPP_N_KV_HEAD * s->group;
+    s->nch = s->layers > 1 ? (s->p1 - s->p0 + 511) / 512 : 1;
+    size_t units = s->layers * s->nch; /* partial slots: one per (layer, chunk); >= layers for flash_gqa */
+    s->kc = kc_alloc_big(s->layers * s->layer_elems * 2);
+    s->vc = kc_alloc_big(s->layers * s->layer_elems * 2);
+    s->bt = kipp_aligned_alloc(s->n_blocks * sizeof(uint32_t));
+    s->q = kc_rand_f32(H * KIPP_HEAD_DIM, -3, 3); /* scores spread over ~+-10: a peaked softmax */
+    s->m = kc_rand_f32(units * H, 0, 0); s->l = kc_rand_f32(units * H, 0, 0);
+    s->acc = kc_rand_f32(units * H * KIPP_HEAD_DIM, 0, 0);
+    s->mr = kc_rand_f32(H, 0, 0); s->lr = kc_rand_f32(H, 0, 0); s->accr = kc_rand_f32(H * KIPP_HEAD_DIM, 0, 0);
+    if (!s->kc || !s->vc || !s->bt || !s->q || !s->m || !s->l || !s->acc || !s->mr || !s->lr || !s->accr) { fa_release(s); return NULL; }
+    kipp_bf16 *kr = kc_rand_bf16(s->layer_elems, 1.0f), *vr = kc_rand_bf16(s->layer_elems, 1.0f);
+    if (!kr || !vr) { kipp_aligned_free(kr); kipp_aligned_free(vr); fa_release(s); return NULL; }
+    for (size_t L = 0; L < s->layers; L++) { /* same bytes per layer: timing only */
+        memcpy(s->kc + L * s->layer_elems, kr, s->layer_elems * 2);
+        memcpy(s->vc + L * s->layer_elems, vr, s->layer_elems * 2);
+    }
+    kipp_aligned_free(kr); kipp_aligned_free(vr);
+    for (size_t b = 0; b < s->n_blocks; b++) s->bt[b] = (uint32_t)((b * 37u + 11u) % s->n_blocks); /* scrambled pages */
+    if (s->n_blocks % 37 == 0) /* 37 is prime: the map above is a permutation unless 37 divides n_blocks */ for (size_t b = 0; b < s->n_blocks; b++) s->bt[b] = (uint32_t)(s->n_blocks - 1 - b);
+    if (mode == KC_CHECK)
+        for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++)
+            k_flash_gqa_bf16_ref(s->q + h * s->group * KIPP_HEAD_DIM, s->group, s->kc, s->vc, h, s->bt, s->p0, s->p1,
+                                 1.0f / sqrtf((float)KIPP_HEAD_DIM), s->mr + h * s->group, s->lr + h * s->group,
+                                 s->accr + h * s->group * KIPP_HEAD_DIM);
+    return s;
+}
+
+/* flash_gqa: units (layer, KV head) split over threads, as a prefill split. */
+static void fa_gqa_run(void *p, int ith, int nth)
+{
+    fa_state *s = p;
+    size_t u0, u1, G = s->group;
+    k_split_rows(s->layers * KIPP_N_KV_HEAD, ith, nth, 1, &u0, &u1);
+    for (size_t u = u0; u < u1; u++) {
+        size_t L = u / KIPP_N_KV_HEAD, h = u % KIPP_N_KV_HEAD;
+        s->k->flash_gqa_bf16(s->q + h * G * KIPP_HEAD_DIM, G, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems,
+                             (uint32_t)h, s->bt, s->p0, s->p1, 1.0f / sqrtf((float)KIPP_HEAD_DIM), s->m + u * G,
+                             s->l + u * G, s->acc + u * G * KIPP_HEAD_DIM);
+    }
+}
+
+/* flash_rows: units (layer, 512-position chunk) over all 8 KV heads, as the
+ * backend's split-K decode (partials left unmerged in the benchmark). */
+static void fa_rows_run(void *p, int ith, int nth)
+{
+    fa_state *s = p;
+    size_t H = KIPP_N_KV_HEAD * s->group, nch = s->nch, u0, u1;
+    k_split_rows(s->layers * nch, ith, nth, 1, &u0, &u1);
+    for (size_t u = u0; u < u1; u++) {
+        size_t L = u / nch, c = u % nch;
+        uint32_t a = s->p0 + (uint32_t)(c * 512), b = nch > 1 && a + 512 < s->p1 ? a + 512 : s->p1;
+        s->k->flash_rows_bf16(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, a, b,
+                              1.0f / sqrtf((float)KIPP_HEAD_DIM), s->m + u * H, s->l + u * H, s->acc + u * H * KIPP_HEAD_DIM);
+    }
+}
+
+/* Worst of: NMSE of acc/l over all heads, and the softmax denominators l*e^m. */
+static double fa_compare(const fa_state *s, const float *m, const float *l, const float *acc)
+{
+    size_t H = KIPP_N_KV_HEAD * s->group;
+    double num = 0, den = 0, worst = 0;
+    for (size_t h = 0; h < H; h++) {
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) {
+            double a = acc[h * KIPP_HEAD_DIM + i] / l[h], r = s->accr[h * KIPP_HEAD_DIM + i] / s->lr[h];
+            num += (a - r) * (a - r);
+            den += r * r;
+        }
+        double d = fabs((double)l[h] * exp((double)m[h]) / ((double)s->lr[h] * exp((double)s->mr[h])) - 1.0);
+        worst = d > worst ? d : worst;
+    }
+    double e = den > 0 ? num / den : num;
+    return worst > 1e-5 ? (e > 1.0 ? e : 1.0) : e; /* a wrong denominator fails every bound */
+}
+
+/* Also split-K: two partials of the path merged with k_attn_merge equal one pass. */
+static double fa_gqa_error(void *p)
+{
+    fa_state *s = p;
+    double e = fa_compare(s, s->m, s->l, s->acc);
+    if (s->p1 - s->p0 < 2) return e;
+    size_t G = s->group, H = KIPP_N_KV_HEAD * G;
+    uint32_t mid = s->p0 + (s->p1 - s->p0) / 3 + 1;
+    float *m2 = kc_rand_f32(H, 0, 0), *l2 = kc_rand_f32(H, 0, 0), *a2 = kc_rand_f32(H * KIPP_HEAD_DIM, 0, 0);
+    if (!m2 || !l2 || !a2) { kipp_aligned_free(m2); kipp_aligned_free(l2); kipp_aligned_free(a2); return 1.0; }
+    for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++) {
+        const float *q = s->q + h * G * KIPP_HEAD_DIM;
+        float sc = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
+        s->k->flash_gqa_bf16(q, G, s->kc, s->vc, h, s->bt, s->p0, mid, sc, s->m + h * G, s->l + h * G, s->acc + h * G * KIPP_HEAD_DIM);
+        s->k->flash_gqa_bf16(q, G, s->kc, s->vc, h, s->bt, mid, s->p1, sc, m2 + h * G, l2 + h * G, a2 + h * G * KIPP_HEAD_DIM);
+        k_attn_merge(G, s->m + h * G, s->l + h * G, s->acc + h * G * KIPP_HEAD_DIM, m2 + h * G, l2 + h * G, a2 + h * G * KIPP_HEAD_DIM);
+    }
+    double e2 = fa_compare(s, s->m, s->l, s->acc);
+    kipp_aligned_free(m2); kipp_aligned_free(l2); kipp_aligned_free(a2);
+    return e > e2 ? e : e2;
+}
+
+static double fa_rows_error(void *p)
+{
+    fa_state *s = p;
+    return fa_compare(s, s->m, s->l, s->acc);
+}
+
+static double fa_bytes(const kcase *c)
+{
+    return (double)(c->s[3] ? c->s[3] : 1) * (double)(c->s[2] - c->s[1]) * KV_ROW * 2 * 2;
+}
+static double fa_flops(const kcase *c)
+{
+    return (double)(c->s[3] ? c->s[3] : 1) * (double)(c->s[2] - c->s[1]) * KV_ROW * (double)c->s[0] * 4;
+}
+
+static double no_flops(const kcase *c) { (void)c; return 0; }
+
+const kcase_kind kcase_kind_rmsnorm = {"rmsnorm", "n_rows n in_place", rmsnorm_setup, rmsnorm_run, ew_error, ew_release, ew_bytes, ew_flops, "memory"};
+const kcase_kind kcase_kind_rope = {"rope", "n_head pos", rope_setup, rope_run, ew_error, ew_release, ew_bytes, ew_flops, "memory"};
+const kcase_kind kcase_kind_swiglu = {"swiglu", "n", swiglu_setup, swiglu_run, ew_error, ew_release, ew_bytes, ew_flops, "memory"};
+const kcase_kind kcase_kind_add = {"add", "n", add_setup, add_run, ew_error, ew_release, ew_bytes, no_flops, "memory"};
+const kcase_kind kcase_kind_embed = {"embed", "d vocab token", embed_setup, embed_run, ew_error, ew_release, ew_bytes, no_flops, "memory"};
+const kcase_kind kcase_kind_kv_write = {"kv_write", "n_blocks", kv_setup, kv_run, kv_error, kv_release, kv_bytes, no_flops, "memory"};
+const kcase_kind kcase_kind_flash_gqa = {"flash_gqa", "group p0 p1 layers(bench)", fa_setup, fa_gqa_run, fa_gqa_error, fa_release, fa_bytes, fa_flops, "memory"};
+const kcase_kind kcase_kind_flash_rows = {"flash_rows", "group p0 p1 layers(bench)", fa_setup, fa_rows_run, fa_rows_error, fa_release, fa_bytes, fa_flops, "memory"};

@@ -1,0 +1,160 @@
+/*
+ * kcase_table.c - the kernel cases (kcase.h): one row per case, driving both
+ * its check (`make test`, every level this CPU has and, emulated, the ones it
+ * lacks) and, where bench = 1, its benchmark (`make bench`). Shapes are the
+ * registry's real ones (0.6B: d_model 1024, d_ff 3072, A 2048; 1.7B: 2048 /
+ * 6144; 4B: 2560 / 9728) plus odd sizes that exercise the tails and splits.
+ * Bounds: kcase_linear.c and kcase_ops.c say why.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "kernels/cpu/check/kcase.h"
+
+#define ORDER 1e-9   /* FP32 sums in another order, polynomial exp */
+#define BF16ACT 1e-5 /* BF16 activation rounding against the FP32 oracle */
+#define EXACT 0.0
+
+const kcase kcase_rows[] = {
+    /* bf16 weights: matvec (decode) */
+    {"matvec", K_FMT_BF16, {1024, 1024, 1, 0}, ORDER, 2, 0},
+    {"matvec", K_FMT_BF16, {3072, 1024, 64, 0}, ORDER, 2, 1}, /* bench: 64 copies = 384 MiB, past the LLC */
+    {"matvec", K_FMT_BF16, {1024, 3072, 1, 0}, ORDER, 2, 0},
+    {"matvec", K_FMT_BF16, {8192, 1024, 1, 0}, ORDER, 3, 0},
+    {"matvec", K_FMT_BF16, {2048, 1024, 1, 0}, ORDER, 7, 0},    /* uneven shares, as the head over the pool */
+    {"matvec", K_FMT_BF16, {151936, 1024, 1, 0}, ORDER, 2, 1},  /* the output head */
+    /* bf16 weights: matmul (prefill), the path's activations */
+    {"matmul", K_FMT_BF16, {1024, 1024, 1, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {1024, 1024, 7, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {1024, 1024, 64, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {1024, 1024, 130, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {3072, 1024, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {1024, 3072, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {1040, 1024, 5, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {1056, 1056, 15, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16, {512, 1024, 2, 1}, ORDER, 2, 0},     /* accumulate onto y */
+    {"matmul", K_FMT_BF16, {1056, 1056, 25, 1}, ORDER, 2, 0},
+    {"matmul", K_FMT_BF16, {6144, 1024, 512, 0}, ORDER, 2, 1},  /* 0.6B gate|up, pp512 */
+    {"matmul", K_FMT_BF16, {1024, 3072, 512, 0}, ORDER, 2, 1},  /* 0.6B down, pp512 */
+    /* bf16 weights: what BF16 activations cost against the FP32 oracle */
+    {"matmul_f32", K_FMT_BF16, {1024, 1024, 7, 0}, BF16ACT, 2, 0},
+    {"matmul_f32", K_FMT_BF16, {3072, 1024, 13, 0}, BF16ACT, 2, 0},
+    {"pack", K_FMT_BF16, {48, 96, 0, 0}, EXACT, 2, 0},
+    {"pack", K_FMT_BF16, {3072, 1024, 0, 0}, EXACT, 3, 0},
+    {"act", -1, {4101, K_ACT_BF16, 0, 0}, EXACT, 2, 0},
+    {"act", -1, {512 * 3072, K_ACT_BF16, 0, 0}, EXACT, 2, 1},
+    /* format-free ops */
+    {"rmsnorm", -1, {7, 1024, 0, 0}, ORDER, 2, 0},
+    {"rmsnorm", -1, {3, 2560, 1, 0}, ORDER, 2, 0},
+    {"rmsnorm", -1, {16, 128, 1, 0}, ORDER, 2, 0},
+    {"rmsnorm", -1, {8, 128, 0, 0}, ORDER, 1, 0},
+    {"rmsnorm", -1, {512, 1024, 0, 0}, ORDER, 2, 1},
+    {"rope", -1, {16, 0, 0, 0}, EXACT, 2, 0},
+    {"rope", -1, {16, 1, 0, 0}, EXACT, 2, 0},
+    {"rope", -1, {16, 31, 0, 0}, EXACT, 2, 0},
+    {"rope", -1, {16, 32, 0, 0}, EXACT, 2, 0},
+    {"rope", -1, {16, 4095, 0, 0}, EXACT, 2, 1},
+    {"rope", -1, {16, 39999, 0, 0}, EXACT, 2, 0},
+    {"swiglu", -1, {3079, 0, 0, 0}, ORDER, 2, 0},
+    {"swiglu", -1, {512 * 3072, 0, 0, 0}, ORDER, 2, 1},
+    {"add", -1, {2563, 0, 0, 0}, EXACT, 2, 0},
+    {"add", -1, {512 * 1024, 0, 0, 0}, EXACT, 2, 1},
+    {"embed", -1, {2563, 50, 37, 0}, EXACT, 1, 0},
+    {"kv_write", -1, {4, 0, 0, 0}, EXACT, 2, 0},
+    /* attention over scrambled pages: groups 2/4/8 (1.7B/0.6B/4B... shapes), 5 and 16 for the passes */
+    {"flash_gqa", -1, {2, 0, 1, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {2, 0, 45, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {2, 4095, 4096, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {4, 3, 100, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {5, 37, 300, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {8, 31, 33, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {16, 0, 384, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {2, 0, 4096, 8}, ORDER, 2, 1},  /* bench: 8 layers of a 4k KV = 256 MiB */
+    {"flash_gqa", -1, {4, 0, 4096, 8}, ORDER, 2, 1},
+    {"flash_rows", -1, {2, 0, 1, 0}, ORDER, 1, 0},
+    {"flash_rows", -1, {2, 3, 100, 0}, ORDER, 1, 0},
+    {"flash_rows", -1, {4, 37, 300, 0}, ORDER, 1, 0},
+    {"flash_rows", -1, {8, 31, 33, 0}, ORDER, 1, 0},
+    {"flash_rows", -1, {8, 64, 96, 0}, ORDER, 1, 0},
+    {"flash_rows", -1, {2, 0, 4096, 8}, ORDER, 1, 1},
+    {"flash_rows", -1, {4, 0, 4096, 8}, ORDER, 1, 1},
+    {NULL, 0, {0, 0, 0, 0}, 0, 0, 0},
+};
+
+extern const kcase_kind kcase_kind_matvec, kcase_kind_matmul, kcase_kind_matmul_f32, kcase_kind_pack,
+    kcase_kind_act, kcase_kind_rmsnorm, kcase_kind_rope, kcase_kind_swiglu, kcase_kind_add,
+    kcase_kind_embed, kcase_kind_kv_write, kcase_kind_flash_gqa, kcase_kind_flash_rows;
+
+static const kcase_kind *const kinds[] = {
+    &kcase_kind_matvec, &kcase_kind_matmul, &kcase_kind_matmul_f32, &kcase_kind_pack, &kcase_kind_act,
+    &kcase_kind_rmsnorm, &kcase_kind_rope, &kcase_kind_swiglu, &kcase_kind_add, &kcase_kind_embed,
+    &kcase_kind_kv_write, &kcase_kind_flash_gqa, &kcase_kind_flash_rows,
+};
+
+const kcase_kind *kcase_kind_find(const char *op)
+{
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (!strcmp(kinds[i]->op, op)) return kinds[i];
+    return NULL;
+}
+
+const char *kcase_kind_names(void)
+{
+    static char buf[256];
+    if (!buf[0])
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+            if (i) strncat(buf, " ", sizeof buf - strlen(buf) - 1);
+            strncat(buf, kinds[i]->op, sizeof buf - strlen(buf) - 1);
+        }
+    return buf;
+}
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x5eed5eedULL;
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static float rng_unif(float lo, float hi) { return lo + (hi - lo) * (float)(rng_next() >> 40) / 16777216.0f; }
+
+float *kc_rand_f32(size_t n, float lo, float hi)
+{
+    float *p = kipp_aligned_alloc(n * sizeof(float) + 64);
+    if (p)
+        for (size_t i = 0; i < n; i++) p[i] = rng_unif(lo, hi);
+    return p;
+}
+
+kipp_bf16 *kc_rand_bf16(size_t n, float amp)
+{
+    kipp_bf16 *p = kipp_aligned_alloc(n * sizeof(kipp_bf16) + 64);
+    if (p)
+        for (size_t i = 0; i < n; i++) p[i] = kipp_f32_to_bf16(rng_unif(-amp, amp));
+    return p;
+}
+
+void *kc_alloc_big(size_t bytes)
+{
+    void *p = NULL;
+    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, n ? n : huge) != 0) return NULL;
+    madvise(p, n, MADV_HUGEPAGE); /* advisory: a refusal only costs TLB misses */
+    return p;
+}
+
+double kc_nmse(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double e = den > 0 ? num / den : num;
+    return e == e ? e : 1e30; /* NaN output fails every bound */
+}

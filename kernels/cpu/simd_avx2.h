@@ -1,0 +1,101 @@
+/*
+ * simd_avx2.h - the vector vocabulary of the shared kernel sources, for AVX2 +
+ * FMA (ARCHITECTURE.md "ISA dispatch"). Included first by every *_avx2.c, which
+ * is compiled with -mavx2 -mfma -mf16c; simd_avx512.h defines the same names
+ * for 16 lanes. A kernel written once over these (elementwise_simd.h,
+ * linear_simd.h, attention_simd.h) is compiled once per level, its names
+ * suffixed by K_SFX.
+ *
+ * vf: KV_W float lanes. vi: the same register as 32-bit integers.
+ */
+#ifndef KIPP_SIMD_H
+#define KIPP_SIMD_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/cpu/kernels.h"
+
+#define KV_W 8
+#define K_SFX(name) name##_avx2
+#define K_LEVEL_NAME "avx2"
+#define K_MM_TT 6 /* prefill tile tokens: 2 x 6 accumulators + 2 weights + 1 broadcast of 16 ymm */
+
+typedef __m256 vf;
+typedef __m256i vi;
+
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vf_set1(float x) { return _mm256_set1_ps(x); }
+static inline vf vf_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+/** a * b + c, one rounding. */
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vi vi_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void k_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+
+static inline float vf_hsum(vf v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float vf_hmax(vf v)
+{
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+/** c - a * b, one rounding. */
+static inline vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/** p * 2^n for integral n in [-127, 127], through the exponent bits. */
+static inline vf vf_ldexp(vf p, vf n)
+{
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+/** y where x >= lo, else exactly 0 (NaN x gives 0 too). */
+static inline vf vf_keep_ge(vf x, vf lo, vf y) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), y); }
+
+/** KV_W bf16 -> KV_W f32 (exact). */
+static inline vf vf_widen(const kipp_bf16 *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/** Store KV_W lanes rounded to BF16, RNE in integer arithmetic: equal to
+ * kipp_f32_to_bf16 bit for bit (denormals kept, NaN quieted). */
+static inline void vf_store_bf16(kipp_bf16 *p, vf f)
+{
+    __m256i u = _mm256_castps_si256(f);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    __m256i qn = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, qn, nan);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
+/* Packed pairs: 32-bit lane j holds (w[2j] low half, w[2j+1] high half). The
+ * even element is the low half shifted up, the odd one the high half. */
+static inline vf vf_even(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+static inline vf vf_odd(vi v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
+/** vf_odd by two shifts, for tiles with no register left for the mask. */
+static inline vf vf_odd_shift(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
+
+#include "kernels/cpu/simd_exp.h"
+
+#endif

@@ -1,0 +1,126 @@
+/*
+ * simd_avx512.h - the vector vocabulary of the shared kernel sources for
+ * AVX-512 F/BW/VL/DQ: the same names as simd_avx2.h over 16 lanes. Included
+ * first by every *_avx512.c (compiled with -mavx512f/bw/vl/dq) and by the
+ * hand-written *_avx512bf16.c tiles. With KIPP_SIMDE_EMU the same sources build
+ * against SIMDe's portable AVX-512 (libsimde-dev), so the kernel checks run
+ * these levels on CPUs without them (make: build/bin/kcheck_emu).
+ */
+#ifndef KIPP_SIMD_H
+#define KIPP_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cpu/kernels.h"
+
+#ifdef KIPP_SIMDE_EMU
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+/* SIMDe 0.7.4 lacks these; portable lane loops with the same semantics. */
+static inline __m512i kemu_cvtepu16_epi32(__m256i v)
+{
+    uint16_t s[16];
+    uint32_t d[16];
+    __m512i r;
+    memcpy(s, &v, sizeof s);
+    for (int i = 0; i < 16; i++) d[i] = s[i];
+    memcpy(&r, d, sizeof r);
+    return r;
+}
+static inline __m256i kemu_cvtepi32_epi16(__m512i v)
+{
+    uint32_t s[16];
+    uint16_t d[16];
+    __m256i r;
+    memcpy(s, &v, sizeof s);
+    for (int i = 0; i < 16; i++) d[i] = (uint16_t)s[i];
+    memcpy(&r, d, sizeof r);
+    return r;
+}
+static inline float kemu_reduce_add_ps(__m512 v)
+{
+    float s[16];
+    memcpy(s, &v, sizeof s);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) s[i] += s[i + w];
+    return s[0];
+}
+static inline float kemu_reduce_max_ps(__m512 v)
+{
+    float s[16];
+    memcpy(s, &v, sizeof s);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) s[i] = s[i] > s[i + w] ? s[i] : s[i + w];
+    return s[0];
+}
+#define _mm512_cvtepu16_epi32 kemu_cvtepu16_epi32
+#define _mm512_cvtepi32_epi16 kemu_cvtepi32_epi16
+#define _mm512_reduce_add_ps kemu_reduce_add_ps
+#define _mm512_reduce_max_ps kemu_reduce_max_ps
+#else
+#include <immintrin.h>
+#endif
+
+#define KV_W 16
+#define K_SFX(name) name##_avx512
+#define K_LEVEL_NAME "avx512"
+#define K_MM_TT 12 /* prefill tile tokens: 2 x 12 accumulators + 2 weights + 1 broadcast of 32 zmm */
+
+typedef __m512 vf;
+typedef __m512i vi;
+
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
+static inline vf vf_bcast(const float *p) { return _mm512_set1_ps(*p); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+/** a * b + c, one rounding. */
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vi vi_load(const void *p) { return _mm512_loadu_si512(p); }
+static inline void k_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+static inline float vf_hsum(vf v) { return _mm512_reduce_add_ps(v); }
+static inline float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
+
+static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+/** c - a * b, one rounding. */
+static inline vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/** p * 2^n (vscalefps). */
+static inline vf vf_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
+/** y where x >= lo, else exactly 0 (NaN x gives 0 too). */
+static inline vf vf_keep_ge(vf x, vf lo, vf y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y); }
+
+/** KV_W bf16 -> KV_W f32 (exact). */
+static inline vf vf_widen(const kipp_bf16 *p)
+{
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/** Store KV_W lanes rounded to BF16 in integer arithmetic, equal to
+ * kipp_f32_to_bf16 bit for bit (vcvtneps2bf16 would flush denormals). */
+static inline void vf_store_bf16(kipp_bf16 *p, vf f)
+{
+    __m512i u = _mm512_castps_si512(f);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
+/* Packed pairs: 32-bit lane j holds (w[2j] low half, w[2j+1] high half). */
+static inline vf vf_even(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+static inline vf vf_odd(vi v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))); }
+static inline vf vf_odd_shift(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_srli_epi32(v, 16), 16)); }
+
+#include "kernels/cpu/simd_exp.h"
+
+#endif
