@@ -37,7 +37,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz bench bench-peers bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -144,9 +144,19 @@ profiles/$(shell hostname).json:
 bench-kernels: $(BUILD)/bin/kcheck profiles/$(shell hostname).json
 	$(BUILD)/bin/kcheck --bench
 
-bench: all bench-kernels
-	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
-	$(PYTHON) tools/report.py
+# Profile first, on this CPU (profiles are keyed by hostname, which every
+# machine here shares; results record the CPU model and ISA level), then the
+# kernel rows and the models against it, then the report and the README table.
+bench: all
+	$(BUILD)/bin/kipp_profile --out profiles
+	$(BUILD)/bin/kcheck --bench
+	$(PYTHON) tools/bench_models.py --reuse-profile --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) tools/report.py --readme README.md
+
+# Kipp and llama.cpp side by side, interleaved, same weights and threads (tools/bench_peers.py).
+bench-peers: $(BUILD)/kipp-bench
+	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) tools/report.py --readme README.md
 
 report:
 	$(PYTHON) tools/report.py

@@ -5,6 +5,7 @@
 #include "bench/bench_harness.h"
 
 #include "backends/cpu/cpu_threadpool.h"
+#include "kernels/common.h"
 
 #include <errno.h>
 #include <hwloc.h>
@@ -215,6 +216,39 @@ static double json_num(json_t *o, const char *a, const char *b)
     return json_is_number(v) ? json_number_value(v) : 0.0;
 }
 
+static char cpu_model_buf[256];
+static pthread_once_t cpu_model_once = PTHREAD_ONCE_INIT;
+
+static void read_cpu_model(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10)) continue;
+        const char *v = strchr(line, ':');
+        if (!v) break;
+        for (v++; *v == ' ' || *v == '\t'; v++) {}
+        snprintf(cpu_model_buf, sizeof cpu_model_buf, "%s", v);
+        cpu_model_buf[strcspn(cpu_model_buf, "\n")] = '\0';
+        break;
+    }
+    if (f) fclose(f);
+}
+
+const char *kipp_cpu_model(void)
+{
+    pthread_once(&cpu_model_once, read_cpu_model);
+    return cpu_model_buf[0] ? cpu_model_buf : "unknown";
+}
+
+json_t *kipp_cpu_json(void)
+{
+    const kipp_cpu_features *f = kipp_cpu_get();
+    return json_pack("{s:s, s:b, s:b, s:b, s:b, s:s}", "model", kipp_cpu_model(), "avx2", f->avx2, "avx512",
+                     f->avx512, "avx512_bf16", f->avx512_bf16, "avx512_vnni", f->avx512_vnni, "best_level",
+                     kipp_isa_name(kipp_isa_cpu_max()));
+}
+
 int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
@@ -224,6 +258,18 @@ int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen
     if (!root) {
         set_err(err, errlen, "profile %s is missing or unreadable (%s); run `make profile` first",
                 p->path, je.text);
+        return -1;
+    }
+    /* profiles are keyed by hostname, which every machine here shares: a
+     * profile of another CPU would give wrong roofline shares */
+    json_t *cpu = json_object_get(root, "cpu");
+    const char *pm = json_string_value(json_object_get(cpu, "model"));
+    const char *pl = json_string_value(json_object_get(cpu, "best_level"));
+    const char *here = kipp_isa_name(kipp_isa_cpu_max());
+    if (!pm || !pl || strcmp(pm, kipp_cpu_model()) != 0 || strcmp(pl, here) != 0) {
+        set_err(err, errlen, "profile %s was measured on CPU '%s' (%s), this is '%s' (%s); run `make profile` first",
+                p->path, pm ? pm : "(not recorded)", pl ? pl : "?", kipp_cpu_model(), here);
+        json_decref(root);
         return -1;
     }
     p->read_gbps_1t = json_num(root, "bandwidth", "read_gbps_1t");
@@ -248,9 +294,9 @@ json_t *kipp_result_create(const char *kind, const char *profile_path, json_t *c
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s?, s:o, s:[]}", "schema", "kipp.bench.v1",
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:s?, s:o, s:[]}", "schema", "kipp.bench.v1",
                      "kind", kind, "git_sha", kipp_git_sha(), "date", date, "host",
-                     kipp_host_name(), "profile", profile_path, "config",
+                     kipp_host_name(), "cpu", kipp_cpu_json(), "profile", profile_path, "config",
                      config ? config : json_object(), "results");
 }
 

@@ -73,6 +73,13 @@ typedef struct {
 /** Host name (gethostname), "unknown-host" on failure. */
 const char *kipp_host_name(void);
 
+/** "model name" of /proc/cpuinfo (cached; "unknown" when unreadable). Hostnames
+ * here are all `vm` while the CPUs differ, so results and profiles carry this. */
+const char *kipp_cpu_model(void);
+
+/** {"model", "avx2", "avx512", "avx512_bf16", "avx512_vnni", "best_level"}: new reference. */
+json_t *kipp_cpu_json(void);
+
 /** Read profiles/<host>.json below dir (usually "profiles"); p->loaded says if found. */
 int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen);
 

@@ -183,6 +183,7 @@ int main(int argc, char **argv)
     json_t *doc = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o}", "schema", "kipp.profile.v1", "host",
                             kipp_host_name(), "date", date, "git_sha", kipp_git_sha(), "topology",
                             topology_json(), "isa", isa_json());
+    json_object_set_new(doc, "cpu", kipp_cpu_json());
     json_object_set_new(doc, "bandwidth",
                         json_pack("{s:f, s:f, s:i, s:I, s:s}", "read_gbps_1t", bw1, "read_gbps_all", bwn,
                                   "threads_all", kipp_team_size(all), "buffer_bytes", (json_int_t)rj.bytes,

@@ -38,3 +38,54 @@ def test_bench_models_rejects_unknown_model() -> None:
                        capture_output=True, text=True)
     assert p.returncode == 2
     assert "model 'qwen3-0.6b' is not a synthetic benchmark shape" in p.stderr
+
+
+def test_report_rewrites_the_readme_table(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)))
+    peers = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": "ccccccc", "date": "2026-11-03T00:00:00Z",
+             "host": "h", "cpu": {"model": "Test CPU"}, "profile": None, "config": {},
+             "results": [{"name": "tg128", "model": "synthetic-0.6b", "format": "bf16", "unit": "tok/s",
+                          "kipp": {"median": 33.0}, "llama_cpp": {"median": 22.0}, "ratio": 1.5}]}
+    (tmp_path / "p.json").write_text(json.dumps(peers))
+    readme = tmp_path / "R.md"
+    readme.write_text("intro\n<!-- perf-table:begin -->\nstale\n<!-- perf-table:end -->\noutro\n")
+    subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                    str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True, check=True)
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("intro\n") and text.endswith("outro\n")
+    row = next(ln for ln in text.splitlines() if "| tg128 |" in ln)
+    assert "| 30.00 |" in row and "| 22.00 |" in row and "**1.50x**" in row and "50.0% (target 95%, not met)" in row
+    assert "Peers measured on: Test CPU." in text
+    readme.write_text("no markers\n")
+    p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                        str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)
+    assert p.returncode != 0 and "has no <!-- perf-table:begin -->" in p.stderr
+
+
+def test_bench_peers_rejects_unknown_names() -> None:
+    for args, want in ((["--bench", "pp512,nope"], "unknown ['nope']"), (["--model", "qwen3-0.6b"], "--model 'qwen3-0.6b' is unknown")):
+        p = subprocess.run([sys.executable, str(ROOT / "tools/bench_peers.py"), *args], capture_output=True, text=True)
+        assert p.returncode == 2 and want in p.stderr, p.stderr
+
+
+def test_peer_gguf_keeps_the_weights(tmp_path: Path) -> None:
+    """The llama.cpp-layout copy has llama.cpp's qwen3 keys and bit-identical tensors."""
+    import gguf
+    import numpy as np
+    src = ROOT / "build/models/synthetic-tiny.gguf"
+    out = tmp_path / "peer.gguf"
+    subprocess.run([sys.executable, str(ROOT / "tools/peer_gguf.py"), "--in", str(src), "--out", str(out)],
+                   capture_output=True, text=True, check=True)
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(out))
+    f = b.get_field("qwen3.block_count")
+    assert f is not None and f.parts[f.data[0]].tolist()[0] == a.get_field("kipp.n_layer").parts[-1].tolist()[0]
+    assert bytes(b.get_field("tokenizer.ggml.pre").parts[-1]).decode() == "qwen2"
+    assert len(b.get_field("tokenizer.ggml.tokens").data) == 151936
+    ta = {t.name: t for t in a.tensors}
+    assert sorted(ta) == sorted(t.name for t in b.tensors)
+    for t in b.tensors:
+        assert t.tensor_type == ta[t.name].tensor_type and list(t.shape) == list(ta[t.name].shape)
+        assert np.asarray(t.data).tobytes() == np.asarray(ta[t.name].data).tobytes()
+    p = subprocess.run([sys.executable, str(ROOT / "tools/peer_gguf.py"), "--in", str(out), "--out", str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "is the input file" in p.stderr

@@ -10,7 +10,12 @@ results/ is skipped with a note. Two panels:
     cited by each result document) as ceilings, each kernel at its arithmetic
     intensity (FLOP / byte) and achieved GFLOP/s; the newest model results are
     added as hollow markers so the forward pass sits on the same chart.
-Usage: tools/report.py [--results DIR] [--out results/report.png]
+A third panel plots Kipp / llama.cpp ratios from the peers documents
+(tools/bench_peers.py) over commits. With --readme FILE it also rewrites the
+performance table between `<!-- perf-table:begin -->` and
+`<!-- perf-table:end -->` in FILE from the newest results, so the README's
+figures are generated, never typed.
+Usage: tools/report.py [--results DIR] [--out results/report.png] [--readme README.md]
 """
 from __future__ import annotations
 
@@ -149,20 +154,95 @@ def plot_roofline(ax, docs: list[dict]) -> int:
     return n
 
 
+def plot_peers(ax, docs: list[dict]) -> int:
+    """Kipp / llama.cpp median ratio per (model, bench) over commits; returns series drawn."""
+    series: dict[tuple, list] = defaultdict(list)
+    for d in docs:
+        if d.get("kind") != "peers":
+            continue
+        for r in d.get("results", []):
+            series[(r.get("model"), r.get("name"))].append((d.get("git_sha", "?"), r.get("ratio")))
+    for (model, bench), pts in sorted(series.items()):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {bench}")
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_title("Kipp / llama.cpp, same run (tools/bench_peers.py)")
+    ax.set_xlabel("commit")
+    ax.set_ylabel("ratio of median tok/s")
+    if series:
+        ax.legend(fontsize=7)
+    return len(series)
+
+
+TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90}
+
+
+def newest(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
+    """(model, bench) -> (result, its document) from the newest documents of kind."""
+    out: dict[tuple, tuple[dict, dict]] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        if d.get("kind") == kind:
+            for r in d.get("results", []):
+                out[(r.get("model"), r.get("name"), r.get("format", "bf16"))] = (r, d)
+    return out
+
+
+def fmt_share(r: dict) -> str:
+    share, target = r.get("roofline_share"), TARGETS.get(r.get("name"))
+    if share is None or target is None:
+        return "n/a"
+    return f"{100 * share:.1f}% (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
+
+
+def readme_table(docs: list[dict]) -> str:
+    """Markdown: per (model, format, bench) Kipp's newest tok/s and roofline share
+    with its target, and llama.cpp's figure and the ratio from the newest peers run."""
+    models, peers = newest(docs, "model"), newest(docs, "peers")
+    rows = ["| model | format | bench | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
+            "|---|---|---|---|---|---|---|---|"]
+    order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
+    for key in sorted(set(models) | set(peers), key=lambda k: (str(k[0]), str(k[2]), order.get(k[1], 9))):
+        m, p = models.get(key), peers.get(key)
+        kipp = f"{m[0]['median']:.2f}" if m else "-"
+        share = fmt_share(m[0]) if m else "-"
+        llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run"
+        ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
+        files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
+        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {kipp} | {share} | {llama} | {ratio} | {files} |")
+    cpus = sorted({d.get("cpu", {}).get("model", "") for d in docs if d.get("kind") == "peers"} - {""})
+    note = f"\nPeers measured on: {'; '.join(cpus)}.\n" if cpus else "\n"
+    return "\n".join(rows) + "\n" + note
+
+
+def rewrite_readme(path: Path, docs: list[dict]) -> None:
+    """Replace the text between the perf-table markers in path; SystemExit when they are missing."""
+    begin, end = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+    text = path.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"report.py: {path} has no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(head + begin + "\n" + readme_table(docs) + end + tail)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--out", type=Path, default=None, help="default: <results>/report.png")
+    ap.add_argument("--readme", type=Path, default=None, help="rewrite the perf table between the markers in this file")
     args = ap.parse_args()
     out = args.out or args.results / "report.png"
     docs = load_docs(args.results)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 6))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(21, 6))
     lines = plot_models(a1, docs)
     points = plot_roofline(a2, docs)
+    plot_peers(a3, docs)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     print(f"report.py: wrote {out} ({len(docs)} result files, {lines} model series, {points} roofline points)")
+    if args.readme:
+        rewrite_readme(args.readme, docs)
+        print(f"report.py: rewrote the perf table in {args.readme}")
     return 0
 
 

