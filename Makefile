@@ -57,6 +57,19 @@ $(BUILD)/libkipp.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Progress bars only when stdout is a terminal.
+QUIET_IF_PIPE = $$([ -t 1 ] || echo --quiet)
+
+# `kipp --version` (cli/kipp.c): version, commit and build flags, recompiled when they change.
+KIPP_VERSION_STR := 0.1.0
+GIT_SHA    := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+VERSION_DEFS := -DKIPP_VERSION='"$(KIPP_VERSION_STR)"' -DKIPP_GIT_SHA='"$(GIT_SHA)"' -DKIPP_BUILD_FLAGS='"$(CC) -std=c11 $(CFLAGS) $(SAN)"'
+$(BUILD)/cli/kipp.o: CPPFLAGS += $(VERSION_DEFS)
+$(BUILD)/cli/kipp.o: $(BUILD)/version.stamp
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(@D); echo '$(VERSION_DEFS)' | cmp -s - $@ || echo '$(VERSION_DEFS)' > $@
+FORCE:
+
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -95,12 +108,20 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
-models-test: $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+# A model file is trusted by its content, not its time stamp: each build records
+# the GGUF's sha256 beside it, and one that no longer matches (overwritten by
+# something newer) is deleted here so the rule below rebuilds it.
+models-test:
+	@for m in $(TEST_MODELS); do f=$(BUILD)/models/$$m.gguf; \
+	  if [ -e $$f ] && ! (cd $(BUILD)/models && sha256sum --status -c $$m.gguf.sha256 2>/dev/null); then \
+	    echo "models-test: $$f does not match its recorded sha256: rebuilding it"; rm -f $$f; fi; done
+	@$(MAKE) --no-print-directory $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
 
-$(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py
+$(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py tools/safe_io.py
 	@mkdir -p $(@D)
-	$(PYTHON) tools/make_checkpoint.py --checkpoint $* --out $(BUILD)/models/$* --quiet
-	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quiet
+	$(PYTHON) tools/make_checkpoint.py --checkpoint $* --out $(BUILD)/models/$* $(QUIET_IF_PIPE)
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ $(QUIET_IF_PIPE)
+	cd $(@D) && sha256sum $*.gguf > $*.gguf.sha256
 
 test: all models-test
 	tests/run_tests.sh

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "engine/internal.h"
+#include "engine/safe_io.h"
 
 static double now_s(void)
 {
@@ -99,10 +100,21 @@ int main(int argc, char **argv)
         }
         if (r >= 0) t[r] = now_s() - t0;
     }
-    FILE *fo = ids_out ? fopen(ids_out, "wb") : NULL; /* u32 little-endian, for the HF cross-check */
-    if (fo) {
-        fwrite(ids, sizeof *ids, n_ids, fo);
-        fclose(fo);
+    if (ids_out) { /* u32 little-endian, for the HF cross-check; never over an input */
+        const char *inputs[] = {model_path, corpus};
+        kipp_outfile of;
+        int wrc = kipp_outfile_open(&of, ids_out, inputs, 2, err, sizeof err);
+        if (!wrc && fwrite(ids, sizeof *ids, n_ids, of.f) != n_ids) {
+            kipp_outfile_abort(&of);
+            snprintf(err, sizeof err, "cannot write --ids-out %s", ids_out);
+            wrc = -1;
+        } else if (!wrc) {
+            wrc = kipp_outfile_commit(&of, err, sizeof err);
+        }
+        if (wrc) {
+            fprintf(stderr, "bench_tokenizer: %s\n", err);
+            return 1;
+        }
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);

@@ -197,8 +197,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kipp_profile: cannot create %s\n", out);
         return 1;
     }
-    if (json_dump_file(doc, path, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0) {
-        fprintf(stderr, "kipp_profile: cannot write %s\n", path);
+    char werr[700];
+    if (kipp_json_write_file(doc, path, JSON_INDENT(1) | JSON_REAL_PRECISION(6), NULL, 0, werr, sizeof werr)) {
+        fprintf(stderr, "kipp_profile: %s\n", werr);
         return 1;
     }
     char *s = json_dumps(doc, JSON_INDENT(1) | JSON_REAL_PRECISION(5));

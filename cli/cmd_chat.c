@@ -123,7 +123,7 @@ static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_ge
     fputc('\n', stdout);
     fflush(stdout);
     if (rc) {
-        fprintf(stderr, "kipp chat: %s%s (turn dropped; /reset starts over)\n", err[0] ? err : kipp_strerror(rc),
+        cli_errorf("chat", "%s%s (turn dropped; /reset starts over)", err[0] ? err : kipp_strerror(rc),
                 cli_gen_hint(rc));
         if (c->n_msgs && c->msgs[c->n_msgs - 1].role == KIPP_ROLE_USER) chat_pop(c);
     } else {
@@ -182,8 +182,8 @@ static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o, floa
             kipp_session_reset(s);
             fprintf(stderr, "kipp chat: conversation reset\n");
         } else if (k == LINE_BAD) {
-            fprintf(stderr, "kipp chat: unknown command '%s', expected /reset or /exit "
-                            "(start a message with // to send a leading '/')\n", line);
+            cli_errorf("chat", "unknown command '%s', expected /reset or /exit "
+                               "(start a message with // to send a leading '/')", line);
             failed = 1;
         } else if (k == LINE_MESSAGE && chat_turn(m, s, &c, o, logits, &rng, msg)) {
             failed = 1; /* reported; the chat goes on, the exit status remembers */
@@ -218,7 +218,7 @@ int cmd_chat(int argc, char **argv)
     char err[512];
     float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     if (kipp_session_create(m, cap, &s, err, sizeof err)) {
-        fprintf(stderr, "kipp chat: %s\n", err);
+        cli_errorf("chat", "%s", err);
         rc = 1;
     } else if (!logits) {
         fprintf(stderr, "kipp chat: out of memory\n");

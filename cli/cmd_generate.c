@@ -20,6 +20,7 @@
 
 #include "cli/cli.h"
 #include "cli/generate.h"
+#include "engine/safe_io.h"
 
 double cli_now(void)
 {
@@ -34,7 +35,7 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
     char err[512];
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "kipp %s: %s\n", cmd, err);
+        cli_errorf(cmd, "%s", err);
         return rc == KIPP_EBACKEND ? 2 : 1;
     }
     kipp_model_info info;
@@ -65,7 +66,7 @@ const char *cli_gen_hint(int rc)
 
 void cli_gen_report(const char *cmd, int rc, const char *err)
 {
-    fprintf(stderr, "kipp %s: %s%s\n", cmd, err && err[0] ? err : kipp_strerror(rc), cli_gen_hint(rc));
+    cli_errorf(cmd, "%s%s", err && err[0] ? err : kipp_strerror(rc), cli_gen_hint(rc));
 }
 
 int cli_gen_tokenize(kipp_model *m, const char *text, uint32_t **ids, size_t *n, char *err, size_t errlen)
@@ -217,7 +218,7 @@ static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, ch
     kipp_chat_options co = {1, o->think, NULL};
     int rc = kipp_chat_render(m, &msg, 1, &co, out, err, sizeof err);
     if (!rc) return 0;
-    fprintf(stderr, "kipp %s: --chat: %s\n", cmd, err);
+    cli_errorf(cmd, "--chat: %s", err);
     return rc == KIPP_ENOTSUP ? 2 : 1;
 }
 
@@ -228,11 +229,11 @@ static int prepare(const char *cmd, const cli_gen_opts *o, kipp_model **m, uint3
     int rc = cli_gen_open(cmd, o, m);
     if (!rc) rc = prompt_text(cmd, *m, o, &text);
     if (!rc && cli_gen_tokenize(*m, text, ids, n, err, sizeof err)) {
-        fprintf(stderr, "kipp %s: tokenizing the prompt: %s\n", cmd, err);
+        cli_errorf(cmd, "tokenizing the prompt: %s", err);
         rc = 1;
     }
     if (!rc && *n == 0) {
-        fprintf(stderr, "kipp %s: --prompt '%s' gives 0 tokens, expected at least 1\n", cmd, o->prompt);
+        cli_errorf(cmd, "--prompt '%s' gives 0 tokens, expected at least 1", o->prompt);
         rc = 2;
     }
     free(text);
@@ -249,7 +250,7 @@ static int session_for(const char *cmd, kipp_model *m, uint64_t ctx, uint64_t wa
     if (ctx) want = ctx;
     uint32_t cap = want < info.context_length ? (uint32_t)want : info.context_length;
     if (kipp_session_create(m, cap, s, err, sizeof err) == 0) return 0;
-    fprintf(stderr, "kipp %s: %s\n", cmd, err);
+    cli_errorf(cmd, "%s", err);
     return 1;
 }
 
@@ -303,20 +304,27 @@ int cmd_generate(int argc, char **argv)
     return rc;
 }
 
-/* Raw little-endian float32, byte by byte so the file is the same on any host. */
-static int write_f32le(const char *path, const float *x, size_t n)
+/* Raw little-endian float32, byte by byte so the file is the same on any host;
+ * written through a temporary file and refused over the model (engine/safe_io.h). */
+static int write_f32le(const char *path, const char *model, const float *x, size_t n, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
+    kipp_outfile of;
+    int rc = kipp_outfile_open(&of, path, &model, 1, err, errlen);
+    if (rc) return rc;
     int ok = 1;
     for (size_t i = 0; i < n && ok; i++) {
         uint32_t u;
         memcpy(&u, &x[i], 4);
         unsigned char b[4] = {(unsigned char)u, (unsigned char)(u >> 8), (unsigned char)(u >> 16),
                               (unsigned char)(u >> 24)};
-        ok = fwrite(b, 1, 4, f) == 4;
+        ok = fwrite(b, 1, 4, of.f) == 4;
     }
-    return (fclose(f) == 0 && ok) ? 0 : -1;
+    if (!ok) {
+        kipp_outfile_abort(&of);
+        snprintf(err, errlen, "cannot write output '%s': %s", path, strerror(errno));
+        return KIPP_EIO;
+    }
+    return kipp_outfile_commit(&of, err, errlen);
 }
 
 int cmd_logits(int argc, char **argv)
@@ -328,6 +336,11 @@ int cmd_logits(int argc, char **argv)
     uint32_t *ids = NULL;
     size_t n = 0;
     kipp_session *s = NULL;
+    char oerr[512];
+    if (kipp_out_check(o.out, (const char *const *)&o.model, 1, oerr, sizeof oerr)) {
+        cli_errorf("logits", "--out: %s", oerr); /* before any work */
+        return 2;
+    }
     rc = prepare("logits", &o, &m, &ids, &n);
     if (!rc) rc = session_for("logits", m, 0, n, &s);
     if (!rc) {
@@ -337,10 +350,10 @@ int cmd_logits(int argc, char **argv)
         char err[512] = "";
         int erc = logits ? kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err) : KIPP_ENOMEM;
         if (erc) cli_gen_report("logits", erc, err);
-        else if (write_f32le(o.out, logits, info.vocab_size))
-            fprintf(stderr, "kipp logits: cannot write --out '%s': %s\n", o.out, strerror(errno)), erc = 1;
+        else if (write_f32le(o.out, o.model, logits, info.vocab_size, err, sizeof err))
+            cli_errorf("logits", "--out: %s", err), erc = 1;
         else
-            fprintf(stderr, "kipp logits: %zu prompt tokens, wrote %u float32 to %s\n", n, info.vocab_size, o.out);
+            cli_errorf("logits", "%zu prompt tokens, wrote %u float32 to %s", n, info.vocab_size, o.out);
         rc = erc ? 1 : 0;
         free(logits);
     }

@@ -65,7 +65,7 @@ static int print_kernels(const char *path)
     kipp_model *m;
     int rc = kipp_model_open(path, "cpu", NULL, &m, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "kipp inspect: --kernels: %s\n", err);
+        cli_errorf("inspect", "--kernels: %s", err);
         return 1;
     }
     char report[4096];
@@ -89,8 +89,7 @@ int cmd_inspect(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--kernels")) kernels = 1;
         else if (argv[i][0] == '-' || path) {
-            fprintf(stderr, "kipp inspect: unexpected argument '%s' (usage: kipp inspect FILE.gguf "
-                            "[--kernels])\n", argv[i]);
+            cli_errorf("inspect", "unexpected argument '%s' (usage: kipp inspect FILE.gguf [--kernels])", argv[i]);
             return 2;
         } else path = argv[i];
     }
@@ -101,7 +100,7 @@ int cmd_inspect(int argc, char **argv)
     char err[512];
     kipp_model *m;
     if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
-        fprintf(stderr, "kipp inspect: %s\n", err);
+        cli_errorf("inspect", "%s", err);
         return 1;
     }
     print_header(m);
