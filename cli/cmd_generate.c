@@ -22,6 +22,8 @@
 #include "cli/generate.h"
 #include "engine/safe_io.h"
 
+volatile sig_atomic_t cli_interrupted = 0;
+
 double cli_now(void)
 {
     struct timespec ts;
@@ -69,9 +71,10 @@ void cli_gen_report(const char *cmd, int rc, const char *err)
     cli_errorf(cmd, "%s%s", err && err[0] ? err : kipp_strerror(rc), cli_gen_hint(rc));
 }
 
-int cli_gen_tokenize(kipp_model *m, const char *text, uint32_t **ids, size_t *n, char *err, size_t errlen)
+int cli_gen_tokenize(kipp_model *m, const char *text, size_t len, uint32_t **ids, size_t *n, char *err,
+                     size_t errlen)
 {
-    size_t len = strlen(text), cap = len + 16; /* byte-level BPE: at most a token per byte */
+    size_t cap = len + 16; /* byte-level BPE: at most a token per byte */
     *ids = malloc(cap * sizeof **ids);
     if (!*ids) return KIPP_ENOMEM;
     int rc = kipp_tokenize(m, text, len, KIPP_TOK_SPECIAL, *ids, cap, n, err, errlen);
@@ -143,8 +146,8 @@ static int sample_next(const cli_gen_opts *o, const float *logits, uint32_t voca
 }
 
 int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits, kipp_rng *rng,
-                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, cli_reply_stats *st, char *err,
-                   size_t errlen)
+                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len_out, cli_reply_stats *st,
+                   char *err, size_t errlen)
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
@@ -155,6 +158,10 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
     if (text) rc = rc ? rc : append_text(text, &text_len, "", 0);
     while (!rc) {
         uint32_t tok;
+        if (cli_interrupted) {
+            st->interrupted = 1;
+            break;
+        }
         rc = sample_next(o, logits, info.vocab_size, hist, n_hist, rng, &tok, err, errlen);
         if (rc) break;
         if (st->n_generated == 0) st->t_first = cli_now() - st->t_start;
@@ -183,6 +190,7 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
     }
     kipp_detok_stream_destroy(ds);
     free(hist);
+    if (text_len_out) *text_len_out = text_len;
     if (rc == KIPP_ENOMEM && err && !*err) snprintf(err, errlen, "out of memory while generating");
     return rc;
 }
@@ -196,7 +204,8 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
     fprintf(stderr,
             "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.1f tok/s, decode %.1f tok/s, "
             "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu\n",
-            cmd, n_prompt, st->n_generated, st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
+            cmd, n_prompt, st->n_generated,
+            st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
             t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, dec, st->t_first * 1e3,
             (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed);
     if (st->full)
@@ -207,16 +216,17 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
 /* ---- kipp generate / kipp logits ---- */
 
 /* The text to tokenize: the prompt itself, or one rendered user turn with --chat. */
-static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, char **out)
+static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, char **out, size_t *len)
 {
     char err[512];
     if (!o->chat) {
-        *out = strdup(o->prompt);
+        *out = strdup(o->prompt); /* argv: NUL-terminated by construction */
+        *len = *out ? strlen(*out) : 0;
         return *out ? 0 : 1;
     }
-    kipp_chat_message msg = {KIPP_ROLE_USER, o->prompt, NULL, NULL, 0};
+    kipp_chat_message msg = {.role = KIPP_ROLE_USER, .content = o->prompt};
     kipp_chat_options co = {1, o->think, NULL};
-    int rc = kipp_chat_render(m, &msg, 1, &co, out, err, sizeof err);
+    int rc = kipp_chat_render_n(m, &msg, 1, &co, out, len, err, sizeof err);
     if (!rc) return 0;
     cli_errorf(cmd, "--chat: %s", err);
     return rc == KIPP_ENOTSUP ? 2 : 1;
@@ -226,9 +236,10 @@ static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, ch
 static int prepare(const char *cmd, const cli_gen_opts *o, kipp_model **m, uint32_t **ids, size_t *n)
 {
     char *text = NULL, err[512] = "";
+    size_t len = 0;
     int rc = cli_gen_open(cmd, o, m);
-    if (!rc) rc = prompt_text(cmd, *m, o, &text);
-    if (!rc && cli_gen_tokenize(*m, text, ids, n, err, sizeof err)) {
+    if (!rc) rc = prompt_text(cmd, *m, o, &text, &len);
+    if (!rc && cli_gen_tokenize(*m, text, len, ids, n, err, sizeof err)) {
         cli_errorf(cmd, "tokenizing the prompt: %s", err);
         rc = 1;
     }
@@ -277,7 +288,7 @@ static int run_generate(const cli_gen_opts *o, kipp_model *m, const uint32_t *id
     st.t_start = cli_now();
     int rc = logits ? kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err) : KIPP_ENOMEM;
     double t_prefill = cli_now() - st.t_start;
-    if (!rc) rc = cli_gen_stream(m, s, o, logits, &rng, stdout, &gen, &n_gen, NULL, &st, err, sizeof err);
+    if (!rc) rc = cli_gen_stream(m, s, o, logits, &rng, stdout, &gen, &n_gen, NULL, NULL, &st, err, sizeof err);
     fputc('\n', stdout);
     fflush(stdout);
     if (rc) cli_gen_report("generate", rc, err);

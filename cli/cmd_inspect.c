@@ -14,14 +14,26 @@
 
 #include "cli/cli.h"
 #include "engine/kipp.h"
+#include "engine/safe_io.h"
+
+/* prefix, s escaped for the terminal (engine/safe_io.h), suffix */
+static void print_str(const char *prefix, const char *s, const char *suffix)
+{
+    fputs(prefix, stdout);
+    if (s) kipp_fput_escaped(stdout, s, strlen(s));
+    fputs(suffix, stdout);
+}
 
 static void print_header(const kipp_model *m)
 {
     kipp_model_info in;
     kipp_model_get_info(m, &in);
-    printf("checkpoint      %s\n", in.checkpoint_id);
-    printf("source          %s@%s\n", in.repository, in.revision);
-    printf("quant scheme    %s\n", in.quant);
+    /* Strings are escaped too: the loader matched them to the registry, but this
+     * command's output must stay safe for any file it can print. */
+    print_str("checkpoint      ", in.checkpoint_id, "\n");
+    print_str("source          ", in.repository, "@");
+    print_str("", in.revision, "\n");
+    print_str("quant scheme    ", in.quant, "\n");
     printf("variant         %s chat template\n", in.has_chat ? "with" : "without");
     printf("d_model         %u\n", in.d_model);
     printf("n_layer         %u\n", in.n_layer);
@@ -50,7 +62,9 @@ static void print_tensors(const kipp_model *m)
             snprintf(shape, sizeof shape, "[%llu][%llu]", (unsigned long long)t.rows, (unsigned long long)t.cols);
         else
             snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)t.cols);
-        printf("%-28.*s %-5s %-16s %12llu %12llu\n", (int)t.name_len, t.name, t.type_name, shape,
+        char name[1024]; /* file-derived: escaped (engine/safe_io.h), cut to the buffer */
+        kipp_text_escape(t.name, t.name_len, name, sizeof name);
+        printf("%-28s %-5s %-16s %12llu %12llu\n", name, t.type_name, shape,
                (unsigned long long)t.nbytes, (unsigned long long)t.file_offset);
     }
     printf("\n%llu tensors, %llu weight bytes (%.2f MiB), file %llu bytes, data at %llu\n",

@@ -32,7 +32,7 @@ from typing import BinaryIO, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
-from safe_io import SameFileError, atomic_output, refuse_same_file  # noqa: E402
+from safe_io import SameFileError, atomic_output, refuse_same_file, term_escape  # noqa: E402
 
 ALIGNMENT = 64               # docs/FORMAT.md: one cache line, one zmm load
 FORMAT_VERSION = 1           # kipp.format_version
@@ -593,7 +593,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         n = convert(c, args.input, args.out, args.quant, args.quiet)
     except (ConvertError, SameFileError, OSError) as e:
-        print(f"convert_to_gguf: {e}", file=sys.stderr)
+        print(f"convert_to_gguf: {term_escape(str(e))}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(f"convert_to_gguf: wrote {args.out} ({n} tensors, {c.id}, {args.quant})")

@@ -350,7 +350,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"make_checkpoint: {e.args[0]}", file=sys.stderr)
         return 1
     except (UserError, safe_io.SameFileError, OSError) as e:
-        print(f"make_checkpoint: {e}", file=sys.stderr)
+        print(f"make_checkpoint: {safe_io.term_escape(str(e))}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(f"make_checkpoint: wrote {len(files)} files of {c.id} into {args.out}")

@@ -93,3 +93,21 @@ def parse_names(text: str, known: Sequence[str], flag: str) -> list[str]:
             raise ValueError(f"{flag} '{text}': unknown name '{n}'; expected a comma-separated list of "
                              + ", ".join(known))
     return names
+
+
+def term_escape(text: str) -> str:
+    """text with control characters (C0, DEL, C1) and lone surrogates from undecodable
+    bytes written as \\xNN / \\uNNNN (and \\n \\r \\t as such), so file-derived text
+    printed in a message cannot drive the terminal (engine/safe_io.h does the same)."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif o < 0x20 or o == 0x7F or 0x80 <= o <= 0x9F:
+            out.append(f"\\x{o:02x}")
+        elif 0xD800 <= o <= 0xDFFF:  # surrogateescape'd byte of invalid UTF-8
+            out.append(f"\\x{o - 0xDC00:02x}" if o >= 0xDC80 else f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
