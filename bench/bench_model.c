@@ -297,6 +297,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
+    kipp_mapped_file_guard(path);
     int rc = kipp_model_open(path, o->backend, &mo, &m, err, errlen);
     if (rc) return rc;
     printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);

@@ -113,6 +113,7 @@ int cmd_inspect(int argc, char **argv)
     }
     char err[512];
     kipp_model *m;
+    kipp_mapped_file_guard(path);
     if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
         cli_errorf("inspect", "%s", err);
         return 1;

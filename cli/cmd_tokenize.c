@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "engine/kipp.h"
 #include "engine/kipp_checkpoints.h"
+#include "engine/safe_io.h"
 
 typedef struct {
     const char *model, *text, *file, *ids;
@@ -135,6 +136,7 @@ static kipp_model *open_model(const char *cmd, const char *path)
 {
     char err[512];
     kipp_model *m = NULL;
+    kipp_mapped_file_guard(path);
     if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
         cli_errorf(cmd, "%s", err);
         return NULL;

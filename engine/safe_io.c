@@ -1,6 +1,7 @@
 /* safe_io.c - output files written through tmp + rename, refused over an input;
  * escaping of file-derived text for the terminal (engine/safe_io.h). */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -150,4 +151,72 @@ void kipp_fput_escaped(FILE *f, const char *p, size_t n)
         fwrite(buf, 1, k < sizeof buf ? k : sizeof buf - 1, f);
         i += m;
     }
+}
+
+/* ---- SIGBUS on a mapped file that shrank ---- */
+
+#define GUARD_MAX 8
+#define GUARD_PATH 1024
+static char guard_paths[GUARD_MAX][GUARD_PATH];
+static long long guard_sizes[GUARD_MAX];
+static volatile sig_atomic_t guard_n;
+
+static void w(const char *s) { ssize_t r = write(2, s, strlen(s)); (void)r; }
+
+/* Decimal of v into a static-free buffer: async-signal-safe. */
+static void w_num(long long v)
+{
+    char b[24];
+    int i = sizeof b;
+    b[--i] = 0;
+    if (v < 0) v = 0;
+    do b[--i] = (char)('0' + v % 10); while ((v /= 10) && i > 0);
+    w(b + i);
+}
+
+static void on_sigbus(int sig)
+{
+    (void)sig;
+    /* Only async-signal-safe calls here: write, stat, _exit. */
+    w("kipp: fatal: a memory-mapped model file changed under the process (SIGBUS): ");
+    int named = 0;
+    for (int i = 0; i < guard_n; i++) {
+        struct stat st;
+        int gone = stat(guard_paths[i], &st) != 0;
+        if (!gone && (long long)st.st_size >= guard_sizes[i]) continue;
+        w(named++ ? "; '" : "'");
+        w(guard_paths[i]);
+        w("' was ");
+        w_num(guard_sizes[i]);
+        w(" bytes when opened and is ");
+        if (gone) w("gone"); else { w_num((long long)st.st_size); w(" bytes now"); }
+    }
+    if (!named) {
+        for (int i = 0; i < guard_n; i++) {
+            w(i ? ", '" : "one of '");
+            w(guard_paths[i]);
+            w("'");
+        }
+    }
+    w(". Kipp maps model files read-only and needs them unchanged while it runs: do not truncate or "
+      "rewrite a model in place (write a new file and rename it). Stopping.\n");
+    _exit(1);
+}
+
+int kipp_mapped_file_guard(const char *path)
+{
+    if (guard_n == 0) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigbus;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, NULL);
+    }
+    if (guard_n >= GUARD_MAX) return -1;
+    struct stat st;
+    int i = guard_n;
+    snprintf(guard_paths[i], GUARD_PATH, "%s", path);
+    guard_sizes[i] = stat(path, &st) == 0 ? (long long)st.st_size : 0;
+    guard_n = i + 1;
+    return 0;
 }

@@ -64,4 +64,14 @@ size_t kipp_text_escape(const char *p, size_t n, char *out, size_t cap);
 /** fputs of kipp_text_escape(p, n) without a size limit. */
 void kipp_fput_escaped(FILE *f, const char *p, size_t n);
 
+/**
+ * For programs (kipp, kipp-bench), never called by the library itself: remember
+ * path as a file that is memory-mapped, and on the first call install a SIGBUS
+ * handler. A mapped file that shrinks under the process (truncated or rewritten
+ * in place by another program) raises SIGBUS on the next access to a lost page;
+ * the handler then writes one line naming the file(s) and its size now, and
+ * ends the process with status 1 instead of dying of the signal. Returns 0, or
+ * -1 when more than 8 files are registered (the extra one is not named).
+ */
+int kipp_mapped_file_guard(const char *path);
 #endif
