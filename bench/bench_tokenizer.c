@@ -60,6 +60,11 @@ int main(int argc, char **argv)
     int reps = 5, warmup = 1, flags = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: bench_tokenizer --model F.gguf (--corpus FILE | --repeat STR --bytes N) "
+                   "[--reps 1..1000] [--warmup N] [--special] [--ids-out FILE]\n");
+            return 0;
+        }
         if (!strcmp(a, "--special")) { flags = KIPP_TOK_SPECIAL; continue; }
         if (!v) { fprintf(stderr, "bench_tokenizer: %s needs a value\n", a); return 2; }
         i++;

@@ -143,6 +143,12 @@ int main(int argc, char **argv)
     const char *out = "profiles";
     size_t mib = 512;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: kipp_profile [--out DIR] [--buffer-mib N]\n"
+                   "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>.json "
+                   "(default profiles/)\n");
+            return 0;
+        }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--buffer-mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
         else return usage(argv[i]);

@@ -105,9 +105,10 @@ def main() -> int:
     args = ap.parse_args()
 
     try:
-        models = [m for arg in args.model for m in parse_names(arg, sorted(BENCH_MODELS), "--model")] \
+        models = [m for arg in args.model for m in parse_names(arg, sorted(BENCH_MODELS), "--model",
+                                                        "synthetic benchmark shape")] \
             or list(DEFAULT_MODELS)
-        parse_names(args.bench, BENCH_NAMES, "--bench")
+        parse_names(args.bench, BENCH_NAMES, "--bench", "benchmark")
     except ValueError as e:
         ap.error(str(e))
     models.sort(key=lambda m: DEFAULT_MODELS.index(m) if m in DEFAULT_MODELS else -1)  # 4B last

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # install_deps.sh - Debian and PyPI packages Kipp needs to build, test and bench.
 #
-#   tools/install_deps.sh [--reference]
+# usage: tools/install_deps.sh [--reference] [--help]
 #
 # Debian packages: only the missing ones are installed (one dpkg-query call
 # finds them). When another process holds the apt/dpkg locks (unattended

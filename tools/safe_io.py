@@ -84,13 +84,13 @@ def copy_file(src: os.PathLike | str, dst: os.PathLike | str) -> None:
             f.write(block)
 
 
-def parse_names(text: str, known: Sequence[str], flag: str) -> list[str]:
+def parse_names(text: str, known: Sequence[str], flag: str, what: str = "name") -> list[str]:
     """Split a comma-separated option value into names, each exactly one of known;
-    raise ValueError naming the unknown one and the known ones."""
+    raise ValueError naming the unknown one (as `what`) and the known ones."""
     names = [n.strip() for n in text.split(",")]
     for n in names:
         if n not in known:
-            raise ValueError(f"{flag} '{text}': unknown name '{n}'; expected a comma-separated list of "
+            raise ValueError(f"{flag} '{text}': unknown {what} '{n}'; expected a comma-separated list of "
                              + ", ".join(known))
     return names
 
