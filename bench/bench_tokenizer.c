@@ -53,6 +53,14 @@ static char *load_input(const char *corpus, const char *repeat, size_t want, siz
     return s;
 }
 
+/* "bench_tokenizer: err" with file-derived text escaped (engine/safe_io.h). */
+static void report(const char *err)
+{
+    fputs("bench_tokenizer: ", stderr);
+    kipp_fput_escaped(stderr, err, strlen(err));
+    fputc('\n', stderr);
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *corpus = NULL, *repeat = NULL, *ids_out = NULL;
@@ -85,7 +93,7 @@ int main(int argc, char **argv)
     char err[512];
     kipp_model *m = NULL;
     if (kipp_model_load(model_path, &m, err, sizeof err)) {
-        fprintf(stderr, "bench_tokenizer: %s\n", err);
+        report(err);
         return 1;
     }
     size_t len = 0, n_ids = 0;
@@ -100,7 +108,7 @@ int main(int argc, char **argv)
     for (int r = -warmup; r < reps; r++) {
         double t0 = now_s();
         if (kipp_tokenize(m, text, len, flags, ids, len + 1, &n_ids, err, sizeof err)) {
-            fprintf(stderr, "bench_tokenizer: %s\n", err);
+            report(err);
             return 1;
         }
         if (r >= 0) t[r] = now_s() - t0;
@@ -117,7 +125,7 @@ int main(int argc, char **argv)
             wrc = kipp_outfile_commit(&of, err, sizeof err);
         }
         if (wrc) {
-            fprintf(stderr, "bench_tokenizer: %s\n", err);
+            report(err);
             return 1;
         }
     }

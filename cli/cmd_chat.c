@@ -19,7 +19,14 @@
  * use it as the oracle that KV reuse must reproduce exactly.
  *
  * stdout carries only the replies (one line per turn end); prompts and the
- * per-turn statistics go to stderr, so the command can be driven by a pipe.
+ * per-turn statistics go to stderr, so the command can be driven by a pipe. A
+ * turn dropped before its reply starts (context full) writes nothing to stdout.
+ *
+ * Lines keep the length getline returns: a NUL byte is text (docs/TOKENIZER.md).
+ * Ctrl-C (SIGINT) during a reply stops it at the next token; the timings line
+ * says "interrupted" and the conversation, with the partial reply, is kept.
+ * Ctrl-C at the prompt prints a hint; a second one in a row exits (status as for
+ * /exit). Ctrl-D (end of input) ends the "> " line with a newline and exits.
  */
 #include <ctype.h>
 #include <errno.h>

@@ -93,6 +93,7 @@ static void usage(const char *cmd, FILE *f)
     fprintf(f, "usage: kipp %s [OPTIONS]%s\n\noptions:\n", cmd,
             bit == C_CHAT ? " < MESSAGES\n  reads one user message per line; /reset clears the conversation,\n"
                             "  /exit (or end of input) quits, a leading // sends a literal '/';\n"
+                            "  Ctrl-C stops a reply, a second Ctrl-C at the empty prompt quits;\n"
                             "  exit status 1 when any turn failed or a line was rejected"
                           : "");
     for (size_t i = 0; i < N_OPTS; i++)
