@@ -4,7 +4,11 @@
 # one binary runs on any x86-64 and picks kernels at run time (kernels/common.h).
 
 CC       ?= cc
-PYTHON   ?= python3
+# Python tools run in the project's virtual environment, made by tools/install_deps.sh
+# (`make deps`); the order-only prerequisite $(VENV_PY) makes it when missing.
+VENV_PY  := .venv/bin/python
+PYTHON   ?= $(VENV_PY)
+export PYTHON
 BUILD    ?= build
 BACKEND  ?= cpu
 MODEL    ?=
@@ -30,7 +34,7 @@ LIB_SRC   := $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c)
 # kcheck links the kernels-only library plus the pool and the bench harness (no tokenizer, no engine).
-KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/backends/cpu/cpu_threadpool.o $(BUILD)/engine/util.o $(BUILD)/libkipp_kernels.a
+KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/backends/cpu/cpu_threadpool.o $(BUILD)/engine/util.o $(BUILD)/engine/safe_io.o $(BUILD)/libkipp_kernels.a
 CLI_SRC   := $(wildcard cli/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
@@ -73,6 +77,19 @@ $(BUILD)/bin/kcheck: $(KCHECK_SRC:%.c=$(BUILD)/%.o) $(KCHECK_DEP)
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
+# Progress bars only when stdout is a terminal.
+QUIET_IF_PIPE = $$([ -t 1 ] || echo --quiet)
+
+# `kipp --version` (cli/kipp.c): version, commit and build flags, recompiled when they change.
+KIPP_VERSION_STR := 0.1.0
+GIT_SHA    := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+VERSION_DEFS := -DKIPP_VERSION='"$(KIPP_VERSION_STR)"' -DKIPP_GIT_SHA='"$(GIT_SHA)"' -DKIPP_BUILD_FLAGS='"$(CC) -std=c11 $(CFLAGS) $(SAN)"'
+$(BUILD)/cli/kipp.o: CPPFLAGS += $(VERSION_DEFS)
+$(BUILD)/cli/kipp.o: $(BUILD)/version.stamp
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(@D); echo '$(VERSION_DEFS)' | cmp -s - $@ || echo '$(VERSION_DEFS)' > $@
+FORCE:
+
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -100,6 +117,9 @@ $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/libkipp.
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
+$(VENV_PY):
+	tools/install_deps.sh
+
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
 
@@ -108,14 +128,22 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
-models-test: $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+# A model file is trusted by its content, not its time stamp: each build records
+# the GGUF's sha256 beside it, and one that no longer matches (overwritten by
+# something newer) is deleted here so the rule below rebuilds it.
+models-test: | $(VENV_PY)
+	@for m in $(TEST_MODELS); do f=$(BUILD)/models/$$m.gguf; \
+	  if [ -e $$f ] && ! (cd $(BUILD)/models && sha256sum --status -c $$m.gguf.sha256 2>/dev/null); then \
+	    echo "models-test: $$f does not match its recorded sha256: rebuilding it"; rm -f $$f; fi; done
+	@$(MAKE) --no-print-directory $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
 
-$(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py
+$(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py tools/safe_io.py
 	@mkdir -p $(@D)
-	$(PYTHON) tools/make_checkpoint.py --checkpoint $* --out $(BUILD)/models/$* --quiet
-	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quiet
+	$(PYTHON) tools/make_checkpoint.py --checkpoint $* --out $(BUILD)/models/$* $(QUIET_IF_PIPE)
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ $(QUIET_IF_PIPE)
+	cd $(@D) && sha256sum $*.gguf > $*.gguf.sha256
 
-test: all models-test
+test: all models-test | $(VENV_PY)
 	tests/run_tests.sh
 
 asan:
@@ -192,15 +220,19 @@ clean:
 
 help:
 	@echo "make            build libkipp.a, the kipp CLI, tests and kernel benchmarks"
+	@echo "make deps       install missing Debian packages and the Python tools' .venv (fast when nothing is missing)"
 	@echo "make demo       install deps, build, make + convert a synthetic checkpoint, generate text"
 	@echo "make test       build tiny synthetic models and run every test (ends 'N passed, N failed')"
+	@echo "make models-test   the tiny synthetic test models in build/models (rebuilt when their sha256 changes)"
 	@echo "make asan       the C tests under ASan+UBSan (clang)"
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
+	@echo "make bench-kernels     kernel microbenchmarks -> results/*.json (makes the machine profile first)"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
+	@echo "make report     draw results/report.png from results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
 	@echo "make cuda       compile the CUDA kernel units (kernels/cuda) where nvcc exists"
-	@echo "make clean"
+	@echo "make clean      remove build/ and build-asan/ (keeps .venv/)"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

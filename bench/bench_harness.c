@@ -3,6 +3,7 @@
  * kipp.bench.v1 result files (bench/harness.h, bench/README.md).
  */
 #include "bench/bench_harness.h"
+#include "engine/safe_io.h"
 
 #include "backends/cpu/cpu_threadpool.h"
 #include "kernels/common.h"
@@ -335,9 +336,18 @@ int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_
         return -1;
     }
     snprintf(path_out, path_len, "%s/%s-%s-%s-%s.json", dir, day, kipp_host_name(), tag, kipp_git_sha());
-    if (json_dump_file(doc, path_out, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0) {
-        set_err(err, errlen, "cannot write %s", path_out);
+    return kipp_json_write_file(doc, path_out, JSON_INDENT(1) | JSON_REAL_PRECISION(6), NULL, 0, err, errlen);
+}
+
+int kipp_json_write_file(json_t *doc, const char *path, size_t flags, const char *const *inputs, size_t n,
+                         char *err, size_t errlen)
+{
+    kipp_outfile of;
+    if (kipp_outfile_open(&of, path, inputs, n, err, errlen)) return -1;
+    if (json_dumpf(doc, of.f, flags) != 0 || fputc('\n', of.f) == EOF) {
+        kipp_outfile_abort(&of);
+        set_err(err, errlen, "cannot write %s", path);
         return -1;
     }
-    return 0;
+    return kipp_outfile_commit(&of, err, errlen) ? -1 : 0;
 }

@@ -111,4 +111,12 @@ json_t *kipp_result_add(json_t *doc, const char *name, const kipp_bench_stats *s
 int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_out,
                       size_t path_len, char *err, size_t errlen);
 
+/**
+ * Write doc as JSON (json_dumpf flags) to path through a temporary file and a
+ * rename (engine/safe_io.h), refusing a path that is the same file as one of
+ * inputs[n]. 0 or -1 with err naming the path.
+ */
+int kipp_json_write_file(json_t *doc, const char *path, size_t flags, const char *const *inputs, size_t n,
+                         char *err, size_t errlen);
+
 #endif

@@ -26,6 +26,7 @@
 #include "kernels/cpu/kernels.h"
 #include "bench/bench_harness.h"
 #include "engine/kipp.h"
+#include "engine/safe_io.h"
 
 #ifdef KIPP_HAVE_PAPI
 #include <papi.h>
@@ -45,7 +46,7 @@ typedef struct {
     const char *models[MAX_MODELS];
     int n_models;
     const char *backend;
-    char benches[128];
+    unsigned benches;  /* bit i: BENCH_NAMES[i] was asked for */
     int reps, warmup, threads;
     const char *profiles, *out;
 } options;
@@ -244,13 +245,37 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     return r;
 }
 
+/* The benchmarks --bench may name, in the order they run. */
+static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k"};
+#define N_BENCH_NAMES (sizeof BENCH_NAMES / sizeof BENCH_NAMES[0])
+
 static int wants(const options *o, const char *name)
 {
-    char buf[128];
-    snprintf(buf, sizeof buf, ",%s,", name);
-    char list[132];
-    snprintf(list, sizeof list, ",%s,", o->benches);
-    return strstr(list, buf) != NULL;
+    for (size_t i = 0; i < N_BENCH_NAMES; i++)
+        if (!strcmp(name, BENCH_NAMES[i])) return (o->benches >> i) & 1u;
+    return 0;
+}
+
+/* "--bench a,b": each comma-separated name must be one of BENCH_NAMES exactly;
+ * an unknown or empty one is named with the list of known ones. */
+static int parse_benches(const char *v, unsigned *mask)
+{
+    *mask = 0;
+    for (const char *p = v;;) {
+        size_t n = strcspn(p, ","), i;
+        for (i = 0; i < N_BENCH_NAMES; i++)
+            if (strlen(BENCH_NAMES[i]) == n && !strncmp(p, BENCH_NAMES[i], n)) break;
+        if (i == N_BENCH_NAMES) {
+            fprintf(stderr, "kipp-bench: --bench '%s': unknown benchmark '%.*s'; expected a comma-separated list of",
+                    v, (int)n, p);
+            for (i = 0; i < N_BENCH_NAMES; i++) fprintf(stderr, "%s %s", i ? "," : "", BENCH_NAMES[i]);
+            fputc('\n', stderr);
+            return -1;
+        }
+        *mask |= 1u << i;
+        if (!p[n]) return 0;
+        p += n + 1;
+    }
 }
 
 /* Model id from the path: basename without ".gguf" (matches the registry id
@@ -272,6 +297,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
+    kipp_mapped_file_guard(path);
     int rc = kipp_model_open(path, o->backend, &mo, &m, err, errlen);
     if (rc) return rc;
     printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);
@@ -329,9 +355,9 @@ out:
     return rc;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref] [--bench pp512,tg128,tg4k]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n");
 }
@@ -351,23 +377,28 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 static int parse_args(int argc, char **argv, options *o)
 {
     *o = (options){.backend = "cpu", .reps = 3, .warmup = 1, .profiles = "profiles", .out = "results"};
-    snprintf(o->benches, sizeof o->benches, "pp512,tg128,tg4k");
-    for (int i = 1; i < argc; i += 2) { /* every option takes one value */
+    o->benches = (1u << N_BENCH_NAMES) - 1;
+    for (int i = 1; i < argc; i += 2) { /* every option but --help takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
         if (!strcmp(a, "--model") && v) {
             if (o->n_models == MAX_MODELS) { fprintf(stderr, "kipp-bench: more than %d --model flags\n", MAX_MODELS); return -1; }
             o->models[o->n_models++] = v;
         }
         else if (!strcmp(a, "--backend") && v) o->backend = v;
-        else if (!strcmp(a, "--bench") && v) snprintf(o->benches, sizeof o->benches, "%s", v);
+        else if (!strcmp(a, "--bench") && v) { if (parse_benches(v, &o->benches)) return -1; }
         else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 64, &o->reps)) return -1; }
         else if (!strcmp(a, "--warmup")) { if (parse_int(a, v, 0, 16, &o->warmup)) return -1; }
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
-        else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(); return -1; }
+        else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(stderr); return -1; }
     }
-    if (o->n_models == 0) { fprintf(stderr, "kipp-bench: no --model given\n"); usage(); return -1; }
+    if (o->n_models == 0) {
+        fprintf(stderr, "kipp-bench: missing required option --model (expected a .gguf path)\n");
+        usage(stderr);
+        return -1;
+    }
     return 0;
 }
 
@@ -400,8 +431,9 @@ static int write_merged(json_t *doc, const options *o, char *err, size_t errlen)
         if (!replaced) json_array_append(res, r);
     }
     json_decref(old);
-    if (json_dump_file(doc, final, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) != 0) {
-        snprintf(err, errlen, "could not write %.400s; expected a writable results directory", final);
+    if (kipp_json_write_file(doc, final, JSON_INDENT(2) | JSON_REAL_PRECISION(6), o->models, (size_t)o->n_models,
+                             err, errlen)) {
+        remove(tmp_path);
         return -1;
     }
     remove(tmp_path);
@@ -424,7 +456,8 @@ int main(int argc, char **argv)
 {
     options o;
     char err[512] = "";
-    if (parse_args(argc, argv, &o)) return 2;
+    int prc = parse_args(argc, argv, &o);
+    if (prc) return prc > 0 ? 0 : 2; /* 1: --help printed */
     kipp_profile prof;
     memset(&prof, 0, sizeof prof);
     if (kipp_profile_load(&prof, o.profiles, err, sizeof err) || !prof.loaded)
@@ -450,7 +483,11 @@ int main(int argc, char **argv)
     int rc = 0;
     for (int i = 0; i < o.n_models && !rc; i++) {
         rc = bench_model(&o, o.models[i], &prof, results, err, sizeof err);
-        if (rc) fprintf(stderr, "kipp-bench: %s: %s\n", o.models[i], err);
+        if (rc) {
+            fprintf(stderr, "kipp-bench: %s: ", o.models[i]);
+            kipp_fput_escaped(stderr, err, strlen(err));
+            fputc('\n', stderr);
+        }
     }
     json_object_set_new(config, "load_avg_1min_at_end", json_real(load_average()));
     if (json_array_size(results) > 0 && write_merged(doc, &o, err, sizeof err)) {

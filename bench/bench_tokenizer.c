@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "engine/internal.h"
+#include "engine/safe_io.h"
 
 static double now_s(void)
 {
@@ -52,6 +53,14 @@ static char *load_input(const char *corpus, const char *repeat, size_t want, siz
     return s;
 }
 
+/* "bench_tokenizer: err" with file-derived text escaped (engine/safe_io.h). */
+static void report(const char *err)
+{
+    fputs("bench_tokenizer: ", stderr);
+    kipp_fput_escaped(stderr, err, strlen(err));
+    fputc('\n', stderr);
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *corpus = NULL, *repeat = NULL, *ids_out = NULL;
@@ -59,6 +68,11 @@ int main(int argc, char **argv)
     int reps = 5, warmup = 1, flags = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: bench_tokenizer --model F.gguf (--corpus FILE | --repeat STR --bytes N) "
+                   "[--reps 1..1000] [--warmup N] [--special] [--ids-out FILE]\n");
+            return 0;
+        }
         if (!strcmp(a, "--special")) { flags = KIPP_TOK_SPECIAL; continue; }
         if (!v) { fprintf(stderr, "bench_tokenizer: %s needs a value\n", a); return 2; }
         i++;
@@ -79,7 +93,7 @@ int main(int argc, char **argv)
     char err[512];
     kipp_model *m = NULL;
     if (kipp_model_load(model_path, &m, err, sizeof err)) {
-        fprintf(stderr, "bench_tokenizer: %s\n", err);
+        report(err);
         return 1;
     }
     size_t len = 0, n_ids = 0;
@@ -94,15 +108,26 @@ int main(int argc, char **argv)
     for (int r = -warmup; r < reps; r++) {
         double t0 = now_s();
         if (kipp_tokenize(m, text, len, flags, ids, len + 1, &n_ids, err, sizeof err)) {
-            fprintf(stderr, "bench_tokenizer: %s\n", err);
+            report(err);
             return 1;
         }
         if (r >= 0) t[r] = now_s() - t0;
     }
-    FILE *fo = ids_out ? fopen(ids_out, "wb") : NULL; /* u32 little-endian, for the HF cross-check */
-    if (fo) {
-        fwrite(ids, sizeof *ids, n_ids, fo);
-        fclose(fo);
+    if (ids_out) { /* u32 little-endian, for the HF cross-check; never over an input */
+        const char *inputs[] = {model_path, corpus};
+        kipp_outfile of;
+        int wrc = kipp_outfile_open(&of, ids_out, inputs, 2, err, sizeof err);
+        if (!wrc && fwrite(ids, sizeof *ids, n_ids, of.f) != n_ids) {
+            kipp_outfile_abort(&of);
+            snprintf(err, sizeof err, "cannot write --ids-out %s", ids_out);
+            wrc = -1;
+        } else if (!wrc) {
+            wrc = kipp_outfile_commit(&of, err, sizeof err);
+        }
+        if (wrc) {
+            report(err);
+            return 1;
+        }
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);

@@ -143,6 +143,12 @@ int main(int argc, char **argv)
     const char *out = "profiles";
     size_t mib = 512;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: kipp_profile [--out DIR] [--buffer-mib N]\n"
+                   "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>.json "
+                   "(default profiles/)\n");
+            return 0;
+        }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--buffer-mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
         else return usage(argv[i]);
@@ -198,8 +204,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kipp_profile: cannot create %s\n", out);
         return 1;
     }
-    if (json_dump_file(doc, path, JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0) {
-        fprintf(stderr, "kipp_profile: cannot write %s\n", path);
+    char werr[700];
+    if (kipp_json_write_file(doc, path, JSON_INDENT(1) | JSON_REAL_PRECISION(6), NULL, 0, werr, sizeof werr)) {
+        fprintf(stderr, "kipp_profile: %s\n", werr);
         return 1;
     }
     char *s = json_dumps(doc, JSON_INDENT(1) | JSON_REAL_PRECISION(5));

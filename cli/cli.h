@@ -12,4 +12,14 @@ KIPP_CMD(cmd_generate);
 KIPP_CMD(cmd_chat);
 KIPP_CMD(cmd_logits);
 
+/**
+ * Print "kipp CMD: <message>" and a newline to stderr, the formatted message
+ * escaped with kipp_text_escape: messages quote file-derived text (tensor
+ * names, metadata) that must not reach the terminal as raw control bytes.
+ */
+void cli_errorf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/** "kipp CMD: missing required option FLAG (expected WHAT)" on stderr; returns 2. */
+int cli_missing(const char *cmd, const char *flag, const char *what);
+
 #endif

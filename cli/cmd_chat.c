@@ -19,9 +19,18 @@
  * use it as the oracle that KV reuse must reproduce exactly.
  *
  * stdout carries only the replies (one line per turn end); prompts and the
- * per-turn statistics go to stderr, so the command can be driven by a pipe.
+ * per-turn statistics go to stderr, so the command can be driven by a pipe. A
+ * turn dropped before its reply starts (context full) writes nothing to stdout.
+ *
+ * Lines keep the length getline returns: a NUL byte is text (docs/TOKENIZER.md).
+ * Ctrl-C (SIGINT) during a reply stops it at the next token; the timings line
+ * says "interrupted" and the conversation, with the partial reply, is kept.
+ * Ctrl-C at the prompt prints a hint; a second one in a row exits (status as for
+ * /exit). Ctrl-D (end of input) ends the "> " line with a newline and exits.
  */
 #include <ctype.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +38,12 @@
 #include "cli/generate.h"
 
 #define DEFAULT_CHAT_CTX 8192u
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    cli_interrupted = 1;
+}
 
 /** The conversation: messages plus the token ids the session currently holds. */
 typedef struct {
@@ -45,17 +60,20 @@ static void chat_clear(chat_state *c)
     c->n_held = 0;
 }
 
-static int chat_push(chat_state *c, kipp_role role, const char *content)
+/* Append a message holding a copy of content[len]; NUL bytes are kept (content_len). */
+static int chat_push(chat_state *c, kipp_role role, const char *content, size_t len)
 {
     kipp_chat_message *m = realloc(c->msgs, (c->n_msgs + 1) * sizeof *m);
-    char *dup = strdup(content);
+    char *dup = malloc(len + 1);
     if (!m || !dup) {
         if (m) c->msgs = m;
         free(dup);
         return KIPP_ENOMEM;
     }
+    memcpy(dup, content, len);
+    dup[len] = 0;
     c->msgs = m;
-    c->msgs[c->n_msgs++] = (kipp_chat_message){role, dup, NULL, NULL, 0};
+    c->msgs[c->n_msgs++] = (kipp_chat_message){.role = role, .content = dup, .content_len = len};
     return 0;
 }
 
@@ -78,9 +96,10 @@ static int eval_conversation(kipp_model *m, kipp_session *s, chat_state *c, cons
                              size_t errlen)
 {
     char *text = NULL;
+    size_t len = 0;
     kipp_chat_options co = {1, o->think, NULL};
-    int rc = kipp_chat_render(m, c->msgs, c->n_msgs, &co, &text, err, errlen);
-    if (!rc) rc = cli_gen_tokenize(m, text, ids, n, err, errlen);
+    int rc = kipp_chat_render_n(m, c->msgs, c->n_msgs, &co, &text, &len, err, errlen);
+    if (!rc) rc = cli_gen_tokenize(m, text, len, ids, n, err, errlen);
     free(text);
     if (!rc && *n == 0) rc = KIPP_EINVAL;
     if (rc) return rc;
@@ -106,24 +125,32 @@ static int hold(chat_state *c, const uint32_t *ids, size_t n, const uint32_t *ge
     return 0;
 }
 
+/* One turn: the user's line[len] in, a streamed reply out. A turn dropped before
+ * its reply started (for example: the context is full) writes nothing to stdout,
+ * only the reason to stderr. Ctrl-C during the reply stops it (cli_interrupted):
+ * the partial reply stays in the conversation and the timings line says so. */
 static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_gen_opts *o, float *logits,
-                     kipp_rng *rng, const char *line)
+                     kipp_rng *rng, const char *line, size_t len)
 {
     char err[512] = "", *reply = NULL;
     uint32_t *ids = NULL, *gen = NULL;
-    size_t n = 0, n_gen = 0, reused = 0;
+    size_t n = 0, n_gen = 0, reused = 0, reply_len = 0;
     cli_reply_stats st = {0};
-    int rc = chat_push(c, KIPP_ROLE_USER, line);
+    int rc = chat_push(c, KIPP_ROLE_USER, line, len);
     st.t_start = cli_now();
     if (!rc) rc = eval_conversation(m, s, c, o, logits, &ids, &n, &reused, err, sizeof err);
     double t_prefill = cli_now() - st.t_start;
-    if (!rc) rc = cli_gen_stream(m, s, o, logits, rng, stdout, &gen, &n_gen, &reply, &st, err, sizeof err);
+    int started = !rc;
+    if (!rc)
+        rc = cli_gen_stream(m, s, o, logits, rng, stdout, &gen, &n_gen, &reply, &reply_len, &st, err, sizeof err);
     if (!rc) rc = hold(c, ids, n, gen, n_gen, kipp_session_length(s));
-    if (!rc) rc = chat_push(c, KIPP_ROLE_ASSISTANT, reply);
-    fputc('\n', stdout);
-    fflush(stdout);
+    if (!rc) rc = chat_push(c, KIPP_ROLE_ASSISTANT, reply, reply_len);
+    if (started) {
+        fputc('\n', stdout); /* the reply's line end */
+        fflush(stdout);
+    }
     if (rc) {
-        fprintf(stderr, "kipp chat: %s%s (turn dropped; /reset starts over)\n", err[0] ? err : kipp_strerror(rc),
+        cli_errorf("chat", "%s%s (turn dropped; /reset starts over)", err[0] ? err : kipp_strerror(rc),
                 cli_gen_hint(rc));
         if (c->n_msgs && c->msgs[c->n_msgs - 1].role == KIPP_ROLE_USER) chat_pop(c);
     } else {
@@ -135,33 +162,53 @@ static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_ge
     return rc;
 }
 
-/* Read one line trimmed of surrounding whitespace (line end included); NULL at end of input. */
-static char *read_line(char **buf, size_t *cap)
+typedef enum { READ_LINE, READ_EOF, READ_INTERRUPT } read_status;
+
+/* Read one line into *line[*len], trimmed of surrounding whitespace (line end
+ * included). The length is getline's: a NUL byte inside the line is text, not its
+ * end (docs/TOKENIZER.md). READ_INTERRUPT when Ctrl-C arrived while waiting. */
+static read_status read_line(char **buf, size_t *cap, const char **line, size_t *len)
 {
     fputs("> ", stderr);
     fflush(stderr);
-    ssize_t len = getline(buf, cap, stdin);
-    if (len < 0) return NULL;
+    errno = 0;
+    ssize_t got = getline(buf, cap, stdin);
+    if (got < 0) {
+        int intr = errno == EINTR || cli_interrupted;
+        clearerr(stdin);
+        fputc('\n', stderr); /* Ctrl-D or Ctrl-C: leave the "> " line */
+        return intr ? READ_INTERRUPT : READ_EOF;
+    }
     char *p = *buf;
-    while (len > 0 && isspace((unsigned char)p[len - 1])) p[--len] = 0;
-    while (isspace((unsigned char)*p)) p++;
-    return p;
+    size_t n = (size_t)got;
+    while (n > 0 && isspace((unsigned char)p[n - 1])) p[--n] = 0;
+    while (n > 0 && isspace((unsigned char)*p)) p++, n--;
+    *line = p;
+    *len = n;
+    return READ_LINE;
 }
 
 typedef enum { LINE_SKIP, LINE_MESSAGE, LINE_RESET, LINE_EXIT, LINE_BAD } line_kind;
 
-/* What a trimmed line asks for; *msg is the text to send for LINE_MESSAGE. */
-static line_kind classify(const char *line, const char **msg)
+static int line_is(const char *line, size_t len, const char *word)
+{
+    return len == strlen(word) && !memcmp(line, word, len);
+}
+
+/* What a trimmed line[len] asks for; *msg[*msg_len] is the text to send for LINE_MESSAGE. */
+static line_kind classify(const char *line, size_t len, const char **msg, size_t *msg_len)
 {
     *msg = line;
-    if (!line[0]) return LINE_SKIP;
+    *msg_len = len;
+    if (!len) return LINE_SKIP;
     if (line[0] != '/') return LINE_MESSAGE;
-    if (line[1] == '/') {
+    if (len > 1 && line[1] == '/') {
         *msg = line + 1; /* "//x" sends "/x" */
+        *msg_len = len - 1;
         return LINE_MESSAGE;
     }
-    if (!strcmp(line, "/exit")) return LINE_EXIT;
-    if (!strcmp(line, "/reset")) return LINE_RESET;
+    if (line_is(line, len, "/exit")) return LINE_EXIT;
+    if (line_is(line, len, "/reset")) return LINE_RESET;
     return LINE_BAD;
 }
 
@@ -171,22 +218,36 @@ static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o, floa
     kipp_rng rng;
     kipp_rng_seed(&rng, o->seed);
     char *buf = NULL;
-    size_t cap = 0;
-    const char *line, *msg;
-    int failed = 0;
-    while ((line = read_line(&buf, &cap)) != NULL) {
-        line_kind k = classify(line, &msg);
+    size_t cap = 0, len = 0, msg_len = 0;
+    const char *line = NULL, *msg;
+    int failed = 0, interrupts = 0; /* Ctrl-C in a row, with no line read in between */
+    for (;;) {
+        read_status rs = read_line(&buf, &cap, &line, &len);
+        if (rs == READ_EOF) break;
+        if (rs == READ_INTERRUPT || cli_interrupted) {
+            cli_interrupted = 0;
+            if (++interrupts >= 2) break;
+            fprintf(stderr, "kipp chat: (Ctrl-C again at the empty prompt, Ctrl-D or /exit quits)\n");
+            if (rs == READ_INTERRUPT) continue;
+        }
+        interrupts = 0;
+        line_kind k = classify(line, len, &msg, &msg_len);
         if (k == LINE_EXIT) break;
         if (k == LINE_RESET) {
             chat_clear(&c);
             kipp_session_reset(s);
             fprintf(stderr, "kipp chat: conversation reset\n");
         } else if (k == LINE_BAD) {
-            fprintf(stderr, "kipp chat: unknown command '%s', expected /reset or /exit "
-                            "(start a message with // to send a leading '/')\n", line);
+            cli_errorf("chat", "unknown command '%s', expected /reset or /exit "
+                               "(start a message with // to send a leading '/')", line);
             failed = 1;
-        } else if (k == LINE_MESSAGE && chat_turn(m, s, &c, o, logits, &rng, msg)) {
-            failed = 1; /* reported; the chat goes on, the exit status remembers */
+        } else if (k == LINE_MESSAGE) {
+            if (chat_turn(m, s, &c, o, logits, &rng, msg, msg_len))
+                failed = 1; /* reported; the chat goes on, the exit status remembers */
+            if (cli_interrupted) { /* the reply was stopped: this Ctrl-C counts once */
+                cli_interrupted = 0;
+                interrupts = 1;
+            }
         }
     }
     chat_clear(&c);
@@ -218,15 +279,21 @@ int cmd_chat(int argc, char **argv)
     char err[512];
     float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     if (kipp_session_create(m, cap, &s, err, sizeof err)) {
-        fprintf(stderr, "kipp chat: %s\n", err);
+        cli_errorf("chat", "%s", err);
         rc = 1;
     } else if (!logits) {
         fprintf(stderr, "kipp chat: out of memory\n");
         rc = 1;
     } else {
-        fprintf(stderr, "kipp chat: %s on %s, %u-token context; /reset clears, /exit quits\n", info.checkpoint_id,
-                info.backend, cap);
+        fprintf(stderr, "kipp chat: %s on %s, %u-token context; /reset clears, /exit quits, Ctrl-C stops a "
+                        "reply\n", info.checkpoint_id, info.backend, cap);
+        struct sigaction sa, old;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigint; /* no SA_RESTART: a waiting getline returns with EINTR */
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, &old);
         rc = chat_loop(m, s, &o, logits);
+        sigaction(SIGINT, &old, NULL);
     }
     free(logits);
     kipp_session_destroy(s);

@@ -20,6 +20,9 @@
 
 #include "cli/cli.h"
 #include "cli/generate.h"
+#include "engine/safe_io.h"
+
+volatile sig_atomic_t cli_interrupted = 0;
 
 double cli_now(void)
 {
@@ -32,9 +35,10 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
 {
     kipp_model_options mo = {o->threads};
     char err[512];
+    kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "kipp %s: %s\n", cmd, err);
+        cli_errorf(cmd, "%s", err);
         return rc == KIPP_EBACKEND ? 2 : 1;
     }
     kipp_model_info info;
@@ -65,12 +69,13 @@ const char *cli_gen_hint(int rc)
 
 void cli_gen_report(const char *cmd, int rc, const char *err)
 {
-    fprintf(stderr, "kipp %s: %s%s\n", cmd, err && err[0] ? err : kipp_strerror(rc), cli_gen_hint(rc));
+    cli_errorf(cmd, "%s%s", err && err[0] ? err : kipp_strerror(rc), cli_gen_hint(rc));
 }
 
-int cli_gen_tokenize(kipp_model *m, const char *text, uint32_t **ids, size_t *n, char *err, size_t errlen)
+int cli_gen_tokenize(kipp_model *m, const char *text, size_t len, uint32_t **ids, size_t *n, char *err,
+                     size_t errlen)
 {
-    size_t len = strlen(text), cap = len + 16; /* byte-level BPE: at most a token per byte */
+    size_t cap = len + 16; /* byte-level BPE: at most a token per byte */
     *ids = malloc(cap * sizeof **ids);
     if (!*ids) return KIPP_ENOMEM;
     int rc = kipp_tokenize(m, text, len, KIPP_TOK_SPECIAL, *ids, cap, n, err, errlen);
@@ -142,8 +147,8 @@ static int sample_next(const cli_gen_opts *o, const float *logits, uint32_t voca
 }
 
 int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits, kipp_rng *rng,
-                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, cli_reply_stats *st, char *err,
-                   size_t errlen)
+                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len_out, cli_reply_stats *st,
+                   char *err, size_t errlen)
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
@@ -154,6 +159,10 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
     if (text) rc = rc ? rc : append_text(text, &text_len, "", 0);
     while (!rc) {
         uint32_t tok;
+        if (cli_interrupted) {
+            st->interrupted = 1;
+            break;
+        }
         rc = sample_next(o, logits, info.vocab_size, hist, n_hist, rng, &tok, err, errlen);
         if (rc) break;
         if (st->n_generated == 0) st->t_first = cli_now() - st->t_start;
@@ -182,6 +191,7 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
     }
     kipp_detok_stream_destroy(ds);
     free(hist);
+    if (text_len_out) *text_len_out = text_len;
     if (rc == KIPP_ENOMEM && err && !*err) snprintf(err, errlen, "out of memory while generating");
     return rc;
 }
@@ -195,7 +205,8 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
     fprintf(stderr,
             "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.1f tok/s, decode %.1f tok/s, "
             "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu\n",
-            cmd, n_prompt, st->n_generated, st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
+            cmd, n_prompt, st->n_generated,
+            st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
             t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, dec, st->t_first * 1e3,
             (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed);
     if (st->full)
@@ -206,18 +217,19 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
 /* ---- kipp generate / kipp logits ---- */
 
 /* The text to tokenize: the prompt itself, or one rendered user turn with --chat. */
-static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, char **out)
+static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, char **out, size_t *len)
 {
     char err[512];
     if (!o->chat) {
-        *out = strdup(o->prompt);
+        *out = strdup(o->prompt); /* argv: NUL-terminated by construction */
+        *len = *out ? strlen(*out) : 0;
         return *out ? 0 : 1;
     }
-    kipp_chat_message msg = {KIPP_ROLE_USER, o->prompt, NULL, NULL, 0};
+    kipp_chat_message msg = {.role = KIPP_ROLE_USER, .content = o->prompt};
     kipp_chat_options co = {1, o->think, NULL};
-    int rc = kipp_chat_render(m, &msg, 1, &co, out, err, sizeof err);
+    int rc = kipp_chat_render_n(m, &msg, 1, &co, out, len, err, sizeof err);
     if (!rc) return 0;
-    fprintf(stderr, "kipp %s: --chat: %s\n", cmd, err);
+    cli_errorf(cmd, "--chat: %s", err);
     return rc == KIPP_ENOTSUP ? 2 : 1;
 }
 
@@ -225,14 +237,15 @@ static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, ch
 static int prepare(const char *cmd, const cli_gen_opts *o, kipp_model **m, uint32_t **ids, size_t *n)
 {
     char *text = NULL, err[512] = "";
+    size_t len = 0;
     int rc = cli_gen_open(cmd, o, m);
-    if (!rc) rc = prompt_text(cmd, *m, o, &text);
-    if (!rc && cli_gen_tokenize(*m, text, ids, n, err, sizeof err)) {
-        fprintf(stderr, "kipp %s: tokenizing the prompt: %s\n", cmd, err);
+    if (!rc) rc = prompt_text(cmd, *m, o, &text, &len);
+    if (!rc && cli_gen_tokenize(*m, text, len, ids, n, err, sizeof err)) {
+        cli_errorf(cmd, "tokenizing the prompt: %s", err);
         rc = 1;
     }
     if (!rc && *n == 0) {
-        fprintf(stderr, "kipp %s: --prompt '%s' gives 0 tokens, expected at least 1\n", cmd, o->prompt);
+        cli_errorf(cmd, "--prompt '%s' gives 0 tokens, expected at least 1", o->prompt);
         rc = 2;
     }
     free(text);
@@ -249,7 +262,7 @@ static int session_for(const char *cmd, kipp_model *m, uint64_t ctx, uint64_t wa
     if (ctx) want = ctx;
     uint32_t cap = want < info.context_length ? (uint32_t)want : info.context_length;
     if (kipp_session_create(m, cap, s, err, sizeof err) == 0) return 0;
-    fprintf(stderr, "kipp %s: %s\n", cmd, err);
+    cli_errorf(cmd, "%s", err);
     return 1;
 }
 
@@ -276,7 +289,7 @@ static int run_generate(const cli_gen_opts *o, kipp_model *m, const uint32_t *id
     st.t_start = cli_now();
     int rc = logits ? kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err) : KIPP_ENOMEM;
     double t_prefill = cli_now() - st.t_start;
-    if (!rc) rc = cli_gen_stream(m, s, o, logits, &rng, stdout, &gen, &n_gen, NULL, &st, err, sizeof err);
+    if (!rc) rc = cli_gen_stream(m, s, o, logits, &rng, stdout, &gen, &n_gen, NULL, NULL, &st, err, sizeof err);
     fputc('\n', stdout);
     fflush(stdout);
     if (rc) cli_gen_report("generate", rc, err);
@@ -303,20 +316,27 @@ int cmd_generate(int argc, char **argv)
     return rc;
 }
 
-/* Raw little-endian float32, byte by byte so the file is the same on any host. */
-static int write_f32le(const char *path, const float *x, size_t n)
+/* Raw little-endian float32, byte by byte so the file is the same on any host;
+ * written through a temporary file and refused over the model (engine/safe_io.h). */
+static int write_f32le(const char *path, const char *model, const float *x, size_t n, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
+    kipp_outfile of;
+    int rc = kipp_outfile_open(&of, path, &model, 1, err, errlen);
+    if (rc) return rc;
     int ok = 1;
     for (size_t i = 0; i < n && ok; i++) {
         uint32_t u;
         memcpy(&u, &x[i], 4);
         unsigned char b[4] = {(unsigned char)u, (unsigned char)(u >> 8), (unsigned char)(u >> 16),
                               (unsigned char)(u >> 24)};
-        ok = fwrite(b, 1, 4, f) == 4;
+        ok = fwrite(b, 1, 4, of.f) == 4;
     }
-    return (fclose(f) == 0 && ok) ? 0 : -1;
+    if (!ok) {
+        kipp_outfile_abort(&of);
+        snprintf(err, errlen, "cannot write output '%s': %s", path, strerror(errno));
+        return KIPP_EIO;
+    }
+    return kipp_outfile_commit(&of, err, errlen);
 }
 
 int cmd_logits(int argc, char **argv)
@@ -328,6 +348,11 @@ int cmd_logits(int argc, char **argv)
     uint32_t *ids = NULL;
     size_t n = 0;
     kipp_session *s = NULL;
+    char oerr[512];
+    if (kipp_out_check(o.out, (const char *const *)&o.model, 1, oerr, sizeof oerr)) {
+        cli_errorf("logits", "--out: %s", oerr); /* before any work */
+        return 2;
+    }
     rc = prepare("logits", &o, &m, &ids, &n);
     if (!rc) rc = session_for("logits", m, 0, n, &s);
     if (!rc) {
@@ -337,10 +362,10 @@ int cmd_logits(int argc, char **argv)
         char err[512] = "";
         int erc = logits ? kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err) : KIPP_ENOMEM;
         if (erc) cli_gen_report("logits", erc, err);
-        else if (write_f32le(o.out, logits, info.vocab_size))
-            fprintf(stderr, "kipp logits: cannot write --out '%s': %s\n", o.out, strerror(errno)), erc = 1;
+        else if (write_f32le(o.out, o.model, logits, info.vocab_size, err, sizeof err))
+            cli_errorf("logits", "--out: %s", err), erc = 1;
         else
-            fprintf(stderr, "kipp logits: %zu prompt tokens, wrote %u float32 to %s\n", n, info.vocab_size, o.out);
+            cli_errorf("logits", "%zu prompt tokens, wrote %u float32 to %s", n, info.vocab_size, o.out);
         rc = erc ? 1 : 0;
         free(logits);
     }

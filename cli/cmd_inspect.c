@@ -14,14 +14,26 @@
 
 #include "cli/cli.h"
 #include "engine/kipp.h"
+#include "engine/safe_io.h"
+
+/* prefix, s escaped for the terminal (engine/safe_io.h), suffix */
+static void print_str(const char *prefix, const char *s, const char *suffix)
+{
+    fputs(prefix, stdout);
+    if (s) kipp_fput_escaped(stdout, s, strlen(s));
+    fputs(suffix, stdout);
+}
 
 static void print_header(const kipp_model *m)
 {
     kipp_model_info in;
     kipp_model_get_info(m, &in);
-    printf("checkpoint      %s\n", in.checkpoint_id);
-    printf("source          %s@%s\n", in.repository, in.revision);
-    printf("quant scheme    %s\n", in.quant);
+    /* Strings are escaped too: the loader matched them to the registry, but this
+     * command's output must stay safe for any file it can print. */
+    print_str("checkpoint      ", in.checkpoint_id, "\n");
+    print_str("source          ", in.repository, "@");
+    print_str("", in.revision, "\n");
+    print_str("quant scheme    ", in.quant, "\n");
     printf("variant         %s chat template\n", in.has_chat ? "with" : "without");
     printf("d_model         %u\n", in.d_model);
     printf("n_layer         %u\n", in.n_layer);
@@ -50,7 +62,9 @@ static void print_tensors(const kipp_model *m)
             snprintf(shape, sizeof shape, "[%llu][%llu]", (unsigned long long)t.rows, (unsigned long long)t.cols);
         else
             snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)t.cols);
-        printf("%-28.*s %-5s %-16s %12llu %12llu\n", (int)t.name_len, t.name, t.type_name, shape,
+        char name[1024]; /* file-derived: escaped (engine/safe_io.h), cut to the buffer */
+        kipp_text_escape(t.name, t.name_len, name, sizeof name);
+        printf("%-28s %-5s %-16s %12llu %12llu\n", name, t.type_name, shape,
                (unsigned long long)t.nbytes, (unsigned long long)t.file_offset);
     }
     printf("\n%llu tensors, %llu weight bytes (%.2f MiB), file %llu bytes, data at %llu\n",
@@ -65,7 +79,7 @@ static int print_kernels(const char *path)
     kipp_model *m;
     int rc = kipp_model_open(path, "cpu", NULL, &m, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "kipp inspect: --kernels: %s\n", err);
+        cli_errorf("inspect", "--kernels: %s", err);
         return 1;
     }
     char report[4096];
@@ -89,8 +103,7 @@ int cmd_inspect(int argc, char **argv)
         }
         if (!strcmp(argv[i], "--kernels")) kernels = 1;
         else if (argv[i][0] == '-' || path) {
-            fprintf(stderr, "kipp inspect: unexpected argument '%s' (usage: kipp inspect FILE.gguf "
-                            "[--kernels])\n", argv[i]);
+            cli_errorf("inspect", "unexpected argument '%s' (usage: kipp inspect FILE.gguf [--kernels])", argv[i]);
             return 2;
         } else path = argv[i];
     }
@@ -100,8 +113,9 @@ int cmd_inspect(int argc, char **argv)
     }
     char err[512];
     kipp_model *m;
+    kipp_mapped_file_guard(path);
     if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
-        fprintf(stderr, "kipp inspect: %s\n", err);
+        cli_errorf("inspect", "%s", err);
         return 1;
     }
     print_header(m);

@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "engine/kipp.h"
 #include "engine/kipp_checkpoints.h"
+#include "engine/safe_io.h"
 
 typedef struct {
     const char *model, *text, *file, *ids;
@@ -47,7 +48,7 @@ static void print_usage(FILE *f, const char *cmd)
 
 static int usage_error(const char *cmd, const char *msg, const char *val)
 {
-    fprintf(stderr, "kipp %s: %s%s%s\n", cmd, msg, val ? " " : "", val ? val : "");
+    cli_errorf(cmd, "%s%s%s", msg, val ? " " : "", val ? val : "");
     print_usage(stderr, cmd);
     return 2;
 }
@@ -70,16 +71,17 @@ static int parse_args(const char *cmd, int argc, char **argv, tok_args *a)
         if (!strcmp(o, "--special") && !strcmp(cmd, "tokenize")) {
             a->special = 1;
         } else if (slot) {
-            if (i + 1 >= argc) return usage_error(cmd, "missing value after", o);
+            if (i + 1 >= argc) return usage_error(cmd, "option needs a value after it:", o);
             *slot = argv[++i];
         } else {
             return usage_error(cmd, "unknown argument", o);
         }
     }
-    if (!a->model) return usage_error(cmd, "--model FILE is required", NULL);
+    if (!a->model) return usage_error(cmd, "missing required option --model (expected a .gguf path)", NULL);
     if (!strcmp(cmd, "tokenize") && !!a->text == !!a->file)
         return usage_error(cmd, "give exactly one of --text T or --file F", NULL);
-    if (!strcmp(cmd, "detokenize") && !a->ids) return usage_error(cmd, "--ids is required", NULL);
+    if (!strcmp(cmd, "detokenize") && !a->ids)
+        return usage_error(cmd, "missing required option --ids (expected comma-separated token ids)", NULL);
     return 0;
 }
 
@@ -134,8 +136,9 @@ static kipp_model *open_model(const char *cmd, const char *path)
 {
     char err[512];
     kipp_model *m = NULL;
+    kipp_mapped_file_guard(path);
     if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
-        fprintf(stderr, "kipp %s: %s\n", cmd, err);
+        cli_errorf(cmd, "%s", err);
         return NULL;
     }
     return m;
@@ -150,7 +153,7 @@ int cmd_tokenize(int argc, char **argv)
     char why[160];
     char *text = a.file ? read_file(a.file, &len, why, sizeof why) : NULL;
     if (a.file && !text) {
-        fprintf(stderr, "kipp tokenize: cannot read --file %s: %s\n", a.file, why);
+        cli_errorf("tokenize", "cannot read --file %s: %s", a.file, why);
         return 1;
     }
     kipp_model *m = open_model("tokenize", a.model);
@@ -166,7 +169,7 @@ int cmd_tokenize(int argc, char **argv)
     }
     if (!rc && !(ids = malloc((n + 1) * sizeof *ids))) rc = 1;
     if (!rc && kipp_tokenize(m, src, len, flags, ids, n, &n, err, sizeof err)) rc = 1;
-    if (rc && m) fprintf(stderr, "kipp tokenize: %s\n", err);
+    if (rc && m) cli_errorf("tokenize", "%s", err);
     if (!rc) {
         putchar('[');
         for (size_t i = 0; i < n; i++) printf(i ? ", %u" : "%u", ids[i]);
@@ -228,7 +231,7 @@ int cmd_detokenize(int argc, char **argv)
     }
     if (!rc && !(out = malloc(len + 1))) rc = 1;
     if (!rc && kipp_detokenize(m, ids, n, out, len, &len, err, sizeof err)) rc = 1;
-    if (rc && m) fprintf(stderr, "kipp detokenize: %s\n", err);
+    if (rc && m) cli_errorf("detokenize", "%s", err);
     if (!rc) {
         fwrite(out, 1, len, stdout);
         putchar('\n');

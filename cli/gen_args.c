@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "cli/generate.h"
 
 enum { C_GEN = 1, C_CHAT = 2, C_LOGITS = 4, C_ALL = 7, C_SAMPLE = C_GEN | C_CHAT };
@@ -92,6 +93,7 @@ static void usage(const char *cmd, FILE *f)
     fprintf(f, "usage: kipp %s [OPTIONS]%s\n\noptions:\n", cmd,
             bit == C_CHAT ? " < MESSAGES\n  reads one user message per line; /reset clears the conversation,\n"
                             "  /exit (or end of input) quits, a leading // sends a literal '/';\n"
+                            "  Ctrl-C stops a reply, a second Ctrl-C at the empty prompt quits;\n"
                             "  exit status 1 when any turn failed or a line was rejected"
                           : "");
     for (size_t i = 0; i < N_OPTS; i++)
@@ -105,7 +107,7 @@ static void usage(const char *cmd, FILE *f)
 
 static int bad_arg(const char *cmd, const char *flag, const char *val, const char *expect)
 {
-    fprintf(stderr, "kipp %s: %s '%s' is invalid, expected %s\n", cmd, flag, val ? val : "(missing)", expect);
+    cli_errorf(cmd, "%s '%s' is invalid, expected %s", flag, val, expect);
     return 2;
 }
 
@@ -216,7 +218,7 @@ static int check_sampling(const char *cmd, const cli_gen_opts *o)
     kipp_sample_params sp = o->sp;
     sp.n_logit_bias = 0; /* bias ids are checked against the vocabulary once the model is open */
     if (kipp_sample_ex(&dummy, 1, &sp, &rng, &tok, err, sizeof err) == 0) return 0;
-    fprintf(stderr, "kipp %s: sampling options rejected: %s\n", cmd, err);
+    cli_errorf(cmd, "sampling options rejected: %s", err);
     return 2;
 }
 
@@ -224,9 +226,9 @@ static int check_sampling(const char *cmd, const cli_gen_opts *o)
 static int check_combination(const char *cmd, const cli_gen_opts *o)
 {
     unsigned bit = cmd_bit(cmd);
-    if (!o->model) return bad_arg(cmd, "--model", NULL, "a .gguf path");
-    if (bit != C_CHAT && !o->prompt) return bad_arg(cmd, "--prompt", NULL, "the prompt text"), 2;
-    if (bit == C_LOGITS && !o->out) return bad_arg(cmd, "--out", NULL, "an output file"), 2;
+    if (!o->model) return cli_missing(cmd, "--model", "a .gguf path");
+    if (bit != C_CHAT && !o->prompt) return cli_missing(cmd, "--prompt", "the prompt text");
+    if (bit == C_LOGITS && !o->out) return cli_missing(cmd, "--out", "an output file");
     if (bit != C_CHAT && !o->think && !o->chat) {
         fprintf(stderr, "kipp %s: --no-think applies to the chat template, expected it together with --chat\n", cmd);
         return 2;
@@ -270,7 +272,10 @@ int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o)
             set_switch(f, o);
             continue;
         }
-        if (i + 1 >= argc) return bad_arg(cmd, f, NULL, "a value after it");
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kipp %s: option %s needs a value (%s) after it\n", cmd, f, d->arg);
+            return 2;
+        }
         int rc = parse_value_opt(cmd, f, argv[++i], o);
         if (rc) return rc;
     }

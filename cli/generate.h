@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 
 #include "engine/kipp.h"
@@ -55,11 +56,21 @@ int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o);
  */
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out);
 
-/** Tokenize text (special tokens matched) into a malloc'd array *ids[*n]; 0 or a KIPP_E* code. */
-int cli_gen_tokenize(kipp_model *m, const char *text, uint32_t **ids, size_t *n, char *err, size_t errlen);
+/**
+ * Tokenize text[len] (special tokens matched; NUL bytes are text) into a
+ * malloc'd array *ids[*n]; 0 or a KIPP_E* code.
+ */
+int cli_gen_tokenize(kipp_model *m, const char *text, size_t len, uint32_t **ids, size_t *n, char *err,
+                     size_t errlen);
 
 /** Seconds on the monotonic clock. */
 double cli_now(void);
+
+/**
+ * Set (to 1) by `kipp chat`'s SIGINT handler; cli_gen_stream stops the reply at
+ * the next token when it is set and marks the reply interrupted. The caller clears it.
+ */
+extern volatile sig_atomic_t cli_interrupted;
 
 /** What one streamed reply did, for the timings line. */
 typedef struct {
@@ -67,6 +78,7 @@ typedef struct {
     uint32_t n_decode_evals;  /* one-token evaluations after the prompt */
     int stopped;              /* 1: a stop token ended the reply */
     int full;                 /* 1: the session reached its capacity */
+    int interrupted;          /* 1: Ctrl-C stopped the reply (cli_interrupted) */
     double t_start;           /* cli_now() when the prefill started (set by the caller) */
     double t_first;           /* seconds from t_start to the first sampled token (TTFT) */
     double t_decode;          /* seconds spent in decode evaluations */
@@ -76,13 +88,13 @@ typedef struct {
  * Sample from logits (the prompt's final row, from session s of model m), then stream up to o->max_tokens
  * tokens to out through a detokenizer, evaluating each one in s, stopping at
  * the model's stop ids or when the session is full. Generated ids go to
- * ids[*n_ids] (grown with realloc) when ids is non-NULL; their text to *text
- * (malloc'd, NUL-terminated) when text is non-NULL. Returns 0 or a KIPP_E* code
- * with err filled.
+ * ids[*n_ids] (grown with realloc) when ids is non-NULL; their text to
+ * *text[*text_len] (malloc'd, NUL-terminated, may hold NUL bytes) when text is
+ * non-NULL. Returns 0 or a KIPP_E* code with err filled.
  */
 int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits, kipp_rng *rng,
-                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, cli_reply_stats *st, char *err,
-                   size_t errlen);
+                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len, cli_reply_stats *st,
+                   char *err, size_t errlen);
 
 /**
  * Print the one-line timings summary (with the sampling seed) to stderr, and a

@@ -165,6 +165,17 @@ typedef struct {
 } view;
 
 static view v_of(const char *s) { return (view){s ? s : "", s ? strlen(s) : 0}; }
+/* A message's text by (pointer, length): content_len / reasoning_len when set, so NUL is text. */
+static view v_content(const kipp_chat_message *m)
+{
+    return m->content ? (view){m->content, m->content_len ? m->content_len : strlen(m->content)} : v_of(NULL);
+}
+static view v_reasoning(const kipp_chat_message *m)
+{
+    return m->reasoning_content
+               ? (view){m->reasoning_content, m->reasoning_len ? m->reasoning_len : strlen(m->reasoning_content)}
+               : v_of(NULL);
+}
 
 static const char *v_find(view h, const char *needle, int last)
 {
@@ -217,7 +228,7 @@ static int render_system(sbuf *b, const kipp_chat_message *m, size_t n, const js
     if (tools && json_array_size(tools) > 0) {
         sb_str(b, "<|im_start|>system\n");
         if (sys0) {
-            sb_str(b, m[0].content);
+            sb_view(b, v_content(&m[0]));
             sb_str(b, "\n\n");
         }
         sb_str(b, TOOLS_HEAD);
@@ -230,7 +241,7 @@ static int render_system(sbuf *b, const kipp_chat_message *m, size_t n, const js
         sb_str(b, TOOLS_TAIL);
     } else if (sys0) {
         sb_str(b, "<|im_start|>system\n");
-        sb_str(b, m[0].content);
+        sb_view(b, v_content(&m[0]));
         sb_str(b, "<|im_end|>\n");
     }
     return KIPP_OK;
@@ -241,7 +252,7 @@ static size_t last_query_index(const kipp_chat_message *m, size_t n)
 {
     for (size_t i = n; i-- > 0;) {
         if (m[i].role != KIPP_ROLE_USER || !m[i].content) continue;
-        view c = v_of(m[i].content);
+        view c = v_content(&m[i]);
         if (!(v_starts(c, "<tool_response>") && v_ends(c, "</tool_response>"))) return i;
     }
     return n - 1;
@@ -264,10 +275,10 @@ static void render_tool_calls(sbuf *b, const kipp_chat_message *m, view content)
 static void render_assistant(sbuf *b, kipp_chat_kind kind, const kipp_chat_message *m, size_t i, size_t n,
                              size_t lqi)
 {
-    view content = v_of(m[i].content), reasoning = v_of(NULL);
+    view content = v_content(&m[i]), reasoning = v_of(NULL);
     int think = kind != KIPP_CHAT_INSTRUCT_2507;
     if (think && m[i].reasoning_content) {
-        reasoning = v_of(m[i].reasoning_content);
+        reasoning = v_reasoning(&m[i]);
     } else if (think && v_find(content, "</think>", 0)) {
         /* content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
         view head = {content.p, (size_t)(v_find(content, "</think>", 0) - content.p)};
@@ -296,7 +307,7 @@ static void render_tool(sbuf *b, const kipp_chat_message *m, size_t i, size_t n)
 {
     if (i == 0 || m[i - 1].role != KIPP_ROLE_TOOL) sb_str(b, "<|im_start|>user");
     sb_str(b, "\n<tool_response>\n");
-    sb_view(b, v_of(m[i].content));
+    sb_view(b, v_content(&m[i]));
     sb_str(b, "\n</tool_response>");
     if (i == n - 1 || m[i + 1].role != KIPP_ROLE_TOOL) sb_str(b, "<|im_end|>\n");
 }
@@ -309,7 +320,7 @@ static void render_messages(sbuf *b, kipp_chat_kind kind, const kipp_chat_messag
             sb_str(b, "<|im_start|>");
             sb_str(b, m[i].role == KIPP_ROLE_USER ? "user" : "system");
             sb_str(b, "\n");
-            sb_view(b, v_of(m[i].content));
+            sb_view(b, v_content(&m[i]));
             sb_str(b, "<|im_end|>\n");
         } else if (m[i].role == KIPP_ROLE_ASSISTANT) {
             render_assistant(b, kind, m, i, n, lqi);
@@ -360,8 +371,15 @@ static int parse_tools(const char *tools_json, json_t **tools, char *err, size_t
 int kipp_chat_render_kind(kipp_chat_kind kind, const kipp_chat_message *msgs, size_t n,
                           const kipp_chat_options *opts, char **out, char *err, size_t errlen)
 {
+    return kipp_chat_render_kind_n(kind, msgs, n, opts, out, NULL, err, errlen);
+}
+
+int kipp_chat_render_kind_n(kipp_chat_kind kind, const kipp_chat_message *msgs, size_t n,
+                            const kipp_chat_options *opts, char **out, size_t *out_len, char *err, size_t errlen)
+{
     if (!out) return kipp_err(err, errlen, KIPP_EINVAL, "out is NULL");
     *out = NULL;
+    if (out_len) *out_len = 0;
     if (kind == KIPP_CHAT_NONE)
         return kipp_err(err, errlen, KIPP_ENOTSUP,
                         "this is a base checkpoint without a chat template; use plain completion instead of chat");
@@ -389,11 +407,18 @@ int kipp_chat_render_kind(kipp_chat_kind kind, const kipp_chat_message *msgs, si
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory rendering %zu messages", n);
     }
     *out = b.p;
+    if (out_len) *out_len = b.n;
     return KIPP_OK;
 }
 
 int kipp_chat_render(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
                      const kipp_chat_options *opts, char **out, char *err, size_t errlen)
+{
+    return kipp_chat_render_n(model, msgs, n, opts, out, NULL, err, errlen);
+}
+
+int kipp_chat_render_n(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
+                       const kipp_chat_options *opts, char **out, size_t *out_len, char *err, size_t errlen)
 {
     if (!model || !model->ckpt) {
         if (out) *out = NULL;
@@ -405,5 +430,5 @@ int kipp_chat_render(const kipp_model *model, const kipp_chat_message *msgs, siz
                         "checkpoint '%s' is a base model without a chat template; chat is not supported, "
                         "use plain completion", model->ckpt->id);
     }
-    return kipp_chat_render_kind(model->ckpt->chat, msgs, n, opts, out, err, errlen);
+    return kipp_chat_render_kind_n(model->ckpt->chat, msgs, n, opts, out, out_len, err, errlen);
 }

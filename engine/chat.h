@@ -23,4 +23,8 @@
 int kipp_chat_render_kind(kipp_chat_kind kind, const kipp_chat_message *msgs, size_t n,
                           const kipp_chat_options *opts, char **out, char *err, size_t errlen);
 
+/** kipp_chat_render_kind that also stores the rendered length in *out_len (when non-NULL). */
+int kipp_chat_render_kind_n(kipp_chat_kind kind, const kipp_chat_message *msgs, size_t n,
+                            const kipp_chat_options *opts, char **out, size_t *out_len, char *err, size_t errlen);
+
 #endif

@@ -156,13 +156,19 @@ typedef struct {
     const char *arguments;
 } kipp_tool_call;
 
-/** One chat message; NULL strings are absent fields. */
+/**
+ * One chat message; NULL strings are absent fields. Text may hold NUL bytes
+ * (docs/TOKENIZER.md): give its length in content_len / reasoning_len; 0 there
+ * means the string is NUL-terminated (strlen).
+ */
 typedef struct {
     kipp_role role;
     const char *content;            /* may be NULL for assistant turns with tool calls */
     const char *reasoning_content;  /* assistant only; NULL = absent */
     const kipp_tool_call *tool_calls;
     size_t n_tool_calls;
+    size_t content_len;             /* bytes of content; 0 = strlen(content) */
+    size_t reasoning_len;           /* bytes of reasoning_content; 0 = strlen(reasoning_content) */
 } kipp_chat_message;
 
 /** Rendering options, as chat_template_kwargs. */
@@ -179,6 +185,13 @@ typedef struct {
  */
 int kipp_chat_render(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
                      const kipp_chat_options *opts, char **out, char *err, size_t errlen);
+/**
+ * kipp_chat_render that also stores the rendered length in bytes in *out_len
+ * (when non-NULL): the text holds NUL bytes when a message did, so pass
+ * (*out, *out_len) on to kipp_tokenize rather than strlen(*out).
+ */
+int kipp_chat_render_n(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
+                       const kipp_chat_options *opts, char **out, size_t *out_len, char *err, size_t errlen);
 
 /* ---- sessions (engine/session.c) ---- */
 

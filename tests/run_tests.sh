@@ -5,6 +5,12 @@
 set -u
 cd "$(dirname "$0")/.."
 export KIPP_TEST_MODELS=${KIPP_TEST_MODELS:-build/models}
+# The project's virtual environment (tools/install_deps.sh makes it), not the global Python.
+PY=${PYTHON:-.venv/bin/python}
+if ! [ -x "$PY" ] && ! command -v "$PY" >/dev/null; then
+    echo "run_tests: $PY is missing; run tools/install_deps.sh (or make deps) first" >&2
+    echo "0 passed, 1 failed"; exit 1
+fi
 BIN=${KIPP_TEST_BIN:-build/bin}
 passed=0; failed=0; skipped=0
 for t in "$BIN"/test_* "$BIN"/kcheck "$BIN"/kcheck_emu; do
@@ -25,9 +31,9 @@ done
 if [ -z "${KIPP_SKIP_PYTEST:-}" ]; then
     echo "== pytest tests/"
     xml=$(mktemp)
-    python3 -m pytest -q -p no:cacheprovider tests --junitxml="$xml" 2>&1 | tail -n 40
+    "$PY" -m pytest -q -p no:cacheprovider tests --junitxml="$xml" 2>&1 | tail -n 40
     if [ -s "$xml" ]; then
-        read -r pt pf ps < <(python3 - "$xml" <<'PY'
+        read -r pt pf ps < <("$PY" - "$xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 r = ET.parse(sys.argv[1]).getroot()
 s = r if r.tag == "testsuite" else r.find("testsuite")

@@ -37,7 +37,7 @@ def test_bench_models_rejects_unknown_model() -> None:
     p = subprocess.run([sys.executable, str(ROOT / "tools/bench_models.py"), "--model", "qwen3-0.6b"],
                        capture_output=True, text=True)
     assert p.returncode == 2
-    assert "model 'qwen3-0.6b' is not a synthetic benchmark shape" in p.stderr
+    assert "unknown synthetic benchmark shape 'qwen3-0.6b'" in p.stderr
 
 
 def test_report_rewrites_the_readme_table(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ static kipp_model *load(const char *name)
 /* Through a converted model: hybrid renders as the kind does; base refuses. */
 static void test_model_path(void)
 {
-    kipp_chat_message msg[2] = {{KIPP_ROLE_SYSTEM, "sys", NULL, NULL, 0}, {KIPP_ROLE_USER, "hi", NULL, NULL, 0}};
+    kipp_chat_message msg[2] = {{KIPP_ROLE_SYSTEM, "sys", NULL, NULL, 0, 0, 0}, {KIPP_ROLE_USER, "hi", NULL, NULL, 0, 0, 0}};
     kipp_chat_options o = {1, 0, NULL};
     char err[256], *a = NULL, *b = NULL;
     kipp_model *tiny = load("synthetic-tiny"), *base = load("synthetic-tiny-untied");
@@ -143,9 +143,9 @@ static void test_model_path(void)
 
 static void test_bad_input(void)
 {
-    kipp_chat_message user = {KIPP_ROLE_USER, "hi", NULL, NULL, 0};
-    kipp_chat_message sys_null = {KIPP_ROLE_SYSTEM, NULL, NULL, NULL, 0};
-    kipp_chat_message bad_role = {(kipp_role)9, "x", NULL, NULL, 0};
+    kipp_chat_message user = {KIPP_ROLE_USER, "hi", NULL, NULL, 0, 0, 0};
+    kipp_chat_message sys_null = {KIPP_ROLE_SYSTEM, NULL, NULL, NULL, 0, 0, 0};
+    kipp_chat_message bad_role = {(kipp_role)9, "x", NULL, NULL, 0, 0, 0};
     kipp_chat_options o = {1, 1, "{\"type\": \"function\"}"};
     char err[256], *out = NULL;
     int rc = kipp_chat_render_kind(KIPP_CHAT_HYBRID, &user, 1, &o, &out, err, sizeof err);

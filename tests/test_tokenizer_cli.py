@@ -54,7 +54,7 @@ def test_detokenize_round_trip(hf):
     (["tokenize", "--model", MODEL, "--text", "a", "--bogus"], "unknown argument --bogus"),
     (["detokenize", "--model", MODEL, "--ids", "1,x"], "(\"x\") is not a token id"),
     (["detokenize", "--model", MODEL, "--ids", "151936"], "151936 at index 0 is out of range"),
-    (["detokenize", "--ids", "1"], "--model FILE is required"),
+    (["detokenize", "--ids", "1"], "missing required option --model"),
 ])
 def test_bad_arguments_exit_2(args, needle):
     r = kipp(*args)

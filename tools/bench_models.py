@@ -26,6 +26,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from safe_io import parse_names  # noqa: E402
+
+BENCH_NAMES = ("pp512", "tg128", "tg4k")  # bench/bench_model.c BENCH_NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ["synthetic-0.6b", "synthetic-1.7b", "synthetic-4b"]
 BENCH_MODELS = set(DEFAULT_MODELS) | {"synthetic-tiny", "synthetic-tiny-untied"}
@@ -99,10 +104,13 @@ def main() -> int:
     ap.add_argument("--keep-hf", action="store_true", help="keep the Hugging Face directory after conversion")
     args = ap.parse_args()
 
-    models = [m for arg in args.model for m in arg.split(",") if m] or list(DEFAULT_MODELS)
-    for m in models:
-        if m not in BENCH_MODELS:
-            ap.error(f"model '{m}' is not a synthetic benchmark shape; expected one of {sorted(BENCH_MODELS)}")
+    try:
+        models = [m for arg in args.model for m in parse_names(arg, sorted(BENCH_MODELS), "--model",
+                                                        "synthetic benchmark shape")] \
+            or list(DEFAULT_MODELS)
+        parse_names(args.bench, BENCH_NAMES, "--bench", "benchmark")
+    except ValueError as e:
+        ap.error(str(e))
     models.sort(key=lambda m: DEFAULT_MODELS.index(m) if m in DEFAULT_MODELS else -1)  # 4B last
     bench_bin, prof_bin = ROOT / "build/kipp-bench", ROOT / "build/bin/kipp_profile"
     for b in (bench_bin, prof_bin):

@@ -151,6 +151,7 @@ class Checkpoint:
              if f.name not in ("revision_status", "weight_shards", "files")}
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["kv_bytes_per_token"] = self.kv_bytes_per_token
+        d["revision_status"] = self.revision_status
         return d
 
 

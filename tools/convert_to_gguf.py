@@ -32,6 +32,7 @@ from typing import BinaryIO, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
+from safe_io import SameFileError, atomic_output, refuse_same_file, term_escape  # noqa: E402
 
 ALIGNMENT = 64               # docs/FORMAT.md: one cache line, one zmm load
 FORMAT_VERSION = 1           # kipp.format_version
@@ -540,6 +541,10 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     if not indir.is_dir():
         raise ConvertError(f"input directory {indir} does not exist")
     check_output_path(out)
+    try:
+        refuse_same_file(out, input_files(indir))  # before any work; atomic_output checks again
+    except SameFileError as e:
+        raise ConvertError(str(e)) from None
     bad = config_mismatches(_load_json(indir / "config.json"), c)
     if bad:
         raise ConvertError(f"config.json does not match registry entry {c.id}:\n  " + "\n  ".join(bad))
@@ -556,17 +561,18 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     if not quiet:
         from tqdm import tqdm
         bar = tqdm(total=sum(t.nbytes for _, t in tensors), unit="B", unit_scale=True, desc=out.name)
-    part = out.with_name(out.name + ".part")
     try:
-        with open(part, "wb") as f:
+        with atomic_output(out, input_files(indir)) as f:
             write_gguf(f, meta, tensors, bar)
-        os.replace(part, out)
     finally:
         if bar is not None:
             bar.close()
-        if part.exists():
-            part.unlink()
     return len(tensors)
+
+
+def input_files(indir: Path) -> list[Path]:
+    """Every file the conversion reads: the checkpoint directory's regular files."""
+    return [p for p in indir.iterdir() if p.is_file()] if indir.is_dir() else []
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -586,8 +592,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     try:
         n = convert(c, args.input, args.out, args.quant, args.quiet)
-    except (ConvertError, OSError) as e:
-        print(f"convert_to_gguf: {e}", file=sys.stderr)
+    except (ConvertError, SameFileError, OSError) as e:
+        print(f"convert_to_gguf: {term_escape(str(e))}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(f"convert_to_gguf: wrote {args.out} ({n} tensors, {c.id}, {args.quant})")

@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 
 CKPT=${KIPP_DEMO_CHECKPOINT:-synthetic-tiny}
 BACKEND=${KIPP_DEMO_BACKEND:-cpu}
-PY=${PYTHON:-python3}
-OUT=build/demo
+PY=${PYTHON:-.venv/bin/python}   # the project venv (tools/install_deps.sh)
+OUT=build/models   # where `make models-test` writes too, and where the README's examples point
+QUIET=$([ -t 1 ] || echo --quiet)   # progress bars on a terminal only
 PROMPT="Write one sentence about the history of Cologne Cathedral."
 KIPP=${KIPP_BIN:-build/kipp}
 
@@ -36,11 +37,12 @@ EOF
 step() { printf '\n---- %s\n' "$*"; }
 
 step "1/4 synthetic checkpoint (Hugging Face layout): $OUT/$CKPT"
-"$PY" tools/make_checkpoint.py --checkpoint "$CKPT" --out "$OUT/$CKPT" --quiet
+"$PY" tools/make_checkpoint.py --checkpoint "$CKPT" --out "$OUT/$CKPT" $QUIET
 ls -l "$OUT/$CKPT"
 
 step "2/4 convert to Kipp GGUF: $OUT/$CKPT.gguf"
-"$PY" tools/convert_to_gguf.py --checkpoint "$CKPT" --input "$OUT/$CKPT" --out "$OUT/$CKPT.gguf" --quiet
+"$PY" tools/convert_to_gguf.py --checkpoint "$CKPT" --input "$OUT/$CKPT" --out "$OUT/$CKPT.gguf" $QUIET
+(cd "$OUT" && sha256sum "$CKPT.gguf" > "$CKPT.gguf.sha256")   # the stamp `make models-test` checks
 ls -l "$OUT/$CKPT.gguf"
 
 step "3/4 kipp inspect $OUT/$CKPT.gguf"

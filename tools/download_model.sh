@@ -9,6 +9,10 @@
 # is deleted, never left under its final name.
 #
 # Environment: HF_ENDPOINT (default https://huggingface.co), HF_TOKEN (optional),
-# PYTHON (default python3). The work is done by tools/hub_download.py.
+# PYTHON (default: the project venv .venv/bin/python made by tools/install_deps.sh,
+# else python3). The work is done by tools/hub_download.py.
 set -euo pipefail
-exec "${PYTHON:-python3}" "$(dirname "$0")/hub_download.py" "$@"
+root="$(dirname "$0")/.."
+py=${PYTHON:-$root/.venv/bin/python}
+[ -x "$py" ] || py=python3
+exec "$py" "$(dirname "$0")/hub_download.py" "$@"

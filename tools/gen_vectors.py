@@ -176,6 +176,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="tests/vectors")
     ap.add_argument("--checkpoints", default=",".join(CHECKPOINTS))
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from safe_io import parse_names
+    try:
+        parse_names(args.checkpoints, CHECKPOINTS, "--checkpoints")
+    except ValueError as e:
+        ap.error(str(e))
     import torch
 
     torch.manual_seed(0)

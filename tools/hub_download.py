@@ -44,6 +44,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
+from safe_io import term_escape  # noqa: E402
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CHUNK = 1 << 20
@@ -270,7 +271,7 @@ def download(c: reg.Checkpoint, dest: Path, endpoint: str, retries: int = 3, qui
     for name in sorted(remote):
         status = download_file(endpoint.rstrip("/"), c, remote[name], dest, retries, quiet)
         if not quiet:
-            print(f"download_model: {name}: {status}", file=sys.stderr)
+            print(f"download_model: {term_escape(name)}: {status}", file=sys.stderr)
     return sorted(remote)
 
 
@@ -288,14 +289,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"download_model: {e.args[0]}", file=sys.stderr)
         return 1
     except DownloadError as e:
-        print(f"download_model: {e}", file=sys.stderr)
+        print(f"download_model: {term_escape(str(e))}", file=sys.stderr)
         return 1
     dest = args.dest or Path("models") / c.id
     endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
     try:
         files = download(c, dest, endpoint, max(0, args.retries), args.quiet)
     except (DownloadError, OSError) as e:
-        print(f"download_model: {e}", file=sys.stderr)
+        print(f"download_model: {term_escape(str(e))}", file=sys.stderr)
         return 1
     print(f"download_model: {c.id} ({c.repository}@{c.revision}): {len(files)} files verified in {dest}")
     return 0

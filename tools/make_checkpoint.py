@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
+import safe_io  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_TOKENIZER = REPO_ROOT.parent / "shared" / "qwen3-tokenizer"
@@ -239,10 +239,8 @@ def _write_tensor(f: BinaryIO, spec: TensorSpec, seed: int, bar, budget: Optiona
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write via path.part + rename, so an interrupted run leaves no half file."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write via a temporary file + rename, so an interrupted run leaves no half file."""
+    safe_io.write_text(path, text)
 
 
 def _copy_tokenizer(c: reg.Checkpoint, out: Path) -> None:
@@ -253,7 +251,7 @@ def _copy_tokenizer(c: reg.Checkpoint, out: Path) -> None:
         if not src.is_file():
             raise UserError(f"tokenizer file {src} is missing (expected the shared Qwen3 tokenizer "
                             f"in {SHARED_TOKENIZER})")
-        shutil.copyfile(src, dst)
+        safe_io.copy_file(src, dst)  # refuses --out pointing at the shared tokenizer itself
 
 
 def write_checkpoint(c: reg.Checkpoint, out: Path, shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -269,6 +267,9 @@ def write_checkpoint(c: reg.Checkpoint, out: Path, shard_bytes: int = DEFAULT_SH
                         f"weights with: tools/download_model.sh --checkpoint {c.id}")
     if shard_bytes <= 0:
         raise UserError(f"--shard-bytes is {shard_bytes}; expected a positive byte count")
+    if out.exists() and SHARED_TOKENIZER.exists() and os.path.samefile(out, SHARED_TOKENIZER):  # (st_dev, st_ino)
+        raise UserError(f"--out {out} is the shared tokenizer directory {SHARED_TOKENIZER}, an input; "
+                        "expected another directory")
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
         old.unlink()  # a different sharding from an earlier run must not linger
@@ -322,7 +323,7 @@ def update_manifest(path: Path, c: reg.Checkpoint, out: Path, files: list[str]) 
         data = (out / name).read_bytes()
         entry["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     man.setdefault("checkpoints", {})[c.id] = entry
-    path.write_text(json.dumps(man, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    safe_io.write_text(path, json.dumps(man, indent=1, sort_keys=True) + "\n")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -348,8 +349,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyError as e:
         print(f"make_checkpoint: {e.args[0]}", file=sys.stderr)
         return 1
-    except (UserError, OSError) as e:
-        print(f"make_checkpoint: {e}", file=sys.stderr)
+    except (UserError, safe_io.SameFileError, OSError) as e:
+        print(f"make_checkpoint: {safe_io.term_escape(str(e))}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(f"make_checkpoint: wrote {len(files)} files of {c.id} into {args.out}")

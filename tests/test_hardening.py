@@ -1,0 +1,358 @@
+"""test_hardening.py - regression tests for issue 14 ("what a new user hit"), one group per defect.
+
+1. no command writes over its own input (by device and inode), outputs appear whole
+   (temporary file + rename), and `make models-test` trusts content, not time stamps;
+2. text crosses every API by (pointer, length): NUL inside a chat line is text;
+3. list-valued options match exact names and reject unknown ones with the known list;
+4. --help exits 0 everywhere, `kipp --version`, "missing required option";
+5. file-derived text is escaped before it reaches the terminal;
+6. chat: Ctrl-C stops a reply, a second one at the empty prompt exits, Ctrl-D ends
+   the prompt line, a dropped turn writes nothing to stdout;
+7. a model truncated while mapped ends the process with a message, not SIGBUS;
+9. docs and `make help` agree with what the commands do.
+Item 8 (install) is tests/test_install.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, models_dir
+
+KIPP = REPO_ROOT / "build" / "kipp"
+BENCH = REPO_ROOT / "build" / "kipp-bench"
+BENCH_TOK = REPO_ROOT / "build" / "bin" / "bench_tokenizer"
+STOP_BIAS = ["--logit-bias", "151645=-100", "--logit-bias", "151643=-100"]  # never stop by itself
+
+
+def run(*args, stdin: bytes | None = None, timeout: int = 120, cwd: Path = REPO_ROOT, env=None):
+    return subprocess.run([str(a) for a in args], input=stdin, capture_output=True, timeout=timeout, cwd=cwd,
+                          env=env)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def model_copy(tmp_path_factory) -> Path:
+    """A private copy of the tiny model: a regression here must not damage build/models."""
+    d = tmp_path_factory.mktemp("model")
+    dst = d / "m.gguf"
+    shutil.copyfile(models_dir() / "synthetic-tiny.gguf", dst)
+    return dst
+
+
+# ---------------------------------------------------------------- 1. data loss
+
+@pytest.mark.parametrize("spelling", ["same", "dotted", "symlink", "hardlink"])
+def test_logits_refuses_to_overwrite_its_model(model_copy, tmp_path, spelling):
+    before = sha(model_copy)
+    out = {"same": model_copy, "dotted": model_copy.parent / "." / model_copy.name}.get(spelling)
+    if spelling == "symlink":
+        out = tmp_path / "link.gguf"
+        out.symlink_to(model_copy)
+    elif spelling == "hardlink":
+        out = tmp_path / "hard.gguf"
+        os.link(model_copy, out)
+    r = run(KIPP, "logits", "--model", model_copy, "--prompt", "hi", "--out", out, "--backend", "ref")
+    assert r.returncode == 2, r.stderr
+    assert b"same file as the input" in r.stderr, r.stderr
+    assert sha(model_copy) == before
+
+
+def test_logits_output_appears_whole_or_not_at_all(model_copy, tmp_path):
+    out = tmp_path / "logits.f32"
+    out.write_bytes(b"OLD")
+    r = run(KIPP, "logits", "--model", model_copy, "--prompt", "hi", "--out", out, "--backend", "ref")
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size == 151936 * 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logits.f32"], "a temporary file was left behind"
+    r = run(KIPP, "logits", "--model", model_copy, "--prompt", "hi", "--out", tmp_path / "no-dir" / "x.f32",
+            "--backend", "ref")
+    assert r.returncode == 1 and b"no-dir" in r.stderr, r.stderr
+    assert not (tmp_path / "no-dir").exists()
+
+
+def test_bench_tokenizer_refuses_to_overwrite_its_model(model_copy):
+    before = sha(model_copy)
+    r = run(BENCH_TOK, "--model", model_copy, "--repeat", "ab ", "--bytes", "300", "--reps", "1", "--warmup", "0",
+            "--ids-out", model_copy)
+    assert r.returncode == 1 and b"same file as the input" in r.stderr, r.stderr
+    assert sha(model_copy) == before
+
+
+def test_converter_refuses_to_overwrite_an_input(tmp_path):
+    src = tmp_path / "ckpt"
+    shutil.copytree(models_dir() / "synthetic-tiny", src)
+    target = src / "model.safetensors"
+    before = sha(target)
+    r = run(sys.executable, "tools/convert_to_gguf.py", "--checkpoint", "synthetic-tiny", "--input", src,
+            "--out", target, "--quiet")
+    assert r.returncode == 1 and b"same file as the input" in r.stderr, r.stderr
+    assert sha(target) == before
+
+
+def test_make_checkpoint_refuses_the_shared_tokenizer_dir(shared_dir):
+    r = run(sys.executable, "tools/make_checkpoint.py", "--checkpoint", "synthetic-tiny", "--out",
+            shared_dir / "qwen3-tokenizer", "--quiet")
+    assert r.returncode == 1 and b"an input" in r.stderr, r.stderr
+
+
+def test_python_atomic_output_keeps_the_old_file_on_failure(tmp_path):
+    import safe_io
+    out = tmp_path / "o.bin"
+    out.write_bytes(b"OLD")
+    with pytest.raises(RuntimeError):
+        with safe_io.atomic_output(out) as f:
+            f.write(b"NEW-HALF")
+            raise RuntimeError("interrupted")
+    assert out.read_bytes() == b"OLD" and [p.name for p in tmp_path.iterdir()] == ["o.bin"]
+    with safe_io.atomic_output(out) as f:
+        f.write(b"NEW")
+    assert out.read_bytes() == b"NEW" and [p.name for p in tmp_path.iterdir()] == ["o.bin"]
+
+
+def test_models_test_rebuilds_an_overwritten_model(tmp_path):
+    """An overwritten (newer) model file is rebuilt: make trusts the recorded sha256, not the mtime."""
+    args = ["make", "--no-print-directory", f"BUILD={tmp_path}", "TEST_MODELS=synthetic-tiny", "models-test"]
+    r = run(*args, timeout=300)
+    assert r.returncode == 0, r.stderr
+    gguf = tmp_path / "models" / "synthetic-tiny.gguf"
+    good = sha(gguf)
+    assert good == sha(models_dir() / "synthetic-tiny.gguf")
+    gguf.write_bytes(b"logits, not a model")
+    r = run(*args, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert b"does not match its recorded sha256" in r.stdout, r.stdout
+    assert sha(gguf) == good
+
+
+# ---------------------------------------------------------------- 2. truncation at NUL
+
+def chat_prompt_tokens(line: bytes) -> int:
+    r = run(KIPP, "chat", "--model", models_dir() / "synthetic-tiny.gguf", "--backend", "ref", "--max-tokens", "1",
+            stdin=line)
+    assert r.returncode == 0, r.stderr
+    m = re.search(rb"reused 0 of (\d+) prompt tokens", r.stderr)
+    assert m, r.stderr
+    return int(m.group(1))
+
+
+def test_chat_line_with_nul_is_not_cut(tmp_path):
+    """`three\\0four five` reaches the tokenizer whole: its extra tokens are exactly what
+    `kipp tokenize --file` (which reads by length) gives for the part after `three`."""
+    text = b"three\0four five"
+    f = tmp_path / "t.txt"
+    f.write_bytes(text)
+    r = run(KIPP, "tokenize", "--model", models_dir() / "synthetic-tiny.gguf", "--file", f)
+    n_full = len(eval(r.stdout))
+    f.write_bytes(b"three")
+    r = run(KIPP, "tokenize", "--model", models_dir() / "synthetic-tiny.gguf", "--file", f)
+    n_three = len(eval(r.stdout))
+    assert n_full > n_three
+    assert chat_prompt_tokens(text + b"\n") - chat_prompt_tokens(b"three\n") == n_full - n_three
+
+
+# ---------------------------------------------------------------- 3. unknown names
+
+@pytest.mark.parametrize("names", ["nope", "pp", "pp512,tg12", "tg128,", ""])
+def test_kipp_bench_rejects_unknown_benchmark_names(tmp_path, names):
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", names, "--out", tmp_path,
+            "--profiles", tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert b"expected a comma-separated list of pp512, tg128, tg4k" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing may be written"
+
+
+@pytest.mark.parametrize("args", [["--bench", "nope"], ["--bench", "pp512,tg"], ["--model", "synthetic-tin"]])
+def test_bench_models_rejects_unknown_names(args):
+    r = run(sys.executable, "tools/bench_models.py", *args, timeout=60)
+    assert r.returncode == 2 and b"unknown " in r.stderr and b"expected a comma-separated list" in r.stderr, \
+        r.stderr
+
+
+# ---------------------------------------------------------------- 4. help and version
+
+@pytest.mark.parametrize("cmd", [[KIPP, "--help"], [KIPP, "registry", "--help"], [KIPP, "inspect", "--help"],
+                                 [KIPP, "tokenize", "--help"], [KIPP, "generate", "--help"], [KIPP, "chat", "-h"],
+                                 [KIPP, "logits", "--help"], [BENCH, "--help"], [BENCH_TOK, "--help"],
+                                 [REPO_ROOT / "build" / "bin" / "kipp_profile", "--help"],
+                                 ["bash", REPO_ROOT / "tools" / "install_deps.sh", "--help"]])
+def test_help_exits_0(cmd):
+    r = run(*cmd)
+    assert r.returncode == 0 and b"usage:" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_version_names_sha_flags_and_isa_levels():
+    r = run(KIPP, "--version")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    sha_now = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             cwd=REPO_ROOT).stdout.strip()
+    assert re.search(r"^kipp \d+\.\d+\.\d+$", out, re.M), out
+    assert re.search(rf"^git {sha_now}(-dirty)?$", out, re.M) or "git unknown" in out, out
+    assert re.search(r"^build flags: \S+ -std=c11 .*-O", out, re.M), out
+    assert re.search(r"^ISA levels compiled in: ref avx2 avx512", out, re.M), out
+    assert re.search(r"^ISA level selected on this CPU: (ref|avx2|avx512)", out, re.M), out
+
+
+@pytest.mark.parametrize("args,flag", [(["generate", "--model", "m.gguf"], "--prompt"),
+                                       (["logits", "--prompt", "hi"], "--model"),
+                                       (["logits", "--model", "m.gguf", "--prompt", "hi"], "--out"),
+                                       (["tokenize", "--text", "x"], "--model"),
+                                       (["detokenize", "--model", "m.gguf"], "--ids")])
+def test_missing_required_option_is_named(args, flag):
+    r = run(KIPP, *args)
+    assert r.returncode == 2
+    assert f"missing required option {flag}".encode() in r.stderr, r.stderr
+    assert b"(missing)" not in r.stderr
+
+
+def test_registry_shows_revision_and_status():
+    r = run(KIPP, "registry")
+    assert r.returncode == 0
+    lines = r.stdout.decode().splitlines()
+    assert "revision" in lines[0] and "status" in lines[0]
+    tiny = next(ln for ln in lines if ln.startswith("synthetic-tiny "))
+    assert "kipp-synth-v1-seed" in tiny and " synthetic " in tiny
+    assert any(re.search(r" [0-9a-f]{40} pinned-unverified ", ln) for ln in lines)
+
+
+# ---------------------------------------------------------------- 5. terminal injection
+
+def test_escape_sequences_in_a_tensor_name_never_reach_the_terminal(tmp_path):
+    data = (models_dir() / "synthetic-tiny.gguf").read_bytes()
+    evil = b"\x1b]0;pwn\x07\x1b[2J\x9bXXXX"  # OSC title, clear screen, raw C1 CSI byte
+    assert len(evil) == len(b"token_embd.weight")
+    bad = tmp_path / "evil.gguf"
+    bad.write_bytes(data.replace(b"token_embd.weight", evil, 1))
+    for args in (["inspect", bad], ["generate", "--model", bad, "--prompt", "hi"],
+                 ["tokenize", "--model", bad, "--text", "hi"]):
+        r = run(KIPP, *args)
+        assert r.returncode != 0
+        for stream in (r.stdout, r.stderr):
+            assert b"\x1b" not in stream and b"\x07" not in stream and b"\x9b" not in stream, stream
+        assert b"\\x1b]0;pwn\\x07" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- 6. chat UX
+
+class Chat:
+    """`kipp chat` on pipes, with stdout and stderr collected by threads."""
+
+    def __init__(self, *extra: str):
+        self.p = subprocess.Popen([str(KIPP), "chat", "--model", str(models_dir() / "synthetic-tiny.gguf"),
+                                   "--backend", "ref", *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, cwd=REPO_ROOT)
+        self.out, self.err = bytearray(), bytearray()
+        for src, dst in ((self.p.stdout, self.out), (self.p.stderr, self.err)):
+            threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        for chunk in iter(lambda: src.read1(4096), b""):
+            dst.extend(chunk)
+
+    def send(self, text: bytes):
+        self.p.stdin.write(text)
+        self.p.stdin.flush()
+
+    def wait_for(self, buf: bytearray, pred, timeout: float = 60.0):
+        end = time.monotonic() + timeout
+        while not pred(bytes(buf)):
+            assert self.p.poll() is None or pred(bytes(buf)), f"chat ended early: {bytes(self.err)!r}"
+            assert time.monotonic() < end, f"timed out; stderr: {bytes(self.err)!r}"
+            time.sleep(0.02)
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_the_conversation():
+    c = Chat("--max-tokens", "1000000", "--ctx", "4096", *STOP_BIAS)
+    c.send(b"hello\n")
+    c.wait_for(c.out, lambda b: len(b) > 20)            # the reply is streaming
+    c.p.send_signal(signal.SIGINT)
+    c.wait_for(c.err, lambda b: b"(interrupted)" in b)   # the timings line says so
+    c.wait_for(c.err, lambda b: b.endswith(b"> "))       # back at the prompt
+    assert c.p.poll() is None
+    n_before = len(c.out)
+    c.send(b"and again\n")
+    c.wait_for(c.out, lambda b: len(b) > n_before + 20)  # the second reply is streaming
+    c.p.send_signal(signal.SIGINT)                        # stops the second reply ...
+    c.wait_for(c.err, lambda b: b.count(b"(interrupted)") >= 2)
+    c.wait_for(c.err, lambda b: b.endswith(b"> "))
+    m = re.findall(rb"reused (\d+) of (\d+) prompt tokens", bytes(c.err))
+    # the conversation was kept: the first prompt is reused from the cache, and the second
+    # prompt holds the first turn (with the partial reply) plus the new line
+    assert len(m) == 2 and int(m[1][0]) >= int(m[0][1]) and int(m[1][1]) > int(m[0][1]) + 5, m
+    c.p.send_signal(signal.SIGINT)                        # ... and a second Ctrl-C at the empty prompt exits
+    assert c.p.wait(timeout=30) == 0, bytes(c.err)
+
+
+def test_ctrl_c_twice_at_the_empty_prompt_exits():
+    c = Chat()
+    c.wait_for(c.err, lambda b: b.endswith(b"> "))
+    c.p.send_signal(signal.SIGINT)
+    c.wait_for(c.err, lambda b: b"Ctrl-C again" in b and b.endswith(b"> "))
+    assert c.p.poll() is None, "one Ctrl-C at the prompt must not exit"
+    c.p.send_signal(signal.SIGINT)
+    assert c.p.wait(timeout=30) == 0, bytes(c.err)
+    assert c.out == b""
+
+
+def test_ctrl_d_ends_the_prompt_line():
+    r = run(KIPP, "chat", "--model", models_dir() / "synthetic-tiny.gguf", "--backend", "ref", stdin=b"")
+    assert r.returncode == 0
+    assert r.stderr.endswith(b"> \n"), r.stderr
+
+
+def test_dropped_turn_writes_nothing_to_stdout():
+    r = run(KIPP, "chat", "--model", models_dir() / "synthetic-tiny.gguf", "--backend", "ref", "--ctx", "5",
+            stdin=b"a message that does not fit\n")
+    assert r.returncode == 1
+    assert r.stdout == b"", r.stdout
+    assert b"turn dropped" in r.stderr
+
+
+# ---------------------------------------------------------------- 7. model truncated while mapped
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+def test_model_truncated_while_generating_is_reported(tmp_path, backend):
+    m = tmp_path / "m.gguf"
+    shutil.copyfile(models_dir() / "synthetic-tiny.gguf", m)
+    p = subprocess.Popen([str(KIPP), "generate", "--model", str(m), "--backend", backend, "--prompt", "hi",
+                          "--max-tokens", "4000", *STOP_BIAS], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.read(8)  # generation is running (weights are being read)
+    assert first, p.stderr.read()
+    os.truncate(m, 4096)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1, (p.returncode, err)
+    assert str(m).encode() in err and b"4096 bytes now" in err, err
+
+
+# ---------------------------------------------------------------- 9. docs
+
+def test_readme_model_path_is_what_the_demo_and_models_test_write():
+    readme = (REPO_ROOT / "README.md").read_text()
+    demo = (REPO_ROOT / "tools" / "demo.sh").read_text()
+    paths = set(re.findall(r"build/[\w/.-]*synthetic-tiny\.gguf", readme))
+    assert paths == {"build/models/synthetic-tiny.gguf"}, paths
+    assert re.search(r"^OUT=build/models\b", demo, re.M), "the demo must write where the README points"
+
+
+def test_make_help_lists_every_target():
+    r = run("make", "--no-print-directory", "help")
+    phony = re.search(r"^\.PHONY:(.*)$", (REPO_ROOT / "Makefile").read_text(), re.M).group(1).split()
+    for t in phony:
+        if t in ("all", "help", "clean"):
+            continue
+        assert re.search(rf"^make {re.escape(t)}\b", r.stdout.decode(), re.M), f"make help omits {t}"
