@@ -226,8 +226,15 @@ static int prepare(const char *cmd, const cli_gen_opts *o, kipp_model **m, uint3
 {
     char *text = NULL, err[512] = "";
     int rc = cli_gen_open(cmd, o, m);
-    if (!rc) rc = prompt_text(cmd, *m, o, &text);
-    if (!rc && cli_gen_tokenize(*m, text, ids, n, err, sizeof err)) {
+    if (!rc && o->chat) { /* typed markers in the prompt stay text: only the template's become control ids */
+        kipp_chat_message msg = {KIPP_ROLE_USER, o->prompt, NULL, NULL, 0};
+        kipp_chat_options co = {1, o->think, NULL};
+        int crc = kipp_chat_tokenize(*m, &msg, 1, &co, ids, n, NULL, err, sizeof err);
+        if (crc) fprintf(stderr, "kipp %s: --chat: %s\n", cmd, err), rc = crc == KIPP_ENOTSUP ? 2 : 1;
+    } else if (!rc) {
+        rc = prompt_text(cmd, *m, o, &text);
+    }
+    if (!rc && !o->chat && cli_gen_tokenize(*m, text, ids, n, err, sizeof err)) {
         fprintf(stderr, "kipp %s: tokenizing the prompt: %s\n", cmd, err);
         rc = 1;
     }
