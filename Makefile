@@ -39,7 +39,7 @@ SERVER_SRC:= $(wildcard server/*.c)
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/test_kernels_avx512emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(EMU_TEST) $(BENCH_BIN) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(EMU_TEST) $(BENCH_BIN) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
 
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
@@ -59,6 +59,10 @@ $(BUILD)/libkipp.a: $(LIB_OBJ)
 
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+# kipp-serve (server/): HTTP via libmicrohttpd, over the public engine API only.
+$(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
+	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd $(LDLIBS) -o $@
 
 $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
