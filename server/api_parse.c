@@ -59,6 +59,7 @@ static char *dupn(const char *s, size_t n)
 
 static const char *type_name(const json_t *v)
 {
+    if (!v) return "missing";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -202,7 +203,7 @@ static int parse_prompt(serve_req *r, const json_t *v, serve_error *e)
 /* content: a string, or a list of {"type": "text", "text": ...} parts, concatenated. */
 static int parse_content(const json_t *c, size_t i, char **out, serve_error *e)
 {
-    if (json_is_null(c)) return 0;
+    if (!c || json_is_null(c)) return 0;
     if (json_is_string(c))
         return (*out = dupn(json_string_value(c), json_string_length(c))) ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
     if (!json_is_array(c)) return BAD("messages", "messages[%zu].content is %s, expected a string or an array of text parts", i, type_name(c));
