@@ -64,9 +64,12 @@ $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd $(LDLIBS) -o $@
 
+# test_serve_text checks the server's text view: link those server objects too.
+$(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/api_parse.o
+
 $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) $(ALLCFLAGS) $(filter-out %.a,$^) $(filter %.a,$^) $(LDLIBS) -o $@
 
 $(BENCH_BIN): $(BUILD)/bin/%: $(BUILD)/bench/kernels/%.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
