@@ -34,7 +34,7 @@ BENCH_BIN := $(BENCH_SRC:bench/kernels/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz fuzz-http soak bench-serve bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/test_kernels_avx512emu)
@@ -129,6 +129,24 @@ fuzz: models-test $(BUILD)/libkipp.a
 	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
+# libFuzzer over kipp-serve's request parser/validator and text view (tests/fuzz_http.c).
+FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/text_out.c server/api_render.c
+fuzz-http: $(BUILD)/libkipp.a
+	@mkdir -p $(BUILD)/fuzz fuzz-http-corpus
+	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined $(FUZZ_HTTP_SRC) $(BUILD)/libkipp.a $(LDLIBS) -o $(BUILD)/fuzz/fuzz_http
+	$(PYTHON) tools/serve_fuzz_seed.py --out fuzz-http-corpus
+	$(BUILD)/fuzz/fuzz_http -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=4096 fuzz-http-corpus
+
+# kipp-serve under load: 32 clients, random hang-ups, every answer checked (tools/serve_soak.py).
+SOAK_SECONDS ?= 300
+soak: $(BUILD)/kipp-serve models-test
+	$(PYTHON) tools/serve_soak.py --seconds $(SOAK_SECONDS)
+
+# kipp-serve throughput/latency at 1/4/8/16 streams -> results/<date>-<host>-serve-<sha>.json
+bench-serve: $(BUILD)/kipp-serve
+	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL))
+
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles
 
@@ -175,6 +193,9 @@ help:
 	@echo "make test       build tiny synthetic models and run every test (ends 'N passed, N failed')"
 	@echo "make asan       the C tests under ASan+UBSan (clang)"
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
+	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
+	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
+	@echo "make bench-serve [MODEL=synthetic-0.6b]   kipp-serve 1/4/8/16 streams -> results/"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
