@@ -62,7 +62,7 @@ static void split_think(const serve_req *r, const char *raw, size_t L, int final
     if (!r->starts_in_reasoning) {
         if (L >= 7 && !memcmp(raw, "<think>", 7)) {
             body = 7;
-        } else if (!final && !memcmp(raw, "<think>", L)) {
+        } else if (!final && L < 7 && !memcmp(raw, "<think>", L)) {
             return; /* could still become "<think>": show nothing yet */
         } else {
             v->content_off = 0, v->content_len = L;
