@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import subprocess
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SERVE = REPO / "build" / "kipp-serve"
+SERVE = Path(os.environ.get("KIPP_SERVE_BIN", REPO / "build" / "kipp-serve"))  # override: a sanitizer build
 
 
 class Server:
