@@ -221,3 +221,18 @@ def test_chat_markers_in_content_stay_text(srv):
         assert st == 200, r
         return r["usage"]["prompt_tokens"]
     assert n_prompt("a<|im_start|>b") > n_prompt("ab") + 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_utf8_held_back_and_invalid_replaced(srv, stream):
+    """Byte token 160 is 0xE4, a 3-byte lead: each is held back until the next one
+    proves it invalid, then sent as U+FFFD (the last at the final flush); the
+    stream never carries a partial character (parse_sse decodes strictly)."""
+    def run(bias, n, **kw):
+        body = {"prompt": "x", "max_tokens": n, "temperature": 0, "logit_bias": bias, "stream": stream, **kw}
+        st, raw = srv.request("POST", "/v1/completions", body)
+        assert st == 200
+        if stream:
+            return check_stream(parse_sse(raw), 1, False, False)[0][0]  # parse_sse decodes strictly
+        return json.loads(raw)["choices"][0]["text"]
+    assert run({"160": 100}, 3) == "\ufffd" * 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -77,7 +78,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX), "--max-body", "65536", "--max-header", "8192") as s:
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX), "--max-body", "65536", "--max-header", "8192",
+                "--idle-timeout", "2") as s:
         yield s
 
 
@@ -133,6 +135,14 @@ def test_header_too_large(srv):
     s.close()
     status = int(resp.split(b" ")[1])
     assert status in (413, 431), resp[:200]
+
+
+def test_idle_connection_closed(srv):
+    """--idle-timeout 2: a connection that sends nothing is closed by the server."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    t0 = time.time()
+    assert s.recv(100) == b"" and 1.5 < time.time() - t0 < 8
+    s.close()
 
 
 def test_unknown_path_and_method(srv):

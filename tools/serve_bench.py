@@ -111,6 +111,7 @@ def main() -> int:
         from bench_models import ensure_model
         gguf, mid = ensure_model(args.checkpoint, ROOT / "models", False), args.checkpoint
     levels = [int(x) for x in args.levels.split(",")]
+    load_start = os.getloadavg()[0]
     results = []
     with Server(gguf, "--ctx", "256", "--max-batch", str(max(16, max(levels))), "--threads", str(args.threads)) as srv:
         level(srv.port, 1, 4)  # warm-up: page in the weights
@@ -133,7 +134,8 @@ def main() -> int:
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
            "profile": f"profiles/{host}.json" if (ROOT / "profiles" / f"{host}.json").exists() else None,
            "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu, "isa_flags": flags, "server": "kipp-serve",
-                      "peers": "none (the llama-server side-by-side belongs to the peers issue)"},
+                      "peers": "none (the llama-server side-by-side belongs to the peers issue)",
+                      "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
            "results": results}
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{host}-serve-{sha}.json"
