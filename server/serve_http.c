@@ -17,6 +17,7 @@
 typedef struct {
     serve_buf body;
     int too_big;
+    int untimed;              /* the idle timeout is off while a completion runs */
 } conn_state;
 
 typedef struct {
@@ -230,7 +231,13 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     int chat = !strcmp(url, "/v1/chat/completions"), cmpl = !strcmp(url, "/v1/completions");
     serve_error e;
-    if ((chat || cmpl) && post) return completion(h, c, cs, chat);
+    if ((chat || cmpl) && post) {
+        /* Generation may take longer than --idle-timeout without a byte on the wire:
+         * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+        cs->untimed = 1;
+        return completion(h, c, cs, chat);
+    }
     if (get && !strcmp(url, "/health")) return send_json(c, 200, strdup("{\"status\":\"ok\"}"));
     if (get && !strcmp(url, "/v1/models")) return models(h, c);
     if (get && !strcmp(url, "/metrics")) return metrics(h, c);
@@ -267,8 +274,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code)
 {
+    serve_http *h = cls;
     conn_state *cs = *con_cls;
-    (void)cls, (void)c, (void)code;
+    (void)code;
+    if (cs && cs->untimed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_s); /* restarts the timer */
     if (cs) serve_buf_free(&cs->body), free(cs);
     *con_cls = NULL;
 }
@@ -277,6 +286,7 @@ int serve_http_start(serve_http *h, const struct sockaddr *addr, unsigned max_co
 {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
     if (addr->sa_family == AF_INET6) flags |= MHD_USE_IPv6;
+    h->idle_s = idle_s;
     h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, addr,
                                  MHD_OPTION_CONNECTION_LIMIT, max_conn, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, max_header, MHD_OPTION_NOTIFY_COMPLETED, on_done, h,

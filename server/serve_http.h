@@ -19,6 +19,7 @@ typedef struct {
     time_t started;
     struct MHD_Daemon *daemon;
     unsigned port;            /* bound port (useful with --port 0) */
+    unsigned idle_s;          /* --idle-timeout, seconds */
 } serve_http;
 
 /**

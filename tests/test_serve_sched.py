@@ -126,3 +126,21 @@ def test_keepalive_connection_reuse(srv):
         r = c.getresponse()
         assert r.status == 200 and json.loads(r.read())["choices"]
     c.close()
+
+
+def test_long_generation_outlives_idle_timeout(synthetic_gguf):
+    """--idle-timeout 1: a completion that runs for seconds without a byte on the
+    wire is not idle; streamed and non-streamed both finish, and the connection's
+    idle timer runs again afterwards."""
+    no_eos = {"151643": -100, "151645": -100}
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--idle-timeout", "1") as s:
+        body = {"prompt": "x", "max_tokens": 250, "temperature": 0, "logit_bias": no_eos, "n": 4}
+        t0 = time.time()
+        st, r = s.post("/v1/completions", body)
+        assert st == 200 and r["usage"]["completion_tokens"] == 4 * 250, r
+        assert time.time() - t0 > 1.5, "too fast to test the idle timeout: raise max_tokens"
+        st, raw = s.request("POST", "/v1/completions", {**body, "stream": True})
+        assert st == 200 and raw.endswith(b"data: [DONE]\n\n")
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        assert c.recv(10) == b""  # an idle connection is still closed
+        c.close()

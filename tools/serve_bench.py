@@ -46,6 +46,8 @@ def one_stream(port: int, out: list, k: int, max_tokens: int) -> None:
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     r = c.getresponse()
+    if r.status != 200:
+        print(f"serve_bench.py: stream {k}: HTTP {r.status} {r.read()[:300]!r}", file=sys.stderr)
     stamps, usage, buf = [], None, b""
     while True:
         line = r.readline()
@@ -55,6 +57,9 @@ def one_stream(port: int, out: list, k: int, max_tokens: int) -> None:
         if not buf.startswith(b"data: ") or buf == b"data: [DONE]":
             continue
         ch = json.loads(buf[6:])
+        if "error" in ch:
+            print(f"serve_bench.py: stream {k}: {ch['error']['message']}", file=sys.stderr)
+            continue
         if ch.get("usage"):
             usage = ch["usage"]
         if any(x.get("text") for x in ch["choices"]):
@@ -140,7 +145,7 @@ def main() -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{host}-serve-{sha}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"serve_bench.py: wrote {path.relative_to(ROOT)}")
+    print(f"serve_bench.py: wrote {path}")
     return 0
 
 
