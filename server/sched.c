@@ -102,8 +102,24 @@ void serve_sched_cancel(serve_sched *s, serve_job *j)
     pthread_cond_broadcast(&s->cv);
 }
 
+static uint64_t blocks_of(uint32_t cap) { return (cap + 31) / 32; }
+
+/* KV blocks a job's sessions hold: n choices of prompt + max_tokens positions. */
+static uint64_t job_blocks(const serve_job *j)
+{
+    return (uint64_t)j->req.n * blocks_of((uint32_t)(j->req.n_prompt + (size_t)j->req.max_tokens));
+}
+
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
+    if (job_blocks(j) > s->o.kv_budget_blocks) {
+        serve_fail(e, 400, "invalid_request_error", "max_tokens",
+                   "n %d x (%zu prompt + %lld max_tokens) positions need %llu KV blocks of 32, above the server's budget of "
+                   "%llu (--kv-mib); lower max_tokens or n", j->req.n, j->req.n_prompt, (long long)j->req.max_tokens,
+                   (unsigned long long)job_blocks(j), (unsigned long long)s->o.kv_budget_blocks);
+        snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
+        return -1;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->n_queued >= s->o.max_queue) {
         int q = s->n_queued;
@@ -126,8 +142,6 @@ int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 }
 
 /* ---- choices ---- */
-
-static uint64_t blocks_of(uint32_t cap) { return (cap + 31) / 32; }
 
 static void choice_free(serve_sched *s, sched_choice *c)
 {
@@ -197,11 +211,13 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
     return 0;
 }
 
-/* Admit queued jobs in FIFO order while their choices fit (mu held). */
+/* Admit queued jobs in FIFO order while their choices fit the batch and their
+ * sessions the KV budget (mu held); a job that does not fit waits at the head. */
 static void admit(serve_sched *s)
 {
     serve_metrics *mt = serve_metrics_get();
-    while (s->head && s->n_act + s->head->req.n <= s->o.max_choices) {
+    while (s->head && s->n_act + s->head->req.n <= s->o.max_choices &&
+           mt->kv_blocks + job_blocks(s->head) <= s->o.kv_budget_blocks) {
         serve_job *j = s->head;
         s->head = j->next;
         if (!s->head) s->tail = NULL;

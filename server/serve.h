@@ -179,6 +179,7 @@ typedef struct {
     int max_choices;          /* active choices per step (batch limit) */
     int max_queue;            /* queued requests before 429 */
     uint32_t n_ctx;           /* per-choice context (tokens) */
+    uint64_t kv_budget_blocks;/* 32-position KV blocks all live sessions may hold (--kv-mib) */
 } serve_sched_opts;
 
 /** Create and start the scheduler thread over model m; NULL on failure (err filled). */
@@ -190,7 +191,9 @@ pthread_mutex_t *serve_sched_mutex(serve_sched *s);
 /** Engine lock: hold while calling kipp_* on the model outside the scheduler. */
 pthread_mutex_t *serve_engine_mutex(serve_sched *s);
 /**
- * Queue job (takes one reference); 0, or -1 with e filled (429 queue full).
+ * Queue job (takes one reference); 0, or -1 with e filled (429 queue full;
+ * 400 when its choices alone need more KV blocks than the whole budget).
+ * Admission waits while the KV budget is in use by others.
  * Call without the sched mutex held.
  */
 int serve_sched_submit(serve_sched *s, serve_job *job, serve_error *e);

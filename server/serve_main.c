@@ -14,7 +14,7 @@
 
 typedef struct {
     const char *model, *backend, *host, *alias;
-    long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn;
+    long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib;
 } serve_opts;
 
 typedef struct {
@@ -40,18 +40,20 @@ static void usage(FILE *f)
             "  --max-body N       request body bytes, default 1048576 (larger: 413)\n"
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
-            "  --max-connections N  default 128\n");
+            "  --max-connections N  default 128\n"
+            "  --kv-mib N         KV cache budget of all live choices in MiB, default 4096; requests wait\n"
+            "                     for room, and one that alone needs more is refused (400)\n");
 }
 
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
-    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128};
+    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
         {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
         {"--max-queue", &o->max_queue, 1, 4096, ""}, {"--max-body", &o->max_body, 64, 1LL << 30, ""},
         {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
-        {"--max-connections", &o->max_conn, 1, 4096, ""},
+        {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -114,7 +116,8 @@ static int run(const serve_opts *o, kipp_model *m)
     struct sockaddr_storage ss;
     if (make_addr(o, &ss)) return 2;
     char err[256] = "";
-    serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx};
+    uint64_t block_bytes = 32 * info.kv_bytes_per_token;
+    serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx, ((uint64_t)o->kv_mib << 20) / block_bytes};
     serve_http h = {0};
     h.sched = serve_sched_start(m, &so, err, sizeof err);
     if (!h.sched) return fprintf(stderr, "kipp-serve: %s\n", err), 1;

@@ -144,3 +144,25 @@ def test_long_generation_outlives_idle_timeout(synthetic_gguf):
         c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
         assert c.recv(10) == b""  # an idle connection is still closed
         c.close()
+
+
+def test_kv_budget_admission(synthetic_gguf):
+    """--kv-mib 1 on the tiny model (8 KiB per position) is 4 blocks of 32: a request
+    that alone needs more is a 400; requests that fit together wait their turn and
+    still reproduce their isolated outputs."""
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-mib", "1") as s:
+        st, r = s.post("/v1/completions", {"prompt": "x", "max_tokens": 100, "n": 2})
+        assert st == 400 and r["error"]["code"] == "kv_budget_exceeded" and "--kv-mib" in r["error"]["message"]
+        bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 40, "temperature": 0.7, "seed": k} for k in range(3)]
+        alone = [s.post("/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
+        out = [None] * 3
+
+        def go(k):
+            out[k] = s.post("/v1/completions", bodies[k])
+
+        ts = [threading.Thread(target=go, args=(k,)) for k in range(3)]
+        [t.start() for t in ts]
+        [t.join(timeout=120) for t in ts]
+        assert [o[0] for o in out] == [200] * 3
+        assert [o[1]["choices"][0]["text"] for o in out] == alone
+        assert s.wait_idle()
