@@ -41,12 +41,12 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz bench bench-peers bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
 
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(@D)
@@ -93,9 +93,16 @@ FORCE:
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
+# kipp-serve (server/): HTTP via libmicrohttpd, over the public engine API only.
+$(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
+	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd $(LDLIBS) -o $@
+
+# test_serve_text checks the server's text view: link those server objects too.
+$(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/api_parse.o
+
 $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
-	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) $(ALLCFLAGS) $(filter-out %.a,$^) $(filter %.a,$^) $(LDLIBS) -o $@
 
 # The levels this CPU lacks: their sources once more against SIMDe's portable
 # AVX-512 (libsimde-dev), linked into kcheck_emu in place of the native ones.
@@ -163,6 +170,24 @@ fuzz: models-test $(BUILD)/libkipp.a
 	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
+# libFuzzer over kipp-serve's request parser/validator and text view (tests/fuzz_http.c).
+FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/text_out.c server/api_render.c
+fuzz-http: $(BUILD)/libkipp.a
+	@mkdir -p $(BUILD)/fuzz fuzz-http-corpus
+	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined $(FUZZ_HTTP_SRC) $(BUILD)/libkipp.a $(LDLIBS) -o $(BUILD)/fuzz/fuzz_http
+	$(PYTHON) tools/serve_fuzz_seed.py --out fuzz-http-corpus
+	$(BUILD)/fuzz/fuzz_http -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -max_len=4096 fuzz-http-corpus
+
+# kipp-serve under load: 32 clients, random hang-ups, every answer checked (tools/serve_soak.py).
+SOAK_SECONDS ?= 300
+soak: $(BUILD)/kipp-serve models-test
+	$(PYTHON) tools/serve_soak.py --seconds $(SOAK_SECONDS)
+
+# kipp-serve throughput/latency at 1/4/8/16 streams -> results/<date>-<host>-serve-<sha>.json
+bench-serve: $(BUILD)/kipp-serve
+	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL))
+
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles
 
@@ -226,6 +251,9 @@ help:
 	@echo "make models-test   the tiny synthetic test models in build/models (rebuilt when their sha256 changes)"
 	@echo "make asan       the C tests under ASan+UBSan (clang)"
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
+	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
+	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
+	@echo "make bench-serve [MODEL=synthetic-0.6b]   kipp-serve 1/4/8/16 streams -> results/"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     kernel microbenchmarks -> results/*.json (makes the machine profile first)"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"

@@ -193,6 +193,19 @@ int kipp_chat_render(const kipp_model *model, const kipp_chat_message *msgs, siz
 int kipp_chat_render_n(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
                        const kipp_chat_options *opts, char **out, size_t *out_len, char *err, size_t errlen);
 
+/**
+ * Render msgs as kipp_chat_render does and tokenize the text so that only the
+ * template's own markers become control tokens: message text (content,
+ * reasoning_content) is plain text, so a typed "<|im_start|>" stays text
+ * (engine/chat_tokens.c). Equals kipp_tokenize(render, KIPP_TOK_SPECIAL) when
+ * the messages hold no marker text. *ids ([*n_ids], malloc'd) and, when text is
+ * non-NULL, *text (the rendered prompt, malloc'd, NUL-terminated) belong to the
+ * caller. Errors: those of kipp_chat_render and kipp_tokenize, KIPP_ENOMEM.
+ */
+int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
+                       const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, char *err,
+                       size_t errlen);
+
 /* ---- sessions (engine/session.c) ---- */
 
 /**
@@ -264,21 +277,23 @@ typedef struct { uint32_t token; float bias; } kipp_logit_bias;
 
 /**
  * Sampling parameters. kipp_sample_params_default() gives greedy-equivalent
- * neutral values (temperature 0 = argmax). Penalties look at the last
- * penalty_window tokens of history (OpenAI semantics for frequency/presence,
- * CTRL semantics for repetition_penalty).
+ * neutral values (temperature 0 = argmax). repetition_penalty (CTRL) looks at
+ * the distinct tokens among the last penalty_window entries of history, prompt
+ * included (llama.cpp penalty_last_n); frequency/presence (OpenAI) count every
+ * generated token: history after its first n_prompt_history entries.
  */
 typedef struct {
     float temperature;        /* 0 = greedy argmax; > 0 scales logits */
     int top_k;                /* 0 = off */
-    float top_p;              /* 1 = off; (0,1] */
+    float top_p;              /* 1 = off; [0,1]; 0 = greedy (argmax) */
     float min_p;              /* 0 = off; [0,1] */
     float repetition_penalty; /* 1 = off; > 0 */
     float frequency_penalty;  /* 0 = off; [-2,2] */
     float presence_penalty;   /* 0 = off; [-2,2] */
     uint32_t penalty_window;  /* tokens of history considered; default 64 */
-    const uint32_t *history;  /* [history_len] previously generated tokens, oldest first */
+    const uint32_t *history;  /* [history_len] prompt then generated tokens, oldest first */
     size_t history_len;
+    size_t n_prompt_history;  /* leading history entries that are prompt, not output; 0 = all output */
     const kipp_logit_bias *logit_bias; /* [n_logit_bias] */
     size_t n_logit_bias;
 } kipp_sample_params;

@@ -6,10 +6,13 @@
  * Order of operations (each stage sees the previous stage's output):
  *   1. logit_bias               (additive, OpenAI)
  *   2. repetition penalty       (CTRL, Keskar et al. 2019: positive logits / p,
- *                                negative * p, once per distinct windowed token;
- *                                saturated at +-FLT_MAX instead of overflowing)
- *   3. frequency / presence     (OpenAI: logit -= count*freq + (count>0)*presence)
- *   4. temperature 0 => argmax  (ties -> lowest id), done
+ *                                negative * p, once per distinct token among the
+ *                                last penalty_window of history, prompt included,
+ *                                as llama.cpp penalty_last_n; saturated at +-FLT_MAX)
+ *   3. frequency / presence     (OpenAI: logit -= count*freq + (count>0)*presence,
+ *                                counting generated tokens only: history after
+ *                                its first n_prompt_history entries)
+ *   4. temperature 0 or top_p 0 => argmax (ties -> lowest id), done
  *   5. temperature scaling      (logit / T)
  *   6. top_k                    (keep the k largest; ties at the boundary -> lower ids)
  *   7. softmax                  (double precision, max-subtracted)
@@ -79,8 +82,8 @@ static int check_params(const kipp_sample_params *p, size_t n_vocab, char *err, 
     if (!(p->temperature >= 0.0f) || isinf(p->temperature))
         return kipp_err(err, errlen, KIPP_EINVAL, "temperature %g is invalid, expected a finite value >= 0", (double)p->temperature);
     if (p->top_k < 0) return kipp_err(err, errlen, KIPP_EINVAL, "top_k %d is invalid, expected >= 0 (0 = off)", p->top_k);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return kipp_err(err, errlen, KIPP_EINVAL, "top_p %g is invalid, expected a value in (0, 1]", (double)p->top_p);
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "top_p %g is invalid, expected a value in [0, 1] (0 = greedy)", (double)p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return kipp_err(err, errlen, KIPP_EINVAL, "min_p %g is invalid, expected a value in [0, 1]", (double)p->min_p);
     if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
@@ -91,6 +94,9 @@ static int check_params(const kipp_sample_params *p, size_t n_vocab, char *err, 
         return kipp_err(err, errlen, KIPP_EINVAL, "presence_penalty %g is invalid, expected a value in [-2, 2]", (double)p->presence_penalty);
     if (p->history_len && !p->history)
         return kipp_err(err, errlen, KIPP_EINVAL, "history is NULL with history_len %zu", p->history_len);
+    if (p->n_prompt_history > p->history_len)
+        return kipp_err(err, errlen, KIPP_EINVAL, "n_prompt_history %zu is above history_len %zu, expected at most it",
+                        p->n_prompt_history, p->history_len);
     for (size_t i = 0; i < p->history_len; i++)
         if (p->history[i] >= n_vocab)
             return kipp_err(err, errlen, KIPP_ERANGE, "history token %u (index %zu) is out of range, expected an id below %zu",
@@ -115,23 +121,35 @@ static void apply_bias(float *x, const kipp_sample_params *p)
     for (size_t i = 0; i < p->n_logit_bias; i++) x[p->logit_bias[i].token] += p->logit_bias[i].bias;
 }
 
-/* Counts of each token in the window are gathered in counts[] (zeroed, [n_vocab])
- * and cleared again on the way out, so the pass costs O(window), not O(vocab). */
-static void apply_penalties(float *x, uint32_t *counts, const kipp_sample_params *p)
+/* counts[] ([n_vocab], zeroed) marks or counts tokens and is cleared again on
+ * the way out, so each pass costs O(tokens looked at), not O(vocab). */
+static void apply_repetition(float *x, uint32_t *counts, const kipp_sample_params *p)
 {
     size_t w = p->history_len < p->penalty_window ? p->history_len : p->penalty_window;
-    if (w == 0 || !p->history) return; /* no history: nothing to penalise (history may be NULL) */
+    if (w == 0 || !p->history || p->repetition_penalty == 1.0f) return; /* history may be NULL */
     const uint32_t *h = p->history + (p->history_len - w);
-    for (size_t i = 0; i < w; i++) counts[h[i]]++;
     for (size_t i = 0; i < w; i++) {
+        uint32_t t = h[i];
+        if (counts[t]) continue; /* once per distinct token */
+        counts[t] = 1;
+        float v = x[t] > 0.0f ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
+        /* The penalty is monotone, so saturating keeps the order it means to impose
+         * where a large finite logit and a small (or large) penalty would overflow. */
+        x[t] = isinf(v) ? copysignf(FLT_MAX, v) : v;
+    }
+    for (size_t i = 0; i < w; i++) counts[h[i]] = 0;
+}
+
+/* OpenAI frequency/presence over the generated part of history, all of it. */
+static void apply_freq_presence(float *x, uint32_t *counts, const kipp_sample_params *p)
+{
+    if (!p->history || (p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f)) return;
+    const uint32_t *h = p->history + p->n_prompt_history;
+    size_t n = p->history_len - p->n_prompt_history;
+    for (size_t i = 0; i < n; i++) counts[h[i]]++;
+    for (size_t i = 0; i < n; i++) {
         uint32_t t = h[i], c = counts[t];
         if (!c) continue; /* already penalised */
-        if (p->repetition_penalty != 1.0f) {
-            float v = x[t] > 0.0f ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
-            /* The penalty is monotone, so saturating keeps the order it means to impose
-             * where a large finite logit and a small (or large) penalty would overflow. */
-            x[t] = isinf(v) ? copysignf(FLT_MAX, v) : v;
-        }
         x[t] -= (float)c * p->frequency_penalty + p->presence_penalty;
         counts[t] = 0;
     }
@@ -296,12 +314,14 @@ int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params
     }
     memcpy(x, logits, n_vocab * sizeof *x);
     apply_bias(x, p);
-    apply_penalties(x, counts, p);
+    apply_repetition(x, counts, p);
+    apply_freq_presence(x, counts, p);
     /* Biases and penalties are finite, but their sum with a large logit need not be. */
     for (size_t i = 0; i < n_vocab && !rc; i++)
         if (!isfinite(x[i]))
             rc = kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", i, (double)x[i]);
-    if (!rc) *token = p->temperature == 0.0f ? argmax(x, n_vocab) : sample_scaled(x, n_vocab, p, c, rng);
+    int greedy = p->temperature == 0.0f || p->top_p == 0.0f;
+    if (!rc) *token = greedy ? argmax(x, n_vocab) : sample_scaled(x, n_vocab, p, c, rng);
     free(x), free(counts), free(c);
     return rc;
 }

@@ -124,8 +124,9 @@ static void test_temperature_distribution(void)
     check_distribution(logits, 5, &p, want, 8);
 }
 
-/* Hand-computed: rep 2 divides positive / multiplies negative logits of windowed
- * tokens; then logit -= count*0.5 + 0.25 for tokens present. */
+/* Hand-computed: rep 2 divides positive / multiplies negative logits of the
+ * distinct tokens in the last penalty_window of history (prompt included); then
+ * logit -= count*0.5 + 0.25 for tokens generated (history past n_prompt_history). */
 static void test_penalties(void)
 {
     const float logits[5] = {2.0f, 1.0f, -1.0f, 0.5f, 0.0f};
@@ -137,6 +138,7 @@ static void test_penalties(void)
     p.presence_penalty = 0.25f;
     p.history = history;
     p.history_len = 6;
+    p.n_prompt_history = 3; /* the three 4s are prompt: no frequency/presence for them */
     p.penalty_window = 3;
     /* token 0: 2/2 - (2*0.5+0.25) = -0.25; token 2: -1*2 - (0.5+0.25) = -2.75 */
     const double adj[5] = {-0.25, 1.0, -2.75, 0.5, 0.0};
@@ -149,12 +151,41 @@ static void test_penalties(void)
     kipp_rng_seed(&rng, 1);
     uint32_t tok = 99;
     CHECK(kipp_sample_ex(logits, 5, &p, &rng, &tok, NULL, 0) == 0 && tok == 1, "penalised greedy picked %u, expected 1", tok);
-    /* A full window reaches token 4 (count 3): 0 - (1.5 + 0.25); repetition leaves 0 unchanged. */
-    p.penalty_window = 64;
+    /* All history generated: frequency counts token 4 (3 times) although the
+     * repetition window (3) does not reach it: 0 - (1.5 + 0.25). */
+    p.n_prompt_history = 0;
     p.temperature = 1.0f;
     const double adj2[5] = {-0.25, 1.0, -2.75, 0.5, -1.75};
     softmax_ref(adj2, 5, 1.0, want);
     check_distribution(logits, 5, &p, want, 12);
+    /* Repetition alone reaches prompt tokens inside the window: 0.5 -> 0.25 for token 3. */
+    const uint32_t h3[] = {3, 1};
+    p = kipp_sample_params_default();
+    p.temperature = 1.0f;
+    p.repetition_penalty = 2.0f;
+    p.frequency_penalty = 2.0f;
+    p.history = h3, p.history_len = 2, p.n_prompt_history = 2;
+    const double adj3[5] = {2.0, 0.5, -1.0, 0.25, 0.0};
+    softmax_ref(adj3, 5, 1.0, want);
+    check_distribution(logits, 5, &p, want, 13);
+}
+
+/* top_p 0 is greedy, whatever the temperature (not refused). */
+static void test_top_p_zero_is_greedy(void)
+{
+    const float logits[5] = {0.1f, 3.0f, 2.9f, -1.0f, 0.0f};
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 5.0f;
+    p.top_p = 0.0f;
+    for (uint64_t seed = 0; seed < 50; seed++) {
+        kipp_rng rng;
+        kipp_rng_seed(&rng, seed);
+        uint32_t tok = 99;
+        char err[128] = "";
+        int rc = kipp_sample_ex(logits, 5, &p, &rng, &tok, err, sizeof err);
+        CHECK(rc == 0 && tok == 1, "top_p 0 seed %llu: rc %d (%s) token %u, expected token 1", (unsigned long long)seed,
+              rc, err, tok);
+    }
 }
 
 /* probabilities 0.4 0.3 0.2 0.08 0.02 */
@@ -266,7 +297,7 @@ static void test_bad_parameters(void)
     p = d, p.temperature = -0.1f, expect_reject(p, KIPP_EINVAL, "temperature");
     p = d, p.temperature = NAN, expect_reject(p, KIPP_EINVAL, "temperature");
     p = d, p.top_k = -1, expect_reject(p, KIPP_EINVAL, "top_k");
-    p = d, p.top_p = 0.0f, expect_reject(p, KIPP_EINVAL, "top_p");
+    p = d, p.top_p = -0.1f, expect_reject(p, KIPP_EINVAL, "top_p");
     p = d, p.top_p = 1.5f, expect_reject(p, KIPP_EINVAL, "top_p");
     p = d, p.min_p = -0.1f, expect_reject(p, KIPP_EINVAL, "min_p");
     p = d, p.min_p = 1.1f, expect_reject(p, KIPP_EINVAL, "min_p");
@@ -278,6 +309,7 @@ static void test_bad_parameters(void)
     p = d, p.logit_bias = &nan_bias, p.n_logit_bias = 1, expect_reject(p, KIPP_EINVAL, "logit_bias");
     uint32_t hist[1] = {9};
     p = d, p.history = hist, p.history_len = 1, expect_reject(p, KIPP_ERANGE, "history token 9");
+    p = d, p.history = hist, p.history_len = 0, p.n_prompt_history = 1, expect_reject(p, KIPP_EINVAL, "n_prompt_history");
 }
 
 static void test_nonfinite_logits(void)
@@ -329,6 +361,7 @@ int main(void)
     RUN(test_temperature_distribution);
     RUN(test_penalties);
     RUN(test_top_k_top_p_min_p);
+    RUN(test_top_p_zero_is_greedy);
     RUN(test_top_k_ties);
     RUN(test_top_p_large_vocab);
     RUN(test_logit_bias);

@@ -1,0 +1,83 @@
+/*
+ * api_prepare.c - a parsed request against the model: prompt -> token ids,
+ * context and vocabulary checks, max_tokens clamp (issue 9 items 2, 4 and 7).
+ *
+ * Completions prompts are raw text: marker text in them is matched, as
+ * llama-server and vLLM do. Chat messages go through kipp_chat_tokenize, so
+ * only the template's own markers become control tokens.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/serve.h"
+
+#define BAD(param, ...) serve_fail(e, 400, "invalid_request_error", param, __VA_ARGS__)
+
+static int tokenize_prompt(kipp_model *m, serve_req *r, serve_error *e)
+{
+    size_t len = strlen(r->prompt_text), cap = len + 16, n = 0;
+    char err[256] = "";
+    r->prompt_ids = malloc(cap * sizeof *r->prompt_ids);
+    if (!r->prompt_ids) return serve_fail(e, 503, "server_error", "prompt", "out of memory");
+    int rc = kipp_tokenize(m, r->prompt_text, len, KIPP_TOK_SPECIAL, r->prompt_ids, cap, &n, err, sizeof err);
+    if (rc) return BAD("prompt", "prompt cannot be tokenized: %s", err);
+    r->n_prompt = n;
+    return 0;
+}
+
+static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r, serve_error *e)
+{
+    if (!info->has_chat) {
+        serve_fail(e, 400, "invalid_request_error", "messages",
+                   "model '%s' is a base checkpoint without a chat template; use /v1/completions", info->checkpoint_id);
+        snprintf(e->code, sizeof e->code, "model_not_chat");
+        return -1;
+    }
+    kipp_chat_message *cm = calloc(r->n_msgs, sizeof *cm);
+    if (!cm) return serve_fail(e, 503, "server_error", "messages", "out of memory");
+    for (size_t i = 0; i < r->n_msgs; i++)
+        cm[i] = (kipp_chat_message){.role = r->msgs[i].role, .content = r->msgs[i].content, .reasoning_content = r->msgs[i].reasoning_content};
+    kipp_chat_options co = {1, r->enable_thinking, NULL};
+    char *text = NULL, err[256] = "";
+    int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, &text, err, sizeof err);
+    free(cm);
+    if (rc) return BAD("messages", "messages cannot be rendered: %s", err);
+    size_t tl = strlen(text);
+    r->starts_in_reasoning = tl >= 8 && !strcmp(text + tl - 8, "<think>\n");
+    r->thinking = !(tl >= 10 && !strcmp(text + tl - 10, "</think>\n\n"));
+    free(text);
+    return 0;
+}
+
+int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
+{
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    if (r->chat ? chat_prompt(m, &info, r, e) : r->prompt_is_ids ? 0 : tokenize_prompt(m, r, e)) return -1;
+    if (r->n_prompt == 0) return BAD(r->chat ? "messages" : "prompt", "the prompt gives 0 tokens, expected at least 1");
+    for (size_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt_ids[i] >= info.vocab_size)
+            return BAD("prompt", "prompt[%zu] = %u is not a token id, expected 0..%u", i, r->prompt_ids[i], info.vocab_size - 1);
+    for (size_t i = 0; i < r->sp.n_logit_bias; i++)
+        if (r->bias[i].token >= info.vocab_size)
+            return BAD("logit_bias", "logit_bias token %u is out of range, expected 0..%u", r->bias[i].token, info.vocab_size - 1);
+    if (r->n_prompt >= n_ctx) {
+        BAD(r->chat ? "messages" : "prompt",
+            "the prompt has %zu tokens (n_prompt_tokens) but the context holds %u (n_ctx), and at least one token "
+            "must be generated; shorten the prompt", r->n_prompt, n_ctx);
+        snprintf(e->code, sizeof e->code, "context_length_exceeded");
+        return -1;
+    }
+    int64_t room = (int64_t)n_ctx - (int64_t)r->n_prompt;
+    if (r->max_tokens < 0 || r->max_tokens > room) r->max_tokens = room; /* finish_reason "length" at the edge */
+    if (!r->chat && r->echo && r->prompt_text == NULL) {
+        /* echo of a token-id prompt: its text is the detokenized ids */
+        size_t cap = r->n_prompt * 16 + 64, n = 0;
+        r->prompt_text = malloc(cap + 1);
+        if (!r->prompt_text) return serve_fail(e, 503, "server_error", "prompt", "out of memory");
+        if (kipp_detokenize(m, r->prompt_ids, r->n_prompt, r->prompt_text, cap, &n, NULL, 0)) n = 0;
+        r->prompt_text[n] = 0;
+    }
+    return 0;
+}

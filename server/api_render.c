@@ -1,0 +1,293 @@
+/*
+ * api_render.c - job state -> OpenAI JSON: errors, non-streamed responses and
+ * SSE chunks (issue 9 items 2, 3 and 7). Text comes from serve_text_view, so
+ * streamed deltas and the non-streamed text are cut from the same bytes.
+ * Callers hold the scheduler mutex and the engine lock (token texts).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/serve.h"
+
+#define FFFD "\xEF\xBF\xBD"
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (k == 0 || k > n || (k == 2 && c < 0xC2)) return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (k == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
+    if (k == 4 && ((c == 0xF0 && s[1] < 0x90) || c > 0xF4 || (c == 0xF4 && s[1] >= 0x90))) return 0;
+    return k;
+}
+
+/* A JSON string of bytes p[n], invalid UTF-8 replaced by U+FFFD. */
+static json_t *jtext(const char *p, size_t n)
+{
+    serve_buf b = {0};
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq((const unsigned char *)p + i, n - i);
+        serve_buf_put(&b, k ? p + i : FFFD, k ? k : 3);
+        i += k ? k : 1;
+    }
+    json_t *j = json_stringn(b.p ? b.p : "", b.n);
+    free(b.p);
+    return j;
+}
+
+static json_t *token_text(const serve_info *si, uint32_t id, json_t **bytes)
+{
+    char buf[256];
+    size_t n = 0;
+    if (kipp_detokenize(si->model, &id, 1, buf, sizeof buf, &n, NULL, 0)) n = 0;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)buf[i]));
+    }
+    return jtext(buf, n);
+}
+
+char *serve_error_json(const serve_error *e)
+{
+    /* jtext: a message may quote client bytes cut mid-character */
+    json_t *o = json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", jtext(e->message, strlen(e->message)), "type",
+                          e->type ? e->type : "server_error", "param",
+                          e->param[0] ? jtext(e->param, strlen(e->param)) : json_null(), "code",
+                          e->code[0] ? json_string(e->code) : json_null());
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s ? s : strdup("{\"error\":{\"message\":\"error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+}
+
+static const char *finish_name(int f) { return f == FIN_LENGTH ? "length" : "stop"; }
+
+static json_t *usage(const serve_job *j)
+{
+    uint64_t gen = 0;
+    for (int i = 0; i < j->req.n; i++) gen += j->out[i].n_gen;
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)j->req.n_prompt, "completion_tokens", (json_int_t)gen,
+                     "total_tokens", (json_int_t)(j->req.n_prompt + gen));
+}
+
+/* llama.cpp-style timings: prompt and predicted counts, ms, per-token ms, tok/s. */
+static json_t *timings(const serve_job *j)
+{
+    double t_end = j->t_prompt_done;
+    uint64_t gen = 0;
+    for (int i = 0; i < j->req.n; i++) {
+        gen += j->out[i].n_gen;
+        if (j->out[i].t_last > t_end) t_end = j->out[i].t_last;
+    }
+    double pms = j->t_prompt_done > 0 ? (j->t_prompt_done - j->t_arrive) * 1e3 : 0;
+    double gms = j->t_prompt_done > 0 ? (t_end - j->t_prompt_done) * 1e3 : 0;
+    double np = (double)j->req.n_prompt, ng = (double)gen;
+    return json_pack("{s:I, s:f, s:f, s:f, s:I, s:f, s:f, s:f}", "prompt_n", (json_int_t)j->req.n_prompt, "prompt_ms", pms,
+                     "prompt_per_token_ms", np > 0 ? pms / np : 0.0, "prompt_per_second", pms > 0 ? np * 1e3 / pms : 0.0,
+                     "predicted_n", (json_int_t)gen, "predicted_ms", gms, "predicted_per_token_ms", ng > 0 ? gms / ng : 0.0,
+                     "predicted_per_second", gms > 0 ? ng * 1e3 / gms : 0.0);
+}
+
+/* ---- logprobs ---- */
+
+static json_t *chat_lp_entry(const serve_info *si, uint32_t id, float lp, const serve_lp *alts)
+{
+    json_t *bytes, *tok = token_text(si, id, &bytes);
+    json_t *o = json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)lp, "bytes", bytes);
+    if (alts) {
+        json_t *top = json_array();
+        for (int t = 0; t < alts->n_top; t++) json_array_append_new(top, chat_lp_entry(si, alts->top_ids[t], alts->top_lp[t], NULL));
+        json_object_set_new(o, "top_logprobs", top);
+    }
+    return o;
+}
+
+/* Chat: {"content": [...]} over lp[from..to). */
+static json_t *chat_logprobs(const serve_info *si, const serve_lp *lp, size_t from, size_t to)
+{
+    json_t *arr = json_array();
+    for (size_t i = from; i < to; i++) json_array_append_new(arr, chat_lp_entry(si, lp[i].id, lp[i].logprob, &lp[i]));
+    return json_pack("{s:o}", "content", arr);
+}
+
+/* Completions (legacy): parallel lists; base_off shifts text_offset (echo). */
+static void legacy_add(const serve_info *si, json_t *o, const serve_lp *e, int has_lp, size_t off)
+{
+    json_array_append_new(json_object_get(o, "tokens"), token_text(si, e->id, NULL));
+    json_array_append_new(json_object_get(o, "token_logprobs"), has_lp ? json_real(e->logprob) : json_null());
+    json_t *top = has_lp ? json_object() : json_null();
+    for (int t = 0; has_lp && t < e->n_top; t++) {
+        json_t *k = token_text(si, e->top_ids[t], NULL);
+        json_object_set_new(top, json_string_value(k), json_real(e->top_lp[t]));
+        json_decref(k);
+    }
+    json_array_append_new(json_object_get(o, "top_logprobs"), top);
+    json_array_append_new(json_object_get(o, "text_offset"), json_integer((json_int_t)off));
+}
+
+static json_t *legacy_logprobs(const serve_info *si, const serve_job *j, const serve_choice_out *o, size_t from, size_t to,
+                               int with_prompt)
+{
+    json_t *r = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+    size_t base = 0;
+    if (with_prompt && j->prompt_top) {
+        size_t off = 0;
+        for (size_t p = 0; p < j->req.n_prompt; p++) {
+            serve_lp e = j->prompt_top[p];
+            e.id = j->req.prompt_ids[p];
+            legacy_add(si, r, &e, p > 0, off);
+            char buf[256];
+            size_t n = 0;
+            if (!kipp_detokenize(si->model, &e.id, 1, buf, sizeof buf, &n, NULL, 0)) off += n;
+        }
+        base = strlen(j->req.prompt_text ? j->req.prompt_text : "");
+    }
+    for (size_t i = from; i < to; i++) legacy_add(si, r, &o->lp[i], 1, base + o->lp[i].text_off);
+    return r;
+}
+
+/* lp entries whose text starts inside the final text (a stop string may cut the tail). */
+static size_t lp_visible(const serve_choice_out *o, size_t upto_bytes)
+{
+    size_t k = 0;
+    while (k < o->n_lp && (o->lp[k].text_off < upto_bytes || (o->lp[k].text_len == 0 && o->lp[k].text_off <= upto_bytes))) k++;
+    return k;
+}
+
+/* ---- non-streamed ---- */
+
+static json_t *choice_json(const serve_info *si, const serve_job *j, int i)
+{
+    const serve_req *r = &j->req;
+    const serve_choice_out *o = &j->out[i];
+    size_t stop_at;
+    serve_view v;
+    serve_text_view(r, o->raw.p ? o->raw.p : "", o->raw.n, 1, &stop_at, &v);
+    size_t nlp = lp_visible(o, stop_at);
+    json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", finish_name(o->finish));
+    if (r->chat) {
+        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", jtext(o->raw.p + v.content_off, v.content_len));
+        if (r->thinking && v.reasoning_len) json_object_set_new(msg, "reasoning_content", jtext(o->raw.p + v.reasoning_off, v.reasoning_len));
+        json_object_set_new(c, "message", msg);
+        json_object_set_new(c, "logprobs", r->logprobs ? chat_logprobs(si, o->lp, 0, nlp) : json_null());
+        return c;
+    }
+    serve_buf t = {0};
+    if (r->echo && r->prompt_text) serve_buf_put(&t, r->prompt_text, strlen(r->prompt_text));
+    serve_buf_put(&t, o->raw.p ? o->raw.p : "", v.content_len);
+    json_object_set_new(c, "text", jtext(t.p, t.n));
+    free(t.p);
+    json_object_set_new(c, "logprobs", r->logprobs ? legacy_logprobs(si, j, o, 0, nlp, r->echo) : json_null());
+    return c;
+}
+
+char *serve_render_response(const serve_info *si, const serve_job *j)
+{
+    json_t *choices = json_array();
+    for (int i = 0; i < j->req.n; i++) json_array_append_new(choices, choice_json(si, j, i));
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llu", j->req.chat ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", id, "object",
+                          j->req.chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
+                          si->model_id, "choices", choices, "usage", usage(j), "timings", timings(j));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+/* ---- streaming ---- */
+
+static void sse(serve_buf *b, json_t *o)
+{
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) return;
+    serve_buf_put(b, "data: ", 6);
+    serve_buf_put(b, s, strlen(s));
+    serve_buf_put(b, "\n\n", 2);
+    free(s);
+}
+
+static json_t *chunk(const serve_info *si, const serve_job *j, json_t *choices)
+{
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llu", j->req.chat ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", id, "object", j->req.chat ? "chat.completion.chunk" : "text_completion",
+                     "created", (json_int_t)j->created, "model", si->model_id, "choices", choices);
+}
+
+/* One choice's delta chunk: new reasoning/content bytes and new logprobs, or its finish. */
+static void choice_chunk(const serve_info *si, const serve_job *j, int i, const serve_view *v, size_t nlp,
+                         serve_stream_state *st, const char *finish, serve_buf *out, json_t *extra_timings)
+{
+    const serve_req *r = &j->req;
+    const serve_choice_out *o = &j->out[i];
+    const char *raw = o->raw.p ? o->raw.p : "";
+    size_t nr = v->reasoning_len - st->sent_reasoning[i], nc = v->content_len - st->sent_content[i];
+    json_t *c = json_pack("{s:i, s:o}", "index", i, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *lp = json_null();
+    if (r->logprobs && nlp > st->sent_lp[i])
+        lp = r->chat ? chat_logprobs(si, o->lp, st->sent_lp[i], nlp) : legacy_logprobs(si, j, o, st->sent_lp[i], nlp, 0);
+    if (r->chat) {
+        json_t *d = json_object();
+        if (!st->role_sent[i]) json_object_set_new(d, "role", json_string("assistant"));
+        if (nr) json_object_set_new(d, "reasoning_content", jtext(raw + v->reasoning_off + st->sent_reasoning[i], nr));
+        if (nc || !st->role_sent[i]) json_object_set_new(d, "content", jtext(raw + v->content_off + st->sent_content[i], nc));
+        json_object_set_new(c, "delta", d);
+    } else {
+        json_object_set_new(c, "text", jtext(raw + v->content_off + st->sent_content[i], nc));
+    }
+    json_object_set_new(c, "logprobs", lp);
+    st->role_sent[i] = 1;
+    st->sent_reasoning[i] = v->reasoning_len, st->sent_content[i] = v->content_len, st->sent_lp[i] = nlp;
+    json_t *ch = chunk(si, j, json_pack("[o]", c));
+    if (extra_timings) json_object_set_new(ch, "timings", extra_timings);
+    sse(out, ch);
+}
+
+int serve_render_chunks(const serve_info *si, const serve_job *j, serve_stream_state *st, serve_buf *out)
+{
+    const serve_req *r = &j->req;
+    int n_fin = 0;
+    for (int i = 0; i < r->n; i++) n_fin += st->finish_sent[i];
+    for (int i = 0; i < r->n && !st->done_sent; i++) {
+        const serve_choice_out *o = &j->out[i];
+        if (st->finish_sent[i] || o->finish == FIN_ERROR || o->finish == FIN_CANCELLED) continue;
+        int fin = o->finish != FIN_NONE;
+        size_t stop_at;
+        serve_view v;
+        serve_text_view(r, o->raw.p ? o->raw.p : "", o->raw.n, fin, &stop_at, &v);
+        size_t nlp = lp_visible(o, fin ? stop_at : o->raw_final);
+        int news = v.reasoning_len > st->sent_reasoning[i] || v.content_len > st->sent_content[i] ||
+                   (r->logprobs && nlp > st->sent_lp[i]) || (r->chat && !st->role_sent[i]);
+        if (news) choice_chunk(si, j, i, &v, nlp, st, NULL, out, NULL);
+        if (fin) {
+            st->finish_sent[i] = 1, n_fin++;
+            json_t *tm = n_fin == r->n && j->done && !r->include_usage ? timings(j) : NULL;
+            choice_chunk(si, j, i, &v, nlp, st, finish_name(o->finish), out, tm);
+        }
+    }
+    if (!j->done || st->done_sent) return st->done_sent;
+    for (int i = 0; i < r->n; i++)
+        if (j->out[i].finish == FIN_ERROR) {
+            serve_error e;
+            serve_fail(&e, 500, "server_error", "", "generation failed: %s", j->error[0] ? j->error : "engine error");
+            char *s = serve_error_json(&e);
+            serve_buf_put(out, "data: ", 6), serve_buf_put(out, s, strlen(s)), serve_buf_put(out, "\n\n", 2);
+            free(s);
+            break;
+        }
+    if (r->include_usage) {
+        json_t *ch = chunk(si, j, json_array());
+        json_object_set_new(ch, "usage", usage(j));
+        json_object_set_new(ch, "timings", timings(j));
+        sse(out, ch);
+    }
+    serve_buf_put(out, "data: [DONE]\n\n", 14);
+    st->done_sent = 1;
+    return 1;
+}

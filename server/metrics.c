@@ -1,0 +1,86 @@
+/*
+ * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
+ * counts, token counts, TTFT and inter-token latency histograms, queue depth,
+ * active choices, KV blocks held (issue 9 item 2). All numbers are guarded by
+ * the scheduler's mutex.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/serve.h"
+
+static serve_metrics g_metrics;
+static const double BOUNDS[SERVE_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25,  0.5,    1,     2.5,  5,     10,  30};
+static const char *STATUS[6] = {"2xx", "400", "404", "413", "429", "5xx"};
+
+serve_metrics *serve_metrics_get(void) { return &g_metrics; }
+
+void serve_hist_add(serve_hist *h, double seconds)
+{
+    int b = 0;
+    while (b < SERVE_HIST_BUCKETS && seconds > BOUNDS[b]) b++;
+    h->count[b]++;
+    h->sum += seconds;
+    h->n++;
+}
+
+void serve_metrics_request(int chat, int status)
+{
+    int k = status < 300 ? 0 : status == 400 ? 1 : status == 404 ? 2 : status == 413 ? 3 : status == 429 ? 4 : 5;
+    if (status >= 400 && status < 500 && k == 5) k = 1; /* other 4xx (405, 431) count with 400 */
+    g_metrics.requests[chat ? 1 : 0][k]++;
+}
+
+static void put(serve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#include <stdarg.h>
+static void put(serve_buf *b, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0) serve_buf_put(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void hist(serve_buf *b, const char *name, const char *help, const serve_hist *h)
+{
+    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < SERVE_HIST_BUCKETS; i++) {
+        cum += h->count[i];
+        put(b, "%s_bucket{le=\"%g\"} %llu\n", name, BOUNDS[i], (unsigned long long)cum);
+    }
+    cum += h->count[SERVE_HIST_BUCKETS];
+    put(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name, h->sum,
+        name, (unsigned long long)h->n);
+}
+
+static void gauge(serve_buf *b, const char *name, const char *help, const char *type, double v)
+{
+    put(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+char *serve_metrics_text(const serve_metrics *m)
+{
+    serve_buf b = {0};
+    put(&b, "# HELP kipp_requests_total HTTP requests to the completion endpoints, by endpoint and status.\n"
+            "# TYPE kipp_requests_total counter\n");
+    for (int c = 0; c < 2; c++)
+        for (int k = 0; k < 6; k++)
+            put(&b, "kipp_requests_total{endpoint=\"%s\",status=\"%s\"} %llu\n", c ? "chat" : "completions", STATUS[k],
+                (unsigned long long)m->requests[c][k]);
+    gauge(&b, "kipp_prompt_tokens_total", "Prompt tokens admitted (per request).", "counter", (double)m->prompt_tokens);
+    gauge(&b, "kipp_generation_tokens_total", "Tokens generated, all choices.", "counter", (double)m->generated_tokens);
+    gauge(&b, "kipp_cancelled_total", "Requests cancelled because the client went away.", "counter", (double)m->cancelled);
+    gauge(&b, "kipp_scheduler_steps_total", "Scheduler steps (one kipp_eval_batch each).", "counter", (double)m->steps);
+    hist(&b, "kipp_time_to_first_token_seconds", "Arrival to first generated token, per choice.", &m->ttft);
+    hist(&b, "kipp_inter_token_latency_seconds", "Time between consecutive tokens of a choice.", &m->itl);
+    gauge(&b, "kipp_queue_depth", "Requests waiting in the FIFO.", "gauge", m->queue_depth);
+    gauge(&b, "kipp_active_choices", "Choices being evaluated.", "gauge", m->active_choices);
+    gauge(&b, "kipp_kv_blocks_in_use", "32-position KV blocks held by live sessions.", "gauge", (double)m->kv_blocks);
+    return b.p;
+}

@@ -1,0 +1,264 @@
+/*
+ * serve.h - kipp-serve's internal types (seed 000 "Server and API surface",
+ * phases 5-6; issue 9). Layers, each in its own files, calling downward only:
+ *
+ *   serve_http.c     libmicrohttpd: connections, limits, routing, SSE writer
+ *   api_parse.c      JSON body -> serve_req (validation; no model needed)
+ *   api_prepare.c    serve_req -> prompt token ids (tokenizer / chat renderer)
+ *   api_render.c     job results -> OpenAI JSON (responses, chunks, errors)
+ *   text_out.c       per-choice text: stop strings, hold-back, reasoning split
+ *   sched.c          FIFO + continuous batching over kipp_eval_batch
+ *   metrics.c        counters and histograms, Prometheus text
+ *
+ * Only engine/kipp.h is below: the server never sees backend state or KV memory.
+ */
+#ifndef KIPP_SERVE_H
+#define KIPP_SERVE_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kipp.h"
+
+#define SERVE_MAX_N 8          /* choices per request */
+#define SERVE_MAX_STOP 4       /* stop strings per request (OpenAI) */
+#define SERVE_MAX_STOP_LEN 256 /* bytes per stop string */
+#define SERVE_MAX_BIAS 300     /* logit_bias entries (OpenAI allows 300) */
+#define SERVE_MAX_MSGS 256     /* chat messages per request */
+#define SERVE_CHUNK 32         /* prefill chunk: prompt tokens per step per choice */
+
+/** An error for the client: HTTP status and the OpenAI error object's fields. */
+typedef struct {
+    int status;          /* 400, 404, 413, 429, 500, 503 */
+    const char *type;    /* "invalid_request_error", "not_found_error", ... */
+    char param[64];      /* offending field ("" = none) */
+    char code[48];       /* machine code ("" = null) */
+    char message[512];
+} serve_error;
+
+/** Fill e and return -1 (so callers can `return serve_fail(...)`). */
+int serve_fail(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/** One chat message as parsed: text parts already concatenated. */
+typedef struct {
+    kipp_role role;
+    char *content;            /* malloc'd, may be NULL (assistant) */
+    char *reasoning_content;  /* assistant history, malloc'd or NULL */
+} serve_msg;
+
+/** A parsed, validated request (api_parse.c); owns every pointer. */
+typedef struct {
+    int chat;                 /* 1: /v1/chat/completions */
+    char *model;              /* "model" as sent, or NULL */
+    /* prompt: completions: text or ids; chat: messages */
+    char *prompt_text;        /* completions string prompt */
+    uint32_t *prompt_ids;     /* [n_prompt] after prepare (or as sent) */
+    size_t n_prompt;
+    int prompt_is_ids;        /* the client sent token ids */
+    serve_msg *msgs;          /* [n_msgs] */
+    size_t n_msgs;
+    int enable_thinking;      /* chat_template_kwargs.enable_thinking; default 1 */
+    int starts_in_reasoning;  /* set by prepare: the rendered prompt ends inside <think> */
+    int thinking;             /* set by prepare: split reasoning_content from content */
+    /* generation */
+    int n;                    /* choices, 1..8 */
+    int64_t max_tokens;       /* -1 = until the context is full */
+    kipp_sample_params sp;    /* history fields unset */
+    kipp_logit_bias *bias;    /* [sp.n_logit_bias], malloc'd */
+    uint64_t seed;
+    int seed_set;
+    char *stop[SERVE_MAX_STOP];
+    size_t n_stop;
+    int stream, include_usage;
+    int logprobs;             /* 0 = off, 1 = on */
+    int top_logprobs;         /* alternatives per token: completions 0..5, chat 0..20 */
+    int echo;                 /* completions: prompt in text (and its logprobs) */
+} serve_req;
+
+/** Zero a request and set the defaults (n 1, thinking on, neutral sampling). */
+void serve_req_init(serve_req *r, int chat);
+/** Free what r owns; r may be zeroed. */
+void serve_req_free(serve_req *r);
+
+/**
+ * Parse and validate a JSON body of len bytes (need not be NUL-terminated) for
+ * the completions (chat = 0) or chat endpoint into r (initialised here).
+ * Returns 0, or -1 with e filled (status 400: the message names the field and
+ * the expectation). Needs no model: the fuzz target calls it directly.
+ */
+int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_error *e);
+
+/**
+ * Turn r's prompt into token ids against the model: tokenize the string prompt
+ * (markers allowed: raw completion), check sent ids, or render + tokenize chat
+ * (kipp_chat_tokenize). Checks the prompt against n_ctx (400 naming
+ * n_prompt_tokens and n_ctx), bounds logit_bias ids, and clamps max_tokens to
+ * the context. Caller holds the engine lock. 0 or -1 with e filled.
+ */
+int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e);
+
+/* ---- per-choice text (text_out.c) ---- */
+
+/** One generated token's log-probability record. */
+typedef struct {
+    uint32_t id;
+    float logprob;
+    uint32_t top_ids[20];
+    float top_lp[20];
+    uint8_t n_top;
+    uint32_t text_off;        /* byte offset of this token's text in the raw output */
+    uint32_t text_len;        /* bytes it contributed (after UTF-8 hold-back: may be 0) */
+} serve_lp;
+
+/** Growable byte buffer. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} serve_buf;
+
+int serve_buf_put(serve_buf *b, const char *s, size_t n);
+void serve_buf_free(serve_buf *b);
+
+/**
+ * The visible parts of a choice's raw text: stop strings cut, text that could
+ * still grow into a stop string or a think marker held back until final, then
+ * split into reasoning and content when thinking. Offsets into raw.
+ */
+typedef struct {
+    size_t reasoning_off, reasoning_len;
+    size_t content_off, content_len;
+} serve_view;
+
+/**
+ * Compute the view of raw[n] for request r. final: the choice is finished, so
+ * nothing is held back. *stop_at receives the byte offset of the first stop
+ * string match (or n when none).
+ */
+void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, size_t *stop_at, serve_view *v);
+
+/* ---- jobs and the scheduler (sched.c) ---- */
+
+enum { FIN_NONE = 0, FIN_STOP, FIN_LENGTH, FIN_CANCELLED, FIN_ERROR };
+
+/** One choice's published state (read by HTTP threads under sched->mu). */
+typedef struct {
+    serve_buf raw;            /* detokenized output (stop-truncated when finished) */
+    size_t raw_final;         /* bytes of raw that are final (stop strings checked) */
+    serve_lp *lp;             /* [n_lp] when logprobs */
+    size_t n_lp, cap_lp;
+    uint32_t n_gen;           /* generated tokens (stop token excluded) */
+    int finish;               /* FIN_* */
+    double t_first, t_last;   /* seconds (monotonic) of first / latest token */
+} serve_choice_out;
+
+/** A request in flight; shared by its HTTP thread and the scheduler (refcounted). */
+typedef struct serve_job {
+    serve_req req;
+    uint64_t id;              /* for "cmpl-<id>" */
+    int64_t created;          /* unix seconds */
+    double t_arrive;          /* monotonic seconds */
+    double t_prompt_done;     /* all choices prefilled */
+    serve_choice_out out[SERVE_MAX_N];
+    float *prompt_lp;         /* echo logprobs: [n_prompt] (first = NaN), with top alternatives */
+    serve_lp *prompt_top;     /* [n_prompt] */
+    int done;                 /* every choice finished */
+    int cancelled;            /* client gone: the scheduler frees its choices */
+    int queued;               /* still in the FIFO */
+    char error[256];          /* engine failure ("" = none) */
+    int refs;
+    struct serve_job *next;   /* FIFO link */
+} serve_job;
+
+typedef struct serve_sched serve_sched;
+
+/** Scheduler limits. */
+typedef struct {
+    int max_choices;          /* active choices per step (batch limit) */
+    int max_queue;            /* queued requests before 429 */
+    uint32_t n_ctx;           /* per-choice context (tokens) */
+    uint64_t kv_budget_blocks;/* 32-position KV blocks all live sessions may hold (--kv-mib) */
+} serve_sched_opts;
+
+/** Create and start the scheduler thread over model m; NULL on failure (err filled). */
+serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *err, size_t errlen);
+/** Stop the thread, cancel everything, free; NULL accepted. */
+void serve_sched_stop(serve_sched *s);
+/** The lock guarding every serve_job field and the engine's tokenizer use. */
+pthread_mutex_t *serve_sched_mutex(serve_sched *s);
+/** Engine lock: hold while calling kipp_* on the model outside the scheduler. */
+pthread_mutex_t *serve_engine_mutex(serve_sched *s);
+/**
+ * Queue job (takes one reference); 0, or -1 with e filled (429 queue full;
+ * 400 when its choices alone need more KV blocks than the whole budget).
+ * Admission waits while the KV budget is in use by others.
+ * Call without the sched mutex held.
+ */
+int serve_sched_submit(serve_sched *s, serve_job *job, serve_error *e);
+/** Wait (sched mutex held) up to ms for any change; returns after a broadcast or the timeout. */
+void serve_sched_wait(serve_sched *s, int ms);
+/** Mark job cancelled (sched mutex held); the scheduler frees its choices on its next step. */
+void serve_sched_cancel(serve_sched *s, serve_job *job);
+/** New job with one reference, owning req (moved in). */
+serve_job *serve_job_new(serve_req *req);
+/** Drop a reference (sched mutex held); frees at zero. */
+void serve_job_unref(serve_job *job);
+
+/* ---- metrics (metrics.c) ---- */
+
+/** Histogram with fixed upper bounds (seconds). */
+#define SERVE_HIST_BUCKETS 14
+typedef struct {
+    uint64_t count[SERVE_HIST_BUCKETS + 1]; /* last = +Inf */
+    double sum;
+    uint64_t n;
+} serve_hist;
+
+/** Every exported number; guarded by the sched mutex. */
+typedef struct {
+    uint64_t requests[2][6];  /* [chat][status class: 2xx,400,404,413,429,5xx] */
+    uint64_t prompt_tokens, generated_tokens, cancelled, steps;
+    serve_hist ttft, itl;
+    int queue_depth, active_choices;
+    uint64_t kv_blocks;       /* 32-position KV blocks held by live sessions */
+} serve_metrics;
+
+/** The process-wide metrics (guarded by the sched mutex). */
+serve_metrics *serve_metrics_get(void);
+void serve_hist_add(serve_hist *h, double seconds);
+/** Count one finished HTTP request. */
+void serve_metrics_request(int chat, int status);
+/** Prometheus text exposition of m; malloc'd. */
+char *serve_metrics_text(const serve_metrics *m);
+
+/* ---- rendering (api_render.c) ---- */
+
+/** Server-wide facts for rendering. */
+typedef struct {
+    const char *model_id;     /* reported "model" */
+    kipp_model *model;        /* for token texts (engine lock held by caller) */
+    uint32_t n_ctx;
+} serve_info;
+
+/** OpenAI error body for e; malloc'd JSON text. */
+char *serve_error_json(const serve_error *e);
+/** The non-streamed response for a finished job; malloc'd JSON text. Engine lock held. */
+char *serve_render_response(const serve_info *si, const serve_job *job);
+/**
+ * Append to sse the chunks that job's progress allows since the cursors in st
+ * (per-choice emitted offsets), including finish chunks, the usage chunk and
+ * "data: [DONE]" once done. Sched mutex and engine lock held.
+ */
+typedef struct {
+    size_t sent_reasoning[SERVE_MAX_N], sent_content[SERVE_MAX_N], sent_lp[SERVE_MAX_N];
+    int role_sent[SERVE_MAX_N], finish_sent[SERVE_MAX_N], echo_sent[SERVE_MAX_N];
+    int done_sent;
+} serve_stream_state;
+int serve_render_chunks(const serve_info *si, const serve_job *job, serve_stream_state *st, serve_buf *sse);
+
+/** Monotonic seconds. */
+double serve_now(void);
+
+#endif

@@ -1,0 +1,169 @@
+/*
+ * serve_main.c - `kipp-serve --model M`: arguments, model, scheduler, HTTP,
+ * and a clean stop on SIGINT/SIGTERM (issue 9). Loopback by default.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/serve_http.h"
+
+typedef struct {
+    const char *model, *backend, *host, *alias;
+    long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib;
+} serve_opts;
+
+typedef struct {
+    const char *flag;
+    long long *dst;
+    long long lo, hi;
+    const char *help;
+} int_opt;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kipp-serve --model FILE.gguf [options]\n"
+            "  --model FILE       the model (required)\n"
+            "  --backend NAME     cpu (default) or ref\n"
+            "  --host ADDR        listen address, default 127.0.0.1 (loopback)\n"
+            "  --port N           0..65535, default 8080 (0 = any free port, printed at start)\n"
+            "  --alias NAME       another accepted value of the request's \"model\"\n"
+            "  --threads N        backend threads, 0 = one per physical core (default)\n"
+            "  --ctx N            tokens per choice (prompt + output), default min(8192, model context)\n"
+            "  --max-batch N      active choices per step, 8..64, default 16\n"
+            "  --max-queue N      queued requests before 429, 1..4096, default 64\n"
+            "  --max-body N       request body bytes, default 1048576 (larger: 413)\n"
+            "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
+            "  --idle-timeout S   close idle connections after S seconds, default 60\n"
+            "  --max-connections N  default 128\n"
+            "  --kv-mib N         KV cache budget of all live choices in MiB, default 4096; requests wait\n"
+            "                     for room, and one that alone needs more is refused (400)\n");
+}
+
+static int parse_args(int argc, char **argv, serve_opts *o)
+{
+    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096};
+    const int_opt ints[] = {
+        {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
+        {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
+        {"--max-queue", &o->max_queue, 1, 4096, ""}, {"--max-body", &o->max_body, 64, 1LL << 30, ""},
+        {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
+        {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help")) return usage(stdout), 1;
+        if (i + 1 >= argc) return fprintf(stderr, "kipp-serve: %s needs a value (or is unknown; see --help)\n", a), 2;
+        const char *v = argv[++i];
+        if (!strcmp(a, "--model")) { o->model = v; continue; }
+        if (!strcmp(a, "--backend")) { o->backend = v; continue; }
+        if (!strcmp(a, "--host")) { o->host = v; continue; }
+        if (!strcmp(a, "--alias")) { o->alias = v; continue; }
+        size_t k = 0;
+        while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].flag)) k++;
+        if (k == sizeof ints / sizeof ints[0]) return fprintf(stderr, "kipp-serve: unknown option '%s' (see --help)\n", a), 2;
+        char *end;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || !*v || *end || x < ints[k].lo || x > ints[k].hi)
+            return fprintf(stderr, "kipp-serve: %s '%s' is invalid, expected an integer in %lld..%lld\n", a, v, ints[k].lo,
+                           ints[k].hi), 2;
+        *ints[k].dst = x;
+    }
+    if (!o->model) return fprintf(stderr, "kipp-serve: --model FILE.gguf is required (see --help)\n"), 2;
+    return 0;
+}
+
+static int make_addr(const serve_opts *o, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, o->host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET, a4->sin_port = htons((uint16_t)o->port);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, o->host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6, a6->sin6_port = htons((uint16_t)o->port);
+        return 0;
+    }
+    fprintf(stderr, "kipp-serve: --host '%s' is not a numeric IPv4 or IPv6 address (e.g. 127.0.0.1)\n", o->host);
+    return 2;
+}
+
+/* The file's base name without .gguf, as a second accepted model name. */
+static char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    char *s = strdup(b ? b + 1 : path);
+    size_t n = s ? strlen(s) : 0;
+    if (n > 5 && !strcmp(s + n - 5, ".gguf")) s[n - 5] = 0;
+    return s;
+}
+
+static int run(const serve_opts *o, kipp_model *m)
+{
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    uint32_t n_ctx = o->ctx ? (uint32_t)o->ctx : (info.context_length < 8192 ? info.context_length : 8192);
+    if (n_ctx > info.context_length)
+        return fprintf(stderr, "kipp-serve: --ctx %u is above the model's context length %u\n", n_ctx, info.context_length), 2;
+    struct sockaddr_storage ss;
+    if (make_addr(o, &ss)) return 2;
+    char err[256] = "";
+    uint64_t block_bytes = 32 * info.kv_bytes_per_token;
+    serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx, ((uint64_t)o->kv_mib << 20) / block_bytes};
+    serve_http h = {0};
+    h.sched = serve_sched_start(m, &so, err, sizeof err);
+    if (!h.sched) return fprintf(stderr, "kipp-serve: %s\n", err), 1;
+    char *base = base_name(o->model);
+    h.info = (serve_info){info.checkpoint_id, m, n_ctx};
+    h.names[h.n_names++] = info.checkpoint_id;
+    if (base) h.names[h.n_names++] = base;
+    if (o->alias) h.names[h.n_names++] = o->alias;
+    h.max_body = (size_t)o->max_body;
+    h.started = time(NULL);
+    sigset_t set;
+    sigemptyset(&set), sigaddset(&set, SIGINT), sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread started below inherits the mask */
+    signal(SIGPIPE, SIG_IGN);
+    int rc = 0;
+    if (serve_http_start(&h, (struct sockaddr *)&ss, (unsigned)o->max_conn, (unsigned)o->idle, (size_t)o->max_header)) {
+        fprintf(stderr, "kipp-serve: cannot listen on %s port %lld (in use, or not an address of this host)\n", o->host, o->port);
+        rc = 1;
+    } else {
+        printf("kipp-serve: %s (%s backend, n_ctx %u, batch %lld) listening on http://%s%s%s:%u\n", info.checkpoint_id,
+               info.backend, n_ctx, o->max_batch, strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "",
+               h.port);
+        fflush(stdout);
+        int sig = 0;
+        sigwait(&set, &sig);
+        fprintf(stderr, "kipp-serve: signal %d, stopping\n", sig);
+    }
+    serve_http_stop(&h);
+    serve_sched_stop(h.sched);
+    free(base);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    serve_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : rc;
+    kipp_model_options mo = {(int)o.threads};
+    kipp_model *m = NULL;
+    char err[512];
+    if (kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err)) {
+        fprintf(stderr, "kipp-serve: %s\n", err);
+        return 1;
+    }
+    rc = run(&o, m);
+    kipp_model_close(m);
+    return rc;
+}

@@ -1,0 +1,105 @@
+/*
+ * text_out.c - what a choice may show of its raw output (issue 9 item 3).
+ *
+ * Raw output is the detokenizer's text (complete UTF-8 only: kipp_detok_stream
+ * holds partial sequences and turns invalid bytes into U+FFFD). The view cuts
+ * at the first stop string, holds back a tail that could still grow into one
+ * (or into a think marker) until the choice is final, and splits reasoning
+ * ("<think>...</think>") from content when the request thinks. The same
+ * function gives the streamed prefix and the final text, so concatenated
+ * deltas equal the non-streamed text byte for byte.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/serve.h"
+
+int serve_buf_put(serve_buf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2 + 64;
+        char *p = realloc(b->p, cap);
+        if (!p) return -1;
+        b->p = p, b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return 0;
+}
+
+void serve_buf_free(serve_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+/* Longest k < strlen(pat) with s[n-k..n) == pat[0..k): a tail that may grow into pat. */
+static size_t partial_tail(const char *s, size_t n, const char *pat, size_t plen)
+{
+    for (size_t k = plen - 1 < n ? plen - 1 : n; k > 0; k--)
+        if (!memcmp(s + n - k, pat, k)) return k;
+    return 0;
+}
+
+static const char *find(const char *h, size_t n, const char *needle, size_t k)
+{
+    if (k == 0 || k > n) return NULL;
+    for (size_t i = 0; i + k <= n; i++)
+        if (h[i] == needle[0] && !memcmp(h + i, needle, k)) return h + i;
+    return NULL;
+}
+
+static void lstrip_nl(const char *raw, size_t *off, size_t *len)
+{
+    while (*len && raw[*off] == '\n') (*off)++, (*len)--;
+}
+
+/* The reasoning/content split of raw[0..L) (already stop-cut). */
+static void split_think(const serve_req *r, const char *raw, size_t L, int final, serve_view *v)
+{
+    size_t body = 0;
+    if (!r->starts_in_reasoning) {
+        if (L >= 7 && !memcmp(raw, "<think>", 7)) {
+            body = 7;
+        } else if (!final && L < 7 && !memcmp(raw, "<think>", L)) {
+            return; /* could still become "<think>": show nothing yet */
+        } else {
+            v->content_off = 0, v->content_len = L;
+            return;
+        }
+    }
+    const char *close = find(raw + body, L - body, "</think>", 8);
+    if (close) {
+        size_t p = (size_t)(close - raw);
+        v->reasoning_off = body, v->reasoning_len = p - body;
+        v->content_off = p + 8, v->content_len = L - p - 8;
+        lstrip_nl(raw, &v->content_off, &v->content_len);
+    } else {
+        size_t hold = final ? 0 : partial_tail(raw + body, L - body, "</think>", 8);
+        v->reasoning_off = body, v->reasoning_len = L - body - hold;
+    }
+    lstrip_nl(raw, &v->reasoning_off, &v->reasoning_len);
+}
+
+void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, size_t *stop_at, serve_view *v)
+{
+    memset(v, 0, sizeof *v);
+    size_t cut = n;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        const char *hit = find(raw, n, r->stop[i], strlen(r->stop[i]));
+        if (hit && (size_t)(hit - raw) < cut) cut = (size_t)(hit - raw);
+    }
+    *stop_at = cut;
+    size_t L = cut;
+    if (cut == n && !final) {
+        size_t hold = 0;
+        for (size_t i = 0; i < r->n_stop; i++) {
+            size_t h = partial_tail(raw, n, r->stop[i], strlen(r->stop[i]));
+            if (h > hold) hold = h;
+        }
+        L = n - hold;
+    }
+    if (r->chat && r->thinking) split_think(r, raw, L, final || cut < n, v);
+    else v->content_off = 0, v->content_len = L;
+}

@@ -1,0 +1,40 @@
+/*
+ * fuzz_http.c - libFuzzer over kipp-serve's request parser and validator
+ * (server/api_parse.c), its error rendering, and the text view that cuts stop
+ * strings and think blocks (server/text_out.c). `make fuzz-http`.
+ *
+ * Input: byte 0 picks the endpoint (bit 0: chat) and the rest is the request
+ * body. A body that parses is also used as raw model output against its own
+ * stop strings, streamed and final, which must agree.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/serve.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    int chat = data[0] & 1;
+    const char *body = (const char *)data + 1;
+    size_t n = size - 1;
+    serve_req r;
+    serve_error e;
+    if (serve_parse(body, n, chat, &r, &e)) {
+        if (e.status != 400 && e.status != 503) abort(); /* client input is never a 5xx but OOM */
+        free(serve_error_json(&e));
+        return 0;
+    }
+    r.thinking = data[0] & 2 ? 1 : 0;
+    r.starts_in_reasoning = data[0] & 4 ? 1 : 0;
+    size_t at_final, at;
+    serve_view fin, v;
+    serve_text_view(&r, body, n, 1, &at_final, &fin);
+    for (size_t k = 0; k <= n; k += 1 + n / 64) {
+        serve_text_view(&r, body, k, 0, &at, &v);
+        if (at == k && (v.content_len > fin.content_len || v.reasoning_len > fin.reasoning_len)) abort();
+    }
+    serve_req_free(&r);
+    return 0;
+}

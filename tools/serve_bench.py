@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""serve_bench.py - `make bench-serve`: kipp-serve throughput and latency with
+1, 4, 8 and 16 concurrent streams of a ~110-token prompt and 64 generated
+tokens each (EOS suppressed with logit_bias so every stream runs to 64),
+loopback only. Writes results/<YYYYMMDD>-<host>-serve-<sha>.json
+(kipp.bench.v1, kind "serve"): aggregate tok/s, TTFT p50/p99 and ITL p50/p99
+per concurrency level, median/min/max over --reps rounds.
+
+The model defaults to the synthetic-0.6b shape (models/synthetic-0.6b.gguf,
+made with make_checkpoint + convert when missing, as `make bench` does).
+A llama-server side-by-side is not part of this script.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
+from serve_harness import Server  # noqa: E402
+
+PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 11  # ~110 tokens
+NO_EOS = {"151643": -100, "151645": -100}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def one_stream(port: int, out: list, k: int, max_tokens: int) -> None:
+    import http.client
+    body = json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}, "logit_bias": NO_EOS})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        print(f"serve_bench.py: stream {k}: HTTP {r.status} {r.read()[:300]!r}", file=sys.stderr)
+    stamps, usage, buf = [], None, b""
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        buf = line.strip()
+        if not buf.startswith(b"data: ") or buf == b"data: [DONE]":
+            continue
+        ch = json.loads(buf[6:])
+        if "error" in ch:
+            print(f"serve_bench.py: stream {k}: {ch['error']['message']}", file=sys.stderr)
+            continue
+        if ch.get("usage"):
+            usage = ch["usage"]
+        if any(x.get("text") for x in ch["choices"]):
+            stamps.append(time.perf_counter())
+    t1 = time.perf_counter()
+    c.close()
+    out[k] = {"t0": t0, "t1": t1, "ttft": stamps[0] - t0 if stamps else float("nan"),
+              "itl": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": usage["completion_tokens"] if usage else 0,
+              "prompt_tokens": usage["prompt_tokens"] if usage else 0}
+
+
+def level(port: int, conc: int, max_tokens: int) -> dict:
+    res = [None] * conc
+    ts = [threading.Thread(target=one_stream, args=(port, res, k, max_tokens)) for k in range(conc)]
+    [t.start() for t in ts]
+    [t.join(timeout=900) for t in ts]
+    wall = max(r["t1"] for r in res) - min(r["t0"] for r in res)
+    toks = sum(r["tokens"] for r in res)
+    return {"tok_s": toks / wall, "ttft": [r["ttft"] for r in res], "itl": [x for r in res for x in r["itl"]],
+            "tokens": toks, "prompt_tokens": res[0]["prompt_tokens"], "wall_s": wall}
+
+
+def git_sha() -> str:
+    return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def cpu_facts() -> tuple[str, list[str]]:
+    model, flags = platform.processor(), []
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "fma", "f16c"))]
+                break
+    except OSError:
+        pass
+    return model, flags
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default="synthetic-0.6b", help="synthetic registry id (models/<id>.gguf)")
+    ap.add_argument("--model", type=Path, help="a GGUF path instead of --checkpoint")
+    ap.add_argument("--levels", default="1,4,8,16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    args = ap.parse_args()
+    if args.model:
+        gguf, mid = args.model, args.model.stem
+    else:
+        from bench_models import ensure_model
+        gguf, mid = ensure_model(args.checkpoint, ROOT / "models", False), args.checkpoint
+    levels = [int(x) for x in args.levels.split(",")]
+    load_start = os.getloadavg()[0]
+    results = []
+    with Server(gguf, "--ctx", "256", "--max-batch", str(max(16, max(levels))), "--threads", str(args.threads)) as srv:
+        level(srv.port, 1, 4)  # warm-up: page in the weights
+        for conc in levels:
+            reps = [level(srv.port, conc, args.max_tokens) for _ in range(args.reps)]
+            tps = [r["tok_s"] for r in reps]
+            ttft = [x * 1e3 for r in reps for x in r["ttft"]]
+            itl = [x * 1e3 for r in reps for x in r["itl"]]
+            row = {"name": f"serve_c{conc}", "model": mid, "format": "bf16", "unit": "tok/s", "concurrency": conc,
+                   "median": statistics.median(tps), "min": min(tps), "max": max(tps), "reps": args.reps,
+                   "prompt_tokens": reps[0]["prompt_tokens"], "max_tokens": args.max_tokens,
+                   "ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
+                   "itl_ms_p50": pct(itl, 0.5), "itl_ms_p99": pct(itl, 0.99)}
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    host = os.uname().nodename
+    cpu, flags = cpu_facts()
+    sha = git_sha()
+    doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
+           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
+           "profile": f"profiles/{host}.json" if (ROOT / "profiles" / f"{host}.json").exists() else None,
+           "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu, "isa_flags": flags, "server": "kipp-serve",
+                      "peers": "none (the llama-server side-by-side belongs to the peers issue)",
+                      "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
+           "results": results}
+    args.results.mkdir(parents=True, exist_ok=True)
+    path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{host}-serve-{sha}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"serve_bench.py: wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
