@@ -93,12 +93,15 @@ def test_client_hangs_up_mid_stream(srv):
 
 def test_queue_full_answers_429(synthetic_gguf):
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--max-batch", "8", "--max-queue", "1") as s:
-        busy = _open_stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True})
+        # greedy: the tiny model's greedy text never reaches EOS, so the busy
+        # request holds the batch for all 400 tokens whatever the machine's speed
+        busy = _open_stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
         busy.recv(100)  # admitted and streaming: the batch is full
-        queued = _open_stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True})
-        deadline = time.time() + 10
+        queued = _open_stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
+        deadline = time.time() + 30
         while s.gauge("kipp_queue_depth") < 1 and time.time() < deadline:
             time.sleep(0.02)
+        assert s.gauge("kipp_queue_depth") == 1, "the second request never waited in the queue"
         st, r = s.post("/v1/completions", {"prompt": "z", "max_tokens": 1})
         assert st == 429 and r["error"]["code"] == "queue_full" and "retry" in r["error"]["message"]
         busy.close(), queued.close()
