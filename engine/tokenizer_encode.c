@@ -5,7 +5,9 @@
  *   invalid UTF-8 -> U+FFFD (as Python bytes.decode("utf-8", "replace"))
  *   -> added tokens split out of the raw text (KIPP_TOK_SPECIAL only)
  *   -> NFC per remaining segment (utf8proc)
- *   -> Split pre-tokenizer regex from the GGUF (PCRE2, UTF|UCP, JIT)
+ *   -> Split pre-tokenizer: the Qwen2 pattern by a native scanner over the
+ *      generated Unicode 16.0 class tables (engine/tokenizer_unicode.h), any
+ *      other pattern by PCRE2 (UTF|UCP, JIT)
  *   -> byte-level BPE by merge rank on each pre-token.
  *
  * BPE applies the lowest-ranked adjacent pair first, leftmost on ties, exactly
@@ -20,6 +22,7 @@
 
 #include "engine/internal.h"
 #include "engine/tokenizer_impl.h"
+#include "engine/tokenizer_unicode.h"
 
 #define SMALL_WORD 48u            /* bytes: array BPE up to here, heap BPE above */
 #define JIT_STACK_MAX (64u << 20) /* bytes of JIT stack one encode call may use */
@@ -321,10 +324,128 @@ static int regex_match(enc_ctx *c, const char *s, size_t n, size_t off)
     return rc;
 }
 
+/* ---- native scanner for the Qwen2 pattern ----
+ *
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
+ *   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ *
+ * Each character has one class (L, N, S = \s, or other), from the generated
+ * tables. Every character starts some alternative, so matches tile the text
+ * and the search never skips. The alternatives are tried in order, as the
+ * backtracking engine does; the backtracking itself has closed forms (see
+ * qwen2_match). (?i) folds ASCII only: HF matches no non-ASCII letter there
+ * (U+017F LONG S included), unlike PCRE2 with UCP. */
+
+static const uint8_t ascii_class[128] = {
+    ['\t'] = KIPP_UC_S, ['\n'] = KIPP_UC_S, ['\v'] = KIPP_UC_S, ['\f'] = KIPP_UC_S, ['\r'] = KIPP_UC_S,
+    [' '] = KIPP_UC_S,
+    ['0'] = KIPP_UC_N, ['1'] = KIPP_UC_N, ['2'] = KIPP_UC_N, ['3'] = KIPP_UC_N, ['4'] = KIPP_UC_N,
+    ['5'] = KIPP_UC_N, ['6'] = KIPP_UC_N, ['7'] = KIPP_UC_N, ['8'] = KIPP_UC_N, ['9'] = KIPP_UC_N,
+#define L_(ch) [ch] = KIPP_UC_L, [ch + 32] = KIPP_UC_L
+    L_('A'), L_('B'), L_('C'), L_('D'), L_('E'), L_('F'), L_('G'), L_('H'), L_('I'), L_('J'),
+    L_('K'), L_('L'), L_('M'), L_('N'), L_('O'), L_('P'), L_('Q'), L_('R'), L_('S'), L_('T'),
+    L_('U'), L_('V'), L_('W'), L_('X'), L_('Y'), L_('Z'),
+#undef L_
+};
+
+/* Class and byte length of the character at s[i] (valid UTF-8, i < n). */
+static inline unsigned char_class(const uint8_t *s, size_t i, unsigned *len)
+{
+    uint8_t b = s[i];
+    uint32_t cp;
+    if (b < 0x80) {
+        *len = 1;
+        return ascii_class[b];
+    }
+    if (b < 0xE0) {
+        *len = 2;
+        cp = (uint32_t)(b & 0x1F) << 6 | (s[i + 1] & 0x3F);
+    } else if (b < 0xF0) {
+        *len = 3;
+        cp = (uint32_t)(b & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F);
+    } else {
+        *len = 4;
+        cp = (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 |
+             (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
+    }
+    return kipp_uc_class(cp);
+}
+
+/* End of the run of class k starting at i. */
+static inline size_t run_of(const uint8_t *s, size_t i, size_t n, unsigned k)
+{
+    unsigned len;
+    while (i < n && char_class(s, i, &len) == k) i += len;
+    return i;
+}
+
+static inline size_t run_other(const uint8_t *s, size_t i, size_t n) /* [^\s\p{L}\p{N}]+ */
+{
+    unsigned len;
+    while (i < n && char_class(s, i, &len) == KIPP_UC_OTHER) i += len;
+    return i;
+}
+
+/* End of the Qwen2 pattern's match starting at s[i] (i < n); always > i. */
+static size_t qwen2_match(const uint8_t *s, size_t i, size_t n)
+{
+    unsigned len0, len1;
+    unsigned k0 = char_class(s, i, &len0);
+    uint8_t b0 = s[i];
+    size_t j = i + len0;
+    /* (?i:'s|'t|'re|'ve|'m|'ll|'d) */
+    if (b0 == '\'' && j < n) {
+        uint8_t a = s[j] | 0x20, z = j + 1 < n ? s[j + 1] | 0x20 : 0;
+        /* b | 0x20 of a byte >= 0x80 is never an ASCII letter */
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return j + 1;
+        if ((a == 'r' && z == 'e') || (a == 'v' && z == 'e') || (a == 'l' && z == 'l')) return j + 2;
+    }
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (k0 == KIPP_UC_L) return run_of(s, j, n, KIPP_UC_L);
+    if (k0 != KIPP_UC_N && b0 != '\r' && b0 != '\n' && j < n && char_class(s, j, &len1) == KIPP_UC_L)
+        return run_of(s, j + len1, n, KIPP_UC_L);
+    /* \p{N} */
+    if (k0 == KIPP_UC_N) return j;
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+    size_t p = k0 == KIPP_UC_OTHER ? i : (b0 == ' ' && j < n && char_class(s, j, &len1) == KIPP_UC_OTHER) ? j : n;
+    if (p < n) {
+        size_t e = run_other(s, p, n);
+        while (e < n && (s[e] == '\r' || s[e] == '\n')) e++;
+        return e;
+    }
+    /* k0 is S: \s*[\r\n]+ ends after the run's last \r or \n; \s+(?!\S) gives
+     * the run less its last character unless the run ends the text; \s+ the run. */
+    size_t e = j, last_nl = (b0 == '\r' || b0 == '\n') ? j : 0, last_start = i;
+    while (e < n) {
+        unsigned l;
+        if (char_class(s, e, &l) != KIPP_UC_S) break;
+        if (s[e] == '\r' || s[e] == '\n') last_nl = e + 1;
+        last_start = e;
+        e += l;
+    }
+    if (last_nl) return last_nl;
+    if (e < n && last_start > i) return last_start;
+    return e;
+}
+
+/* Split s[n] (valid, NFC UTF-8); every match is one pre-token. */
+static int pretokenize_native(enc_ctx *c, const char *s, size_t n)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    for (size_t off = 0; off < n;) {
+        size_t e = qwen2_match(u, off, n);
+        int rc = bpe(c, s + off, e - off);
+        if (rc) return rc;
+        off = e;
+    }
+    return KIPP_OK;
+}
+
 /* Split s[n] (valid, NFC UTF-8) with the pattern; Isolated behaviour: every
  * match and every gap between matches is one pre-token. */
 static int pretokenize(enc_ctx *c, const char *s, size_t n)
 {
+    if (c->t->native) return pretokenize_native(c, s, n);
     size_t off = 0;
     while (off < n) {
         int rc = regex_match(c, s, n, off);
@@ -456,6 +577,10 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
     size_t clean_n = 0;
     int rc = kipp_utf8_sanitize(text, len, &clean, &clean_n);
     if (rc < 0) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory replacing invalid UTF-8");
+    if (t->native) {
+        rc = encode_text(&c, clean ? clean : text, clean ? clean_n : len, flags);
+        goto done;
+    }
     c.md = pcre2_match_data_create_from_pattern(t->re, NULL);
     c.mctx = pcre2_match_context_create(NULL);
     if (!c.md || !c.mctx) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for regex match data");
@@ -464,6 +589,7 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
      * (docs/TOKENIZER.md, "Long lines"), so lift it. */
     else if (pcre2_set_match_limit(c.mctx, UINT32_MAX)) rc = KIPP_EINVAL;
     else rc = encode_text(&c, clean ? clean : text, clean ? clean_n : len, flags);
+done:
     free(clean);
     free(c.nfc);
     free(c.sym); free(c.heap); free(c.prev); free(c.next);
