@@ -1,0 +1,175 @@
+/*
+ * test_tokenizer_unicode.c - the tokenizer agrees with HF tokenizers on every
+ * code point of planes 0-3 and 14 (issue 13).
+ *
+ * Golden data: tests/tokenizer_cases/unicode_blocks.txt, made by
+ * tools/gen_tokenizer_unicode.py. Each code point X is encoded in the contexts
+ * below; the ids are hashed per block of 256 code points (FNV-1a 64 over the id
+ * count and the ids, uint32 little-endian). A mismatch names the block; run
+ * the tool's contexts on that block in Python to find the code point.
+ *
+ * The tokenizer is the GGUF's (build/models/synthetic-tiny.gguf, kipp_tokenize)
+ * and, independently of the converter, tokenizer.json read directly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kipp.h"
+#include "engine/internal.h"
+#include "engine/tokenizer.h"
+#include "tests/test_harness.h"
+#include "tests/tokenizer_json.h"
+
+static kipp_model *model;
+static kipp_tokenizer *tok_json;
+static tj_tokenizer tj;
+
+/* Keep in step with CONTEXTS in tools/gen_tokenizer_unicode.py. */
+static const char *const contexts[] = {"X's", "X+W", " X", "X1", " X1"};
+#define N_CONTEXTS (sizeof contexts / sizeof contexts[0])
+
+static size_t utf8_put(uint32_t cp, char *o)
+{
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 63)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | cp >> 12); o[1] = (char)(0x80 | (cp >> 6 & 63)); o[2] = (char)(0x80 | (cp & 63));
+        return 3;
+    }
+    o[0] = (char)(0xF0 | cp >> 18); o[1] = (char)(0x80 | (cp >> 12 & 63));
+    o[2] = (char)(0x80 | (cp >> 6 & 63)); o[3] = (char)(0x80 | (cp & 63));
+    return 4;
+}
+
+static uint64_t fnv_u32(uint64_t h, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) h = (h ^ (v >> (8 * i) & 0xFF)) * 0x100000001B3ull;
+    return h;
+}
+
+typedef int (*encode_fn)(const char *s, size_t n, uint32_t *ids, size_t cap, size_t *n_out, char *err, size_t errlen);
+
+static int enc_gguf(const char *s, size_t n, uint32_t *ids, size_t cap, size_t *n_out, char *err, size_t errlen)
+{
+    return kipp_tokenize(model, s, n, 0, ids, cap, n_out, err, errlen);
+}
+
+static int enc_json(const char *s, size_t n, uint32_t *ids, size_t cap, size_t *n_out, char *err, size_t errlen)
+{
+    return kipp_tokenizer_encode(tok_json, s, n, 0, ids, cap, n_out, err, errlen);
+}
+
+/* Hash of one block as the tool computes it; returns 0 and sets *ok = 0 on an encode error. */
+static uint64_t block_hash(encode_fn enc, uint32_t blk, int *ok)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    char text[16], err[256];
+    uint32_t ids[16];
+    for (uint32_t cp = blk << 8; cp < (blk + 1) << 8; cp++) {
+        char x[4];
+        size_t xn = utf8_put(cp, x);
+        for (size_t c = 0; c < N_CONTEXTS; c++) {
+            size_t n = 0, m = 0;
+            for (const char *p = contexts[c]; *p; p++) {
+                if (*p == 'X') { memcpy(text + n, x, xn); n += xn; }
+                else text[n++] = *p;
+            }
+            if (enc(text, n, ids, 16, &m, err, sizeof err)) {
+                fprintf(stderr, "  U+%04X context %zu: %s\n", cp, c, err);
+                *ok = 0;
+                return 0;
+            }
+            h = fnv_u32(h, (uint32_t)m);
+            for (size_t i = 0; i < m; i++) h = fnv_u32(h, ids[i]);
+        }
+    }
+    return h;
+}
+
+static void run_exhaustive(encode_fn enc, const char *what)
+{
+    FILE *f = fopen("tests/tokenizer_cases/unicode_blocks.txt", "r");
+    CHECK(f != NULL, "cannot open tests/tokenizer_cases/unicode_blocks.txt (run from the repo root)");
+    if (!f) return;
+    char line[256];
+    unsigned blocks = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        unsigned blk;
+        unsigned long long want;
+        if (sscanf(line, "%x %llx", &blk, &want) != 2) {
+            CHECK(0, "bad golden line '%s'", line);
+            continue;
+        }
+        int ok = 1;
+        uint64_t got = block_hash(enc, blk, &ok);
+        blocks++;
+        if (!ok || got != want) {
+            if (bad < 10) fprintf(stderr, "  %s: block U+%04X..U+%04X differs from HF\n", what, blk << 8, (blk << 8) | 255);
+            bad++;
+        }
+    }
+    fclose(f);
+    printf("  %s: %u blocks (%u code points x %zu contexts), %u mismatched\n", what, blocks, blocks * 256,
+           N_CONTEXTS, bad);
+    CHECK(blocks >= 1272, "%s: only %u golden blocks; expected 1272 (planes 0-3, 14)", what, blocks);
+    CHECK(bad == 0, "%s: %u of %u blocks differ from HF", what, bad, blocks);
+}
+
+static void test_exhaustive_gguf(void)
+{
+    CHECK(model != NULL, "synthetic-tiny.gguf did not load");
+    if (model) run_exhaustive(enc_gguf, "gguf");
+}
+
+static void test_exhaustive_json(void) { run_exhaustive(enc_json, "tokenizer.json"); }
+
+/* The minimal cases of issue 13; expected ids are HF tokenizers 0.23.3. */
+static void test_issue_cases(void)
+{
+    static const struct {
+        const char *text;
+        uint32_t ids[8];
+        size_t n;
+    } cases[] = {
+        {"\xF0\xB1\x8D\x90's", {172, 109, 235, 238, 594}, 5},        /* U+31350 (Unicode 15.0) */
+        {"\xF0\xAE\xAF\xB0's", {172, 106, 107, 108, 594}, 5},        /* U+2EBF0 (15.1) */
+        {"\xE1\xB2\x89's", {128233, 231, 594}, 3},                  /* U+1C89 (16.0) */
+        {"\xF0\x93\xA9\xB1+W", {124373, 102, 109, 97883}, 4},       /* U+13A71 (16.0) */
+        {" \xE1\xA0\x8E" "1", {86089, 254, 236, 16}, 4},           /* U+180E is not \s */
+        {"\xE1\xA0\x8E's", {123970, 236, 6, 82}, 4},                /* ... so "U+180E'" is one pre-token */
+        {"'\xC5\xBF", {6, 144815}, 2},                             /* (?i:'s) does not fold U+017F */
+        {"a \xE3\x80\x80\n\n  b\t\r\n x", {64, 220, 22441, 271, 220, 293, 4474, 856}, 8},
+        {"  \xC2\xA0\xE2\x80\xA8!!\r\r\n", {256, 4102, 378, 101, 2928, 5928}, 6},
+        {"I'LL it'Re", {40, 6, 4086, 432, 49427}, 5},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint32_t ids[32];
+        size_t n = 0;
+        char err[256];
+        int rc = kipp_tokenizer_encode(tok_json, cases[k].text, strlen(cases[k].text), 0, ids, 32, &n, err, sizeof err);
+        int same = rc == 0 && n == cases[k].n && !memcmp(ids, cases[k].ids, n * sizeof *ids);
+        CHECK(same, "case %zu: rc %d, %zu ids (first %u); expected %zu ids (first %u)", k, rc, n, n ? ids[0] : 0,
+              cases[k].n, cases[k].ids[0]);
+    }
+}
+
+int main(void)
+{
+    char err[512];
+    if (tj_load(&tj, tj_shared_dir()) || kipp_tokenizer_create(&tj.d, &tok_json, err, sizeof err)) {
+        fprintf(stderr, "reference tokenizer from %s failed: %s\n", tj_shared_dir(), err);
+        return 1;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    if (kipp_model_load(path, &model, err, sizeof err)) fprintf(stderr, "  %s: %s\n", path, err);
+    RUN(test_issue_cases);
+    RUN(test_exhaustive_json);
+    RUN(test_exhaustive_gguf);
+    kipp_model_close(model);
+    kipp_tokenizer_destroy(tok_json);
+    tj_free(&tj);
+    return th_finish();
+}
