@@ -55,7 +55,7 @@ static int chat_push(chat_state *c, kipp_role role, const char *content)
         return KIPP_ENOMEM;
     }
     c->msgs = m;
-    c->msgs[c->n_msgs++] = (kipp_chat_message){role, dup, NULL, NULL, 0};
+    c->msgs[c->n_msgs++] = (kipp_chat_message){.role = role, .content = dup};
     return 0;
 }
 

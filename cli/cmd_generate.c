@@ -213,7 +213,7 @@ static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, ch
         *out = strdup(o->prompt);
         return *out ? 0 : 1;
     }
-    kipp_chat_message msg = {KIPP_ROLE_USER, o->prompt, NULL, NULL, 0};
+    kipp_chat_message msg = {.role = KIPP_ROLE_USER, .content = o->prompt};
     kipp_chat_options co = {1, o->think, NULL};
     int rc = kipp_chat_render(m, &msg, 1, &co, out, err, sizeof err);
     if (!rc) return 0;

@@ -150,19 +150,34 @@ int kipp_detok_stream_flush(kipp_detok_stream *s, char *out, size_t cap, size_t 
 /* ---- chat (engine/chat.c: native Qwen3 ChatML renderer) ---- */
 typedef enum { KIPP_ROLE_SYSTEM, KIPP_ROLE_USER, KIPP_ROLE_ASSISTANT, KIPP_ROLE_TOOL } kipp_role;
 
-/** One tool call made by an assistant turn; arguments is a JSON object text. */
+/**
+ * One tool call made by an assistant turn. arguments is JSON text and is
+ * inserted verbatim, as the template does when `arguments` is a string (the
+ * OpenAI API's form). A caller holding a parsed object passes the text that
+ * kipp_chat_json_dumps makes of it, which is what the template's `tojson` writes.
+ */
 typedef struct {
     const char *name;
     const char *arguments;
 } kipp_tool_call;
 
-/** One chat message; NULL strings are absent fields. */
+/**
+ * One chat message; NULL strings are absent fields. Content is either one
+ * string (content) or a list of text parts (content_parts[n_content_parts], the
+ * OpenAI API's [{"type": "text", "text": ...}] with the texts only); giving both
+ * is KIPP_EINVAL. Parts are joined with "\n" and then rendered exactly as that
+ * string would be, which is what OpenAI-compatible servers (vLLM) do for these
+ * string-content templates; HF's template alone would render a list as ''.
+ * Initialise with designated initializers: fields may be added at the end.
+ */
 typedef struct {
     kipp_role role;
     const char *content;            /* may be NULL for assistant turns with tool calls */
     const char *reasoning_content;  /* assistant only; NULL = absent */
-    const kipp_tool_call *tool_calls;
+    const kipp_tool_call *tool_calls; /* [n_tool_calls] */
     size_t n_tool_calls;
+    const char *const *content_parts; /* [n_content_parts] text parts, each non-NULL; NULL when content is used */
+    size_t n_content_parts;
 } kipp_chat_message;
 
 /** Rendering options, as chat_template_kwargs. */
@@ -179,6 +194,17 @@ typedef struct {
  */
 int kipp_chat_render(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
                      const kipp_chat_options *opts, char **out, char *err, size_t errlen);
+
+/**
+ * Re-write JSON text (len bytes, any JSON value) as Python's
+ * json.dumps(value, ensure_ascii=False) writes it, which is what the chat
+ * templates' `tojson` produces: separators ", " and ": ", key order kept,
+ * non-ASCII raw, floats as Python repr (docs/TOKENIZER.md, "Chat renderer").
+ * Use it for tool-call arguments held as an object. *out is malloc'd and
+ * NUL-terminated; the caller frees it. Errors: KIPP_EINVAL naming the line and
+ * column of invalid JSON, KIPP_ENOMEM.
+ */
+int kipp_chat_json_dumps(const char *json, size_t len, char **out, char *err, size_t errlen);
 
 /* ---- sessions (engine/session.c) ---- */
 
