@@ -11,5 +11,6 @@ KIPP_CMD(cmd_detokenize);
 KIPP_CMD(cmd_generate);
 KIPP_CMD(cmd_chat);
 KIPP_CMD(cmd_logits);
+KIPP_CMD(cmd_render);
 
 #endif

@@ -128,6 +128,14 @@ int kipp_tokenize(const kipp_model *model, const char *text, size_t len, int fla
 int kipp_detokenize(const kipp_model *model, const uint32_t *ids, size_t n, char *out,
                     size_t cap, size_t *n_out, char *err, size_t errlen);
 
+/**
+ * 1 when id is an added (control) token of the model's tokenizer: <|im_start|>,
+ * <|im_end|>, <think>, <tool_call>, ... (matched whole by KIPP_TOK_SPECIAL and
+ * decoded literally); 0 for ordinary and padding ids, ids out of range, or a
+ * model without a tokenizer.
+ */
+int kipp_token_is_added(const kipp_model *model, uint32_t id);
+
 /** Streaming detokenizer: emits only complete UTF-8, holding back partial sequences. */
 typedef struct kipp_detok_stream kipp_detok_stream;
 /** Create a stream for model; NULL on allocation failure. */
