@@ -136,6 +136,16 @@ int kipp_detokenize(const kipp_model *model, const uint32_t *ids, size_t n, char
  */
 int kipp_token_is_added(const kipp_model *model, uint32_t id);
 
+/**
+ * Describe the model's tokenizer in one line, written NUL-terminated into
+ * out[outlen] and truncated to fit: the pre-tokenizer (the native Qwen2
+ * scanner and the Unicode version of its generated tables, or PCRE2 and its
+ * Unicode version for any other pattern) and the NFC normaliser (utf8proc and
+ * its Unicode version). Used by `kipp inspect`. Errors: KIPP_EINVAL for a NULL
+ * model or out, outlen 0, or a model without a tokenizer.
+ */
+int kipp_tokenizer_describe(const kipp_model *model, char *out, size_t outlen);
+
 /** Streaming detokenizer: emits only complete UTF-8, holding back partial sequences. */
 typedef struct kipp_detok_stream kipp_detok_stream;
 /** Create a stream for model; NULL on allocation failure. */

@@ -15,6 +15,7 @@
  * long ones (a 10 MB word) a binary heap over a linked list, O(n log n).
  * Behaviour on odd input is documented in docs/TOKENIZER.md.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -600,5 +601,23 @@ done:
     *n_out = c.n;
     if (c.n > cap)
         return kipp_err(err, errlen, KIPP_ERANGE, "text encodes to %zu tokens; the buffer holds %zu", c.n, cap);
+    return KIPP_OK;
+}
+
+int kipp_tokenizer_describe(const kipp_model *model, char *out, size_t outlen)
+{
+    if (!model || !model->tok || !out || !outlen)
+        return kipp_err(out, outlen, KIPP_EINVAL, "tokenizer_describe needs an open model with a tokenizer and a buffer");
+    char pre[96];
+    if (model->tok->native) {
+        snprintf(pre, sizeof pre, "native Qwen2 scanner, Unicode %s classes", KIPP_UNICODE_VERSION);
+    } else {
+        char ver[48] = "?", uni[24] = "?";
+        pcre2_config(PCRE2_CONFIG_VERSION, ver);
+        pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uni);
+        snprintf(pre, sizeof pre, "PCRE2 %s, Unicode %s classes (not the Qwen2 pattern)", ver, uni);
+    }
+    snprintf(out, outlen, "pre-tokenizer %s; NFC utf8proc %s (Unicode %s)", pre, utf8proc_version(),
+             utf8proc_unicode_version());
     return KIPP_OK;
 }

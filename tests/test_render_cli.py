@@ -115,3 +115,10 @@ def test_render_bad_args(tmp_path):
     p.write_text("[{")
     r = kipp("--messages", str(p))
     assert r.returncode == 1 and b"is not valid JSON: line" in r.stderr
+
+
+def test_inspect_names_unicode_version():
+    r = subprocess.run([KIPP, "inspect", MODEL], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = [l for l in r.stdout.decode().splitlines() if l.startswith("tokenizer ")]
+    assert line and "native Qwen2 scanner, Unicode 16.0.0 classes" in line[0] and "utf8proc" in line[0]
