@@ -4,7 +4,8 @@
  *
  *   invalid UTF-8 -> U+FFFD (as Python bytes.decode("utf-8", "replace"))
  *   -> added tokens split out of the raw text (KIPP_TOK_SPECIAL only)
- *   -> NFC per remaining segment (utf8proc)
+ *   -> NFC per remaining segment (utf8proc; skipped when a quick check
+ *      over the generated tables shows the segment is already NFC)
  *   -> Split pre-tokenizer: the Qwen2 pattern by a native scanner over the
  *      generated Unicode 16.0 class tables (engine/tokenizer_unicode.h), any
  *      other pattern by PCRE2 (UTF|UCP, JIT)
@@ -38,6 +39,8 @@ typedef struct {
     pcre2_jit_stack *jstack;
     int32_t *nfc;                /* [nfc_cap] utf8proc scratch (UTF-32, then UTF-8 in place) */
     size_t nfc_cap;
+    char *norm;                  /* [norm_cap] NFC of the current segment when it differs */
+    size_t norm_n, norm_cap;
     uint32_t *sym;               /* [sym_cap] BPE symbol ids */
     uint64_t *heap;              /* [3*sym_cap] (rank << 32 | pos) min-heap */
     int32_t *prev, *next;        /* [sym_cap] linked list over symbols */
@@ -476,15 +479,30 @@ static int pretokenize(enc_ctx *c, const char *s, size_t n)
 
 /* ---- NFC ---- */
 
-static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+/* Code point and byte length of the character at s[i] (valid UTF-8). */
+static inline uint32_t utf8_cp(const uint8_t *s, size_t i, unsigned *len)
 {
-    size_t i = 0;
-    while (i < n && (uint8_t)s[i] < 0x80) i++;
-    if (i == n) { /* ASCII is already NFC */
-        *out = s;
-        *out_n = n;
-        return KIPP_OK;
+    uint8_t b = s[i];
+    if (b < 0x80) { *len = 1; return b; }
+    if (b < 0xE0) { *len = 2; return (uint32_t)(b & 0x1F) << 6 | (s[i + 1] & 0x3F); }
+    if (b < 0xF0) {
+        *len = 3;
+        return (uint32_t)(b & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F);
     }
+    *len = 4;
+    return (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 | (uint32_t)(s[i + 2] & 0x3F) << 6 |
+           (s[i + 3] & 0x3F);
+}
+
+static inline int nfc_safe_at(const uint8_t *s, size_t i, unsigned *len)
+{
+    if (s[i] < 0x80) { *len = 1; return 1; }
+    return (kipp_uc_entry(utf8_cp(s, i, len)) & KIPP_UC_NFC_SAFE) != 0;
+}
+
+/* NFC of s[n] by utf8proc into c->nfc (as UTF-8); *out points there. */
+static int nfc_utf8proc(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+{
     const utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
     for (;;) {
         utf8proc_ssize_t r = c->nfc_cap
@@ -512,6 +530,66 @@ static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, si
             return kipp_err(c->err, c->errlen, KIPP_ENOMEM, "out of memory normalising %zu bytes", n);
         }
     }
+}
+
+static int out_put(enc_ctx *c, const char *s, size_t n)
+{
+    if (c->norm_n + n > c->norm_cap) {
+        size_t cap = c->norm_cap ? c->norm_cap : 4096;
+        while (cap < c->norm_n + n) cap *= 2;
+        char *p = realloc(c->norm, cap);
+        if (!p) return kipp_err(c->err, c->errlen, KIPP_ENOMEM, "out of memory normalising %zu bytes", n);
+        c->norm = p;
+        c->norm_cap = cap;
+    }
+    memcpy(c->norm + c->norm_n, s, n);
+    c->norm_n += n;
+    return KIPP_OK;
+}
+
+/* NFC of one segment. Code points that are NFC-safe (starters with
+ * NFC_Quick_Check Yes, from the generated tables) are normalisation
+ * boundaries: nothing before one can combine with anything after it. So only
+ * the spans from the last safe character before an unsafe one up to the next
+ * safe character go through utf8proc; the rest is copied. A segment with no
+ * unsafe character is returned as it is. The result is byte-identical to
+ * utf8proc on the whole segment. */
+static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    size_t i = 0, done = 0, last_safe = 0;
+    unsigned len;
+    c->norm_n = 0;
+    while (i < n) {
+        if (u[i] < 0x80) { /* ASCII run */
+            last_safe = i++;
+            continue;
+        }
+        if (nfc_safe_at(u, i, &len)) {
+            last_safe = i;
+            i += len;
+            continue;
+        }
+        size_t start = last_safe > done ? last_safe : done, q = i + len;
+        while (q < n && !nfc_safe_at(u, q, &len)) q += len;
+        const char *p = NULL;
+        size_t pn = 0;
+        int rc = out_put(c, s + done, start - done);
+        if (!rc) rc = nfc_utf8proc(c, s + start, q - start, &p, &pn);
+        if (!rc) rc = out_put(c, p, pn);
+        if (rc) return rc;
+        done = last_safe = i = q;
+    }
+    if (done == 0 && c->norm_n == 0) { /* already NFC */
+        *out = s;
+        *out_n = n;
+        return KIPP_OK;
+    }
+    int rc = out_put(c, s + done, n - done);
+    if (rc) return rc;
+    *out = c->norm;
+    *out_n = c->norm_n;
+    return KIPP_OK;
 }
 
 static int encode_plain(enc_ctx *c, const char *s, size_t n)
@@ -593,6 +671,7 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
 done:
     free(clean);
     free(c.nfc);
+    free(c.norm);
     free(c.sym); free(c.heap); free(c.prev); free(c.next);
     pcre2_match_data_free(c.md);
     pcre2_match_context_free(c.mctx);

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "engine/kipp.h"
 #include "engine/internal.h"
 #include "engine/tokenizer.h"
@@ -155,6 +157,53 @@ static void test_issue_cases(void)
     }
 }
 
+/* NFC runs utf8proc only on the spans around code points that are not
+ * NFC-safe (engine/tokenizer_encode.c, nfc_segment). Random texts over code
+ * points that compose, reorder, decompose or block must encode exactly as
+ * their whole-text utf8proc NFC does. */
+static void test_nfc_spans(void)
+{
+    static const uint32_t pool[] = {
+        'a', 'e', 'A', ' ', '\n', '1', 0x301, 0x323, 0x334, 0x345, 0x5B0, 0x1100, 0x1161, 0x11A8, 0xAC00,
+        0x958, 0x93C, 0x915, 0x212B, 0x2126, 0x1E0A, 0xF71, 0xF72, 0xF73, 0xF80, 0x11935, 0x11930, 0x9C7,
+        0x9BE, 0xB47, 0xB3E, 0xB57, 0xCC6, 0xCD5, 0x3099, 0x304B, 0x1F600, 0x4E2D, 0xFB2C, 0xE9, 0xFE0F,
+        0x7FD, 0x1DF6, 0x16FF0, 0x1611E, 0x113C2, 0x0, 0x10FFFF, 0x30A6, 0x309A, 0x1B05, 0x1B35, 0x64, 0x307,
+    };
+    const size_t np = sizeof pool / sizeof pool[0];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    size_t bad = 0;
+    for (int t = 0; t < 20000; t++) {
+        char text[256];
+        size_t n = 0;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int len = 1 + (int)(x >> 59);
+        for (int k = 0; k < len; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            n += utf8_put(pool[(x >> 33) % np], text + n);
+        }
+        text[n] = 0;
+        utf8proc_uint8_t *nfc = utf8proc_NFC((const utf8proc_uint8_t *)text);
+        /* utf8proc_NFC stops at NUL: compare the prefix before the first one */
+        size_t m = strlen(text);
+        uint32_t a[256], b[256];
+        size_t na = 0, nb = 0;
+        char err[256];
+        int ra = kipp_tokenizer_encode(tok_json, text, m, 0, a, 256, &na, err, sizeof err);
+        int rb = nfc ? kipp_tokenizer_encode(tok_json, (const char *)nfc, strlen((const char *)nfc), 0, b, 256, &nb,
+                                             err, sizeof err) : -1;
+        if (ra || rb || na != nb || memcmp(a, b, na * sizeof *a)) {
+            if (bad < 5) {
+                fprintf(stderr, "  text %d differs from its whole-text NFC:", t);
+                for (size_t k = 0; k < m; k++) fprintf(stderr, " %02X", (uint8_t)text[k]);
+                fprintf(stderr, "\n");
+            }
+            bad++;
+        }
+        free(nfc);
+    }
+    CHECK(bad == 0, "%zu of 20000 random texts encode differently from their utf8proc NFC", bad);
+}
+
 int main(void)
 {
     char err[512];
@@ -166,6 +215,7 @@ int main(void)
     snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
     if (kipp_model_load(path, &model, err, sizeof err)) fprintf(stderr, "  %s: %s\n", path, err);
     RUN(test_issue_cases);
+    RUN(test_nfc_spans);
     RUN(test_exhaustive_json);
     RUN(test_exhaustive_gguf);
     kipp_model_close(model);

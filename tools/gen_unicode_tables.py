@@ -10,11 +10,20 @@ UCD's UnicodeData.txt compiled in). Classes:
   S = White_Space, which since Unicode 6.3 is exactly Zs|Zl|Zp plus
       U+0009..U+000D and U+0085 (PropList.txt); U+180E is not in it.
   P = everything else, unassigned code points included.
+A second bit per code point, NFC-safe, lets encode skip the NFC pass over a
+segment: it is set when the code point is a starter (Canonical_Combining_Class
+0), is its own NFC, and is not the second element of any primary composition
+(Hangul V and T jamo included), i.e. NFC_Quick_Check = Yes and ccc = 0. A text
+made only of such code points is already NFC. Unicode's stability policy makes
+the 16.0 set a subset of the safe set of every later version, and of
+utf8proc's (Unicode 15.0) for the code points it knows; with --verify-utf8proc
+the generator checks that utf8proc leaves each safe code point alone and gives
+it class 0.
 
 Usage:
   pip install --target /tmp/ud2 unicodedata2==16.0.0
   python3 tools/gen_unicode_tables.py --ucd /tmp/ud2 \\
-      [--verify-hf ../shared/qwen3-tokenizer/tokenizer.json]
+      [--verify-utf8proc] [--verify-hf ../shared/qwen3-tokenizer/tokenizer.json]
 
 --verify-hf probes HF's pre-tokenizer on every code point (U+0000..U+10FFFF,
 surrogates excluded) and fails unless its classes equal the table's. The
@@ -38,6 +47,51 @@ def classify(ud, cp):
     if g in ("Zs", "Zl", "Zp") or cp in WS_CC:
         return "S"
     return "P"
+
+
+def nfc_safe_set(ud):
+    """Code points with ccc 0, NFC(cp) == cp, and not a composition's second element."""
+    second = set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))  # Hangul V, T
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        d = ud.decomposition(chr(cp))
+        if not d or d.startswith("<"):
+            continue
+        parts = [int(x, 16) for x in d.split()]
+        if len(parts) == 2 and ud.normalize("NFC", chr(parts[0]) + chr(parts[1])) == chr(cp):
+            second.add(parts[1])
+    safe = set()
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        c = chr(cp)
+        if ud.combining(c) == 0 and ud.normalize("NFC", c) == c and cp not in second:
+            safe.add(cp)
+    return safe
+
+
+def verify_utf8proc(safe):
+    import ctypes
+    lib = ctypes.CDLL("libutf8proc.so")
+    lib.utf8proc_get_property.restype = ctypes.POINTER(ctypes.c_int16 * 2)  # category, combining_class
+    lib.utf8proc_NFC.restype = ctypes.c_void_p
+    lib.utf8proc_NFC.argtypes = [ctypes.c_char_p]
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = [ctypes.c_void_p]
+    bad = 0
+    for cp in sorted(safe):
+        if cp == 0:
+            continue
+        b = chr(cp).encode()
+        p = lib.utf8proc_NFC(b)
+        same = ctypes.string_at(p) == b
+        libc.free(p)
+        if not same or lib.utf8proc_get_property(cp).contents[1] != 0:
+            if bad < 20:
+                print(f"U+{cp:04X}: utf8proc changes it or gives it a nonzero combining class", file=sys.stderr)
+            bad += 1
+    return bad
 
 
 def verify_hf(path, cls):
@@ -73,6 +127,7 @@ def main():
     ap.add_argument("--ucd", help="directory holding unicodedata2 (pip --target)")
     ap.add_argument("--out", default="engine/tokenizer_unicode.h")
     ap.add_argument("--verify-hf", metavar="TOKENIZER_JSON")
+    ap.add_argument("--verify-utf8proc", action="store_true", help="check the NFC-safe set against libutf8proc")
     a = ap.parse_args()
     if a.ucd:
         sys.path.insert(0, a.ucd)
@@ -84,18 +139,27 @@ def main():
     for cp in range(0x110000):
         if not 0xD800 <= cp < 0xE000:
             cls[cp] = classify(ud, cp)
+    safe = nfc_safe_set(ud)
+    if a.verify_utf8proc:
+        n = verify_utf8proc(safe)
+        if n:
+            sys.exit(f"{n} NFC-safe code points are not safe for utf8proc; the table was not written")
+        print(f"verified against utf8proc: {len(safe)} NFC-safe code points", file=sys.stderr)
     if a.verify_hf:
         n = verify_hf(a.verify_hf, cls)
         if n:
             sys.exit(f"{n} code points differ from HF; the table was not written")
         print("verified against HF tokenizers: 0 code points differ", file=sys.stderr)
     # Two-stage table: stage 1 maps cp >> 8 to a unique 256-entry block of
-    # 2-bit classes packed 4 to a byte (64 bytes a block).
+    # 4-bit entries (class in bits 0-1, NFC-safe in bit 2) packed 2 to a byte
+    # (128 bytes a block).
     blocks, index, stage1 = [], {}, []
     for hi in range(0x1100):
-        b = bytearray(64)
+        b = bytearray(128)
         for lo in range(256):
-            b[lo >> 2] |= CLASS[cls[hi << 8 | lo]] << ((lo & 3) * 2)
+            cp = hi << 8 | lo
+            v = CLASS[cls[cp]] | (4 if cp in safe else 0)
+            b[lo >> 1] |= v << ((lo & 1) * 4)
         b = bytes(b)
         if b not in index:
             index[b] = len(blocks)
@@ -109,22 +173,27 @@ def main():
              " *\n"
              " * Classes of the Qwen2 pre-tokenizer pattern as HF tokenizers (Oniguruma) sees\n"
              " * them: 1 = \\p{L}, 2 = \\p{N}, 3 = \\s (White_Space), 0 = anything else.\n"
-             f" * {counts['L']} L, {counts['N']} N, {counts['S']} S code points; {len(blocks)} unique blocks.\n"
+             " * NFC-safe (NFC_Quick_Check Yes and ccc 0): a text of only these is NFC.\n"
+             f" * {counts['L']} L, {counts['N']} N, {counts['S']} S, {len(safe)} NFC-safe code points;\n"
+             f" * {len(blocks)} unique blocks.\n"
              " */\n#ifndef KIPP_TOKENIZER_UNICODE_H\n#define KIPP_TOKENIZER_UNICODE_H\n\n#include <stdint.h>\n\n"
              f'#define KIPP_UNICODE_VERSION "{UNICODE_VERSION}"\n'
-             "#define KIPP_UC_OTHER 0u\n#define KIPP_UC_L 1u\n#define KIPP_UC_N 2u\n#define KIPP_UC_S 3u\n\n")
+             "#define KIPP_UC_OTHER 0u\n#define KIPP_UC_L 1u\n#define KIPP_UC_N 2u\n#define KIPP_UC_S 3u\n"
+             "#define KIPP_UC_NFC_SAFE 4u\n\n")
     o.append(f"static const uint16_t kipp_uc_stage1[{len(stage1)}] = {{\n")
     for i in range(0, len(stage1), 16):
         o.append("    " + ", ".join(str(v) for v in stage1[i:i + 16]) + ",\n")
     o.append("};\n\n")
-    o.append(f"static const uint8_t kipp_uc_blocks[{len(blocks)}][64] = {{\n")
+    o.append(f"static const uint8_t kipp_uc_blocks[{len(blocks)}][128] = {{\n")
     for b in blocks:
         o.append("    {" + ",".join(f"0x{v:02x}" for v in b) + "},\n")
     o.append("};\n\n")
-    o.append("/** Class of code point cp (< 0x110000): KIPP_UC_*. */\n"
-             "static inline unsigned kipp_uc_class(uint32_t cp)\n{\n"
-             "    return (kipp_uc_blocks[kipp_uc_stage1[cp >> 8]][(cp & 255) >> 2] >> ((cp & 3) * 2)) & 3u;\n"
-             "}\n\n#endif\n")
+    o.append("/** Table entry of code point cp (< 0x110000): class in bits 0-1, KIPP_UC_NFC_SAFE. */\n"
+             "static inline unsigned kipp_uc_entry(uint32_t cp)\n{\n"
+             "    return (kipp_uc_blocks[kipp_uc_stage1[cp >> 8]][(cp & 255) >> 1] >> ((cp & 1) * 4)) & 15u;\n"
+             "}\n\n"
+             "/** Class of code point cp (< 0x110000): KIPP_UC_*. */\n"
+             "static inline unsigned kipp_uc_class(uint32_t cp) { return kipp_uc_entry(cp) & 3u; }\n\n#endif\n")
     with open(a.out, "w") as f:
         f.write("".join(o))
     print(f"wrote {a.out}: Unicode {UNICODE_VERSION}, {len(blocks)} blocks", file=sys.stderr)
