@@ -494,10 +494,11 @@ static inline uint32_t utf8_cp(const uint8_t *s, size_t i, unsigned *len)
            (s[i + 3] & 0x3F);
 }
 
-static inline int nfc_safe_at(const uint8_t *s, size_t i, unsigned *len)
+/* Table bits of the character at s[i]: KIPP_UC_NFC_SAFE, KIPP_UC_HF_NFC_BOUNDARY. */
+static inline unsigned nfc_bits_at(const uint8_t *s, size_t i, unsigned *len)
 {
-    if (s[i] < 0x80) { *len = 1; return 1; }
-    return (kipp_uc_entry(utf8_cp(s, i, len)) & KIPP_UC_NFC_SAFE) != 0;
+    if (s[i] < 0x80) { *len = 1; return KIPP_UC_NFC_SAFE; }
+    return kipp_uc_entry(utf8_cp(s, i, len)) & (KIPP_UC_NFC_SAFE | KIPP_UC_HF_NFC_BOUNDARY);
 }
 
 /* NFC of s[n] by utf8proc into c->nfc (as UTF-8); *out points there. */
@@ -547,13 +548,18 @@ static int out_put(enc_ctx *c, const char *s, size_t n)
     return KIPP_OK;
 }
 
-/* NFC of one segment. Code points that are NFC-safe (starters with
- * NFC_Quick_Check Yes, from the generated tables) are normalisation
- * boundaries: nothing before one can combine with anything after it. So only
- * the spans from the last safe character before an unsafe one up to the next
- * safe character go through utf8proc; the rest is copied. A segment with no
- * unsafe character is returned as it is. The result is byte-identical to
- * utf8proc on the whole segment. */
+/* NFC of one segment, as HF's normaliser computes it.
+ * - Code points that are NFC-safe (starters with NFC_Quick_Check Yes, from
+ *   the generated tables) are normalisation boundaries: nothing before one can
+ *   combine with anything after it. So only the spans from the last safe
+ *   character before an unsafe one up to the next safe character go through
+ *   utf8proc; the rest is copied. A segment with no unsafe character is
+ *   returned as it is.
+ * - HF's normaliser has pre-10.0 tables: the 109 code points marked
+ *   KIPP_UC_HF_NFC_BOUNDARY (marks classed in Unicode 10..15, and U+11930)
+ *   are plain starters to it. They are copied as they are and split the text,
+ *   which makes utf8proc's result equal HF's (tools/gen_unicode_tables.py
+ *   checks this against HF). */
 static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
 {
     const uint8_t *u = (const uint8_t *)s;
@@ -565,13 +571,20 @@ static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, si
             last_safe = i++;
             continue;
         }
-        if (nfc_safe_at(u, i, &len)) {
+        unsigned bits = nfc_bits_at(u, i, &len);
+        if (bits & KIPP_UC_NFC_SAFE) {
             last_safe = i;
             i += len;
             continue;
         }
+        if (bits & KIPP_UC_HF_NFC_BOUNDARY) {
+            int rc = out_put(c, s + done, i + len - done);
+            if (rc) return rc;
+            done = last_safe = i = i + len;
+            continue;
+        }
         size_t start = last_safe > done ? last_safe : done, q = i + len;
-        while (q < n && !nfc_safe_at(u, q, &len)) q += len;
+        while (q < n && !nfc_bits_at(u, q, &len)) q += len;
         const char *p = NULL;
         size_t pn = 0;
         int rc = out_put(c, s + done, start - done);

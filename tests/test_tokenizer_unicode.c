@@ -160,14 +160,16 @@ static void test_issue_cases(void)
 /* NFC runs utf8proc only on the spans around code points that are not
  * NFC-safe (engine/tokenizer_encode.c, nfc_segment). Random texts over code
  * points that compose, reorder, decompose or block must encode exactly as
- * their whole-text utf8proc NFC does. */
+ * their whole-text utf8proc NFC does. The pool leaves out the code points
+ * where Kipp follows HF rather than utf8proc (KIPP_UC_HF_NFC_BOUNDARY), which
+ * test_nfc_hf covers. */
 static void test_nfc_spans(void)
 {
     static const uint32_t pool[] = {
         'a', 'e', 'A', ' ', '\n', '1', 0x301, 0x323, 0x334, 0x345, 0x5B0, 0x1100, 0x1161, 0x11A8, 0xAC00,
-        0x958, 0x93C, 0x915, 0x212B, 0x2126, 0x1E0A, 0xF71, 0xF72, 0xF73, 0xF80, 0x11935, 0x11930, 0x9C7,
+        0x958, 0x93C, 0x915, 0x212B, 0x2126, 0x1E0A, 0xF71, 0xF72, 0xF73, 0xF80, 0x11935, 0x9C7,
         0x9BE, 0xB47, 0xB3E, 0xB57, 0xCC6, 0xCD5, 0x3099, 0x304B, 0x1F600, 0x4E2D, 0xFB2C, 0xE9, 0xFE0F,
-        0x7FD, 0x1DF6, 0x16FF0, 0x1611E, 0x113C2, 0x0, 0x10FFFF, 0x30A6, 0x309A, 0x1B05, 0x1B35, 0x64, 0x307,
+        0x1611E, 0x113C2, 0x0, 0x10FFFF, 0x30A6, 0x309A, 0x1B05, 0x1B35, 0x64, 0x307,
     };
     const size_t np = sizeof pool / sizeof pool[0];
     uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -204,6 +206,87 @@ static void test_nfc_spans(void)
     CHECK(bad == 0, "%zu of 20000 random texts encode differently from their utf8proc NFC", bad);
 }
 
+/* Keep in step with nfc_probes in tools/gen_unicode_tables.py; X is the code
+ * point, F its composition first (the last two only when it has one). */
+static const char *const nfc_probes[] = {
+    "q\xCC\x81X", "qX\xCC\xB4", "aX\xCC\x81", "a\xCC\x81X", "X\xCC\x81", "aX", "q\xCC\xB4X\xCC\x81",
+    "\xD6\xB0X", "X\xD6\xB0", "aX\xCD\x85", "a\xCD\x85X", "FX", "F\xCC\xB4X",
+};
+
+static uint64_t hash_ids(uint64_t h, const char *text, size_t n, int *ok)
+{
+    uint32_t ids[64];
+    size_t m = 0;
+    char err[256];
+    if (kipp_tokenizer_encode(tok_json, text, n, 0, ids, 64, &m, err, sizeof err)) {
+        fprintf(stderr, "  encode failed: %s\n", err);
+        *ok = 0;
+        return h;
+    }
+    h = fnv_u32(h, (uint32_t)m);
+    for (size_t i = 0; i < m; i++) h = fnv_u32(h, ids[i]);
+    return h;
+}
+
+/* NFC as HF computes it, on every code point that is not NFC-safe: HF ids of
+ * its probes, and of random texts over them (tools/gen_tokenizer_unicode.py). */
+static void test_nfc_hf(void)
+{
+    FILE *f = fopen("tests/tokenizer_cases/unicode_nfc.txt", "r");
+    CHECK(f != NULL, "cannot open tests/tokenizer_cases/unicode_nfc.txt (run from the repo root)");
+    if (!f) return;
+    char line[512];
+    unsigned cps = 0, texts = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        uint64_t h = 0xCBF29CE484222325ull;
+        unsigned long long want;
+        int ok = 1;
+        if (line[0] == 'T') {
+            char text[64], *p = line + 2, *end;
+            size_t n = 0;
+            for (;;) {
+                unsigned long cp = strtoul(p, &end, 16);
+                n += utf8_put((uint32_t)cp, text + n);
+                if (*end != ',') break;
+                p = end + 1;
+            }
+            if (sscanf(end, " %llx", &want) != 1) { CHECK(0, "bad golden line '%s'", line); continue; }
+            h = hash_ids(h, text, n, &ok);
+            texts++;
+            if (!ok || h != want) {
+                if (bad < 10) fprintf(stderr, "  random text %s differs from HF", line);
+                bad++;
+            }
+            continue;
+        }
+        unsigned x, fcp;
+        if (sscanf(line, "%x %x %llx", &x, &fcp, &want) != 3) { CHECK(0, "bad golden line '%s'", line); continue; }
+        char xs[4], fs[4];
+        size_t xn = utf8_put(x, xs), fn = fcp ? utf8_put(fcp, fs) : 0;
+        size_t np = sizeof nfc_probes / sizeof nfc_probes[0] - (fcp ? 0 : 2);
+        for (size_t k = 0; k < np; k++) {
+            char text[32];
+            size_t n = 0;
+            for (const char *p = nfc_probes[k]; *p; p++) {
+                if (*p == 'X') { memcpy(text + n, xs, xn); n += xn; }
+                else if (*p == 'F') { memcpy(text + n, fs, fn); n += fn; }
+                else text[n++] = *p;
+            }
+            h = hash_ids(h, text, n, &ok);
+        }
+        cps++;
+        if (!ok || h != want) {
+            if (bad < 10) fprintf(stderr, "  U+%04X: NFC probes differ from HF\n", x);
+            bad++;
+        }
+    }
+    fclose(f);
+    printf("  NFC: %u code points, %u random texts, %u differ from HF\n", cps, texts, bad);
+    CHECK(cps >= 2000 && texts >= 400, "only %u code points and %u texts in the NFC golden data", cps, texts);
+    CHECK(bad == 0, "%u NFC golden lines differ from HF", bad);
+}
+
 int main(void)
 {
     char err[512];
@@ -216,6 +299,7 @@ int main(void)
     if (kipp_model_load(path, &model, err, sizeof err)) fprintf(stderr, "  %s: %s\n", path, err);
     RUN(test_issue_cases);
     RUN(test_nfc_spans);
+    RUN(test_nfc_hf);
     RUN(test_exhaustive_json);
     RUN(test_exhaustive_gguf);
     kipp_model_close(model);

@@ -23,7 +23,11 @@ it class 0.
 Usage:
   pip install --target /tmp/ud2 unicodedata2==16.0.0
   python3 tools/gen_unicode_tables.py --ucd /tmp/ud2 \\
-      [--verify-utf8proc] [--verify-hf ../shared/qwen3-tokenizer/tokenizer.json]
+      --tokenizer ../shared/qwen3-tokenizer/tokenizer.json [--verify-utf8proc] [--verify-hf]
+
+A third bit marks the code points where HF's NFC differs from utf8proc's
+(hf_nfc_boundaries below); it is found by probing HF, as no UCD of the old
+version HF's normaliser uses is at hand.
 
 --verify-hf probes HF's pre-tokenizer on every code point (U+0000..U+10FFFF,
 surrogates excluded) and fails unless its classes equal the table's. The
@@ -94,6 +98,98 @@ def verify_utf8proc(safe):
     return bad
 
 
+def utf8proc_nfc():
+    import ctypes
+    lib = ctypes.CDLL("libutf8proc.so")
+    lib.utf8proc_NFC.restype = ctypes.c_void_p
+    lib.utf8proc_NFC.argtypes = [ctypes.c_char_p]
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def nfc(s):
+        if not s:
+            return s
+        p = lib.utf8proc_NFC(s.encode())
+        r = ctypes.string_at(p).decode()
+        libc.free(p)
+        return r
+    return nfc
+
+
+def composition_firsts(ud):
+    """second element -> first elements of the primary compositions it ends."""
+    firsts = {}
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        d = ud.decomposition(chr(cp))
+        if d and not d.startswith("<"):
+            p = [int(x, 16) for x in d.split()]
+            if len(p) == 2 and ud.normalize("NFC", chr(p[0]) + chr(p[1])) == chr(cp):
+                firsts.setdefault(p[1], []).append(p[0])
+    return firsts
+
+
+def nfc_probes(x, firsts):
+    """Texts that show how a normaliser treats code point x: reordering against
+    marks of class 1, 10, 230 and 240, blocking a composition, composing."""
+    c = chr(x)
+    ps = ["q\u0301" + c, "q" + c + "\u0334", "a" + c + "\u0301", "a\u0301" + c, c + "\u0301", "a" + c,
+          "q\u0334" + c + "\u0301", "\u05b0" + c, c + "\u05b0", "a" + c + "\u0345", "a\u0345" + c]
+    for f in firsts.get(x, [])[:1]:
+        ps += [chr(f) + c, chr(f) + "\u0334" + c]
+    return ps
+
+
+def model_nfc(s, safe, bound, nfc):
+    """Kipp's NFC (engine/tokenizer_encode.c, nfc_segment) in Python."""
+    out, done, last_safe, i, n = [], 0, 0, 0, len(s)
+    while i < n:
+        cp = ord(s[i])
+        if cp in safe:
+            last_safe = i
+            i += 1
+            continue
+        if cp in bound:
+            out += [s[done:i], s[i]]
+            i += 1
+            done = last_safe = i
+            continue
+        start, q = max(last_safe, done), i + 1
+        while q < n and ord(s[q]) not in safe and ord(s[q]) not in bound:
+            q += 1
+        out += [s[done:start], nfc(s[start:q])]
+        done = last_safe = i = q
+    out.append(s[done:])
+    return "".join(out)
+
+
+def hf_nfc_boundaries(path, ud, safe):
+    """Code points that HF's NFC (the unicode-normalization-alignments crate,
+    whose tables predate Unicode 10.0) treats as plain starters while utf8proc
+    does not: marks given a combining class in Unicode 10.0..15.0, and U+11930,
+    whose composition with U+11935 (13.0) HF lacks. Found by probing HF on every
+    code point that is not NFC-safe, then checked: utf8proc split at these
+    code points must equal HF on every probe and on 100,000 random texts."""
+    import random
+    from tokenizers import Tokenizer
+    nz = Tokenizer.from_file(path).normalizer
+    nfc = utf8proc_nfc()
+    firsts = composition_firsts(ud)
+    unsafe = [cp for cp in range(0x110000) if not 0xD800 <= cp < 0xE000 and cp not in safe]
+    bound = {x for x in unsafe if any(nz.normalize_str(p) != nfc(p) for p in nfc_probes(x, firsts))}
+    bad = [(x, p) for x in unsafe for p in nfc_probes(x, firsts) if nz.normalize_str(p) != model_nfc(p, safe, bound, nfc)]
+    rng = random.Random(13)
+    pool = unsafe + [ord(c) for c in "aeqAE1 \n中かウ"] * 50
+    for _ in range(100000):
+        t = "".join(chr(rng.choice(pool)) for _ in range(rng.randint(1, 8)))
+        if nz.normalize_str(t) != model_nfc(t, safe, bound, nfc):
+            bad.append((None, t))
+    for x, p in bad[:20]:
+        print(f"NFC differs from HF on {p.encode('unicode_escape')}", file=sys.stderr)
+    return bound, len(bad)
+
+
 def verify_hf(path, cls):
     from tokenizers import Tokenizer
     t = Tokenizer.from_file(path)
@@ -126,7 +222,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ucd", help="directory holding unicodedata2 (pip --target)")
     ap.add_argument("--out", default="engine/tokenizer_unicode.h")
-    ap.add_argument("--verify-hf", metavar="TOKENIZER_JSON")
+    ap.add_argument("--tokenizer", metavar="TOKENIZER_JSON", required=True,
+                    help="HF tokenizer.json: its normaliser is probed for the NFC boundary bit")
+    ap.add_argument("--verify-hf", action="store_true", help="check the classes against HF on every code point")
     ap.add_argument("--verify-utf8proc", action="store_true", help="check the NFC-safe set against libutf8proc")
     a = ap.parse_args()
     if a.ucd:
@@ -145,20 +243,25 @@ def main():
         if n:
             sys.exit(f"{n} NFC-safe code points are not safe for utf8proc; the table was not written")
         print(f"verified against utf8proc: {len(safe)} NFC-safe code points", file=sys.stderr)
+    bound, n = hf_nfc_boundaries(a.tokenizer, ud, safe)
+    if n:
+        sys.exit(f"{n} NFC probes differ from HF; the table was not written")
+    print(f"HF NFC boundaries: {len(bound)} code points; NFC probes and random texts agree with HF", file=sys.stderr)
     if a.verify_hf:
-        n = verify_hf(a.verify_hf, cls)
+        n = verify_hf(a.tokenizer, cls)
         if n:
             sys.exit(f"{n} code points differ from HF; the table was not written")
         print("verified against HF tokenizers: 0 code points differ", file=sys.stderr)
     # Two-stage table: stage 1 maps cp >> 8 to a unique 256-entry block of
-    # 4-bit entries (class in bits 0-1, NFC-safe in bit 2) packed 2 to a byte
+    # 4-bit entries (class in bits 0-1, NFC-safe in bit 2, HF NFC boundary in
+    # bit 3) packed 2 to a byte
     # (128 bytes a block).
     blocks, index, stage1 = [], {}, []
     for hi in range(0x1100):
         b = bytearray(128)
         for lo in range(256):
             cp = hi << 8 | lo
-            v = CLASS[cls[cp]] | (4 if cp in safe else 0)
+            v = CLASS[cls[cp]] | (4 if cp in safe else 0) | (8 if cp in bound else 0)
             b[lo >> 1] |= v << ((lo & 1) * 4)
         b = bytes(b)
         if b not in index:
@@ -174,12 +277,14 @@ def main():
              " * Classes of the Qwen2 pre-tokenizer pattern as HF tokenizers (Oniguruma) sees\n"
              " * them: 1 = \\p{L}, 2 = \\p{N}, 3 = \\s (White_Space), 0 = anything else.\n"
              " * NFC-safe (NFC_Quick_Check Yes and ccc 0): a text of only these is NFC.\n"
-             f" * {counts['L']} L, {counts['N']} N, {counts['S']} S, {len(safe)} NFC-safe code points;\n"
+             " * HF NFC boundary: HF's normaliser treats it as a plain starter, utf8proc not.\n"
+             f" * {counts['L']} L, {counts['N']} N, {counts['S']} S, {len(safe)} NFC-safe, {len(bound)} HF NFC boundary\n"
+             " * code points;\n"
              f" * {len(blocks)} unique blocks.\n"
              " */\n#ifndef KIPP_TOKENIZER_UNICODE_H\n#define KIPP_TOKENIZER_UNICODE_H\n\n#include <stdint.h>\n\n"
              f'#define KIPP_UNICODE_VERSION "{UNICODE_VERSION}"\n'
              "#define KIPP_UC_OTHER 0u\n#define KIPP_UC_L 1u\n#define KIPP_UC_N 2u\n#define KIPP_UC_S 3u\n"
-             "#define KIPP_UC_NFC_SAFE 4u\n\n")
+             "#define KIPP_UC_NFC_SAFE 4u\n#define KIPP_UC_HF_NFC_BOUNDARY 8u\n\n")
     o.append(f"static const uint16_t kipp_uc_stage1[{len(stage1)}] = {{\n")
     for i in range(0, len(stage1), 16):
         o.append("    " + ", ".join(str(v) for v in stage1[i:i + 16]) + ",\n")
@@ -188,7 +293,8 @@ def main():
     for b in blocks:
         o.append("    {" + ",".join(f"0x{v:02x}" for v in b) + "},\n")
     o.append("};\n\n")
-    o.append("/** Table entry of code point cp (< 0x110000): class in bits 0-1, KIPP_UC_NFC_SAFE. */\n"
+    o.append("/** Table entry of code point cp (< 0x110000): class in bits 0-1, KIPP_UC_NFC_SAFE,\n"
+             " *  KIPP_UC_HF_NFC_BOUNDARY. */\n"
              "static inline unsigned kipp_uc_entry(uint32_t cp)\n{\n"
              "    return (kipp_uc_blocks[kipp_uc_stage1[cp >> 8]][(cp & 255) >> 1] >> ((cp & 1) * 4)) & 15u;\n"
              "}\n\n"
