@@ -20,6 +20,7 @@
 #include "engine/kipp.h"
 #include "engine/internal.h"
 #include "engine/tokenizer.h"
+#include "engine/tokenizer_impl.h"
 #include "tests/test_harness.h"
 #include "tests/tokenizer_json.h"
 
@@ -287,6 +288,28 @@ static void test_nfc_hf(void)
     CHECK(bad == 0, "%u NFC golden lines differ from HF", bad);
 }
 
+/* Any pattern other than Qwen2's still runs, through PCRE2: the Qwen2 pattern
+ * with a redundant last branch must give the native scanner's ids on text
+ * where PCRE2's Unicode 15 tables and the generated ones agree. */
+static void test_pcre2_fallback(void)
+{
+    static const char pat[] = KIPP_QWEN2_PATTERN "|\\s+";
+    kipp_tokenizer_data d = tj.d;
+    d.pre_regex = (kipp_str){pat, sizeof pat - 1};
+    kipp_tokenizer *t = NULL;
+    char err[256];
+    CHECK(kipp_tokenizer_create(&d, &t, err, sizeof err) == 0 && t && !t->native, "fallback create: %s", err);
+    static const char *texts[] = {"Hello world, it's 2024!\n\n  x", "naïve café 中文 😀 'LL\t\r\n", "   ", "a\n\nb  c"};
+    for (size_t k = 0; t && k < sizeof texts / sizeof texts[0]; k++) {
+        uint32_t a[64], b[64];
+        size_t na = 0, nb = 0;
+        int ra = kipp_tokenizer_encode(t, texts[k], strlen(texts[k]), 0, a, 64, &na, err, sizeof err);
+        int rb = kipp_tokenizer_encode(tok_json, texts[k], strlen(texts[k]), 0, b, 64, &nb, err, sizeof err);
+        CHECK(ra == 0 && rb == 0 && na == nb && !memcmp(a, b, na * sizeof *a), "text %zu: PCRE2 and native differ", k);
+    }
+    kipp_tokenizer_destroy(t);
+}
+
 int main(void)
 {
     char err[512];
@@ -300,6 +323,7 @@ int main(void)
     RUN(test_issue_cases);
     RUN(test_nfc_spans);
     RUN(test_nfc_hf);
+    RUN(test_pcre2_fallback);
     RUN(test_exhaustive_json);
     RUN(test_exhaustive_gguf);
     kipp_model_close(model);
