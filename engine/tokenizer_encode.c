@@ -535,6 +535,7 @@ static int nfc_utf8proc(enc_ctx *c, const char *s, size_t n, const char **out, s
 
 static int out_put(enc_ctx *c, const char *s, size_t n)
 {
+    if (!n) return KIPP_OK; /* c->norm may still be NULL */
     if (c->norm_n + n > c->norm_cap) {
         size_t cap = c->norm_cap ? c->norm_cap : 4096;
         while (cap < c->norm_n + n) cap *= 2;
