@@ -11,6 +11,7 @@ KIPP_CMD(cmd_detokenize);
 KIPP_CMD(cmd_generate);
 KIPP_CMD(cmd_chat);
 KIPP_CMD(cmd_logits);
+KIPP_CMD(cmd_render);
 
 /**
  * Print "kipp CMD: <message>" and a newline to stderr, the formatted message

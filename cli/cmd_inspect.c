@@ -47,6 +47,8 @@ static void print_header(const kipp_model *m)
     printf("stop ids        ");
     for (uint32_t i = 0; i < in.n_stop; i++) printf("%s%u", i ? ", " : "", in.stop_ids[i]);
     printf("\nKV bytes/token  %llu\n", (unsigned long long)in.kv_bytes_per_token);
+    char tok[256];
+    if (!kipp_tokenizer_describe(m, tok, sizeof tok)) printf("tokenizer       %s\n", tok);
 }
 
 static void print_tensors(const kipp_model *m)

@@ -343,9 +343,20 @@ static int check_messages(const kipp_chat_message *m, size_t n, char *err, size_
         for (size_t j = 0; j < m[i].n_tool_calls; j++)
             if (!m[i].tool_calls[j].name)
                 return kipp_err(err, errlen, KIPP_EINVAL, "message %zu tool call %zu has no name", i, j);
+        if (m[i].content && m[i].n_content_parts)
+            return kipp_err(err, errlen, KIPP_EINVAL,
+                            "message %zu has both content and %zu content parts; expected one of the two", i,
+                            m[i].n_content_parts);
+        if (m[i].n_content_parts && !m[i].content_parts)
+            return kipp_err(err, errlen, KIPP_EINVAL, "message %zu has %zu content parts but content_parts is NULL",
+                            i, m[i].n_content_parts);
+        for (size_t j = 0; j < m[i].n_content_parts; j++)
+            if (!m[i].content_parts[j])
+                return kipp_err(err, errlen, KIPP_EINVAL, "message %zu content part %zu is NULL; expected a text",
+                                i, j);
     }
     /* the template concatenates messages[0].content directly: None is an error there */
-    if (m[0].role == KIPP_ROLE_SYSTEM && !m[0].content)
+    if (m[0].role == KIPP_ROLE_SYSTEM && !m[0].content && !m[0].n_content_parts)
         return kipp_err(err, errlen, KIPP_EINVAL, "message 0 (system) has NULL content; expected a string");
     return KIPP_OK;
 }
@@ -365,6 +376,65 @@ static int parse_tools(const char *tools_json, json_t **tools, char *err, size_t
         return kipp_err(err, errlen, KIPP_EINVAL, "tools_json is a JSON %s; expected an array of tool definitions",
                         json_is_object(*tools) ? "object" : "scalar");
     }
+    return KIPP_OK;
+}
+
+/* A copy of m[n] whose content_parts are joined with "\n" into content
+ * (malloc'd, listed in *owned[n]); NULL on OOM. */
+static kipp_chat_message *join_parts(const kipp_chat_message *m, size_t n, char ***owned)
+{
+    kipp_chat_message *c = malloc(n * sizeof *c);
+    *owned = calloc(n, sizeof **owned);
+    if (!c || !*owned) {
+        free(c);
+        free(*owned);
+        *owned = NULL;
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        c[i] = m[i];
+        if (!m[i].n_content_parts) continue;
+        sbuf b = {0};
+        for (size_t j = 0; j < m[i].n_content_parts; j++) {
+            if (j) sb_put(&b, "\n", 1);
+            sb_str(&b, m[i].content_parts[j]);
+        }
+        if (b.oom) {
+            free(b.p);
+            for (size_t k = 0; k < i; k++) free((*owned)[k]);
+            free(*owned);
+            free(c);
+            *owned = NULL;
+            return NULL;
+        }
+        (*owned)[i] = b.p;
+        c[i].content = b.p;
+        c[i].content_len = b.n; /* the joined bytes, NULs included */
+        c[i].content_parts = NULL;
+        c[i].n_content_parts = 0;
+    }
+    return c;
+}
+
+int kipp_chat_json_dumps(const char *json, size_t len, char **out, char *err, size_t errlen)
+{
+    if (!out) return kipp_err(err, errlen, KIPP_EINVAL, "out is NULL");
+    *out = NULL;
+    if (!json) return kipp_err(err, errlen, KIPP_EINVAL, "json is NULL; expected JSON text");
+    json_error_t je;
+    json_t *j = json_loadb(json, len, JSON_DECODE_ANY, &je);
+    if (!j)
+        return kipp_err(err, errlen, KIPP_EINVAL, "JSON text is not valid at line %d column %d: %s", je.line,
+                        je.column, je.text);
+    sbuf b = {0};
+    sb_put(&b, "", 0);
+    py_json_dump(&b, j);
+    json_decref(j);
+    if (b.oom) {
+        free(b.p);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory writing %zu bytes of JSON", len);
+    }
+    *out = b.p;
     return KIPP_OK;
 }
 
@@ -392,6 +462,13 @@ int kipp_chat_render_kind_n(kipp_chat_kind kind, const kipp_chat_message *msgs, 
     int rc = check_messages(msgs, n, err, errlen);
     if (!rc) rc = parse_tools(opts->tools_json, &tools, err, errlen);
     if (rc) return rc;
+    int has_parts = 0;
+    for (size_t i = 0; i < n; i++) has_parts |= msgs[i].n_content_parts != 0;
+    char **owned = NULL;
+    if (has_parts && !(msgs = join_parts(msgs, n, &owned))) {
+        json_decref(tools);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory joining content parts of %zu messages", n);
+    }
     sbuf b = {0};
     sb_put(&b, "", 0);
     render_system(&b, msgs, n, tools);
@@ -402,6 +479,11 @@ int kipp_chat_render_kind_n(kipp_chat_kind kind, const kipp_chat_message *msgs, 
         if (kind == KIPP_CHAT_HYBRID && !opts->enable_thinking) sb_str(&b, "<think>\n\n</think>\n\n");
     }
     json_decref(tools);
+    if (owned) {
+        for (size_t i = 0; i < n; i++) free(owned[i]);
+        free(owned);
+        free((void *)msgs);
+    }
     if (b.oom) {
         free(b.p);
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory rendering %zu messages", n);

@@ -17,8 +17,10 @@
  * opts may be NULL: HF's defaults (no generation prompt, thinking on, no tools).
  * *out is malloc'd and NUL-terminated; the caller frees it.
  * Errors: KIPP_ENOTSUP for KIPP_CHAT_NONE (base checkpoints have no template),
- * KIPP_EINVAL for a bad role, a NULL first system content, or tools_json that
- * is not a JSON array (the message names the position), KIPP_ENOMEM.
+ * KIPP_EINVAL for a bad role, a NULL first system content, a message with both
+ * content and content_parts or a NULL part, or tools_json that is not a JSON
+ * array (the message names the position), KIPP_ENOMEM. Content parts are
+ * joined with "\n" first (kipp.h, kipp_chat_message).
  */
 int kipp_chat_render_kind(kipp_chat_kind kind, const kipp_chat_message *msgs, size_t n,
                           const kipp_chat_options *opts, char **out, char *err, size_t errlen);

@@ -31,6 +31,11 @@ static const kipp_tokenizer *model_tok(const kipp_model *m, char *err, size_t er
     return m ? m->tok : NULL;
 }
 
+int kipp_token_is_added(const kipp_model *model, uint32_t id)
+{
+    return model && model->tok && id < model->tok->n_tokens && model->tok->is_added[id];
+}
+
 int kipp_tokenize(const kipp_model *model, const char *text, size_t len, int flags, uint32_t *ids,
                   size_t cap, size_t *n_out, char *err, size_t errlen)
 {

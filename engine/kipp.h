@@ -128,6 +128,24 @@ int kipp_tokenize(const kipp_model *model, const char *text, size_t len, int fla
 int kipp_detokenize(const kipp_model *model, const uint32_t *ids, size_t n, char *out,
                     size_t cap, size_t *n_out, char *err, size_t errlen);
 
+/**
+ * 1 when id is an added (control) token of the model's tokenizer: <|im_start|>,
+ * <|im_end|>, <think>, <tool_call>, ... (matched whole by KIPP_TOK_SPECIAL and
+ * decoded literally); 0 for ordinary and padding ids, ids out of range, or a
+ * model without a tokenizer.
+ */
+int kipp_token_is_added(const kipp_model *model, uint32_t id);
+
+/**
+ * Describe the model's tokenizer in one line, written NUL-terminated into
+ * out[outlen] and truncated to fit: the pre-tokenizer (the native Qwen2
+ * scanner and the Unicode version of its generated tables, or PCRE2 and its
+ * Unicode version for any other pattern) and the NFC normaliser (utf8proc and
+ * its Unicode version). Used by `kipp inspect`. Errors: KIPP_EINVAL for a NULL
+ * model or out, outlen 0, or a model without a tokenizer.
+ */
+int kipp_tokenizer_describe(const kipp_model *model, char *out, size_t outlen);
+
 /** Streaming detokenizer: emits only complete UTF-8, holding back partial sequences. */
 typedef struct kipp_detok_stream kipp_detok_stream;
 /** Create a stream for model; NULL on allocation failure. */
@@ -150,25 +168,38 @@ int kipp_detok_stream_flush(kipp_detok_stream *s, char *out, size_t cap, size_t 
 /* ---- chat (engine/chat.c: native Qwen3 ChatML renderer) ---- */
 typedef enum { KIPP_ROLE_SYSTEM, KIPP_ROLE_USER, KIPP_ROLE_ASSISTANT, KIPP_ROLE_TOOL } kipp_role;
 
-/** One tool call made by an assistant turn; arguments is a JSON object text. */
+/**
+ * One tool call made by an assistant turn. arguments is JSON text and is
+ * inserted verbatim, as the template does when `arguments` is a string (the
+ * OpenAI API's form). A caller holding a parsed object passes the text that
+ * kipp_chat_json_dumps makes of it, which is what the template's `tojson` writes.
+ */
 typedef struct {
     const char *name;
     const char *arguments;
 } kipp_tool_call;
 
 /**
- * One chat message; NULL strings are absent fields. Text may hold NUL bytes
- * (docs/TOKENIZER.md): give its length in content_len / reasoning_len; 0 there
- * means the string is NUL-terminated (strlen).
+ * One chat message; NULL strings are absent fields. Content is either one
+ * string (content, content_len bytes; 0 there means NUL-terminated, strlen)
+ * or a list of text parts (content_parts[n_content_parts], the OpenAI API's
+ * [{"type": "text", "text": ...}] with the texts only); giving both is
+ * KIPP_EINVAL. Text may hold NUL bytes where a length is given
+ * (docs/TOKENIZER.md). Parts are joined with "\n" and then rendered exactly as
+ * that string would be, which is what OpenAI-compatible servers (vLLM) do for
+ * these string-content templates; HF's template alone would render a list as ''.
+ * Initialise with designated initializers: fields may be added at the end.
  */
 typedef struct {
     kipp_role role;
     const char *content;            /* may be NULL for assistant turns with tool calls */
     const char *reasoning_content;  /* assistant only; NULL = absent */
-    const kipp_tool_call *tool_calls;
+    const kipp_tool_call *tool_calls; /* [n_tool_calls] */
     size_t n_tool_calls;
     size_t content_len;             /* bytes of content; 0 = strlen(content) */
     size_t reasoning_len;           /* bytes of reasoning_content; 0 = strlen(reasoning_content) */
+    const char *const *content_parts; /* [n_content_parts] text parts, each non-NULL; NULL when content is used */
+    size_t n_content_parts;
 } kipp_chat_message;
 
 /** Rendering options, as chat_template_kwargs. */
@@ -205,6 +236,17 @@ int kipp_chat_render_n(const kipp_model *model, const kipp_chat_message *msgs, s
 int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
                        const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, char *err,
                        size_t errlen);
+
+/**
+ * Re-write JSON text (len bytes, any JSON value) as Python's
+ * json.dumps(value, ensure_ascii=False) writes it, which is what the chat
+ * templates' `tojson` produces: separators ", " and ": ", key order kept,
+ * non-ASCII raw, floats as Python repr (docs/TOKENIZER.md, "Chat renderer").
+ * Use it for tool-call arguments held as an object. *out is malloc'd and
+ * NUL-terminated; the caller frees it. Errors: KIPP_EINVAL naming the line and
+ * column of invalid JSON, KIPP_ENOMEM.
+ */
+int kipp_chat_json_dumps(const char *json, size_t len, char **out, char *err, size_t errlen);
 
 /* ---- sessions (engine/session.c) ---- */
 

@@ -208,6 +208,7 @@ static int build_regex(kipp_tokenizer *t, kipp_str pat, char *err, size_t errlen
         return kipp_err(err, errlen, KIPP_EFORMAT,
                         "tokenizer pre_regex does not compile at offset %zu: %s", (size_t)eo, (char *)msg);
     }
+    t->native = pat.len == strlen(KIPP_QWEN2_PATTERN) && !memcmp(pat.ptr, KIPP_QWEN2_PATTERN, pat.len);
     /* JIT keeps long lines linear in practice; the interpreter is the fallback. */
     t->re_jit = pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE) == 0;
     return KIPP_OK;

@@ -25,15 +25,17 @@ typedef struct {
     const uint32_t *added_ids;    /* [n_added] ascending ids of added tokens */
     const uint8_t *added_special; /* [n_added] 1 = special */
     size_t n_added;
-    kipp_str pre_regex;           /* PCRE2 pattern of the Split pre-tokenizer */
+    kipp_str pre_regex;           /* Split pre-tokenizer pattern; the Qwen2 one runs natively */
 } kipp_tokenizer_data;
 
 typedef struct kipp_tokenizer kipp_tokenizer;
 
 /**
  * Build a tokenizer from data (views must outlive it). Compiles the regex
- * (PCRE2, UTF|UCP, JIT) and hashes vocab and merges. Errors: KIPP_EFORMAT
- * naming the bad entry, KIPP_ENOMEM.
+ * (PCRE2, UTF|UCP, JIT: it validates the pattern, and runs any pattern other
+ * than Qwen2's, which the native scanner over the generated Unicode 16.0
+ * tables runs) and hashes vocab and merges. Errors: KIPP_EFORMAT naming the
+ * bad entry, KIPP_ENOMEM.
  */
 int kipp_tokenizer_create(const kipp_tokenizer_data *d, kipp_tokenizer **out, char *err,
                           size_t errlen);

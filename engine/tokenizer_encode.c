@@ -4,8 +4,11 @@
  *
  *   invalid UTF-8 -> U+FFFD (as Python bytes.decode("utf-8", "replace"))
  *   -> added tokens split out of the raw text (KIPP_TOK_SPECIAL only)
- *   -> NFC per remaining segment (utf8proc)
- *   -> Split pre-tokenizer regex from the GGUF (PCRE2, UTF|UCP, JIT)
+ *   -> NFC per remaining segment (utf8proc; skipped when a quick check
+ *      over the generated tables shows the segment is already NFC)
+ *   -> Split pre-tokenizer: the Qwen2 pattern by a native scanner over the
+ *      generated Unicode 16.0 class tables (engine/tokenizer_unicode.h), any
+ *      other pattern by PCRE2 (UTF|UCP, JIT)
  *   -> byte-level BPE by merge rank on each pre-token.
  *
  * BPE applies the lowest-ranked adjacent pair first, leftmost on ties, exactly
@@ -13,6 +16,7 @@
  * long ones (a 10 MB word) a binary heap over a linked list, O(n log n).
  * Behaviour on odd input is documented in docs/TOKENIZER.md.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +24,7 @@
 
 #include "engine/internal.h"
 #include "engine/tokenizer_impl.h"
+#include "engine/tokenizer_unicode.h"
 
 #define SMALL_WORD 48u            /* bytes: array BPE up to here, heap BPE above */
 #define JIT_STACK_MAX (64u << 20) /* bytes of JIT stack one encode call may use */
@@ -34,6 +39,8 @@ typedef struct {
     pcre2_jit_stack *jstack;
     int32_t *nfc;                /* [nfc_cap] utf8proc scratch (UTF-32, then UTF-8 in place) */
     size_t nfc_cap;
+    char *norm;                  /* [norm_cap] NFC of the current segment when it differs */
+    size_t norm_n, norm_cap;
     uint32_t *sym;               /* [sym_cap] BPE symbol ids */
     uint64_t *heap;              /* [3*sym_cap] (rank << 32 | pos) min-heap */
     int32_t *prev, *next;        /* [sym_cap] linked list over symbols */
@@ -321,10 +328,128 @@ static int regex_match(enc_ctx *c, const char *s, size_t n, size_t off)
     return rc;
 }
 
+/* ---- native scanner for the Qwen2 pattern ----
+ *
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
+ *   | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ *
+ * Each character has one class (L, N, S = \s, or other), from the generated
+ * tables. Every character starts some alternative, so matches tile the text
+ * and the search never skips. The alternatives are tried in order, as the
+ * backtracking engine does; the backtracking itself has closed forms (see
+ * qwen2_match). (?i) folds ASCII only: HF matches no non-ASCII letter there
+ * (U+017F LONG S included), unlike PCRE2 with UCP. */
+
+static const uint8_t ascii_class[128] = {
+    ['\t'] = KIPP_UC_S, ['\n'] = KIPP_UC_S, ['\v'] = KIPP_UC_S, ['\f'] = KIPP_UC_S, ['\r'] = KIPP_UC_S,
+    [' '] = KIPP_UC_S,
+    ['0'] = KIPP_UC_N, ['1'] = KIPP_UC_N, ['2'] = KIPP_UC_N, ['3'] = KIPP_UC_N, ['4'] = KIPP_UC_N,
+    ['5'] = KIPP_UC_N, ['6'] = KIPP_UC_N, ['7'] = KIPP_UC_N, ['8'] = KIPP_UC_N, ['9'] = KIPP_UC_N,
+#define L_(ch) [ch] = KIPP_UC_L, [ch + 32] = KIPP_UC_L
+    L_('A'), L_('B'), L_('C'), L_('D'), L_('E'), L_('F'), L_('G'), L_('H'), L_('I'), L_('J'),
+    L_('K'), L_('L'), L_('M'), L_('N'), L_('O'), L_('P'), L_('Q'), L_('R'), L_('S'), L_('T'),
+    L_('U'), L_('V'), L_('W'), L_('X'), L_('Y'), L_('Z'),
+#undef L_
+};
+
+/* Class and byte length of the character at s[i] (valid UTF-8, i < n). */
+static inline unsigned char_class(const uint8_t *s, size_t i, unsigned *len)
+{
+    uint8_t b = s[i];
+    uint32_t cp;
+    if (b < 0x80) {
+        *len = 1;
+        return ascii_class[b];
+    }
+    if (b < 0xE0) {
+        *len = 2;
+        cp = (uint32_t)(b & 0x1F) << 6 | (s[i + 1] & 0x3F);
+    } else if (b < 0xF0) {
+        *len = 3;
+        cp = (uint32_t)(b & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F);
+    } else {
+        *len = 4;
+        cp = (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 |
+             (uint32_t)(s[i + 2] & 0x3F) << 6 | (s[i + 3] & 0x3F);
+    }
+    return kipp_uc_class(cp);
+}
+
+/* End of the run of class k starting at i. */
+static inline size_t run_of(const uint8_t *s, size_t i, size_t n, unsigned k)
+{
+    unsigned len;
+    while (i < n && char_class(s, i, &len) == k) i += len;
+    return i;
+}
+
+static inline size_t run_other(const uint8_t *s, size_t i, size_t n) /* [^\s\p{L}\p{N}]+ */
+{
+    unsigned len;
+    while (i < n && char_class(s, i, &len) == KIPP_UC_OTHER) i += len;
+    return i;
+}
+
+/* End of the Qwen2 pattern's match starting at s[i] (i < n); always > i. */
+static size_t qwen2_match(const uint8_t *s, size_t i, size_t n)
+{
+    unsigned len0, len1;
+    unsigned k0 = char_class(s, i, &len0);
+    uint8_t b0 = s[i];
+    size_t j = i + len0;
+    /* (?i:'s|'t|'re|'ve|'m|'ll|'d) */
+    if (b0 == '\'' && j < n) {
+        uint8_t a = s[j] | 0x20, z = j + 1 < n ? s[j + 1] | 0x20 : 0;
+        /* b | 0x20 of a byte >= 0x80 is never an ASCII letter */
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return j + 1;
+        if ((a == 'r' && z == 'e') || (a == 'v' && z == 'e') || (a == 'l' && z == 'l')) return j + 2;
+    }
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if (k0 == KIPP_UC_L) return run_of(s, j, n, KIPP_UC_L);
+    if (k0 != KIPP_UC_N && b0 != '\r' && b0 != '\n' && j < n && char_class(s, j, &len1) == KIPP_UC_L)
+        return run_of(s, j + len1, n, KIPP_UC_L);
+    /* \p{N} */
+    if (k0 == KIPP_UC_N) return j;
+    /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
+    size_t p = k0 == KIPP_UC_OTHER ? i : (b0 == ' ' && j < n && char_class(s, j, &len1) == KIPP_UC_OTHER) ? j : n;
+    if (p < n) {
+        size_t e = run_other(s, p, n);
+        while (e < n && (s[e] == '\r' || s[e] == '\n')) e++;
+        return e;
+    }
+    /* k0 is S: \s*[\r\n]+ ends after the run's last \r or \n; \s+(?!\S) gives
+     * the run less its last character unless the run ends the text; \s+ the run. */
+    size_t e = j, last_nl = (b0 == '\r' || b0 == '\n') ? j : 0, last_start = i;
+    while (e < n) {
+        unsigned l;
+        if (char_class(s, e, &l) != KIPP_UC_S) break;
+        if (s[e] == '\r' || s[e] == '\n') last_nl = e + 1;
+        last_start = e;
+        e += l;
+    }
+    if (last_nl) return last_nl;
+    if (e < n && last_start > i) return last_start;
+    return e;
+}
+
+/* Split s[n] (valid, NFC UTF-8); every match is one pre-token. */
+static int pretokenize_native(enc_ctx *c, const char *s, size_t n)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    for (size_t off = 0; off < n;) {
+        size_t e = qwen2_match(u, off, n);
+        int rc = bpe(c, s + off, e - off);
+        if (rc) return rc;
+        off = e;
+    }
+    return KIPP_OK;
+}
+
 /* Split s[n] (valid, NFC UTF-8) with the pattern; Isolated behaviour: every
  * match and every gap between matches is one pre-token. */
 static int pretokenize(enc_ctx *c, const char *s, size_t n)
 {
+    if (c->t->native) return pretokenize_native(c, s, n);
     size_t off = 0;
     while (off < n) {
         int rc = regex_match(c, s, n, off);
@@ -354,15 +479,31 @@ static int pretokenize(enc_ctx *c, const char *s, size_t n)
 
 /* ---- NFC ---- */
 
-static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+/* Code point and byte length of the character at s[i] (valid UTF-8). */
+static inline uint32_t utf8_cp(const uint8_t *s, size_t i, unsigned *len)
 {
-    size_t i = 0;
-    while (i < n && (uint8_t)s[i] < 0x80) i++;
-    if (i == n) { /* ASCII is already NFC */
-        *out = s;
-        *out_n = n;
-        return KIPP_OK;
+    uint8_t b = s[i];
+    if (b < 0x80) { *len = 1; return b; }
+    if (b < 0xE0) { *len = 2; return (uint32_t)(b & 0x1F) << 6 | (s[i + 1] & 0x3F); }
+    if (b < 0xF0) {
+        *len = 3;
+        return (uint32_t)(b & 0x0F) << 12 | (uint32_t)(s[i + 1] & 0x3F) << 6 | (s[i + 2] & 0x3F);
     }
+    *len = 4;
+    return (uint32_t)(b & 0x07) << 18 | (uint32_t)(s[i + 1] & 0x3F) << 12 | (uint32_t)(s[i + 2] & 0x3F) << 6 |
+           (s[i + 3] & 0x3F);
+}
+
+/* Table bits of the character at s[i]: KIPP_UC_NFC_SAFE, KIPP_UC_HF_NFC_BOUNDARY. */
+static inline unsigned nfc_bits_at(const uint8_t *s, size_t i, unsigned *len)
+{
+    if (s[i] < 0x80) { *len = 1; return KIPP_UC_NFC_SAFE; }
+    return kipp_uc_entry(utf8_cp(s, i, len)) & (KIPP_UC_NFC_SAFE | KIPP_UC_HF_NFC_BOUNDARY);
+}
+
+/* NFC of s[n] by utf8proc into c->nfc (as UTF-8); *out points there. */
+static int nfc_utf8proc(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+{
     const utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE;
     for (;;) {
         utf8proc_ssize_t r = c->nfc_cap
@@ -390,6 +531,79 @@ static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, si
             return kipp_err(c->err, c->errlen, KIPP_ENOMEM, "out of memory normalising %zu bytes", n);
         }
     }
+}
+
+static int out_put(enc_ctx *c, const char *s, size_t n)
+{
+    if (!n) return KIPP_OK; /* c->norm may still be NULL */
+    if (c->norm_n + n > c->norm_cap) {
+        size_t cap = c->norm_cap ? c->norm_cap : 4096;
+        while (cap < c->norm_n + n) cap *= 2;
+        char *p = realloc(c->norm, cap);
+        if (!p) return kipp_err(c->err, c->errlen, KIPP_ENOMEM, "out of memory normalising %zu bytes", n);
+        c->norm = p;
+        c->norm_cap = cap;
+    }
+    memcpy(c->norm + c->norm_n, s, n);
+    c->norm_n += n;
+    return KIPP_OK;
+}
+
+/* NFC of one segment, as HF's normaliser computes it.
+ * - Code points that are NFC-safe (starters with NFC_Quick_Check Yes, from
+ *   the generated tables) are normalisation boundaries: nothing before one can
+ *   combine with anything after it. So only the spans from the last safe
+ *   character before an unsafe one up to the next safe character go through
+ *   utf8proc; the rest is copied. A segment with no unsafe character is
+ *   returned as it is.
+ * - HF's normaliser has pre-10.0 tables: the 109 code points marked
+ *   KIPP_UC_HF_NFC_BOUNDARY (marks classed in Unicode 10..15, and U+11930)
+ *   are plain starters to it. They are copied as they are and split the text,
+ *   which makes utf8proc's result equal HF's (tools/gen_unicode_tables.py
+ *   checks this against HF). */
+static int nfc_segment(enc_ctx *c, const char *s, size_t n, const char **out, size_t *out_n)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    size_t i = 0, done = 0, last_safe = 0;
+    unsigned len;
+    c->norm_n = 0;
+    while (i < n) {
+        if (u[i] < 0x80) { /* ASCII run */
+            last_safe = i++;
+            continue;
+        }
+        unsigned bits = nfc_bits_at(u, i, &len);
+        if (bits & KIPP_UC_NFC_SAFE) {
+            last_safe = i;
+            i += len;
+            continue;
+        }
+        if (bits & KIPP_UC_HF_NFC_BOUNDARY) {
+            int rc = out_put(c, s + done, i + len - done);
+            if (rc) return rc;
+            done = last_safe = i = i + len;
+            continue;
+        }
+        size_t start = last_safe > done ? last_safe : done, q = i + len;
+        while (q < n && !nfc_bits_at(u, q, &len)) q += len;
+        const char *p = NULL;
+        size_t pn = 0;
+        int rc = out_put(c, s + done, start - done);
+        if (!rc) rc = nfc_utf8proc(c, s + start, q - start, &p, &pn);
+        if (!rc) rc = out_put(c, p, pn);
+        if (rc) return rc;
+        done = last_safe = i = q;
+    }
+    if (done == 0 && c->norm_n == 0) { /* already NFC */
+        *out = s;
+        *out_n = n;
+        return KIPP_OK;
+    }
+    int rc = out_put(c, s + done, n - done);
+    if (rc) return rc;
+    *out = c->norm;
+    *out_n = c->norm_n;
+    return KIPP_OK;
 }
 
 static int encode_plain(enc_ctx *c, const char *s, size_t n)
@@ -456,6 +670,10 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
     size_t clean_n = 0;
     int rc = kipp_utf8_sanitize(text, len, &clean, &clean_n);
     if (rc < 0) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory replacing invalid UTF-8");
+    if (t->native) {
+        rc = encode_text(&c, clean ? clean : text, clean ? clean_n : len, flags);
+        goto done;
+    }
     c.md = pcre2_match_data_create_from_pattern(t->re, NULL);
     c.mctx = pcre2_match_context_create(NULL);
     if (!c.md || !c.mctx) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for regex match data");
@@ -464,8 +682,10 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
      * (docs/TOKENIZER.md, "Long lines"), so lift it. */
     else if (pcre2_set_match_limit(c.mctx, UINT32_MAX)) rc = KIPP_EINVAL;
     else rc = encode_text(&c, clean ? clean : text, clean ? clean_n : len, flags);
+done:
     free(clean);
     free(c.nfc);
+    free(c.norm);
     free(c.sym); free(c.heap); free(c.prev); free(c.next);
     pcre2_match_data_free(c.md);
     pcre2_match_context_free(c.mctx);
@@ -474,5 +694,23 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
     *n_out = c.n;
     if (c.n > cap)
         return kipp_err(err, errlen, KIPP_ERANGE, "text encodes to %zu tokens; the buffer holds %zu", c.n, cap);
+    return KIPP_OK;
+}
+
+int kipp_tokenizer_describe(const kipp_model *model, char *out, size_t outlen)
+{
+    if (!model || !model->tok || !out || !outlen)
+        return kipp_err(out, outlen, KIPP_EINVAL, "tokenizer_describe needs an open model with a tokenizer and a buffer");
+    char pre[96];
+    if (model->tok->native) {
+        snprintf(pre, sizeof pre, "native Qwen2 scanner, Unicode %s classes", KIPP_UNICODE_VERSION);
+    } else {
+        char ver[48] = "?", uni[24] = "?";
+        pcre2_config(PCRE2_CONFIG_VERSION, ver);
+        pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uni);
+        snprintf(pre, sizeof pre, "PCRE2 %s, Unicode %s classes (not the Qwen2 pattern)", ver, uni);
+    }
+    snprintf(out, outlen, "pre-tokenizer %s; NFC utf8proc %s (Unicode %s)", pre, utf8proc_version(),
+             utf8proc_unicode_version());
     return KIPP_OK;
 }

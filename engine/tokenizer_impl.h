@@ -18,6 +18,11 @@
 
 #include "engine/tokenizer.h"
 
+/** The Qwen2 Split pattern, as tokenizer.json and the GGUF spell it. */
+#define KIPP_QWEN2_PATTERN \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 #define KIPP_TOK_MAX_ADDED 64u   /* added tokens accepted from a file */
 #define KIPP_TOK_NO_RANK UINT32_MAX
 
@@ -71,6 +76,8 @@ struct kipp_tokenizer {
     kipp_tok_cache *cache;        /* word cache; NULL when it could not be allocated */
     pcre2_code *re;               /* the Split pre-tokenizer pattern, UTF|UCP */
     int re_jit;                   /* 1: JIT compiled */
+    int native;                   /* 1: the pattern is KIPP_QWEN2_PATTERN; encode uses the
+                                     native scanner (tokenizer_encode.c), not re */
 };
 
 /** Look up a merge of two adjacent symbols; returns rank<<32|merged id, or UINT64_MAX. */

@@ -118,7 +118,7 @@ static kipp_model *load(const char *name)
 /* Through a converted model: hybrid renders as the kind does; base refuses. */
 static void test_model_path(void)
 {
-    kipp_chat_message msg[2] = {{KIPP_ROLE_SYSTEM, "sys", NULL, NULL, 0, 0, 0}, {KIPP_ROLE_USER, "hi", NULL, NULL, 0, 0, 0}};
+    kipp_chat_message msg[2] = {{.role = KIPP_ROLE_SYSTEM, .content = "sys"}, {.role = KIPP_ROLE_USER, .content = "hi"}};
     kipp_chat_options o = {1, 0, NULL};
     char err[256], *a = NULL, *b = NULL;
     kipp_model *tiny = load("synthetic-tiny"), *base = load("synthetic-tiny-untied");
@@ -143,9 +143,9 @@ static void test_model_path(void)
 
 static void test_bad_input(void)
 {
-    kipp_chat_message user = {KIPP_ROLE_USER, "hi", NULL, NULL, 0, 0, 0};
-    kipp_chat_message sys_null = {KIPP_ROLE_SYSTEM, NULL, NULL, NULL, 0, 0, 0};
-    kipp_chat_message bad_role = {(kipp_role)9, "x", NULL, NULL, 0, 0, 0};
+    kipp_chat_message user = {.role = KIPP_ROLE_USER, .content = "hi"};
+    kipp_chat_message sys_null = {.role = KIPP_ROLE_SYSTEM, .content = NULL};
+    kipp_chat_message bad_role = {.role = (kipp_role)9, .content = "x"};
     kipp_chat_options o = {1, 1, "{\"type\": \"function\"}"};
     char err[256], *out = NULL;
     int rc = kipp_chat_render_kind(KIPP_CHAT_HYBRID, &user, 1, &o, &out, err, sizeof err);
@@ -167,10 +167,69 @@ static void test_bad_input(void)
     free(out);
 }
 
+/* Content as a list of text parts renders as the parts joined with "\n" would,
+ * in every role and every kind; the golden conversations pin the string form. */
+static void test_content_parts(void)
+{
+    static const char *sys_p[] = {"You are", "terse."}, *user_p[] = {"Hi", "", "there"};
+    static const char *asst_p[] = {"<think>\nhm\n</think>", "Hello"}, *tool_p[] = {"{\"ok\": true}"};
+    kipp_tool_call call = {"get", "{\"q\": 1}"};
+    kipp_chat_message parts[] = {
+        {.role = KIPP_ROLE_SYSTEM, .content_parts = sys_p, .n_content_parts = 2},
+        {.role = KIPP_ROLE_USER, .content_parts = user_p, .n_content_parts = 3},
+        {.role = KIPP_ROLE_ASSISTANT, .content_parts = asst_p, .n_content_parts = 2, .tool_calls = &call,
+         .n_tool_calls = 1},
+        {.role = KIPP_ROLE_TOOL, .content_parts = tool_p, .n_content_parts = 1},
+        {.role = KIPP_ROLE_USER, .content_parts = user_p, .n_content_parts = 1},
+    };
+    kipp_chat_message joined[] = {
+        {.role = KIPP_ROLE_SYSTEM, .content = "You are\nterse."},
+        {.role = KIPP_ROLE_USER, .content = "Hi\n\nthere"},
+        {.role = KIPP_ROLE_ASSISTANT, .content = "<think>\nhm\n</think>\nHello", .tool_calls = &call, .n_tool_calls = 1},
+        {.role = KIPP_ROLE_TOOL, .content = "{\"ok\": true}"},
+        {.role = KIPP_ROLE_USER, .content = "Hi"},
+    };
+    const kipp_chat_kind kinds[] = {KIPP_CHAT_HYBRID, KIPP_CHAT_INSTRUCT_2507, KIPP_CHAT_THINKING_2507};
+    kipp_chat_options o = {1, 1, "[{\"name\": \"get\"}]"};
+    char err[256];
+    for (size_t k = 0; k < 3; k++) {
+        char *a = NULL, *b = NULL;
+        int ra = kipp_chat_render_kind(kinds[k], parts, 5, &o, &a, err, sizeof err);
+        int rb = kipp_chat_render_kind(kinds[k], joined, 5, &o, &b, err, sizeof err);
+        CHECK(ra == 0 && rb == 0 && a && b && !strcmp(a, b), "kind %d: parts render differs from joined:\n%s\n--\n%s",
+              (int)kinds[k], a ? a : "", b ? b : "");
+        free(a);
+        free(b);
+    }
+    kipp_chat_message both = {.role = KIPP_ROLE_USER, .content = "x", .content_parts = user_p, .n_content_parts = 1};
+    char *out = NULL;
+    int rc = kipp_chat_render_kind(KIPP_CHAT_HYBRID, &both, 1, NULL, &out, err, sizeof err);
+    CHECK(rc == KIPP_EINVAL && strstr(err, "both content"), "content and parts: rc %d '%s'", rc, err);
+    static const char *null_p[] = {"a", NULL};
+    kipp_chat_message np = {.role = KIPP_ROLE_USER, .content_parts = null_p, .n_content_parts = 2};
+    rc = kipp_chat_render_kind(KIPP_CHAT_HYBRID, &np, 1, NULL, &out, err, sizeof err);
+    CHECK(rc == KIPP_EINVAL && strstr(err, "part 1 is NULL"), "NULL part: rc %d '%s'", rc, err);
+}
+
+/* kipp_chat_json_dumps writes Python json.dumps(ensure_ascii=False). */
+static void test_json_dumps(void)
+{
+    const char *in = "{\"b\":1,\"a\":[1.0,1e-7,\"\\u00e9\\n\",null,true],\"c\":{}}";
+    char err[256], *out = NULL;
+    int rc = kipp_chat_json_dumps(in, strlen(in), &out, err, sizeof err);
+    CHECK(rc == 0 && out && !strcmp(out, "{\"b\": 1, \"a\": [1.0, 1e-07, \"\xC3\xA9\\n\", null, true], \"c\": {}}"),
+          "json_dumps: rc %d '%s'", rc, out ? out : err);
+    free(out);
+    rc = kipp_chat_json_dumps("{\"a\": ", 6, &out, err, sizeof err);
+    CHECK(rc == KIPP_EINVAL && out == NULL && strstr(err, "column"), "invalid JSON: rc %d '%s'", rc, err);
+}
+
 int main(void)
 {
     RUN(test_golden);
     RUN(test_model_path);
     RUN(test_bad_input);
+    RUN(test_content_parts);
+    RUN(test_json_dumps);
     return th_finish();
 }
