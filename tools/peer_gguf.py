@@ -8,8 +8,10 @@ parameters and tokenizer under `kipp.*` keys (docs/FORMAT.md), while
 llama.cpp's qwen3 loader wants `qwen3.*` hyperparameters and
 `tokenizer.ggml.*` (checked: llama-bench refuses a Kipp file with "key not
 found in model: qwen3.context_length"). Tensor names are already llama.cpp's,
-so this copies every tensor's bytes unchanged (BF16, or a quantized type when
-the file has one) and writes the keys llama.cpp reads. Reading the Kipp GGUF
+so this copies every matrix's bytes unchanged (BF16, or a quantized type when
+the file has one), widens the BF16 norm vectors to F32 exactly (llama.cpp's CPU
+backend has no f32 x bf16 elementwise multiply), and writes the keys llama.cpp
+reads. Reading the Kipp GGUF
 rather than the safetensors guarantees the two engines run bit-identical
 weights.
 
@@ -86,6 +88,12 @@ def write_peer(src: Path, dst: Path) -> None:
     w.add_add_bos_token(False)
     for t in r.tensors:
         data = np.asarray(t.data)  # raw bytes, [rows][row bytes] uint8
+        if len(t.shape) == 1 and t.tensor_type == gguf.GGMLQuantizationType.BF16:
+            # norms: llama.cpp's CPU backend multiplies f32 activations only by
+            # f32 vectors (binary_op refuses a bf16 src1); BF16 -> F32 is exact
+            f32 = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            w.add_tensor(t.name, f32, raw_dtype=gguf.GGMLQuantizationType.F32)
+            continue
         # with uint8 data the writer reads raw_shape as a byte shape and derives the element shape
         w.add_tensor(t.name, data, raw_shape=list(data.shape), raw_dtype=t.tensor_type)
     w.write_header_to_file()
