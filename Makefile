@@ -37,7 +37,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz bench bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -108,7 +108,15 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
-models-test: $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+# Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
+QUANT_TEST_MODELS := synthetic-tiny-q8_0
+models-test: $(TEST_MODELS:%=$(BUILD)/models/%.gguf) $(QUANT_TEST_MODELS:%=$(BUILD)/models/%.gguf)
+
+$(BUILD)/models/%-q8_0.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant q8_0 --quiet
+
+$(BUILD)/models/%-affine4_gs32.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant affine4_gs32 --quiet
 
 $(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py
 	@mkdir -p $(@D)
@@ -154,6 +162,10 @@ report:
 vectors: models-test
 	$(PYTHON) tools/gen_vectors.py --models $(BUILD)/models --out tests/vectors
 
+# The quantized gates' FP32 oracle (numpy, no torch): tests/vectors/quant.
+vectors-quant: models-test
+	$(PYTHON) tools/np_forward.py --models $(BUILD)/models --out tests/vectors/quant $(QUANT_TEST_MODELS:%=--gguf %.gguf)
+
 deps:
 	tools/install_deps.sh
 
@@ -190,6 +202,7 @@ help:
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
+	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"
 	@echo "make cuda       compile the CUDA kernel units (kernels/cuda) where nvcc exists"
 	@echo "make clean"
 
