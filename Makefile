@@ -109,7 +109,7 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
 # Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
-QUANT_TEST_MODELS := synthetic-tiny-q8_0
+QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 models-test: $(TEST_MODELS:%=$(BUILD)/models/%.gguf) $(QUANT_TEST_MODELS:%=$(BUILD)/models/%.gguf)
 
 $(BUILD)/models/%-q8_0.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
@@ -140,7 +140,7 @@ fuzz: models-test $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=undefined $(FUZZ_SRC) $(BUILD)/libkipp.a $(LDLIBS) -o $(BUILD)/fuzz/fuzz_gguf
-	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf) $(QUANT_TEST_MODELS:%=$(BUILD)/models/%.gguf)
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
 profile: $(BUILD)/bin/kipp_profile
@@ -153,7 +153,7 @@ bench-kernels: $(BUILD)/bin/kcheck profiles/$(shell hostname).json
 	$(BUILD)/bin/kcheck --bench
 
 bench: all bench-kernels
-	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) tools/bench_models.py --backend $(BACKEND) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
 	$(PYTHON) tools/report.py
 
 report:
@@ -199,7 +199,7 @@ help:
 	@echo "make asan       the C tests under ASan+UBSan (clang)"
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
-	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
+	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b] [QUANT=bf16,q8_0,affine4_gs32]   model + kernel benchmarks -> results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
 	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"

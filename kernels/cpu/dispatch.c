@@ -18,6 +18,7 @@
 
 extern const k_fmt_info k_fmt_info_bf16;
 extern const k_fmt_info k_fmt_info_q8_0;
+extern const k_fmt_info k_fmt_info_q4_1;
 
 #define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
 static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
@@ -60,6 +61,7 @@ static const k_cpu_ops level_ref = {
     K_OP_INIT(ref)
     .fmt[K_FMT_BF16] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16_ref, .matmul = k_matmul_bf16_ref},
     .fmt[K_FMT_Q8_0] = {.pack = k_pack_q8_0_ref, .matvec = k_matvec_q8_0_ref, .matmul = k_matmul_q8_0_ref},
+    .fmt[K_FMT_Q4_1] = {.pack = k_pack_q4_1_ref, .matvec = k_matvec_q4_1_ref, .matmul = k_matmul_q4_1_ref},
     .act[K_ACT_BF16] = k_cvt_bf16_ref,
     .act[K_ACT_Q8] = k_quant_q8_ref,
 };
@@ -69,6 +71,7 @@ static const k_cpu_ops level_avx2 = {
     K_OP_INIT(avx2)
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx2, .matmul = k_matmul_bf16_avx2},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx2, .matmul = k_matmul_q8_0_avx2},
+    .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx2, .matmul = k_matmul_q4_1_avx2},
     .act[K_ACT_BF16] = k_cvt_bf16_avx2,
     .act[K_ACT_Q8] = k_quant_q8_avx2,
 };
@@ -78,6 +81,7 @@ static const k_cpu_ops level_avx512 = {
     K_OP_INIT(avx512)
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx512, .matmul = k_matmul_bf16_avx512},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx512, .matmul = k_matmul_q8_0_avx512},
+    .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx512, .matmul = k_matmul_q4_1_avx512},
     .act[K_ACT_BF16] = k_cvt_bf16_avx512,
 };
 
@@ -85,6 +89,7 @@ static const k_cpu_ops level_avx512_bf16 = {
     .isa = "avx512_bf16",
     .fmt[K_FMT_BF16] = {.matmul = k_matmul_bf16_avx512bf16},
     .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512bf16},
+    .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
 };
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {

@@ -141,8 +141,20 @@ const char *k_act_name(k_act a);
  *   contiguous, so concatenating packed matrices packs their row
  *   concatenation. rows % 16 == 0, cols % 32 == 0. matvec and matmul read Q8
  *   activations; per block the int32 dot is scaled by d_w * d_x in FP32.
+ *
+ * q4_1 (scheme affine4_gs32): GGUF type 3 in the file (GGML Q4_1: per 32
+ *   weights fp16 d, fp16 m and 16 bytes of nibbles, byte j = q[j] | q[j+16] << 4,
+ *   20 bytes, w = d * q + m). Packed layout "q4p16", per 16-row panel P and
+ *   32-column block b, 384 bytes at (P * cols/32 + b) * 384:
+ *     float d[16], float m[16]        the 16 rows' scales and minima, widened
+ *     uint8 q[4][16][4]               low nibble  q[j][i][k] = q(w[16P+i][32b+4j+k]),
+ *                                     high nibble the same for quad j + 4
+ *   so one 64-byte load gives two k-quads of 16 rows x 4 k after a mask and a
+ *   shift. 384/320 = 1.2x the file bytes. rows % 16 == 0, cols % 32 == 0.
+ *   Reads Q8 activations; per block y += d_w d_x dot(q_w, q_x) + m_w d_x sum(q_x),
+ *   q_w unsigned (vpmaddubsw / vpdpbusd need no sign trick).
  */
-#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0)
+#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1)
 
 #define K_FMT_ENUM(ID, name) K_FMT_##ID,
 typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
@@ -292,6 +304,24 @@ K_Q8_0_DECL(avx512)
 void k_matmul_q8_0_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
                               size_t n_tok, int accumulate, int ith, int nth);
 #undef K_Q8_0_DECL
+
+/* q4_1 format (kernels/cpu/ref_q4_1.c, linear_q4_1_simd.h via linear_q4_1_avx2.c and
+ * linear_q4_1_avx512.c, linear_q4_1_avx512bf16.c: the VNNI prefill tile) */
+#define K_Q4P_BLOCK 384u /* bytes of one packed 16-row x 32-column panel block */
+void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
+void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
+                       size_t n_tok, int ith, int nth);
+#define K_Q4_1_DECL(sfx)                                                                          \
+    void k_matvec_q4_1_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
+                             int ith, int nth);                                                   \
+    void k_matmul_q4_1_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
+                             size_t n_tok, int accumulate, int ith, int nth);
+K_Q4_1_DECL(ref)
+K_Q4_1_DECL(avx2)
+K_Q4_1_DECL(avx512)
+void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                              size_t n_tok, int accumulate, int ith, int nth);
+#undef K_Q4_1_DECL
 
 /* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512) */
 void k_quant_q8_ref(const float *x, void *xq, size_t n);

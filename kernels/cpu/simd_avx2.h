@@ -115,6 +115,14 @@ static inline vi vi_dot4(vi acc, vi w, vi x, vi ax)
     vi p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
+/** acc + per 32-bit lane sum of the 4 products w*x, w uint8 (q4 nibbles: pair sums within int16), x int8. */
+static inline vi vi_dot4u(vi acc, vi w, vi x)
+{
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+/** Low and high nibbles of every byte, as bytes 0..15. */
+static inline vi vi_nib_lo(vi v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+static inline vi vi_nib_hi(vi v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
 static inline vf vf_from_vi(vi v) { return _mm256_cvtepi32_ps(v); }
 
 #include "kernels/cpu/simd_exp.h"

@@ -154,6 +154,14 @@ static inline vi vi_dot4(vi acc, vi w, vi x, vi ax)
     vi p = _mm512_maddubs_epi16(ax, sw);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
 }
+/** acc + per 32-bit lane sum of the 4 products w*x, w uint8 (q4 nibbles), x int8. */
+static inline vi vi_dot4u(vi acc, vi w, vi x)
+{
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+}
+/** Low and high nibbles of every byte, as bytes 0..15. */
+static inline vi vi_nib_lo(vi v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+static inline vi vi_nib_hi(vi v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
 static inline vf vf_from_vi(vi v) { return _mm512_cvtepi32_ps(v); }
 
 #include "kernels/cpu/simd_exp.h"
