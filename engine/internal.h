@@ -30,6 +30,7 @@ struct kipp_model {
     const kipp_backend_ops *ops;   /* chosen at open, never changed */
     void *bm;                      /* backend model */
     uint64_t weight_bytes;         /* sum of tensor bytes */
+    const char *quant;             /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" (static) */
 };
 
 /** A session: logical timeline + block table; KV bytes live in the backend. */

@@ -216,7 +216,6 @@ static int check_values(const kipp_gguf *g, const kipp_checkpoint *c, char *err,
         (rc = want_str(g, "general.architecture", "qwen3", c, err, errlen)) ||
         (rc = want_str(g, "general.name", c->id, c, err, errlen)) ||
         (rc = want_str(g, "kipp.checkpoint.id", c->id, c, err, errlen)) ||
-        (rc = want_str(g, "kipp.quant.scheme", "bf16", c, err, errlen)) ||
         (rc = want_str(g, "kipp.variant", variant_name(c->variant), c, err, errlen)) ||
         (rc = want_str(g, "kipp.chat_template", chat_name(c->chat), c, err, errlen)) ||
         (rc = want_u32(g, "kipp.d_model", c->d_model, c, err, errlen)) ||
@@ -239,6 +238,43 @@ static int check_values(const kipp_gguf *g, const kipp_checkpoint *c, char *err,
                         "kipp.tied_embeddings is %s but registry entry '%s' expects %s",
                         tied->v.b ? "true" : "false", c->id, c->tied_embeddings ? "true" : "false");
     return KIPP_OK;
+}
+
+/* ------------------------------------------------------------ quant scheme */
+
+/** A weight scheme (seed 000 "Weight quantization"): the GGUF type of the
+ * seven per-layer projections; every other tensor is BF16 under every scheme. */
+typedef struct {
+    const char *name;  /* kipp.quant.scheme value */
+    uint32_t proj_type; /* KIPP_DTYPE_* of attn_q/k/v/output, ffn_gate/up/down */
+    uint32_t block;     /* weights per block (1 for bf16) */
+    uint32_t block_bytes;
+} quant_scheme;
+
+static const quant_scheme schemes[] = {
+    {"bf16", KIPP_DTYPE_BF16, 1, 2},
+    {"q8_0", KIPP_DTYPE_Q8_0, 32, 34},
+    {"affine4_gs32", KIPP_DTYPE_Q4_1, 32, 20},
+};
+#define N_SCHEMES (sizeof schemes / sizeof schemes[0])
+
+static const char *dtype_name(uint32_t t)
+{
+    return t == KIPP_DTYPE_BF16 ? "BF16" : t == KIPP_DTYPE_Q8_0 ? "Q8_0" : t == KIPP_DTYPE_Q4_1 ? "Q4_1"
+         : t == KIPP_DTYPE_F32 ? "F32" : t == 1 ? "F16" : "unknown";
+}
+
+/* kipp.quant.scheme is one of the known schemes; *out gets it. */
+static int check_scheme(const kipp_gguf *g, const quant_scheme **out, char *err, size_t errlen)
+{
+    kipp_str s = kv_of(g, "kipp.quant.scheme")->v.s;
+    for (size_t i = 0; i < N_SCHEMES; i++)
+        if (kipp_str_eq(s, schemes[i].name)) {
+            *out = &schemes[i];
+            return KIPP_OK;
+        }
+    return kipp_err(err, errlen, KIPP_EFORMAT,
+                    "kipp.quant.scheme is '%.*s', expected bf16, q8_0 or affine4_gs32", SHOW(s));
 }
 
 /* ----------------------------------------------------------------- tensors */
@@ -365,19 +401,61 @@ static int check_tensor_names(const kipp_gguf *g, const kipp_checkpoint *c, char
     return rc;
 }
 
+/* Slot idx holds one of the seven per-layer projections a scheme may quantize. */
+static int slot_quantizable(const kipp_checkpoint *c, uint64_t idx)
+{
+    uint64_t last_layer = 1u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer;
+    if (idx == 0 || idx >= last_layer) return 0;
+    switch ((idx - 1) % KIPP_LAYER_TENSORS) {
+    case 1: case 2: case 3: case 6: case 8: case 9: case 10: return 1;
+    default: return 0;
+    }
+}
+
+/* The type the scheme gives slot i, its block rule and its exact byte size. */
+static int check_tensor_type(const kipp_gguf_tensor *t, const kipp_checkpoint *c, uint64_t i,
+                             const quant_scheme *q, char *err, size_t errlen)
+{
+    int proj = slot_quantizable(c, i);
+    uint32_t want = proj ? q->proj_type : KIPP_DTYPE_BF16;
+    if (t->type != want) {
+        if (!proj && t->type != KIPP_DTYPE_BF16)
+            return kipp_err(err, errlen, KIPP_EFORMAT,
+                            "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), expected BF16 (30): "
+                            "norms, the token embedding and the output head stay BF16 under every "
+                            "scheme (kipp.quant.scheme is %s)", SHOW(t->name), dtype_name(t->type),
+                            t->type, q->name);
+        return kipp_err(err, errlen, KIPP_EFORMAT,
+                        "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), but kipp.quant.scheme "
+                        "%s stores the seven projections as %s (%u)", SHOW(t->name),
+                        dtype_name(t->type), t->type, q->name, dtype_name(want), want);
+    }
+    if (q->block > 1 && proj) {
+        uint64_t cols = t->dims[0], rows = t->n_dims == 2 ? t->dims[1] : 1;
+        if (cols % q->block)
+            return kipp_err(err, errlen, KIPP_EFORMAT,
+                            "tensor '%.*s' has %llu columns; scheme %s needs columns %% %u == 0",
+                            SHOW(t->name), (unsigned long long)cols, q->name, q->block);
+        uint64_t bytes = rows * (cols / q->block) * q->block_bytes;
+        if (t->nbytes != bytes)
+            return kipp_err(err, errlen, KIPP_EFORMAT,
+                            "tensor '%.*s' spans %llu bytes, expected %llu (%llu x %llu %s: %u bytes "
+                            "per %u weights)", SHOW(t->name), (unsigned long long)t->nbytes,
+                            (unsigned long long)bytes, (unsigned long long)rows,
+                            (unsigned long long)cols, dtype_name(want), q->block_bytes, q->block);
+    }
+    return KIPP_OK;
+}
+
 /* dtype and shape of file tensor i (already known to sit in slot i). */
 static int check_tensor_shape(const kipp_gguf_tensor *t, const kipp_checkpoint *c, uint64_t i,
-                              char *err, size_t errlen)
+                              const quant_scheme *q, char *err, size_t errlen)
 {
-    if (t->type != KIPP_DTYPE_BF16)
-        return kipp_err(err, errlen, KIPP_EFORMAT,
-                        "dtype mismatch: tensor '%.*s' has GGUF tensor type %u, expected BF16 (30) "
-                        "for quant scheme bf16", SHOW(t->name), t->type);
     uint64_t rows, cols;
     slot_shape(c, i, &rows, &cols);
     uint32_t want_dims = rows ? 2u : 1u;
     if (t->n_dims == want_dims && t->dims[0] == cols && (!rows || t->dims[1] == rows))
-        return KIPP_OK;
+        return check_tensor_type(t, c, i, q, err, errlen);
     char got[96];
     int n = 0;
     for (uint32_t d = t->n_dims; d-- > 0 && n < (int)sizeof got - 24;)
@@ -418,12 +496,12 @@ static int check_tensor_layout(const kipp_gguf *g, size_t size, char *err, size_
     return KIPP_OK;
 }
 
-static int check_tensors(const kipp_gguf *g, const kipp_checkpoint *c, size_t size, char *err,
-                         size_t errlen)
+static int check_tensors(const kipp_gguf *g, const kipp_checkpoint *c, const quant_scheme *q,
+                         size_t size, char *err, size_t errlen)
 {
     int rc = check_tensor_names(g, c, err, errlen);
     for (uint64_t i = 0; i < g->n_tensors && !rc; i++)
-        rc = check_tensor_shape(&g->tensors[i], c, i, err, errlen);
+        rc = check_tensor_shape(&g->tensors[i], c, i, q, err, errlen);
     return rc ? rc : check_tensor_layout(g, size, err, errlen);
 }
 
@@ -500,12 +578,15 @@ static int model_bind(kipp_model *m, const void *buf, size_t size, char *err, si
 {
     int rc = kipp_gguf_parse(buf, size, &m->gguf, err, errlen);
     if (rc) return rc;
+    const quant_scheme *q = NULL;
     if ((rc = check_key_set(&m->gguf, err, errlen)) ||
         (rc = match_registry(&m->gguf, &m->ckpt, err, errlen)) ||
         (rc = check_values(&m->gguf, m->ckpt, err, errlen)) ||
-        (rc = check_tensors(&m->gguf, m->ckpt, size, err, errlen)) ||
+        (rc = check_scheme(&m->gguf, &q, err, errlen)) ||
+        (rc = check_tensors(&m->gguf, m->ckpt, q, size, err, errlen)) ||
         (rc = check_tokenizer(&m->gguf, err, errlen)))
         return rc;
+    m->quant = q->name;
     m->view.map = buf;
     m->view.map_size = size;
     return bind_weights(m, err, errlen);
@@ -667,7 +748,7 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->repository = c->repository;
     info->revision = c->revision;
     info->backend = m->ops ? m->ops->name : "none";
-    info->quant = "bf16"; /* the only scheme the loader accepts (check_values) */
+    info->quant = m->quant; /* kipp.quant.scheme, validated by check_scheme */
     info->has_chat = c->chat != KIPP_CHAT_NONE;
     info->tied_embeddings = c->tied_embeddings;
     info->d_model = c->d_model;
@@ -697,8 +778,7 @@ int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)
     out->name = t->name.ptr;
     out->name_len = t->name.len;
     out->type = t->type;
-    out->type_name = t->type == KIPP_DTYPE_BF16 ? "BF16" : t->type == KIPP_DTYPE_Q8_0 ? "Q8_0"
-                   : t->type == KIPP_DTYPE_F32 ? "F32" : "?";
+    out->type_name = dtype_name(t->type);
     out->n_dims = t->n_dims;
     out->cols = t->dims[0];
     out->rows = t->n_dims == 2 ? t->dims[1] : 1;

@@ -305,12 +305,40 @@ def test_sharded_index_inconsistency_refused(synthetic_dir, tmp_path):
                    "model.norm.weight is in model-00002-of-00003.safetensors")
 
 
-def test_quant_schemes_refused(synthetic_dir, tmp_path):
+def test_unknown_quant_scheme_refused(synthetic_dir, tmp_path):
     out = tmp_path / "x.gguf"
-    for q, needle in (("q8_0", "--quant q8_0 is not supported yet"),
-                      ("affine4_gs32", "--quant affine4_gs32 is not supported yet"),
-                      ("fp8", "--quant is 'fp8'; expected bf16")):
-        assert_refused(run_convert(synthetic_dir("synthetic-tiny"), out, "--quant", q), out, needle)
+    assert_refused(run_convert(synthetic_dir("synthetic-tiny"), out, "--quant", "fp8"), out,
+                   "--quant is 'fp8'; expected one of bf16, q8_0, affine4_gs32")
+
+
+@pytest.mark.parametrize("scheme,gtype", [("q8_0", 8), ("affine4_gs32", 3)])
+def test_quantized_conversion_read_by_gguf(scheme, gtype, synthetic_dir, tmp_path):
+    """Seed 000 "Weight quantization": only the seven projections are quantized, with
+    their GGML type; the gguf package's own dequantizer reproduces the weights within
+    the block error; the sidecar's NMSE matches an independent recomputation."""
+    src = synthetic_dir("synthetic-tiny")
+    out = tmp_path / f"tiny-{scheme}.gguf"
+    r = run_convert(src, out, "--quant", scheme)
+    assert r.returncode == 0, r.stderr
+    rd = gguf.GGUFReader(out)
+    assert field_value(rd, "kipp.quant.scheme") == scheme
+    st = st_tensors(src)
+    hf_of = dict(expected_names(reg.by_id("synthetic-tiny")))
+    side = json.loads((tmp_path / f"tiny-{scheme}.gguf.quant.json").read_text())
+    n_quant = 0
+    for t in rd.tensors:
+        quantized = cv.is_quantizable(t.name)
+        assert int(t.tensor_type) == (gtype if quantized else 30), t.name
+        if not quantized:
+            continue
+        n_quant += 1
+        shape, _, raw = st[hf_of[t.name]]
+        w = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        deq = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        err = float(np.sum((w.astype(np.float64) - deq) ** 2) / np.sum(w.astype(np.float64) ** 2))
+        assert err == pytest.approx(side["tensors"][t.name]["nmse"], rel=1e-6)
+        assert err < (1e-4 if scheme == "q8_0" else 1e-2), (t.name, err)
+    assert n_quant == 7 * reg.by_id("synthetic-tiny").n_layer == side["quantized_tensors"]
 
 
 def test_unknown_checkpoint_and_missing_input(tmp_path):

@@ -223,7 +223,7 @@ static void test_tensor_rejections(void)
         {0, {4, 1}, 30, 0, "n_dims 0, expected 1..4"},
         {2, {4, 0}, 30, 0, "dimension 1 is 0"},
         {2, {1ull << 33, 1}, 30, 0, "dimension 0 is 8589934592"},
-        {1, {4, 1}, 2, 0, "has type 2, expected F32 (0), F16 (1), Q8_0 (8) or BF16 (30)"},
+        {1, {4, 1}, 2, 0, "has type 2, expected F32 (0), F16 (1), Q4_1 (3), Q8_0 (8) or BF16 (30)"},
         {1, {48, 1}, 8, 0, "row length 48 is not a multiple of the 32-element block"},
         {1, {4, 1}, 30, 16, "offset 16 is not a multiple of the alignment 32"},
         {1, {4, 1}, 30, 1ull << 40, "beyond the end of the file"},

@@ -406,7 +406,103 @@ static void test_reject_dtype(void)
     patch_u32(kv_type_at("kipp.d_model"), KIPP_GGUF_I32);
     expect_reject("metadata key 'kipp.d_model' has GGUF type i32 (5), expected u32 (4)", "key type");
     patch_u32(t_type_at("blk.0.attn_v.weight"), 1); /* F16: same size, so only the type differs */
-    expect_reject("tensor 'blk.0.attn_v.weight' has GGUF tensor type 1, expected BF16 (30)", "tensor type");
+    expect_reject("tensor 'blk.0.attn_v.weight' has GGUF type F16 (1), but kipp.quant.scheme bf16 stores the "
+                  "seven projections as BF16 (30)", "tensor type");
+}
+
+/* ---- quantized schemes (seed 000 "Weight quantization") ---- */
+
+static void test_reject_scheme(void)
+{
+    const kipp_gguf_kv *q = kv("kipp.quant.scheme");
+    patch(at(q->v.s.ptr), "fp16", 4);
+    expect_reject("kipp.quant.scheme is 'fp16', expected bf16, q8_0 or affine4_gs32", "unknown scheme");
+    /* Scheme says q8_0 but the projections are BF16 (the same 4-byte string length). */
+    patch(at(q->v.s.ptr), "q8_0", 4);
+    expect_reject("tensor 'blk.0.attn_q.weight' has GGUF type BF16 (30), but kipp.quant.scheme q8_0 stores the "
+                  "seven projections as Q8_0 (8)", "scheme vs tensor types");
+    /* A quantized norm or embedding: refused by type before its size is looked at. */
+    patch_u32(t_type_at("blk.0.attn_norm.weight"), 8);
+    expect_reject("tensor 'blk.0.attn_norm.weight' has GGUF type Q8_0 (8), expected BF16 (30): norms, the token "
+                  "embedding and the output head stay BF16", "quantized norm");
+    patch_u32(t_type_at("token_embd.weight"), 8);
+    expect_reject("tensor 'token_embd.weight' has GGUF type Q8_0 (8), expected BF16 (30)", "quantized embedding");
+    patch_u32(t_type_at("blk.1.attn_k_norm.weight"), 3);
+    expect_reject("tensor 'blk.1.attn_k_norm.weight' has GGUF type Q4_1 (3), expected BF16 (30)", "quantized k norm");
+}
+
+/* The q8_0 conversion: loads with its scheme and types, and its own mismatches
+ * are refused naming the tensor (patched in memory, kipp_model_validate_image). */
+static void test_quantized_file(void)
+{
+    const char *path = model_path("synthetic-tiny-q8_0");
+    kipp_model *m = NULL;
+    char err[512] = "";
+    int rc = kipp_model_load(path, &m, err, sizeof err);
+    CHECK(rc == 0, "load %s: %s (run `make models-test`)", path, err);
+    if (rc) return;
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    CHECK(!strcmp(in.quant, "q8_0"), "quant is '%s', expected q8_0", in.quant);
+    int n_q8 = 0;
+    for (uint64_t i = 0; i < in.n_tensors; i++) {
+        kipp_tensor_info t;
+        CHECK(kipp_model_tensor(m, i, &t) == 0, "tensor %llu", (unsigned long long)i);
+        int proj = t.name_len > 4 && !strncmp(t.name, "blk.", 4) &&
+                   (strstr(t.name, "attn_q.") || strstr(t.name, "attn_k.") || strstr(t.name, "attn_v.") ||
+                    strstr(t.name, "attn_output.") || strstr(t.name, "ffn_gate.") || strstr(t.name, "ffn_up.") ||
+                    strstr(t.name, "ffn_down."));
+        CHECK(t.type == (proj ? 8u : 30u), "%.*s: type %u", (int)t.name_len, t.name, t.type);
+        if (proj) {
+            n_q8++;
+            CHECK(!strcmp(t.type_name, "Q8_0") && t.nbytes == t.rows * (t.cols / 32) * 34,
+                  "%.*s: %s, %llu bytes", (int)t.name_len, t.name, t.type_name, (unsigned long long)t.nbytes);
+        }
+    }
+    CHECK(n_q8 == 7 * (int)in.n_layer, "%d Q8_0 tensors, expected %u", n_q8, 7 * in.n_layer);
+    kipp_model_close(m);
+
+    FILE *f = fopen(path, "rb");
+    KIPP_ASSERT(f);
+    fseek(f, 0, SEEK_END);
+    size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *q = malloc(n);
+    KIPP_ASSERT(q && fread(q, 1, n, f) == n);
+    fclose(f);
+    kipp_gguf g;
+    KIPP_ASSERT(kipp_gguf_parse(q, n, &g, err, sizeof err) == 0);
+    const kipp_gguf_tensor *wk = NULL, *norm = NULL;
+    const kipp_gguf_kv *sch = kipp_gguf_find(&g, "kipp.quant.scheme");
+    for (uint64_t i = 0; i < g.n_tensors; i++) {
+        if (kipp_str_eq(g.tensors[i].name, "blk.0.attn_k.weight")) wk = &g.tensors[i];
+        if (kipp_str_eq(g.tensors[i].name, "blk.0.ffn_norm.weight")) norm = &g.tensors[i];
+    }
+    KIPP_ASSERT(wk && norm && sch);
+    size_t type_at = (size_t)((const uint8_t *)wk->name.ptr - q) + wk->name.len + 4 + 8 * wk->n_dims;
+    size_t norm_type_at = (size_t)((const uint8_t *)norm->name.ptr - q) + norm->name.len + 4 + 8 * norm->n_dims;
+    size_t sch_at = (size_t)((const uint8_t *)sch->v.s.ptr - q);
+    kipp_gguf_free(&g);
+    struct { size_t off; uint64_t val; size_t len; const char *want; } cases[] = {
+        {type_at, 30, 4, "tensor 'blk.0.attn_k.weight' has GGUF type BF16 (30), but kipp.quant.scheme q8_0 "
+                         "stores the seven projections as Q8_0 (8)"},
+        {type_at, 3, 4, "tensor 'blk.0.attn_k.weight' has GGUF type Q4_1 (3), but kipp.quant.scheme q8_0"},
+        {norm_type_at, 8, 4, "tensor 'blk.0.ffn_norm.weight' has GGUF type Q8_0 (8), expected BF16 (30)"},
+        {sch_at, 0x36316662u /* "bf16" */, 4, "tensor 'blk.0.attn_q.weight' has GGUF type Q8_0 (8), but kipp.quant.scheme bf16"},
+        {type_at - 16, 16, 8, "tensor 'blk.0.attn_k.weight' row length 16 is not a multiple of the 32-element block"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t old[8];
+        memcpy(old, q + cases[i].off, cases[i].len);
+        memcpy(q + cases[i].off, &cases[i].val, cases[i].len); /* little-endian */
+        err[0] = 0;
+        rc = kipp_model_validate_image(q, n, err, sizeof err);
+        CHECK(rc == KIPP_EFORMAT && strstr(err, cases[i].want), "q8_0 case %zu: rc %d, '%s' lacks '%s'", i, rc, err,
+              cases[i].want);
+        memcpy(q + cases[i].off, old, cases[i].len);
+    }
+    CHECK(kipp_model_validate_image(q, n, err, sizeof err) == 0, "restored image: %s", err);
+    free(q);
 }
 
 static void test_reject_unknown_tensor(void)
@@ -531,6 +627,8 @@ int main(void)
     RUN(test_reject_unknown_checkpoint);
     RUN(test_reject_dimension);
     RUN(test_reject_dtype);
+    RUN(test_reject_scheme);
+    RUN(test_quantized_file);
     RUN(test_reject_unknown_tensor);
     RUN(test_reject_missing_tensor);
     RUN(test_reject_duplicate_tensor);

@@ -6,6 +6,8 @@ the real Qwen3 shapes with deterministic random weights) it:
   1. makes models/<id>.gguf when missing, with tools/make_checkpoint.py and
      tools/convert_to_gguf.py (the Hugging Face directory models/<id>/ is
      deleted after conversion unless --keep-hf; an existing GGUF is reused);
+     With --quant q8_0,affine4_gs32 each model is also converted to
+     models/<id>-<scheme>.gguf (the HF directory is kept until the last scheme);
   2. runs build/kipp-bench on it (pp512, tg128, tg4k; warm-up + N reps) in its
      own process, so one model's memory is released before the next loads.
 Before the first model it re-measures the machine profile (build/bin/kipp_profile
@@ -70,9 +72,12 @@ def run(cmd: list[object]) -> None:
     subprocess.run([rel(c) for c in cmd], cwd=ROOT, check=True)
 
 
-def ensure_model(mid: str, models_dir: Path, keep_hf: bool) -> Path:
-    """models/<id>.gguf, generated and converted when missing."""
-    gguf = models_dir / f"{mid}.gguf"
+QUANTS = ("bf16", "q8_0", "affine4_gs32")
+
+
+def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16") -> Path:
+    """models/<id>.gguf (or <id>-<quant>.gguf), generated and converted when missing."""
+    gguf = models_dir / (f"{mid}.gguf" if quant == "bf16" else f"{mid}-{quant}.gguf")
     if gguf.exists():
         return gguf
     hf = models_dir / mid
@@ -81,7 +86,8 @@ def ensure_model(mid: str, models_dir: Path, keep_hf: bool) -> Path:
     if not (hf / "config.json").exists():
         run(["nice", py, "tools/make_checkpoint.py", "--checkpoint", mid, "--out", hf, "--quiet"])
     tmp = gguf.with_suffix(".gguf.part")
-    run(["nice", py, "tools/convert_to_gguf.py", "--checkpoint", mid, "--input", hf, "--out", tmp, "--quiet"])
+    run(["nice", py, "tools/convert_to_gguf.py", "--checkpoint", mid, "--input", hf, "--out", tmp, "--quiet",
+         "--quant", quant])
     tmp.rename(gguf)
     if not keep_hf:
         shutil.rmtree(hf)
@@ -94,6 +100,7 @@ def main() -> int:
     ap.add_argument("--model", action="append", default=[],
                     help="registry id (repeatable or comma-separated); default: %s" % ", ".join(DEFAULT_MODELS))
     ap.add_argument("--bench", default="pp512,tg128,tg4k", help="comma list of pp512, tg128, tg4k")
+    ap.add_argument("--quant", default="bf16", help="comma list of weight schemes: bf16, q8_0, affine4_gs32")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per benchmark (default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up runs per benchmark (default 1)")
     ap.add_argument("--threads", type=int, default=0, help="backend workers (0 = one per physical core)")
@@ -109,6 +116,7 @@ def main() -> int:
                                                         "synthetic benchmark shape")] \
             or list(DEFAULT_MODELS)
         parse_names(args.bench, BENCH_NAMES, "--bench", "benchmark")
+        quants = parse_names(args.quant, list(QUANTS), "--quant", "quantization scheme")
     except ValueError as e:
         ap.error(str(e))
     models.sort(key=lambda m: DEFAULT_MODELS.index(m) if m in DEFAULT_MODELS else -1)  # 4B last
@@ -122,24 +130,24 @@ def main() -> int:
     if not (args.reuse_profile and (args.profiles / f"{host}.json").exists()):
         run([prof_bin, "--out", args.profiles])
     failed = []
-    for mid in models:
-        gguf = ensure_model(mid, args.models_dir, args.keep_hf)
+    for mid, quant in [(m, q) for m in models for q in quants]:
+        gguf = ensure_model(mid, args.models_dir, args.keep_hf or quant != quants[-1], quant)
         need = 2.1 * gguf.stat().st_size  # packed copy + the mapping's pages
         avail = mem_available_bytes()
         if avail and need > avail:
             print(f"bench_models.py: skipping {mid}: it needs about {need / 1e9:.1f} GB but MemAvailable is "
                   f"{avail / 1e9:.1f} GB", file=sys.stderr)
-            failed.append(mid)
+            failed.append(f"{mid} {quant}")
             continue
-        print(f"== {mid} (load average {load_avg()})", flush=True)
+        print(f"== {mid} {quant} (load average {load_avg()})", flush=True)
         cmd = [bench_bin, "--model", gguf, "--backend", args.backend, "--bench", args.bench,
                "--reps", str(args.reps), "--warmup", str(args.warmup), "--threads", str(args.threads),
                "--profiles", args.profiles, "--out", args.results]
         try:
             run(cmd)
         except subprocess.CalledProcessError as e:
-            print(f"bench_models.py: kipp-bench failed on {mid} (exit {e.returncode})", file=sys.stderr)
-            failed.append(mid)
+            print(f"bench_models.py: kipp-bench failed on {mid} {quant} (exit {e.returncode})", file=sys.stderr)
+            failed.append(f"{mid} {quant}")
     print(f"load average at the end: {load_avg()}")
     if failed:
         print(f"bench_models.py: no results for {', '.join(failed)}", file=sys.stderr)

@@ -2,7 +2,7 @@
 """convert_to_gguf.py - BF16 safetensors checkpoint -> one Kipp GGUF file (docs/FORMAT.md).
 
 Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
-    convert_to_gguf.py --checkpoint ID --input DIR --out FILE [--quant bf16] [--quiet]
+    convert_to_gguf.py --checkpoint ID --input DIR --out FILE [--quant bf16|q8_0|affine4_gs32] [--quiet]
 
 1. config.json is validated against the registry entry (tools/checkpoints.py);
    every mismatch is refused naming the field, the expected and the found value.
@@ -14,7 +14,12 @@ Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
    added_tokens_decoder merged over its added tokens, as upstream does.
 4. The GGUF v3 file (64-byte alignment) is written by the small writer below
    (not gguf.GGUFWriter, so the `gguf` package stays an independent reader in
-   the tests). Tensor bytes are copied verbatim: no float conversion. The file
+   the tests). With --quant bf16 tensor bytes are copied verbatim: no float
+   conversion. With --quant q8_0 / affine4_gs32 the seven per-layer projections
+   (attn_q/k/v/output, ffn_gate/up/down) are quantized in 32-weight blocks
+   (seed 000 "Weight quantization"; tools/quant_blocks.py holds the block
+   encoders, the same arithmetic as the kernels' from_f32), every other tensor
+   stays BF16, and FILE.quant.json records each quantized tensor's NMSE. The file
    is written as FILE.part and renamed, so a failure never leaves a bad FILE.
    FILE's directory must already exist and FILE must not be a directory or
    other non-regular file; this is checked before any conversion work.
@@ -44,7 +49,13 @@ MAX_HEADER = 100_000_000     # a larger safetensors JSON header is refused (the 
 # GGUF metadata value types.
 T_U32, T_F32, T_BOOL, T_STRING, T_ARRAY = 4, 6, 7, 8, 9
 
-QUANT_LATER = ("q8_0", "affine4_gs32")
+import quant_blocks as qb  # noqa: E402
+
+# Scheme -> GGML tensor type of the quantized projections (None: nothing quantized).
+QUANT_SCHEMES = {"bf16": None, "q8_0": qb.GGML_TYPE_Q8_0, "affine4_gs32": qb.GGML_TYPE_Q4_1}
+# The seven per-layer projections a scheme may quantize (seed 000); norms, the
+# embedding and the output head always stay BF16.
+QUANTIZABLE = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 class ConvertError(Exception):
@@ -491,18 +502,68 @@ def _pad(n: int) -> int:
     return -n % ALIGNMENT
 
 
-def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTensor]], bar) -> None:
-    """Header, metadata, tensor directory, aligned data (docs/FORMAT.md, "Container")."""
+def is_quantizable(gguf_name: str) -> bool:
+    """True for blk.<i>.<projection>.weight, the tensors a quant scheme may quantize."""
+    parts = gguf_name.split(".")
+    return len(parts) == 4 and parts[0] == "blk" and parts[2] in QUANTIZABLE
+
+
+def tensor_type(gguf_name: str, quant: str) -> int:
+    """GGML type of one tensor under a scheme."""
+    qt = QUANT_SCHEMES[quant]
+    return qt if qt is not None and is_quantizable(gguf_name) else GGML_TYPE_BF16
+
+
+def tensor_bytes(gtype: int, shape: tuple[int, ...]) -> int:
+    """Bytes of a row-major tensor of this GGML type in the file."""
+    if gtype == GGML_TYPE_BF16:
+        return 2 * _numel(shape)
+    return qb.row_bytes(gtype, shape[-1]) * (_numel(shape) // shape[-1])
+
+
+def _read_bf16(t: SourceTensor):
+    """The tensor's BF16 bytes widened exactly to float32 [rows][cols]."""
+    import numpy as np
+    with open(t.path, "rb") as src:
+        src.seek(t.begin)
+        raw = src.read(t.nbytes)
+    if len(raw) != t.nbytes:
+        raise ConvertError(f"{t.path.name} ended inside tensor {t.name}")
+    u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+    return u.view(np.float32).reshape(t.shape)
+
+
+def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTensor]], bar,
+               quant: str = "bf16", report: Optional[dict] = None) -> None:
+    """Header, metadata, tensor directory, aligned data (docs/FORMAT.md, "Container").
+    Quantized tensors are encoded per tensor; report[name] gets their NMSE."""
     f.write(b"GGUF" + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(meta)))
     for m in meta:
         f.write(m)
     offset = 0
     for name, t in tensors:
+        gtype = tensor_type(name, quant)
+        nbytes = tensor_bytes(gtype, t.shape)
         dims = tuple(reversed(t.shape))  # GGUF lists the fastest-varying dimension first
-        f.write(_gstr(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, GGML_TYPE_BF16, offset))
-        offset += t.nbytes + _pad(t.nbytes)
+        f.write(_gstr(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, gtype, offset))
+        offset += nbytes + _pad(nbytes)
     f.write(b"\0" * _pad(f.tell()))
-    for _, t in tensors:
+    for name, t in tensors:
+        gtype = tensor_type(name, quant)
+        if gtype != GGML_TYPE_BF16:
+            w = _read_bf16(t)
+            try:
+                data, nmse = qb.quantize(gtype, w)
+            except ValueError as e:
+                raise ConvertError(f"tensor {name}: {e}") from None
+            if report is not None:
+                report[name] = {"type": qb.TYPE_NAMES[gtype], "shape": list(t.shape), "nmse": nmse,
+                                "bytes": len(data)}
+            f.write(data)
+            if bar is not None:
+                bar.update(t.nbytes)
+            f.write(b"\0" * _pad(len(data)))
+            continue
         with open(t.path, "rb") as src:
             src.seek(t.begin)
             left = t.nbytes
@@ -534,10 +595,8 @@ def check_output_path(out: Path) -> None:
 
 def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quiet: bool = True) -> int:
     """Validate and convert; returns the number of tensors written. Raises ConvertError."""
-    if quant in QUANT_LATER:
-        raise ConvertError(f"--quant {quant} is not supported yet; only bf16 is implemented")
-    if quant != "bf16":
-        raise ConvertError(f"--quant is '{quant}'; expected bf16 (q8_0 and affine4_gs32 come later)")
+    if quant not in QUANT_SCHEMES:
+        raise ConvertError(f"--quant is '{quant}'; expected one of {', '.join(QUANT_SCHEMES)}")
     if not indir.is_dir():
         raise ConvertError(f"input directory {indir} does not exist")
     check_output_path(out)
@@ -560,10 +619,14 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     bar = None
     if not quiet:
         from tqdm import tqdm
-        bar = tqdm(total=sum(t.nbytes for _, t in tensors), unit="B", unit_scale=True, desc=out.name)
+        bar = tqdm(total=sum(t.nbytes for _, t in tensors), unit="B", unit_scale=True,
+                   desc=f"{out.name} ({quant})")
+    report: dict = {}
     try:
         with atomic_output(out, input_files(indir)) as f:
-            write_gguf(f, meta, tensors, bar)
+            write_gguf(f, meta, tensors, bar, quant, report)
+        if QUANT_SCHEMES[quant] is not None:
+            write_sidecar(out, c, quant, report)
     finally:
         if bar is not None:
             bar.close()
@@ -575,6 +638,20 @@ def input_files(indir: Path) -> list[Path]:
     return [p for p in indir.iterdir() if p.is_file()] if indir.is_dir() else []
 
 
+def write_sidecar(out: Path, c: reg.Checkpoint, quant: str, report: dict) -> None:
+    """FILE.quant.json: scheme, GGML type and per-tensor quantization NMSE
+    (sum (w - deq(q(w)))^2 / sum w^2 over the BF16 source weights)."""
+    vals = [r["nmse"] for r in report.values()]
+    doc = {"schema": "kipp-quant-v1", "checkpoint": c.id, "scheme": quant,
+           "gguf": out.name, "ggml_type": qb.TYPE_NAMES[QUANT_SCHEMES[quant]],
+           "quantized_tensors": len(report),
+           "nmse_max": max(vals) if vals else 0.0,
+           "nmse_mean": sum(vals) / len(vals) if vals else 0.0,
+           "tensors": report}
+    side = out.with_name(out.name + ".quant.json")
+    side.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="Convert a BF16 safetensors Qwen3 checkpoint into a Kipp "
                                  "GGUF file (docs/FORMAT.md).")
@@ -582,7 +659,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--input", required=True, type=Path, help="Hugging Face checkpoint directory")
     ap.add_argument("--out", required=True, type=Path,
                     help="output .gguf file (its directory must exist; an existing file is replaced)")
-    ap.add_argument("--quant", default="bf16", help="weight scheme (only bf16 for now)")
+    ap.add_argument("--quant", default="bf16",
+                    help="weight scheme: bf16 (default), q8_0 or affine4_gs32 (the seven projections)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:

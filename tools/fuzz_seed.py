@@ -3,12 +3,15 @@
 
     tools/fuzz_seed.py --out DIR FILES.gguf...
 
-For each converted Kipp GGUF it writes:
+For each converted Kipp GGUF (bf16 and quantized schemes) it writes:
   * <name>-prefix.gguf: the first 64 KiB of the file, i.e. the real header and
     the start of the tokenizer arrays (libFuzzer runs with -max_len=65536);
   * <name>-small.gguf: the same file re-serialised with the tokenizer arrays cut
     to a few entries and the data cut off - small enough for fast mutation,
     still carrying every Kipp key and tensor name;
+  * for a quantized file (Q8_0 = 8 or Q4_1 = 3 projections), <name>-qnorm.gguf:
+    the small seed with the first norm given the quantized type too (the
+    loader's scheme/type refusal path);
 and, independently of the inputs, a few hand-made minimal GGUFs (empty file
 with no keys, every scalar type, arrays, one tensor with data, default and
 explicit alignment). Seeds are deterministic; the corpus directory is shared
@@ -27,6 +30,7 @@ SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B"
           10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 BF16, F32 = 30, 0
+Q4_1, Q8_0 = 3, 8
 
 
 class Reader:
@@ -126,6 +130,13 @@ def seeds_from_file(path):
     yield f"{base}-prefix.gguf", head[:65536]
     small = write_gguf(shrink_arrays(kvs), tensors, alignment=64)
     yield f"{base}-small.gguf", small + bytes(256)
+    qtypes = {t[2] for t in tensors} & {Q4_1, Q8_0}
+    if qtypes:
+        qt = min(qtypes)
+        norm = next(i for i, t in enumerate(tensors) if t[0].endswith(b"norm.weight"))
+        bad = list(tensors)
+        bad[norm] = (bad[norm][0], bad[norm][1], qt, bad[norm][3])
+        yield f"{base}-qnorm.gguf", write_gguf(shrink_arrays(kvs), bad, alignment=64) + bytes(256)
 
 
 def handmade_seeds():
@@ -143,7 +154,8 @@ def handmade_seeds():
     kv64 = [(b"general.alignment", 4, 64)]
     yield "tensors64.gguf", write_gguf(kv64, t, bytes(80), alignment=64)
     yield "tensors32.gguf", write_gguf([], [(b"w", (4, 2), F32, 0)], bytes(32))
-    yield "q8.gguf", write_gguf([], [(b"q", (32, 2), 8, 0)], bytes(68))
+    yield "q8.gguf", write_gguf([], [(b"q", (32, 2), Q8_0, 0)], bytes(68))
+    yield "q4_1.gguf", write_gguf([], [(b"q", (32, 2), Q4_1, 0)], bytes(40))
 
 
 def main():

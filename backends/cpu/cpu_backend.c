@@ -147,6 +147,25 @@ static size_t view_packed_bytes(const kipp_tensor_view *v)
     return k_fmt_get((k_fmt)k_fmt_from_gguf(v->dtype))->packed_bytes(v->rows, v->cols);
 }
 
+/* After packing, the pages a packed copy replaces are handed back to the
+ * kernel (MADV_PAGEOUT, Linux 5.4+): clean file pages of the model mapping
+ * are reclaimed, so resident memory is the packed copy (bf16: 1.0x, q8_0:
+ * 1.06x, q4_1: 1.2x of those tensors' file bytes) plus what stays mapped
+ * (touched embedding rows, norms), not the copy on top of the file. PAGEOUT
+ * never changes contents (a view built on anonymous memory, as in the tests,
+ * keeps its bytes; MADV_DONTNEED would zero those), and a later read such as
+ * the embedding rows of a tied head faults the page back in. Advisory: a
+ * refusal or an older kernel only costs memory. Whole pages only. */
+static void drop_pages(const void *p, size_t n)
+{
+#ifdef MADV_PAGEOUT
+    const uintptr_t pg = 4096, a = ((uintptr_t)p + pg - 1) / pg * pg, e = ((uintptr_t)p + n) / pg * pg;
+    if (e > a) (void)madvise((void *)a, e - a, MADV_PAGEOUT);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 /* Repack every projection and the head once, on the pool, into each
  * format's packed layout (the prepared copy ARCHITECTURE.md "Ownership"
  * allows; reported by describe). */
@@ -171,6 +190,7 @@ static int pack_weights(cpu_model *m)
     jobs[nj++] = (pack_job){hf, m->w.output.data, cur, m->w.output.rows, m->w.output.cols};
     pack_task t = {m, jobs, nj};
     kipp_cpu_pool_run(m->pool, pack_run, &t);
+    for (size_t i = 0; i < nj; i++) drop_pages(jobs[i].src, k_fmt_get(jobs[i].fmt)->file_bytes(jobs[i].rows, jobs[i].cols));
     free(jobs);
     return 0;
 }
@@ -410,8 +430,8 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul; attention k_flash_gqa_bf16 in %u-token query tiles (prefill), "
         "k_flash_rows_bf16 (decode), split-K + k_attn_merge when rows x 8 KV heads < %u x workers\n",
         m->tile_tokens, KIPP_CPU_ATTN_UNITS_PER_THREAD);
-    PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend)\n",
-        m->prepared_bytes);
+    PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend; "
+        "the file pages it replaces are released after packing)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);
 #undef PUT
 }

@@ -17,6 +17,8 @@
 /* ---- formats ---- */
 
 extern const k_fmt_info k_fmt_info_bf16;
+extern const k_fmt_info k_fmt_info_q8_0;
+extern const k_fmt_info k_fmt_info_q4_1;
 
 #define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
 static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
@@ -31,14 +33,20 @@ int k_fmt_from_gguf(uint32_t gguf_type)
     return -1;
 }
 
-#define K_ACT_BYTES(ID, name, bytes) [K_ACT_##ID] = bytes,
-#define K_ACT_NAME(ID, name, bytes) [K_ACT_##ID] = #name,
+#define K_ACT_BLOCK(ID, name, block, bytes) [K_ACT_##ID] = block,
+#define K_ACT_BYTES(ID, name, block, bytes) [K_ACT_##ID] = bytes,
+#define K_ACT_NAME(ID, name, block, bytes) [K_ACT_##ID] = #name,
+static const size_t act_block[K_ACT_COUNT] = {K_ACT_LIST(K_ACT_BLOCK)};
 static const size_t act_bytes[K_ACT_COUNT] = {K_ACT_LIST(K_ACT_BYTES)};
 static const char *const act_names[K_ACT_COUNT] = {K_ACT_LIST(K_ACT_NAME)};
+#undef K_ACT_BLOCK
 #undef K_ACT_BYTES
 #undef K_ACT_NAME
 
-size_t k_act_row_bytes(k_act a, size_t n) { return (unsigned)a < K_ACT_COUNT ? act_bytes[a] * n : 0; }
+size_t k_act_row_bytes(k_act a, size_t n)
+{
+    return (unsigned)a < K_ACT_COUNT ? n / act_block[a] * act_bytes[a] : 0;
+}
 const char *k_act_name(k_act a) { return (unsigned)a < K_ACT_COUNT ? act_names[a] : "?"; }
 
 /* ---- the levels: only what each one implements ---- */
@@ -52,26 +60,36 @@ static const k_cpu_ops level_ref = {
     .isa = "ref",
     K_OP_INIT(ref)
     .fmt[K_FMT_BF16] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16_ref, .matmul = k_matmul_bf16_ref},
+    .fmt[K_FMT_Q8_0] = {.pack = k_pack_q8_0_ref, .matvec = k_matvec_q8_0_ref, .matmul = k_matmul_q8_0_ref},
+    .fmt[K_FMT_Q4_1] = {.pack = k_pack_q4_1_ref, .matvec = k_matvec_q4_1_ref, .matmul = k_matmul_q4_1_ref},
     .act[K_ACT_BF16] = k_cvt_bf16_ref,
+    .act[K_ACT_Q8] = k_quant_q8_ref,
 };
 
 static const k_cpu_ops level_avx2 = {
     .isa = "avx2",
     K_OP_INIT(avx2)
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx2, .matmul = k_matmul_bf16_avx2},
+    .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx2, .matmul = k_matmul_q8_0_avx2},
+    .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx2, .matmul = k_matmul_q4_1_avx2},
     .act[K_ACT_BF16] = k_cvt_bf16_avx2,
+    .act[K_ACT_Q8] = k_quant_q8_avx2,
 };
 
 static const k_cpu_ops level_avx512 = {
     .isa = "avx512",
     K_OP_INIT(avx512)
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx512, .matmul = k_matmul_bf16_avx512},
+    .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx512, .matmul = k_matmul_q8_0_avx512},
+    .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx512, .matmul = k_matmul_q4_1_avx512},
     .act[K_ACT_BF16] = k_cvt_bf16_avx512,
 };
 
 static const k_cpu_ops level_avx512_bf16 = {
     .isa = "avx512_bf16",
     .fmt[K_FMT_BF16] = {.matmul = k_matmul_bf16_avx512bf16},
+    .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512bf16},
+    .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
 };
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {

@@ -81,21 +81,41 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
 /* ---- activation formats ----
  * What a format's matvec or matmul reads as its input x. F32: [n] float as the
  * forward pass holds it. BF16: [n] bf16, RNE from F32 (kipp_f32_to_bf16), the
- * operand of the BF16 dot. A quantizer converts one row of n values. */
-#define K_ACT_LIST(X) \
-    X(F32, f32, 4)    \
-    X(BF16, bf16, 2)
+ * operand of the BF16 dot. Q8: per 32 values one k_act_q8_block (seed 002:
+ * "activations quantized to int8 per 32-block"), the operand of the integer
+ * dot of the q8_0 and q4_1 formats. A quantizer converts one row of n values
+ * (n a multiple of the format's block). X(ID, name, values per block, bytes per block).
+ */
+#define K_ACT_LIST(X)  \
+    X(F32, f32, 1, 4)  \
+    X(BF16, bf16, 1, 2) \
+    X(Q8, q8, 32, 40)
 
-#define K_ACT_ENUM(ID, name, bytes) K_ACT_##ID,
+/**
+ * One Q8 activation block: x[i] ~= d * q[i] for 32 consecutive values.
+ * amax = max |x[i]| (taken on the bit patterns, so NaN and Inf order
+ * deterministically); id = 127 / amax when 1e-30 < amax < Inf, else 0;
+ * q[i] = x86 cvtps2dq(x[i] * id) (RNE; NaN or out of range -> INT32_MIN),
+ * saturated to int8; d = amax / 127; sum = sum of q[i]. Finite inputs give
+ * q in [-127, 127]. sum serves the unsigned-offset VNNI dot and the affine
+ * (q4_1) min term.
+ */
+typedef struct {
+    int8_t q[32];
+    float d;
+    int32_t sum;
+} k_act_q8_block;
+
+#define K_ACT_ENUM(ID, name, block, bytes) K_ACT_##ID,
 typedef enum { K_ACT_LIST(K_ACT_ENUM) K_ACT_COUNT } k_act;
 #undef K_ACT_ENUM
 
 /** Quantize an activation row: x [n] f32 -> xa [n] in the act format. */
 typedef void (*k_act_fn)(const float *x, void *xa, size_t n);
 
-/** Bytes of one activation row of n values in format a. */
+/** Bytes of one activation row of n values in format a (n a multiple of its block). */
 size_t k_act_row_bytes(k_act a, size_t n);
-/** Name of an activation format: "f32", "bf16". */
+/** Name of an activation format: "f32", "bf16", "q8". */
 const char *k_act_name(k_act a);
 
 /* ---- weight formats ----
@@ -109,8 +129,32 @@ const char *k_act_name(k_act a);
  *   packing of their row concatenation (fused Q|K|V, Gate|Up).
  *   rows % 16 == 0, cols % 32 == 0. matvec reads F32 activations (weights are
  *   widened in registers: accuracy equals FP32); matmul reads BF16 activations.
+ *
+ * q8_0: GGUF type 8 in the file (GGML Q8_0: per 32 weights an fp16 d and 32
+ *   int8 q, 34 bytes, w = d * q; row-major blocks). Packed layout "q8p16", per
+ *   16-row panel P and 32-column block b, 576 bytes at (P * cols/32 + b) * 576:
+ *     float d[16]                     the 16 rows' scales, widened from fp16
+ *     int8  q[8][16][4]               q[j][i][k] = w[16P + i][32b + 4j + k]
+ *   so one 64-byte load gives 16 rows x 4 k: the operand of vpdpbusd (or of
+ *   vpmaddubsw + vpmaddwd) against a 32-bit broadcast of 4 activation bytes,
+ *   with no horizontal reduction. 576/544 = 1.06x the file bytes. Panels are
+ *   contiguous, so concatenating packed matrices packs their row
+ *   concatenation. rows % 16 == 0, cols % 32 == 0. matvec and matmul read Q8
+ *   activations; per block the int32 dot is scaled by d_w * d_x in FP32.
+ *
+ * q4_1 (scheme affine4_gs32): GGUF type 3 in the file (GGML Q4_1: per 32
+ *   weights fp16 d, fp16 m and 16 bytes of nibbles, byte j = q[j] | q[j+16] << 4,
+ *   20 bytes, w = d * q + m). Packed layout "q4p16", per 16-row panel P and
+ *   32-column block b, 384 bytes at (P * cols/32 + b) * 384:
+ *     float d[16], float m[16]        the 16 rows' scales and minima, widened
+ *     uint8 q[4][16][4]               low nibble  q[j][i][k] = q(w[16P+i][32b+4j+k]),
+ *                                     high nibble the same for quad j + 4
+ *   so one 64-byte load gives two k-quads of 16 rows x 4 k after a mask and a
+ *   shift. 384/320 = 1.2x the file bytes. rows % 16 == 0, cols % 32 == 0.
+ *   Reads Q8 activations; per block y += d_w d_x dot(q_w, q_x) + m_w d_x sum(q_x),
+ *   q_w unsigned (vpmaddubsw / vpdpbusd need no sign trick).
  */
-#define K_FMT_LIST(X) X(BF16, bf16)
+#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1)
 
 #define K_FMT_ENUM(ID, name) K_FMT_##ID,
 typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
@@ -243,7 +287,45 @@ void k_matmul_bf16_avx512bf16(const void *wp, const void *xa, float *y, size_t r
                               size_t n_tok, int accumulate, int ith, int nth);
 #undef K_BF16_DECL
 
-/* activation quantizers */
+/* q8_0 format (kernels/cpu/ref_q8_0.c, linear_q8_0_simd.h via linear_q8_0_avx2.c and
+ * linear_q8_0_avx512.c, linear_q8_0_avx512bf16.c: the VNNI prefill tile) */
+#define K_Q8P_BLOCK 576u /* bytes of one packed 16-row x 32-column panel block */
+void k_pack_q8_0_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
+void k_linear_q8_0_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
+                       size_t n_tok, int ith, int nth);
+#define K_Q8_0_DECL(sfx)                                                                          \
+    void k_matvec_q8_0_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
+                             int ith, int nth);                                                   \
+    void k_matmul_q8_0_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
+                             size_t n_tok, int accumulate, int ith, int nth);
+K_Q8_0_DECL(ref)
+K_Q8_0_DECL(avx2)
+K_Q8_0_DECL(avx512)
+void k_matmul_q8_0_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                              size_t n_tok, int accumulate, int ith, int nth);
+#undef K_Q8_0_DECL
+
+/* q4_1 format (kernels/cpu/ref_q4_1.c, linear_q4_1_simd.h via linear_q4_1_avx2.c and
+ * linear_q4_1_avx512.c, linear_q4_1_avx512bf16.c: the VNNI prefill tile) */
+#define K_Q4P_BLOCK 384u /* bytes of one packed 16-row x 32-column panel block */
+void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
+void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
+                       size_t n_tok, int ith, int nth);
+#define K_Q4_1_DECL(sfx)                                                                          \
+    void k_matvec_q4_1_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
+                             int ith, int nth);                                                   \
+    void k_matmul_q4_1_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
+                             size_t n_tok, int accumulate, int ith, int nth);
+K_Q4_1_DECL(ref)
+K_Q4_1_DECL(avx2)
+K_Q4_1_DECL(avx512)
+void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                              size_t n_tok, int accumulate, int ith, int nth);
+#undef K_Q4_1_DECL
+
+/* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512) */
+void k_quant_q8_ref(const float *x, void *xq, size_t n);
+void k_quant_q8_avx2(const float *x, void *xq, size_t n);
 void k_cvt_bf16_ref(const float *x, void *xb, size_t n);
 void k_cvt_bf16_avx2(const float *x, void *xb, size_t n);
 void k_cvt_bf16_avx512(const float *x, void *xb, size_t n);

@@ -13,6 +13,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/kernels.h"
 
@@ -95,6 +96,34 @@ static inline vf vf_even(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v,
 static inline vf vf_odd(vi v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
 /** vf_odd by two shifts, for tiles with no register left for the mask. */
 static inline vf vf_odd_shift(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
+
+/* ---- int8 dot (q8 formats): 32-bit lane j sums 4 adjacent int8 products ---- */
+static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
+/** The 4 bytes at p in every 32-bit lane. */
+static inline vi vi_bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+/** |x| per int8 lane, read as uint8 by vi_dot4 (|-128| = 128). */
+static inline vi vi_abs8(vi x) { return _mm256_sign_epi8(x, x); }
+/** acc + per 32-bit lane sum of the 4 int8 products w*x; ax = vi_abs8(x). vpmaddubsw
+ * on |x| and w with x's sign (int16 pairs, exact for |w| <= 127), vpmaddwd to int32. */
+static inline vi vi_dot4(vi acc, vi w, vi x, vi ax)
+{
+    vi p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, x));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+/** acc + per 32-bit lane sum of the 4 products w*x, w uint8 (q4 nibbles: pair sums within int16), x int8. */
+static inline vi vi_dot4u(vi acc, vi w, vi x)
+{
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+/** Low and high nibbles of every byte, as bytes 0..15. */
+static inline vi vi_nib_lo(vi v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+static inline vi vi_nib_hi(vi v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
+static inline vf vf_from_vi(vi v) { return _mm256_cvtepi32_ps(v); }
 
 #include "kernels/cpu/simd_exp.h"
 

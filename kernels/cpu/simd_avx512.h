@@ -54,10 +54,24 @@ static inline float kemu_reduce_max_ps(__m512 v)
         for (int i = 0; i < w; i++) s[i] = s[i] > s[i + w] ? s[i] : s[i + w];
     return s[0];
 }
+static inline __m512 kemu_cvtepi32_ps(__m512i v)
+{
+    int32_t s[16];
+    float d[16];
+    __m512 r;
+    memcpy(s, &v, sizeof s);
+    for (int i = 0; i < 16; i++) d[i] = (float)s[i];
+    memcpy(&r, d, sizeof r);
+    return r;
+}
+#define _mm512_cvtepi32_ps kemu_cvtepi32_ps
 #define _mm512_cvtepu16_epi32 kemu_cvtepu16_epi32
 #define _mm512_cvtepi32_epi16 kemu_cvtepi32_epi16
 #define _mm512_reduce_add_ps kemu_reduce_add_ps
 #define _mm512_reduce_max_ps kemu_reduce_max_ps
+/* SIMDe 0.7.4 aliases _mm512_madd_epi16 to the 4-argument mask form. */
+#undef _mm512_madd_epi16
+#define _mm512_madd_epi16 simde_mm512_madd_epi16
 #else
 #include <immintrin.h>
 #endif
@@ -120,6 +134,35 @@ static inline void vf_store_bf16(kipp_bf16 *p, vf f)
 static inline vf vf_even(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
 static inline vf vf_odd(vi v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))); }
 static inline vf vf_odd_shift(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_srli_epi32(v, 16), 16)); }
+
+/* ---- int8 dot (q8 formats): 32-bit lane j sums 4 adjacent int8 products ---- */
+static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
+/** The 4 bytes at p in every 32-bit lane. */
+static inline vi vi_bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+/** |x| per int8 lane, read as uint8 by vi_dot4 (|-128| = 128). */
+static inline vi vi_abs8(vi x) { return _mm512_abs_epi8(x); }
+/** acc + per 32-bit lane sum of the 4 int8 products w*x; ax = vi_abs8(x). AVX-512BW
+ * has no vpsignb: w is negated under x's sign mask, then vpmaddubsw + vpmaddwd. */
+static inline vi vi_dot4(vi acc, vi w, vi x, vi ax)
+{
+    vi sw = _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(x), _mm512_setzero_si512(), w);
+    vi p = _mm512_maddubs_epi16(ax, sw);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
+}
+/** acc + per 32-bit lane sum of the 4 products w*x, w uint8 (q4 nibbles), x int8. */
+static inline vi vi_dot4u(vi acc, vi w, vi x)
+{
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+}
+/** Low and high nibbles of every byte, as bytes 0..15. */
+static inline vi vi_nib_lo(vi v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+static inline vi vi_nib_hi(vi v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
+static inline vf vf_from_vi(vi v) { return _mm512_cvtepi32_ps(v); }
 
 #include "kernels/cpu/simd_exp.h"
 

@@ -14,6 +14,12 @@
 
 #define ORDER 1e-9   /* FP32 sums in another order, polynomial exp */
 #define BF16ACT 1e-5 /* BF16 activation rounding against the FP32 oracle */
+/* Q8 activations against the FP32 oracle: x uniform in [-1, 1] is quantized
+ * per 32-block with step d = amax/127 ~ 1/127, error uniform in +-d/2, so the
+ * input NMSE is (d^2/12) / (1/3) ~ 1.6e-5 and the output's the same order
+ * (y's error is sum_c w_c e_c, independent e_c). Bound 1e-4: 6x margin; a wrong
+ * scale or a lost block gives NMSE >= 1e-3. */
+#define Q8ACT 1e-4
 #define EXACT 0.0
 
 const kcase kcase_rows[] = {
@@ -44,6 +50,48 @@ const kcase kcase_rows[] = {
     {"pack", K_FMT_BF16, {3072, 1024, 0, 0}, EXACT, 3, 0},
     {"act", -1, {4101, K_ACT_BF16, 0, 0}, EXACT, 2, 0},
     {"act", -1, {512 * 3072, K_ACT_BF16, 0, 0}, EXACT, 2, 1},
+    /* q8_0 weights, Q8 activations (integer dot). matvec and matmul_f32 against
+     * the FP32 dequantizing oracle (Q8ACT), matmul against the scalar integer
+     * kernel on the same activations (ORDER: exact int32 block dots, FP32
+     * scaling in another rounding order) */
+    {"matvec", K_FMT_Q8_0, {1024, 1024, 1, 0}, Q8ACT, 2, 0},
+    {"matvec", K_FMT_Q8_0, {3072, 1024, 64, 0}, Q8ACT, 2, 1}, /* bench: 64 copies = 216 MiB, past the LLC */
+    {"matvec", K_FMT_Q8_0, {1024, 3072, 1, 0}, Q8ACT, 2, 0},
+    {"matvec", K_FMT_Q8_0, {2048, 1024, 1, 0}, Q8ACT, 7, 0},  /* uneven shares */
+    {"matvec", K_FMT_Q8_0, {6144, 2048, 16, 0}, Q8ACT, 2, 1}, /* 1.7B gate|up; bench: 16 copies = 204 MiB */
+    {"matmul", K_FMT_Q8_0, {1024, 1024, 1, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q8_0, {1024, 1024, 7, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q8_0, {1024, 1024, 64, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q8_0, {3072, 1024, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q8_0, {1024, 3072, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q8_0, {1040, 1056, 25, 1}, ORDER, 2, 0}, /* accumulate onto y, odd panel count */
+    {"matmul", K_FMT_Q8_0, {6144, 1024, 512, 0}, ORDER, 2, 1}, /* 0.6B gate|up, pp512 */
+    {"matmul", K_FMT_Q8_0, {1024, 3072, 512, 0}, ORDER, 2, 1}, /* 0.6B down, pp512 */
+    {"matmul_f32", K_FMT_Q8_0, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
+    {"matmul_f32", K_FMT_Q8_0, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
+    {"pack", K_FMT_Q8_0, {48, 96, 0, 0}, EXACT, 2, 0},
+    {"pack", K_FMT_Q8_0, {3072, 1024, 0, 0}, EXACT, 3, 0},
+    {"act", -1, {4128, K_ACT_Q8, 0, 0}, EXACT, 2, 0},
+    {"act", -1, {512 * 3072, K_ACT_Q8, 0, 0}, EXACT, 2, 1},
+    /* q4_1 weights (affine4_gs32), Q8 activations: the same bounds and reasons as q8_0
+     * (the affine term adds one exact-int sum per block) */
+    {"matvec", K_FMT_Q4_1, {1024, 1024, 1, 0}, Q8ACT, 2, 0},
+    {"matvec", K_FMT_Q4_1, {3072, 1024, 64, 0}, Q8ACT, 2, 1}, /* bench: 64 copies = 144 MiB */
+    {"matvec", K_FMT_Q4_1, {1024, 3072, 1, 0}, Q8ACT, 2, 0},
+    {"matvec", K_FMT_Q4_1, {2048, 1024, 1, 0}, Q8ACT, 7, 0},
+    {"matvec", K_FMT_Q4_1, {6144, 2048, 16, 0}, Q8ACT, 2, 1}, /* 1.7B gate|up; bench: 16 copies = 144 MiB */
+    {"matmul", K_FMT_Q4_1, {1024, 1024, 1, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q4_1, {1024, 1024, 7, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q4_1, {1024, 1024, 64, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q4_1, {3072, 1024, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q4_1, {1024, 3072, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_Q4_1, {1040, 1056, 25, 1}, ORDER, 2, 0},
+    {"matmul", K_FMT_Q4_1, {6144, 1024, 512, 0}, ORDER, 2, 1},
+    {"matmul", K_FMT_Q4_1, {1024, 3072, 512, 0}, ORDER, 2, 1},
+    {"matmul_f32", K_FMT_Q4_1, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
+    {"matmul_f32", K_FMT_Q4_1, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
+    {"pack", K_FMT_Q4_1, {48, 96, 0, 0}, EXACT, 2, 0},
+    {"pack", K_FMT_Q4_1, {3072, 1024, 0, 0}, EXACT, 3, 0},
     /* format-free ops */
     {"rmsnorm", -1, {7, 1024, 0, 0}, ORDER, 2, 0},
     {"rmsnorm", -1, {3, 2560, 1, 0}, ORDER, 2, 0},

@@ -27,7 +27,7 @@ static int usage(FILE *f, int rc)
 {
     fprintf(f, "usage: kcheck [--op OP] [--fmt FMT] [--isa LEVEL] [--list]\n"
                "       kcheck --bench [--op OP] [--fmt FMT] [--isa LEVEL] [--threads N] [--reps N] [--out DIR]\n"
-               "  OP: %s\n  FMT: bf16\n  LEVEL: ref avx2 avx512 avx512_bf16\n", kcase_kind_names());
+               "  OP: %s\n  FMT: bf16 q8_0 q4_1\n  LEVEL: ref avx2 avx512 avx512_bf16\n", kcase_kind_names());
     return rc;
 }
 
@@ -80,7 +80,7 @@ static int parse(int argc, char **argv, kc_args *a)
         return 2;
     }
     if (a->fmt && parse_fmt(a->fmt) < 0) {
-        fprintf(stderr, "kcheck: --fmt '%s' is unknown; expected one of: bf16\n", a->fmt);
+        fprintf(stderr, "kcheck: --fmt '%s' is unknown; expected one of: bf16 q8_0 q4_1\n", a->fmt);
         return 2;
     }
     if (a->isa && parse_level(a->isa) < 0) {
@@ -140,7 +140,7 @@ static int check_row(const kcase *c, kipp_isa lv, int *passed, int *failed)
 }
 
 /* The per-slot merge: every slot comes from the best level at or below the
- * asked one, avx512_bf16 adds exactly the BF16-dot matmul, and the CPU cap holds. */
+ * asked one, avx512_bf16 adds exactly the BF16-dot and VNNI matmuls, and the CPU cap holds. */
 static void check_dispatch(int *passed, int *failed)
 {
     k_cpu_src s;
@@ -154,6 +154,8 @@ static void check_dispatch(int *passed, int *failed)
     }
     k_cpu_ops_table(KIPP_ISA_AVX512_BF16, &s);
     ok &= s.fmt[K_FMT_BF16][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_BF16][1] == KIPP_ISA_AVX512 && s.rope_f32 == KIPP_ISA_AVX512;
+    ok &= s.fmt[K_FMT_Q4_1][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_Q4_1][1] == KIPP_ISA_AVX512;
+    ok &= s.fmt[K_FMT_Q8_0][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_Q8_0][1] == KIPP_ISA_AVX512 && s.act[K_ACT_Q8] == KIPP_ISA_AVX2;
     ok &= !strcmp(k_cpu_ops_get(KIPP_ISA_AVX512_BF16)->isa, kipp_isa_name(kipp_isa_cpu_max()));
     ok &= !strcmp(k_cpu_ops_get(KIPP_ISA_REF)->isa, "ref");
     printf("%s dispatch: per-slot merge over levels and the CPU cap (best here: %s)\n", ok ? "PASS" : "FAIL",
