@@ -207,7 +207,7 @@ typedef struct {
 } bench_meta;
 
 static json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench_stats *st,
-                           const kipp_profile *prof, kipp_isa isa)
+                           const kipp_profile *prof)
 {
     double tps_med = bm->tokens / st->median, tps_min = bm->tokens / st->max, tps_max = bm->tokens / st->min;
     json_t *r = json_object();
@@ -228,16 +228,16 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "gbps_effective", json_real(gbps));
     json_object_set_new(r, "gflops", json_real(gflops));
     json_object_set_new(r, "bound", json_string(bm->compute_bound ? "compute" : "memory"));
-    /* The prefill target is stated against the BF16 dot peak; a CPU without
-     * it runs the FP32-FMA path, whose peak is then the honest roofline. */
-    const char *roof_key = bm->compute_bound ? (isa == KIPP_ISA_AVX512 && prof->bf16_gflops_all > 0 ? "bf16_gflops_all" : "fp32_gflops_all")
-                                             : "read_gbps_all";
+    /* Prefill runs FP32 FMA on every level (a BF16-dot tile would round the
+     * activations: row invariance and FP32 accuracy, issue 16 items 6-7), so
+     * the FP32 FMA peak is the honest roofline; where the CPU has a BF16 dot,
+     * the share of that peak is recorded beside it (bf16_peak_share). */
+    const char *roof_key = bm->compute_bound ? "fp32_gflops_all" : "read_gbps_all";
     /* All cores can read at least as fast as one; an all-core figure below
      * the one-core figure means the profile run was disturbed (shared
      * machine), so the read roofline is the larger of the two. */
     double read_roof = prof->read_gbps_all > prof->read_gbps_1t ? prof->read_gbps_all : prof->read_gbps_1t;
-    double roof = !prof->loaded ? 0 : bm->compute_bound ? (!strcmp(roof_key, "bf16_gflops_all") ? prof->bf16_gflops_all : prof->fp32_gflops_all)
-                                                        : read_roof;
+    double roof = !prof->loaded ? 0 : bm->compute_bound ? prof->fp32_gflops_all : read_roof;
     if (!bm->compute_bound && prof->read_gbps_all < prof->read_gbps_1t) roof_key = "read_gbps_1t";
     double share = roof > 0 ? (bm->compute_bound ? gflops : gbps) / roof : -1;
     json_object_set_new(r, "roofline_ref", json_string(roof_key));
@@ -324,7 +324,6 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     model_cost c;
     cost_of(&info, &c);
     real_bytes(m, &info, &c);
-    kipp_isa isa = kipp_isa_select(NULL);
     uint32_t cap = LONG_CTX + LONG_STEPS + 32;
     if (cap > info.context_length) cap = info.context_length;
     uint32_t *ids = malloc(cap * sizeof *ids);
@@ -340,7 +339,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof, isa));
+        json_array_append_new(results, result_json(id, &bm, &st, prof));
     }
     if (wants(o, "tg128")) {
         rc = kipp_session_truncate(s, 0, err, errlen);
@@ -351,7 +350,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof, isa));
+        json_array_append_new(results, result_json(id, &bm, &st, prof));
     }
     if (wants(o, "tg4k") && cap >= LONG_CTX + LONG_STEPS) {
         t0 = kipp_timer_now();
@@ -364,7 +363,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof, isa));
+        json_array_append_new(results, result_json(id, &bm, &st, prof));
     }
 out:
     kipp_session_destroy(s);

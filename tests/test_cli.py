@@ -3,7 +3,7 @@
 Oracles: the transformers golden vectors in tests/vectors (written by
 tools/gen_vectors.py from the same synthetic checkpoints: their sha256s are
 checked first), and for chat KV reuse the same conversation re-evaluated from
-scratch every turn (--no-cache-reuse). All runs use the scalar "ref" backend.
+scratch every turn (--no-cache-reuse). All runs use the scalar "ref" backend, except the cpu cache-invariance test.
 """
 from __future__ import annotations
 
@@ -169,6 +169,20 @@ def test_chat_reuses_kv_and_matches_full_recompute():
                  "--max-tokens", "4", "--backend", "ref")
     assert first.returncode == 0, first.stderr
     assert r.stdout.startswith(first.stdout) and r.stdout.endswith(first.stdout)
+
+
+@pytest.mark.parametrize("name", ["synthetic-tiny", "synthetic-tiny-q8_0", "synthetic-tiny-affine4_gs32"])
+def test_chat_cache_reuse_is_invariant_on_cpu(name):
+    """Issue 16 item 6, as a new user found it: the fast backend's greedy
+    replies with KV reuse equal re-evaluating the conversation every turn
+    (decode and prefill round a row alike)."""
+    args = ["chat", "--model", str(gguf(name)), "--backend", "cpu", "--max-tokens", "16"]
+    talk = "Tell me about cats\nAnd dogs?\n"
+    r = kipp(*args, stdin=talk)
+    oracle = kipp(*args, "--no-cache-reuse", stdin=talk)
+    assert r.returncode == 0 and oracle.returncode == 0, r.stderr + oracle.stderr
+    assert re.findall(r"reused (\d+) of", r.stderr)[1] != "0", "the second turn reused no KV"
+    assert r.stdout == oracle.stdout, "cpu replies with KV reuse differ from re-evaluating the conversation"
 
 
 def test_chat_eof_exits_cleanly():

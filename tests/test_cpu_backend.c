@@ -292,13 +292,13 @@ static void test_describe_names_paths(void)
     tmodel_free(t);
 }
 
-/* Split-K attention (4 workers > 8 heads / 4 units each) over a long context,
- * and the single-worker pool, both against the reference. */
-static void test_split_k_and_thread_counts(void)
+/* Worker counts above and below the 8 KV heads over a long context, and the
+ * single-worker pool, all against the reference. */
+static void test_thread_counts(void)
 {
     tmodel *t = shape(2);
     float *want = ref_run(t, 450, 3);
-    cpu_check(t, 4, 450, 3, want, "split-K");
+    cpu_check(t, 4, 450, 3, want, "4 workers");
     cpu_check(t, 1, 450, 3, want, "single worker");
     cpu_check(t, 3, 450, 3, want, "odd worker count");
     free(want);
@@ -329,11 +329,13 @@ static void test_batched_vs_isolated(void)
     CHECK(rc == 0, "batched prefill: %d %s", rc, err);
     for (int i = 0; i < 3; i++) eval1(&b, &si[i], ids[i], len[i], nlog[i], li + (dst[i] - lb));
     check_rows(lb, li, 4, V, "batched prefill vs isolated");
+    CHECK(!memcmp(lb, li, 4 * (size_t)V * sizeof *lb), "batched prefill is not bitwise isolated prefill (row invariance)");
     for (int i = 0; i < 3; i++) items[i] = (kipp_eval_item){sb[i].bs, ids[i] + len[i], 1, len[i], sb[i].bt, 1, lb + (size_t)i * V};
     rc = b.ops->eval(b.bm, items, 3, err, sizeof err);
     CHECK(rc == 0, "batched decode: %d %s", rc, err);
     for (int i = 0; i < 3; i++) eval1(&b, &si[i], ids[i] + len[i], 1, 1, li + (size_t)i * V);
     check_rows(lb, li, 3, V, "batched decode vs isolated");
+    CHECK(!memcmp(lb, li, 3 * (size_t)V * sizeof *lb), "batched decode is not bitwise isolated decode (row invariance)");
     for (int i = 0; i < 3; i++) {
         b.ops->session_destroy(sb[i].bs);
         b.ops->session_destroy(si[i].bs);
@@ -358,6 +360,7 @@ static void test_multirow_logits(void)
     eval1(&b, &s1, ids, n, n, lm);
     for (uint32_t i = 0; i < n; i++) eval1(&b, &s2, ids + i, 1, 1, lp + (size_t)i * V);
     check_rows(lm, lp, n, V, "multi-row vs per-position");
+    CHECK(!memcmp(lm, lp, (size_t)n * V * sizeof *lm), "multi-row logits are not bitwise per-position (row invariance)");
     b.ops->session_destroy(s1.bs);
     b.ops->session_destroy(s2.bs);
 out:
@@ -514,7 +517,7 @@ int main(void)
 {
     RUN(test_matches_ref_every_isa);
     RUN(test_describe_names_paths);
-    RUN(test_split_k_and_thread_counts);
+    RUN(test_thread_counts);
     RUN(test_batched_vs_isolated);
     RUN(test_multirow_logits);
     RUN(test_scrambled_block_table);

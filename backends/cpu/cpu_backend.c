@@ -30,7 +30,7 @@ static void choose_kernels(cpu_model *m)
                  getenv("KIPP_ISA"), kipp_isa_name(m->isa));
     else if (m->isa < KIPP_ISA_AVX512_BF16 && !getenv("KIPP_ISA"))
         snprintf(m->isa_note, sizeof m->isa_note,
-                 "best level on this CPU is %s (avx2=%d avx512=%d avx512_bf16=%d); the BF16-dot prefill tile needs avx512_bf16",
+                 "best level on this CPU is %s (avx2=%d avx512=%d avx512_bf16=%d); the VNNI prefill tiles of q8_0 and affine4 need avx512_bf16",
                  kipp_isa_name(m->isa), f->avx2, f->avx512, f->avx512_bf16);
     if (m->isa_note[0] && !warned) {
         warned = 1;
@@ -66,21 +66,18 @@ static int alloc_scratch(cpu_model *m)
     size_t xw = D > A ? (D > F ? D : F) : (A > F ? A : F);
     m->tile_tokens = group >= KIPP_CPU_ATTN_TILE_QUERIES ? 1 : KIPP_CPU_ATTN_TILE_QUERIES / (uint32_t)group;
     m->tile_q = m->tile_tokens * group;
-    m->max_units = 2 * KIPP_N_KV_HEAD * KIPP_CPU_ATTN_UNITS_PER_THREAD * (uint32_t)m->nth;
     size_t act_row = 0; /* widest activation row any format's matmul reads */
     for (int f = 0; f < K_FMT_COUNT; f++) {
-        size_t b = k_act_row_bytes(k_fmt_get((k_fmt)f)->act_mm, xw);
+        size_t b = k_act_row_bytes(k_fmt_get((k_fmt)f)->act, xw);
         act_row = b > act_row ? b : act_row;
     }
     m->xa = kipp_aligned_alloc(R * act_row);
     t += R * act_row;
     int bad = alloc_f32(&m->x, R * D, &t) | alloc_f32(&m->xn, R * D, &t) |
               alloc_f32(&m->qkv, R * m->QKV, &t) | alloc_f32(&m->att, R * A, &t) |
-              alloc_f32(&m->tmp, R * D, &t) | alloc_f32(&m->gu, R * 2 * F, &t) |
-              alloc_f32(&m->part_ml, (size_t)m->max_units * 2 * group, &t) |
-              alloc_f32(&m->part_acc, (size_t)m->max_units * group * KIPP_HEAD_DIM, &t) |
+              alloc_f32(&m->tmp, R * D, &t) | alloc_f32(&m->gu, R * 2 * F, &t) | alloc_f32(&m->sw, R * F, &t) |
               alloc_f32(&m->head_tmp, (size_t)m->nth * R * KIPP_CPU_HEAD_BLOCK, &t) |
-              alloc_f32(&m->tile_buf, (size_t)m->nth * (m->tile_q * (2 * KIPP_HEAD_DIM + 2) + group * (KIPP_HEAD_DIM + 2)), &t) |
+              alloc_f32(&m->tile_buf, (size_t)m->nth * m->tile_q * (2 * KIPP_HEAD_DIM + 2), &t) |
               alloc_f32(&m->rope, (size_t)d->context_length * KIPP_HEAD_DIM, &t);
     m->row_item = malloc(R * sizeof *m->row_item);
     m->row_pos = malloc(R * sizeof *m->row_pos);
@@ -279,7 +276,7 @@ static void cpu_model_destroy(void *bm)
     cpu_model *m = bm;
     if (!m) return;
     kipp_cpu_pool_destroy(m->pool);
-    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->part_ml, m->part_acc, m->head_tmp, m->tile_buf, m->rope};
+    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->rope};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
     kipp_aligned_free(m->xa);
     free(m->packed);
@@ -354,13 +351,16 @@ static int check_items(const cpu_model *m, const kipp_eval_item *items, size_t n
 }
 
 /* Cut the round's rows into prefill query tiles: runs of consecutive rows of
- * one item, at most tile_tokens long. Decode rounds (one row per item) and
- * split-K rounds keep per-row units (n_tiles = 0). */
+ * one item, at most tile_tokens long. Decode rounds (one row per item) keep
+ * per-row units (n_tiles = 0). Either way each query walks its positions
+ * alike, so the choice is speed only. */
 static void tile_round(cpu_round *r)
 {
     cpu_model *m = r->m;
     r->n_tiles = 0;
-    if (r->n_chunks > 1 || r->n_rows <= 1) return;
+    int multi = 0; /* some item has 2+ rows here: tiles share its prefix walk; else rows mode */
+    for (uint32_t i = 1; i < r->n_rows && !multi; i++) multi = m->row_item[i] == m->row_item[i - 1];
+    if (!multi) return;
     for (uint32_t i = 0; i < r->n_rows;) {
         uint32_t n = 1;
         while (i + n < r->n_rows && n < m->tile_tokens && m->row_item[i + n] == m->row_item[i]) n++;
@@ -374,14 +374,13 @@ static void tile_round(cpu_round *r)
 static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, size_t *ci, uint32_t *co)
 {
     cpu_model *m = r->m;
-    uint32_t rows = 0, nl = 0, max_ctx = 0;
+    uint32_t rows = 0, nl = 0;
     while (*ci < n && rows < KIPP_CPU_ROUND_TOKENS) {
         const kipp_eval_item *it = &items[*ci];
         uint32_t o = *co, first_logit = it->token_count - it->logits_count;
         m->row_item[rows] = (uint32_t)*ci;
         m->row_pos[rows] = it->start_position + o;
         m->row_tok[rows] = it->tokens[o];
-        if (m->row_pos[rows] + 1 > max_ctx) max_ctx = m->row_pos[rows] + 1;
         if (o >= first_logit) {
             m->lrow[nl] = rows;
             m->ldst[nl++] = it->logits + (size_t)(o - first_logit) * m->d.vocab_size;
@@ -394,7 +393,6 @@ static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, 
     r->head_direct = 1;
     for (uint32_t j = 1; j < nl; j++)
         if (m->ldst[j] != m->ldst[0] + (size_t)j * m->d.vocab_size) r->head_direct = 0;
-    r->n_chunks = kipp_cpu_attn_chunks(m, rows, max_ctx);
     tile_round(r);
     return rows;
 }
@@ -427,9 +425,9 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
     if (o < outlen) k_cpu_ops_describe(m->isa, out + o, outlen - o);
     o += strlen(out + o);
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
-    PUT("paths: decode = the format's matvec, prefill = its tiled matmul; attention k_flash_gqa_bf16 in %u-token query tiles (prefill), "
-        "k_flash_rows_bf16 (decode), split-K + k_attn_merge when rows x 8 KV heads < %u x workers\n",
-        m->tile_tokens, KIPP_CPU_ATTN_UNITS_PER_THREAD);
+    PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
+        "k_flash_gqa_bf16 in %u-token query tiles (prefill), k_flash_rows_bf16 over KV-head ranges (decode), "
+        "one walk per query in %u-position chunks either way\n", m->tile_tokens, K_ATTN_CHUNK);
     PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend; "
         "the file pages it replaces are released after packing)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);

@@ -11,16 +11,13 @@
 #include "backends/cpu/cpu_internal.h"
 #include "engine/backend_util.h"
 
-/* The activation format w reads in an n-row call (kernels.h "activation formats"). */
-static k_act act_of(const k_weight *w, uint32_t n)
-{
-    const k_fmt_info *fi = k_fmt_get(w->fmt);
-    return n > 1 ? fi->act_mm : fi->act_mv;
-}
+/* The activation format w reads (kernels.h "activation formats"): the same
+ * for decode and prefill, so a row's arithmetic does not depend on the path. */
+static k_act act_of(const k_weight *w) { return k_fmt_get(w->fmt)->act; }
 
-void kipp_cpu_act(const cpu_model *m, const k_weight *w, uint32_t n, const float *src, size_t dst, size_t cnt)
+void kipp_cpu_act(const cpu_model *m, const k_weight *w, const float *src, size_t dst, size_t cnt)
 {
-    k_act a = act_of(w, n);
+    k_act a = act_of(w);
     if (a != K_ACT_F32) m->k->act[a](src, (char *)m->xa + k_act_row_bytes(a, dst), cnt);
 }
 
@@ -32,7 +29,7 @@ static void linear(const cpu_model *m, const k_weight *w, const float *x, float 
                    int ith, int nth)
 {
     const k_fmt_kernels *k = &m->k->fmt[w->fmt];
-    const void *in = act_of(w, n) == K_ACT_F32 ? (const void *)x : m->xa;
+    const void *in = act_of(w) == K_ACT_F32 ? (const void *)x : m->xa;
     if (n == 1)
         k->matvec(w->data, in, y, w->rows, w->cols, ith, nth);
     else
@@ -51,7 +48,7 @@ static void norm_row(const cpu_round *r, const kipp_tensor_view *w, const k_weig
     const cpu_model *m = r->m;
     size_t D = m->d.d_model;
     m->k->rmsnorm_f32(x, w->data, m->xn + i * D, 1, D, m->d.rms_eps);
-    kipp_cpu_act(m, next, r->n_rows, m->xn + i * D, i * D, D);
+    kipp_cpu_act(m, next, m->xn + i * D, i * D, D);
 }
 
 /* Embedding gather plus layer 0's attention norm (steps before layer 0's step 2). */
@@ -100,9 +97,9 @@ static void add_norm_rows(cpu_round *r, const kipp_tensor_view *w, const k_weigh
     }
 }
 
-/* SwiGLU over this worker's share of all n_rows * d_ff elements, in place in
- * the gate half of each gu row, plus the activation copy for the down
- * projection (shares in multiples of 32: whole quantization blocks). */
+/* SwiGLU over this worker's share of all n_rows * d_ff elements into the
+ * compact rows of sw, plus the activation copy for the down projection
+ * (shares in multiples of 32: whole quantization blocks). */
 static void swiglu_share(cpu_round *r, const k_weight *down, int ith, int nth)
 {
     cpu_model *m = r->m;
@@ -111,8 +108,9 @@ static void swiglu_share(cpu_round *r, const k_weight *down, int ith, int nth)
     while (e0 < e1) {
         size_t row = e0 / F, c0 = e0 % F, c1 = row * F + F < e1 ? F : e1 - row * F;
         float *g = m->gu + row * 2 * F;
-        m->k->swiglu_f32(g + c0, g + F + c0, g + c0, c1 - c0);
-        kipp_cpu_act(m, down, r->n_rows, g + c0, row * F + c0, c1 - c0); /* decode F32 reads the gate half in place */
+        float *out = m->sw + row * F + c0;
+        m->k->swiglu_f32(g + c0, g + F + c0, out, c1 - c0);
+        kipp_cpu_act(m, down, out, row * F + c0, c1 - c0);
         e0 = row * F + c1;
     }
 }
@@ -142,8 +140,7 @@ static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int it
     kipp_cpu_pool_barrier(pool);
     swiglu_share(r, &P->down, ith, nth);
     kipp_cpu_pool_barrier(pool);
-    /* decode reads the gate half of row 0 as the [d_ff] input; prefill reads xa */
-    linear(m, &P->down, m->gu, m->tmp, n, ith, nth);
+    linear(m, &P->down, m->sw, m->tmp, n, ith, nth);
     kipp_cpu_pool_barrier(pool);
     if (next) {                                                        /* step 9 + next step 1 */
         add_norm_rows(r, next, &m->lw[l + 1].qkv, ith, nth);
@@ -162,7 +159,7 @@ static void final_rows(cpu_round *r, int ith, int nth)
         float *x = m->x + (size_t)m->lrow[j] * D;
         m->k->add_f32(x, m->tmp + (size_t)m->lrow[j] * D, D);
         m->k->rmsnorm_f32(x, m->w.output_norm.data, m->xn + j * D, 1, D, m->d.rms_eps);
-        kipp_cpu_act(m, &m->head, r->n_logits, m->xn + j * D, j * D, D);
+        kipp_cpu_act(m, &m->head, m->xn + j * D, j * D, D);
     }
 }
 

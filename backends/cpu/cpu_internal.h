@@ -26,16 +26,13 @@
 /* Vocabulary rows per block when head outputs are scattered to several items. */
 #define KIPP_CPU_HEAD_BLOCK 128u
 
-/* Split-K attention: aim for this many work units per worker, and never cut a
- * chunk below this many positions (a chunk's fixed cost is a merge). */
-#define KIPP_CPU_ATTN_UNITS_PER_THREAD 4u
-#define KIPP_CPU_ATTN_MIN_CHUNK 64u
-
 /* Prefill attention runs query tiles: consecutive tokens of one item whose
- * query heads of a KV head together fill this many query vectors (the
- * kernels keep 8 heads in registers per pass), so each K/V row loaded from
- * cache serves all of them for the shared causal prefix. */
-#define KIPP_CPU_ATTN_TILE_QUERIES 8u
+ * query heads of a KV head together fill this many query vectors, so each K/V
+ * chunk loaded from memory serves all of them for the shared causal prefix
+ * (the kernel keeps 8 in registers per pass while the chunk stays in L1).
+ * 64 vectors (32 tokens at group 2) cut the prefix re-reads of a 4k prefill
+ * 8-fold against 8; the tile state is 66 KB per worker. */
+#define KIPP_CPU_ATTN_TILE_QUERIES 64u
 
 /** A backend session: paged KV storage (seed 000 "KV cache"). */
 typedef struct {
@@ -79,14 +76,12 @@ typedef struct cpu_model {
     float *qkv;                /* [R][QKV] f32: q [A], k [1024], v [1024] per row */
     float *att;                /* [R][A] f32 attention output */
     float *tmp;                /* [R][d_model] f32 projection output before the residual add */
-    float *gu;                 /* [R][2*d_ff] f32: gate then up; swiglu writes into gate */
-    uint32_t max_units;        /* split-K partial slots */
-    float *part_ml;            /* [max_units][2][group] f32: running max, then sum */
-    float *part_acc;           /* [max_units][group][128] f32 */
+    float *gu;                 /* [R][2*d_ff] f32: gate then up */
+    float *sw;                 /* [R][d_ff] f32 SwiGLU output, compact rows: the down projection's input */
     float *head_tmp;           /* [nth][R][KIPP_CPU_HEAD_BLOCK] f32 scatter staging */
     uint32_t tile_tokens;      /* tokens per prefill query tile: max(1, TILE_QUERIES / group) */
     size_t tile_q;             /* query vectors per tile: tile_tokens * group */
-    float *tile_buf;           /* [nth][tile_q*(2*128 + 2) + group*(128 + 2)] f32 per-worker tile state */
+    float *tile_buf;           /* [nth][tile_q*(2*128 + 2)] f32 per-worker tile state: q, m and l, acc */
     uint32_t *tile_r0;         /* [R] first round row of each query tile */
     uint32_t *tile_n;          /* [R] rows in each query tile */
     uint32_t *row_item;        /* [R] item index of each round row */
@@ -104,7 +99,6 @@ typedef struct {
     uint32_t n_rows;           /* token rows in this round */
     uint32_t n_logits;         /* rows needing logits (lrow/ldst) */
     int head_direct;           /* 1: logits rows are consecutive rows of one destination */
-    uint32_t n_chunks;         /* attention split-K chunks per (row, kv head) */
     uint32_t n_tiles;          /* query tiles of the round (tile_r0/tile_n) */
     atomic_uint attn_next;     /* dynamic attention work counter */
 } cpu_round;
@@ -113,17 +107,14 @@ typedef struct {
 void kipp_cpu_forward_round(void *round, int ith, int nth);
 
 /**
- * The activation copy that w reads in an n-row call: src [cnt] f32 quantized
- * into the round's [R][width] buffer xa at element offset dst (dst and cnt
- * multiples of 32, whole quantization blocks). Nothing when w reads F32: the
- * kernel then takes the f32 input itself.
+ * The activation copy that w reads: src [cnt] f32 quantized into the round's
+ * [R][width] buffer xa at element offset dst (dst and cnt multiples of 32,
+ * whole quantization blocks). Nothing when w reads F32: the kernel then takes
+ * the f32 input itself. The same for decode and prefill rows (row invariance).
  */
-void kipp_cpu_act(const cpu_model *m, const k_weight *w, uint32_t n, const float *src, size_t dst, size_t cnt);
+void kipp_cpu_act(const cpu_model *m, const k_weight *w, const float *src, size_t dst, size_t cnt);
 
 /** Attention of layer `layer` for every row of the round: att = softmax(qK^T)V (all workers). */
 void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth);
-
-/** Split-K chunk count for a round (seed 002 item 6; flash decoding). */
-uint32_t kipp_cpu_attn_chunks(const cpu_model *m, uint32_t n_rows, uint32_t max_ctx);
 
 #endif

@@ -291,6 +291,7 @@ static void step_attention(const ref_round *r, uint32_t layer)
     for (uint32_t t = 0; t < r->n; t++) {
         for (uint32_t kvh = 0; kvh < KIPP_N_KV_HEAD; kvh++) {
             size_t off = (size_t)t * m->attn_width + (size_t)kvh * m->group * KIPP_HEAD_DIM;
+            k_attn_init(m->group, m->fm, m->fl, m->facc); /* one walk from position 0 */
             k_flash_gqa_bf16_ref(m->q + off, m->group, kc, vc, kvh, r->block_table, 0,
                                  r->pos0 + t + 1, scale, m->fm, m->fl, m->facc);
             for (uint32_t g = 0; g < m->group; g++)

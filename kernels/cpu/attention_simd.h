@@ -6,8 +6,11 @@
  * pages (per KV head, and page-major over all 8 heads) and the constant-group
  * dispatch.
  *
- * Positions are taken in chunks of up to 16 inside one 32-position page. Per
- * chunk: every K row is widened once and dotted with all `group` query heads
+ * Positions are taken in aligned chunks: [16c, 16c + 16) cut to [p0, p1)
+ * (K_ATTN_CHUNK). The kernels continue the state they are given, so a walk
+ * over [0, P) split at multiples of 16 is bitwise the same walk: that is what
+ * makes a token's attention independent of the round it is computed in
+ * (decode, prefill tile, batch; kernels.h "row invariance"). Per chunk: every K row is widened once and dotted with all `group` query heads
  * (group accumulators in registers), the online-softmax state is updated once
  * per chunk with a vector exp, and every V row is widened once and FMA'd into
  * all group accumulators. So the heads of a group share each K/V load.
@@ -28,7 +31,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define CHUNK 16u
+#define CHUNK K_ATTN_CHUNK
 #define GMAX 8u /* heads per register pass; larger groups run in passes */
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 
@@ -162,121 +165,88 @@ static inline __attribute__((always_inline)) void chunk_step(const float *q, siz
     chunk_values(acc, G, vc + off, n, s, corr);
 }
 
-static inline __attribute__((always_inline)) void flash_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc,
-                       uint32_t kvh, const uint32_t *bt, uint32_t p0, uint32_t p1, float scale,
-                       float *m, float *l, float *acc)
+/* Positions in the aligned chunk at p, cut to p1. */
+static inline uint32_t chunk_len(uint32_t p, uint32_t p1)
 {
-    for (size_t g = 0; g < G; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[g * KIPP_HEAD_DIM + i] = 0.0f;
+    uint32_t n = CHUNK - p % CHUNK;
+    return p1 - p < n ? p1 - p : n;
+}
+
+/* chunk_step with a constant head count, so the accumulators stay in registers. */
+static void step_any(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                     const uint32_t *bt, uint32_t p, uint32_t n, float scale, float *m, float *l, float *acc)
+{
+    switch (G) {
+    case 1: chunk_step(q, 1, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
+    case 2: chunk_step(q, 2, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
+    case 4: chunk_step(q, 4, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
+    case 8: chunk_step(q, 8, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
+    default: chunk_step(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
     }
+}
+
+/* Chunk-major: each chunk's K and V rows (16 x 256 B each) are loaded from
+ * DRAM once and stay in L1 while every pass of GMAX query heads uses them, so
+ * a prefill tile of many queries reads its prefix once (issue 16 item 4). */
+void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                             uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
+                             float scale, float *m, float *l, float *acc)
+{
     uint32_t pf = p0; /* next position to prefetch: the first PF_AHEAD at once, then one per position */
-    for (; pf < p1 && pf < p0 + PF_AHEAD; pf++) prefetch_pos(kc, vc, kvh, bt, pf);
+    for (; pf < p1 && pf < p0 + PF_AHEAD; pf++) prefetch_pos(kc, vc, kvh, block_table, pf);
     for (uint32_t p = p0; p < p1;) {
-        uint32_t in_page = KIPP_KV_BLOCK - p % KIPP_KV_BLOCK, n = p1 - p;
-        n = n < in_page ? n : in_page;
-        n = n < CHUNK ? n : CHUNK;
-        for (uint32_t i = 0; i < n && pf < p1; i++, pf++) prefetch_pos(kc, vc, kvh, bt, pf);
-        chunk_step(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc);
+        uint32_t n = chunk_len(p, p1);
+        for (uint32_t i = 0; i < n && pf < p1; i++, pf++) prefetch_pos(kc, vc, kvh, block_table, pf);
+        for (size_t g0 = 0; g0 < group; g0 += GMAX) {
+            size_t G = group - g0 < GMAX ? group - g0 : GMAX;
+            step_any(q + g0 * KIPP_HEAD_DIM, G, kc, vc, kvh, block_table, p, n, scale, m + g0, l + g0,
+                     acc + g0 * KIPP_HEAD_DIM);
+        }
         p += n;
     }
 }
 
-void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
-                               uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
-                           float scale, float *m, float *l, float *acc)
-{
-    for (size_t g0 = 0; g0 < group; g0 += GMAX) {
-        size_t G = group - g0 < GMAX ? group - g0 : GMAX;
-        const float *qg = q + g0 * KIPP_HEAD_DIM;
-        float *mg = m + g0, *lg = l + g0, *ag = acc + g0 * KIPP_HEAD_DIM;
-        /* constant group sizes let the compiler keep the accumulators in registers */
-        switch (G) {
-        case 1: flash_pass(qg, 1, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
-        case 2: flash_pass(qg, 2, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
-        case 4: flash_pass(qg, 4, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
-        case 8: flash_pass(qg, 8, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
-        default: flash_pass(qg, G, kc, vc, kvh, block_table, p0, p1, scale, mg, lg, ag); break;
-        }
-    }
-}
-
-/* ---- all KV heads, page by page (k_flash_rows_bf16) ---- */
-
-#define SLICE_BYTES (KIPP_KV_BLOCK * KIPP_HEAD_DIM * 2u) /* 1/8 of a page's K (or V): 8 KB */
+/* ---- KV heads [kvh0, kvh1), page by page (k_flash_rows_bf16) ---- */
 
 /* Positions [a, b) of one page for head group G of KV head kvh, continuing the
- * state; while it computes, it prefetches the 8 KB at pk and at pv (this
- * head's eighth of the next page, contiguous), spread over its chunks. */
-static inline __attribute__((always_inline)) void
-seg_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-         const uint32_t *bt, uint32_t a, uint32_t b, float scale, float *m, float *l, float *acc,
-         const char *pk, const char *pv)
+ * state; while it computes, it prefetches this head's rows of the next page
+ * (from position nxt; none when nxt == UINT32_MAX), spread over its chunks. */
+static void seg_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                     const uint32_t *bt, uint32_t a, uint32_t b, float scale, float *m, float *l, float *acc,
+                     uint32_t nxt, uint32_t nxt_end)
 {
-    uint32_t n_chunks = (b - a + CHUNK - 1) / CHUNK, c = 0;
-    for (uint32_t p = a; p < b; p += CHUNK, c++) {
-        uint32_t n = b - p < CHUNK ? b - p : CHUNK;
-        if (pk)
-            for (size_t o = SLICE_BYTES * c / n_chunks; o < SLICE_BYTES * (c + 1) / n_chunks; o += 64) {
-                k_prefetch(pk + o);
-                k_prefetch(pv + o);
-            }
-        chunk_step(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc);
+    uint32_t n_chunks = 0, c = 0, span = nxt == UINT32_MAX ? 0 : nxt_end - nxt;
+    for (uint32_t p = a; p < b; p += chunk_len(p, b)) n_chunks++;
+    for (uint32_t p = a; p < b; c++) {
+        uint32_t n = chunk_len(p, b);
+        for (uint32_t j = span * c / n_chunks; j < span * (c + 1) / n_chunks; j++) prefetch_pos(kc, vc, kvh, bt, nxt + j);
+        step_any(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc);
+        p += n;
     }
 }
 
-static void seg_any(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-                    const uint32_t *bt, uint32_t a, uint32_t b, float scale, float *m, float *l,
-                    float *acc, const char *pk, const char *pv)
+/* Page-major walk: for each page, every KV head of the range in turn, so the
+ * page's rows are consumed together and the next page is prefetched as one
+ * stream. Same chunks and arithmetic per head as k_flash_gqa_bf16 of the same
+ * ISA, so the results are bit-identical to calling it per head. */
+void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                              const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
+                              uint32_t p1, float scale, float *m, float *l, float *acc)
 {
-    switch (G) {
-    case 1: seg_pass(q, 1, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
-    case 2: seg_pass(q, 2, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
-    case 4: seg_pass(q, 4, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
-    case 8: seg_pass(q, 8, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
-    default: seg_pass(q, G, kc, vc, kvh, bt, a, b, scale, m, l, acc, pk, pv); break;
-    }
-}
-
-/* Page-major walk: for each page, every KV head in turn, so the page's K and V
- * (64 KB each, contiguous) are consumed together and the next page is
- * prefetched as one sequential stream. Same arithmetic per head as
- * k_flash_gqa_bf16 of the same ISA (chunks never cross a page in either), so the results
- * are bit-identical to calling it per head. */
-void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc,
-                            const kipp_bf16 *vc, const uint32_t *block_table, uint32_t p0,
-                            uint32_t p1, float scale, float *m, float *l, float *acc)
-{
-    const size_t H = KIPP_N_KV_HEAD * group, page = (size_t)KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
-    for (size_t h = 0; h < H; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[h * KIPP_HEAD_DIM + i] = 0.0f;
-    }
-    { /* the first page has no predecessor to prefetch it: fetch it now, whole */
-        const char *fk = (const char *)(kc + block_table[p0 / KIPP_KV_BLOCK] * page);
-        const char *fv = (const char *)(vc + block_table[p0 / KIPP_KV_BLOCK] * page);
-        for (size_t o = 0; o < page * 2; o += 64) {
-            k_prefetch(fk + o);
-            k_prefetch(fv + o);
-        }
+    { /* the first page has no predecessor to prefetch it: fetch it now */
+        uint32_t e = (p0 / KIPP_KV_BLOCK + 1) * KIPP_KV_BLOCK;
+        for (uint32_t p = p0; p < p1 && p < e; p++)
+            for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) prefetch_pos(kc, vc, kvh, block_table, p);
     }
     for (uint32_t a = p0; a < p1;) {
         uint32_t b = (a / KIPP_KV_BLOCK + 1) * KIPP_KV_BLOCK;
         b = b < p1 ? b : p1;
-        const char *nk = NULL, *nv = NULL; /* the next page, when there is one */
-        if (b < p1) {
-            nk = (const char *)(kc + block_table[b / KIPP_KV_BLOCK] * page);
-            nv = (const char *)(vc + block_table[b / KIPP_KV_BLOCK] * page);
-        }
-        for (uint32_t kvh = 0; kvh < KIPP_N_KV_HEAD; kvh++)
+        uint32_t nxt = b < p1 ? b : UINT32_MAX, nxt_end = b + KIPP_KV_BLOCK < p1 ? b + KIPP_KV_BLOCK : p1;
+        for (uint32_t kvh = kvh0; kvh < kvh1; kvh++)
             for (size_t g0 = 0; g0 < group; g0 += GMAX) {
                 size_t G = group - g0 < GMAX ? group - g0 : GMAX, h0 = kvh * group + g0;
-                int pf = nk && g0 == 0;
-                seg_any(q + h0 * KIPP_HEAD_DIM, G, kc, vc, kvh, block_table, a, b, scale, m + h0, l + h0,
-                        acc + h0 * KIPP_HEAD_DIM, pf ? nk + kvh * SLICE_BYTES : NULL,
-                        pf ? nv + kvh * SLICE_BYTES : NULL);
+                seg_pass(q + h0 * KIPP_HEAD_DIM, G, kc, vc, kvh, block_table, a, b, scale, m + h0, l + h0,
+                         acc + h0 * KIPP_HEAD_DIM, g0 == 0 ? nxt : UINT32_MAX, nxt_end);
             }
         a = b;
     }

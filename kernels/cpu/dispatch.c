@@ -62,7 +62,6 @@ static const k_cpu_ops level_ref = {
     .fmt[K_FMT_BF16] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16_ref, .matmul = k_matmul_bf16_ref},
     .fmt[K_FMT_Q8_0] = {.pack = k_pack_q8_0_ref, .matvec = k_matvec_q8_0_ref, .matmul = k_matmul_q8_0_ref},
     .fmt[K_FMT_Q4_1] = {.pack = k_pack_q4_1_ref, .matvec = k_matvec_q4_1_ref, .matmul = k_matmul_q4_1_ref},
-    .act[K_ACT_BF16] = k_cvt_bf16_ref,
     .act[K_ACT_Q8] = k_quant_q8_ref,
 };
 
@@ -72,7 +71,6 @@ static const k_cpu_ops level_avx2 = {
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx2, .matmul = k_matmul_bf16_avx2},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx2, .matmul = k_matmul_q8_0_avx2},
     .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx2, .matmul = k_matmul_q4_1_avx2},
-    .act[K_ACT_BF16] = k_cvt_bf16_avx2,
     .act[K_ACT_Q8] = k_quant_q8_avx2,
 };
 
@@ -82,12 +80,10 @@ static const k_cpu_ops level_avx512 = {
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx512, .matmul = k_matmul_bf16_avx512},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx512, .matmul = k_matmul_q8_0_avx512},
     .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx512, .matmul = k_matmul_q4_1_avx512},
-    .act[K_ACT_BF16] = k_cvt_bf16_avx512,
 };
 
 static const k_cpu_ops level_avx512_bf16 = {
     .isa = "avx512_bf16",
-    .fmt[K_FMT_BF16] = {.matmul = k_matmul_bf16_avx512bf16},
     .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512bf16},
     .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
 };
@@ -167,9 +163,9 @@ void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen)
 #undef K_OP_LINE
     for (int f = 0; f < K_FMT_COUNT; f++) {
         const k_fmt_info *fi = fmt_info[f];
-        PUT("  format %s: pack %s, matvec %s (%s activations), matmul %s (%s activations)\n", fi->name,
-            kipp_isa_name(s.fmt[f][0]), kipp_isa_name(s.fmt[f][1]), k_act_name(fi->act_mv),
-            kipp_isa_name(s.fmt[f][2]), k_act_name(fi->act_mm));
+        PUT("  format %s: pack %s, matvec %s, matmul %s (%s activations)\n", fi->name,
+            kipp_isa_name(s.fmt[f][0]), kipp_isa_name(s.fmt[f][1]), kipp_isa_name(s.fmt[f][2]),
+            k_act_name(fi->act));
     }
     for (int a = 0; a < K_ACT_COUNT; a++)
         if (a != K_ACT_F32) PUT("  activations %s: quantize %s\n", act_names[a], kipp_isa_name(s.act[a]));

@@ -90,10 +90,3 @@ void K_SFX(k_kv_write_bf16)(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_
     }
 }
 
-void K_SFX(k_cvt_bf16)(const float *x, void *xbv, size_t n)
-{
-    kipp_bf16 *xb = xbv;
-    size_t i = 0;
-    for (; i + KV_W <= n; i += KV_W) vf_store_bf16(xb + i, vf_load(x + i));
-    for (; i < n; i++) xb[i] = kipp_f32_to_bf16(x[i]);
-}

@@ -45,18 +45,21 @@
  * kv_write_bf16: write one position's K and V (each [8][128] f32) into a
  *   layer's paged cache, rounding to BF16. kc, vc: layer bases
  *   [n_blocks*32][8][128] bf16; physical row = block_table[pos >> 5] * 32 + (pos & 31).
- * flash_gqa_bf16: flash-attention partial (Dao et al. 2022, online softmax)
- *   for one query token and one KV head over positions [p0, p1) (p1 > p0): the
- *   `group` query heads that share KV head kvh read each K/V row once.
- *   q: [group][128] f32; kc, vc: layer bases as kv_write; scale = 1/sqrt(128).
- *   Outputs per query head g: m[g] running max of scaled scores, l[g] = sum
- *   exp(s - m[g]), acc[g][128] = sum exp(s - m[g]) * v. Final output = acc / l
- *   after merging partials with k_attn_merge.
- * flash_rows_bf16: decode attention of one token over all 8 KV heads for
- *   [p0, p1): the partials of flash_gqa_bf16 for kvh = 0..7, but a fast
- *   variant walks the cache page by page, all heads of a page together, so K
- *   and V are read as contiguous 2 KB rows. q: [8*group][128] f32 (group query
- *   heads per KV head, in order); m, l: [8*group], acc: [8*group][128] f32.
+ * flash_gqa_bf16: flash-attention walk (Dao et al. 2022, online softmax) of
+ *   `group` query vectors that share KV head kvh over positions [p0, p1)
+ *   (p1 > p0), each K/V row read once for all of them. The walk CONTINUES the
+ *   state it is given (k_attn_init makes a fresh one): per query g, m[g]
+ *   running max of scaled scores, l[g] = sum exp(s - m[g]), acc[g][128] = sum
+ *   exp(s - m[g]) * v; the output is acc / l. Positions are taken in aligned
+ *   chunks of K_ATTN_CHUNK, so walks split at multiples of K_ATTN_CHUNK give
+ *   the bitwise result of one walk (row invariance). q: [group][128] f32
+ *   (group may be a whole query tile: tokens x heads); kc, vc: layer bases as
+ *   kv_write; scale = 1/sqrt(128).
+ * flash_rows_bf16: the walk of one token's query heads for KV heads
+ *   [kvh0, kvh1): flash_gqa_bf16 per KV head, but page by page with all heads
+ *   of the range together, so K and V rows are read contiguously. q:
+ *   [8*group][128] f32 (group query heads per KV head, in order); m, l:
+ *   [8*group], acc: [8*group][128] f32; only the range's heads are touched.
  */
 #define K_CPU_OP_LIST(X)                                                                          \
     X(rmsnorm_f32, (const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,         \
@@ -71,24 +74,24 @@
                        uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,       \
                        float scale, float *m, float *l, float *acc))                              \
     X(flash_rows_bf16, (const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,    \
-                        const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,       \
-                        float *m, float *l, float *acc))
+                        const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,    \
+                        uint32_t p1, float scale, float *m, float *l, float *acc))
 
 #define K_OP_TYPEDEF(name, params) typedef void(*k_##name##_fn) params;
 K_CPU_OP_LIST(K_OP_TYPEDEF)
 #undef K_OP_TYPEDEF
 
 /* ---- activation formats ----
- * What a format's matvec or matmul reads as its input x. F32: [n] float as the
- * forward pass holds it. BF16: [n] bf16, RNE from F32 (kipp_f32_to_bf16), the
- * operand of the BF16 dot. Q8: per 32 values one k_act_q8_block (seed 002:
+ * What a format's matvec and matmul read as their input x. F32: [n] float as
+ * the forward pass holds it. Q8: per 32 values one k_act_q8_block (seed 002:
  * "activations quantized to int8 per 32-block"), the operand of the integer
  * dot of the q8_0 and q4_1 formats. A quantizer converts one row of n values
  * (n a multiple of the format's block). X(ID, name, values per block, bytes per block).
+ * (BF16 activations for a vdpbf16ps tile were dropped: decode and prefill
+ * must round a row alike, and BF16 rounding cost FP32 accuracy; issue 16.)
  */
 #define K_ACT_LIST(X)  \
     X(F32, f32, 1, 4)  \
-    X(BF16, bf16, 1, 2) \
     X(Q8, q8, 32, 40)
 
 /**
@@ -115,7 +118,7 @@ typedef void (*k_act_fn)(const float *x, void *xa, size_t n);
 
 /** Bytes of one activation row of n values in format a (n a multiple of its block). */
 size_t k_act_row_bytes(k_act a, size_t n);
-/** Name of an activation format: "f32", "bf16", "q8". */
+/** Name of an activation format: "f32", "q8". */
 const char *k_act_name(k_act a);
 
 /* ---- weight formats ----
@@ -127,8 +130,8 @@ const char *k_act_name(k_act a);
  *   with no horizontal reduction, or two FP32 FMAs after a shift and a mask.
  *   Concatenating the packed buffers of matrices with the same cols is the
  *   packing of their row concatenation (fused Q|K|V, Gate|Up).
- *   rows % 16 == 0, cols % 32 == 0. matvec reads F32 activations (weights are
- *   widened in registers: accuracy equals FP32); matmul reads BF16 activations.
+ *   rows % 16 == 0, cols % 32 == 0. matvec and matmul read F32 activations
+ *   (weights are widened in registers: accuracy equals FP32).
  *
  * q8_0: GGUF type 8 in the file (GGML Q8_0: per 32 weights an fp16 d and 32
  *   int8 q, 34 bytes, w = d * q; row-major blocks). Packed layout "q8p16", per
@@ -165,7 +168,14 @@ typedef void (*k_pack_fn)(const void *w, void *wp, size_t rows, size_t cols, int
 
 /**
  * Decode matvec: y[r] = sum_c W[r][c] * x[c] for this thread's share of rows.
- * wp: packed [rows][cols]; x: [cols] in the format's act_mv; y: [rows] f32.
+ * wp: packed [rows][cols]; x: [cols] in the format's act; y: [rows] f32.
+ *
+ * Row invariance (issue 16 item 6): at every level, y equals row t of the same
+ * level's matmul (accumulate = 0) on x = xa[t], bit for bit, whatever n_tok,
+ * the tile a row falls in and the thread split: both read the same
+ * activation format and run the same per-row accumulation order. So a
+ * token's logits do not depend on whether it was decoded, prefilled or
+ * batched. kcheck's rowinv rows gate it per format and level.
  */
 typedef void (*k_matvec_fn)(const void *wp, const void *x, float *y, size_t rows, size_t cols,
                             int ith, int nth);
@@ -173,7 +183,7 @@ typedef void (*k_matvec_fn)(const void *wp, const void *x, float *y, size_t rows
 /**
  * Prefill matmul: y[t][r] = (accumulate ? y[t][r] : 0) + sum_c W[r][c] * xa[t][c]
  * for t < n_tok and this thread's share of rows. wp: packed [rows][cols];
- * xa: [n_tok][cols] in the format's act_mm; y: [n_tok][rows] f32 (row stride
+ * xa: [n_tok][cols] in the format's act; y: [n_tok][rows] f32 (row stride
  * rows). Each weight byte leaves DRAM once per call (L1-tiled, seed 002).
  */
 typedef void (*k_matmul_fn)(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
@@ -203,8 +213,7 @@ typedef struct {
     size_t col_align;        /* cols % col_align == 0 */
     size_t (*file_bytes)(size_t rows, size_t cols);   /* bytes in the file */
     size_t (*packed_bytes)(size_t rows, size_t cols); /* bytes of the packed copy */
-    k_act act_mv;            /* activations matvec reads */
-    k_act act_mm;            /* activations matmul reads */
+    k_act act;               /* activations matvec and matmul read (one format: row invariance) */
     k_linear_ref_fn linear_ref;
     /** FP32 weights w [rows][cols] -> the file layout (what the converter writes), for checks. */
     void (*from_f32)(const float *w, void *out, size_t rows, size_t cols);
@@ -271,7 +280,7 @@ K_CPU_OP_LIST(K_OP_DECL_AVX512)
 #undef K_OP_DECL_AVX512
 #undef K_OP_DECL
 
-/* bf16 format (kernels/cpu/ref_bf16.c, linear_avx2.c, linear_avx512.c, linear_avx512bf16.c) */
+/* bf16 format (kernels/cpu/ref_bf16.c, linear_simd.h via linear_avx2.c and linear_avx512.c) */
 void k_pack_bf16_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
 void k_linear_bf16_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);
@@ -283,8 +292,6 @@ void k_linear_bf16_ref(const void *w, const float *x, float *y, size_t rows, siz
 K_BF16_DECL(ref)
 K_BF16_DECL(avx2)
 K_BF16_DECL(avx512)
-void k_matmul_bf16_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
-                              size_t n_tok, int accumulate, int ith, int nth);
 #undef K_BF16_DECL
 
 /* q8_0 format (kernels/cpu/ref_q8_0.c, linear_q8_0_simd.h via linear_q8_0_avx2.c and
@@ -326,9 +333,6 @@ void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t r
 /* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512) */
 void k_quant_q8_ref(const float *x, void *xq, size_t n);
 void k_quant_q8_avx2(const float *x, void *xq, size_t n);
-void k_cvt_bf16_ref(const float *x, void *xb, size_t n);
-void k_cvt_bf16_avx2(const float *x, void *xb, size_t n);
-void k_cvt_bf16_avx512(const float *x, void *xb, size_t n);
 
 /* ---- helpers every level shares ---- */
 
@@ -338,12 +342,18 @@ static inline size_t k_packed_index(size_t r, size_t c, size_t cols)
     return (r / 16) * 16 * cols + ((c / 2) * 16 + r % 16) * 2 + c % 2;
 }
 
-/**
- * Merge a partial (m2, l2, acc2) into (m, l, acc) for `group` heads of 128
- * (the split-K combine of flash decoding). Scalar; cheap next to the partials.
- */
-void k_attn_merge(size_t group, float *m, float *l, float *acc, const float *m2, const float *l2,
-                  const float *acc2);
+/** Positions per attention chunk: walks cut [p0, p1) at multiples of it. */
+#define K_ATTN_CHUNK 16u
+
+/** A fresh flash-attention state for n query vectors: m = -inf, l = 0, acc [n][128] = 0. */
+static inline void k_attn_init(size_t n, float *m, float *l, float *acc)
+{
+    for (size_t i = 0; i < n; i++) {
+        m[i] = -__builtin_inff();
+        l[i] = 0.0f;
+    }
+    for (size_t i = 0; i < n * KIPP_HEAD_DIM; i++) acc[i] = 0.0f;
+}
 
 /**
  * RoPE table: cs[pos][128] = cos(pos*inv[i]) for i<64 then sin(pos*inv[i]),

@@ -2,19 +2,29 @@
  * linear_simd.h - the bf16 format's decode matvec and FP32-FMA prefill matmul
  * over the packed layout [rows/16][cols/2][16][2] (kernels.h "weight
  * formats"), written once over simd_<level>.h and compiled per level by
- * linear_<level>.c. Levels with a BF16 dot replace only the matmul
- * (linear_avx512bf16.c).
+ * linear_<level>.c. The avx512_bf16 level inherits both (a vdpbf16ps tile
+ * needs BF16 activations, which breaks row invariance and FP32 accuracy).
  *
- * Without a BF16 dot, a weight pair is widened to FP32 in registers (a BF16 is
- * the top half of an FP32: a shift or a mask) and multiplied with FMA.
- * Accuracy vs the *_ref kernels: the same FP32 products summed in another
- * order, NMSE ~1e-12 (kcheck).
+ * A weight pair is widened to FP32 in registers (a BF16 is the top half of an
+ * FP32: a shift or a mask) and multiplied with FMA against FP32 activations,
+ * so accuracy equals FP32: vs the *_ref kernels the same products, summed with
+ * fused rounding, NMSE ~1e-12 (kcheck). Activations are never rounded to
+ * BF16: that rounding was the fast backend's main error against FP64
+ * (issue 16 item 7), and it differed between decode and prefill (item 6).
  */
 #ifndef K_SFX
 #error "include kernels/cpu/simd_<level>.h first"
 #endif
 
-/* ---- decode: y = W x, DRAM-bound ---- */
+/* ---- decode: y = W x, DRAM-bound ----
+ *
+ * Row invariance (kernels.h): every row lane runs ONE FMA chain, k-pair by
+ * k-pair in column order, even element then odd, from zero: exactly the chain
+ * of the prefill tile below, so a token's projection is bitwise the same in
+ * decode and in prefill. A single chain per row is latency-bound, so MV_NP
+ * panels are walked together (MV_NP * MV_NV independent chains, each panel its
+ * own prefetched stream): at 2 FMAs per 64 bytes per chain that still outruns
+ * one core's DRAM share. */
 
 /* Prefetch distance in bf16 elements (2 KB ahead: about DRAM latency x one
  * core's bandwidth). Every 64-byte line gets its own prefetch: touching only
@@ -22,57 +32,69 @@
  * line and 17.5 for a bare read stream. */
 #define MV_PF 1024u
 #define MV_NV (16 / KV_W)        /* vectors per 16-row panel line (k-pair) */
-#define MV_SETS (8 / (2 * MV_NV)) /* chain sets: 8 independent FMA chains in all */
+#define MV_NP (8 / MV_NV)        /* panels walked together: 8 chains in all */
+
+/* NP panels starting at p (panel stride ps elements) into y[0, 16*NP). */
+static inline __attribute__((always_inline)) void
+mv_panels(const kipp_bf16 *p, size_t ps, const float *x, float *y, size_t cols, int NP)
+{
+    vf a[MV_NP][MV_NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; j++)
+#pragma GCC unroll 2
+        for (int v = 0; v < MV_NV; v++) a[j][v] = vf_zero();
+    for (size_t c = 0; c < cols; c += 16, p += 256) { /* eight k-pairs = 512 B per panel per step */
+#pragma GCC unroll 8
+        for (int j = 0; j < NP; j++)
+            for (int q = 0; q < 8; q++) k_prefetch(p + (size_t)j * ps + MV_PF + 32 * q);
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++) {
+            vf xe = vf_bcast(x + c + 2 * (size_t)h), xo = vf_bcast(x + c + 2 * (size_t)h + 1);
+#pragma GCC unroll 8
+            for (int j = 0; j < NP; j++)
+#pragma GCC unroll 2
+                for (int v = 0; v < MV_NV; v++) {
+                    vi w = vi_load(p + (size_t)j * ps + 32 * h + 2 * KV_W * v);
+                    a[j][v] = vf_fma(vf_even(w), xe, a[j][v]);
+                    a[j][v] = vf_fma(vf_odd(w), xo, a[j][v]);
+                }
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; j++)
+#pragma GCC unroll 2
+        for (int v = 0; v < MV_NV; v++) vf_store(y + 16 * (size_t)j + (size_t)v * KV_W, a[j][v]);
+}
 
 void K_SFX(k_matvec_bf16)(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
 {
     const float *x = xv;
     size_t r0, r1;
     k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    const kipp_bf16 *p = (const kipp_bf16 *)wpv + r0 * cols; /* this thread's panels: one stream */
-    for (size_t r = r0; r < r1; r += 16) {
-        vf a[8];
-        for (int i = 0; i < 8; i++) a[i] = vf_zero();
-        for (size_t c = 0; c < cols; c += 16, p += 256) { /* eight k-pairs = 512 B per step */
-            for (int q = 0; q < 8; q++) k_prefetch(p + MV_PF + 32 * q);
-#pragma GCC unroll 8
-            for (int h = 0; h < 8; h++) {
-                vf xe = vf_bcast(x + c + 2 * (size_t)h), xo = vf_bcast(x + c + 2 * (size_t)h + 1);
-                int s = (h % MV_SETS) * 2 * MV_NV;
-#pragma GCC unroll 2
-                for (int v = 0; v < MV_NV; v++) {
-                    vi w = vi_load(p + 32 * h + 2 * KV_W * v);
-                    a[s + 2 * v] = vf_fma(vf_even(w), xe, a[s + 2 * v]);
-                    a[s + 2 * v + 1] = vf_fma(vf_odd(w), xo, a[s + 2 * v + 1]);
-                }
-            }
-        }
-        for (int v = 0; v < MV_NV; v++) {
-            vf sum = vf_add(a[2 * v], a[2 * v + 1]);
-            for (int s = 1; s < MV_SETS; s++)
-                sum = vf_add(sum, vf_add(a[s * 2 * MV_NV + 2 * v], a[s * 2 * MV_NV + 2 * v + 1]));
-            vf_store(y + r + (size_t)v * KV_W, sum);
-        }
-    }
+    const kipp_bf16 *wp = wpv;
+    const size_t ps = 16 * cols; /* elements per panel */
+    size_t r = r0;
+    for (; r + 16 * MV_NP <= r1; r += 16 * MV_NP) mv_panels(wp + r * cols, ps, x, y + r, cols, MV_NP);
+    for (; r < r1; r += 16) mv_panels(wp + r * cols, ps, x, y + r, cols, 1); /* tail panels, one at a time */
 }
 
-/* ---- prefill: FP32 FMA on widened weights and activations ---- */
+/* ---- prefill: FP32 FMA on widened weights and FP32 activations ---- */
 
 #define MM_RV 2                /* row vectors per micro-tile: 16 rows on AVX2, 32 on AVX-512 */
 #define MM_KB 128u             /* k per L1 block */
-#define MM_GROUP 64u           /* rows sharing one widened activation tile: 64 x 128 k x 2 B = 16 KB of weights in L1 */
+#define MM_GROUP 64u           /* rows per group: 64 x 128 k x 2 B = 16 KB of weights in L1 */
 
 /* Element offset of row vector 1 from row vector 0 in the packed layout: the
  * second half of the same 64-byte panel line (8 lanes), or the next panel (16). */
 #define MM_HI_OFF(cols) (KV_W == 16 ? 16 * (cols) : 2 * (size_t)KV_W)
 
-/* RV row vectors x T tokens over k-pairs [0, kp), activations already widened
- * (xf: [T][MM_KB] f32). Each weight vector is widened once (one shift or two)
- * and reused by T tokens; each activation is one broadcast load. Per k-pair the
+/* RV row vectors x T tokens over k-pairs [0, kp); x: token rows of ldx
+ * floats. Each weight vector is widened once (one shift or two) and reused by
+ * T tokens; each activation is one broadcast load. Per k-pair the
  * even half runs first, then the odd half, so the live set is RV*T
  * accumulators + RV weights + 1 broadcast. */
 static inline __attribute__((always_inline)) void
-mm_tile(const kipp_bf16 *p, size_t hi_off, const float *xf, size_t kp, float *y, size_t ldy, int T,
+mm_tile(const kipp_bf16 *p, size_t hi_off, const float *x, size_t ldx, size_t kp, float *y, size_t ldy, int T,
         int RV, int load)
 {
     vf a[K_MM_TT][MM_RV];
@@ -86,7 +108,7 @@ mm_tile(const kipp_bf16 *p, size_t hi_off, const float *xf, size_t kp, float *y,
         vf w0 = vf_even(lo), w1 = vf_even(hi);
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
-            vf xe = vf_bcast(xf + (size_t)t * MM_KB + 2 * k);
+            vf xe = vf_bcast(x + (size_t)t * ldx + 2 * k);
             a[t][0] = vf_fma(w0, xe, a[t][0]);
             if (RV > 1) a[t][1] = vf_fma(w1, xe, a[t][1]);
         }
@@ -94,7 +116,7 @@ mm_tile(const kipp_bf16 *p, size_t hi_off, const float *xf, size_t kp, float *y,
         w1 = vf_odd_shift(hi);
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
-            vf xo = vf_bcast(xf + (size_t)t * MM_KB + 2 * k + 1);
+            vf xo = vf_bcast(x + (size_t)t * ldx + 2 * k + 1);
             a[t][0] = vf_fma(w0, xo, a[t][0]);
             if (RV > 1) a[t][1] = vf_fma(w1, xo, a[t][1]);
         }
@@ -107,40 +129,33 @@ mm_tile(const kipp_bf16 *p, size_t hi_off, const float *xf, size_t kp, float *y,
 
 #define MM_CASE(n)                                                                           \
     case n:                                                                                  \
-        if (RV > 1) mm_tile(p, hi_off, xf, kp, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 2, load); \
-        else mm_tile(p, hi_off, xf, kp, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 1, load);   \
+        if (RV > 1) mm_tile(p, hi_off, x, ldx, kp, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 2, load); \
+        else mm_tile(p, hi_off, x, ldx, kp, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 1, load);   \
         break;
 
 /* Constant T and RV per call, so every tile shape is fully unrolled. */
-static void mm_tile_any(const kipp_bf16 *p, size_t hi_off, const float *xf, size_t kp, float *y,
+static void mm_tile_any(const kipp_bf16 *p, size_t hi_off, const float *x, size_t ldx, size_t kp, float *y,
                         size_t ldy, int T, int RV, int load)
 {
     switch (T) {
         MM_CASE(1) MM_CASE(2) MM_CASE(3) MM_CASE(4) MM_CASE(5) MM_CASE(6)
         MM_CASE(7) MM_CASE(8) MM_CASE(9) MM_CASE(10) MM_CASE(11)
     default:
-        if (RV > 1) mm_tile(p, hi_off, xf, kp, y, ldy, K_MM_TT, 2, load);
-        else mm_tile(p, hi_off, xf, kp, y, ldy, K_MM_TT, 1, load);
+        if (RV > 1) mm_tile(p, hi_off, x, ldx, kp, y, ldy, K_MM_TT, 2, load);
+        else mm_tile(p, hi_off, x, ldx, kp, y, ldy, K_MM_TT, 1, load);
     }
 }
 #undef MM_CASE
 
-/* Widen T token rows of xb[.][k0, k0 + kn) into xf[T][MM_KB] f32 (exact). */
-static void mm_widen(const kipp_bf16 *xb, size_t ldx, size_t kn, int T, float *xf)
-{
-    for (int t = 0; t < T; t++)
-        for (size_t c = 0; c < kn; c += KV_W) vf_store(xf + (size_t)t * MM_KB + c, vf_widen(xb + (size_t)t * ldx + c));
-}
-
 /* Loop order: group of MM_GROUP rows (outer: its weights leave DRAM once),
- * k-block (their 16 KB stays in L1), token tile (activations widened once per
- * group and block, about 3% of the FMA work), row tiles. */
+ * k-block (their 16 KB stays in L1), token tile, row tiles. Each row lane's
+ * chain is the matvec's (see above), whatever the tile shape. */
 void K_SFX(k_matmul_bf16)(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
                           size_t n_tok, int accumulate, int ith, int nth)
 {
-    const kipp_bf16 *wp = wpv, *xb = xav;
+    const kipp_bf16 *wp = wpv;
+    const float *x = xav;
     const size_t tile_rows = MM_RV * KV_W, hi_off = MM_HI_OFF(cols);
-    float xf[K_MM_TT * MM_KB] __attribute__((aligned(64)));
     size_t r0, r1;
     k_split_rows(rows, ith, nth, 16, &r0, &r1);
     for (size_t rg = r0; rg < r1; rg += MM_GROUP) {
@@ -150,10 +165,9 @@ void K_SFX(k_matmul_bf16)(const void *wpv, const void *xav, float *y, size_t row
             int load = accumulate || k0 > 0;
             for (size_t t = 0; t < n_tok; t += K_MM_TT) {
                 int T = (int)(n_tok - t < K_MM_TT ? n_tok - t : K_MM_TT);
-                mm_widen(xb + t * cols + k0, cols, kn, T, xf);
                 for (size_t r = rg; r < re; r += tile_rows) {
                     int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
-                    mm_tile_any(wp + r * cols + k0 * 16, hi_off, xf, kn / 2, y + t * rows + r, rows, T, RV, load);
+                    mm_tile_any(wp + r * cols + k0 * 16, hi_off, x + t * cols + k0, cols, kn / 2, y + t * rows + r, rows, T, RV, load);
                 }
             }
         }

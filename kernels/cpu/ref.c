@@ -71,8 +71,7 @@ void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, con
 {
     for (size_t g = 0; g < group; g++) {
         const float *qg = q + g * KIPP_HEAD_DIM;
-        float mg = -INFINITY, lg = 0.0f, *ag = acc + g * KIPP_HEAD_DIM;
-        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) ag[i] = 0.0f;
+        float mg = m[g], lg = l[g], *ag = acc + g * KIPP_HEAD_DIM; /* continue the state */
         for (uint32_t p = p0; p < p1; p++) {
             size_t off = kv_row(block_table, p) + (size_t)kvh * KIPP_HEAD_DIM;
             float s = 0.0f;
@@ -89,25 +88,12 @@ void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, con
     }
 }
 
-void k_attn_merge(size_t group, float *m, float *l, float *acc, const float *m2, const float *l2,
-                  const float *acc2)
-{
-    for (size_t g = 0; g < group; g++) {
-        float mn = m[g] > m2[g] ? m[g] : m2[g];
-        float c1 = expf(m[g] - mn), c2 = expf(m2[g] - mn);
-        for (size_t i = 0; i < KIPP_HEAD_DIM; i++)
-            acc[g * KIPP_HEAD_DIM + i] = acc[g * KIPP_HEAD_DIM + i] * c1 + acc2[g * KIPP_HEAD_DIM + i] * c2;
-        l[g] = l[g] * c1 + l2[g] * c2;
-        m[g] = mn;
-    }
-}
-
 /* By definition: k_flash_gqa_bf16_ref once per KV head. */
 void k_flash_rows_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
-                           const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
-                           float *m, float *l, float *acc)
+                           const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
+                           uint32_t p1, float scale, float *m, float *l, float *acc)
 {
-    for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++)
+    for (uint32_t h = kvh0; h < kvh1; h++)
         k_flash_gqa_bf16_ref(q + h * group * KIPP_HEAD_DIM, group, kc, vc, h, block_table, p0, p1,
                              scale, m + h * group, l + h * group, acc + h * group * KIPP_HEAD_DIM);
 }

@@ -22,8 +22,7 @@ const k_fmt_info k_fmt_info_bf16 = {
     .col_align = 32,
     .file_bytes = bf16_bytes,
     .packed_bytes = bf16_bytes,
-    .act_mv = K_ACT_F32,
-    .act_mm = K_ACT_BF16,
+    .act = K_ACT_F32,
     .linear_ref = k_linear_bf16_ref,
     .from_f32 = bf16_from_f32,
 };
@@ -56,12 +55,6 @@ void k_pack_bf16_ref(const void *wv, void *wpv, size_t rows, size_t cols, int it
         for (size_t c = 0; c < cols; c++) wp[k_packed_index(r, c, cols)] = w[r * cols + c];
 }
 
-void k_cvt_bf16_ref(const float *x, void *xbv, size_t n)
-{
-    kipp_bf16 *xb = xbv;
-    for (size_t i = 0; i < n; i++) xb[i] = kipp_f32_to_bf16(x[i]);
-}
-
 void k_matvec_bf16_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
                        int ith, int nth)
 {
@@ -76,18 +69,19 @@ void k_matvec_bf16_ref(const void *wpv, const void *xv, float *y, size_t rows, s
     }
 }
 
-void k_matmul_bf16_ref(const void *wpv, const void *xbv, float *y, size_t rows, size_t cols,
+void k_matmul_bf16_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
                        size_t n_tok, int accumulate, int ith, int nth)
 {
-    const kipp_bf16 *wp = wpv, *xb = xbv;
+    const kipp_bf16 *wp = wpv;
+    const float *x = xv;
     size_t r0, r1;
     k_split_rows(rows, ith, nth, 16, &r0, &r1);
     for (size_t t = 0; t < n_tok; t++) {
-        const kipp_bf16 *xt = xb + t * cols;
+        const float *xt = x + t * cols;
         for (size_t r = r0; r < r1; r++) {
             float acc = 0.0f;
             for (size_t c = 0; c < cols; c++)
-                acc += kipp_bf16_to_f32(wp[k_packed_index(r, c, cols)]) * kipp_bf16_to_f32(xt[c]);
+                acc += kipp_bf16_to_f32(wp[k_packed_index(r, c, cols)]) * xt[c];
             y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
         }
     }

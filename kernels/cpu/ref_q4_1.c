@@ -70,8 +70,7 @@ const k_fmt_info k_fmt_info_q4_1 = {
     .col_align = 32,
     .file_bytes = q4_1_file_bytes,
     .packed_bytes = q4_1_packed_bytes,
-    .act_mv = K_ACT_Q8,
-    .act_mm = K_ACT_Q8,
+    .act = K_ACT_Q8,
     .linear_ref = k_linear_q4_1_ref,
     .from_f32 = q4_1_from_f32,
 };

@@ -60,8 +60,7 @@ const k_fmt_info k_fmt_info_q8_0 = {
     .col_align = 32,
     .file_bytes = q8_0_file_bytes,
     .packed_bytes = q8_0_packed_bytes,
-    .act_mv = K_ACT_Q8,
-    .act_mm = K_ACT_Q8,
+    .act = K_ACT_Q8,
     .linear_ref = k_linear_q8_0_ref,
     .from_f32 = q8_0_from_f32,
 };

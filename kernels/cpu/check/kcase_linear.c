@@ -3,13 +3,14 @@
  * matvec, matmul (against the format's scalar kernel on the same quantized
  * activations: the kernel's own error), matmul_f32 (activation quantization
  * plus matmul against the FP32 oracle over the file layout: what the format
- * costs in accuracy) and act (the activation quantizers, bit-exact).
+ * costs in accuracy), rowinv (row invariance: each row of the level's matmul
+ * equals the level's matvec on that row, bit for bit) and act (the activation
+ * quantizers, bit-exact).
  *
  * NMSE bounds (kcase_table.c) and why: FP32 sums in another order carry a
  * relative rounding of ~2^-24 * sqrt(cols) per partial, NMSE ~1e-11 at cols
  * 3072: bound 1e-9, 100x margin, while a wrong index or a lost tail gives
- * NMSE >= 1e-4. BF16 activation rounding is uniform in +-2^-9 relative, NMSE
- * ~(2^-9)^2/3 = 1.3e-6: bound 1e-5.
+ * NMSE >= 1e-4.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +105,7 @@ static double lin_error(void *p)
 static void *matvec_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
 {
     const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
-    lin_state *s = lin_setup(c, k, mode == KC_BENCH && c->s[2] > 1 ? c->s[2] : 1, 1, fi->act_mv);
+    lin_state *s = lin_setup(c, k, mode == KC_BENCH && c->s[2] > 1 ? c->s[2] : 1, 1, fi->act);
     if (s && mode == KC_CHECK) fi->linear_ref(s->w, s->x, s->ref, s->rows, s->cols, 1, 0, 1);
     return s;
 }
@@ -137,7 +138,7 @@ static size_t row_tokens(const kcase *c, kc_mode mode)
 static void *matmul_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
 {
     const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
-    lin_state *s = lin_setup(c, k, 1, row_tokens(c, mode), fi->act_mm);
+    lin_state *s = lin_setup(c, k, 1, row_tokens(c, mode), fi->act);
     if (!s) return NULL;
     s->acc = (int)c->s[3];
     if (s->acc) memcpy(s->y, s->y0, s->n_tok * s->rows * sizeof(float));
@@ -167,7 +168,7 @@ static double matmul_flops(const kcase *c) { return 2.0 * (double)c->s[0] * (dou
 static void *matmul_f32_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
 {
     const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
-    lin_state *s = lin_setup(c, k, 1, row_tokens(c, mode), fi->act_mm);
+    lin_state *s = lin_setup(c, k, 1, row_tokens(c, mode), fi->act);
     if (s && mode == KC_CHECK) fi->linear_ref(s->w, s->x, s->ref, s->rows, s->cols, s->n_tok, 0, 1);
     return s;
 }
@@ -175,11 +176,31 @@ static void *matmul_f32_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
 static void matmul_f32_run(void *p, int ith, int nth)
 {
     lin_state *s = p;
-    k_act a = s->fi->act_mm;
+    k_act a = s->fi->act;
     /* check threads run in order, so thread 0 quantizes before any matmul
      * share; not a benchmark row (kcase_table.c), where threads overlap */
     if (ith == 0) act_quantize(s->k, a, s->x, s->xa, s->n_tok * s->cols);
     s->k->fmt[s->c->fmt].matmul(s->wp, s->xa, s->y, s->rows, s->cols, s->n_tok, 0, ith, nth);
+}
+
+/* ---- rowinv: s = rows cols n_tok; the matmul's rows against the same
+ * level's matvec per row, bit for bit (kernels.h "row invariance") ---- */
+
+static void *rowinv_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
+    lin_state *s = lin_setup(c, k, 1, row_tokens(c, mode), fi->act);
+    if (!s) return NULL;
+    size_t xb = k_act_row_bytes(fi->act, s->cols);
+    for (size_t t = 0; t < s->n_tok; t++)
+        k->fmt[c->fmt].matvec(s->wp, (const char *)s->xa + t * xb, s->ref + t * s->rows, s->rows, s->cols, 0, 1);
+    return s;
+}
+
+static double rowinv_error(void *p)
+{
+    lin_state *s = p;
+    return memcmp(s->y, s->ref, s->n_tok * s->rows * sizeof(float)) == 0 ? 0.0 : 1.0;
 }
 
 /* ---- pack: s = rows cols; the path's layout equals the scalar packer's, byte for byte ---- */
@@ -274,5 +295,6 @@ static double act_bytes(const kcase *c) { return (double)c->s[0] * 4 + (double)k
 const kcase_kind kcase_kind_matvec = {"matvec", "rows cols copies(bench)", matvec_setup, matvec_run, lin_error, lin_release, matvec_bytes, matvec_flops, "memory"};
 const kcase_kind kcase_kind_matmul = {"matmul", "rows cols n_tok accumulate", matmul_setup, matmul_run, lin_error, lin_release, matmul_bytes, matmul_flops, "compute"};
 const kcase_kind kcase_kind_matmul_f32 = {"matmul_f32", "rows cols n_tok", matmul_f32_setup, matmul_f32_run, lin_error, lin_release, matmul_bytes, matmul_flops, "compute"};
+const kcase_kind kcase_kind_rowinv = {"rowinv", "rows cols n_tok", rowinv_setup, matmul_run, rowinv_error, lin_release, matmul_bytes, matmul_flops, "compute"};
 const kcase_kind kcase_kind_pack = {"pack", "rows cols", pack_setup, pack_run, pack_error, lin_release, pack_bytes, no_flops, "memory"};
 const kcase_kind kcase_kind_act = {"act", "n act_format", act_setup, act_run, act_error, act_release, act_bytes, no_flops, "memory"};

@@ -229,7 +229,7 @@ static double kv_bytes(const kcase *c) { (void)c; return 5.0 * KV_ROW * 12; }
 typedef struct {
     const kcase *c;
     const k_cpu_ops *k;
-    size_t group, layers, n_blocks, layer_elems, nch; /* nch: 512-position chunks per layer (flash_rows bench) */
+    size_t group, layers, n_blocks, layer_elems;
     uint32_t p0, p1, *bt;
     kipp_bf16 *kc, *vc;                       /* [layers][n_blocks*32][8][128] */
     float *q;                                 /* [8][group][128] */
@@ -261,8 +261,7 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     s->n_blocks = (s->p1 + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK + 2;
     s->layer_elems = s->n_blocks * KIPP_KV_BLOCK * KV_ROW;
     size_t H = KIPP_N_KV_HEAD * s->group;
-    s->nch = s->layers > 1 ? (s->p1 - s->p0 + 511) / 512 : 1;
-    size_t units = s->layers * s->nch; /* partial slots: one per (layer, chunk); >= layers for flash_gqa */
+    size_t units = s->layers * KIPP_N_KV_HEAD; /* state slots: one per (layer, KV head) */
     s->kc = kc_alloc_big(s->layers * s->layer_elems * 2);
     s->vc = kc_alloc_big(s->layers * s->layer_elems * 2);
     s->bt = kipp_aligned_alloc(s->n_blocks * sizeof(uint32_t));
@@ -271,6 +270,8 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     s->acc = kc_rand_f32(units * H * KIPP_HEAD_DIM, 0, 0);
     s->mr = kc_rand_f32(H, 0, 0); s->lr = kc_rand_f32(H, 0, 0); s->accr = kc_rand_f32(H * KIPP_HEAD_DIM, 0, 0);
     if (!s->kc || !s->vc || !s->bt || !s->q || !s->m || !s->l || !s->acc || !s->mr || !s->lr || !s->accr) { fa_release(s); return NULL; }
+    k_attn_init(units * s->group, s->m, s->l, s->acc); /* the walks continue a state */
+    k_attn_init(H, s->mr, s->lr, s->accr);
     kipp_bf16 *kr = kc_rand_bf16(s->layer_elems, 1.0f), *vr = kc_rand_bf16(s->layer_elems, 1.0f);
     if (!kr || !vr) { kipp_aligned_free(kr); kipp_aligned_free(vr); fa_release(s); return NULL; }
     for (size_t L = 0; L < s->layers; L++) { /* same bytes per layer: timing only */
@@ -302,18 +303,19 @@ static void fa_gqa_run(void *p, int ith, int nth)
     }
 }
 
-/* flash_rows: units (layer, 512-position chunk) over all 8 KV heads, as the
- * backend's split-K decode (partials left unmerged in the benchmark). */
+/* flash_rows: units (layer, half of the KV heads), as the backend's decode
+ * on two workers. */
 static void fa_rows_run(void *p, int ith, int nth)
 {
     fa_state *s = p;
-    size_t H = KIPP_N_KV_HEAD * s->group, nch = s->nch, u0, u1;
-    k_split_rows(s->layers * nch, ith, nth, 1, &u0, &u1);
+    size_t H = KIPP_N_KV_HEAD * s->group, u0, u1;
+    k_split_rows(s->layers * 2, ith, nth, 1, &u0, &u1);
     for (size_t u = u0; u < u1; u++) {
-        size_t L = u / nch, c = u % nch;
-        uint32_t a = s->p0 + (uint32_t)(c * 512), b = nch > 1 && a + 512 < s->p1 ? a + 512 : s->p1;
-        s->k->flash_rows_bf16(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, a, b,
-                              1.0f / sqrtf((float)KIPP_HEAD_DIM), s->m + u * H, s->l + u * H, s->acc + u * H * KIPP_HEAD_DIM);
+        size_t L = u / 2;
+        uint32_t h0 = (uint32_t)(u % 2) * KIPP_N_KV_HEAD / 2;
+        s->k->flash_rows_bf16(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, h0,
+                              h0 + KIPP_N_KV_HEAD / 2, s->p0, s->p1, 1.0f / sqrtf((float)KIPP_HEAD_DIM),
+                              s->m + L * H, s->l + L * H, s->acc + L * H * KIPP_HEAD_DIM);
     }
 }
 
@@ -335,32 +337,45 @@ static double fa_compare(const fa_state *s, const float *m, const float *l, cons
     return worst > 1e-5 ? (e > 1.0 ? e : 1.0) : e; /* a wrong denominator fails every bound */
 }
 
-/* Also split-K: two partials of the path merged with k_attn_merge equal one pass. */
-static double fa_gqa_error(void *p)
+/* flash_gqa over KV head h into (m, l, acc) from a fresh state, as walks
+ * [p0, cut) then [cut, p1), with query vectors taken `per` at a time. */
+static void fa_gqa_walk(const fa_state *s, uint32_t h, uint32_t cut, size_t per, float *m, float *l, float *acc)
 {
-    fa_state *s = p;
-    double e = fa_compare(s, s->m, s->l, s->acc);
-    if (s->p1 - s->p0 < 2) return e;
-    size_t G = s->group, H = KIPP_N_KV_HEAD * G;
-    uint32_t mid = s->p0 + (s->p1 - s->p0) / 3 + 1;
-    float *m2 = kc_rand_f32(H, 0, 0), *l2 = kc_rand_f32(H, 0, 0), *a2 = kc_rand_f32(H * KIPP_HEAD_DIM, 0, 0);
-    if (!m2 || !l2 || !a2) { kipp_aligned_free(m2); kipp_aligned_free(l2); kipp_aligned_free(a2); return 1.0; }
-    for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++) {
-        const float *q = s->q + h * G * KIPP_HEAD_DIM;
-        float sc = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
-        s->k->flash_gqa_bf16(q, G, s->kc, s->vc, h, s->bt, s->p0, mid, sc, s->m + h * G, s->l + h * G, s->acc + h * G * KIPP_HEAD_DIM);
-        s->k->flash_gqa_bf16(q, G, s->kc, s->vc, h, s->bt, mid, s->p1, sc, m2 + h * G, l2 + h * G, a2 + h * G * KIPP_HEAD_DIM);
-        k_attn_merge(G, s->m + h * G, s->l + h * G, s->acc + h * G * KIPP_HEAD_DIM, m2 + h * G, l2 + h * G, a2 + h * G * KIPP_HEAD_DIM);
+    size_t G = s->group;
+    float sc = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
+    k_attn_init(G, m, l, acc);
+    for (size_t g = 0; g < G; g += per) {
+        const float *q = s->q + (h * G + g) * KIPP_HEAD_DIM;
+        float *ag = acc + g * KIPP_HEAD_DIM;
+        if (cut > s->p0) s->k->flash_gqa_bf16(q, per, s->kc, s->vc, h, s->bt, s->p0, cut, sc, m + g, l + g, ag);
+        if (cut < s->p1) s->k->flash_gqa_bf16(q, per, s->kc, s->vc, h, s->bt, cut, s->p1, sc, m + g, l + g, ag);
     }
-    double e2 = fa_compare(s, s->m, s->l, s->acc);
-    kipp_aligned_free(m2); kipp_aligned_free(l2); kipp_aligned_free(a2);
-    return e > e2 ? e : e2;
 }
 
-static double fa_rows_error(void *p)
+/* Row invariance of the walk: split at a multiple of K_ATTN_CHUNK, or taken
+ * one query vector at a time, it is bitwise the one-pass result. 1 if not. */
+static double fa_invariance(const fa_state *s, const float *m, const float *l, const float *acc)
+{
+    size_t G = s->group;
+    uint32_t cut = (s->p0 + (s->p1 - s->p0) / 3) / K_ATTN_CHUNK * K_ATTN_CHUNK + K_ATTN_CHUNK;
+    cut = cut < s->p1 ? cut : s->p1;
+    float *m2 = kc_rand_f32(G, 0, 0), *l2 = kc_rand_f32(G, 0, 0), *a2 = kc_rand_f32(G * KIPP_HEAD_DIM, 0, 0);
+    int bad = !m2 || !l2 || !a2;
+    for (uint32_t h = 0; h < KIPP_N_KV_HEAD && !bad; h++)
+        for (int v = 0; v < 2 && !bad; v++) {
+            fa_gqa_walk(s, h, v ? s->p1 : cut, v ? 1 : G, m2, l2, a2);
+            bad = memcmp(m2, m + h * G, G * 4) || memcmp(l2, l + h * G, G * 4) ||
+                  memcmp(a2, acc + h * G * KIPP_HEAD_DIM, G * KIPP_HEAD_DIM * 4);
+        }
+    kipp_aligned_free(m2); kipp_aligned_free(l2); kipp_aligned_free(a2);
+    return bad ? 1.0 : 0.0;
+}
+
+static double fa_error(void *p)
 {
     fa_state *s = p;
-    return fa_compare(s, s->m, s->l, s->acc);
+    double e = fa_compare(s, s->m, s->l, s->acc), inv = fa_invariance(s, s->m, s->l, s->acc);
+    return e > inv ? e : inv;
 }
 
 static double fa_bytes(const kcase *c)
@@ -380,5 +395,5 @@ const kcase_kind kcase_kind_swiglu = {"swiglu", "n", swiglu_setup, swiglu_run, e
 const kcase_kind kcase_kind_add = {"add", "n", add_setup, add_run, ew_error, ew_release, ew_bytes, no_flops, "memory"};
 const kcase_kind kcase_kind_embed = {"embed", "d vocab token", embed_setup, embed_run, ew_error, ew_release, ew_bytes, no_flops, "memory"};
 const kcase_kind kcase_kind_kv_write = {"kv_write", "n_blocks", kv_setup, kv_run, kv_error, kv_release, kv_bytes, no_flops, "memory"};
-const kcase_kind kcase_kind_flash_gqa = {"flash_gqa", "group p0 p1 layers(bench)", fa_setup, fa_gqa_run, fa_gqa_error, fa_release, fa_bytes, fa_flops, "memory"};
-const kcase_kind kcase_kind_flash_rows = {"flash_rows", "group p0 p1 layers(bench)", fa_setup, fa_rows_run, fa_rows_error, fa_release, fa_bytes, fa_flops, "memory"};
+const kcase_kind kcase_kind_flash_gqa = {"flash_gqa", "group p0 p1 layers(bench)", fa_setup, fa_gqa_run, fa_error, fa_release, fa_bytes, fa_flops, "memory"};
+const kcase_kind kcase_kind_flash_rows = {"flash_rows", "group p0 p1 layers(bench)", fa_setup, fa_rows_run, fa_error, fa_release, fa_bytes, fa_flops, "memory"};

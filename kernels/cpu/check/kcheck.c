@@ -140,7 +140,8 @@ static int check_row(const kcase *c, kipp_isa lv, int *passed, int *failed)
 }
 
 /* The per-slot merge: every slot comes from the best level at or below the
- * asked one, avx512_bf16 adds exactly the BF16-dot and VNNI matmuls, and the CPU cap holds. */
+ * asked one, avx512_bf16 adds exactly the VNNI matmuls of the integer formats
+ * (bf16 keeps the FP32-FMA tile: row invariance), and the CPU cap holds. */
 static void check_dispatch(int *passed, int *failed)
 {
     k_cpu_src s;
@@ -153,7 +154,7 @@ static void check_dispatch(int *passed, int *failed)
         for (int f = 0; f < K_FMT_COUNT; f++) ok &= (int)s.fmt[f][2] <= lv && s.fmt[f][0] == KIPP_ISA_REF;
     }
     k_cpu_ops_table(KIPP_ISA_AVX512_BF16, &s);
-    ok &= s.fmt[K_FMT_BF16][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_BF16][1] == KIPP_ISA_AVX512 && s.rope_f32 == KIPP_ISA_AVX512;
+    ok &= s.fmt[K_FMT_BF16][2] == KIPP_ISA_AVX512 && s.fmt[K_FMT_BF16][1] == KIPP_ISA_AVX512 && s.rope_f32 == KIPP_ISA_AVX512;
     ok &= s.fmt[K_FMT_Q4_1][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_Q4_1][1] == KIPP_ISA_AVX512;
     ok &= s.fmt[K_FMT_Q8_0][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_Q8_0][1] == KIPP_ISA_AVX512 && s.act[K_ACT_Q8] == KIPP_ISA_AVX2;
     ok &= !strcmp(k_cpu_ops_get(KIPP_ISA_AVX512_BF16)->isa, kipp_isa_name(kipp_isa_cpu_max()));
