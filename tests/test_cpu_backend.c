@@ -1,9 +1,10 @@
 /*
  * test_cpu_backend.c - correctness gate of the fast cpu backend (issue 5,
  * item 3): against the scalar reference backend ("ref", the oracle) it must
- * match within NMSE <= 1e-4 with an identical argmax, for prefill and every
- * decode step, on every ISA path this CPU has; batched items must match
- * isolated evaluation, multi-row logits per-position evaluation, and a
+ * match within NMSE <= 1e-7 (issue 16 item 7; was 1e-4) with an identical
+ * argmax, for prefill and every decode step, on every ISA path this CPU has;
+ * batched items must equal isolated evaluation and multi-row logits
+ * per-position evaluation bitwise (issue 16 item 6), and a
  * scrambled block table must give bitwise the same logits as the identity.
  *
  * Models are random-weight Qwen3 shapes built in memory (group sizes 1, 2
@@ -20,7 +21,15 @@
 #include "tests/test_harness.h"
 #include "engine/internal.h"
 
-#define NMSE_MAX 1e-4
+/* Against the scalar FP32 ref backend the fast backend differs only in FP32
+ * summation order and a ~2-ulp polynomial exp (FP32 activations, no BF16
+ * rounding): measured 1.8e-9 on AVX2, bound 1e-7 (55x margin). With the ref
+ * backend's <= 2e-9 against an FP64 oracle (issue 16), that keeps the fast
+ * backend far inside the CPU contract's 5e-5 (issue 16 item 7). Against the
+ * transformers vectors (HF runs BF16 activations) the bound is 1e-4. */
+#define NMSE_REF_MAX 1e-7
+#define NMSE_HF_MAX 1e-4
+static double nmse_max = NMSE_REF_MAX; /* the bound check_rows applies */
 
 /* ---- in-memory random model ---- */
 
@@ -159,7 +168,7 @@ static double worst_nmse; /* largest NMSE seen since the last report, printed pe
 
 static void report_worst(const char *what)
 {
-    printf("  %s: worst NMSE %.3g (bound %.0e)\n", what, worst_nmse, NMSE_MAX);
+    printf("  %s: worst NMSE %.3g (bound %.0e)\n", what, worst_nmse, nmse_max);
     worst_nmse = 0;
 }
 
@@ -170,7 +179,7 @@ static void check_rows(const float *got, const float *want, uint32_t rows, uint3
         double e = th_nmse(got + (size_t)r * vocab, want + (size_t)r * vocab, vocab);
         uint32_t ag = argmax(got + (size_t)r * vocab, vocab), aw = argmax(want + (size_t)r * vocab, vocab);
         if (e > worst_nmse) worst_nmse = e;
-        CHECK(e <= NMSE_MAX, "%s row %u: NMSE %.3g > %.0e", what, r, e, NMSE_MAX);
+        CHECK(e <= nmse_max, "%s row %u: NMSE %.3g > %.0e", what, r, e, nmse_max);
         CHECK(ag == aw, "%s row %u: argmax %u, reference %u", what, r, ag, aw);
     }
 }
@@ -480,6 +489,7 @@ static void check_prompt(kipp_model *m, const char *cid, const char *pname, json
  * decode, on every ISA path this CPU has, through the public API. */
 static void test_golden_vectors(void)
 {
+    nmse_max = NMSE_HF_MAX;
     json_error_t je;
     json_t *man = json_load_file("tests/vectors/MANIFEST.json", 0, &je);
     CHECK(man != NULL, "tests/vectors/MANIFEST.json: %s (run from the repository root)", je.text);
@@ -511,6 +521,7 @@ static void test_golden_vectors(void)
     unsetenv("KIPP_ISA");
     json_decref(man);
     report_worst("cpu vs golden vectors");
+    nmse_max = NMSE_REF_MAX;
 }
 
 int main(void)

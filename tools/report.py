@@ -173,7 +173,7 @@ def plot_peers(ax, docs: list[dict]) -> int:
     return len(series)
 
 
-TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90}
+TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80}
 
 
 def newest(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
@@ -190,7 +190,11 @@ def fmt_share(r: dict) -> str:
     share, target = r.get("roofline_share"), TARGETS.get(r.get("name"))
     if share is None or target is None:
         return "n/a"
-    return f"{100 * share:.1f}% (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
+    text = f"{100 * share:.1f}% (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
+    if r.get("vs_pp512") is not None:  # pp4096: its token rate against pp512 from the same run
+        t = r.get("target_vs_pp512", 0.7)
+        text += f"; {r['vs_pp512']:.2f}x the pp512 rate (target {t:.2f}x, {'met' if r['vs_pp512'] >= t else 'not met'})"
+    return text
 
 
 def readme_table(docs: list[dict]) -> str:
