@@ -339,6 +339,48 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     return 0;
 }
 
+/* Peak resident set (VmHWM) of this process in bytes, -1 when unreadable;
+ * reset_peak_rss() restarts it (Linux >= 4.0: "5" > /proc/self/clear_refs),
+ * so each model's figure covers its own load and runs. */
+static double peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static void reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) { fputs("5", f); fclose(f); }
+}
+
+/* Issue 16 item 5: peak resident memory of loading the model (mapping,
+ * packing, scratch: target <= 1.1x the GGUF) and of the whole run (plus the
+ * session's KV cache, kv_bytes), on every result of the model. */
+static void add_memory(json_t *results, size_t first, const char *path, double load_peak, double peak, double kv_bytes)
+{
+    struct stat st;
+    double file = stat(path, &st) == 0 ? (double)st.st_size : -1;
+    int ok = load_peak > 0 && file > 0;
+    for (size_t i = first; i < json_array_size(results); i++) {
+        json_t *r = json_array_get(results, i);
+        json_object_set_new(r, "gguf_bytes", file > 0 ? json_real(file) : json_null());
+        json_object_set_new(r, "load_peak_rss_bytes", load_peak > 0 ? json_real(load_peak) : json_null());
+        json_object_set_new(r, "load_peak_rss_vs_gguf", ok ? json_real(load_peak / file) : json_null());
+        json_object_set_new(r, "peak_rss_bytes", peak > 0 ? json_real(peak) : json_null());
+        json_object_set_new(r, "kv_cache_bytes", json_real(kv_bytes));
+    }
+    if (ok)
+        printf("  memory: load peak RSS %.2f GB = %.2fx the GGUF (%.2f GB; target <= 1.10x: %s); run peak %.2f GB "
+               "with a %.2f GB KV cache\n", load_peak / 1e9, load_peak / file, file / 1e9,
+               load_peak / file <= 1.10 ? "met" : "not met", peak / 1e9, kv_bytes / 1e9);
+}
+
 /* Run the chosen benchmarks on one model; appends results to `results`. */
 static int bench_model(const options *o, const char *path, const kipp_profile *prof, json_t *results, char *err, size_t errlen)
 {
@@ -348,10 +390,13 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
+    size_t first = json_array_size(results);
+    reset_peak_rss();
     kipp_mapped_file_guard(path);
     int rc = kipp_model_open(path, o->backend, &mo, &m, err, errlen);
     if (rc) return rc;
     printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);
+    double load_peak = peak_rss();
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     model_cost c;
@@ -405,6 +450,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (rc) goto out;
     }
 out:
+    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
     kipp_session_destroy(s);
     kipp_model_close(m);
     free(ids);

@@ -163,9 +163,19 @@ static void drop_pages(const void *p, size_t n)
 #endif
 }
 
+/* Pack jobs [j0, j1) on the pool, then release the file pages they read, so
+ * the file and its packed copy are both resident for one layer at most
+ * (issue 16 item 5: peak resident memory ~1x the GGUF, not 2x). */
+static void pack_span(cpu_model *m, pack_job *jobs, size_t j0, size_t j1)
+{
+    pack_task t = {m, jobs + j0, j1 - j0};
+    kipp_cpu_pool_run(m->pool, pack_run, &t);
+    for (size_t i = j0; i < j1; i++) drop_pages(jobs[i].src, k_fmt_get(jobs[i].fmt)->file_bytes(jobs[i].rows, jobs[i].cols));
+}
+
 /* Repack every projection and the head once, on the pool, into each
  * format's packed layout (the prepared copy ARCHITECTURE.md "Ownership"
- * allows; reported by describe). */
+ * allows; reported by describe), layer by layer. */
 static int pack_weights(cpu_model *m)
 {
     const kipp_dims *d = &m->d;
@@ -181,13 +191,15 @@ static int pack_weights(cpu_model *m)
     if (!m->lw || !jobs || !m->packed) { free(jobs); return -1; }
     m->prepared_bytes = bytes;
     char *cur = m->packed;
-    for (uint32_t l = 0; l < d->n_layer; l++) cur += plan_layer(&m->w.layers[l], &m->lw[l], jobs, &nj, cur);
+    for (uint32_t l = 0; l < d->n_layer; l++) {
+        size_t j0 = nj;
+        cur += plan_layer(&m->w.layers[l], &m->lw[l], jobs, &nj, cur);
+        pack_span(m, jobs, j0, nj);
+    }
     k_fmt hf = (k_fmt)k_fmt_from_gguf(m->w.output.dtype);
     m->head = (k_weight){hf, cur, m->w.output.rows, m->w.output.cols};
     jobs[nj++] = (pack_job){hf, m->w.output.data, cur, m->w.output.rows, m->w.output.cols};
-    pack_task t = {m, jobs, nj};
-    kipp_cpu_pool_run(m->pool, pack_run, &t);
-    for (size_t i = 0; i < nj; i++) drop_pages(jobs[i].src, k_fmt_get(jobs[i].fmt)->file_bytes(jobs[i].rows, jobs[i].cols));
+    pack_span(m, jobs, nj - 1, nj);
     free(jobs);
     return 0;
 }
