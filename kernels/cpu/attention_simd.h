@@ -1,10 +1,10 @@
 /*
- * attention_simd.h - flash GQA attention partials over the paged BF16 KV
- * (kernels.h; Dao et al. 2022 online softmax, split-K as in flash decoding),
- * written once over simd_<level>.h and compiled per level by
- * attention_<level>.c: the chunk arithmetic, the prefetching walk over the
- * pages (per KV head, and page-major over all 8 heads) and the constant-group
- * dispatch.
+ * attention_simd.h - flash GQA attention walks over the paged BF16 KV
+ * (kernels.h; Dao et al. 2022 online softmax), written once over
+ * simd_<level>.h and compiled per level by attention_<level>.c: the chunk
+ * arithmetic, the prefetching walks over the pages (chunk-major for many
+ * query vectors of one KV head, page-major over a range of KV heads) and the
+ * constant-group dispatch.
  *
  * Positions are taken in aligned chunks: [16c, 16c + 16) cut to [p0, p1)
  * (K_ATTN_CHUNK). The kernels continue the state they are given, so a walk
