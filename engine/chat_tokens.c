@@ -62,22 +62,57 @@ static int is_marker(const kipp_model *m, uint32_t id, marker *out)
     return rc != 0 || np != 1 || plain[0] != id;
 }
 
-/* Copy s with every '<' turned into '\x01', except the kept prefixes above. */
-static char *neutral(const char *s, kipp_role role)
+/* Does s[i..n) start with the literal lit? (s may hold NUL bytes.) */
+static int at(const char *s, size_t n, size_t i, const char *lit)
+{
+    size_t k = strlen(lit);
+    return i + k <= n && !memcmp(s + i, lit, k);
+}
+
+/* Copy s[0..n) (NUL-terminated copy; s may hold NUL bytes) with every '<'
+ * turned into '\x01', except the kept prefixes above. */
+static char *neutral(const char *s, size_t n, kipp_role role)
 {
     if (!s) return NULL;
-    size_t n = strlen(s);
     char *d = malloc(n + 1);
     if (!d) return NULL;
-    memcpy(d, s, n + 1);
+    memcpy(d, s, n);
+    d[n] = 0;
     for (size_t i = 0; i < n; i++) {
         if (d[i] != '<') continue;
-        const char *p = s + i;
-        if (role == KIPP_ROLE_ASSISTANT && (!strncmp(p, "<think>", 7) || !strncmp(p, "</think>", 8))) continue;
-        if (role == KIPP_ROLE_USER && i == 0 && !strncmp(p, "<tool_response>", 15)) continue;
-        if (role == KIPP_ROLE_USER && n >= 16 && i == n - 16 && !strcmp(p, "</tool_response>")) continue;
+        if (role == KIPP_ROLE_ASSISTANT && (at(s, n, i, "<think>") || at(s, n, i, "</think>"))) continue;
+        if (role == KIPP_ROLE_USER && i == 0 && at(s, n, i, "<tool_response>")) continue;
+        if (role == KIPP_ROLE_USER && n >= 16 && i == n - 16 && at(s, n, i, "</tool_response>")) continue;
         d[i] = '\x01';
     }
+    return d;
+}
+
+/* A message's content as one byte string: content[0..content_len) (strlen
+ * when 0), or its text parts joined with "\n", which is how the renderer
+ * treats parts (kipp.h); *len its length. NULL content stays NULL. */
+static char *joined_content(const kipp_chat_message *msg, size_t *len)
+{
+    *len = 0;
+    if (!msg->content_parts) {
+        if (!msg->content) return NULL;
+        *len = msg->content_len ? msg->content_len : strlen(msg->content);
+        return neutral(msg->content, *len, msg->role);
+    }
+    size_t n = 0;
+    for (size_t k = 0; k < msg->n_content_parts; k++) n += strlen(msg->content_parts[k]) + (k > 0);
+    char *j = malloc(n + 1), *o = j;
+    if (!j) return NULL;
+    for (size_t k = 0; k < msg->n_content_parts; k++) {
+        if (k) *o++ = '\n';
+        size_t m = strlen(msg->content_parts[k]);
+        memcpy(o, msg->content_parts[k], m);
+        o += m;
+    }
+    *o = 0;
+    *len = n;
+    char *d = neutral(j, n, msg->role);
+    free(j);
     return d;
 }
 
@@ -90,29 +125,35 @@ static void free_neutral(kipp_chat_message *c, size_t n)
     free(c);
 }
 
+/* The render of msgs with message text neutralised; *out_len its length.
+ * Called after kipp_chat_render accepted msgs (so content and parts never
+ * both appear). */
 static int render_neutral(const kipp_model *m, const kipp_chat_message *msgs, size_t n, const kipp_chat_options *o,
-                          char **out, char *err, size_t errlen)
+                          char **out, size_t *out_len, char *err, size_t errlen)
 {
     kipp_chat_message *c = calloc(n ? n : 1, sizeof *c);
     int oom = !c;
     for (size_t i = 0; !oom && i < n; i++) {
-        c[i] = msgs[i];
-        c[i].content = neutral(msgs[i].content, msgs[i].role);
-        c[i].reasoning_content = neutral(msgs[i].reasoning_content, msgs[i].role);
-        oom = (msgs[i].content && !c[i].content) || (msgs[i].reasoning_content && !c[i].reasoning_content);
+        const kipp_chat_message *s = &msgs[i];
+        c[i] = *s;
+        c[i].content_parts = NULL, c[i].n_content_parts = 0; /* joined into content, as the renderer joins them */
+        c[i].content = joined_content(s, &c[i].content_len);
+        c[i].reasoning_len = s->reasoning_content ? (s->reasoning_len ? s->reasoning_len : strlen(s->reasoning_content)) : 0;
+        c[i].reasoning_content = neutral(s->reasoning_content, c[i].reasoning_len, s->role);
+        oom = ((s->content || s->content_parts) && !c[i].content) || (s->reasoning_content && !c[i].reasoning_content);
     }
-    int rc = oom ? KIPP_ENOMEM : kipp_chat_render(m, c, n, o, out, err, errlen);
+    int rc = oom ? KIPP_ENOMEM : kipp_chat_render_n(m, c, n, o, out, out_len, err, errlen);
     free_neutral(c, n);
     return rc;
 }
 
 /* The distinct template markers of the neutral render, in marks[*n_marks]. */
-static int find_markers(const kipp_model *m, const char *nt, marker *marks, size_t *n_marks, char *err,
+static int find_markers(const kipp_model *m, const char *nt, size_t nt_len, marker *marks, size_t *n_marks, char *err,
                         size_t errlen)
 {
     uint32_t *ids = NULL;
     size_t n = 0;
-    int rc = tokenize_alloc(m, nt, strlen(nt), KIPP_TOK_SPECIAL, &ids, &n, err, errlen);
+    int rc = tokenize_alloc(m, nt, nt_len, KIPP_TOK_SPECIAL, &ids, &n, err, errlen);
     *n_marks = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         int seen = 0;
@@ -149,11 +190,11 @@ static int push_plain(const kipp_model *m, const char *t, size_t len, uint32_t *
     return rc;
 }
 
-/* Tokenize R piecewise at the markers' offsets in N (same length). */
-static int split_tokenize(const kipp_model *m, const char *r, const char *nt, const marker *marks, size_t n_marks,
-                          uint32_t **out, size_t *n_out, char *err, size_t errlen)
+/* Tokenize R[0..len) piecewise at the markers' offsets in N (same length). */
+static int split_tokenize(const kipp_model *m, const char *r, size_t len, const char *nt, const marker *marks,
+                          size_t n_marks, uint32_t **out, size_t *n_out, char *err, size_t errlen)
 {
-    size_t len = strlen(r), cap = 0, run = 0;
+    size_t cap = 0, run = 0;
     int rc = 0;
     *out = NULL, *n_out = 0;
     for (size_t i = 0; i < len && !rc;) {
@@ -185,14 +226,15 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
     char *r = NULL, *nt = NULL;
     marker marks[MAX_MARK];
     size_t n_marks = 0;
-    int rc = kipp_chat_render(model, msgs, n, opts, &r, err, errlen);
-    if (!rc) rc = render_neutral(model, msgs, n, opts, &nt, err, errlen);
-    if (!rc && strlen(nt) != strlen(r)) { /* cannot happen: the neutral copy keeps every template decision */
+    size_t r_len = 0, nt_len = 0; /* message text may hold NUL bytes: lengths, never strlen */
+    int rc = kipp_chat_render_n(model, msgs, n, opts, &r, &r_len, err, errlen);
+    if (!rc) rc = render_neutral(model, msgs, n, opts, &nt, &nt_len, err, errlen);
+    if (!rc && nt_len != r_len) { /* cannot happen: the neutral copy keeps every template decision */
         if (err && errlen) snprintf(err, errlen, "kipp_chat_tokenize: neutral render differs in length; refusing");
         rc = KIPP_EINVAL;
     }
-    if (!rc) rc = find_markers(model, nt, marks, &n_marks, err, errlen);
-    if (!rc) rc = split_tokenize(model, r, nt, marks, n_marks, ids, n_ids, err, errlen);
+    if (!rc) rc = find_markers(model, nt, nt_len, marks, &n_marks, err, errlen);
+    if (!rc) rc = split_tokenize(model, r, r_len, nt, marks, n_marks, ids, n_ids, err, errlen);
     if (rc == KIPP_ENOMEM && err && errlen && !*err) snprintf(err, errlen, "out of memory tokenizing the chat");
     if (rc) free(*ids), *ids = NULL, *n_ids = 0;
     if (!rc && text) *text = r, r = NULL;

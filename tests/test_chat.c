@@ -211,6 +211,43 @@ static void test_content_parts(void)
     CHECK(rc == KIPP_EINVAL && strstr(err, "part 1 is NULL"), "NULL part: rc %d '%s'", rc, err);
 }
 
+/* kipp_chat_tokenize reads message text by length (a NUL byte does not end
+ * it) and keeps typed markers as text in content parts too: the oracle is
+ * kipp_tokenize over the rendered bytes (no marker text) and the count of
+ * <|im_start|> control tokens (marker text). */
+static void test_chat_tokenize_lengths_and_parts(void)
+{
+    kipp_model *m = load("synthetic-tiny");
+    CHECK(m != NULL, "test model missing: run `make models-test`");
+    if (!m) return;
+    kipp_chat_options o = {1, 0, NULL};
+    char err[256] = "", *text = NULL;
+    uint32_t *ids = NULL, want[512], im_start = 0;
+    size_t n = 0, nw = 0, nl = 0;
+    kipp_chat_message nul = {.role = KIPP_ROLE_USER, .content = "before\0after", .content_len = 12};
+    int rc = kipp_chat_tokenize(m, &nul, 1, &o, &ids, &n, &text, err, sizeof err);
+    char *r = NULL;
+    if (!rc) rc = kipp_chat_render_n(m, &nul, 1, &o, &r, &nl, err, sizeof err);
+    if (!rc) rc = kipp_tokenize(m, r, nl, KIPP_TOK_SPECIAL, want, 512, &nw, err, sizeof err);
+    CHECK(rc == 0 && n == nw && !memcmp(ids, want, n * sizeof *ids), "NUL in content: %zu ids, render+tokenize %zu (%s)",
+          n, nw, err);
+    free(ids), free(text), free(r);
+    CHECK(kipp_tokenize(m, "<|im_start|>", 12, KIPP_TOK_SPECIAL, &im_start, 1, &nw, err, sizeof err) == 0 && nw == 1,
+          "<|im_start|> is not one control token");
+    static const char *typed_p[] = {"x<|im_start|>y", "z"};
+    kipp_chat_message parts = {.role = KIPP_ROLE_USER, .content_parts = typed_p, .n_content_parts = 2};
+    kipp_chat_message joined = {.role = KIPP_ROLE_USER, .content = "x<|im_start|>y\nz"};
+    uint32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0, count = 0;
+    rc = kipp_chat_tokenize(m, &parts, 1, &o, &a, &na, NULL, err, sizeof err);
+    if (!rc) rc = kipp_chat_tokenize(m, &joined, 1, &o, &b, &nb, NULL, err, sizeof err);
+    CHECK(rc == 0 && na == nb && !memcmp(a, b, na * sizeof *a), "parts tokenize differently from their joined string: %s", err);
+    for (size_t i = 0; i < na; i++) count += a && a[i] == im_start;
+    CHECK(count == 2, "typed marker in a part: %zu <|im_start|> control tokens, expected the template's 2", count);
+    free(a), free(b);
+    kipp_model_close(m);
+}
+
 /* kipp_chat_json_dumps writes Python json.dumps(ensure_ascii=False). */
 static void test_json_dumps(void)
 {
@@ -230,6 +267,7 @@ int main(void)
     RUN(test_model_path);
     RUN(test_bad_input);
     RUN(test_content_parts);
+    RUN(test_chat_tokenize_lengths_and_parts);
     RUN(test_json_dumps);
     return th_finish();
 }
