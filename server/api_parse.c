@@ -200,12 +200,16 @@ static int parse_prompt(serve_req *r, const json_t *v, serve_error *e)
     return 0;
 }
 
-/* content: a string, or a list of {"type": "text", "text": ...} parts, concatenated. */
-static int parse_content(const json_t *c, size_t i, char **out, serve_error *e)
+/* content: a string, or a list of {"type": "text", "text": ...} parts joined
+ * with "\n" (as kipp_chat_message parts); *len its bytes (JSON "\u0000" is a
+ * byte of the text, not its end). */
+static int parse_content(const json_t *c, size_t i, char **out, size_t *len, serve_error *e)
 {
     if (!c || json_is_null(c)) return 0;
-    if (json_is_string(c))
-        return (*out = dupn(json_string_value(c), json_string_length(c))) ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
+    if (json_is_string(c)) {
+        *len = json_string_length(c);
+        return (*out = dupn(json_string_value(c), *len)) ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
+    }
     if (!json_is_array(c)) return BAD("messages", "messages[%zu].content is %s, expected a string or an array of text parts", i, type_name(c));
     serve_buf b = {0};
     size_t k;
@@ -218,13 +222,14 @@ static int parse_content(const json_t *c, size_t i, char **out, serve_error *e)
             return BAD("messages", "messages[%zu].content[%zu] is not a text part, expected {\"type\": \"text\", \"text\": \"...\"} "
                        "(only text is supported)", i, k);
         }
-        if (serve_buf_put(&b, json_string_value(tx), json_string_length(tx))) {
+        if ((k > 0 && serve_buf_put(&b, "\n", 1)) || serve_buf_put(&b, json_string_value(tx), json_string_length(tx))) {
             serve_buf_free(&b);
             return serve_fail(e, 503, "server_error", "messages", "out of memory");
         }
     }
     *out = b.p ? b.p : dupn("", 0);
-    return 0;
+    *len = b.p ? b.n : 0;
+    return *out ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
 }
 
 static int parse_role(const json_t *m, size_t i, kipp_role *role, serve_error *e)
@@ -257,9 +262,9 @@ static int parse_messages(serve_req *r, const json_t *v, serve_error *e)
                      (d->role == KIPP_ROLE_ASSISTANT && !strcmp(k, "reasoning_content"));
             if (!ok) return BAD("messages", "messages[%zu].%.40s is not supported", i, k);
         }
-        if (parse_content(json_object_get(m, "content"), i, &d->content, e)) return -1;
+        if (parse_content(json_object_get(m, "content"), i, &d->content, &d->content_len, e)) return -1;
         const json_t *rc = json_object_get(m, "reasoning_content");
-        if (rc && !json_is_null(rc) && parse_content(rc, i, &d->reasoning_content, e)) return -1;
+        if (rc && !json_is_null(rc) && parse_content(rc, i, &d->reasoning_content, &d->reasoning_len, e)) return -1;
         if (!d->content && d->role != KIPP_ROLE_ASSISTANT)
             return BAD("messages", "messages[%zu].content is missing, expected a string", i);
         if (!d->content && !(d->content = dupn("", 0))) return serve_fail(e, 503, "server_error", "messages", "out of memory");
@@ -363,6 +368,9 @@ int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_erro
     if (!root) {
         if (json_error_code(&je) == json_error_invalid_utf8)
             return BAD("", "request body holds invalid UTF-8 near byte %d; JSON text must be UTF-8", je.position);
+        if (json_error_code(&je) == json_error_null_character) /* prompts and stops are C strings downstream */
+            return BAD("", "request body holds \\u0000 (a NUL character) in a string at line %d, column %d; "
+                       "kipp-serve accepts strings without NUL", je.line, je.column);
         return BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
     int rc = json_is_object(root) ? parse_object(r, root, e)

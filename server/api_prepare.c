@@ -37,13 +37,17 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r,
     kipp_chat_message *cm = calloc(r->n_msgs, sizeof *cm);
     if (!cm) return serve_fail(e, 503, "server_error", "messages", "out of memory");
     for (size_t i = 0; i < r->n_msgs; i++)
-        cm[i] = (kipp_chat_message){.role = r->msgs[i].role, .content = r->msgs[i].content, .reasoning_content = r->msgs[i].reasoning_content};
+        cm[i] = (kipp_chat_message){.role = r->msgs[i].role, .content = r->msgs[i].content,
+                                    .content_len = r->msgs[i].content_len,
+                                    .reasoning_content = r->msgs[i].reasoning_content,
+                                    .reasoning_len = r->msgs[i].reasoning_len};
     kipp_chat_options co = {1, r->enable_thinking, NULL};
     char *text = NULL, err[256] = "";
-    int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, &text, err, sizeof err);
+    size_t tl = 0; /* the text may hold NUL bytes: its length from the renderer, never strlen */
+    int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, NULL, err, sizeof err);
+    if (!rc) rc = kipp_chat_render_n(m, cm, r->n_msgs, &co, &text, &tl, err, sizeof err);
     free(cm);
     if (rc) return BAD("messages", "messages cannot be rendered: %s", err);
-    size_t tl = strlen(text);
     r->starts_in_reasoning = tl >= 8 && !strcmp(text + tl - 8, "<think>\n");
     r->thinking = !(tl >= 10 && !strcmp(text + tl - 10, "</think>\n\n"));
     free(text);

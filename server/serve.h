@@ -42,11 +42,14 @@ typedef struct {
 int serve_fail(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-/** One chat message as parsed: text parts already concatenated. */
+/** One chat message as parsed: text parts already joined with "\n", as the
+ * engine joins kipp_chat_message content parts (kipp.h; vLLM does the same). */
 typedef struct {
     kipp_role role;
-    char *content;            /* malloc'd, may be NULL (assistant) */
+    char *content;            /* malloc'd, may be NULL (assistant); may hold NUL bytes */
+    size_t content_len;       /* bytes of content */
     char *reasoning_content;  /* assistant history, malloc'd or NULL */
+    size_t reasoning_len;     /* bytes of reasoning_content */
 } serve_msg;
 
 /** A parsed, validated request (api_parse.c); owns every pointer. */

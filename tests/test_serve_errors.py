@@ -100,11 +100,21 @@ def test_validation_rule(srv, path, body, status, param, words):
     assert words.lower() in e["message"].lower(), e["message"]
 
 
-def test_chat_content_parts_concatenated(srv):
+def test_chat_content_parts_joined_with_newline(srv):
+    """Text parts render as their "\n"-joined string, as kipp_chat_message parts and `kipp render` do (vLLM too)."""
     parts = [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]
     a = srv.post(CH, {"messages": [{"role": "user", "content": parts}], "max_tokens": 3, "temperature": 0})[1]
-    b = srv.post(CH, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0})[1]
+    b = srv.post(CH, {"messages": [{"role": "user", "content": "hel\nlo"}], "max_tokens": 3, "temperature": 0})[1]
+    c = srv.post(CH, {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0})[1]
     assert a["usage"] == b["usage"] and a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert a["usage"]["prompt_tokens"] != c["usage"]["prompt_tokens"] or a["choices"] != c["choices"]
+
+
+def test_nul_in_a_string_is_a_clear_error(srv):
+    """A JSON "\u0000" is refused up front, by position, never silently cut."""
+    st, r = srv.post(CH, {"messages": [{"role": "user", "content": "hi\u0000 and a tail"}], "max_tokens": 1})
+    e = _check_error(st, r, 400, None)
+    assert "NUL character" in e["message"] and "column" in e["message"], e["message"]
 
 
 def test_context_limit_message_and_clamp(srv):
