@@ -4,7 +4,7 @@
  * publish-at-finish, truncation of the private tail, and the block mapping
  * around each batched evaluation.
  *
- * The invariants every function here keeps (tests/test_kv_pool.c checks them
+ * The invariants every function here keeps (tests/test_kv_pool_stress.c checks them
  * against a model of the expected state):
  *   - logical blocks [0, n_shared) map published blocks, one reference each;
  *     they are complete and never written again;

@@ -176,6 +176,72 @@ def prefix_rows(gguf: Path, mid: str, threads: int, clients: int, max_tokens: in
     return rows
 
 
+def llama_request(port: int, k: int, max_tokens: int) -> dict:
+    """prefix_prompt(k) through llama-server's native /completion with its prompt cache."""
+    import http.client
+    body = json.dumps({"prompt": prefix_prompt(k), "n_predict": max_tokens, "temperature": 0, "stream": True,
+                       "cache_prompt": True, "ignore_eos": True})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    t0 = time.perf_counter()
+    c.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    first, last = None, {}
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        ch = json.loads(line[6:])
+        if first is None and ch.get("content"):
+            first = time.perf_counter()
+        last = ch
+    c.close()
+    tm = last.get("timings", {})
+    n_prompt = last.get("tokens_evaluated", 0)
+    return {"ttft_ms": (first - t0) * 1e3 if first else float("nan"), "prompt_tokens": n_prompt,
+            "evaluated_tokens": tm.get("prompt_n"), "cached_tokens": tm.get("cache_n")}
+
+
+def llama_rows(server_bin: Path, model: Path, threads: int, max_tokens: int) -> list[dict]:
+    """llama-server with one slot and its prompt cache: cold, then a different user turn (warm)."""
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    nth = threads or len(os.sched_getaffinity(0))
+    proc = subprocess.Popen([str(server_bin), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
+                             "-np", "1", "-t", str(nth), "-tb", str(nth)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import http.client
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        cold = llama_request(port, 0, max_tokens)
+        warm = llama_request(port, 9, max_tokens)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    rows = []
+    for name, r in (("llama_server_prefix_cold_ttft", cold), ("llama_server_prefix_warm_ttft", warm)):
+        rows.append({"name": name, "model": model.stem, "format": "bf16", "unit": "ms", "concurrency": 1, "reps": 1,
+                     "median": r["ttft_ms"], "min": r["ttft_ms"], "max": r["ttft_ms"], "prompt_tokens": r["prompt_tokens"],
+                     "evaluated_tokens": r["evaluated_tokens"], "cached_tokens": r["cached_tokens"], "max_tokens": max_tokens,
+                     "server": "llama-server -np 1, cache_prompt"})
+    rows[1]["warm_over_cold"] = warm["ttft_ms"] / cold["ttft_ms"]
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    return rows
+
+
 def git_sha() -> str:
     return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
@@ -206,6 +272,9 @@ def main() -> int:
     ap.add_argument("--prefix", type=int, default=8, metavar="CLIENTS",
                     help="prefix-sharing rows with this many warm clients (0 = skip them)")
     ap.add_argument("--prefix-max-tokens", type=int, default=8)
+    ap.add_argument("--llama-server", type=Path, help="llama-server binary for the optional prefix-cache comparison "
+                    "(default: build/peers/*/bin/llama-server when `make bench-peers` built it)")
+    ap.add_argument("--llama-model", type=Path, help="the model in llama.cpp's layout (default: build/peers/models/<id>.gguf)")
     args = ap.parse_args()
     if args.model:
         gguf, mid = args.model, args.model.stem
@@ -229,8 +298,16 @@ def main() -> int:
                    "itl_ms_p50": pct(itl, 0.5), "itl_ms_p99": pct(itl, 0.99)}
             print(json.dumps(row), flush=True)
             results.append(row)
+    peers = "none (the llama-server side-by-side belongs to the peers issue)"
     if args.prefix > 0:
         results += prefix_rows(gguf, mid, args.threads, args.prefix, args.prefix_max_tokens)
+        lbin = args.llama_server or next(iter(sorted((ROOT / "build" / "peers").glob("*/bin/llama-server"))), None)
+        lmodel = args.llama_model or ROOT / "build" / "peers" / "models" / f"{mid}.gguf"
+        if lbin and lbin.exists() and lmodel.exists():
+            results += llama_rows(lbin, lmodel, args.threads, args.prefix_max_tokens)
+            peers = f"llama-server ({lbin}) on the prefix rows only, one slot, same weights ({lmodel.name})"
+        else:
+            print("serve_bench.py: no llama-server/model under build/peers (make bench-peers): prefix rows without the peer")
     host = os.uname().nodename
     cpu, flags = cpu_facts()
     sha = git_sha()
@@ -238,7 +315,7 @@ def main() -> int:
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
            "profile": f"profiles/{host}.json" if (ROOT / "profiles" / f"{host}.json").exists() else None,
            "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu, "isa_flags": flags, "server": "kipp-serve",
-                      "peers": "none (the llama-server side-by-side belongs to the peers issue)",
+                      "peers": peers,
                       "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
            "results": results}
     args.results.mkdir(parents=True, exist_ok=True)
