@@ -281,8 +281,41 @@ static void test_unpooled_model(void)
     kipp_session_destroy(s);
 }
 
+/* kipp_model_open_pooled / kipp_model_enable_pool on a converted file: sizes and refusals. */
+static void test_open_pooled(void)
+{
+    char path[512], err[256] = "";
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    kipp_model *m = NULL;
+    int rc = kipp_model_open_pooled(path, "none", NULL, 16, &m, err, sizeof err);
+    CHECK(rc == KIPP_ENOTSUP && m == NULL && strstr(err, "none"), "backend none: %d '%s'", rc, err);
+    rc = kipp_model_open_pooled(path, "ref", NULL, 1ull << 30, &m, err, sizeof err); /* 2^32 blocks of 256 KiB */
+    CHECK(rc == KIPP_ERANGE && m == NULL && strstr(err, "4294967296 blocks"), "huge pool: %d '%s'", rc, err);
+    rc = kipp_model_open_pooled(path, "ref", NULL, 1, &m, err, sizeof err); /* 8 KiB per position: 4 blocks */
+    CHECK(rc == 0, "open pooled: %d %s", rc, err);
+    if (rc) return;
+    kipp_model_info info;
+    kipp_pool_stats st;
+    kipp_model_get_info(m, &info);
+    CHECK(info.kv_pool_blocks == 4 && kipp_model_pool_stats(m, &st) == 0 && st.blocks_total == 4 && st.block_tokens == 32,
+          "1 MiB pool: %u blocks, expected 4", info.kv_pool_blocks);
+    CHECK(kipp_model_enable_pool(m, 1, err, sizeof err) == KIPP_EINVAL && strstr(err, "already"), "second pool: '%s'", err);
+    kipp_model_close(m);
+    CHECK(kipp_model_open(path, "ref", NULL, &m, err, sizeof err) == 0, "open: %s", err);
+    kipp_session *s = NULL;
+    CHECK(kipp_session_create(m, 64, &s, NULL, 0) == 0, "session");
+    rc = kipp_model_enable_pool(m, 0, err, sizeof err);
+    CHECK(rc == KIPP_EINVAL && strstr(err, "1 sessions"), "enable with a live session: %d '%s'", rc, err);
+    kipp_session_destroy(s);
+    rc = kipp_model_enable_pool(m, 0, err, sizeof err); /* 0: one full context, 4096 / 32 blocks */
+    kipp_model_get_info(m, &info);
+    CHECK(rc == 0 && info.kv_pool_blocks == 128, "default pool: %d, %u blocks, expected 128 (%s)", rc, info.kv_pool_blocks, err);
+    kipp_model_close(m);
+}
+
 int main(void)
 {
+    RUN(test_open_pooled);
     const char *backends[2] = {"ref", "cpu"};
     for (int i = 0; i < 2; i++) {
         backend = backends[i];
