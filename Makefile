@@ -21,7 +21,7 @@ ALLCFLAGS = -std=c11 $(WARN) $(CFLAGS) $(SAN) -MMD -MP -pthread
 AVX2     := -mavx2 -mfma -mf16c
 AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 AVX512BF16 := $(AVX512) -mavx512bf16 -mavx512vnni
-LDLIBS   := -lhwloc -ljansson -lpcre2-8 -lutf8proc -lm -lpthread
+LDLIBS   := -lhwloc -ljansson -lpcre2-8 -lutf8proc -lxxhash -lm -lpthread
 HAVE_PAPI := $(shell printf '#include <papi.h>\nint main(void){return 0;}' | $(CC) -x c - -lpapi -o /dev/null 2>/dev/null && echo 1)
 HAVE_SIMDE := $(shell printf '\043include <simde/x86/avx512.h>\nint main(void){return 0;}' | $(CC) -x c - -mavx2 -mfma -o /dev/null 2>/dev/null && echo 1)
 ifeq ($(HAVE_PAPI),1)

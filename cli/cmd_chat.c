@@ -15,8 +15,14 @@
  * Comparing token ids rather than text also covers a tokenization that
  * changes at the boundary between old and new text.
  *
- * --no-cache-reuse re-evaluates the whole conversation every turn; the tests
- * use it as the oracle that KV reuse must reproduce exactly.
+ * The model is opened with a KV pool (kipp_model_enable_pool) of twice the
+ * session's capacity, so `/reset` publishes the conversation's full 32-token
+ * blocks and the next conversation adopts the longest cached prefix of its
+ * prompt (kipp_session_match_prefix) - a repeated system prompt or first
+ * message is not prefilled again (issue 10).
+ *
+ * --no-cache-reuse re-evaluates the whole conversation every turn, without a
+ * pool; the tests use it as the oracle that KV reuse must reproduce exactly.
  *
  * stdout carries only the replies (one line per turn end); prompts and the
  * per-turn statistics go to stderr, so the command can be driven by a pipe. A
@@ -106,8 +112,13 @@ static int eval_conversation(kipp_model *m, kipp_session *s, chat_state *c, cons
     /* Keep at least one token to evaluate: its logits start the reply. */
     size_t keep = o->no_reuse ? 0 : common_prefix(c->held, c->n_held, *ids, *n);
     if (keep == *n) keep--;
-    *reused = keep;
     rc = kipp_session_truncate(s, (uint32_t)keep, err, errlen);
+    if (!rc && keep == 0 && !o->no_reuse) { /* a new conversation: adopt what the pool holds (0 when unpooled) */
+        int got = kipp_session_match_prefix(s, *ids, (uint32_t)(*n - 1), err, errlen);
+        if (got < 0) rc = got;
+        else keep = (size_t)got;
+    }
+    *reused = keep;
     if (!rc) rc = kipp_session_eval(s, *ids + keep, (uint32_t)(*n - keep), logits, err, errlen);
     c->n_held = kipp_session_length(s) < keep ? kipp_session_length(s) : keep; /* on error: what is still valid */
     return rc;
@@ -278,6 +289,10 @@ int cmd_chat(int argc, char **argv)
     kipp_session *s = NULL;
     char err[512];
     float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
+    /* Room for this conversation's blocks plus as many published ones from earlier conversations. */
+    uint64_t pool_mib = (2 * (((uint64_t)cap + 31) / 32) * 32 * info.kv_bytes_per_token + (1u << 20) - 1) >> 20;
+    if (!o.no_reuse && kipp_model_enable_pool(m, pool_mib, err, sizeof err))
+        fprintf(stderr, "kipp chat: no KV pool (%s); /reset starts from an empty cache\n", err);
     if (kipp_session_create(m, cap, &s, err, sizeof err)) {
         cli_errorf("chat", "%s", err);
         rc = 1;

@@ -101,6 +101,21 @@ typedef struct {
                 size_t errlen);
     /** Optional: one line per chosen kernel path, for `kipp inspect --kernels`; may be NULL. */
     void (*describe)(void *backend_model, char *out, size_t outlen);
+    /*
+     * Pooled KV (seed 000 "Cross-session prefix sharing"); all three NULL when
+     * the backend cannot pool (kipp_model_open_pooled then fails KIPP_ENOTSUP).
+     */
+    /** Allocate the model's one shared KV slab of n_blocks physical blocks; called at most once. */
+    int (*pool_create)(void *backend_model, uint32_t n_blocks, char *err, size_t errlen);
+    /**
+     * A session of n_blocks logical blocks (its capacity) whose KV lives in the
+     * model slab: its items' block_table entries are slab block indices < the
+     * slab's n_blocks. The engine maps and unmaps blocks; the backend only computes.
+     */
+    int (*session_create_pooled)(void *backend_model, uint32_t n_blocks, void **backend_session,
+                                 char *err, size_t errlen);
+    /** Copy slab block src to dst (K and V of every layer): copy-on-truncate of a shared block. */
+    void (*pool_copy_block)(void *backend_model, uint32_t src, uint32_t dst);
 } kipp_backend_ops;
 
 /** Backends known to the engine (engine/backends.c); NULL when name is unknown. */

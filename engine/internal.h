@@ -31,17 +31,54 @@ struct kipp_model {
     void *bm;                      /* backend model */
     uint64_t weight_bytes;         /* sum of tensor bytes */
     const char *quant;             /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" (static) */
+    struct kipp_kv_pool *pool;     /* pooled models: block bookkeeping of the backend's KV slab; else NULL */
+    uint32_t n_sessions;           /* live sessions (a pool can only be enabled at 0) */
 };
 
-/** A session: logical timeline + block table; KV bytes live in the backend. */
+/**
+ * A session: logical timeline + block table; KV bytes live in the backend.
+ * Pooled sessions (model->pool != NULL) map logical blocks [0, n_shared) to
+ * published pool blocks (immutable, referenced), [n_shared, n_alloc) to
+ * private pool blocks, and the rest to KIPP_POOL_NONE.
+ */
 struct kipp_session {
     kipp_model *model;
     void *bs;                 /* backend session */
     uint32_t capacity;        /* tokens */
-    uint32_t n_blocks;        /* ceil(capacity/32) physical blocks */
+    uint32_t n_blocks;        /* ceil(capacity/32) logical blocks (unpooled: physical too) */
     uint32_t length;          /* tokens in cache */
     uint32_t *block_table;    /* [n_blocks] logical -> physical block */
+    uint32_t *tokens;         /* pooled: [capacity] ids at positions < length, hashed at publish; else NULL */
+    uint32_t n_shared;        /* pooled: leading blocks mapped to published blocks */
+    uint32_t n_alloc;         /* pooled: blocks [0, n_alloc) are mapped; n_shared <= n_alloc */
 };
+
+/* ---- pooled sessions (engine/session_pool.c) ---- */
+
+/**
+ * Give m (with a backend) a KV pool of n_blocks blocks: the bookkeeping here
+ * and the slab in the backend. Used by kipp_model_open_pooled and by tests on
+ * in-memory models. KIPP_EINVAL when m already has one, KIPP_ENOMEM.
+ */
+int kipp_model_attach_pool(kipp_model *m, uint32_t n_blocks, char *err, size_t errlen);
+
+/** Pooled part of kipp_session_create: tokens buffer, unmapped table, backend session. */
+int kipp_pool_session_create(kipp_session *s, char *err, size_t errlen);
+/** Publish s's full blocks and release every block (reset/destroy); length becomes 0. */
+void kipp_pool_session_release(kipp_session *s);
+/** Pooled truncation (see kipp_session_truncate); n <= length checked by the caller. */
+int kipp_pool_session_truncate(kipp_session *s, uint32_t n, char *err, size_t errlen);
+/**
+ * Map private blocks so items[0..n) fit (before the backend runs); on failure
+ * nothing stays mapped. n_alloc_before[n] receives each session's n_alloc for
+ * kipp_pool_batch_rollback. 0 or KIPP_ENOMEM.
+ */
+int kipp_pool_batch_map(kipp_model *m, const kipp_batch_item *items, size_t n, uint32_t *n_alloc_before,
+                        char *err, size_t errlen);
+/** Undo kipp_pool_batch_map (the evaluation failed). */
+void kipp_pool_batch_rollback(kipp_model *m, const kipp_batch_item *items, size_t n, const uint32_t *n_alloc_before);
+/** Record the evaluated ids of items in their sessions' token buffers (before length advances). */
+void kipp_pool_batch_commit(const kipp_batch_item *items, size_t n);
 
 /**
  * Open path read-only, mmap it (MAP_PRIVATE, PROT_READ), validate it as a Kipp

@@ -54,6 +54,52 @@ typedef struct {
 int kipp_model_open(const char *path, const char *backend, const kipp_model_options *opts,
                     kipp_model **out, char *err, size_t errlen);
 
+/**
+ * kipp_model_open with a shared, content-addressed KV pool of pool_mib MiB
+ * (seed 000 "Cross-session prefix sharing"; 0 = one full context of KV, the
+ * seed's default). The backend model owns one KV slab of
+ * floor(pool_mib MiB / (32 * kv_bytes_per_token)) blocks of 32 positions;
+ * every session of the model maps its block table onto it, draws private
+ * blocks from it as it grows, publishes its full blocks at reset/destroy
+ * ("publish-at-finish"), and can adopt a published prefix with
+ * kipp_session_match_prefix. Results equal unpooled evaluation bitwise.
+ * Memory is committed as blocks are first written. Errors: those of
+ * kipp_model_open; KIPP_ERANGE when pool_mib holds less than one block or more
+ * than 2^32-2 blocks; KIPP_ENOTSUP for backend "none" or a backend without a
+ * pool; KIPP_ENOMEM.
+ */
+int kipp_model_open_pooled(const char *path, const char *backend, const kipp_model_options *opts,
+                           uint64_t pool_mib, kipp_model **out, char *err, size_t errlen);
+
+/**
+ * Give an open model a KV pool of pool_mib MiB (0 = one full context), as
+ * kipp_model_open_pooled does; for callers that size the pool from
+ * kipp_model_get_info. Must precede the model's first session. Errors:
+ * KIPP_EINVAL (NULL model, sessions already open, a pool already there),
+ * KIPP_ERANGE (size, as kipp_model_open_pooled), KIPP_ENOTSUP, KIPP_ENOMEM.
+ */
+int kipp_model_enable_pool(kipp_model *model, uint64_t pool_mib, char *err, size_t errlen);
+
+/** KV pool statistics (kipp_model_pool_stats); block counts are 32-position blocks. */
+typedef struct {
+    uint32_t block_tokens;       /* positions per block: 32 */
+    uint64_t blocks_total;       /* blocks in the pool */
+    uint64_t blocks_free;        /* never used or released */
+    uint64_t blocks_private;     /* mapped by one session, mutable (its unpublished tail) */
+    uint64_t blocks_published;   /* complete, immutable, findable by content */
+    uint64_t blocks_referenced;  /* published and mapped by >= 1 session (never evicted) */
+    uint64_t blocks_available;   /* free + unreferenced published: what allocation can still get */
+    uint64_t hits;               /* blocks adopted by kipp_session_match_prefix */
+    uint64_t misses;             /* full blocks looked up and not found */
+    uint64_t evictions;          /* unreferenced published blocks reclaimed (least recently used first) */
+} kipp_pool_stats;
+
+/**
+ * Fill *out with the pool's statistics. Errors: KIPP_EINVAL for NULL
+ * arguments, KIPP_ENOTSUP when the model is not pooled (*out zeroed).
+ */
+int kipp_model_pool_stats(const kipp_model *model, kipp_pool_stats *out);
+
 /** Close a model opened by kipp_model_open; NULL is accepted. Sessions must be destroyed first. */
 void kipp_model_close(kipp_model *model);
 
@@ -77,6 +123,7 @@ typedef struct {
     uint64_t file_bytes;         /* size of the mapped file */
     uint64_t n_tensors;          /* entries of the tensor table (kipp_model_tensor) */
     uint64_t data_offset;        /* file offset of the tensor data section */
+    uint32_t kv_pool_blocks;     /* 32-position blocks of the shared KV pool; 0 = not pooled */
 } kipp_model_info;
 
 /** Fill *info for an open model. Never fails for a valid model. */
@@ -263,16 +310,49 @@ void kipp_session_destroy(kipp_session *s);
 uint32_t kipp_session_length(const kipp_session *s);
 /** Capacity in tokens, as created. */
 uint32_t kipp_session_capacity(const kipp_session *s);
-/** Set the length to zero; KV bytes are not cleared. */
+/**
+ * Set the length to zero; KV bytes are not cleared. Pooled: first publishes the
+ * session's full 32-token blocks to the pool (publish-at-finish) and releases
+ * every block; kipp_session_destroy does the same.
+ */
 void kipp_session_reset(kipp_session *s);
-/** Roll back to the first n tokens; KIPP_ERANGE when n > length. */
+/**
+ * Roll back to the first n tokens; KIPP_ERANGE when n > length. Pooled: only
+ * the private tail changes: private blocks past the new end return to the
+ * pool, shared blocks past it are released (never written), and a shared
+ * block that n cuts inside is first copied into a private block
+ * (KIPP_ENOMEM when the pool has none left; nothing changes then).
+ */
 int kipp_session_truncate(kipp_session *s, uint32_t n, char *err, size_t errlen);
+
+/**
+ * Adopt the longest published prefix of tokens[n] into the empty pooled
+ * session s: whole 32-token blocks whose ids (and every id before them) equal
+ * a published block's, up to the session's capacity. The session's length
+ * becomes the adopted length, which is returned (a multiple of 32, >= 0);
+ * evaluation continues from there, bitwise equal to having evaluated the
+ * prefix. Pass n = prompt length - 1 when the last prompt token's logits are
+ * needed, so at least one token is left to evaluate. Returns 0 for a session
+ * of an unpooled model. Errors (negative): KIPP_EINVAL for NULL s, NULL tokens
+ * with n > 0, or a session that is not empty (naming its length).
+ */
+int kipp_session_match_prefix(kipp_session *s, const uint32_t *tokens, uint32_t n, char *err,
+                              size_t errlen);
+
+/**
+ * Pool blocks s must still take to hold `length` tokens (0 when they are
+ * already mapped, or for an unpooled session). A scheduler sums this over its
+ * sessions' worst-case lengths and compares it with blocks_available before
+ * admitting work, so evaluation never finds the pool exhausted.
+ */
+uint32_t kipp_session_pool_need(const kipp_session *s, uint32_t length);
 
 /**
  * Append n tokens (n >= 1) and write the FP32 logits of the final position to
  * logits ([vocab_size] floats) unless logits is NULL. Nothing is appended on
  * error: KIPP_ERANGE when length+n > capacity or an id >= vocab_size,
- * KIPP_ENUMERIC when the logits are not finite.
+ * KIPP_ENUMERIC when the logits are not finite, KIPP_ENOMEM when a pooled
+ * session needs more blocks than the pool has free or evictable.
  */
 int kipp_session_eval(kipp_session *s, const uint32_t *tokens, uint32_t n, float *logits,
                       char *err, size_t errlen);

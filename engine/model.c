@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
+#include "engine/kv_pool.h"
 
 #define KIPP_FORMAT_VERSION 1u
 #define KIPP_ALIGNMENT 64u
@@ -730,6 +731,7 @@ void kipp_model_close(kipp_model *m)
 {
     if (!m) return;
     if (m->ops && m->bm) m->ops->model_destroy(m->bm);
+    kipp_kv_pool_destroy(m->pool);
     kipp_tokenizer_destroy(m->tok);
     free(m->tok_added_ids);
     free(m->tok_strs);
@@ -767,6 +769,7 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->file_bytes = m->map_size;
     info->n_tensors = m->gguf.n_tensors;
     info->data_offset = m->gguf.data_offset;
+    info->kv_pool_blocks = m->pool ? kipp_kv_pool_total(m->pool) : 0;
 }
 
 int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)

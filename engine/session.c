@@ -41,12 +41,15 @@ int kipp_session_create(kipp_model *model, uint32_t capacity, kipp_session **out
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory allocating a %u-entry block table", nb);
     }
     for (uint32_t b = 0; b < s->n_blocks; b++) s->block_table[b] = b; /* identity: contiguous layout */
-    int rc = model->ops->session_create(model->bm, s->n_blocks, &s->bs, err, errlen);
+    int rc = model->pool ? kipp_pool_session_create(s, err, errlen)
+                         : model->ops->session_create(model->bm, s->n_blocks, &s->bs, err, errlen);
     if (rc) {
+        free(s->tokens);
         free(s->block_table);
         free(s);
         return rc;
     }
+    model->n_sessions++;
     *out = s;
     return 0;
 }
@@ -54,7 +57,10 @@ int kipp_session_create(kipp_model *model, uint32_t capacity, kipp_session **out
 void kipp_session_destroy(kipp_session *s)
 {
     if (!s) return;
+    if (s->model->pool) kipp_pool_session_release(s); /* publish-at-finish */
     s->model->ops->session_destroy(s->bs);
+    s->model->n_sessions--;
+    free(s->tokens);
     free(s->block_table);
     free(s);
 }
@@ -65,6 +71,7 @@ uint32_t kipp_session_capacity(const kipp_session *s) { return s ? s->capacity :
 
 void kipp_session_reset(kipp_session *s)
 {
+    if (s && s->model->pool) kipp_pool_session_release(s); /* publish-at-finish */
     if (s) s->length = 0;
 }
 
@@ -74,6 +81,7 @@ int kipp_session_truncate(kipp_session *s, uint32_t n, char *err, size_t errlen)
     if (n > s->length)
         return kipp_err(err, errlen, KIPP_ERANGE,
                         "cannot truncate to %u tokens: the session holds only %u", n, s->length);
+    if (s->model->pool) return kipp_pool_session_truncate(s, n, err, errlen);
     s->length = n; /* positions >= n are overwritten by the next append */
     return 0;
 }
@@ -84,6 +92,8 @@ int kipp_session_set_block_table(kipp_session *s, const uint32_t *perm, char *er
     if (s->length)
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "the block table can only be replaced on an empty session (length is %u)", s->length);
+    if (s->model->pool)
+        return kipp_err(err, errlen, KIPP_EINVAL, "the block table of a pooled session belongs to the KV pool");
     uint8_t *seen = calloc(s->n_blocks, 1);
     if (!seen) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory checking a block table");
     for (uint32_t b = 0; b < s->n_blocks; b++) {
@@ -150,24 +160,41 @@ int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *e
                 return kipp_err(err, errlen, KIPP_EINVAL, "items %zu and %zu share a session, expected distinct sessions", j, i);
     }
     kipp_eval_item stack[8], *bi = n <= 8 ? stack : malloc(n * sizeof *bi);
-    if (!bi) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu batch items", n);
-    for (size_t i = 0; i < n; i++) {
+    uint32_t alloc_stack[8], *alloc0 = n <= 8 ? alloc_stack : malloc(n * sizeof *alloc0);
+    if (!bi || !alloc0) {
+        if (bi != stack) free(bi);
+        if (alloc0 != alloc_stack) free(alloc0);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu batch items", n);
+    }
+    int rc = model->pool ? kipp_pool_batch_map(model, items, n, alloc0, err, errlen) : 0;
+    for (size_t i = 0; i < n && !rc; i++) {
         const kipp_session *s = items[i].session;
         bi[i] = (kipp_eval_item){s->bs, items[i].tokens, items[i].token_count, s->length, s->block_table,
                                  items[i].logits_count, items[i].logits};
     }
-    int rc = model->ops->eval(model->bm, bi, n, err, errlen);
+    if (!rc) {
+        rc = model->ops->eval(model->bm, bi, n, err, errlen);
+        if (rc && model->pool) kipp_pool_batch_rollback(model, items, n, alloc0);
+    }
     if (bi != stack) free(bi);
-    if (rc) return rc;
+    if (rc) {
+        if (alloc0 != alloc_stack) free(alloc0);
+        return rc;
+    }
     /* NaN/Inf is reported, not sampled; no session advances so a retry sees the old state. */
     uint32_t vocab = model->view.dims.vocab_size;
     for (size_t i = 0; i < n; i++) {
         size_t bad;
-        if (!check_finite(items[i].logits, (size_t)items[i].logits_count * vocab, &bad))
+        if (!check_finite(items[i].logits, (size_t)items[i].logits_count * vocab, &bad)) {
+            if (model->pool) kipp_pool_batch_rollback(model, items, n, alloc0);
+            if (alloc0 != alloc_stack) free(alloc0);
             return kipp_err(err, errlen, KIPP_ENUMERIC,
                             "item %zu: logit %zu (row %zu, token %zu) is %g, expected a finite value",
                             i, bad, bad / vocab, bad % vocab, (double)items[i].logits[bad]);
+        }
     }
+    if (alloc0 != alloc_stack) free(alloc0);
+    if (model->pool) kipp_pool_batch_commit(items, n);
     for (size_t i = 0; i < n; i++) items[i].session->length += items[i].token_count;
     return 0;
 }

@@ -70,8 +70,9 @@ static json_t *usage(const serve_job *j)
 {
     uint64_t gen = 0;
     for (int i = 0; i < j->req.n; i++) gen += j->out[i].n_gen;
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)j->req.n_prompt, "completion_tokens", (json_int_t)gen,
-                     "total_tokens", (json_int_t)(j->req.n_prompt + gen));
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)j->req.n_prompt, "completion_tokens",
+                     (json_int_t)gen, "total_tokens", (json_int_t)(j->req.n_prompt + gen), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)j->cached_tokens);
 }
 
 /* llama.cpp-style timings: prompt and predicted counts, ms, per-token ms, tok/s. */

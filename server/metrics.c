@@ -1,7 +1,8 @@
 /*
  * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
  * counts, token counts, TTFT and inter-token latency histograms, queue depth,
- * active choices, KV blocks held (issue 9 item 2). All numbers are guarded by
+ * active choices, KV blocks held (issue 9 item 2), and the KV pool's
+ * occupancy and reuse counters (issue 10). All numbers are guarded by
  * the scheduler's mutex.
  */
 #include <stdio.h>
@@ -64,6 +65,22 @@ static void gauge(serve_buf *b, const char *name, const char *help, const char *
     put(b, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* The KV pool (seed 000 "Cross-session prefix sharing"): occupancy by block state, then reuse counters. */
+static void pool_metrics(serve_buf *b, const kipp_pool_stats *p)
+{
+    const char *name[6] = {"total", "free", "private", "published", "referenced", "available"};
+    const uint64_t v[6] = {p->blocks_total, p->blocks_free, p->blocks_private, p->blocks_published, p->blocks_referenced,
+                           p->blocks_available};
+    put(b, "# HELP kipp_kv_pool_blocks 32-position blocks of the shared KV pool by state (published = reusable by content, "
+           "referenced = published and mapped by a live choice, available = free + unreferenced published).\n"
+           "# TYPE kipp_kv_pool_blocks gauge\n");
+    for (int i = 0; i < 6; i++) put(b, "kipp_kv_pool_blocks{state=\"%s\"} %llu\n", name[i], (unsigned long long)v[i]);
+    gauge(b, "kipp_kv_pool_hits_total", "Pool blocks adopted as a prompt prefix instead of prefilled.", "counter", (double)p->hits);
+    gauge(b, "kipp_kv_pool_misses_total", "Full prompt blocks looked up in the pool and not found.", "counter", (double)p->misses);
+    gauge(b, "kipp_kv_pool_evictions_total", "Unreferenced published blocks reclaimed, least recently used first.", "counter",
+          (double)p->evictions);
+}
+
 char *serve_metrics_text(const serve_metrics *m)
 {
     serve_buf b = {0};
@@ -82,5 +99,8 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_queue_depth", "Requests waiting in the FIFO.", "gauge", m->queue_depth);
     gauge(&b, "kipp_active_choices", "Choices being evaluated.", "gauge", m->active_choices);
     gauge(&b, "kipp_kv_blocks_in_use", "32-position KV blocks held by live sessions.", "gauge", (double)m->kv_blocks);
+    gauge(&b, "kipp_prompt_tokens_cached_total", "Prompt tokens adopted from the KV pool instead of prefilled.", "counter",
+          (double)m->prompt_tokens_cached);
+    if (m->pooled) pool_metrics(&b, &m->pool);
     return b.p;
 }

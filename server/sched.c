@@ -3,7 +3,10 @@
  * item 6). One thread owns every session. Each step:
  *   1. frees the choices of cancelled jobs (client gone) at once;
  *   2. admits queued jobs, in order, while the total choice count fits
- *      max_choices (a job is admitted whole: all n choices);
+ *      max_choices (a job is admitted whole: all n choices); on a pooled
+ *      model each choice first adopts the longest published prefix of its
+ *      prompt (kipp_session_match_prefix), and the job is admitted only when
+ *      the pool can hold the worst case of every choice (issue 10, below);
  *   3. gives every active choice one item: its next 32-token prompt chunk
  *      (chunked prefill) or its one decode token, and evaluates them all with
  *      one kipp_eval_batch, so the weights are read once per step;
@@ -50,6 +53,9 @@ struct serve_sched {
     sched_choice *act[64];
     int n_act;
     uint64_t seed_salt;
+    uint64_t n_finished;      /* choices finished so far: pool room can only grow when this moves */
+    serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
+    uint64_t blocked_at;      /* n_finished at that refusal */
 };
 
 double serve_now(void)
@@ -112,11 +118,13 @@ static uint64_t job_blocks(const serve_job *j)
 
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
-    if (job_blocks(j) > s->o.kv_budget_blocks) {
+    uint64_t budget = s->o.pool_blocks ? s->o.pool_blocks : s->o.kv_budget_blocks;
+    if (job_blocks(j) > budget) {
         serve_fail(e, 400, "invalid_request_error", "max_tokens",
                    "n %d x (%zu prompt + %lld max_tokens) positions need %llu KV blocks of 32, above the server's budget of "
-                   "%llu (--kv-mib); lower max_tokens or n", j->req.n, j->req.n_prompt, (long long)j->req.max_tokens,
-                   (unsigned long long)job_blocks(j), (unsigned long long)s->o.kv_budget_blocks);
+                   "%llu (%s); lower max_tokens or n", j->req.n, j->req.n_prompt, (long long)j->req.max_tokens,
+                   (unsigned long long)job_blocks(j), (unsigned long long)budget,
+                   s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib");
         snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
         return -1;
     }
@@ -146,8 +154,8 @@ int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 static void choice_free(serve_sched *s, sched_choice *c)
 {
     serve_metrics *mt = serve_metrics_get();
-    if (c->s) mt->kv_blocks -= blocks_of(kipp_session_capacity(c->s));
-    kipp_session_destroy(c->s);
+    if (c->s && !s->o.pool_blocks) mt->kv_blocks -= blocks_of(kipp_session_capacity(c->s));
+    kipp_session_destroy(c->s); /* pooled: publishes the choice's full blocks (publish-at-finish) */
     kipp_detok_stream_destroy(c->ds);
     free(c->hist);
     free(c->logits);
@@ -175,6 +183,7 @@ static void choice_finish(serve_sched *s, int k, int why)
     if (stop_at < o->raw.n) o->raw.n = stop_at, o->raw.p[stop_at] = 0, why = why == FIN_LENGTH ? FIN_STOP : why;
     o->raw_final = o->raw.n;
     o->finish = why;
+    s->n_finished++;
     choice_free(s, c);
     s->act[k] = s->act[--s->n_act];
     serve_metrics_get()->active_choices = s->n_act;
@@ -203,7 +212,18 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
         choice_free(s, c);
         return rc;
     }
-    serve_metrics_get()->kv_blocks += blocks_of(cap);
+    if (s->o.pool_blocks && !echo_rows && r->n_prompt > 1) {
+        /* Adopt the longest published prefix, leaving the last prompt token to
+         * evaluate: its logits start the reply. Echo logprobs need every row. */
+        int got = kipp_session_match_prefix(c->s, r->prompt_ids, (uint32_t)r->n_prompt - 1, err, errlen);
+        if (got < 0) {
+            choice_free(s, c);
+            return got;
+        }
+        c->n_done = (uint32_t)got;
+        if (idx == 0) j->cached_tokens = (uint32_t)got;
+    }
+    if (!s->o.pool_blocks) serve_metrics_get()->kv_blocks += blocks_of(cap);
     memcpy(c->hist, r->prompt_ids, r->n_prompt * sizeof *c->hist);
     c->n_hist = r->n_prompt;
     kipp_rng_seed(&c->rng, (r->seed_set ? r->seed : s->seed_salt ^ (j->id * 0x9e3779b97f4a7c15ull)) + (uint64_t)idx);
@@ -211,14 +231,69 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
     return 0;
 }
 
+/* Pool room for the worst case (issue 10): every active choice - the new
+ * job's included, after their prefix adoption - may still grow to its whole
+ * budget, n_prompt + max_tokens positions; admitted work must fit what the
+ * pool can still hand out (free + unreferenced published blocks). Engine lock held. */
+static int pool_fits(serve_sched *s)
+{
+    kipp_pool_stats st;
+    kipp_model_pool_stats(s->m, &st);
+    uint64_t need = 0;
+    for (int k = 0; k < s->n_act; k++) need += kipp_session_pool_need(s->act[k]->s, kipp_session_capacity(s->act[k]->s));
+    return need <= st.blocks_available;
+}
+
+/* Take job j's choices back out of the active set without finishing them (it
+ * stays queued). Their sessions hold only adopted blocks, which go back to
+ * the pool's LRU list. Engine lock held. */
+static void unadmit(serve_sched *s, serve_job *j)
+{
+    for (int k = s->n_act; k-- > 0;)
+        if (s->act[k]->job == j) {
+            choice_free(s, s->act[k]);
+            s->act[k] = s->act[--s->n_act];
+        }
+    j->cached_tokens = 0;
+}
+
+/* The scheduler's snapshot of the KV pool for /metrics (mu held). */
+static void pool_snapshot(serve_sched *s)
+{
+    serve_metrics *mt = serve_metrics_get();
+    if (!s->o.pool_blocks) return;
+    mt->pooled = 1;
+    kipp_model_pool_stats(s->m, &mt->pool);
+    mt->kv_blocks = mt->pool.blocks_private + mt->pool.blocks_referenced;
+}
+
 /* Admit queued jobs in FIFO order while their choices fit the batch and their
- * sessions the KV budget (mu held); a job that does not fit waits at the head. */
+ * sessions the KV budget (mu held); a job that does not fit waits at the head.
+ * Pooled: the head's choices are created (adopting prefixes) and kept only if
+ * pool_fits; otherwise they are dropped again and the job waits until some
+ * choice finishes. */
 static void admit(serve_sched *s)
 {
     serve_metrics *mt = serve_metrics_get();
     while (s->head && s->n_act + s->head->req.n <= s->o.max_choices &&
-           mt->kv_blocks + job_blocks(s->head) <= s->o.kv_budget_blocks) {
+           (s->o.pool_blocks || mt->kv_blocks + job_blocks(s->head) <= s->o.kv_budget_blocks)) {
         serve_job *j = s->head;
+        if (!j->cancelled && j == s->blocked && s->n_finished == s->blocked_at) break; /* no room freed since */
+        s->blocked = NULL;
+        if (!j->cancelled) {
+            if (j->req.echo && j->req.logprobs && !j->prompt_top && !(j->prompt_top = calloc(j->req.n_prompt, sizeof *j->prompt_top)))
+                snprintf(j->error, sizeof j->error, "out of memory for prompt logprobs");
+            pthread_mutex_lock(&s->engine);
+            for (int i = 0; i < j->req.n && !j->error[0]; i++)
+                if (choice_new(s, j, i, j->error, sizeof j->error)) break;
+            if (!j->error[0] && s->o.pool_blocks && !pool_fits(s)) {
+                unadmit(s, j);
+                pthread_mutex_unlock(&s->engine);
+                s->blocked = j, s->blocked_at = s->n_finished;
+                break;
+            }
+            pthread_mutex_unlock(&s->engine);
+        }
         s->head = j->next;
         if (!s->head) s->tail = NULL;
         j->next = NULL, j->queued = 0;
@@ -227,24 +302,21 @@ static void admit(serve_sched *s)
             serve_job_unref(j);
             continue;
         }
-        if (j->req.echo && j->req.logprobs && !(j->prompt_top = calloc(j->req.n_prompt, sizeof *j->prompt_top))) {
-            snprintf(j->error, sizeof j->error, "out of memory for prompt logprobs");
-        }
-        pthread_mutex_lock(&s->engine);
-        for (int i = 0; i < j->req.n && !j->error[0]; i++)
-            if (choice_new(s, j, i, j->error, sizeof j->error)) break;
         if (j->error[0]) { /* undo: finish every choice created so far, the rest as errors */
+            pthread_mutex_lock(&s->engine);
             for (int i = 0; i < j->req.n; i++) j->out[i].finish = FIN_ERROR; /* so no choice_finish completes the job */
             for (int k = s->n_act; k-- > 0;)
                 if (s->act[k]->job == j) choice_finish(s, k, FIN_ERROR);
             if (!j->done) j->done = 1, serve_job_unref(j);
+            pthread_mutex_unlock(&s->engine);
+            continue;
         }
-        pthread_mutex_unlock(&s->engine);
-        if (j->error[0]) continue;
         mt->prompt_tokens += j->req.n_prompt;
+        mt->prompt_tokens_cached += j->cached_tokens;
     }
     mt->queue_depth = s->n_queued;
     mt->active_choices = s->n_act;
+    pool_snapshot(s);
 }
 
 /* ---- one step ---- */
@@ -411,6 +483,7 @@ static void *sched_main(void *arg)
             continue;
         }
         step(s);
+        pool_snapshot(s);
         pthread_cond_broadcast(&s->cv);
     }
     drop_cancelled(s);

@@ -164,6 +164,7 @@ typedef struct serve_job {
     int64_t created;          /* unix seconds */
     double t_arrive;          /* monotonic seconds */
     double t_prompt_done;     /* all choices prefilled */
+    uint32_t cached_tokens;   /* prompt tokens choice 0 adopted from the KV pool (usage.prompt_tokens_details) */
     serve_choice_out out[SERVE_MAX_N];
     float *prompt_lp;         /* echo logprobs: [n_prompt] (first = NaN), with top alternatives */
     serve_lp *prompt_top;     /* [n_prompt] */
@@ -182,7 +183,8 @@ typedef struct {
     int max_choices;          /* active choices per step (batch limit) */
     int max_queue;            /* queued requests before 429 */
     uint32_t n_ctx;           /* per-choice context (tokens) */
-    uint64_t kv_budget_blocks;/* 32-position KV blocks all live sessions may hold (--kv-mib) */
+    uint64_t kv_budget_blocks;/* unpooled: 32-position KV blocks all live sessions may hold (--kv-mib) */
+    uint64_t pool_blocks;     /* pooled model: blocks of its KV pool (--kv-pool-mib); 0 = unpooled */
 } serve_sched_opts;
 
 /** Create and start the scheduler thread over model m; NULL on failure (err filled). */
@@ -195,8 +197,10 @@ pthread_mutex_t *serve_sched_mutex(serve_sched *s);
 pthread_mutex_t *serve_engine_mutex(serve_sched *s);
 /**
  * Queue job (takes one reference); 0, or -1 with e filled (429 queue full;
- * 400 when its choices alone need more KV blocks than the whole budget).
- * Admission waits while the KV budget is in use by others.
+ * 400 when its choices alone need more KV blocks than the whole budget or pool).
+ * Admission waits while the KV budget is in use by others; on a pooled model
+ * it reserves the worst case first (sched.c admit), so a request waits in the
+ * FIFO under pool pressure and never exhausts the pool mid-sequence.
  * Call without the sched mutex held.
  */
 int serve_sched_submit(serve_sched *s, serve_job *job, serve_error *e);
@@ -225,7 +229,10 @@ typedef struct {
     uint64_t prompt_tokens, generated_tokens, cancelled, steps;
     serve_hist ttft, itl;
     int queue_depth, active_choices;
-    uint64_t kv_blocks;       /* 32-position KV blocks held by live sessions */
+    uint64_t kv_blocks;       /* 32-position KV blocks held by live sessions (pooled: private + referenced) */
+    uint64_t prompt_tokens_cached; /* prompt tokens adopted from the KV pool instead of prefilled */
+    int pooled;               /* 1: pool holds the scheduler's latest snapshot of the KV pool */
+    kipp_pool_stats pool;     /* KV pool counters (kipp_model_pool_stats) */
 } serve_metrics;
 
 /** The process-wide metrics (guarded by the sched mutex). */

@@ -15,6 +15,7 @@
 typedef struct {
     const char *model, *backend, *host, *alias;
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib;
+    long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
 } serve_opts;
 
 typedef struct {
@@ -41,19 +42,24 @@ static void usage(FILE *f)
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
             "  --max-connections N  default 128\n"
-            "  --kv-mib N         KV cache budget of all live choices in MiB, default 4096; requests wait\n"
-            "                     for room, and one that alone needs more is refused (400)\n");
+            "  --kv-pool-mib N    shared KV pool in MiB (cpu and ref backends), default one full model\n"
+            "                     context; every choice adopts the longest cached prompt prefix, finished\n"
+            "                     choices publish theirs, and requests wait in the queue until the pool can\n"
+            "                     hold them (one that alone needs more is refused, 400). 0 disables the pool\n"
+            "  --kv-mib N         without the pool: KV budget of all live choices in MiB, default 4096;\n"
+            "                     requests wait for room, and one that alone needs more is refused (400)\n");
 }
 
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
-    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096};
+    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096, -1};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
         {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
         {"--max-queue", &o->max_queue, 1, 4096, ""}, {"--max-body", &o->max_body, 64, 1LL << 30, ""},
         {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
         {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
+        {"--kv-pool-mib", &o->kv_pool_mib, 0, 1 << 24, ""},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -117,7 +123,8 @@ static int run(const serve_opts *o, kipp_model *m)
     if (make_addr(o, &ss)) return 2;
     char err[256] = "";
     uint64_t block_bytes = 32 * info.kv_bytes_per_token;
-    serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx, ((uint64_t)o->kv_mib << 20) / block_bytes};
+    serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx, ((uint64_t)o->kv_mib << 20) / block_bytes,
+                           info.kv_pool_blocks};
     serve_http h = {0};
     h.sched = serve_sched_start(m, &so, err, sizeof err);
     if (!h.sched) return fprintf(stderr, "kipp-serve: %s\n", err), 1;
@@ -137,9 +144,9 @@ static int run(const serve_opts *o, kipp_model *m)
         fprintf(stderr, "kipp-serve: cannot listen on %s port %lld (in use, or not an address of this host)\n", o->host, o->port);
         rc = 1;
     } else {
-        printf("kipp-serve: %s (%s backend, n_ctx %u, batch %lld) listening on http://%s%s%s:%u\n", info.checkpoint_id,
-               info.backend, n_ctx, o->max_batch, strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "",
-               h.port);
+        printf("kipp-serve: %s (%s backend, n_ctx %u, batch %lld, KV pool %u blocks) listening on http://%s%s%s:%u\n",
+               info.checkpoint_id, info.backend, n_ctx, o->max_batch, info.kv_pool_blocks, strchr(o->host, ':') ? "[" : "",
+               o->host, strchr(o->host, ':') ? "]" : "", h.port);
         fflush(stdout);
         int sig = 0;
         sigwait(&set, &sig);
@@ -159,7 +166,10 @@ int main(int argc, char **argv)
     kipp_model_options mo = {(int)o.threads};
     kipp_model *m = NULL;
     char err[512];
-    if (kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err)) {
+    /* Pooled by default (seed 000: the server uses pooled models on CPU); --kv-pool-mib 0 opts out. */
+    if (o.kv_pool_mib ? kipp_model_open_pooled(o.model, o.backend, &mo, o.kv_pool_mib < 0 ? 0 : (uint64_t)o.kv_pool_mib, &m,
+                                               err, sizeof err)
+                      : kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err)) {
         fprintf(stderr, "kipp-serve: %s\n", err);
         return 1;
     }

@@ -185,6 +185,22 @@ def test_chat_cache_reuse_is_invariant_on_cpu(name):
     assert r.stdout == oracle.stdout, "cpu replies with KV reuse differ from re-evaluating the conversation"
 
 
+def test_chat_pool_across_reset_matches_full_recompute():
+    """/reset publishes the conversation's full 32-token blocks to the model's KV
+    pool; the next conversation adopts its longest cached prefix (issue 10)."""
+    long_turn = "Tell me about the pool that keeps every full block of this long message. " * 5
+    convo = f"{long_turn}\nAnd then?\n/reset\n{long_turn}\n/exit\n"
+    r = chat(stdin=convo)
+    assert r.returncode == 0, r.stderr
+    reuse = [(int(a), int(b)) for a, b in re.findall(r"reused (\d+) of (\d+) prompt tokens", r.stderr)]
+    assert len(reuse) == 3, r.stderr
+    assert reuse[0][0] == 0 and reuse[2][1] == reuse[0][1], reuse
+    assert reuse[2][0] == (reuse[2][1] - 1) // 32 * 32 and reuse[2][0] >= 64, f"no pool reuse after /reset: {reuse}"
+    oracle = chat("--no-cache-reuse", stdin=convo)
+    assert oracle.returncode == 0, oracle.stderr
+    assert r.stdout == oracle.stdout, "replies on an adopted prefix differ from re-evaluating the conversation"
+
+
 def test_chat_eof_exits_cleanly():
     r = chat(stdin="Hello there\n")
     assert r.returncode == 0, r.stderr

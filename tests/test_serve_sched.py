@@ -96,7 +96,10 @@ def test_queue_full_answers_429(synthetic_gguf):
         # greedy: the tiny model's greedy text never reaches EOS, so the busy
         # request holds the batch for all 400 tokens whatever the machine's speed
         busy = _open_stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
-        busy.recv(100)  # admitted and streaming: the batch is full
+        busy.recv(100)  # the response has started; admission may still be pending
+        deadline = time.time() + 30
+        while s.gauge("kipp_active_choices") < 8 and time.time() < deadline:  # admitted: the batch is full
+            time.sleep(0.02)
         queued = _open_stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
         deadline = time.time() + 30
         while s.gauge("kipp_queue_depth") < 1 and time.time() < deadline:
@@ -152,8 +155,9 @@ def test_long_generation_outlives_idle_timeout(synthetic_gguf):
 def test_kv_budget_admission(synthetic_gguf):
     """--kv-mib 1 on the tiny model (8 KiB per position) is 4 blocks of 32: a request
     that alone needs more is a 400; requests that fit together wait their turn and
-    still reproduce their isolated outputs."""
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-mib", "1") as s:
+    still reproduce their isolated outputs. --kv-mib budgets unpooled serving
+    (--kv-pool-mib 0); test_serve_pool.py has the pooled twin."""
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-mib", "1", "--kv-pool-mib", "0") as s:
         st, r = s.post("/v1/completions", {"prompt": "x", "max_tokens": 100, "n": 2})
         assert st == 400 and r["error"]["code"] == "kv_budget_exceeded" and "--kv-mib" in r["error"]["message"]
         bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 40, "temperature": 0.7, "seed": k} for k in range(3)]

@@ -29,9 +29,8 @@ static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const kipp_
 {
     const kipp_eval_item *it = &r->items[r->m->row_item[row]];
     const cpu_session *s = it->session;
-    size_t layer_elems = (size_t)s->n_blocks * KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
-    *kc = s->k + layer * layer_elems;
-    *vc = s->v + layer * layer_elems;
+    *kc = kipp_kv_layer_k(&s->kv, layer);
+    *vc = kipp_kv_layer_v(&s->kv, layer);
     *bt = it->block_table;
 }
 

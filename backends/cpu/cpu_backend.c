@@ -45,7 +45,7 @@ static int alloc_f32(float **p, size_t n, size_t *total)
     return *p ? 0 : -1;
 }
 
-/* Large buffers (packed weights, KV): 2 MiB aligned and marked for
+/* Large buffers (packed weights; KV has kv_store.c): 2 MiB aligned and marked for
  * transparent huge pages, which saves TLB misses when decode streams
  * gigabytes per token. NULL on failure; release with free(). */
 static void *alloc_big(size_t bytes)
@@ -288,6 +288,7 @@ static void cpu_model_destroy(void *bm)
     cpu_model *m = bm;
     if (!m) return;
     kipp_cpu_pool_destroy(m->pool);
+    kipp_kv_store_free(&m->slab);
     float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->rope};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
     kipp_aligned_free(m->xa);
@@ -303,23 +304,25 @@ static void cpu_model_destroy(void *bm)
     free(m);
 }
 
+static int check_n_blocks(const cpu_model *m, uint32_t n_blocks, char *err, size_t errlen)
+{
+    uint32_t max_blocks = (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK;
+    if (n_blocks == 0 || n_blocks > max_blocks)
+        return kipp_err(err, errlen, KIPP_ERANGE, "n_blocks %u is out of range; expected 1..%u (context %u / 32)", n_blocks, max_blocks, m->d.context_length);
+    return 0;
+}
+
 static int cpu_session_create(void *bm, uint32_t n_blocks, void **out, char *err, size_t errlen)
 {
     cpu_model *m = bm;
     *out = NULL;
-    uint32_t max_blocks = (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK;
-    if (n_blocks == 0 || n_blocks > max_blocks)
-        return kipp_err(err, errlen, KIPP_ERANGE, "n_blocks %u is out of range; expected 1..%u (context %u / 32)", n_blocks, max_blocks, m->d.context_length);
+    int rc = check_n_blocks(m, n_blocks, err, errlen);
+    if (rc) return rc;
     cpu_session *s = calloc(1, sizeof *s);
-    size_t bytes = (size_t)m->d.n_layer * n_blocks * KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM * sizeof(kipp_bf16);
-    if (s) {
-        s->k = alloc_big(bytes);
-        s->v = alloc_big(bytes);
-    }
-    if (!s || !s->k || !s->v) {
-        if (s) { free(s->k); free(s->v); }
+    if (!s || kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 0)) {
         free(s);
-        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for 2 x %zu bytes of KV (%u blocks)", bytes, n_blocks);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for 2 x %zu bytes of KV (%u blocks)",
+                        (size_t)m->d.n_layer * n_blocks * kipp_kv_block_elems() * sizeof(kipp_bf16), n_blocks);
     }
     s->m = m;
     s->n_blocks = n_blocks;
@@ -331,9 +334,41 @@ static void cpu_session_destroy(void *bs)
 {
     cpu_session *s = bs;
     if (!s) return;
-    free(s->k);
-    free(s->v);
+    if (!s->pooled) kipp_kv_store_free(&s->kv);
     free(s);
+}
+
+/* The model's shared slab (seed 000 "Cross-session prefix sharing"). */
+static int cpu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
+{
+    cpu_model *m = bm;
+    if (m->slab.k) return kipp_err(err, errlen, KIPP_EINVAL, "the cpu backend model already has a KV pool of %u blocks", m->slab.n_blocks);
+    if (n_blocks == 0) return kipp_err(err, errlen, KIPP_ERANGE, "a KV pool of 0 blocks was requested, expected at least 1");
+    if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 0))
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a KV pool of %u blocks (2 x %zu bytes)", n_blocks,
+                        (size_t)m->d.n_layer * n_blocks * kipp_kv_block_elems() * sizeof(kipp_bf16));
+    return 0;
+}
+
+static int cpu_session_create_pooled(void *bm, uint32_t n_blocks, void **out, char *err, size_t errlen)
+{
+    cpu_model *m = bm;
+    *out = NULL;
+    if (!m->slab.k) return kipp_err(err, errlen, KIPP_EINVAL, "pooled session requested but the cpu backend model has no KV pool");
+    int rc = check_n_blocks(m, n_blocks, err, errlen);
+    if (rc) return rc;
+    cpu_session *s = calloc(1, sizeof *s);
+    if (!s) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a pooled session");
+    *s = (cpu_session){m, n_blocks, m->slab, 1};
+    *out = s;
+    return 0;
+}
+
+static void cpu_pool_copy_block(void *bm, uint32_t src, uint32_t dst)
+{
+    cpu_model *m = bm;
+    KIPP_ASSERT(src < m->slab.n_blocks && dst < m->slab.n_blocks && src != dst);
+    kipp_kv_store_copy_block(&m->slab, src, dst);
 }
 
 /* Defensive checks of what the engine promises (engine/backend.h), so a bad
@@ -356,8 +391,8 @@ static int check_items(const cpu_model *m, const kipp_eval_item *items, size_t n
             if (it->tokens[t] >= m->d.vocab_size)
                 return kipp_err(err, errlen, KIPP_ERANGE, "item %zu token %u is id %u; expected < vocab %u", i, t, it->tokens[t], m->d.vocab_size);
         for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / KIPP_KV_BLOCK; b++)
-            if (it->block_table[b] >= s->n_blocks)
-                return kipp_err(err, errlen, KIPP_ERANGE, "item %zu block_table[%u] = %u; expected < %u physical blocks", i, b, it->block_table[b], s->n_blocks);
+            if (it->block_table[b] >= s->kv.n_blocks)
+                return kipp_err(err, errlen, KIPP_ERANGE, "item %zu block_table[%u] = %u; expected < %u physical blocks", i, b, it->block_table[b], s->kv.n_blocks);
     }
     return 0;
 }
@@ -448,4 +483,5 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
 
 const kipp_backend_ops cpu_backend_ops = {
     "cpu", cpu_model_create, cpu_model_destroy, cpu_session_create, cpu_session_destroy, cpu_eval, cpu_describe,
+    cpu_pool_create, cpu_session_create_pooled, cpu_pool_copy_block,
 };

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "backends/cpu/cpu_threadpool.h"
+#include "backends/cpu/kv_store.h"
 #include "engine/backend.h"
 #include "kernels/cpu/kernels.h"
 
@@ -34,12 +35,12 @@
  * 8-fold against 8; the tile state is 66 KB per worker. */
 #define KIPP_CPU_ATTN_TILE_QUERIES 64u
 
-/** A backend session: paged KV storage (seed 000 "KV cache"). */
+/** A backend session: paged KV storage (seed 000 "KV cache"), its own or the model's slab. */
 typedef struct {
     struct cpu_model *m;
-    uint32_t n_blocks; /* physical 32-position blocks */
-    kipp_bf16 *k;      /* [n_layer][n_blocks*32][8][128] bf16 */
-    kipp_bf16 *v;      /* [n_layer][n_blocks*32][8][128] bf16 */
+    uint32_t n_blocks; /* logical 32-position blocks: positions < n_blocks*32 */
+    kipp_kv_store kv;  /* private: n_blocks physical blocks; pooled: a copy of the model's slab view */
+    int pooled;        /* 1: kv is borrowed from m->slab, never freed here */
 } cpu_session;
 
 /**
@@ -90,6 +91,7 @@ typedef struct cpu_model {
     uint32_t *lrow;            /* [R] round rows that need logits */
     float **ldst;              /* [R] destination logits row of each */
     size_t scratch_bytes;      /* all round scratch above plus the RoPE table */
+    kipp_kv_store slab;        /* pooled models: the shared KV slab (zeroed store when not pooled) */
 } cpu_model;
 
 /** One round: rows [0, n_rows) drawn from items, consumed by every worker. */

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/cpu/kv_store.h"
 #include "engine/backend.h"
 #include "kernels/cpu/kernels.h"
 #include "engine/kipp.h"
@@ -44,15 +45,15 @@ typedef struct {
     float *up;              /* [REF_CHUNK][d_ff] up_proj */
     float *fm, *fl;         /* [group] flash-attention running max and sum */
     float *facc;            /* [group][128] flash-attention accumulator */
+    kipp_kv_store slab;     /* pooled models: the shared KV slab (zeroed store when not pooled) */
 } ref_model;
 
 /** Per-session state: paged KV stores and the RoPE table for every position. */
 typedef struct {
-    uint32_t n_blocks;      /* physical 32-position blocks */
+    uint32_t n_blocks;      /* logical 32-position blocks */
     uint32_t n_pos;         /* n_blocks * 32 positions */
-    size_t layer_elems;     /* n_pos * 1024: one layer's K (or V) elements */
-    kipp_bf16 *kc;          /* [n_layer][n_pos][8][128] bf16 keys */
-    kipp_bf16 *vc;          /* [n_layer][n_pos][8][128] bf16 values */
+    kipp_kv_store kv;       /* private: n_blocks physical blocks; pooled: the model's slab */
+    int pooled;             /* 1: kv is borrowed from the model, never freed here */
     float *rope;            /* [n_pos][128] f32 cos[64] then sin[64] per position */
 } ref_session;
 
@@ -139,6 +140,7 @@ static void ref_model_destroy(void *bm)
     if (!m) return;
     float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->proj, m->gate, m->up, m->fm, m->fl, m->facc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kipp_aligned_free(bufs[i]);
+    kipp_kv_store_free(&m->slab);
     free(m);
 }
 
@@ -188,18 +190,18 @@ static void ref_session_destroy(void *bs)
 {
     ref_session *s = bs;
     if (!s) return;
-    kipp_aligned_free(s->kc);
-    kipp_aligned_free(s->vc);
+    if (!s->pooled) kipp_kv_store_free(&s->kv);
     kipp_aligned_free(s->rope);
     free(s);
 }
 
-/* The RoPE table costs 512 bytes per position next to the KV's n_layer*4096, so a
- * per-session table of exactly the session's positions stays bounded by its KV. */
-static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_session, char *err,
-                              size_t errlen)
+/* A session of n_blocks logical blocks; its KV is a new zeroed store, or the
+ * model's slab when slab != NULL. The RoPE table costs 512 bytes per position
+ * next to the KV's n_layer*4096, so a per-session table of exactly the
+ * session's positions stays bounded by its KV. */
+static int session_new(ref_model *m, uint32_t n_blocks, const kipp_kv_store *slab, void **backend_session,
+                       char *err, size_t errlen)
 {
-    ref_model *m = bm;
     *backend_session = NULL;
     if (n_blocks == 0 || (uint64_t)n_blocks * KIPP_KV_BLOCK > m->d.context_length + (uint64_t)KIPP_KV_BLOCK - 1) {
         if (err)
@@ -211,14 +213,11 @@ static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_sessio
     if (!s) goto oom;
     s->n_blocks = n_blocks;
     s->n_pos = n_blocks * KIPP_KV_BLOCK;
-    s->layer_elems = (size_t)s->n_pos * REF_KV_WIDTH;
-    size_t kv_bytes = s->layer_elems * m->d.n_layer * sizeof(kipp_bf16);
-    s->kc = kipp_aligned_alloc(kv_bytes);
-    s->vc = kipp_aligned_alloc(kv_bytes);
+    s->pooled = slab != NULL;
+    if (slab) s->kv = *slab;
+    else if (kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 1)) goto oom;
     s->rope = kipp_aligned_alloc((size_t)s->n_pos * KIPP_HEAD_DIM * sizeof(float));
-    if (!s->kc || !s->vc || !s->rope) goto oom;
-    memset(s->kc, 0, kv_bytes);
-    memset(s->vc, 0, kv_bytes);
+    if (!s->rope) goto oom;
     k_rope_table(s->rope, s->n_pos, m->d.rope_theta);
     *backend_session = s;
     return 0;
@@ -226,6 +225,45 @@ oom:
     ref_session_destroy(s);
     if (err) snprintf(err, errlen, "ref backend: out of memory allocating KV for %u blocks", n_blocks);
     return KIPP_ENOMEM;
+}
+
+static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
+{
+    return session_new(bm, n_blocks, NULL, backend_session, err, errlen);
+}
+
+/* ---- pooled KV: one zeroed slab per model (seed 000 "Cross-session prefix sharing") ---- */
+
+static int ref_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
+{
+    ref_model *m = bm;
+    if (m->slab.k || n_blocks == 0) {
+        if (err) snprintf(err, errlen, "ref backend: KV pool of %u blocks refused (existing pool: %u blocks); expected one pool of >= 1 block",
+                          n_blocks, m->slab.n_blocks);
+        return KIPP_EINVAL;
+    }
+    if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 1)) {
+        if (err) snprintf(err, errlen, "ref backend: out of memory allocating a KV pool of %u blocks", n_blocks);
+        return KIPP_ENOMEM;
+    }
+    return 0;
+}
+
+static int ref_session_create_pooled(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
+{
+    ref_model *m = bm;
+    if (!m->slab.k) {
+        *backend_session = NULL;
+        if (err) snprintf(err, errlen, "ref backend: pooled session requested but the model has no KV pool");
+        return KIPP_EINVAL;
+    }
+    return session_new(m, n_blocks, &m->slab, backend_session, err, errlen);
+}
+
+static void ref_pool_copy_block(void *bm, uint32_t src, uint32_t dst)
+{
+    ref_model *m = bm;
+    if (src < m->slab.n_blocks && dst < m->slab.n_blocks && src != dst) kipp_kv_store_copy_block(&m->slab, src, dst);
 }
 
 /* ---- the forward: the seed's nine steps, one function each ---- */
@@ -282,8 +320,8 @@ static void step_rope(const ref_round *r)
 static void step_attention(const ref_round *r, uint32_t layer)
 {
     ref_model *m = r->m;
-    kipp_bf16 *kc = r->s->kc + (size_t)layer * r->s->layer_elems;
-    kipp_bf16 *vc = r->s->vc + (size_t)layer * r->s->layer_elems;
+    kipp_bf16 *kc = kipp_kv_layer_k(&r->s->kv, layer);
+    kipp_bf16 *vc = kipp_kv_layer_v(&r->s->kv, layer);
     for (uint32_t t = 0; t < r->n; t++)
         k_kv_write_bf16_ref(kc, vc, r->block_table, r->pos0 + t, m->k + (size_t)t * REF_KV_WIDTH,
                             m->v + (size_t)t * REF_KV_WIDTH);
@@ -385,6 +423,13 @@ static int ref_eval(void *bm, kipp_eval_item *items, size_t item_count, char *er
                          i, it->start_position, it->token_count, it->logits_count, s ? s->n_pos : 0);
             return KIPP_EINVAL;
         }
+        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / KIPP_KV_BLOCK; b++)
+            if (it->block_table[b] >= s->kv.n_blocks) {
+                if (err)
+                    snprintf(err, errlen, "ref backend: item %zu block_table[%u] = %u, expected < %u physical blocks",
+                             i, b, it->block_table[b], s->kv.n_blocks);
+                return KIPP_ERANGE;
+            }
     }
     for (size_t i = 0; i < item_count; i++) eval_item(m, &items[i]);
     return 0;
@@ -393,4 +438,5 @@ static int ref_eval(void *bm, kipp_eval_item *items, size_t item_count, char *er
 /* No describe hook: the ref backend has exactly one path, the scalar kernels. */
 const kipp_backend_ops ref_backend_ops = {
     "ref", ref_model_create, ref_model_destroy, ref_session_create, ref_session_destroy, ref_eval, NULL,
+    ref_pool_create, ref_session_create_pooled, ref_pool_copy_block,
 };

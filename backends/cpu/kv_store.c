@@ -1,0 +1,54 @@
+/*
+ * kv_store.c - allocation and block copy of the paged KV store (kv_store.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "backends/cpu/kv_store.h"
+
+/* 2 MiB aligned and marked for transparent huge pages: decode streams the
+ * whole context's K and V per token, so TLB misses matter. */
+static void *alloc_huge(size_t bytes)
+{
+    void *p = NULL;
+    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, n ? n : huge) != 0) return NULL;
+    madvise(p, n ? n : huge, MADV_HUGEPAGE); /* advisory: ignore refusal */
+    return p;
+}
+
+int kipp_kv_store_alloc(kipp_kv_store *st, uint32_t n_layer, uint32_t n_blocks, int zero)
+{
+    memset(st, 0, sizeof *st);
+    st->n_layer = n_layer;
+    st->n_blocks = n_blocks;
+    size_t bytes = (size_t)n_layer * kipp_kv_layer_elems(st) * sizeof(kipp_bf16);
+    st->k = alloc_huge(bytes);
+    st->v = alloc_huge(bytes);
+    if (!st->k || !st->v) {
+        kipp_kv_store_free(st);
+        return -1;
+    }
+    if (zero) {
+        memset(st->k, 0, bytes);
+        memset(st->v, 0, bytes);
+    }
+    return 0;
+}
+
+void kipp_kv_store_free(kipp_kv_store *st)
+{
+    free(st->k);
+    free(st->v);
+    memset(st, 0, sizeof *st);
+}
+
+void kipp_kv_store_copy_block(const kipp_kv_store *st, uint32_t src, uint32_t dst)
+{
+    const size_t be = kipp_kv_block_elems();
+    for (uint32_t l = 0; l < st->n_layer; l++) {
+        memcpy(kipp_kv_layer_k(st, l) + dst * be, kipp_kv_layer_k(st, l) + src * be, be * sizeof(kipp_bf16));
+        memcpy(kipp_kv_layer_v(st, l) + dst * be, kipp_kv_layer_v(st, l) + src * be, be * sizeof(kipp_bf16));
+    }
+}

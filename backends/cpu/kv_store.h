@@ -1,0 +1,68 @@
+/*
+ * kv_store.h - the one owner of the paged KV layout of the CPU backends
+ * (seed 000 "KV cache": [layer][position][kv_head][head_dim] BF16, positions
+ * in 32-position blocks resolved through a block table).
+ *
+ * A store is n_blocks physical blocks of K and of V for every layer. The
+ * layer stride (n_blocks * 32 * 8 * 128 elements) and the block stride
+ * (32 * 8 * 128) are computed here only; the kernels receive a layer base and
+ * the block table. A private session owns a store; a pooled session borrows
+ * its model's shared slab (kipp_model_open_pooled), so the same forward code
+ * runs both, and only the block table differs.
+ */
+#ifndef KIPP_KV_STORE_H
+#define KIPP_KV_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/common.h"
+#include "kernels/qwen3_shape.h"
+
+/** Paged K and V of every layer; allocated by kipp_kv_store_alloc. */
+typedef struct {
+    kipp_bf16 *k;      /* [n_layer][n_blocks*32][8][128] bf16 */
+    kipp_bf16 *v;      /* [n_layer][n_blocks*32][8][128] bf16 */
+    uint32_t n_layer;
+    uint32_t n_blocks; /* physical 32-position blocks per layer */
+} kipp_kv_store;
+
+/** Elements of one block of one layer's K (or V): 32 positions x 8 heads x 128. */
+static inline size_t kipp_kv_block_elems(void)
+{
+    return (size_t)KIPP_KV_BLOCK * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
+}
+
+/** Elements of one layer's K (or V) in st: the layer stride. */
+static inline size_t kipp_kv_layer_elems(const kipp_kv_store *st)
+{
+    return (size_t)st->n_blocks * kipp_kv_block_elems();
+}
+
+/** Base of layer `layer`'s K in st (what kv_write / flash_gqa take). */
+static inline kipp_bf16 *kipp_kv_layer_k(const kipp_kv_store *st, uint32_t layer)
+{
+    return st->k + (size_t)layer * kipp_kv_layer_elems(st);
+}
+
+/** Base of layer `layer`'s V in st. */
+static inline kipp_bf16 *kipp_kv_layer_v(const kipp_kv_store *st, uint32_t layer)
+{
+    return st->v + (size_t)layer * kipp_kv_layer_elems(st);
+}
+
+/**
+ * Allocate st for n_layer layers of n_blocks blocks, 2 MiB aligned and
+ * advised for huge pages; zeroed when zero != 0 (the ref backend's contract),
+ * else left to the OS (pages are committed on first write, so a large pool
+ * costs memory only as it fills). 0, or -1 on allocation failure (st zeroed).
+ */
+int kipp_kv_store_alloc(kipp_kv_store *st, uint32_t n_layer, uint32_t n_blocks, int zero);
+
+/** Release st's memory; a zeroed store is accepted. */
+void kipp_kv_store_free(kipp_kv_store *st);
+
+/** Copy physical block src to dst (K and V, every layer); src != dst. */
+void kipp_kv_store_copy_block(const kipp_kv_store *st, uint32_t src, uint32_t dst);
+
+#endif

@@ -1,0 +1,86 @@
+"""test_serve_pool.py - kipp-serve on a pooled model (issue 10, seed 000
+"Cross-session prefix sharing"): every choice adopts the longest published
+prefix of its prompt, usage reports it as prompt_tokens_details.cached_tokens,
+/metrics exposes the pool, and under pool pressure requests wait in the FIFO
+and still reproduce their isolated outputs. The oracle for outputs is the
+same request on an unpooled server (--kv-pool-mib 0).
+"""
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from serve_harness import Server
+
+prom = pytest.importorskip("prometheus_client.parser")
+
+LONG = "The pool keeps every full block of this prompt for the next request. " * 8
+
+
+def _metric(text: str, name: str, **labels) -> float:
+    for fam in prom.text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return float("nan")
+
+
+def test_prefix_reuse_matches_unpooled(synthetic_gguf):
+    body = {"prompt": LONG, "max_tokens": 8, "temperature": 0}
+    chat = {"messages": [{"role": "system", "content": LONG}, {"role": "user", "content": "hi"}], "max_tokens": 6,
+            "temperature": 0}
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "0") as plain:
+        want = plain.post("/v1/completions", body)[1]
+        want_chat = plain.post("/v1/chat/completions", chat)[1]
+        assert want["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert "kipp_kv_pool_blocks" not in plain.metrics()
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512") as s:
+        n = want["usage"]["prompt_tokens"]
+        assert n > 64, n
+        cold = s.post("/v1/completions", body)[1]
+        warm = s.post("/v1/completions", body)[1]
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        # whole 32-token blocks, leaving the last prompt token to evaluate
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 32 * 32
+        assert cold["choices"][0]["text"] == warm["choices"][0]["text"] == want["choices"][0]["text"]
+        # chat: the system prompt's blocks carry over to a different user turn
+        first = s.post("/v1/chat/completions", chat)[1]
+        other = s.post("/v1/chat/completions", {**chat, "messages": [chat["messages"][0], {"role": "user", "content": "yo"}]})[1]
+        assert first["choices"][0]["message"] == want_chat["choices"][0]["message"]
+        assert other["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
+        assert s.wait_idle()
+        text = s.metrics()
+        assert _metric(text, "kipp_kv_pool_blocks", state="total") == 4096 // 32  # one full context by default
+        assert _metric(text, "kipp_kv_pool_blocks", state="published") >= (n - 1) // 32
+        assert _metric(text, "kipp_kv_pool_blocks", state="referenced") == 0
+        assert _metric(text, "kipp_kv_pool_hits_total") >= (n - 1) // 32 + 2
+        assert _metric(text, "kipp_prompt_tokens_cached_total") == (n - 1) // 32 * 32 + other["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert re.search(r"^kipp_kv_pool_evictions_total 0$", text, re.M)
+
+
+def test_pool_pressure_waits_in_fifo(synthetic_gguf):
+    """--kv-pool-mib 1 on the tiny model (8 KiB per position) is a pool of 4 blocks:
+    a request that alone needs more is a 400; requests that fit one at a time wait
+    in the queue (admission reserves their worst case) and reproduce their
+    isolated outputs; the pool evicts published blocks to make room."""
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "1") as s:
+        st, r = s.post("/v1/completions", {"prompt": "x", "max_tokens": 100, "n": 2})
+        assert st == 400 and r["error"]["code"] == "kv_budget_exceeded" and "--kv-pool-mib" in r["error"]["message"]
+        bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 90, "temperature": 0.7, "seed": k} for k in range(3)]
+        alone = [s.post("/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
+        out = [None] * 3
+
+        def go(k):
+            out[k] = s.post("/v1/completions", bodies[k])
+
+        ts = [threading.Thread(target=go, args=(k,)) for k in range(3)]
+        [t.start() for t in ts]
+        [t.join(timeout=120) for t in ts]
+        assert [o[0] for o in out] == [200] * 3
+        assert [o[1]["choices"][0]["text"] for o in out] == alone
+        assert s.wait_idle()
+        text = s.metrics()
+        assert _metric(text, "kipp_kv_pool_blocks", state="total") == 4
+        assert _metric(text, "kipp_kv_pool_evictions_total") > 0
