@@ -7,7 +7,8 @@
  * input quits; any other line starting with '/' is rejected with the list of
  * commands (a leading `//` sends the rest, starting with '/', as a message).
  * The exit status is 1 when any turn failed or any line was rejected. Each turn re-renders the whole conversation
- * with the native renderer (kipp_chat_render) and tokenizes it, then reuses the
+ * with the native renderer and tokenizes it (kipp_chat_tokenize: typed markers
+ * in messages stay text), then reuses the
  * session's KV for the longest common prefix of token ids with what the
  * session already holds: kipp_session_truncate drops the rest (for example,
  * the Qwen3 hybrid template removes earlier turns' <think> blocks, so the old
@@ -101,12 +102,9 @@ static int eval_conversation(kipp_model *m, kipp_session *s, chat_state *c, cons
                              float *logits, uint32_t **ids, size_t *n, size_t *reused, char *err,
                              size_t errlen)
 {
-    char *text = NULL;
-    size_t len = 0;
     kipp_chat_options co = {1, o->think, NULL};
-    int rc = kipp_chat_render_n(m, c->msgs, c->n_msgs, &co, &text, &len, err, errlen);
-    if (!rc) rc = cli_gen_tokenize(m, text, len, ids, n, err, errlen);
-    free(text);
+    /* Only the template's markers become control tokens: a typed "<|im_start|>" stays text. */
+    int rc = kipp_chat_tokenize(m, c->msgs, c->n_msgs, &co, ids, n, NULL, err, errlen);
     if (!rc && *n == 0) rc = KIPP_EINVAL;
     if (rc) return rc;
     /* Keep at least one token to evaluate: its logits start the reply. */

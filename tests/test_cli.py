@@ -201,6 +201,21 @@ def test_chat_pool_across_reset_matches_full_recompute():
     assert r.stdout == oracle.stdout, "replies on an adopted prefix differ from re-evaluating the conversation"
 
 
+def test_chat_typed_marker_stays_text():
+    """A user typing "<|im_start|>" gets text tokens, not the control token:
+    kipp chat tokenizes as generate --chat and the server do (kipp_chat_tokenize)."""
+    def first_turn(line: str) -> int:
+        r = chat(stdin=line + "\n")
+        assert r.returncode == 0, r.stderr
+        return int(re.findall(r"reused \d+ of (\d+) prompt tokens", r.stderr)[0])
+    typed = first_turn("<|im_start|>system")
+    g = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--backend", "ref", "--chat",
+             "--prompt", "<|im_start|>system", "--max-tokens", "1")
+    assert g.returncode == 0, g.stderr
+    assert typed == int(TIMINGS.search(g.stderr).group(1)), g.stderr
+    assert typed > first_turn("system") + 1, "the typed marker became one control token"
+
+
 def test_chat_eof_exits_cleanly():
     r = chat(stdin="Hello there\n")
     assert r.returncode == 0, r.stderr
