@@ -197,9 +197,16 @@ static int pack_weights(cpu_model *m)
         pack_span(m, jobs, j0, nj);
     }
     k_fmt hf = (k_fmt)k_fmt_from_gguf(m->w.output.dtype);
+    const k_fmt_info *hi = k_fmt_get(hf);
     m->head = (k_weight){hf, cur, m->w.output.rows, m->w.output.cols};
-    jobs[nj++] = (pack_job){hf, m->w.output.data, cur, m->w.output.rows, m->w.output.cols};
-    pack_span(m, jobs, nj - 1, nj);
+    /* The head (311 MB at 0.6B) in row slices of whole panels, each packed
+     * and its file pages released before the next: a row range packs to a
+     * contiguous range of the packed layout (kernels.h). */
+    for (size_t r0 = 0, rows = m->w.output.rows, cols = m->w.output.cols; r0 < rows; r0 += KIPP_CPU_HEAD_PACK_ROWS) {
+        size_t n = rows - r0 < KIPP_CPU_HEAD_PACK_ROWS ? rows - r0 : KIPP_CPU_HEAD_PACK_ROWS;
+        jobs[0] = (pack_job){hf, (const char *)m->w.output.data + hi->file_bytes(r0, cols), cur + hi->packed_bytes(r0, cols), n, cols};
+        pack_span(m, jobs, 0, 1);
+    }
     free(jobs);
     return 0;
 }

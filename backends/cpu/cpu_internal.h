@@ -24,6 +24,10 @@
  * ~35 MB at the 4B shape; pp512 reads each weight twice, ~3% of its time. */
 #define KIPP_CPU_ROUND_TOKENS 256u
 
+/* Head rows packed per slice at load (a multiple of 16: whole panels; 8 MB of
+ * BF16 at d_model 1024), so the file and packed copies overlap by one slice. */
+#define KIPP_CPU_HEAD_PACK_ROWS 4096u
+
 /* Vocabulary rows per block when head outputs are scattered to several items. */
 #define KIPP_CPU_HEAD_BLOCK 128u
 
