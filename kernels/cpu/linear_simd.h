@@ -78,24 +78,44 @@ void K_SFX(k_matvec_bf16)(const void *wpv, const void *xv, float *y, size_t rows
     for (; r < r1; r += 16) mv_panels(wp + r * cols, ps, x, y + r, cols, 1); /* tail panels, one at a time */
 }
 
-/* ---- prefill: FP32 FMA on widened weights and FP32 activations ---- */
+/* ---- prefill: FP32 FMA on pre-widened weights and FP32 activations ----
+ *
+ * Per group of MM_GROUP rows and L1 block of MM_KB k, the block's weights are
+ * widened once to FP32 (wf: per row tile, [k][tile rows]) and then reused by
+ * every token tile, so the inner loop is loads, broadcasts and FMAs only (the
+ * shift-and-mask widening per token tile cost FMA-port slots). Each row
+ * lane's chain is the matvec's: k in column order from zero. */
 
 #define MM_RV 2                /* row vectors per micro-tile: 16 rows on AVX2, 32 on AVX-512 */
 #define MM_KB 128u             /* k per L1 block */
-#define MM_GROUP 64u           /* rows per group: 64 x 128 k x 2 B = 16 KB of weights in L1 */
+#define MM_GROUP 32u           /* rows per group: 32 x 128 k x 4 B = 16 KB of widened weights in L1 */
 
 /* Element offset of row vector 1 from row vector 0 in the packed layout: the
  * second half of the same 64-byte panel line (8 lanes), or the next panel (16). */
 #define MM_HI_OFF(cols) (KV_W == 16 ? 16 * (cols) : 2 * (size_t)KV_W)
 
-/* RV row vectors x T tokens over k-pairs [0, kp); x: token rows of ldx
- * floats. Each weight vector is widened once (one shift or two) and reused by
- * T tokens; each activation is one broadcast load. Per k-pair the
- * even half runs first, then the odd half, so the live set is RV*T
- * accumulators + RV weights + 1 broadcast. */
+/* Widen one row tile (RV row vectors) over k-pairs [0, kp) of the packed
+ * layout at p into wf[2 kp][RV * KV_W] f32 (exact). */
+static void mm_widen(const kipp_bf16 *p, size_t hi_off, size_t kp, int RV, float *wf)
+{
+    const size_t ld = (size_t)RV * KV_W;
+    for (size_t k = 0; k < kp; k++, p += 32, wf += 2 * ld) {
+        vi lo = vi_load(p);
+        vf_store(wf, vf_even(lo));
+        vf_store(wf + ld, vf_odd(lo));
+        if (RV > 1) {
+            vi hi = vi_load(p + hi_off);
+            vf_store(wf + KV_W, vf_even(hi));
+            vf_store(wf + ld + KV_W, vf_odd(hi));
+        }
+    }
+}
+
+/* RV row vectors x T tokens over k [0, kn); wf: [kn][RV * KV_W] widened
+ * weights; x: token rows of ldx floats. Live set: RV*T accumulators + RV
+ * weights + 1 broadcast. */
 static inline __attribute__((always_inline)) void
-mm_tile(const kipp_bf16 *p, size_t hi_off, const float *x, size_t ldx, size_t kp, float *y, size_t ldy, int T,
-        int RV, int load)
+mm_tile(const float *wf, const float *x, size_t ldx, size_t kn, float *y, size_t ldy, int T, int RV, int load)
 {
     vf a[K_MM_TT][MM_RV];
 #pragma GCC unroll 12
@@ -103,22 +123,14 @@ mm_tile(const kipp_bf16 *p, size_t hi_off, const float *x, size_t ldx, size_t kp
 #pragma GCC unroll 2
         for (int v = 0; v < RV; v++)
             a[t][v] = load ? vf_load(y + (size_t)t * ldy + (size_t)v * KV_W) : vf_zero();
-    for (size_t k = 0; k < kp; k++, p += 32) {
-        vi lo = vi_load(p), hi = RV > 1 ? vi_load(p + hi_off) : lo;
-        vf w0 = vf_even(lo), w1 = vf_even(hi);
+    const size_t ld = (size_t)RV * KV_W;
+    for (size_t k = 0; k < kn; k++, wf += ld) {
+        vf w0 = vf_load(wf), w1 = RV > 1 ? vf_load(wf + KV_W) : w0;
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
-            vf xe = vf_bcast(x + (size_t)t * ldx + 2 * k);
-            a[t][0] = vf_fma(w0, xe, a[t][0]);
-            if (RV > 1) a[t][1] = vf_fma(w1, xe, a[t][1]);
-        }
-        w0 = vf_odd_shift(lo);
-        w1 = vf_odd_shift(hi);
-#pragma GCC unroll 12
-        for (int t = 0; t < T; t++) {
-            vf xo = vf_bcast(x + (size_t)t * ldx + 2 * k + 1);
-            a[t][0] = vf_fma(w0, xo, a[t][0]);
-            if (RV > 1) a[t][1] = vf_fma(w1, xo, a[t][1]);
+            vf xk = vf_bcast(x + (size_t)t * ldx + k);
+            a[t][0] = vf_fma(w0, xk, a[t][0]);
+            if (RV > 1) a[t][1] = vf_fma(w1, xk, a[t][1]);
         }
     }
 #pragma GCC unroll 12
@@ -127,35 +139,35 @@ mm_tile(const kipp_bf16 *p, size_t hi_off, const float *x, size_t ldx, size_t kp
         for (int v = 0; v < RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * KV_W, a[t][v]);
 }
 
-#define MM_CASE(n)                                                                           \
-    case n:                                                                                  \
-        if (RV > 1) mm_tile(p, hi_off, x, ldx, kp, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 2, load); \
-        else mm_tile(p, hi_off, x, ldx, kp, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 1, load);   \
+#define MM_CASE(n)                                                                        \
+    case n:                                                                               \
+        if (RV > 1) mm_tile(wf, x, ldx, kn, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 2, load); \
+        else mm_tile(wf, x, ldx, kn, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 1, load);   \
         break;
 
 /* Constant T and RV per call, so every tile shape is fully unrolled. */
-static void mm_tile_any(const kipp_bf16 *p, size_t hi_off, const float *x, size_t ldx, size_t kp, float *y,
-                        size_t ldy, int T, int RV, int load)
+static void mm_tile_any(const float *wf, const float *x, size_t ldx, size_t kn, float *y, size_t ldy, int T, int RV,
+                        int load)
 {
     switch (T) {
         MM_CASE(1) MM_CASE(2) MM_CASE(3) MM_CASE(4) MM_CASE(5) MM_CASE(6)
         MM_CASE(7) MM_CASE(8) MM_CASE(9) MM_CASE(10) MM_CASE(11)
     default:
-        if (RV > 1) mm_tile(p, hi_off, x, ldx, kp, y, ldy, K_MM_TT, 2, load);
-        else mm_tile(p, hi_off, x, ldx, kp, y, ldy, K_MM_TT, 1, load);
+        if (RV > 1) mm_tile(wf, x, ldx, kn, y, ldy, K_MM_TT, 2, load);
+        else mm_tile(wf, x, ldx, kn, y, ldy, K_MM_TT, 1, load);
     }
 }
 #undef MM_CASE
 
 /* Loop order: group of MM_GROUP rows (outer: its weights leave DRAM once),
- * k-block (their 16 KB stays in L1), token tile, row tiles. Each row lane's
- * chain is the matvec's (see above), whatever the tile shape. */
+ * k-block (widened once into wf, 16 KB in L1), token tile, row tiles. */
 void K_SFX(k_matmul_bf16)(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
                           size_t n_tok, int accumulate, int ith, int nth)
 {
     const kipp_bf16 *wp = wpv;
     const float *x = xav;
     const size_t tile_rows = MM_RV * KV_W, hi_off = MM_HI_OFF(cols);
+    float wf[MM_GROUP * MM_KB] __attribute__((aligned(64)));
     size_t r0, r1;
     k_split_rows(rows, ith, nth, 16, &r0, &r1);
     for (size_t rg = r0; rg < r1; rg += MM_GROUP) {
@@ -163,11 +175,15 @@ void K_SFX(k_matmul_bf16)(const void *wpv, const void *xav, float *y, size_t row
         for (size_t k0 = 0; k0 < cols; k0 += MM_KB) {
             size_t kn = cols - k0 < MM_KB ? cols - k0 : MM_KB;
             int load = accumulate || k0 > 0;
+            for (size_t r = rg; r < re; r += tile_rows) {
+                int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
+                mm_widen(wp + r * cols + k0 * 16, hi_off, kn / 2, RV, wf + (r - rg) * kn);
+            }
             for (size_t t = 0; t < n_tok; t += K_MM_TT) {
                 int T = (int)(n_tok - t < K_MM_TT ? n_tok - t : K_MM_TT);
                 for (size_t r = rg; r < re; r += tile_rows) {
                     int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
-                    mm_tile_any(wp + r * cols + k0 * 16, hi_off, x + t * cols + k0, cols, kn / 2, y + t * rows + r, rows, T, RV, load);
+                    mm_tile_any(wf + (r - rg) * kn, x + t * cols + k0, cols, kn, y + t * rows + r, rows, T, RV, load);
                 }
             }
         }
