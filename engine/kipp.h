@@ -365,15 +365,17 @@ typedef struct kipp_spec kipp_spec;
  * Options for kipp_spec_create; zero-initialise for defaults. The gate keeps a
  * decayed estimate a of the chance that a draft token is accepted, and drafts
  * the k in 0..k_max that maximises expected tokens per step over cost,
- * (1 - a^(k+1)) / (1 - a) / (1 + row_cost * k): a low-acceptance stream is
- * driven to k = 0 (plain decoding, with a rare 1-token probe).
+ * (1 - a^(k+1)) / (1 - a) / cost(k): a low-acceptance stream is driven to
+ * k = 0 (plain decoding, with a rare 1-token probe). cost(k), in decode steps,
+ * is learned from the wall time of the drafter's own verifications, with
+ * 1 + row_cost * k for row counts not yet timed.
  */
 typedef struct {
     uint32_t k_max;        /* longest draft, 1..16 tokens; 0 = 8 */
     uint32_t ngram_min;    /* shortest suffix matched, 1..ngram_max tokens; 0 = 1 */
     uint32_t ngram_max;    /* longest suffix matched, ngram_min..8 tokens; 0 = 3 */
     int fixed_k;           /* 1: no gate, always draft up to k_max (tests, cost model) */
-    float row_cost;        /* gate's cost of one draft row in decode steps, [0, 1]; 0 = 0.1 */
+    float row_cost;        /* gate's prior cost of one draft row in decode steps, [0, 1]; 0 = 0.15 */
     const uint32_t *stop_ids; /* [n_stop] tokens that end a reply (kipp_model_info.stop_ids); copied */
     uint32_t n_stop;       /* 0..2 */
 } kipp_spec_options;

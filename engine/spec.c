@@ -15,10 +15,15 @@
  * The gate keeps the step from costing more than it saves: it estimates the
  * per-token acceptance a from decayed counts and drafts the k that maximises
  * expected emitted tokens per unit of cost; at k = 0 it decodes plainly and
- * probes with a 1-token draft at growing intervals.
+ * probes with a 1-token draft at growing intervals. The cost of r rows is
+ * learned online: each verification's wall time updates a per-row-count
+ * average, and counts not yet timed are priced by the linear prior
+ * 1 + row_cost * (r - 1) decode steps. Timing only changes which k is drafted,
+ * never what is emitted.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/internal.h"
 
@@ -37,6 +42,7 @@ struct kipp_spec {
     uint32_t *ref;           /* [n_ref] reference tokens (predicted output) */
     size_t n_ref;
     double acc, rej;         /* decayed accepted draft tokens / rejections */
+    double t_rows[KIPP_SPEC_K_MAX + 2]; /* [r] average seconds of an r-row verification; 0 = not timed */
     uint32_t idle, probe_every; /* plain steps while paused; interval before the next probe */
     kipp_spec_stats st;
 };
@@ -70,7 +76,7 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
     if (!o.k_max) o.k_max = 8;
     if (!o.ngram_max) o.ngram_max = o.ngram_min > 3 ? o.ngram_min : 3;
     if (!o.ngram_min) o.ngram_min = 1;
-    if (o.row_cost == 0.0f) o.row_cost = 0.1f;
+    if (o.row_cost == 0.0f) o.row_cost = 0.15f;
     int rc = check_opts(&o, err, errlen);
     if (rc) return rc;
     kipp_spec *sp = calloc(1, sizeof *sp);
@@ -104,6 +110,7 @@ void kipp_spec_reset(kipp_spec *sp)
     memset(&sp->st, 0, sizeof sp->st);
     sp->acc = 2.0, sp->rej = 1.0; /* optimistic prior (a = 2/3): try drafting first */
     sp->idle = 0, sp->probe_every = GATE_PROBE_MIN;
+    memset(sp->t_rows, 0, sizeof sp->t_rows);
     sp->st.k_now = sp->o.k_max;
 }
 
@@ -167,7 +174,16 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
 
 /* ---- the gate ---- */
 
-/* The k in 0..k_max maximising (1 + a + ... + a^k) / (1 + row_cost * k). */
+/* Cost of verifying k drafts (k + 1 rows) in decode steps: measured when both
+ * row counts were timed, else the linear prior. */
+static double gate_cost(const kipp_spec *sp, uint32_t k)
+{
+    const double *t = sp->t_rows;
+    if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1];
+    return 1.0 + sp->o.row_cost * k;
+}
+
+/* The k in 0..k_max maximising (1 + a + ... + a^k) / cost(k). */
 static uint32_t gate_best_k(const kipp_spec *sp)
 {
     double a = sp->acc / (sp->acc + sp->rej), e = 0.0, term = 1.0, best = 0.0;
@@ -175,10 +191,24 @@ static uint32_t gate_best_k(const kipp_spec *sp)
     for (uint32_t k = 0; k <= sp->o.k_max; k++) {
         e += term;
         term *= a;
-        double v = e / (1.0 + sp->o.row_cost * k);
+        double v = e / gate_cost(sp, k);
         if (v > best * (1.0 + 1e-9)) best = v, best_k = k;
     }
     return best_k;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Fold one verification's wall time into the average for its row count. */
+static void gate_time(kipp_spec *sp, uint32_t rows, double secs)
+{
+    double *t = &sp->t_rows[rows];
+    *t = *t > 0 ? 0.8 * *t + 0.2 * secs : secs;
 }
 
 /* The draft length for this step: the gate's k, or a 1-token probe when paused long enough. */
@@ -279,8 +309,10 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
     uint32_t tokens[KIPP_SPEC_K_MAX + 1], n_draft = 0;
     tokens[0] = ctx[n_ctx - 1];
     if (k) kipp_spec_draft(sp, ctx, n_ctx, k, tokens + 1, &n_draft);
+    double t0 = now_s();
     int rc = kipp_session_eval_n(s, tokens, n_draft + 1, n_draft + 1, sp->logits, err, errlen);
     if (rc) return rc;
+    if (!sp->o.fixed_k) gate_time(sp, n_draft + 1, now_s() - t0);
     uint32_t accepted = 0;
     int n = sample_rows(sp, p, rng, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
     /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated. */
