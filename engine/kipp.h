@@ -438,6 +438,22 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
                    const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out,
                    uint32_t *n_out, char *err, size_t errlen);
 
+/**
+ * kipp_spec_step in two halves, for callers that evaluate several sessions in
+ * one kipp_eval_batch (the server). propose: the gate's draft after the
+ * pending token ctx[n_ctx-1]: writes pending + draft to tokens[*n_tokens]
+ * (room for 17, 1 <= *n_tokens); s is not changed. The caller then evaluates
+ * exactly those tokens in s with a logits row for each. accept: samples those
+ * rows (logits [n_tokens][vocab]) as kipp_spec_step does, truncates s and
+ * writes out[*n_out]. Errors: as kipp_spec_step; accept's KIPP_EINVAL when
+ * n_tokens is outside 1..k_max+1 or s holds fewer than n_tokens tokens.
+ */
+int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen);
+int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uint32_t n_tokens, const float *logits,
+                     const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out, uint32_t *n_out,
+                     char *err, size_t errlen);
+
 /** 1 when sampling with p is a deterministic function of the logits (greedy): speculation is exact. */
 int kipp_spec_params_ok(const kipp_sample_params *p);
 

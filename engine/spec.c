@@ -287,38 +287,54 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
     return (int)n;
 }
 
-int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx,
-                   const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out,
-                   uint32_t *n_out, char *err, size_t errlen)
+/* Session length, capacity and parameter checks shared by step and propose. */
+static int check_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                      const kipp_sample_params *p, char *err, size_t errlen)
 {
-    if (!sp || !s || !ctx || !n_ctx || !rng || !out || !n_out)
-        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_step: NULL argument or empty context");
-    *n_out = 0;
-    if (!kipp_spec_params_ok(p))
+    if (!sp || !s || !ctx || !n_ctx)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: NULL drafter, session or context, or an empty context");
+    if (p && !kipp_spec_params_ok(p))
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "speculative decoding needs deterministic sampling (temperature 0, top_p 0 or top_k 1), "
-                        "got temperature %g top_p %g top_k %d", p ? (double)p->temperature : 0.0,
-                        p ? (double)p->top_p : 0.0, p ? p->top_k : 0);
-    if (max_new == 0) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_step: max_new is 0, expected at least 1");
+                        "got temperature %g top_p %g top_k %d", (double)p->temperature, (double)p->top_p, p->top_k);
+    if (max_new == 0) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: max_new is 0, expected at least 1");
     uint32_t len = kipp_session_length(s), cap = kipp_session_capacity(s);
     if (len >= cap)
         return kipp_err(err, errlen, KIPP_ERANGE, "the session is full (%u of %u tokens): no room to evaluate", len, cap);
-    uint32_t k = gate_k(sp), room = cap - len - 1;
-    if (k > room) k = room;          /* the draft must fit the context */
+    return 0;
+}
+
+int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen)
+{
+    if (n_tokens) *n_tokens = 0;
+    if (!tokens || !n_tokens) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_propose: NULL tokens or n_tokens");
+    int rc = check_step(sp, s, ctx, n_ctx, max_new, NULL, err, errlen);
+    if (rc) return rc;
+    uint32_t k = gate_k(sp), room = kipp_session_capacity(s) - kipp_session_length(s) - 1, n_draft = 0;
+    if (k > room) k = room;               /* the draft must fit the context */
     if (k > max_new - 1) k = max_new - 1; /* at most max_new tokens come out */
-    uint32_t tokens[KIPP_SPEC_K_MAX + 1], n_draft = 0;
     tokens[0] = ctx[n_ctx - 1];
     if (k) kipp_spec_draft(sp, ctx, n_ctx, k, tokens + 1, &n_draft);
-    double t0 = now_s();
-    int rc = kipp_session_eval_n(s, tokens, n_draft + 1, n_draft + 1, sp->logits, err, errlen);
-    if (rc) return rc;
-    if (!sp->o.fixed_k) gate_time(sp, n_draft + 1, now_s() - t0);
-    uint32_t accepted = 0;
+    *n_tokens = n_draft + 1;
+    return 0;
+}
+
+int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uint32_t n_tokens, const float *logits,
+                     const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out, uint32_t *n_out,
+                     char *err, size_t errlen)
+{
+    if (n_out) *n_out = 0;
+    if (!sp || !s || !tokens || !logits || !rng || !out || !n_out || n_tokens < 1 || n_tokens > sp->o.k_max + 1 ||
+        max_new == 0 || kipp_session_length(s) < n_tokens)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_accept: %u evaluated tokens, expected 1..%u in the session "
+                        "and non-NULL buffers", n_tokens, sp ? sp->o.k_max + 1 : 0);
+    if (!kipp_spec_params_ok(p)) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
+    uint32_t len = kipp_session_length(s) - n_tokens, n_draft = n_tokens - 1, accepted = 0;
+    if (logits != sp->logits) memcpy(sp->logits, logits, (size_t)n_tokens * sp->vocab * sizeof *sp->logits);
     int n = sample_rows(sp, p, rng, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
     /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated. */
-    uint32_t keep = n > 0 ? len + (uint32_t)n : len;
-    KIPP_ASSERT(keep <= len + 1 + n_draft);
-    int trc = kipp_session_truncate(s, keep, NULL, 0);
+    int trc = kipp_session_truncate(s, n > 0 ? len + (uint32_t)n : len, NULL, 0);
     KIPP_ASSERT(trc == 0);
     if (n < 0) return n;
     sp->st.steps++;
@@ -328,6 +344,24 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
     gate_update(sp, n_draft, accepted);
     *n_out = (uint32_t)n;
     return 0;
+}
+
+int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx,
+                   const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out,
+                   uint32_t *n_out, char *err, size_t errlen)
+{
+    if (n_out) *n_out = 0;
+    if (!rng || !out || !n_out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_step: NULL rng, out or n_out");
+    int rc = check_step(sp, s, ctx, n_ctx, max_new, p ? p : &(kipp_sample_params){.temperature = 1, .top_p = 1}, err,
+                        errlen);
+    if (rc) return rc;
+    uint32_t tokens[KIPP_SPEC_K_MAX + 1], n_tokens = 0;
+    rc = kipp_spec_propose(sp, s, ctx, n_ctx, max_new, tokens, &n_tokens, err, errlen);
+    double t0 = now_s();
+    if (!rc) rc = kipp_session_eval_n(s, tokens, n_tokens, n_tokens, sp->logits, err, errlen);
+    if (rc) return rc;
+    if (!sp->o.fixed_k) gate_time(sp, n_tokens, now_s() - t0);
+    return kipp_spec_accept(sp, s, tokens, n_tokens, sp->logits, p, rng, max_new, out, n_out, err, errlen);
 }
 
 uint32_t kipp_spec_gate_next(kipp_spec *sp) { return gate_k(sp); }

@@ -82,5 +82,11 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_queue_depth", "Requests waiting in the FIFO.", "gauge", m->queue_depth);
     gauge(&b, "kipp_active_choices", "Choices being evaluated.", "gauge", m->active_choices);
     gauge(&b, "kipp_kv_blocks_in_use", "32-position KV blocks held by live sessions.", "gauge", (double)m->kv_blocks);
+    gauge(&b, "kipp_spec_steps_total", "Speculative decode steps (one verification each) of greedy choices.", "counter",
+          (double)m->spec_steps);
+    gauge(&b, "kipp_spec_drafted_tokens_total", "Draft tokens verified.", "counter", (double)m->spec_drafted);
+    gauge(&b, "kipp_spec_accepted_tokens_total", "Draft tokens accepted (equal to the greedy token).", "counter",
+          (double)m->spec_accepted);
+    gauge(&b, "kipp_spec_emitted_tokens_total", "Tokens emitted by speculative steps.", "counter", (double)m->spec_emitted);
     return b.p;
 }

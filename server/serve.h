@@ -180,6 +180,7 @@ typedef struct {
     int max_queue;            /* queued requests before 429 */
     uint32_t n_ctx;           /* per-choice context (tokens) */
     uint64_t kv_budget_blocks;/* 32-position KV blocks all live sessions may hold (--kv-mib) */
+    int no_spec;              /* --no-spec: greedy choices decode one token per step */
 } serve_sched_opts;
 
 /** Create and start the scheduler thread over model m; NULL on failure (err filled). */
@@ -223,6 +224,7 @@ typedef struct {
     serve_hist ttft, itl;
     int queue_depth, active_choices;
     uint64_t kv_blocks;       /* 32-position KV blocks held by live sessions */
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted; /* speculative decoding (issue 11) */
 } serve_metrics;
 
 /** The process-wide metrics (guarded by the sched mutex). */
