@@ -378,6 +378,9 @@ typedef struct {
     float row_cost;        /* gate's prior cost of one draft row in decode steps, [0, 1]; 0 = 0.15 */
     const uint32_t *stop_ids; /* [n_stop] tokens that end a reply (kipp_model_info.stop_ids); copied */
     uint32_t n_stop;       /* 0..2 */
+    const float *costs;    /* NULL, or [k_max+1] fixed verify costs of k drafts in decode steps (costs[0] = 1,
+                            * all > 0; copied): replaces the online timing, so the gate is deterministic
+                            * (kipp-bench-spec passes its measured cost model) */
 } kipp_spec_options;
 
 /** Counters of one kipp_spec since create or reset. */
@@ -413,7 +416,10 @@ int kipp_spec_set_reference(kipp_spec *sp, const uint32_t *ids, size_t n, char *
  * ctx's longest suffix n-gram (ngram_max down to ngram_min tokens) in ctx,
  * else in the reference, and copy up to k (<= 16) of the tokens that followed
  * it into draft; a copy that runs past the end of ctx continues from its own
- * output, so a repeating cycle drafts in full. *n_draft = 0 when nothing matches.
+ * output, so a repeating cycle drafts in full. When no suffix matches, the
+ * last token is taken for a substitution (an edit of copied text): the n-gram
+ * before it is matched and the copy resumes after its counterpart's follower.
+ * *n_draft = 0 when nothing matches.
  */
 void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
                      uint32_t *n_draft);

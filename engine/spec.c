@@ -43,6 +43,7 @@ struct kipp_spec {
     size_t n_ref;
     double acc, rej;         /* decayed accepted draft tokens / rejections */
     double t_rows[KIPP_SPEC_K_MAX + 2]; /* [r] average seconds of an r-row verification; 0 = not timed */
+    double fixed_cost[KIPP_SPEC_K_MAX + 1]; /* [k] options.costs; [0] == 0 when none were given */
     uint32_t idle, probe_every; /* plain steps while paused; interval before the next probe */
     kipp_spec_stats st;
 };
@@ -61,6 +62,10 @@ static int check_opts(const kipp_spec_options *o, char *err, size_t errlen)
     if (!(o->row_cost >= 0.0f && o->row_cost <= 1.0f))
         return kipp_err(err, errlen, KIPP_EINVAL, "row_cost %g is out of range, expected 0..1 decode steps",
                         (double)o->row_cost);
+    for (uint32_t k = 0; o->costs && k <= o->k_max; k++)
+        if (!(o->costs[k] > 0.0f && o->costs[k] < 1e6f))
+            return kipp_err(err, errlen, KIPP_EINVAL, "costs[%u] is %g, expected a positive number of decode steps", k,
+                            (double)o->costs[k]);
     if (o->n_stop > 2 || (o->n_stop && !o->stop_ids))
         return kipp_err(err, errlen, KIPP_EINVAL, "%u stop ids given, expected 0..2 and an array", o->n_stop);
     return 0;
@@ -83,7 +88,8 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
     if (!sp) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory allocating a drafter");
     sp->vocab = model->view.dims.vocab_size;
     for (uint32_t i = 0; i < o.n_stop; i++) sp->stop[i] = o.stop_ids[i];
-    o.stop_ids = NULL; /* copied into sp->stop */
+    for (uint32_t k = 0; o.costs && k <= o.k_max; k++) sp->fixed_cost[k] = o.costs[k];
+    o.stop_ids = NULL, o.costs = NULL; /* copied */
     sp->o = o;
     sp->logits = malloc((size_t)(o.k_max + 1) * sp->vocab * sizeof *sp->logits);
     if (!sp->logits) {
@@ -108,7 +114,7 @@ void kipp_spec_reset(kipp_spec *sp)
 {
     if (!sp) return;
     memset(&sp->st, 0, sizeof sp->st);
-    sp->acc = 2.0, sp->rej = 1.0; /* optimistic prior (a = 2/3): try drafting first */
+    sp->acc = 1.0, sp->rej = 1.0; /* prior a = 1/2: draft a little until the text shows its kind */
     sp->idle = 0, sp->probe_every = GATE_PROBE_MIN;
     memset(sp->t_rows, 0, sizeof sp->t_rows);
     sp->st.k_now = sp->o.k_max;
@@ -142,34 +148,45 @@ static long find_latest(const uint32_t *src, size_t n_src, size_t end, const uin
     return -1;
 }
 
+/* Copy up to k tokens that follow src[from..) into draft; past the end of ctx
+ * (src == ctx) the copy reads its own output, so a cycle of period p shorter
+ * than k still drafts k tokens. Returns the count. */
+static uint32_t copy_after(const uint32_t *src, size_t n_src, int is_ctx, size_t from, uint32_t k, uint32_t *draft)
+{
+    uint32_t j = 0;
+    for (; j < k; j++) {
+        size_t at = from + j;
+        if (at < n_src) draft[j] = src[at];
+        else if (is_ctx) draft[j] = draft[at - n_src];
+        else break;
+    }
+    return j;
+}
+
+/* The longest suffix n-gram of ctx[0..end) (skip = tokens left out at the end)
+ * found earlier in ctx, else in the reference; the draft copies what followed
+ * it, after skipping `skip` more tokens. 0 when nothing matched. */
+static uint32_t lookup(const kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t skip, uint32_t k, uint32_t *draft)
+{
+    for (uint32_t n = sp->o.ngram_max; n >= sp->o.ngram_min; n--) {
+        if (n_ctx < (size_t)n + skip + 1) continue;
+        const uint32_t *suf = ctx + n_ctx - skip - n;
+        long i = find_latest(ctx, n_ctx, n_ctx - skip - n - 1, suf, n);
+        if (i >= 0) return copy_after(ctx, n_ctx, 1, (size_t)i + n + skip, k, draft);
+        i = sp->n_ref ? find_latest(sp->ref, sp->n_ref, sp->n_ref, suf, n) : -1;
+        if (i >= 0) return copy_after(sp->ref, sp->n_ref, 0, (size_t)i + n + skip, k, draft);
+    }
+    return 0;
+}
+
 void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
                      uint32_t *n_draft)
 {
-    *n_draft = 0;
     if (k > KIPP_SPEC_K_MAX) k = KIPP_SPEC_K_MAX;
-    for (uint32_t n = sp->o.ngram_max; n >= sp->o.ngram_min && k; n--) {
-        if (n_ctx <= n) continue;
-        const uint32_t *suf = ctx + n_ctx - n;
-        /* In ctx, the suffix itself starts at n_ctx - n: search strictly before it. */
-        long i = find_latest(ctx, n_ctx, n_ctx - n - 1, suf, n);
-        if (i >= 0) {
-            /* Copy what followed; past the end of ctx the copy reads its own output,
-             * so a cycle of period p shorter than k still drafts k tokens. */
-            for (uint32_t j = 0; j < k; j++) {
-                size_t at = (size_t)i + n + j;
-                draft[j] = at < n_ctx ? ctx[at] : draft[at - n_ctx];
-            }
-            *n_draft = k;
-            return;
-        }
-        i = sp->n_ref ? find_latest(sp->ref, sp->n_ref, sp->n_ref, suf, n) : -1;
-        if (i >= 0) {
-            size_t avail = sp->n_ref - ((size_t)i + n);
-            *n_draft = avail < k ? (uint32_t)avail : k;
-            memcpy(draft, sp->ref + i + n, *n_draft * sizeof *draft);
-            return;
-        }
-    }
+    *n_draft = k ? lookup(sp, ctx, n_ctx, 0, k, draft) : 0;
+    /* Nothing matched: the last token may be a substitution (an edit of the copied
+     * text), so match the n-gram before it and copy from after its counterpart. */
+    if (k && !*n_draft) *n_draft = lookup(sp, ctx, n_ctx, 1, k, draft);
 }
 
 /* ---- the gate ---- */
@@ -179,6 +196,7 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
 static double gate_cost(const kipp_spec *sp, uint32_t k)
 {
     const double *t = sp->t_rows;
+    if (sp->fixed_cost[0] > 0) return sp->fixed_cost[k] / sp->fixed_cost[0];
     if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1];
     return 1.0 + sp->o.row_cost * k;
 }
@@ -262,7 +280,7 @@ static int hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
 }
 
 /* Sample the verified rows in order; returns the count emitted into out, or a KIPP_E* code. */
-static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng, const uint32_t *draft,
+static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng, const float *logits, const uint32_t *draft,
                        uint32_t n_draft, uint32_t max_new, uint32_t *out, uint32_t *accepted, char *err, size_t errlen)
 {
     kipp_sample_params rp = *p;
@@ -275,7 +293,7 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
     for (uint32_t r = 0; r <= n_draft; r++) {
         uint32_t t;
         rp.history_len = p->history_len + n; /* row r follows pending + out[0..n) */
-        rc = kipp_sample_ex(sp->logits + (size_t)r * sp->vocab, sp->vocab, &rp, rng, &t, err, errlen);
+        rc = kipp_sample_ex(logits + (size_t)r * sp->vocab, sp->vocab, &rp, rng, &t, err, errlen);
         if (rc) return rc;
         out[n] = t;
         sp->hist[p->history_len + n] = t;
@@ -331,8 +349,7 @@ int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uin
                         "and non-NULL buffers", n_tokens, sp ? sp->o.k_max + 1 : 0);
     if (!kipp_spec_params_ok(p)) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
     uint32_t len = kipp_session_length(s) - n_tokens, n_draft = n_tokens - 1, accepted = 0;
-    if (logits != sp->logits) memcpy(sp->logits, logits, (size_t)n_tokens * sp->vocab * sizeof *sp->logits);
-    int n = sample_rows(sp, p, rng, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
+    int n = sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
     /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated. */
     int trc = kipp_session_truncate(s, n > 0 ? len + (uint32_t)n : len, NULL, 0);
     KIPP_ASSERT(trc == 0);
@@ -360,7 +377,7 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
     double t0 = now_s();
     if (!rc) rc = kipp_session_eval_n(s, tokens, n_tokens, n_tokens, sp->logits, err, errlen);
     if (rc) return rc;
-    if (!sp->o.fixed_k) gate_time(sp, n_tokens, now_s() - t0);
+    if (!sp->o.fixed_k && sp->fixed_cost[0] == 0) gate_time(sp, n_tokens, now_s() - t0);
     return kipp_spec_accept(sp, s, tokens, n_tokens, sp->logits, p, rng, max_new, out, n_out, err, errlen);
 }
 
