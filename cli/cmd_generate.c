@@ -146,6 +146,43 @@ static int sample_next(const cli_gen_opts *o, const float *logits, uint32_t voca
     return kipp_sample_ex(logits, vocab, &sp, rng, tok, err, errlen);
 }
 
+/* Queue of tokens produced but not yet emitted: one per plain step, up to 17 per speculative step. */
+typedef struct {
+    uint32_t tok[KIPP_SPEC_K_MAX + 1];
+    uint32_t n, next;
+} tok_queue;
+
+/* Produce the next tokens after tok (the last emitted, not yet evaluated): one plain
+ * decode step, or one speculative step whose context is the prompt + the reply. */
+static int next_tokens(kipp_session *s, const cli_gen_opts *o, float *logits, uint32_t vocab, const uint32_t *hist,
+                       size_t n_hist, kipp_rng *rng, uint32_t tok, tok_queue *q, cli_reply_stats *st, char *err,
+                       size_t errlen)
+{
+    double t = cli_now();
+    int rc;
+    q->n = q->next = 0;
+    if (!st->spec) {
+        rc = kipp_session_eval(s, &tok, 1, logits, err, errlen);
+        if (!rc) rc = sample_next(o, logits, vocab, hist, n_hist, rng, &q->tok[0], err, errlen);
+        q->n = rc ? 0 : 1;
+    } else {
+        size_t n_ctx = st->n_prompt_ids + n_hist;
+        uint32_t *ctx = malloc(n_ctx * sizeof *ctx);
+        if (!ctx) return KIPP_ENOMEM;
+        memcpy(ctx, st->prompt_ids, st->n_prompt_ids * sizeof *ctx);
+        memcpy(ctx + st->n_prompt_ids, hist, n_hist * sizeof *ctx);
+        kipp_sample_params sp = o->sp;
+        sp.history = hist, sp.history_len = n_hist;
+        rc = kipp_spec_step(st->spec, s, ctx, n_ctx, &sp, rng, o->max_tokens - st->n_generated, q->tok, &q->n, err,
+                            errlen);
+        free(ctx);
+    }
+    st->t_decode += cli_now() - t;
+    st->n_decode_evals += rc == 0;
+    st->n_decode_tokens += q->n;
+    return rc;
+}
+
 int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits, kipp_rng *rng,
                    FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len_out, cli_reply_stats *st,
                    char *err, size_t errlen)
@@ -155,16 +192,17 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
     kipp_detok_stream *ds = kipp_detok_stream_create(m);
     uint32_t *hist = NULL;
     size_t n_hist = 0, text_len = 0;
+    tok_queue q = {.n = 0};
     int rc = ds ? 0 : KIPP_ENOMEM;
     if (text) rc = rc ? rc : append_text(text, &text_len, "", 0);
+    if (!rc) rc = sample_next(o, logits, info.vocab_size, hist, n_hist, rng, &q.tok[0], err, errlen);
+    q.n = rc ? 0 : 1;
     while (!rc) {
-        uint32_t tok;
         if (cli_interrupted) {
             st->interrupted = 1;
             break;
         }
-        rc = sample_next(o, logits, info.vocab_size, hist, n_hist, rng, &tok, err, errlen);
-        if (rc) break;
+        uint32_t tok = q.tok[q.next++];
         if (st->n_generated == 0) st->t_first = cli_now() - st->t_start;
         if (is_stop(&info, tok)) {
             st->stopped = 1;
@@ -175,14 +213,12 @@ int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float 
         if (!rc) rc = push_token(ds, tok, out, text, &text_len, err, errlen);
         if (rc) break;
         if (++st->n_generated >= o->max_tokens) break;
+        if (q.next < q.n) continue; /* the session already holds tok: a speculative step evaluated it */
         if (kipp_session_length(s) >= kipp_session_capacity(s)) {
             st->full = 1;
             break;
         }
-        double t = cli_now();
-        rc = kipp_session_eval(s, &tok, 1, logits, err, errlen);
-        st->t_decode += cli_now() - t;
-        st->n_decode_evals += rc == 0;
+        rc = next_tokens(s, o, logits, info.vocab_size, hist, n_hist, rng, tok, &q, st, err, errlen);
     }
     if (ds) {
         char buf[256];
@@ -201,14 +237,23 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
-    double dec = st->t_decode > 0 ? st->n_decode_evals / st->t_decode : 0.0;
+    double dec = st->t_decode > 0 ? st->n_decode_tokens / st->t_decode : 0.0;
+    char spec[256] = "";
+    if (st->spec) {
+        kipp_spec_stats ss;
+        kipp_spec_get_stats(st->spec, &ss);
+        snprintf(spec, sizeof spec, ", spec k %u: acceptance %.1f%% (drafted %llu, accepted %llu, emitted %llu in %llu forwards)",
+                 o->spec_k ? o->spec_k : 8u, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
+                 (unsigned long long)ss.drafted, (unsigned long long)ss.accepted, (unsigned long long)ss.emitted,
+                 (unsigned long long)ss.steps);
+    }
     fprintf(stderr,
             "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.1f tok/s, decode %.1f tok/s, "
-            "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu\n",
+            "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu%s\n",
             cmd, n_prompt, st->n_generated,
             st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
             t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, dec, st->t_first * 1e3,
-            (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed);
+            (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed, spec);
     if (st->full)
         fprintf(stderr, "kipp %s: stopped early: the session's context of %u tokens is full (--ctx, at most %u)\n",
                 cmd, kipp_session_capacity(s), info.context_length);
@@ -293,8 +338,15 @@ static int run_generate(const cli_gen_opts *o, kipp_model *m, const uint32_t *id
     cli_reply_stats st = {0};
     kipp_rng rng;
     kipp_rng_seed(&rng, o->seed);
+    int rc = logits ? 0 : KIPP_ENOMEM;
+    if (!rc && o->spec) {
+        kipp_spec_options so = {.k_max = o->spec_k, .fixed_k = o->spec_fixed, .stop_ids = info.stop_ids,
+                                .n_stop = info.n_stop};
+        rc = kipp_spec_create(m, &so, &st.spec, err, sizeof err);
+        st.prompt_ids = ids, st.n_prompt_ids = n;
+    }
     st.t_start = cli_now();
-    int rc = logits ? kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err) : KIPP_ENOMEM;
+    if (!rc) rc = kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err);
     double t_prefill = cli_now() - st.t_start;
     if (!rc) rc = cli_gen_stream(m, s, o, logits, &rng, stdout, &gen, &n_gen, NULL, NULL, &st, err, sizeof err);
     fputc('\n', stdout);
@@ -304,6 +356,7 @@ static int run_generate(const cli_gen_opts *o, kipp_model *m, const uint32_t *id
     if (!rc && o->show_ids) print_ids(gen, n_gen);
     free(gen);
     free(logits);
+    kipp_spec_destroy(st.spec);
     kipp_session_destroy(s);
     return rc ? 1 : 0;
 }

@@ -44,6 +44,10 @@ static const opt_def OPTS[] = {
                              "      generate: prompt + max-tokens, chat: 8192 (both capped at the context\n"
                              "      length); generation stops with a note when the context is full"},
     {"--show-ids", NULL, C_GEN, "print the generated token ids to stderr"},
+    {"--spec", NULL, C_GEN, "prompt-lookup speculative decoding: the exact greedy output in fewer forwards;\n"
+                            "      needs deterministic sampling (temperature 0, top-p 0 or top-k 1)"},
+    {"--spec-k", "N", C_GEN, "with --spec: longest draft, 1..16 tokens; default 8"},
+    {"--spec-fixed", NULL, C_GEN, "with --spec: always draft up to --spec-k (no adaptive gate)"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
     {"--temperature", "T", C_SAMPLE, "finite, >= 0; default 0 = greedy"},
     {"--top-p", "P", C_SAMPLE, "nucleus mass in (0, 1]; default 1 (off)"},
@@ -164,6 +168,9 @@ static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_
     } else if (!strcmp(f, "--max-tokens")) {
         if (parse_u64(v, 1u << 30, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..1073741824 (2^30)");
         o->max_tokens = (uint32_t)u;
+    } else if (!strcmp(f, "--spec-k")) {
+        if (parse_u64(v, KIPP_SPEC_K_MAX, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..16 (draft tokens)");
+        o->spec_k = (uint32_t)u;
     } else if (!strcmp(f, "--threads")) {
         if (parse_u64(v, CLI_MAX_THREADS, &u))
             return bad_arg(cmd, f, v, "an integer in 0..1024 (0 = one per physical core)");
@@ -205,6 +212,8 @@ static void set_switch(const char *f, cli_gen_opts *o)
     else if (!strcmp(f, "--no-think")) o->think = 0;
     else if (!strcmp(f, "--show-ids")) o->show_ids = 1;
     else if (!strcmp(f, "--no-cache-reuse")) o->no_reuse = 1;
+    else if (!strcmp(f, "--spec")) o->spec = 1;
+    else if (!strcmp(f, "--spec-fixed")) o->spec_fixed = 1;
 }
 
 /* Backstop: the sampler's own validation must accept what the ranges above let through. */
@@ -231,6 +240,15 @@ static int check_combination(const char *cmd, const cli_gen_opts *o)
     if (bit == C_LOGITS && !o->out) return cli_missing(cmd, "--out", "an output file");
     if (bit != C_CHAT && !o->think && !o->chat) {
         fprintf(stderr, "kipp %s: --no-think applies to the chat template, expected it together with --chat\n", cmd);
+        return 2;
+    }
+    if (!o->spec && (o->spec_k || o->spec_fixed)) {
+        fprintf(stderr, "kipp %s: --spec-k and --spec-fixed apply to speculative decoding, expected them with --spec\n", cmd);
+        return 2;
+    }
+    if (o->spec && !kipp_spec_params_ok(&o->sp)) {
+        fprintf(stderr, "kipp %s: --spec needs deterministic sampling, expected --temperature 0 (the default), "
+                        "--top-p 0 or --top-k 1, got temperature %g\n", cmd, (double)o->sp.temperature);
         return 2;
     }
     if (o->threads_arg && !strcmp(o->backend, "ref") && o->threads != 1) {

@@ -30,6 +30,9 @@ typedef struct {
     const char *threads_arg;  /* --threads as written; NULL when not given */
     int show_ids;             /* --show-ids: print generated ids to stderr */
     int no_reuse;             /* --no-cache-reuse (chat): re-prefill every turn; a test oracle */
+    int spec;                 /* --spec (generate): prompt-lookup speculative decoding, greedy only */
+    uint32_t spec_k;          /* --spec-k N: longest draft, 1..16; default 8 */
+    int spec_fixed;           /* --spec-fixed: no adaptive gate, always draft up to --spec-k */
     uint32_t max_tokens;      /* --max-tokens N: generated tokens per reply; default 128 */
     uint64_t ctx;             /* --ctx N: session capacity (generate, chat); 0 = default */
     const char *ctx_arg;      /* --ctx as written, for messages */
@@ -82,6 +85,11 @@ typedef struct {
     double t_start;           /* cli_now() when the prefill started (set by the caller) */
     double t_first;           /* seconds from t_start to the first sampled token (TTFT) */
     double t_decode;          /* seconds spent in decode evaluations */
+    uint32_t n_decode_tokens; /* tokens those evaluations produced (> n_decode_evals with --spec) */
+    /* In: speculative decoding (NULL = plain) and the drafter's corpus prefix: the prompt ids. */
+    kipp_spec *spec;
+    const uint32_t *prompt_ids;
+    size_t n_prompt_ids;
 } cli_reply_stats;
 
 /**

@@ -108,4 +108,13 @@ int kipp_session_set_block_table(kipp_session *s, const uint32_t *perm, char *er
                                  size_t errlen);
 
 
+
+/**
+ * Test hooks on the speculative gate (engine/spec.c): the draft length the
+ * next kipp_spec_step would ask for (0 = plain step, 1 while probing), and
+ * feeding it one step's outcome (drafted tokens, of which accepted matched).
+ */
+uint32_t kipp_spec_gate_next(kipp_spec *sp);
+void kipp_spec_gate_observe(kipp_spec *sp, uint32_t drafted, uint32_t accepted);
+
 #endif

@@ -432,6 +432,120 @@ kipp_sample_params kipp_sample_params_default(void);
 int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params *p,
                    kipp_rng *rng, uint32_t *token, char *err, size_t errlen);
 
+
+/* ---- speculative decoding (engine/spec.c; seed 000 "Greedy self-speculative decoding") ---- */
+
+/** Longest draft one verification step may carry (tokens). */
+#define KIPP_SPEC_K_MAX 16u
+
+/** Prompt-lookup drafter + adaptive gate; one per generated sequence. */
+typedef struct kipp_spec kipp_spec;
+
+/**
+ * Options for kipp_spec_create; zero-initialise for defaults. The gate keeps a
+ * decayed estimate a of the chance that a draft token is accepted, and drafts
+ * the k in 0..k_max that maximises expected tokens per step over cost,
+ * (1 - a^(k+1)) / (1 - a) / cost(k): a low-acceptance stream is driven to
+ * k = 0 (plain decoding, with a rare 1-token probe). cost(k), in decode steps,
+ * is learned from the wall time of the drafter's own verifications, with
+ * 1 + row_cost * k for row counts not yet timed.
+ */
+typedef struct {
+    uint32_t k_max;        /* longest draft, 1..16 tokens; 0 = 8 */
+    uint32_t ngram_min;    /* shortest suffix matched, 1..ngram_max tokens; 0 = 1 */
+    uint32_t ngram_max;    /* longest suffix matched, ngram_min..8 tokens; 0 = 3 */
+    int fixed_k;           /* 1: no gate, always draft up to k_max (tests, cost model) */
+    float row_cost;        /* gate's prior cost of one draft row in decode steps, [0, 1]; 0 = 0.15 */
+    const uint32_t *stop_ids; /* [n_stop] tokens that end a reply (kipp_model_info.stop_ids); copied */
+    uint32_t n_stop;       /* 0..2 */
+    const float *costs;    /* NULL, or [k_max+1] fixed verify costs of k drafts in decode steps (costs[0] = 1,
+                            * all > 0; copied): replaces the online timing, so the gate is deterministic
+                            * (kipp-bench-spec passes its measured cost model) */
+} kipp_spec_options;
+
+/** Counters of one kipp_spec since create or reset. */
+typedef struct {
+    uint64_t steps;        /* verification forwards (kipp_spec_step calls that evaluated) */
+    uint64_t drafted;      /* draft tokens verified */
+    uint64_t accepted;     /* draft tokens that matched the sampled token */
+    uint64_t emitted;      /* tokens emitted (accepted drafts + one sampled per step) */
+    uint32_t k_now;        /* the gate's current draft length; 0 = drafting paused */
+} kipp_spec_stats;
+
+/**
+ * Create a drafter for sessions of model (sizes its [k_max+1][vocab] FP32
+ * logits buffer). opts may be NULL. Errors: KIPP_EINVAL naming the option out
+ * of range (k_max above 16, ngram sizes, row_cost, n_stop above 2), KIPP_ENOMEM.
+ */
+int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kipp_spec **out, char *err,
+                     size_t errlen);
+/** Destroy; NULL accepted. */
+void kipp_spec_destroy(kipp_spec *sp);
+/** Zero the counters and the gate's estimate; the reference text is kept. */
+void kipp_spec_reset(kipp_spec *sp);
+
+/**
+ * Give the drafter a reference token sequence (ids[n], copied; n = 0 clears
+ * it) searched after the context: text the reply is expected to copy, as
+ * OpenAI's "predicted outputs". Errors: KIPP_EINVAL, KIPP_ENOMEM.
+ */
+int kipp_spec_set_reference(kipp_spec *sp, const uint32_t *ids, size_t n, char *err, size_t errlen);
+
+/**
+ * The prompt-lookup drafter alone: find the most recent earlier occurrence of
+ * ctx's longest suffix n-gram (ngram_max down to ngram_min tokens) in ctx,
+ * else in the reference, and copy up to k (<= 16) of the tokens that followed
+ * it into draft; a copy that runs past the end of ctx continues from its own
+ * output, so a repeating cycle drafts in full. When no suffix matches, the
+ * last token is taken for a substitution (an edit of copied text): the n-gram
+ * before it is matched and the copy resumes after its counterpart's follower.
+ * *n_draft = 0 when nothing matches.
+ */
+void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
+                     uint32_t *n_draft);
+
+/**
+ * One speculative step. On entry session s holds every token of the sequence
+ * except the last, pending (ctx[n_ctx-1] == pending; ctx is prompt + output,
+ * the drafter's corpus), and p is what plain decoding would pass to
+ * kipp_sample_ex for the next token; p must be deterministic (temperature 0,
+ * top_p 0 or top_k 1: kipp_spec_params_ok). The step drafts, evaluates
+ * pending + draft in one kipp_session_eval_n (one logits row each), samples
+ * row by row with p and the rows' history (p->history + out so far), keeps
+ * the longest prefix where the sample equals the draft, and truncates s.
+ * It writes 1..max_new tokens to out[] (room for 17) and *n_out; it stops
+ * after a stop id. On return s holds pending + out[0..n_out-1): the same
+ * timeline, samples and rng use as n_out plain decode steps. Errors: those of
+ * kipp_session_eval_n and kipp_sample_ex (nothing emitted, s unchanged);
+ * KIPP_ERANGE when s is full (no room for pending); KIPP_EINVAL for
+ * max_new 0 or p not deterministic.
+ */
+int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx,
+                   const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out,
+                   uint32_t *n_out, char *err, size_t errlen);
+
+/**
+ * kipp_spec_step in two halves, for callers that evaluate several sessions in
+ * one kipp_eval_batch (the server). propose: the gate's draft after the
+ * pending token ctx[n_ctx-1]: writes pending + draft to tokens[*n_tokens]
+ * (room for 17, 1 <= *n_tokens); s is not changed. The caller then evaluates
+ * exactly those tokens in s with a logits row for each. accept: samples those
+ * rows (logits [n_tokens][vocab]) as kipp_spec_step does, truncates s and
+ * writes out[*n_out]. Errors: as kipp_spec_step; accept's KIPP_EINVAL when
+ * n_tokens is outside 1..k_max+1 or s holds fewer than n_tokens tokens.
+ */
+int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen);
+int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uint32_t n_tokens, const float *logits,
+                     const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out, uint32_t *n_out,
+                     char *err, size_t errlen);
+
+/** 1 when sampling with p is a deterministic function of the logits (greedy): speculation is exact. */
+int kipp_spec_params_ok(const kipp_sample_params *p);
+
+/** Copy the counters into *st. */
+void kipp_spec_get_stats(const kipp_spec *sp, kipp_spec_stats *st);
+
 #ifdef __cplusplus
 }
 #endif

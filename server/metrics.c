@@ -102,5 +102,11 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_prompt_tokens_cached_total", "Prompt tokens adopted from the KV pool instead of prefilled.", "counter",
           (double)m->prompt_tokens_cached);
     if (m->pooled) pool_metrics(&b, &m->pool);
+    gauge(&b, "kipp_spec_steps_total", "Speculative decode steps (one verification each) of greedy choices.", "counter",
+          (double)m->spec_steps);
+    gauge(&b, "kipp_spec_drafted_tokens_total", "Draft tokens verified.", "counter", (double)m->spec_drafted);
+    gauge(&b, "kipp_spec_accepted_tokens_total", "Draft tokens accepted (equal to the greedy token).", "counter",
+          (double)m->spec_accepted);
+    gauge(&b, "kipp_spec_emitted_tokens_total", "Tokens emitted by speculative steps.", "counter", (double)m->spec_emitted);
     return b.p;
 }

@@ -11,6 +11,10 @@
  *      (chunked prefill) or its one decode token, and evaluates them all with
  *      one kipp_eval_batch, so the weights are read once per step;
  *   4. samples (kipp_sample_ex), detokenizes and publishes under the lock.
+ * Greedy choices (temperature 0, top_p 0 or top_k 1; unless --no-spec) decode
+ * speculatively: their item carries the pending token plus a prompt-lookup
+ * draft (kipp_spec_propose) with a logits row each, in the same batch, and
+ * kipp_spec_accept turns the rows into 1..17 tokens, the plain greedy ones.
  * Request state (serve_job) is shared with the HTTP threads under `mu`; the
  * engine is used under `engine` (lock order: mu, then engine). Each choice has
  * its own session, so results equal isolated evaluation, and a fixed seed
@@ -38,6 +42,10 @@ typedef struct {
     uint32_t rows_cap, rows;  /* rows requested this step */
     uint32_t first;           /* position of this step's first token */
     uint32_t count;           /* tokens in this step's item */
+    kipp_spec *spec;          /* greedy choices: the drafter; NULL = one token per step */
+    uint32_t spec_tok[KIPP_SPEC_K_MAX + 1]; /* this step's pending token + draft */
+    int spec_step;            /* 1: this step's item is spec_tok[count], a row each */
+    int echo;                 /* 1: prompt rows get logits (echo + logprobs) */
 } sched_choice;
 
 struct serve_sched {
@@ -156,6 +164,7 @@ static void choice_free(serve_sched *s, sched_choice *c)
     serve_metrics *mt = serve_metrics_get();
     if (c->s && !s->o.pool_blocks) mt->kv_blocks -= blocks_of(kipp_session_capacity(c->s));
     kipp_session_destroy(c->s); /* pooled: publishes the choice's full blocks (publish-at-finish) */
+    kipp_spec_destroy(c->spec);
     kipp_detok_stream_destroy(c->ds);
     free(c->hist);
     free(c->logits);
@@ -203,11 +212,18 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
     if (!c) return KIPP_ENOMEM;
     c->job = j, c->idx = idx;
     c->rows_cap = echo_rows ? SERVE_CHUNK : 1;
+    c->echo = echo_rows;
+    int spec = !s->o.no_spec && kipp_spec_params_ok(&r->sp);
+    if (spec && c->rows_cap < KIPP_SPEC_K_MAX + 1) c->rows_cap = KIPP_SPEC_K_MAX + 1;
     c->hist = malloc((r->n_prompt + (size_t)r->max_tokens + 1) * sizeof *c->hist);
     c->logits = malloc((size_t)c->rows_cap * s->info.vocab_size * sizeof *c->logits);
     c->ds = kipp_detok_stream_create(s->m);
     uint32_t cap = (uint32_t)(r->n_prompt + (size_t)r->max_tokens);
     int rc = c->hist && c->logits && c->ds ? kipp_session_create(s->m, cap, &c->s, err, errlen) : KIPP_ENOMEM;
+    if (!rc && spec) {
+        kipp_spec_options so = {.stop_ids = s->info.stop_ids, .n_stop = s->info.n_stop};
+        rc = kipp_spec_create(s->m, &so, &c->spec, err, errlen);
+    }
     if (rc) {
         choice_free(s, c);
         return rc;
@@ -321,7 +337,17 @@ static void admit(serve_sched *s)
 
 /* ---- one step ---- */
 
-/* Item for choice c: next prompt chunk, or its decode token. */
+/* A greedy choice's decode item: pending token + draft into spec_tok[count].
+ * 0 (decode plainly) when the drafter refuses, which it does only on bad state. */
+static int spec_propose(sched_choice *c)
+{
+    const serve_req *r = &c->job->req;
+    uint64_t left = (uint64_t)r->max_tokens - c->job->out[c->idx].n_gen;
+    return kipp_spec_propose(c->spec, c->s, c->hist, c->n_hist, left < UINT32_MAX ? (uint32_t)left : UINT32_MAX,
+                             c->spec_tok, &c->count, NULL, 0) == 0;
+}
+
+/* Item for choice c: next prompt chunk, or its decode token(s). */
 static kipp_batch_item item_for(sched_choice *c)
 {
     const serve_req *r = &c->job->req;
@@ -332,7 +358,10 @@ static kipp_batch_item item_for(sched_choice *c)
         uint32_t left = (uint32_t)r->n_prompt - c->n_done;
         c->count = left < SERVE_CHUNK ? left : SERVE_CHUNK;
         it.tokens = r->prompt_ids + c->n_done;
-        c->rows = c->rows_cap > 1 ? c->count : (c->count == left ? 1 : 0);
+        c->rows = c->echo ? c->count : (c->count == left ? 1 : 0);
+    } else if ((c->spec_step = c->spec && spec_propose(c))) {
+        it.tokens = c->spec_tok;
+        c->rows = c->count;
     } else {
         c->count = 1;
         it.tokens = &c->next_tok;
@@ -389,6 +418,31 @@ static int push_lp(serve_choice_out *o, const serve_lp *rec)
     return 0;
 }
 
+static int emit_token(serve_sched *s, sched_choice *c, const float *row, uint32_t tok, double now);
+
+/* A speculative decode step's rows: the greedy tokens (kipp_spec_accept), each
+ * published from the row that produced it, until one ends the choice. */
+static int spec_advance(serve_sched *s, sched_choice *c, const kipp_sample_params *sp, double now)
+{
+    serve_job *j = c->job;
+    uint64_t left = (uint64_t)j->req.max_tokens - j->out[c->idx].n_gen;
+    uint32_t out[KIPP_SPEC_K_MAX + 1], n = 0, V = s->info.vocab_size;
+    kipp_spec_stats before, after;
+    kipp_spec_get_stats(c->spec, &before);
+    if (kipp_spec_accept(c->spec, c->s, c->spec_tok, c->count, c->logits, sp, &c->rng,
+                         left < UINT32_MAX ? (uint32_t)left : UINT32_MAX, out, &n, j->error, sizeof j->error))
+        return FIN_ERROR;
+    kipp_spec_get_stats(c->spec, &after);
+    serve_metrics *mt = serve_metrics_get();
+    mt->spec_steps++;
+    mt->spec_drafted += after.drafted - before.drafted;
+    mt->spec_accepted += after.accepted - before.accepted;
+    mt->spec_emitted += n;
+    int why = FIN_NONE;
+    for (uint32_t i = 0; i < n && why == FIN_NONE; i++) why = emit_token(s, c, c->logits + (size_t)i * V, out[i], now);
+    return why;
+}
+
 /* After the eval: record echo logprobs, then sample if this step ended the prompt
  * or was a decode step. Returns FIN_NONE to continue, else why the choice ends. */
 static int choice_advance(serve_sched *s, sched_choice *c, double now)
@@ -398,18 +452,27 @@ static int choice_advance(serve_sched *s, sched_choice *c, double now)
     uint32_t V = s->info.vocab_size;
     int prefill = c->n_done < r->n_prompt;
     if (prefill) c->n_done += c->count;
-    for (uint32_t q = 0; c->rows_cap > 1 && prefill && q < c->rows; q++) {
+    for (uint32_t q = 0; c->echo && prefill && q < c->rows; q++) {
         uint32_t pos = c->first + q + 1; /* row q predicts the token at pos */
         if (pos < r->n_prompt && j->prompt_top) logprob_of(c->logits + (size_t)q * V, V, r->prompt_ids[pos], r->top_logprobs, &j->prompt_top[pos]);
     }
     if (prefill && c->n_done < r->n_prompt) return FIN_NONE;
     if (prefill && c->idx == 0) j->t_prompt_done = now;
-    const float *row = c->logits + (size_t)(c->rows - 1) * V;
     kipp_sample_params sp = r->sp;
     sp.history = c->hist, sp.history_len = c->n_hist, sp.n_prompt_history = r->n_prompt;
+    if (!prefill && c->spec_step) return spec_advance(s, c, &sp, now);
+    const float *row = c->logits + (size_t)(c->rows - 1) * V;
     uint32_t tok;
     int rc = kipp_sample_ex(row, V, &sp, &c->rng, &tok, j->error, sizeof j->error);
-    if (rc) return FIN_ERROR;
+    return rc ? FIN_ERROR : emit_token(s, c, row, tok, now);
+}
+
+/* Publish token tok, sampled from row, for choice c; FIN_NONE to continue. */
+static int emit_token(serve_sched *s, sched_choice *c, const float *row, uint32_t tok, double now)
+{
+    serve_job *j = c->job;
+    const serve_req *r = &j->req;
+    uint32_t V = s->info.vocab_size;
     serve_choice_out *o = &j->out[c->idx];
     serve_metrics *mt = serve_metrics_get();
     if (o->t_first == 0) o->t_first = now, serve_hist_add(&mt->ttft, now - j->t_arrive);

@@ -185,6 +185,7 @@ typedef struct {
     uint32_t n_ctx;           /* per-choice context (tokens) */
     uint64_t kv_budget_blocks;/* unpooled: 32-position KV blocks all live sessions may hold (--kv-mib) */
     uint64_t pool_blocks;     /* pooled model: blocks of its KV pool (--kv-pool-mib); 0 = unpooled */
+    int no_spec;              /* --no-spec: greedy choices decode one token per step */
 } serve_sched_opts;
 
 /** Create and start the scheduler thread over model m; NULL on failure (err filled). */
@@ -233,6 +234,7 @@ typedef struct {
     uint64_t prompt_tokens_cached; /* prompt tokens adopted from the KV pool instead of prefilled */
     int pooled;               /* 1: pool holds the scheduler's latest snapshot of the KV pool */
     kipp_pool_stats pool;     /* KV pool counters (kipp_model_pool_stats) */
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted; /* speculative decoding (issue 11) */
 } serve_metrics;
 
 /** The process-wide metrics (guarded by the sched mutex). */

@@ -16,6 +16,7 @@ typedef struct {
     const char *model, *backend, *host, *alias;
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
+    int no_spec;              /* --no-spec */
 } serve_opts;
 
 typedef struct {
@@ -47,12 +48,14 @@ static void usage(FILE *f)
             "                     choices publish theirs, and requests wait in the queue until the pool can\n"
             "                     hold them (one that alone needs more is refused, 400). 0 disables the pool\n"
             "  --kv-mib N         without the pool: KV budget of all live choices in MiB, default 4096;\n"
-            "                     requests wait for room, and one that alone needs more is refused (400)\n");
+            "                     requests wait for room, and one that alone needs more is refused (400)\n"
+            "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
+            "                     by default they use prompt-lookup speculative decoding (same tokens)\n");
 }
 
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
-    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096, -1};
+    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096, -1, 0};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
         {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
@@ -64,6 +67,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) return usage(stdout), 1;
+        if (!strcmp(a, "--no-spec")) { o->no_spec = 1; continue; }
         if (i + 1 >= argc) return fprintf(stderr, "kipp-serve: %s needs a value (or is unknown; see --help)\n", a), 2;
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) { o->model = v; continue; }
@@ -124,7 +128,7 @@ static int run(const serve_opts *o, kipp_model *m)
     char err[256] = "";
     uint64_t block_bytes = 32 * info.kv_bytes_per_token;
     serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx, ((uint64_t)o->kv_mib << 20) / block_bytes,
-                           info.kv_pool_blocks};
+                           info.kv_pool_blocks, o->no_spec};
     serve_http h = {0};
     h.sched = serve_sched_start(m, &so, err, sizeof err);
     if (!h.sched) return fprintf(stderr, "kipp-serve: %s\n", err), 1;

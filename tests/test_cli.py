@@ -283,7 +283,7 @@ TINY = ["--model", str(REPO_ROOT / "build" / "models" / "synthetic-tiny.gguf"), 
 OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
-                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help"},
+                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help"},
@@ -464,3 +464,49 @@ def test_chat_exits_1_when_a_turn_fails():
     r = chat("--ctx", "8", stdin="this message is far too long for an eight token context\n")
     assert r.returncode == 1
     assert "do not fit" in r.stderr and "turn dropped" in r.stderr
+
+
+# ---- --spec: prompt-lookup speculative decoding (issue 11) ----
+SPEC_LINE = re.compile(r"spec k (\d+): acceptance ([\d.]+)% \(drafted (\d+), accepted (\d+), emitted (\d+) in (\d+) forwards\)")
+COPY_PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
+
+
+def spec_ids(r: subprocess.CompletedProcess) -> list[int]:
+    line = next(l for l in r.stderr.splitlines() if l.startswith("ids:"))
+    return [int(x) for x in line.split()[1:]]
+
+
+@pytest.mark.parametrize("backend", ["ref", "cpu"])
+@pytest.mark.parametrize("extra", [[], ["--spec-k", "1"], ["--spec-k", "16", "--spec-fixed"], ["--ctx", "60"]])
+def test_generate_spec_equals_plain_greedy(backend, extra):
+    """The emitted ids are exactly plain greedy's (ctx 60: drafts cut at the context limit)."""
+    base = ["generate", "--model", str(gguf("synthetic-tiny")), "--backend", backend, "--prompt", COPY_PROMPT,
+            "--max-tokens", "70", "--show-ids"]
+    ctx = extra if extra[:1] == ["--ctx"] else []  # the plain run gets the same capacity
+    plain = kipp(*base, *ctx)
+    spec = kipp(*base, "--spec", *extra)
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    assert spec_ids(spec) == spec_ids(plain)
+    assert spec.stdout == plain.stdout
+    m = SPEC_LINE.search(spec.stderr)
+    assert m, spec.stderr
+    k, rate, drafted, accepted, emitted, forwards = (float(x) for x in m.groups())
+    assert accepted <= drafted and emitted == len(spec_ids(plain)) - 1 and forwards <= emitted
+    assert rate == pytest.approx(100.0 * accepted / drafted if drafted else 0.0, abs=0.05)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--spec", "--spec-k", "0"], "--spec-k '0' is invalid, expected an integer in 1..16"),
+    (["--spec", "--spec-k", "17"], "--spec-k '17' is invalid, expected an integer in 1..16"),
+    (["--spec-k", "4"], "expected them with --spec"),
+    (["--spec-fixed"], "expected them with --spec"),
+    (["--spec", "--temperature", "0.7"], "--spec needs deterministic sampling"),
+])
+def test_generate_spec_argument_errors(args, needle):
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_spec_options_belong_to_generate_only():
+    r = kipp("chat", "--model", str(gguf("synthetic-tiny")), "--spec", stdin="")
+    assert r.returncode == 2 and "does not apply to `kipp chat`" in r.stderr
