@@ -18,6 +18,7 @@
  * bench/README.md); results of the same (name, model) already in that file
  * are replaced, others kept, so models may be benchmarked one at a time.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,6 +519,18 @@ static int parse_args(int argc, char **argv, options *o)
     if (o->n_models == 0) {
         fprintf(stderr, "kipp-bench: missing required option --model (expected a .gguf path)\n");
         usage(stderr);
+        return -1;
+    }
+    /* The results directory is checked before anything runs (it used to fail after every benchmark). */
+    struct stat st;
+    if (mkdir(o->out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kipp-bench: --out '%s': cannot create the results directory: %s\n", o->out, strerror(errno));
+        return -1;
+    }
+    int bad = stat(o->out, &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR : 0;
+    if (bad) {
+        fprintf(stderr, "kipp-bench: --out '%s': %s; expected a directory for the result files (created if missing)\n",
+                o->out, strerror(bad));
         return -1;
     }
     return 0;

@@ -186,6 +186,18 @@ def test_kipp_bench_repeated_bench_flags_add_up(tmp_path):
     assert names == ["pp512", "tg128"], names
 
 
+def test_kipp_bench_checks_out_before_running(tmp_path):
+    """--out naming a file used to fail only after every benchmark ran, as 'errno 20'."""
+    f = tmp_path / "results"
+    f.write_bytes(b"not a directory")
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--reps", "1",
+            "--warmup", "0", "--out", f, "--profiles", tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert b"--out" in r.stderr and b"Not a directory" in r.stderr, r.stderr
+    assert b"opened with backend" not in r.stdout, "nothing may run"
+    assert f.read_bytes() == b"not a directory"
+
+
 def test_kipp_bench_refuses_a_benchmark_the_context_cannot_hold(tmp_path):
     """synthetic-tiny has a 4096-token context; tg4k needs 4096 + 32. Asked for explicitly, it used to
     be skipped silently (exit 0, no result, no message)."""
