@@ -595,7 +595,8 @@ int main(int argc, char **argv)
     kipp_profile prof;
     memset(&prof, 0, sizeof prof);
     if (kipp_profile_load(&prof, o.profiles, err, sizeof err) || !prof.loaded)
-        fprintf(stderr, "kipp-bench: no machine profile (%s); run `make profile` for roofline shares\n", err[0] ? err : prof.path);
+        fprintf(stderr, "kipp-bench: no machine profile: %s; roofline shares are not computed\n",
+                err[0] ? err : "run `make profile` first");
     else
         printf("profile %s: read %.1f GB/s (all cores), FP32 FMA %.0f GFLOP/s, BF16 dot %.0f GFLOP/s\n", prof.path,
                prof.read_gbps_all, prof.fp32_gflops_all, prof.bf16_gflops_all);

@@ -198,6 +198,14 @@ def test_kipp_bench_checks_out_before_running(tmp_path):
     assert f.read_bytes() == b"not a directory"
 
 
+def test_kipp_bench_without_a_profile_says_so_once(tmp_path):
+    """The missing-profile line used to nest the loader's message and say `make profile` twice."""
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg4k", "--out", tmp_path,
+            "--profiles", tmp_path / "none", timeout=300)
+    line = [x for x in r.stderr.decode().splitlines() if "profile" in x][0]
+    assert line.count("make profile") == 1 and "roofline shares" in line, line
+
+
 def test_kipp_bench_refuses_a_benchmark_the_context_cannot_hold(tmp_path):
     """synthetic-tiny has a 4096-token context; tg4k needs 4096 + 32. Asked for explicitly, it used to
     be skipped silently (exit 0, no result, no message)."""
