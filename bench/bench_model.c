@@ -521,6 +521,19 @@ static int parse_args(int argc, char **argv, options *o)
         usage(stderr);
         return -1;
     }
+    /* Results are keyed by (bench, model id): two --model flags with one id would collide. */
+    for (int i = 0; i < o->n_models; i++)
+        for (int j = 0; j < i; j++) {
+            char a[256], b[256];
+            model_id_of(o->models[i], a, sizeof a);
+            model_id_of(o->models[j], b, sizeof b);
+            if (!strcmp(a, b)) {
+                fprintf(stderr, "kipp-bench: --model '%s' has the model id '%s' of --model '%s' (results are keyed by "
+                                "it); expected each model once, with distinct file names\n", o->models[i], a,
+                        o->models[j]);
+                return -1;
+            }
+        }
     /* The results directory is checked before anything runs (it used to fail after every benchmark). */
     struct stat st;
     if (mkdir(o->out, 0755) != 0 && errno != EEXIST) {

@@ -206,6 +206,17 @@ def test_kipp_bench_without_a_profile_says_so_once(tmp_path):
     assert line.count("make profile") == 1 and "roofline shares" in line, line
 
 
+def test_kipp_bench_refuses_two_models_with_one_id(tmp_path):
+    """Results are keyed by (bench, model id = file name without .gguf): the same model twice used to
+    write two results under one key."""
+    m = models_dir() / "synthetic-tiny.gguf"
+    r = run(BENCH, "--model", m, "--model", m, "--bench", "tg128", "--reps", "1", "--warmup", "0", "--out", tmp_path,
+            "--profiles", tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert b"model id 'synthetic-tiny'" in r.stderr, r.stderr
+    assert list(tmp_path.glob("*.json")) == []
+
+
 def test_kipp_bench_refuses_a_benchmark_the_context_cannot_hold(tmp_path):
     """synthetic-tiny has a 4096-token context; tg4k needs 4096 + 32. Asked for explicitly, it used to
     be skipped silently (exit 0, no result, no message)."""
