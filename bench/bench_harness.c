@@ -332,7 +332,7 @@ int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_
     gmtime_r(&now, &tm);
     strftime(day, sizeof day, "%Y%m%d", &tm);
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-        set_err(err, errlen, "cannot create results directory %s (errno %d)", dir, errno);
+        set_err(err, errlen, "cannot create results directory %s: %s", dir, strerror(errno));
         return -1;
     }
     snprintf(path_out, path_len, "%s/%s-%s-%s-%s.json", dir, day, kipp_host_name(), tag, kipp_git_sha());

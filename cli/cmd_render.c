@@ -91,8 +91,12 @@ static json_t *load_json(const char *path, const char *what)
 {
     json_error_t je;
     json_t *j = !strcmp(path, "-") ? json_loadf(stdin, JSON_DECODE_ANY, &je) : json_load_file(path, JSON_DECODE_ANY, &je);
-    if (!j) fprintf(stderr, "kipp render: %s %s is not valid JSON: line %d column %d: %s\n", what, path, je.line,
-                    je.column, je.text);
+    if (!j && json_error_code(&je) == json_error_null_character) /* jansson's text names a flag the user cannot set */
+        fprintf(stderr, "kipp render: %s %s holds \\u0000 (a NUL character) in a string at line %d, column %d; "
+                        "kipp render accepts strings without NUL, as kipp-serve does\n", what, path, je.line, je.column);
+    else if (!j)
+        fprintf(stderr, "kipp render: %s %s is not valid JSON: line %d column %d: %s\n", what, path, je.line, je.column,
+                je.text);
     return j;
 }
 

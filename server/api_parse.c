@@ -353,6 +353,13 @@ static int parse_object(serve_req *r, const json_t *root, serve_error *e)
     }
     if (r->chat ? !r->msgs : !(r->prompt_text || r->prompt_ids))
         return BAD(r->chat ? "messages" : "prompt", "%s is required", r->chat ? "messages" : "prompt");
+    /* Both limits given: the later one used to win silently; equal values are one limit. */
+    const json_t *mt = json_object_get(root, "max_tokens"), *mct = json_object_get(root, "max_completion_tokens");
+    if (r->chat && json_is_integer(mt) && json_is_integer(mct) && json_integer_value(mt) != json_integer_value(mct))
+        return BAD("max_completion_tokens",
+                   "max_tokens %" JSON_INTEGER_FORMAT " and max_completion_tokens %" JSON_INTEGER_FORMAT
+                   " disagree; expected one of them, or the same value in both",
+                   json_integer_value(mt), json_integer_value(mct));
     if (r->chat && top_lp_set && !r->logprobs)
         return BAD("top_logprobs", "top_logprobs needs logprobs set to true");
     if (r->include_usage && !r->stream) return BAD("stream_options", "stream_options is only allowed with stream set to true");

@@ -48,14 +48,15 @@ static void usage(FILE *f)
             "                     choices publish theirs, and requests wait in the queue until the pool can\n"
             "                     hold them (one that alone needs more is refused, 400). 0 disables the pool\n"
             "  --kv-mib N         without the pool: KV budget of all live choices in MiB, default 4096;\n"
-            "                     requests wait for room, and one that alone needs more is refused (400)\n"
+            "                     requests wait for room, and one that alone needs more is refused (400);\n"
+            "                     needs --kv-pool-mib 0 (refused with the pool)\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
             "                     by default they use prompt-lookup speculative decoding (same tokens)\n");
 }
 
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
-    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, 4096, -1, 0};
+    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, -1, -1, 0};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
         {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
@@ -86,6 +87,12 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         *ints[k].dst = x;
     }
     if (!o->model) return fprintf(stderr, "kipp-serve: --model FILE.gguf is required (see --help)\n"), 2;
+    /* --kv-mib budgets the unpooled server only; with the pool it used to be ignored silently. */
+    if (o->kv_mib >= 0 && o->kv_pool_mib != 0)
+        return fprintf(stderr, "kipp-serve: --kv-mib %lld applies only without the KV pool, which is on (%s); size the "
+                               "pool with --kv-pool-mib, or add --kv-pool-mib 0 to budget unpooled sessions with --kv-mib\n",
+                       o->kv_mib, o->kv_pool_mib < 0 ? "by default" : "--kv-pool-mib given"), 2;
+    if (o->kv_mib < 0) o->kv_mib = 4096;
     return 0;
 }
 

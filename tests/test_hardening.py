@@ -15,6 +15,7 @@ Item 8 (install) is tests/test_install.py.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -173,6 +174,57 @@ def test_kipp_bench_rejects_unknown_benchmark_names(tmp_path, names):
     assert r.returncode == 2, r.stdout + r.stderr
     assert b"expected a comma-separated list of pp512, tg128, tg4k" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == [], "nothing may be written"
+
+
+def test_kipp_bench_repeated_bench_flags_add_up(tmp_path):
+    """--bench tg128 --bench pp512 runs both (the second flag used to replace the first silently)."""
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--bench", "pp512",
+            "--reps", "1", "--warmup", "0", "--out", tmp_path, "--profiles", tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (f,) = tmp_path.glob("*.json")
+    names = sorted(x["name"] for x in json.loads(f.read_text())["results"])
+    assert names == ["pp512", "tg128"], names
+
+
+def test_kipp_bench_checks_out_before_running(tmp_path):
+    """--out naming a file used to fail only after every benchmark ran, as 'errno 20'."""
+    f = tmp_path / "results"
+    f.write_bytes(b"not a directory")
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--reps", "1",
+            "--warmup", "0", "--out", f, "--profiles", tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert b"--out" in r.stderr and b"Not a directory" in r.stderr, r.stderr
+    assert b"opened with backend" not in r.stdout, "nothing may run"
+    assert f.read_bytes() == b"not a directory"
+
+
+def test_kipp_bench_without_a_profile_says_so_once(tmp_path):
+    """The missing-profile line used to nest the loader's message and say `make profile` twice."""
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg4k", "--out", tmp_path,
+            "--profiles", tmp_path / "none", timeout=300)
+    line = [x for x in r.stderr.decode().splitlines() if "profile" in x][0]
+    assert line.count("make profile") == 1 and "roofline shares" in line, line
+
+
+def test_kipp_bench_refuses_two_models_with_one_id(tmp_path):
+    """Results are keyed by (bench, model id = file name without .gguf): the same model twice used to
+    write two results under one key."""
+    m = models_dir() / "synthetic-tiny.gguf"
+    r = run(BENCH, "--model", m, "--model", m, "--bench", "tg128", "--reps", "1", "--warmup", "0", "--out", tmp_path,
+            "--profiles", tmp_path, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert b"model id 'synthetic-tiny'" in r.stderr, r.stderr
+    assert list(tmp_path.glob("*.json")) == []
+
+
+def test_kipp_bench_refuses_a_benchmark_the_context_cannot_hold(tmp_path):
+    """synthetic-tiny has a 4096-token context; tg4k needs 4096 + 32. Asked for explicitly, it used to
+    be skipped silently (exit 0, no result, no message)."""
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg4k", "--reps", "1",
+            "--warmup", "0", "--out", tmp_path, "--profiles", tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert b"tg4k needs a context of 4128 positions" in r.stderr and b"4096" in r.stderr, r.stderr
+    assert list(tmp_path.glob("*.json")) == []
 
 
 @pytest.mark.parametrize("args", [["--bench", "nope"], ["--bench", "pp512,tg"], ["--model", "synthetic-tin"]])

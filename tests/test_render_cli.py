@@ -122,3 +122,14 @@ def test_inspect_names_unicode_version():
     assert r.returncode == 0, r.stderr
     line = [l for l in r.stdout.decode().splitlines() if l.startswith("tokenizer ")]
     assert line and "native Qwen2 scanner, Unicode 16.0.0 classes" in line[0] and "utf8proc" in line[0]
+
+
+def test_nul_in_a_string_is_a_clear_error(tmp_path):
+    """A JSON "\\u0000" is refused by position, as kipp-serve does; the message used to name jansson's
+    JSON_ALLOW_NUL flag, which a user cannot set."""
+    f = tmp_path / "m.json"
+    f.write_text('[{"role": "user", "content": "a\\u0000b"}]')
+    r = subprocess.run([KIPP, "render", "--model", MODEL, "--messages", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and r.stdout == "", r
+    assert "NUL character" in r.stderr and "line 1, column" in r.stderr and "JSON_ALLOW_NUL" not in r.stderr, r.stderr

@@ -84,3 +84,18 @@ def test_pool_pressure_waits_in_fifo(synthetic_gguf):
         text = s.metrics()
         assert _metric(text, "kipp_kv_pool_blocks", state="total") == 4
         assert _metric(text, "kipp_kv_pool_evictions_total") > 0
+
+
+@pytest.mark.parametrize("args,ok", [(["--kv-mib", "100"], False), (["--kv-pool-mib", "8", "--kv-mib", "100"], False),
+                                     (["--kv-pool-mib", "0", "--kv-mib", "100"], True)])
+def test_kv_mib_needs_the_pool_off(synthetic_gguf, args, ok):
+    """--kv-mib budgets only the unpooled server; with the pool on (the default) it used to be ignored silently."""
+    import subprocess
+    from serve_harness import SERVE
+    if ok:
+        with Server(synthetic_gguf("synthetic-tiny"), *args):
+            return
+    r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--port", "0", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--kv-mib" in r.stderr and "--kv-pool-mib 0" in r.stderr, r.stderr
