@@ -1,7 +1,7 @@
 /*
  * test_cpu_backend.c - correctness gate of the fast cpu backend (issue 5,
  * item 3): against the scalar reference backend ("ref", the oracle) it must
- * match within NMSE <= 1e-7 (issue 16 item 7; was 1e-4) with an identical
+ * match within NMSE <= 1e-6 (issue 16 item 7; was 1e-4) with an identical
  * argmax, for prefill and every decode step, on every ISA path this CPU has;
  * batched items must equal isolated evaluation and multi-row logits
  * per-position evaluation bitwise (issue 16 item 6), and a
@@ -23,11 +23,13 @@
 
 /* Against the scalar FP32 ref backend the fast backend differs only in FP32
  * summation order and a ~2-ulp polynomial exp (FP32 activations, no BF16
- * rounding): measured 1.8e-9 on AVX2, bound 1e-7 (55x margin). With the ref
- * backend's <= 2e-9 against an FP64 oracle (issue 16), that keeps the fast
- * backend far inside the CPU contract's 5e-5 (issue 16 item 7). Against the
+ * rounding): measured 1.8e-9 on these shapes on AVX2 and 5.7e-8 through
+ * `kipp logits` on synthetic-tiny-untied (small random-head logits), bound
+ * 1e-6. With the ref backend's <= 2e-9 against an FP64 oracle (issue 16),
+ * that keeps the fast backend far inside the CPU contract's 5e-5 (issue 16
+ * item 7). Against the
  * transformers vectors (HF runs BF16 activations) the bound is 1e-4. */
-#define NMSE_REF_MAX 1e-7
+#define NMSE_REF_MAX 1e-6
 #define NMSE_HF_MAX 1e-4
 static double nmse_max = NMSE_REF_MAX; /* the bound check_rows applies */
 
