@@ -325,6 +325,9 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
     }
     if (!strcmp(k, "seed")) {
         if (!json_is_integer(v)) return BAD("seed", "seed is %s, expected an integer", type_name(v));
+        if (json_integer_value(v) < 0) /* llama.cpp's -1 means "random"; here that is an omitted seed */
+            return BAD("seed", "seed is %lld, expected an integer >= 0 (omit seed for a random one)",
+                       (long long)json_integer_value(v));
         r->seed = (uint64_t)json_integer_value(v), r->seed_set = 1;
         return 0;
     }

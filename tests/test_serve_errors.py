@@ -58,6 +58,7 @@ CASES = [
     (C, {"prompt": "a", "stream": True, "stream_options": {"x": 1}}, 400, "stream_options", "not supported"),
     (C, {"prompt": "a", "echo": True, "stream": True}, 400, "echo", "not supported together with stream"),
     (C, {"prompt": "a", "seed": "x"}, 400, "seed", "integer"),
+    (C, {"prompt": "a", "seed": -1}, 400, "seed", "omit seed for a random one"),
     (CH, {"messages": MSG, "max_tokens": 2, "max_completion_tokens": 3}, 400, "max_completion_tokens",
      "max_tokens 2 and max_completion_tokens 3 disagree"),
     (CH, {"messages": MSG, "max_completion_tokens": 3, "max_tokens": 2}, 400, "max_completion_tokens",
