@@ -266,7 +266,8 @@ static int parse_messages(serve_req *r, const json_t *v, serve_error *e)
         const json_t *rc = json_object_get(m, "reasoning_content");
         if (rc && !json_is_null(rc) && parse_content(rc, i, &d->reasoning_content, &d->reasoning_len, e)) return -1;
         if (!d->content && d->role != KIPP_ROLE_ASSISTANT)
-            return BAD("messages", "messages[%zu].content is missing, expected a string", i);
+            return BAD("messages", "messages[%zu].content is %s, expected a string or an array of text parts", i,
+                       json_object_get(m, "content") ? "null" : "missing");
         if (!d->content && !(d->content = dupn("", 0))) return serve_fail(e, 503, "server_error", "messages", "out of memory");
     }
     return 0;

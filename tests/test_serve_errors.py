@@ -72,6 +72,7 @@ CASES = [
     (CH, {"messages": []}, 400, "messages", "1..256"),
     (CH, {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages", "role"),
     (CH, {"messages": [{"role": "user"}]}, 400, "messages", "content is missing"),
+    (CH, {"messages": [{"role": "user", "content": None}]}, 400, "messages", "content is null"),
     (CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "messages", "text part"),
     (CH, {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, 400, "messages", "not supported"),
     (CH, {"messages": MSG, "chat_template_kwargs": {"foo": 1}}, 400, "chat_template_kwargs", "enable_thinking"),
