@@ -40,6 +40,12 @@ double kipp_timer_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double kipp_load_average(void)
+{
+    double l;
+    return getloadavg(&l, 1) == 1 ? l : -1;
+}
+
 /* ---- hwloc topology, shared by the team ---- */
 
 static hwloc_topology_t topo;

@@ -20,6 +20,10 @@
 /** Seconds on CLOCK_MONOTONIC. */
 double kipp_timer_now(void);
 
+/** 1-minute load average (getloadavg), -1 when unavailable: recorded beside
+ * every figure, since other processes on the cores change rates. */
+double kipp_load_average(void);
+
 /** Timing of one benchmark: seconds per repetition. */
 typedef struct {
     double median, min, max; /* seconds */

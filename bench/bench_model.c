@@ -588,16 +588,6 @@ static int write_merged(json_t *doc, const options *o, char *err, size_t errlen)
     return 0;
 }
 
-static double load_average(void)
-{
-    double l = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = -1;
-        fclose(f);
-    }
-    return l;
-}
 
 int main(int argc, char **argv)
 {
@@ -619,7 +609,7 @@ int main(int argc, char **argv)
     json_object_set_new(config, "reps", json_integer(o.reps));
     json_object_set_new(config, "warmup", json_integer(o.warmup));
     json_object_set_new(config, "isa", json_string(kipp_isa_name(kipp_isa_select(NULL))));
-    double load = load_average();
+    double load = kipp_load_average();
     json_object_set_new(config, "load_avg_1min_at_start", json_real(load));
     if (load > 1.0)
         printf("warning: load average %.2f at start: other processes share the cores, so rates and shares are indicative only\n", load);
@@ -637,7 +627,7 @@ int main(int argc, char **argv)
             fputc('\n', stderr);
         }
     }
-    json_object_set_new(config, "load_avg_1min_at_end", json_real(load_average()));
+    json_object_set_new(config, "load_avg_1min_at_end", json_real(kipp_load_average()));
     if (json_array_size(results) > 0 && write_merged(doc, &o, err, sizeof err)) {
         fprintf(stderr, "kipp-bench: %s\n", err);
         rc = -1;

@@ -308,16 +308,6 @@ static int parse_args(int argc, char **argv, options *o)
     return 0;
 }
 
-static double load_average(void)
-{
-    double l = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = -1;
-        fclose(f);
-    }
-    return l;
-}
 
 static int open_model(bench_ctx *b, const options *o, char *err, size_t errlen)
 {
@@ -378,7 +368,7 @@ int main(int argc, char **argv)
     json_object_set_new(config, "copy", json_string("reference = plain greedy output with every 10th token changed"));
     json_object_set_new(config, "free", json_string("no reference: prompt lookup over prompt + reply only"));
     json_object_set_new(config, "adversarial", json_string("reference = plain greedy output interleaved with wrong tokens"));
-    json_object_set_new(config, "load_avg_1min_at_start", json_real(load_average()));
+    json_object_set_new(config, "load_avg_1min_at_start", json_real(kipp_load_average()));
     json_t *doc = kipp_result_create("spec", prof.loaded ? prof.path : NULL, config);
     json_object_set_new(doc, "cpu", kipp_cpu_json());
     json_t *results = json_object_get(doc, "results"), *cost = json_array();
@@ -391,7 +381,7 @@ int main(int argc, char **argv)
         "verification rows differ from its decode rows, issue 16 item 6); compute identical to kipp_spec_step" :
         "the rows' own greedy tokens (kipp_spec_accept), checked equal to plain greedy"));
     if (!rc) rc = workloads(&b, &o, results, ratio, err, sizeof err);
-    json_object_set_new(config, "load_avg_1min_at_end", json_real(load_average()));
+    json_object_set_new(config, "load_avg_1min_at_end", json_real(kipp_load_average()));
     json_object_set_new(doc, "cost_model", cost);
     if (!rc) json_object_set_new(doc, "targets", targets(ratio, cost));
     char path[512];
