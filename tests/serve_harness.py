@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -141,3 +142,22 @@ def check_stream(chunks: list, n: int, chat: bool, include_usage: bool) -> dict:
         assert not usage_chunks, "usage chunk sent without stream_options.include_usage"
         assert "timings" in chunks[-1]
     return {i: tuple(v) for i, v in out.items()}
+
+
+def concurrent_equals_alone(s: "Server", max_tokens: int) -> None:
+    """Three seeded completions run one by one, then at once (so admission makes
+    them wait their turn): every concurrent one is 200 with its isolated text, and
+    the server ends idle."""
+    bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": max_tokens, "temperature": 0.7, "seed": k} for k in range(3)]
+    alone = [s.post("/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
+    out = [None] * 3
+
+    def go(k):
+        out[k] = s.post("/v1/completions", bodies[k])
+
+    ts = [threading.Thread(target=go, args=(k,)) for k in range(3)]
+    [t.start() for t in ts]
+    [t.join(timeout=120) for t in ts]
+    assert [o[0] for o in out] == [200] * 3
+    assert [o[1]["choices"][0]["text"] for o in out] == alone
+    assert s.wait_idle()

@@ -8,11 +8,10 @@ same request on an unpooled server (--kv-pool-mib 0).
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
 
-from serve_harness import Server
+from serve_harness import Server, concurrent_equals_alone
 
 prom = pytest.importorskip("prometheus_client.parser")
 
@@ -68,19 +67,7 @@ def test_pool_pressure_waits_in_fifo(synthetic_gguf):
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "1") as s:
         st, r = s.post("/v1/completions", {"prompt": "x", "max_tokens": 100, "n": 2})
         assert st == 400 and r["error"]["code"] == "kv_budget_exceeded" and "--kv-pool-mib" in r["error"]["message"]
-        bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 90, "temperature": 0.7, "seed": k} for k in range(3)]
-        alone = [s.post("/v1/completions", b)[1]["choices"][0]["text"] for b in bodies]
-        out = [None] * 3
-
-        def go(k):
-            out[k] = s.post("/v1/completions", bodies[k])
-
-        ts = [threading.Thread(target=go, args=(k,)) for k in range(3)]
-        [t.start() for t in ts]
-        [t.join(timeout=120) for t in ts]
-        assert [o[0] for o in out] == [200] * 3
-        assert [o[1]["choices"][0]["text"] for o in out] == alone
-        assert s.wait_idle()
+        concurrent_equals_alone(s, 90)
         text = s.metrics()
         assert _metric(text, "kipp_kv_pool_blocks", state="total") == 4
         assert _metric(text, "kipp_kv_pool_evictions_total") > 0
