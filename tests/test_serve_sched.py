@@ -139,11 +139,12 @@ def test_long_generation_outlives_idle_timeout(synthetic_gguf):
     wire is not idle; streamed and non-streamed both finish, and the connection's
     idle timer runs again afterwards."""
     no_eos = {"151643": -100, "151645": -100}
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--idle-timeout", "1") as s:
-        body = {"prompt": "x", "max_tokens": 250, "temperature": 0, "logit_bias": no_eos, "n": 4}
+    # --no-spec: greedy copying text would otherwise finish in well under a second
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--idle-timeout", "1", "--no-spec") as s:
+        body = {"prompt": "x", "max_tokens": 400, "temperature": 0, "logit_bias": no_eos, "n": 4}
         t0 = time.time()
         st, r = s.post("/v1/completions", body)
-        assert st == 200 and r["usage"]["completion_tokens"] == 4 * 250, r
+        assert st == 200 and r["usage"]["completion_tokens"] == 4 * 400, r
         assert time.time() - t0 > 1.5, "too fast to test the idle timeout: raise max_tokens"
         st, raw = s.request("POST", "/v1/completions", {**body, "stream": True})
         assert st == 200 and raw.endswith(b"data: [DONE]\n\n")
