@@ -18,7 +18,7 @@ machine, interleaved, so every claim is a ratio from one run.
    per (model, bench) Kipp's and llama.cpp's median/min/max tok/s and the
    ratio Kipp / llama.cpp, with the CPU model and ISA flags.
 
-    bench_peers.py [--model synthetic-0.6b ...] [--bench pp512,tg128] [--rounds 5] [--threads N]
+    bench_peers.py [--model synthetic-0.6b ...] [--bench pp512,tg128,tg4k,pp4096] [--rounds 3] [--threads N]
 """
 from __future__ import annotations
 
@@ -43,8 +43,17 @@ import peer_gguf  # noqa: E402
 
 PEERS = ROOT / "build" / "peers"
 TARGETS = ["llama-bench", "llama-server", "llama-quantize"]
+# llama-bench arguments per kipp-bench row: tg4k decodes 32 tokens after 4,096
+# in the KV cache (kipp-bench's LONG_STEPS), pp4096 is one 4,096-token prefill
+# from an empty cache.
 KNOWN_BENCH = {"pp512": ("-p", "512", "-n", "0"), "tg128": ("-p", "0", "-n", "128"),
-               "tg4k": ("-p", "0", "-n", "128", "-d", "4096")}
+               "tg4k": ("-p", "0", "-n", "32", "-d", "4096"), "pp4096": ("-p", "4096", "-n", "0")}
+# Rows whose setup is a 4,096-token prefill: llama-bench runs them without its
+# warm-up pass (that pass would be a second 4,096-token prefill per round; the
+# first of the 8 ubatches warms the caches), and without --bench they run on
+# the 0.6B shape only (on the 1.7B a round of them takes ~10 minutes on 2 cores).
+LONG_BENCH = ("tg4k", "pp4096")
+LONG_DEFAULT_MODELS = ("synthetic-0.6b",)
 
 
 def log(*a: object) -> None:
@@ -122,7 +131,8 @@ def llama_round(bindir: Path, model: Path, benches: list[str], threads: int) -> 
     """One repetition of each bench by llama-bench (-o json); tok/s per bench."""
     got = {}
     for b in benches:
-        out = run([str(bindir / "llama-bench"), "-m", str(model), *KNOWN_BENCH[b], "-t", str(threads),
+        warm = ["--no-warmup"] if b in LONG_BENCH else []
+        out = run([str(bindir / "llama-bench"), "-m", str(model), *KNOWN_BENCH[b], *warm, "-t", str(threads),
                    "-r", "1", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
         got[b] = float(json.loads(out)[0]["avg_ts"])
     return got
@@ -168,16 +178,18 @@ def write_result(doc: dict) -> Path:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", help="benchmark model id (repeatable; default synthetic-0.6b, synthetic-1.7b)")
-    ap.add_argument("--bench", default="pp512,tg128", help=f"comma list of {', '.join(KNOWN_BENCH)}")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one repetition each)")
+    ap.add_argument("--bench", default=None, help=f"comma list of {', '.join(KNOWN_BENCH)} for every model "
+                    f"(default: all on {', '.join(LONG_DEFAULT_MODELS)}, the others without {', '.join(LONG_BENCH)})")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one repetition each; default 3)")
     ap.add_argument("--threads", type=int, default=0, help="threads for both engines (0 = physical cores)")
     ap.add_argument("--models-dir", default=str(ROOT / "models"))
     ap.add_argument("--build-only", action="store_true", help="build the peers and the peer GGUFs, run nothing")
     a = ap.parse_args(argv)
-    a.benches = [b for b in a.bench.split(",") if b]
+    a.benches = [b for b in (a.bench if a.bench is not None else ",".join(KNOWN_BENCH)).split(",") if b]
     bad = [b for b in a.benches if b not in KNOWN_BENCH]
     if bad or not a.benches:
         ap.error(f"--bench {a.bench!r}: unknown {bad or 'empty'}; expected names from {', '.join(KNOWN_BENCH)}")
+    a.explicit_bench = a.bench is not None
     models = a.model or ["synthetic-0.6b", "synthetic-1.7b"]
     unknown = [m for m in models if m not in bench_models.BENCH_MODELS]
     if unknown:
@@ -186,6 +198,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds} must be >= 1")
     return a
+
+
+def model_benches(a: argparse.Namespace, model: str) -> list[str]:
+    """The rows run on model: --bench as given, else the long ones on LONG_DEFAULT_MODELS only."""
+    if a.explicit_bench or model in LONG_DEFAULT_MODELS:
+        return a.benches
+    return [b for b in a.benches if b not in LONG_BENCH]
 
 
 def physical_cores() -> int:
@@ -206,17 +225,18 @@ def main(argv: list[str] | None = None) -> int:
         pg = peer_model(kg)
         if a.build_only:
             continue
-        ks: dict[str, list[float]] = {b: [] for b in a.benches}
-        ls: dict[str, list[float]] = {b: [] for b in a.benches}
+        benches = model_benches(a, mid)
+        ks: dict[str, list[float]] = {b: [] for b in benches}
+        ls: dict[str, list[float]] = {b: [] for b in benches}
         for r in range(a.rounds):
             order = ("kipp", "llama") if r % 2 == 0 else ("llama", "kipp")
             for who in order:
-                got = kipp_round(kg, a.benches, threads, r == 0) if who == "kipp" else llama_round(bindir, pg, a.benches, threads)
-                for b in a.benches:
+                got = kipp_round(kg, benches, threads, r == 0) if who == "kipp" else llama_round(bindir, pg, benches, threads)
+                for b in benches:
                     (ks if who == "kipp" else ls)[b].append(got[b])
             log(f"{mid} round {r + 1}/{a.rounds}: " + ", ".join(
-                f"{b} kipp {ks[b][-1]:.2f} / llama.cpp {ls[b][-1]:.2f} tok/s" for b in a.benches))
-        for b in a.benches:
+                f"{b} kipp {ks[b][-1]:.2f} / llama.cpp {ls[b][-1]:.2f} tok/s" for b in benches))
+        for b in benches:
             k, l = summary(ks[b]), summary(ls[b])
             cells.append({"name": b, "model": mid, "format": "bf16", "unit": "tok/s", "kipp": k, "llama_cpp": l,
                           "ratio": k["median"] / l["median"]})

@@ -10,10 +10,14 @@
  * (K_ATTN_CHUNK). The kernels continue the state they are given, so a walk
  * over [0, P) split at multiples of 16 is bitwise the same walk: that is what
  * makes a token's attention independent of the round it is computed in
- * (decode, prefill tile, batch; kernels.h "row invariance"). Per chunk: every K row is widened once and dotted with all `group` query heads
- * (group accumulators in registers), the online-softmax state is updated once
- * per chunk with a vector exp, and every V row is widened once and FMA'd into
- * all group accumulators. So the heads of a group share each K/V load.
+ * (decode, prefill tile, batch; kernels.h "row invariance"). Per chunk: every
+ * K row is loaded once and dotted with all `group` query heads (group
+ * accumulators in registers), the online-softmax state is updated once per
+ * chunk with a vector exp, and every V row is loaded once and FMA'd into all
+ * group accumulators. So the heads of a group share each K/V load. A load of
+ * 2 x KV_W bf16 widens into its even and odd elements by a shift and a mask
+ * (vf_even, vf_odd); the query and the accumulators are split the same way
+ * (vf_deint), so no lane-crossing widen is needed in the inner loops.
  *
  * Accuracy vs k_flash_gqa_bf16_ref: same products, another summation order
  * and a polynomial exp (~2 ulp), and the max is taken per chunk instead of
@@ -42,23 +46,44 @@ static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
            (size_t)kvh * KIPP_HEAD_DIM;
 }
 
+#define KB (2 * KV_W) /* bf16 per vi load of a K/V row: one even and one odd vf (vf_even, vf_odd) */
+#define AI inline __attribute__((always_inline))
+
+/* The G query heads at q with each KB block split into its even and odd
+ * elements (vf_deint): the lane order in which a vi load of a K row widens,
+ * so a K row costs one load and two bit operations per KB elements instead of
+ * two zero-extending shuffles and two shifts. */
+static AI void q_split(const float *q, size_t G, float qs[GMAX][KIPP_HEAD_DIM])
+{
+#pragma GCC unroll 8
+    for (size_t g = 0; g < G; g++)
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KB) {
+            vf e, o;
+            vf_deint(vf_load(q + g * KIPP_HEAD_DIM + d), vf_load(q + g * KIPP_HEAD_DIM + d + KV_W), &e, &o);
+            vf_store(qs[g] + d, e);
+            vf_store(qs[g] + d + KV_W, o);
+        }
+}
+
 /* P positions' scores against all G heads (P * G <= 8 independent FMA chains,
  * enough to cover the FMA latency; one position per step left only G chains
- * and ran latency-bound). s[g][j0 + i] for i < P. */
-static inline __attribute__((always_inline)) void scores_step(const float *q, size_t G, size_t P,
-                                                              const kipp_bf16 *kr, size_t j0,
-                                                              float scale, float s[GMAX][CHUNK])
+ * and ran latency-bound). s[g][j0 + i] for i < P; qs from q_split. */
+static AI void scores_step(const float qs[GMAX][KIPP_HEAD_DIM], size_t G, size_t P, const kipp_bf16 *kr, size_t j0,
+                           float scale, float s[GMAX][CHUNK])
 {
     vf a[8]; /* index & 7: P * G <= 8 always; the mask only tells the compiler */
 #pragma GCC unroll 8
     for (size_t i = 0; i < 8; i++) a[i] = vf_zero();
-    for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W) {
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += KB) {
 #pragma GCC unroll 4
         for (size_t i = 0; i < P; i++) {
-            vf kv = vf_widen(kr + i * KV_STRIDE + d);
+            vi kv = vi_load(kr + i * KV_STRIDE + d);
+            vf ke = vf_even(kv), ko = vf_odd(kv);
 #pragma GCC unroll 8
-            for (size_t g = 0; g < G; g++)
-                a[(i * G + g) & 7] = vf_fma(vf_load(q + g * KIPP_HEAD_DIM + d), kv, a[(i * G + g) & 7]);
+            for (size_t g = 0; g < G; g++) {
+                a[(i * G + g) & 7] = vf_fma(vf_load(qs[g] + d), ke, a[(i * G + g) & 7]);
+                a[(i * G + g) & 7] = vf_fma(vf_load(qs[g] + d + KV_W), ko, a[(i * G + g) & 7]);
+            }
         }
     }
 #pragma GCC unroll 4
@@ -68,13 +93,13 @@ static inline __attribute__((always_inline)) void scores_step(const float *q, si
 }
 
 /* s[g][j] = scale * q_g . k_j for j < n, g < G (G <= GMAX); rows at kbase + j*stride. */
-static inline __attribute__((always_inline)) void chunk_scores(const float *q, size_t G, const kipp_bf16 *kbase,
-                                                               size_t n, float scale, float s[GMAX][CHUNK])
+static AI void chunk_scores(const float qs[GMAX][KIPP_HEAD_DIM], size_t G, const kipp_bf16 *kbase, size_t n,
+                            float scale, float s[GMAX][CHUNK])
 {
     const size_t P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
     size_t j = 0;
-    for (; j + P <= n; j += P) scores_step(q, G, P, kbase + j * KV_STRIDE, j, scale, s);
-    for (; j < n; j++) scores_step(q, G, 1, kbase + j * KV_STRIDE, j, scale, s);
+    for (; j + P <= n; j += P) scores_step(qs, G, P, kbase + j * KV_STRIDE, j, scale, s);
+    for (; j < n; j++) scores_step(qs, G, 1, kbase + j * KV_STRIDE, j, scale, s);
 }
 
 /* Online-softmax step for one head: turns s[0..n) into weights e (in place;
@@ -99,70 +124,119 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
     return corr;
 }
 
-/* acc[g] = acc[g] * corr[g] + sum_j e[g][j] * v_j over S KV_W-wide slices of
- * the head at once (S * G <= 8 chains, as in chunk_scores). */
-static inline __attribute__((always_inline)) void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t n,
-                                                               float e[GMAX][CHUNK], const float *corr)
+/* acc[g] = acc[g] * corr[g] + sum_j e[g][j] * v_j for H heads and SB KB-wide
+ * blocks of the head at once (2 * SB * H <= 8 chains, as in chunk_scores).
+ * The accumulators hold each block's even and odd elements (vf_deint), the
+ * order a vi load of a V row widens in; every element still sees the same
+ * multiply and FMA sequence, so the result does not depend on the split. */
+static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vbase, size_t n,
+                           float e[GMAX][CHUNK], const float *corr, size_t d)
 {
-    const size_t S = G <= 2 ? 4 : G <= 4 ? 2 : 1;
-    for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W * S) {
-        vf a[8];
+    vf a[8];
 #pragma GCC unroll 8
-        for (size_t i = 0; i < 8; i++) a[i] = vf_zero(); /* unused lanes, for -Wmaybe-uninitialized */
-#pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++)
+    for (size_t i = 0; i < 8; i++) a[i] = vf_zero(); /* unused lanes, for -Wmaybe-uninitialized */
 #pragma GCC unroll 4
-            for (size_t t = 0; t < S; t++)
-                a[(g * S + t) & 7] = vf_mul(vf_load(acc + g * KIPP_HEAD_DIM + d + KV_W * t), vf_set1(corr[g]));
-        for (size_t j = 0; j < n; j++) {
-            vf vv[4];
+    for (size_t h = 0; h < H; h++)
+#pragma GCC unroll 2
+        for (size_t t = 0; t < SB; t++) {
+            const float *p = acc + h * KIPP_HEAD_DIM + d + KB * t;
+            vf ev, od;
+            vf_deint(vf_load(p), vf_load(p + KV_W), &ev, &od);
+            a[(2 * (h * SB + t)) & 7] = vf_mul(ev, vf_set1(corr[h]));
+            a[(2 * (h * SB + t) + 1) & 7] = vf_mul(od, vf_set1(corr[h]));
+        }
+    for (size_t j = 0; j < n; j++) {
+        vf ve[2], vo[2];
+#pragma GCC unroll 2
+        for (size_t t = 0; t < SB; t++) {
+            vi v = vi_load(vbase + j * KV_STRIDE + d + KB * t);
+            ve[t & 1] = vf_even(v);
+            vo[t & 1] = vf_odd(v);
+        }
 #pragma GCC unroll 4
-            for (size_t t = 0; t < S; t++) vv[t] = vf_widen(vbase + j * KV_STRIDE + d + KV_W * t);
-#pragma GCC unroll 8
-            for (size_t g = 0; g < G; g++) {
-                vf eg = vf_set1(e[g][j]);
-#pragma GCC unroll 4
-                for (size_t t = 0; t < S; t++) a[(g * S + t) & 7] = vf_fma(eg, vv[t], a[(g * S + t) & 7]);
+        for (size_t h = 0; h < H; h++) {
+            vf eg = vf_set1(e[h][j]);
+#pragma GCC unroll 2
+            for (size_t t = 0; t < SB; t++) {
+                a[(2 * (h * SB + t)) & 7] = vf_fma(eg, ve[t & 1], a[(2 * (h * SB + t)) & 7]);
+                a[(2 * (h * SB + t) + 1) & 7] = vf_fma(eg, vo[t & 1], a[(2 * (h * SB + t) + 1) & 7]);
             }
         }
-#pragma GCC unroll 8
-        for (size_t g = 0; g < G; g++)
+    }
 #pragma GCC unroll 4
-            for (size_t t = 0; t < S; t++) vf_store(acc + g * KIPP_HEAD_DIM + d + KV_W * t, a[(g * S + t) & 7]);
+    for (size_t h = 0; h < H; h++)
+#pragma GCC unroll 2
+        for (size_t t = 0; t < SB; t++) {
+            float *p = acc + h * KIPP_HEAD_DIM + d + KB * t;
+            vf lo, hi;
+            vf_inter(a[(2 * (h * SB + t)) & 7], a[(2 * (h * SB + t) + 1) & 7], &lo, &hi);
+            vf_store(p, lo);
+            vf_store(p + KV_W, hi);
+        }
+}
+
+/* values_pass over the whole head for all G heads, at most 4 heads a pass. */
+static AI void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t n, float e[GMAX][CHUNK],
+                            const float *corr)
+{
+    const size_t SB = G <= 2 ? 2 : 1, HV = G < 4 ? G : 4;
+    for (size_t h0 = 0; h0 < G; h0 += HV) {
+        size_t H = G - h0 < HV ? G - h0 : HV;
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KB * SB)
+            values_pass(acc + h0 * KIPP_HEAD_DIM, H, SB, vbase, n, e + h0, corr + h0, d);
     }
 }
 
 /* K/V rows sit 2 KB apart (8 KV heads interleaved), which defeats the
- * stream prefetchers, so the kernel prefetches itself, PF_AHEAD positions
- * (16 KB of K+V) ahead, one position's K and V rows (8 lines) per position
- * consumed. A steady trickle keeps the miss buffers busy while the chunk
- * computes; the old burst of a whole chunk's 128 lines before each chunk
- * stalled on the miss buffers and then left memory idle during the compute. */
+ * stream prefetchers, so the kernel prefetches itself: a chunk step of
+ * positions [p, p + n) prefetches the same head's rows at [pf, pf + n), one
+ * position's K and V rows (8 lines) per position it scores, so the requests
+ * trickle out while it computes. A burst of a chunk's 128 lines at the
+ * start of each chunk filled the miss buffers and load queue and stalled on
+ * them, then left memory idle during the compute (profile: most samples on
+ * the K/V loads). */
 #define PF_AHEAD 32u
 
-static inline void prefetch_pos(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-                                const uint32_t *bt, uint32_t pos)
+/* One KV head's rows of a layer's paged cache, and the positions [pf, pf_end)
+ * a chunk step may prefetch (none when pf >= pf_end). */
+typedef struct {
+    const kipp_bf16 *kc, *vc; /* layer bases, [position (paged)][8][128] bf16 */
+    const uint32_t *bt;       /* block table */
+    uint32_t kvh, pf, pf_end;
+} kv_view;
+
+static inline void prefetch_pos(const kv_view *v, uint32_t pos)
 {
-    size_t off = kv_off(bt, pos, kvh);
+    size_t off = kv_off(v->bt, pos, v->kvh);
     for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
-        k_prefetch((const char *)(kc + off) + b);
-        k_prefetch((const char *)(vc + off) + b);
+        k_prefetch((const char *)(v->kc + off) + b);
+        k_prefetch((const char *)(v->vc + off) + b);
     }
 }
 
 /* Online-softmax update of G heads' state with the n <= CHUNK positions at p
- * (inside one page). */
-static inline __attribute__((always_inline)) void chunk_step(const float *q, size_t G, const kipp_bf16 *kc,
-                                                             const kipp_bf16 *vc, uint32_t kvh,
-                                                             const uint32_t *bt, uint32_t p, uint32_t n,
-                                                             float scale, float *m, float *l, float *acc)
+ * (inside one page), prefetching v's window as it scores. */
+static AI void chunk_step(const float *q, size_t G, const kv_view *v, uint32_t p, uint32_t n, float scale,
+                          float *m, float *l, float *acc)
 {
-    float s[GMAX][CHUNK], corr[GMAX];
-    size_t off = kv_off(bt, p, kvh);
-    chunk_scores(q, G, kc + off, n, scale, s);
+    float s[GMAX][CHUNK], corr[GMAX], qs[GMAX][KIPP_HEAD_DIM];
+    const size_t off = kv_off(v->bt, p, v->kvh), P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    const kipp_bf16 *kb = v->kc + off;
+    q_split(q, G, qs);
+    size_t j = 0;
+    for (; j + P <= n; j += P) {
+#pragma GCC unroll 4
+        for (size_t i = 0; i < P; i++)
+            if (v->pf + j + i < v->pf_end) prefetch_pos(v, v->pf + (uint32_t)(j + i));
+        scores_step(qs, G, P, kb + j * KV_STRIDE, j, scale, s);
+    }
+    for (; j < n; j++) {
+        if (v->pf + j < v->pf_end) prefetch_pos(v, v->pf + (uint32_t)j);
+        scores_step(qs, G, 1, kb + j * KV_STRIDE, j, scale, s);
+    }
 #pragma GCC unroll 8
     for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
-    chunk_values(acc, G, vc + off, n, s, corr);
+    chunk_values(acc, G, v->vc + off, n, s, corr);
 }
 
 /* Positions in the aligned chunk at p, cut to p1. */
@@ -173,34 +247,34 @@ static inline uint32_t chunk_len(uint32_t p, uint32_t p1)
 }
 
 /* chunk_step with a constant head count, so the accumulators stay in registers. */
-static void step_any(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-                     const uint32_t *bt, uint32_t p, uint32_t n, float scale, float *m, float *l, float *acc)
+static void step_any(const float *q, size_t G, const kv_view *v, uint32_t p, uint32_t n, float scale, float *m,
+                     float *l, float *acc)
 {
     switch (G) {
-    case 1: chunk_step(q, 1, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
-    case 2: chunk_step(q, 2, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
-    case 4: chunk_step(q, 4, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
-    case 8: chunk_step(q, 8, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
-    default: chunk_step(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc); break;
+    case 1: chunk_step(q, 1, v, p, n, scale, m, l, acc); break;
+    case 2: chunk_step(q, 2, v, p, n, scale, m, l, acc); break;
+    case 4: chunk_step(q, 4, v, p, n, scale, m, l, acc); break;
+    case 8: chunk_step(q, 8, v, p, n, scale, m, l, acc); break;
+    default: chunk_step(q, G, v, p, n, scale, m, l, acc); break;
     }
 }
 
 /* Chunk-major: each chunk's K and V rows (16 x 256 B each) are loaded from
  * DRAM once and stay in L1 while every pass of GMAX query heads uses them, so
- * a prefill tile of many queries reads its prefix once (issue 16 item 4). */
+ * a prefill tile of many queries reads its prefix once (issue 16 item 4). The
+ * first pass over a chunk prefetches the rows PF_AHEAD positions on. */
 void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                              uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
                              float scale, float *m, float *l, float *acc)
 {
-    uint32_t pf = p0; /* next position to prefetch: the first PF_AHEAD at once, then one per position */
-    for (; pf < p1 && pf < p0 + PF_AHEAD; pf++) prefetch_pos(kc, vc, kvh, block_table, pf);
+    kv_view v = {kc, vc, block_table, kvh, 0, p1};
+    for (uint32_t p = p0; p < p1 && p < p0 + PF_AHEAD; p++) prefetch_pos(&v, p);
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = chunk_len(p, p1);
-        for (uint32_t i = 0; i < n && pf < p1; i++, pf++) prefetch_pos(kc, vc, kvh, block_table, pf);
         for (size_t g0 = 0; g0 < group; g0 += GMAX) {
             size_t G = group - g0 < GMAX ? group - g0 : GMAX;
-            step_any(q + g0 * KIPP_HEAD_DIM, G, kc, vc, kvh, block_table, p, n, scale, m + g0, l + g0,
-                     acc + g0 * KIPP_HEAD_DIM);
+            v.pf = g0 == 0 ? p + PF_AHEAD : p1;
+            step_any(q + g0 * KIPP_HEAD_DIM, G, &v, p, n, scale, m + g0, l + g0, acc + g0 * KIPP_HEAD_DIM);
         }
         p += n;
     }
@@ -208,45 +282,33 @@ void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, 
 
 /* ---- KV heads [kvh0, kvh1), page by page (k_flash_rows_bf16) ---- */
 
-/* Positions [a, b) of one page for head group G of KV head kvh, continuing the
- * state; while it computes, it prefetches this head's rows of the next page
- * (from position nxt; none when nxt == UINT32_MAX), spread over its chunks. */
-static void seg_pass(const float *q, size_t G, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
-                     const uint32_t *bt, uint32_t a, uint32_t b, float scale, float *m, float *l, float *acc,
-                     uint32_t nxt, uint32_t nxt_end)
-{
-    uint32_t n_chunks = 0, c = 0, span = nxt == UINT32_MAX ? 0 : nxt_end - nxt;
-    for (uint32_t p = a; p < b; p += chunk_len(p, b)) n_chunks++;
-    for (uint32_t p = a; p < b; c++) {
-        uint32_t n = chunk_len(p, b);
-        for (uint32_t j = span * c / n_chunks; j < span * (c + 1) / n_chunks; j++) prefetch_pos(kc, vc, kvh, bt, nxt + j);
-        step_any(q, G, kc, vc, kvh, bt, p, n, scale, m, l, acc);
-        p += n;
-    }
-}
-
 /* Page-major walk: for each page, every KV head of the range in turn, so the
- * page's rows are consumed together and the next page is prefetched as one
- * stream. Same chunks and arithmetic per head as k_flash_gqa_bf16 of the same
- * ISA, so the results are bit-identical to calling it per head. */
+ * page's rows are consumed together; each head's first pass over a chunk
+ * prefetches that head's rows one page on. Same chunks and arithmetic per
+ * head as k_flash_gqa_bf16 of the same ISA, so the results are bit-identical
+ * to calling it per head. */
 void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                               const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
                               uint32_t p1, float scale, float *m, float *l, float *acc)
 {
+    kv_view v = {kc, vc, block_table, 0, 0, p1};
     { /* the first page has no predecessor to prefetch it: fetch it now */
         uint32_t e = (p0 / KIPP_KV_BLOCK + 1) * KIPP_KV_BLOCK;
         for (uint32_t p = p0; p < p1 && p < e; p++)
-            for (uint32_t kvh = kvh0; kvh < kvh1; kvh++) prefetch_pos(kc, vc, kvh, block_table, p);
+            for (v.kvh = kvh0; v.kvh < kvh1; v.kvh++) prefetch_pos(&v, p);
     }
     for (uint32_t a = p0; a < p1;) {
         uint32_t b = (a / KIPP_KV_BLOCK + 1) * KIPP_KV_BLOCK;
         b = b < p1 ? b : p1;
-        uint32_t nxt = b < p1 ? b : UINT32_MAX, nxt_end = b + KIPP_KV_BLOCK < p1 ? b + KIPP_KV_BLOCK : p1;
-        for (uint32_t kvh = kvh0; kvh < kvh1; kvh++)
+        for (v.kvh = kvh0; v.kvh < kvh1; v.kvh++)
             for (size_t g0 = 0; g0 < group; g0 += GMAX) {
-                size_t G = group - g0 < GMAX ? group - g0 : GMAX, h0 = kvh * group + g0;
-                seg_pass(q + h0 * KIPP_HEAD_DIM, G, kc, vc, kvh, block_table, a, b, scale, m + h0, l + h0,
-                         acc + h0 * KIPP_HEAD_DIM, g0 == 0 ? nxt : UINT32_MAX, nxt_end);
+                size_t G = group - g0 < GMAX ? group - g0 : GMAX, h0 = v.kvh * group + g0;
+                for (uint32_t p = a; p < b;) {
+                    uint32_t n = chunk_len(p, b);
+                    v.pf = g0 == 0 ? p + KIPP_KV_BLOCK : p1; /* the same offset one page on */
+                    step_any(q + h0 * KIPP_HEAD_DIM, G, &v, p, n, scale, m + h0, l + h0, acc + h0 * KIPP_HEAD_DIM);
+                    p += n;
+                }
             }
         a = b;
     }

@@ -94,6 +94,21 @@ static inline void vf_store_bf16(kipp_bf16 *p, vf f)
  * even element is the low half shifted up, the odd one the high half. */
 static inline vf vf_even(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 static inline vf vf_odd(vi v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
+/** Split 2*KV_W consecutive floats (a, then b) into their even and odd
+ * elements, in order: the lane order of vf_even/vf_odd of one vi load of
+ * 2*KV_W bf16. */
+static inline void vf_deint(vf a, vf b, vf *e, vf *o)
+{
+    *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+    *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+}
+/** Inverse of vf_deint. */
+static inline void vf_inter(vf e, vf o, vf *a, vf *b)
+{
+    vf lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+    *a = _mm256_permute2f128_ps(lo, hi, 0x20);
+    *b = _mm256_permute2f128_ps(lo, hi, 0x31);
+}
 /** vf_odd by two shifts, for tiles with no register left for the mask. */
 static inline vf vf_odd_shift(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
 

@@ -134,6 +134,21 @@ static inline void vf_store_bf16(kipp_bf16 *p, vf f)
 static inline vf vf_even(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
 static inline vf vf_odd(vi v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))); }
 static inline vf vf_odd_shift(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_srli_epi32(v, 16), 16)); }
+/** Split 2*KV_W consecutive floats (a, then b) into their even and odd
+ * elements, in order: the lane order of vf_even/vf_odd of one vi load. */
+static inline void vf_deint(vf a, vf b, vf *e, vf *o)
+{
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    *e = _mm512_permutex2var_ps(a, ie, b);
+    *o = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
+}
+/** Inverse of vf_deint. */
+static inline void vf_inter(vf e, vf o, vf *a, vf *b)
+{
+    const __m512i ia = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    *a = _mm512_permutex2var_ps(e, ia, o);
+    *b = _mm512_permutex2var_ps(e, _mm512_add_epi32(ia, _mm512_set1_epi32(8)), o);
+}
 
 /* ---- int8 dot (q8 formats): 32-bit lane j sums 4 adjacent int8 products ---- */
 static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
