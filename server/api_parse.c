@@ -33,6 +33,7 @@ void serve_req_init(serve_req *r, int chat)
     r->chat = chat;
     r->n = 1;
     r->max_tokens = chat ? -1 : 16; /* OpenAI: completions default 16, chat until done */
+    r->max_tokens_asked = -1;
     r->enable_thinking = 1;
     r->sp = kipp_sample_params_default();
     r->sp.temperature = 1.0f; /* OpenAI default */

@@ -124,18 +124,38 @@ static uint64_t job_blocks(const serve_job *j)
     return (uint64_t)j->req.n * blocks_of((uint32_t)(j->req.n_prompt + (size_t)j->req.max_tokens));
 }
 
+/* The 400 for a job whose worst case alone exceeds the KV budget: names the
+ * generation budget as the client set it (or says it set none, so the rest of
+ * the context was reserved) and the largest max_tokens that fits. */
+static int budget_fail(const serve_sched *s, const serve_job *j, uint64_t budget, serve_error *e)
+{
+    const serve_req *r = &j->req;
+    char gen[160];
+    if (r->max_tokens_asked < 0)
+        snprintf(gen, sizeof gen, "%lld generated (no max_tokens was sent, so the rest of the context)",
+                 (long long)r->max_tokens);
+    else if (r->max_tokens_asked > r->max_tokens)
+        snprintf(gen, sizeof gen, "%lld generated (max_tokens %lld, cut to the rest of the context)",
+                 (long long)r->max_tokens, (long long)r->max_tokens_asked);
+    else
+        snprintf(gen, sizeof gen, "%lld max_tokens", (long long)r->max_tokens);
+    int64_t fit = (int64_t)(budget / (uint64_t)r->n * 32) - (int64_t)r->n_prompt; /* positions a choice may grow to */
+    char hint[96];
+    if (fit > 0) snprintf(hint, sizeof hint, "send max_tokens <= %lld", (long long)fit);
+    else snprintf(hint, sizeof hint, "shorten the prompt");
+    serve_fail(e, 400, "invalid_request_error", "max_tokens",
+               "n %d x (%zu prompt + %s) positions need %llu KV blocks of 32, above the server's budget of %llu (%s); "
+               "%s, lower n, or start kipp-serve with a larger %s", r->n, r->n_prompt, gen,
+               (unsigned long long)job_blocks(j), (unsigned long long)budget,
+               s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib", hint, s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib");
+    snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
+    return -1;
+}
+
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
     uint64_t budget = s->o.pool_blocks ? s->o.pool_blocks : s->o.kv_budget_blocks;
-    if (job_blocks(j) > budget) {
-        serve_fail(e, 400, "invalid_request_error", "max_tokens",
-                   "n %d x (%zu prompt + %lld max_tokens) positions need %llu KV blocks of 32, above the server's budget of "
-                   "%llu (%s); lower max_tokens or n", j->req.n, j->req.n_prompt, (long long)j->req.max_tokens,
-                   (unsigned long long)job_blocks(j), (unsigned long long)budget,
-                   s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib");
-        snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
-        return -1;
-    }
+    if (job_blocks(j) > budget) return budget_fail(s, j, budget, e);
     pthread_mutex_lock(&s->mu);
     if (s->n_queued >= s->o.max_queue) {
         int q = s->n_queued;

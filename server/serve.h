@@ -68,7 +68,8 @@ typedef struct {
     int thinking;             /* set by prepare: split reasoning_content from content */
     /* generation */
     int n;                    /* choices, 1..8 */
-    int64_t max_tokens;       /* -1 = until the context is full */
+    int64_t max_tokens;       /* -1 = until the context is full; prepare cuts it to the room left */
+    int64_t max_tokens_asked; /* set by prepare: what the client sent, -1 = none */
     kipp_sample_params sp;    /* history fields unset */
     kipp_logit_bias *bias;    /* [sp.n_logit_bias], malloc'd */
     uint64_t seed;

@@ -73,6 +73,27 @@ def test_pool_pressure_waits_in_fifo(synthetic_gguf):
         assert _metric(text, "kipp_kv_pool_evictions_total") > 0
 
 
+def test_pool_refusal_names_the_budget_the_client_set(synthetic_gguf):
+    """A chat with no max_tokens reserves the rest of the context; when that alone
+    exceeds the pool, the 400 says so (it used to name a max_tokens the client never
+    sent) and gives the largest max_tokens that fits, which then succeeds."""
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "1") as s:
+        msgs = [{"role": "user", "content": "hello there"}]
+        st, r = s.post("/v1/chat/completions", {"messages": msgs})
+        assert st == 400 and r["error"]["code"] == "kv_budget_exceeded", r
+        msg = r["error"]["message"]
+        m = re.search(r"n 1 x \((\d+) prompt \+ (\d+) generated \(no max_tokens was sent, so the rest of the context\)\)", msg)
+        assert m, msg
+        n_prompt, gen = int(m.group(1)), int(m.group(2))
+        assert n_prompt + gen == 512
+        fit = re.search(r"send max_tokens <= (\d+)", msg)
+        assert fit and int(fit.group(1)) == 4 * 32 - n_prompt, msg
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": int(fit.group(1))})
+        assert st == 200 and r["usage"]["prompt_tokens"] == n_prompt, r
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1000})
+        assert st == 400 and f"{512 - n_prompt} generated (max_tokens 1000, cut to the rest of the context)" in r["error"]["message"], r
+
+
 @pytest.mark.parametrize("args,ok", [(["--kv-mib", "100"], False), (["--kv-pool-mib", "8", "--kv-mib", "100"], False),
                                      (["--kv-pool-mib", "0", "--kv-mib", "100"], True)])
 def test_kv_mib_needs_the_pool_off(synthetic_gguf, args, ok):
