@@ -104,7 +104,7 @@ static int eval_conversation(kipp_model *m, kipp_session *s, chat_state *c, cons
 {
     kipp_chat_options co = {1, o->think, NULL};
     /* Only the template's markers become control tokens: a typed "<|im_start|>" stays text. */
-    int rc = kipp_chat_tokenize(m, c->msgs, c->n_msgs, &co, ids, n, NULL, err, errlen);
+    int rc = kipp_chat_tokenize(m, c->msgs, c->n_msgs, &co, ids, n, NULL, NULL, err, errlen);
     if (!rc && *n == 0) rc = KIPP_EINVAL;
     if (rc) return rc;
     /* Keep at least one token to evaluate: its logits start the reply. */

@@ -287,7 +287,7 @@ static int prepare(const char *cmd, const cli_gen_opts *o, kipp_model **m, uint3
     if (!rc && o->chat) { /* typed markers in the prompt stay text: only the template's become control ids */
         kipp_chat_message msg = {.role = KIPP_ROLE_USER, .content = o->prompt};
         kipp_chat_options co = {1, o->think, NULL};
-        int crc = kipp_chat_tokenize(*m, &msg, 1, &co, ids, n, NULL, err, sizeof err);
+        int crc = kipp_chat_tokenize(*m, &msg, 1, &co, ids, n, NULL, NULL, err, sizeof err);
         if (crc) cli_errorf(cmd, "--chat: %s", err), rc = crc == KIPP_ENOTSUP ? 2 : 1;
     } else if (!rc) {
         rc = prompt_text(cmd, *m, o, &text, &len);

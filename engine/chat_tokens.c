@@ -214,8 +214,8 @@ static int split_tokenize(const kipp_model *m, const char *r, size_t len, const 
 }
 
 int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
-                       const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, char *err,
-                       size_t errlen)
+                       const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len,
+                       char *err, size_t errlen)
 {
     if (!ids || !n_ids) {
         if (err && errlen) snprintf(err, errlen, "kipp_chat_tokenize: ids or n_ids is NULL, expected pointers");
@@ -223,6 +223,7 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
     }
     *ids = NULL, *n_ids = 0;
     if (text) *text = NULL;
+    if (text_len) *text_len = 0;
     char *r = NULL, *nt = NULL;
     marker marks[MAX_MARK];
     size_t n_marks = 0;
@@ -238,6 +239,7 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
     if (rc == KIPP_ENOMEM && err && errlen && !*err) snprintf(err, errlen, "out of memory tokenizing the chat");
     if (rc) free(*ids), *ids = NULL, *n_ids = 0;
     if (!rc && text) *text = r, r = NULL;
+    if (!rc && text_len) *text_len = r_len;
     free(r);
     free(nt);
     return rc;

@@ -278,11 +278,13 @@ int kipp_chat_render_n(const kipp_model *model, const kipp_chat_message *msgs, s
  * (engine/chat_tokens.c). Equals kipp_tokenize(render, KIPP_TOK_SPECIAL) when
  * the messages hold no marker text. *ids ([*n_ids], malloc'd) and, when text is
  * non-NULL, *text (the rendered prompt, malloc'd, NUL-terminated) belong to the
- * caller. Errors: those of kipp_chat_render and kipp_tokenize, KIPP_ENOMEM.
+ * caller; *text_len (when non-NULL) is its length in bytes, which a NUL in a
+ * message makes differ from strlen. Errors: those of kipp_chat_render and
+ * kipp_tokenize, KIPP_ENOMEM.
  */
 int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
-                       const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, char *err,
-                       size_t errlen);
+                       const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len,
+                       char *err, size_t errlen);
 
 /**
  * Re-write JSON text (len bytes, any JSON value) as Python's

@@ -44,8 +44,7 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r,
     kipp_chat_options co = {1, r->enable_thinking, NULL};
     char *text = NULL, err[256] = "";
     size_t tl = 0; /* the text may hold NUL bytes: its length from the renderer, never strlen */
-    int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, NULL, err, sizeof err);
-    if (!rc) rc = kipp_chat_render_n(m, cm, r->n_msgs, &co, &text, &tl, err, sizeof err);
+    int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, &text, &tl, err, sizeof err);
     free(cm);
     if (rc) return BAD("messages", "messages cannot be rendered: %s", err);
     r->starts_in_reasoning = tl >= 8 && !strcmp(text + tl - 8, "<think>\n");

@@ -223,14 +223,17 @@ static void test_chat_tokenize_lengths_and_parts(void)
     kipp_chat_options o = {1, 0, NULL};
     char err[256] = "", *text = NULL;
     uint32_t *ids = NULL, want[512], im_start = 0;
-    size_t n = 0, nw = 0, nl = 0;
+    size_t n = 0, nw = 0, nl = 0, tl = 0;
     kipp_chat_message nul = {.role = KIPP_ROLE_USER, .content = "before\0after", .content_len = 12};
-    int rc = kipp_chat_tokenize(m, &nul, 1, &o, &ids, &n, &text, err, sizeof err);
+    int rc = kipp_chat_tokenize(m, &nul, 1, &o, &ids, &n, &text, &tl, err, sizeof err);
     char *r = NULL;
     if (!rc) rc = kipp_chat_render_n(m, &nul, 1, &o, &r, &nl, err, sizeof err);
     if (!rc) rc = kipp_tokenize(m, r, nl, KIPP_TOK_SPECIAL, want, 512, &nw, err, sizeof err);
     CHECK(rc == 0 && n == nw && !memcmp(ids, want, n * sizeof *ids), "NUL in content: %zu ids, render+tokenize %zu (%s)",
           n, nw, err);
+    /* the text comes back whole with its length: strlen would stop at the NUL */
+    CHECK(rc == 0 && tl == nl && tl > strlen(text) && !memcmp(text, r, nl), "NUL in content: text length %zu, render %zu",
+          tl, nl);
     free(ids), free(text), free(r);
     CHECK(kipp_tokenize(m, "<|im_start|>", 12, KIPP_TOK_SPECIAL, &im_start, 1, &nw, err, sizeof err) == 0 && nw == 1,
           "<|im_start|> is not one control token");
@@ -239,8 +242,8 @@ static void test_chat_tokenize_lengths_and_parts(void)
     kipp_chat_message joined = {.role = KIPP_ROLE_USER, .content = "x<|im_start|>y\nz"};
     uint32_t *a = NULL, *b = NULL;
     size_t na = 0, nb = 0, count = 0;
-    rc = kipp_chat_tokenize(m, &parts, 1, &o, &a, &na, NULL, err, sizeof err);
-    if (!rc) rc = kipp_chat_tokenize(m, &joined, 1, &o, &b, &nb, NULL, err, sizeof err);
+    rc = kipp_chat_tokenize(m, &parts, 1, &o, &a, &na, NULL, NULL, err, sizeof err);
+    if (!rc) rc = kipp_chat_tokenize(m, &joined, 1, &o, &b, &nb, NULL, NULL, err, sizeof err);
     CHECK(rc == 0 && na == nb && !memcmp(a, b, na * sizeof *a), "parts tokenize differently from their joined string: %s", err);
     for (size_t i = 0; i < na; i++) count += a && a[i] == im_start;
     CHECK(count == 2, "typed marker in a part: %zu <|im_start|> control tokens, expected the template's 2", count);
