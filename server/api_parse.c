@@ -34,6 +34,7 @@ void serve_req_init(serve_req *r, int chat)
     r->n = 1;
     r->max_tokens = chat ? -1 : 16; /* OpenAI: completions default 16, chat until done */
     r->max_tokens_asked = -1;
+    r->max_tokens_field = "max_tokens";
     r->enable_thinking = 1;
     r->sp = kipp_sample_params_default();
     r->sp.temperature = 1.0f; /* OpenAI default */
@@ -127,7 +128,8 @@ static void num_store(serve_req *r, const char *name, double x)
     else if (!strcmp(name, "repetition_penalty")) p->repetition_penalty = (float)x;
     else if (!strcmp(name, "top_k")) p->top_k = (int)x;
     else if (!strcmp(name, "n")) r->n = (int)x;
-    else if (!strcmp(name, "max_tokens") || !strcmp(name, "max_completion_tokens")) r->max_tokens = (int64_t)x;
+    else if (!strcmp(name, "max_tokens") || !strcmp(name, "max_completion_tokens"))
+        r->max_tokens = r->max_tokens_asked = (int64_t)x, r->max_tokens_field = name;
     else if (!strcmp(name, "logprobs")) r->logprobs = 1, r->top_logprobs = (int)x;
     else if (!strcmp(name, "top_logprobs")) r->top_logprobs = (int)x;
 }
@@ -317,7 +319,7 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
         if (strcmp(k, NUMS[i].name) || (NUMS[i].where && NUMS[i].where != where)) continue;
         double x = 0;
         if (num_value(&NUMS[i], v, &x, e)) return -1;
-        num_store(r, k, x);
+        num_store(r, NUMS[i].name, x); /* the table's static name: r keeps it */
         return 0;
     }
     if (!strcmp(k, "model")) {

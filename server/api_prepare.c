@@ -73,7 +73,6 @@ int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
         return -1;
     }
     int64_t room = (int64_t)n_ctx - (int64_t)r->n_prompt;
-    r->max_tokens_asked = r->max_tokens;
     if (r->max_tokens < 0 || r->max_tokens > room) r->max_tokens = room; /* finish_reason "length" at the edge */
     if (!r->chat && r->echo && r->prompt_text == NULL) {
         /* echo of a token-id prompt: its text is the detokenized ids */

@@ -124,30 +124,46 @@ static uint64_t job_blocks(const serve_job *j)
     return (uint64_t)j->req.n * blocks_of((uint32_t)(j->req.n_prompt + (size_t)j->req.max_tokens));
 }
 
-/* The 400 for a job whose worst case alone exceeds the KV budget: names the
- * generation budget as the client set it (or says it set none, so the rest of
- * the context was reserved) and the largest max_tokens that fits. */
+/* What a choice may generate, as the client set it: a sent max_tokens (or
+ * max_completion_tokens), cut to the context, or the default when none was. */
+static void gen_text(const serve_req *r, char *buf, size_t cap)
+{
+    const char *f = r->max_tokens_field;
+    long long g = (long long)r->max_tokens, asked = (long long)r->max_tokens_asked;
+    if (asked < 0 && r->chat)
+        snprintf(buf, cap, "%lld generated (no max_tokens was sent, so the rest of the context)", g);
+    else if (asked < 0)
+        snprintf(buf, cap, "%lld generated (no max_tokens was sent: the completions default 16%s)", g,
+                 g < 16 ? ", cut to the rest of the context" : "");
+    else if (asked > g)
+        snprintf(buf, cap, "%lld generated (%s %lld, cut to the rest of the context)", g, f, asked);
+    else
+        snprintf(buf, cap, "%lld %s", g, f);
+}
+
+/* The 400 for a job whose worst case alone exceeds the KV budget. It names
+ * the generation budget as the client set it and the one change that fits:
+ * a smaller max_tokens, else fewer choices, else a shorter prompt (a choice
+ * needs its prompt and one generated position), with `param` on that field. */
 static int budget_fail(const serve_sched *s, const serve_job *j, uint64_t budget, serve_error *e)
 {
     const serve_req *r = &j->req;
-    char gen[160];
-    if (r->max_tokens_asked < 0)
-        snprintf(gen, sizeof gen, "%lld generated (no max_tokens was sent, so the rest of the context)",
-                 (long long)r->max_tokens);
-    else if (r->max_tokens_asked > r->max_tokens)
-        snprintf(gen, sizeof gen, "%lld generated (max_tokens %lld, cut to the rest of the context)",
-                 (long long)r->max_tokens, (long long)r->max_tokens_asked);
+    const char *flag = s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib";
+    char gen[160], hint[160];
+    gen_text(r, gen, sizeof gen);
+    int64_t fit = (int64_t)(budget / (uint64_t)r->n * 32) - (int64_t)r->n_prompt; /* a choice's room to generate */
+    uint64_t min_blocks = blocks_of((uint32_t)(r->n_prompt + 1)), n_fit = budget / min_blocks;
+    const char *param = r->max_tokens_field;
+    if (fit > 0)
+        snprintf(hint, sizeof hint, "send %s <= %lld%s", r->max_tokens_field, (long long)fit, r->n > 1 ? " or lower n" : "");
+    else if (n_fit > 0)
+        param = "n", snprintf(hint, sizeof hint, "lower n to at most %llu with this prompt", (unsigned long long)n_fit);
     else
-        snprintf(gen, sizeof gen, "%lld max_tokens", (long long)r->max_tokens);
-    int64_t fit = (int64_t)(budget / (uint64_t)r->n * 32) - (int64_t)r->n_prompt; /* positions a choice may grow to */
-    char hint[96];
-    if (fit > 0) snprintf(hint, sizeof hint, "send max_tokens <= %lld", (long long)fit);
-    else snprintf(hint, sizeof hint, "shorten the prompt");
-    serve_fail(e, 400, "invalid_request_error", "max_tokens",
+        param = r->chat ? "messages" : "prompt", snprintf(hint, sizeof hint, "shorten the prompt");
+    serve_fail(e, 400, "invalid_request_error", param,
                "n %d x (%zu prompt + %s) positions need %llu KV blocks of 32, above the server's budget of %llu (%s); "
-               "%s, lower n, or start kipp-serve with a larger %s", r->n, r->n_prompt, gen,
-               (unsigned long long)job_blocks(j), (unsigned long long)budget,
-               s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib", hint, s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib");
+               "%s, or start kipp-serve with a larger %s", r->n, r->n_prompt, gen, (unsigned long long)job_blocks(j),
+               (unsigned long long)budget, flag, hint, flag);
     snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
     return -1;
 }

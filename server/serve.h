@@ -69,7 +69,8 @@ typedef struct {
     /* generation */
     int n;                    /* choices, 1..8 */
     int64_t max_tokens;       /* -1 = until the context is full; prepare cuts it to the room left */
-    int64_t max_tokens_asked; /* set by prepare: what the client sent, -1 = none */
+    int64_t max_tokens_asked; /* what the client sent, -1 = none (the default applies) */
+    const char *max_tokens_field; /* "max_tokens" or "max_completion_tokens", as sent (static) */
     kipp_sample_params sp;    /* history fields unset */
     kipp_logit_bias *bias;    /* [sp.n_logit_bias], malloc'd */
     uint64_t seed;

@@ -90,8 +90,19 @@ def test_pool_refusal_names_the_budget_the_client_set(synthetic_gguf):
         assert fit and int(fit.group(1)) == 4 * 32 - n_prompt, msg
         st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": int(fit.group(1))})
         assert st == 200 and r["usage"]["prompt_tokens"] == n_prompt, r
-        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1000})
-        assert st == 400 and f"{512 - n_prompt} generated (max_tokens 1000, cut to the rest of the context)" in r["error"]["message"], r
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 1000})
+        assert st == 400 and r["error"]["param"] == "max_completion_tokens", r
+        assert f"{512 - n_prompt} generated (max_completion_tokens 1000, cut to the rest of the context)" in r["error"]["message"], r
+        # too many choices for the pool whatever max_tokens: n is the field to change
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "n": 5})
+        assert st == 400 and r["error"]["param"] == "n" and "lower n to at most 4 with this prompt" in r["error"]["message"], r
+        # completions without max_tokens: the default 16, named as such
+        st, r = s.post("/v1/completions", {"prompt": [5] * 120})
+        assert st == 400 and "16 generated (no max_tokens was sent: the completions default 16)" in r["error"]["message"], r
+        assert "send max_tokens <= 8," in r["error"]["message"], r
+        # a prompt that cannot fit with even one generated token: the prompt is the field
+        st, r = s.post("/v1/completions", {"prompt": [5] * 200, "max_tokens": 1})
+        assert st == 400 and r["error"]["param"] == "prompt" and "shorten the prompt" in r["error"]["message"], r
 
 
 @pytest.mark.parametrize("args,ok", [(["--kv-mib", "100"], False), (["--kv-pool-mib", "8", "--kv-mib", "100"], False),
