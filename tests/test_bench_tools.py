@@ -63,7 +63,10 @@ def test_report_rewrites_the_readme_table(tmp_path: Path) -> None:
 
 
 def test_bench_peers_rejects_unknown_names() -> None:
-    for args, want in ((["--bench", "pp512,nope"], "unknown ['nope']"), (["--model", "qwen3-0.6b"], "--model 'qwen3-0.6b' is unknown")):
+    for args, want in ((["--bench", "pp512,nope"], "'nope' is not a bench name"), (["--bench", "pp512,,tg128"], "'' is not a bench name"),
+                       (["--bench", "pp512,pp512"], "names a bench twice"), (["--model", "qwen3-0.6b"], "--model 'qwen3-0.6b' is unknown"),
+                       (["--model", "synthetic-0.6b,synthetic-0.6b"], "names a model twice"),
+                       (["--threads", "-1"], "--threads -1 is out of range"), (["--threads", "100000"], "out of range")):
         p = subprocess.run([sys.executable, str(ROOT / "tools/bench_peers.py"), *args], capture_output=True, text=True)
         assert p.returncode == 2 and want in p.stderr, p.stderr
 

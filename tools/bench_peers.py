@@ -177,7 +177,7 @@ def write_result(doc: dict) -> Path:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", action="append", help="benchmark model id (repeatable; default synthetic-0.6b, synthetic-1.7b)")
+    ap.add_argument("--model", action="append", help="benchmark model id (repeatable or a comma list; default synthetic-0.6b, synthetic-1.7b)")
     ap.add_argument("--bench", default=None, help=f"comma list of {', '.join(KNOWN_BENCH)} for every model "
                     f"(default: all on {', '.join(LONG_DEFAULT_MODELS)}, the others without {', '.join(LONG_BENCH)})")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one repetition each; default 3)")
@@ -185,18 +185,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--models-dir", default=str(ROOT / "models"))
     ap.add_argument("--build-only", action="store_true", help="build the peers and the peer GGUFs, run nothing")
     a = ap.parse_args(argv)
-    a.benches = [b for b in (a.bench if a.bench is not None else ",".join(KNOWN_BENCH)).split(",") if b]
+    a.benches = (a.bench if a.bench is not None else ",".join(KNOWN_BENCH)).split(",")
     bad = [b for b in a.benches if b not in KNOWN_BENCH]
-    if bad or not a.benches:
-        ap.error(f"--bench {a.bench!r}: unknown {bad or 'empty'}; expected names from {', '.join(KNOWN_BENCH)}")
+    if bad:
+        ap.error(f"--bench {a.bench!r}: {', '.join(repr(b) for b in bad)} is not a bench name; "
+                 f"expected a comma list of {', '.join(KNOWN_BENCH)}")
+    if len(set(a.benches)) != len(a.benches):
+        ap.error(f"--bench {a.bench!r} names a bench twice; each row is run once per round")
     a.explicit_bench = a.bench is not None
-    models = a.model or ["synthetic-0.6b", "synthetic-1.7b"]
+    models = [x for m in a.model for x in m.split(",")] if a.model else ["synthetic-0.6b", "synthetic-1.7b"]
+    if len(set(models)) != len(models):
+        ap.error(f"--model names a model twice ({', '.join(models)}); give each once")
     unknown = [m for m in models if m not in bench_models.BENCH_MODELS]
     if unknown:
         ap.error(f"--model {unknown[0]!r} is unknown; expected one of {', '.join(sorted(bench_models.BENCH_MODELS))}")
     a.models = models
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds} must be >= 1")
+    if not 0 <= a.threads <= 1024:  # kipp-bench's range, checked before the ~40-minute llama.cpp build
+        ap.error(f"--threads {a.threads} is out of range, expected 0 (one per physical core) to 1024")
     return a
 
 
