@@ -391,14 +391,10 @@ int cmd_render(int argc, char **argv)
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     kipp_chat_options o = {.add_generation_prompt = gen, .enable_thinking = think, .tools_json = tools_json};
-    if (kipp_chat_render(m, msgs, n, &o, &text, err, sizeof err)) {
+    /* the ids a chat request gets (kipp-serve, kipp chat): message text stays
+     * text, so a typed "<|im_start|>" is not a control token */
+    if (kipp_chat_tokenize(m, msgs, n, &o, &ids, &n_ids, &text, NULL, err, sizeof err)) {
         fprintf(stderr, "kipp render: %s\n", err);
-        goto out;
-    }
-    int r = kipp_tokenize(m, text, strlen(text), KIPP_TOK_SPECIAL, NULL, 0, &n_ids, err, sizeof err);
-    if ((r && r != KIPP_ERANGE) || !(ids = malloc((n_ids + 1) * sizeof *ids)) ||
-        kipp_tokenize(m, text, strlen(text), KIPP_TOK_SPECIAL, ids, n_ids, &n_ids, err, sizeof err)) {
-        fprintf(stderr, "kipp render: tokenizing the rendered prompt failed: %s\n", ids ? err : "out of memory");
         goto out;
     }
     rc = print_result(m, info.checkpoint_id, text, ids, n_ids, a.json);
