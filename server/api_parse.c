@@ -383,7 +383,7 @@ int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_erro
         if (json_error_code(&je) == json_error_invalid_utf8)
             return BAD("", "request body holds invalid UTF-8 near byte %d; JSON text must be UTF-8", je.position);
         if (json_error_code(&je) == json_error_null_character) /* prompts and stops are C strings downstream */
-            return BAD("", "request body holds \\u0000 (a NUL character) in a string at line %d, column %d; "
+            return BAD("", "request body holds \\u0000 (a NUL character) in the string that ends at line %d, column %d; "
                        "kipp-serve accepts strings without NUL", je.line, je.column);
         return BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }

@@ -120,7 +120,7 @@ def test_nul_in_a_string_is_a_clear_error(srv):
     """A JSON "\u0000" is refused up front, by position, never silently cut."""
     st, r = srv.post(CH, {"messages": [{"role": "user", "content": "hi\u0000 and a tail"}], "max_tokens": 1})
     e = _check_error(st, r, 400, None)
-    assert "NUL character" in e["message"] and "column" in e["message"], e["message"]
+    assert "NUL character" in e["message"] and "in the string that ends at line 1, column" in e["message"], e["message"]
 
 
 def test_context_limit_message_and_clamp(srv):
