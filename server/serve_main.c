@@ -155,8 +155,15 @@ static int run(const serve_opts *o, kipp_model *m)
         fprintf(stderr, "kipp-serve: cannot listen on %s port %lld (in use, or not an address of this host)\n", o->host, o->port);
         rc = 1;
     } else {
-        printf("kipp-serve: %s (%s backend, n_ctx %u, batch %lld, KV pool %u blocks) listening on http://%s%s%s:%u\n",
-               info.checkpoint_id, info.backend, n_ctx, o->max_batch, info.kv_pool_blocks, strchr(o->host, ':') ? "[" : "",
+        char kv[96];
+        if (info.kv_pool_blocks) snprintf(kv, sizeof kv, "KV pool %u blocks", info.kv_pool_blocks);
+        else snprintf(kv, sizeof kv, "no KV pool, KV budget %llu blocks (--kv-mib)", (unsigned long long)so.kv_budget_blocks);
+        if (info.kv_pool_blocks && (uint64_t)info.kv_pool_blocks * 32 < n_ctx)
+            fprintf(stderr, "kipp-serve: note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a "
+                            "chat request without max_tokens reserves the rest of the context and will be refused: send "
+                            "max_tokens, or raise --kv-pool-mib\n", (unsigned long long)info.kv_pool_blocks * 32, n_ctx);
+        printf("kipp-serve: %s (%s backend, n_ctx %u, batch %lld, %s) listening on http://%s%s%s:%u\n",
+               info.checkpoint_id, info.backend, n_ctx, o->max_batch, kv, strchr(o->host, ':') ? "[" : "",
                o->host, strchr(o->host, ':') ? "]" : "", h.port);
         fflush(stdout);
         int sig = 0;

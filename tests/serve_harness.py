@@ -44,7 +44,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        err = self.proc.stderr.read()
+        err = self.stderr = self.proc.stderr.read()  # kept for tests of startup notes
         self.proc.stdout.close(), self.proc.stderr.close()
         # a sanitizer build (KIPP_SERVE_BIN) reports at exit: any report fails the test
         assert "Sanitizer" not in err and "runtime error" not in err, err[-4000:]

@@ -103,6 +103,8 @@ def test_pool_refusal_names_the_budget_the_client_set(synthetic_gguf):
         # a prompt that cannot fit with even one generated token: the prompt is the field
         st, r = s.post("/v1/completions", {"prompt": [5] * 200, "max_tokens": 1})
         assert st == 400 and r["error"]["param"] == "prompt" and "shorten the prompt" in r["error"]["message"], r
+    # said at startup too: this pool is smaller than one context
+    assert "the KV pool holds 128 positions, fewer than one context (n_ctx 512)" in s.stderr, s.stderr
 
 
 @pytest.mark.parametrize("args,ok", [(["--kv-mib", "100"], False), (["--kv-pool-mib", "8", "--kv-mib", "100"], False),
