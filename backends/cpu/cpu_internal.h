@@ -66,6 +66,10 @@ typedef struct cpu_model {
     const k_cpu_ops *k;        /* chosen once at create */
     kipp_isa isa;
     char isa_note[200];        /* fallback sentence, "" when the best path runs */
+    const char *bf16_mode;     /* KIPP_BF16_ACT mode in force: "f32", "mixed" or "bf16" (cpu_backend.c) */
+    unsigned bf16_dot;         /* projections of a layer read as K_FMT_BF16DOT (BF16 activations through
+                                  vdpbf16ps), bit w in plan_layer's order 0 Q|K|V, 1 O, 2 Gate|Up, 3 Down;
+                                  the others and the head read FP32 */
     kipp_cpu_pool *pool;
     int nth;
     size_t A, QKV;             /* n_q_head*128; A + 2*1024 (row width of qkv) */

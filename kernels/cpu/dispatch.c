@@ -19,6 +19,7 @@
 extern const k_fmt_info k_fmt_info_bf16;
 extern const k_fmt_info k_fmt_info_q8_0;
 extern const k_fmt_info k_fmt_info_q4_1;
+extern const k_fmt_info k_fmt_info_bf16dot;
 
 #define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
 static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
@@ -62,7 +63,9 @@ static const k_cpu_ops level_ref = {
     .fmt[K_FMT_BF16] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16_ref, .matmul = k_matmul_bf16_ref},
     .fmt[K_FMT_Q8_0] = {.pack = k_pack_q8_0_ref, .matvec = k_matvec_q8_0_ref, .matmul = k_matmul_q8_0_ref},
     .fmt[K_FMT_Q4_1] = {.pack = k_pack_q4_1_ref, .matvec = k_matvec_q4_1_ref, .matmul = k_matmul_q4_1_ref},
+    .fmt[K_FMT_BF16DOT] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16dot_ref, .matmul = k_matmul_bf16dot_ref},
     .act[K_ACT_Q8] = k_quant_q8_ref,
+    .act[K_ACT_BF16] = k_quant_bf16_ref,
 };
 
 static const k_cpu_ops level_avx2 = {
@@ -86,6 +89,8 @@ static const k_cpu_ops level_avx512_bf16 = {
     .isa = "avx512_bf16",
     .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512bf16},
     .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
+    .fmt[K_FMT_BF16DOT] = {.matvec = k_matvec_bf16dot_avx512bf16, .matmul = k_matmul_bf16dot_avx512bf16},
+    .act[K_ACT_BF16] = k_quant_bf16_avx512bf16,
 };
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {
@@ -170,4 +175,11 @@ void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen)
     for (int a = 0; a < K_ACT_COUNT; a++)
         if (a != K_ACT_F32) PUT("  activations %s: quantize %s\n", act_names[a], kipp_isa_name(s.act[a]));
 #undef PUT
+}
+
+int k_fmt_native(const k_cpu_ops *k, k_fmt f)
+{
+    const k_cpu_ops *ref = k_cpu_ops_table(KIPP_ISA_REF, NULL);
+    if (!k || (unsigned)f >= K_FMT_COUNT || !k->fmt[f].matvec || !k->fmt[f].matmul) return 0;
+    return k->fmt[f].matvec != ref->fmt[f].matvec && k->fmt[f].matmul != ref->fmt[f].matmul;
 }

@@ -87,12 +87,17 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
  * "activations quantized to int8 per 32-block"), the operand of the integer
  * dot of the q8_0 and q4_1 formats. A quantizer converts one row of n values
  * (n a multiple of the format's block). X(ID, name, values per block, bytes per block).
- * (BF16 activations for a vdpbf16ps tile were dropped: decode and prefill
- * must round a row alike, and BF16 rounding cost FP32 accuracy; issue 16.)
+ * BF16: [n] bf16, each value rounded as vcvtneps2bf16 does (RNE; a denormal
+ * input becomes a zero of its sign; a NaN stays a quiet NaN), so a 32-bit
+ * load at 2k is the pair (x[2k], x[2k+1]) that vdpbf16ps multiplies with a
+ * packed bf16 weight line. Only the bf16dot read mode uses it; decode and
+ * prefill round a row alike because both read this one format (row
+ * invariance).
  */
 #define K_ACT_LIST(X)  \
     X(F32, f32, 1, 4)  \
-    X(Q8, q8, 32, 40)
+    X(Q8, q8, 32, 40)  \
+    X(BF16, bf16, 32, 64)
 
 /**
  * One Q8 activation block: x[i] ~= d * q[i] for 32 consecutive values.
@@ -156,8 +161,20 @@ const char *k_act_name(k_act a);
  *   shift. 384/320 = 1.2x the file bytes. rows % 16 == 0, cols % 32 == 0.
  *   Reads Q8 activations; per block y += d_w d_x dot(q_w, q_x) + m_w d_x sum(q_x),
  *   q_w unsigned (vpmaddubsw / vpdpbusd need no sign trick).
+ *
+ * bf16dot: a second read mode of the bf16 file type (k_fmt_from_gguf never
+ *   returns it; a backend picks it per projection, see k_fmt_native): the
+ *   same packed layout and packer as bf16, read with BF16 activations by
+ *   vdpbf16ps (one instruction per 16 rows x 2 k, against two FMAs and two
+ *   widening ops), so prefill runs at the BF16-dot peak, twice the FP32 FMA
+ *   peak on Zen 4/5. The price is one BF16 rounding of each activation
+ *   (relative error <= 2^-9): per projection NMSE ~1e-6 against FP32
+ *   activations (kcheck matmul_f32 rows). Per row lane one vdpbf16ps chain,
+ *   k-pairs in column order from zero, in matvec and matmul alike.
+ *   Only the avx512_bf16 level has SIMD kernels for it; ref has the scalar
+ *   emulation (kernels/cpu/ref_bf16dot.c) that the checks compare against.
  */
-#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1)
+#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1) X(BF16DOT, bf16dot)
 
 #define K_FMT_ENUM(ID, name) K_FMT_##ID,
 typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
@@ -225,6 +242,7 @@ const k_fmt_info *k_fmt_get(k_fmt f);
 /** The format whose file type is gguf_type; -1 when no format reads it. */
 int k_fmt_from_gguf(uint32_t gguf_type);
 
+
 /** A prepared weight: its format, its packed data and shape. */
 typedef struct {
     k_fmt fmt;
@@ -265,6 +283,14 @@ const k_cpu_ops *k_cpu_ops_table(kipp_isa isa, k_cpu_src *src);
 
 /** One line per slot of the table for level isa: "k_<op>_<level>", for `kipp inspect --kernels`. */
 void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen);
+
+/**
+ * 1 when table k runs format f's matvec and matmul in SIMD kernels of its
+ * own level family rather than inheriting the scalar ref ones: what a backend
+ * asks before it picks a read mode such as bf16dot that only some levels
+ * accelerate (a scalar bf16dot on avx2 would be correct but ~30x slower).
+ */
+int k_fmt_native(const k_cpu_ops *k, k_fmt f);
 
 /* ---- declarations of every variant, from the lists ---- */
 
@@ -330,9 +356,23 @@ void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t r
                               size_t n_tok, int accumulate, int ith, int nth);
 #undef K_Q4_1_DECL
 
-/* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512) */
+/* bf16dot read mode of bf16 weights (kernels/cpu/ref_bf16dot.c: facts, the
+ * scalar vdpbf16ps emulation and the BF16 quantizer; linear_bf16dot_avx512bf16.c) */
+#define K_BF16DOT_DECL(sfx)                                                                       \
+    void k_matvec_bf16dot_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols, \
+                                int ith, int nth);                                                \
+    void k_matmul_bf16dot_##sfx(const void *wp, const void *xa, float *y, size_t rows,            \
+                                size_t cols, size_t n_tok, int accumulate, int ith, int nth);
+K_BF16DOT_DECL(ref)
+K_BF16DOT_DECL(avx512bf16)
+#undef K_BF16DOT_DECL
+
+/* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512,
+ * the BF16 one is vcvtneps2bf16 at avx512_bf16) */
 void k_quant_q8_ref(const float *x, void *xq, size_t n);
 void k_quant_q8_avx2(const float *x, void *xq, size_t n);
+void k_quant_bf16_ref(const float *x, void *xb, size_t n);
+void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n);
 
 /* ---- helpers every level shares ---- */
 

@@ -2,8 +2,10 @@
  * linear_simd.h - the bf16 format's decode matvec and FP32-FMA prefill matmul
  * over the packed layout [rows/16][cols/2][16][2] (kernels.h "weight
  * formats"), written once over simd_<level>.h and compiled per level by
- * linear_<level>.c. The avx512_bf16 level inherits both (a vdpbf16ps tile
- * needs BF16 activations, which breaks row invariance and FP32 accuracy).
+ * linear_<level>.c. The avx512_bf16 level inherits both; its vdpbf16ps
+ * kernels read the same packed bytes with BF16 activations as a separate read
+ * mode, bf16dot (linear_bf16dot_avx512bf16.c), which the backend picks per
+ * projection.
  *
  * A weight pair is widened to FP32 in registers (a BF16 is the top half of an
  * FP32: a shift or a mask) and multiplied with FMA against FP32 activations,

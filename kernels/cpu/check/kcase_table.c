@@ -20,6 +20,12 @@
  * scale or a lost block gives NMSE >= 1e-3. */
 #define Q8ACT 1e-4
 #define EXACT 0.0
+/* BF16 activations against the FP32 oracle (bf16dot): RNE to 8 significand
+ * bits leaves a relative error uniform in +-2^-9 .. +-2^-8 per value, input
+ * NMSE ~2e-6, and y's error is sum_c w_c e_c with independent e_c, the same
+ * order. Bound 2e-5: ~10x margin; a swapped pair or a lost k-block gives NMSE
+ * >= 1e-2. */
+#define BF16ACT 2e-5
 
 const kcase kcase_rows[] = {
     /* bf16 weights: matvec (decode) */
@@ -97,6 +103,27 @@ const kcase kcase_rows[] = {
     {"matmul_f32", K_FMT_Q4_1, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
     {"pack", K_FMT_Q4_1, {48, 96, 0, 0}, EXACT, 2, 0},
     {"pack", K_FMT_Q4_1, {3072, 1024, 0, 0}, EXACT, 3, 0},
+    /* bf16 weights read by vdpbf16ps with BF16 activations (bf16dot): matvec and
+     * matmul_f32 against the FP32 oracle (BF16ACT), matmul against the scalar
+     * vdpbf16ps model on the same activations (ORDER), rowinv bitwise */
+    {"matvec", K_FMT_BF16DOT, {1024, 1024, 1, 0}, BF16ACT, 2, 0},
+    {"matvec", K_FMT_BF16DOT, {3072, 1024, 64, 0}, BF16ACT, 2, 1},
+    {"matvec", K_FMT_BF16DOT, {2048, 1024, 1, 0}, BF16ACT, 7, 0},
+    {"matvec", K_FMT_BF16DOT, {1040, 3072, 1, 0}, BF16ACT, 3, 0},
+    {"matmul", K_FMT_BF16DOT, {1024, 1024, 1, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16DOT, {1024, 1024, 7, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16DOT, {1024, 1024, 64, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16DOT, {3072, 1024, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16DOT, {1024, 3072, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_BF16DOT, {1040, 1056, 25, 1}, ORDER, 2, 0}, /* accumulate, odd panel count, k tail */
+    {"matmul", K_FMT_BF16DOT, {6144, 1024, 512, 0}, ORDER, 2, 1}, /* 0.6B gate|up, pp512 */
+    {"matmul", K_FMT_BF16DOT, {1024, 3072, 512, 0}, ORDER, 2, 1}, /* 0.6B down, pp512 */
+    {"matmul_f32", K_FMT_BF16DOT, {1024, 1024, 7, 0}, BF16ACT, 2, 0},
+    {"matmul_f32", K_FMT_BF16DOT, {3072, 1024, 13, 0}, BF16ACT, 2, 0},
+    {"rowinv", K_FMT_BF16DOT, {1040, 1056, 25, 0}, EXACT, 3, 0},
+    {"rowinv", K_FMT_BF16DOT, {1024, 3072, 13, 0}, EXACT, 2, 0},
+    {"act", -1, {4128, K_ACT_BF16, 0, 0}, EXACT, 2, 0},
+    {"act", -1, {512 * 3072, K_ACT_BF16, 0, 0}, EXACT, 2, 1},
     /* format-free ops */
     {"rmsnorm", -1, {7, 1024, 0, 0}, ORDER, 2, 0},
     {"rmsnorm", -1, {3, 2560, 1, 0}, ORDER, 2, 0},

@@ -1,0 +1,170 @@
+/*
+ * linear_bf16dot_avx512bf16.c - the bf16dot read mode (kernels.h "weight
+ * formats"): bf16 weights in the packed layout [rows/16][cols/2][16][2]
+ * against BF16 activations with vdpbf16ps (_mm512_dpbf16_ps: 16 lanes x one
+ * k-pair, 64 FLOP per instruction). Written by hand because its instruction
+ * exists at this level only (ARCHITECTURE.md "ISA dispatch").
+ *
+ * One 64-byte panel line is 16 rows x one k-pair, exactly the vdpbf16ps
+ * operand; the activation pair (x[2k], x[2k+1]) is one 32-bit broadcast. So
+ * the weights are read as they lie, with no widening and no horizontal sum.
+ *
+ * Row invariance (kernels.h): each row lane runs ONE vdpbf16ps chain over the
+ * k-pairs in column order from zero, in the matvec and in every matmul tile
+ * (a k-block boundary stores the FP32 lane and reloads it, which is exact),
+ * so a row's result does not depend on decode vs prefill or on the tile.
+ */
+#include "kernels/cpu/simd_avx512.h"
+
+static inline __m512bh as_bh(__m512i v)
+{
+    __m512bh r;
+    memcpy(&r, &v, sizeof r);
+    return r;
+}
+
+/* acc[i] += w[2i] * x0 + w[2i+1] * x1 for the activation pair xp = (x0, x1). */
+static inline __attribute__((always_inline)) __m512 dot_line(__m512 acc, const kipp_bf16 *line, const kipp_bf16 *xp)
+{
+    int32_t pair;
+    memcpy(&pair, xp, 4);
+    return _mm512_dpbf16_ps(acc, as_bh(_mm512_loadu_si512((const void *)line)), as_bh(_mm512_set1_epi32(pair)));
+}
+
+/* ---- the BF16 activation quantizer: vcvtneps2bf16, 16 values per instruction ----
+ * The instruction's own rounding (RNE, denormal inputs to signed zero, quiet
+ * NaN), which k_quant_bf16_ref models: the act rows of kcheck compare the two
+ * bit for bit, specials included. SIMDe has no vcvtneps2bf16, so under
+ * emulation this level takes the scalar model and that check is the model's. */
+void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n)
+{
+    kipp_bf16 *o = xb;
+    size_t i = 0;
+#ifndef KIPP_SIMDE_EMU
+    for (; i + 16 <= n; i += 16) {
+        __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+        memcpy(o + i, &b, sizeof b);
+    }
+#endif
+    if (i < n) k_quant_bf16_ref(x + i, o + i, n - i);
+}
+
+/* ---- decode: y = W x, DRAM-bound ----
+ * DV_NP panels walked together so DV_NP chains hide the dot latency; each
+ * panel is its own prefetched stream (every 64-byte line prefetched, as the
+ * bf16 matvec: linear_simd.h MV_PF). */
+#define DV_NP 8
+#define DV_PF 1024u /* bf16 elements ahead: 2 KB per stream */
+
+static inline __attribute__((always_inline)) void
+dv_panels(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, float *y, size_t cols, int NP)
+{
+    __m512 a[DV_NP];
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; j++) a[j] = _mm512_setzero_ps();
+    for (size_t c = 0; c < cols; c += 16, p += 256) { /* eight k-pairs = 512 B per panel per step */
+#pragma GCC unroll 8
+        for (int j = 0; j < NP; j++)
+            for (int q = 0; q < 8; q++) k_prefetch(p + (size_t)j * ps + DV_PF + 32 * q);
+#pragma GCC unroll 8
+        for (int h = 0; h < 8; h++)
+#pragma GCC unroll 8
+            for (int j = 0; j < NP; j++) a[j] = dot_line(a[j], p + (size_t)j * ps + 32 * h, x + c + 2 * (size_t)h);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NP; j++) _mm512_storeu_ps(y + 16 * (size_t)j, a[j]);
+}
+
+void k_matvec_bf16dot_avx512bf16(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
+{
+    const kipp_bf16 *wp = wpv, *x = xv;
+    const size_t ps = 16 * cols; /* elements per panel */
+    size_t r0, r1, r;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (r = r0; r + 16 * DV_NP <= r1; r += 16 * DV_NP) dv_panels(wp + r * cols, ps, x, y + r, cols, DV_NP);
+    for (; r < r1; r += 16) dv_panels(wp + r * cols, ps, x, y + r, cols, 1);
+}
+
+/* ---- prefill: y[t] = W x[t], compute-bound ----
+ * Micro-tile: DM_RV panels (16 rows each) x T tokens <= DM_TT, DM_RV * DM_TT
+ * accumulators + DM_RV weight lines + 1 broadcast of 32 zmm. Blocking: a
+ * group of DM_GROUP rows and DM_KB k (16 KB of weights, L1) is reused by every
+ * token tile; the block's activations (n_tok x DM_KB bf16, <= 256 KB at 512
+ * tokens) stay in L2 across the group's row tiles. */
+#define DM_RV 2
+#define DM_TT 12
+#define DM_KB 256u
+#define DM_GROUP 32u
+
+static inline __attribute__((always_inline)) void
+dm_tile(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, size_t ldx, size_t kn, float *y, size_t ldy, int T,
+        int RV, int load)
+{
+    __m512 a[DM_TT][DM_RV];
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < RV; v++)
+            a[t][v] = load ? _mm512_loadu_ps(y + (size_t)t * ldy + 16 * (size_t)v) : _mm512_setzero_ps();
+    for (size_t k = 0; k < kn; k += 2, p += 32) {
+        __m512bh w0 = as_bh(_mm512_loadu_si512((const void *)p));
+        __m512bh w1 = RV > 1 ? as_bh(_mm512_loadu_si512((const void *)(p + ps))) : w0;
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            int32_t pair;
+            memcpy(&pair, x + (size_t)t * ldx + k, 4);
+            __m512bh xb = as_bh(_mm512_set1_epi32(pair));
+            a[t][0] = _mm512_dpbf16_ps(a[t][0], w0, xb);
+            if (RV > 1) a[t][1] = _mm512_dpbf16_ps(a[t][1], w1, xb);
+        }
+    }
+#pragma GCC unroll 12
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int v = 0; v < RV; v++) _mm512_storeu_ps(y + (size_t)t * ldy + 16 * (size_t)v, a[t][v]);
+}
+
+#define DM_CASE(n)                                                              \
+    case n:                                                                     \
+        if (RV > 1) dm_tile(p, ps, x, ldx, kn, y, ldy, n, 2, load);             \
+        else dm_tile(p, ps, x, ldx, kn, y, ldy, n, 1, load);                    \
+        break;
+
+/* Constant T and RV per call, so every tile shape is fully unrolled. */
+static void dm_tile_any(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, size_t ldx, size_t kn, float *y,
+                        size_t ldy, int T, int RV, int load)
+{
+    switch (T) {
+        DM_CASE(1) DM_CASE(2) DM_CASE(3) DM_CASE(4) DM_CASE(5) DM_CASE(6)
+        DM_CASE(7) DM_CASE(8) DM_CASE(9) DM_CASE(10) DM_CASE(11)
+    default:
+        if (RV > 1) dm_tile(p, ps, x, ldx, kn, y, ldy, DM_TT, 2, load);
+        else dm_tile(p, ps, x, ldx, kn, y, ldy, DM_TT, 1, load);
+    }
+}
+#undef DM_CASE
+
+/* Loop order: row group (its weights leave DRAM once), k-block, token tile, row tiles. */
+void k_matmul_bf16dot_avx512bf16(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
+                                 size_t n_tok, int accumulate, int ith, int nth)
+{
+    const kipp_bf16 *wp = wpv, *x = xav;
+    const size_t ps = 16 * cols, tile_rows = 16 * DM_RV;
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t rg = r0; rg < r1; rg += DM_GROUP) {
+        size_t re = rg + DM_GROUP < r1 ? rg + DM_GROUP : r1;
+        for (size_t k0 = 0; k0 < cols; k0 += DM_KB) {
+            size_t kn = cols - k0 < DM_KB ? cols - k0 : DM_KB;
+            int load = accumulate || k0 > 0;
+            for (size_t t = 0; t < n_tok; t += DM_TT) {
+                int T = (int)(n_tok - t < DM_TT ? n_tok - t : DM_TT);
+                for (size_t r = rg; r < re; r += tile_rows) {
+                    int RV = r + tile_rows <= re ? DM_RV : 1;
+                    dm_tile_any(wp + r * cols + k0 * 16, ps, x + t * cols + k0, cols, kn, y + t * rows + r, rows, T,
+                                RV, load);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+/*
+ * ref_bf16dot.c - the bf16dot read mode of bf16 weights (kernels.h "weight
+ * formats"): its level-independent facts, the BF16 activation quantizer and
+ * the scalar emulation of vdpbf16ps that the avx512_bf16 kernels are checked
+ * against.
+ *
+ * vdpbf16ps (Intel SDM, VDPBF16PS), per FP32 lane i:
+ *     acc += bf16(a[2i+1]) * bf16(b[2i+1]);  acc += bf16(a[2i]) * bf16(b[2i])
+ * with denormal inputs read as zero and denormal results flushed to zero, RNE.
+ * A product of two BF16 values is exact in FP32 (8 x 8 significand bits), so
+ * each step is one rounded FP32 add, modelled below. Hardware may round the
+ * pair differently (AMD documents no order), so the checks bound the SIMD
+ * kernels by NMSE (ORDER), never bitwise against this file.
+ */
+#include <math.h>
+
+#include "kernels/cpu/kernels.h"
+
+static size_t bf16_bytes(size_t rows, size_t cols) { return rows * cols * sizeof(kipp_bf16); }
+
+static void bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
+{
+    kipp_bf16 *o = out;
+    for (size_t i = 0; i < rows * cols; i++) o[i] = kipp_f32_to_bf16(w[i]);
+}
+
+const k_fmt_info k_fmt_info_bf16dot = {
+    .name = "bf16dot",
+    .gguf_type = 30, /* the bf16 file type, read another way: k_fmt_from_gguf returns bf16 */
+    .row_align = 16,
+    .col_align = 32,
+    .file_bytes = bf16_bytes,
+    .packed_bytes = bf16_bytes,
+    .act = K_ACT_BF16,
+    .linear_ref = k_linear_bf16_ref, /* FP32 activations: matmul_f32 rows measure the rounding */
+    .from_f32 = bf16_from_f32,
+};
+
+/* vcvtneps2bf16 on one value: denormal -> signed zero, NaN -> quiet NaN, else RNE. */
+static kipp_bf16 cvtne_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) return (kipp_bf16)((u >> 16) & 0x8000u);
+    return kipp_f32_to_bf16(f);
+}
+
+void k_quant_bf16_ref(const float *x, void *xb, size_t n)
+{
+    kipp_bf16 *o = xb;
+    for (size_t i = 0; i < n; i++) o[i] = cvtne_bf16(x[i]);
+}
+
+/* A BF16 operand as vdpbf16ps reads it: denormals are zero. */
+static float daz(kipp_bf16 b)
+{
+    return (b & 0x7f80u) == 0 ? 0.0f : kipp_bf16_to_f32(b);
+}
+
+/* One rounded FP32 add with a denormal result flushed to a zero of its sign. */
+static float add_ftz(float acc, float p)
+{
+    float s = acc + p;
+    return fabsf(s) < 0x1p-126f ? copysignf(0.0f, s) : s;
+}
+
+/* One lane of one vdpbf16ps: w0, w1 and x0, x1 are the k-pair (2k, 2k+1). */
+static float dot_pair(float acc, kipp_bf16 w0, kipp_bf16 w1, kipp_bf16 x0, kipp_bf16 x1)
+{
+    acc = add_ftz(acc, daz(w1) * daz(x1));
+    return add_ftz(acc, daz(w0) * daz(x0));
+}
+
+/* Row r of the packed weights against one BF16 activation row, pair by pair in column order. */
+static float row_dot(const kipp_bf16 *wp, const kipp_bf16 *x, size_t r, size_t cols)
+{
+    float acc = 0.0f;
+    for (size_t c = 0; c < cols; c += 2)
+        acc = dot_pair(acc, wp[k_packed_index(r, c, cols)], wp[k_packed_index(r, c + 1, cols)], x[c], x[c + 1]);
+    return acc;
+}
+
+void k_matvec_bf16dot_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
+{
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t r = r0; r < r1; r++) y[r] = row_dot(wpv, xv, r, cols);
+}
+
+void k_matmul_bf16dot_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
+                          size_t n_tok, int accumulate, int ith, int nth)
+{
+    const kipp_bf16 *x = xv;
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t t = 0; t < n_tok; t++)
+        for (size_t r = r0; r < r1; r++) {
+            float acc = row_dot(wpv, x + t * cols, r, cols);
+            y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
+        }
+}
