@@ -205,6 +205,13 @@ const char *kipp_host_name(void)
     return host;
 }
 
+const char *kipp_profile_key(void)
+{
+    static char key[160];
+    if (!key[0]) snprintf(key, sizeof key, "%s-%s", kipp_host_name(), kipp_isa_name(kipp_isa_cpu_max()));
+    return key;
+}
+
 const char *kipp_git_sha(void)
 {
     static char sha[64];
@@ -259,7 +266,7 @@ json_t *kipp_cpu_json(void)
 int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
-    snprintf(p->path, sizeof p->path, "%s/%s.json", dir, kipp_host_name());
+    snprintf(p->path, sizeof p->path, "%s/%s.json", dir, kipp_profile_key());
     json_error_t je;
     json_t *root = json_load_file(p->path, 0, &je);
     if (!root) {
@@ -267,8 +274,9 @@ int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen
                 p->path, je.text);
         return -1;
     }
-    /* profiles are keyed by hostname, which every machine here shares: a
-     * profile of another CPU would give wrong roofline shares */
+    /* profiles are keyed by hostname and ISA level, which two CPUs can
+     * still share (two AVX2 models): a profile of another CPU would give wrong
+     * roofline shares */
     json_t *cpu = json_object_get(root, "cpu");
     const char *pm = json_string_value(json_object_get(cpu, "model"));
     const char *pl = json_string_value(json_object_get(cpu, "best_level"));

@@ -64,9 +64,9 @@ int kipp_papi_available(const char **why);
 
 /* ---- machine profile ---- */
 
-/** What the roofline needs from profiles/<host>.json (bench/README.md). */
+/** What the roofline needs from profiles/<host>-<level>.json (bench/README.md). */
 typedef struct {
-    char path[512];            /* "profiles/<host>.json" */
+    char path[512];            /* "profiles/<host>-<level>.json" (kipp_profile_key) */
     int loaded;                /* 0 when the file is missing or unreadable */
     double read_gbps_1t;       /* streaming DRAM read, one core, GB/s (1e9 B/s) */
     double read_gbps_all;      /* all physical cores */
@@ -76,6 +76,14 @@ typedef struct {
 
 /** Host name (gethostname), "unknown-host" on failure. */
 const char *kipp_host_name(void);
+
+/**
+ * Name of this machine's profile file without ".json": "<host>-<best ISA
+ * level>", e.g. "vm-avx512_bf16". Every machine here is called "vm" while
+ * their CPUs differ (AVX2 EPYC, Skylake-SP, Zen 4/5), so the host alone would
+ * let one CPU's profile overwrite another's (issue 16 item 1). Static storage.
+ */
+const char *kipp_profile_key(void);
 
 /** "model name" of /proc/cpuinfo (cached; "unknown" when unreadable). Hostnames
  * here are all `vm` while the CPUs differ, so results and profiles carry this. */

@@ -211,8 +211,10 @@ typedef struct {
     double target;
 } bench_meta;
 
+/* act: the cpu backend's KIPP_BF16_ACT mode as its describe reports it
+ * ("f32", "mixed", "bf16"), or "-" for a backend without one. */
 static json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench_stats *st,
-                           const kipp_profile *prof)
+                           const kipp_profile *prof, const char *act)
 {
     double tps_med = bm->tokens / st->median, tps_min = bm->tokens / st->max, tps_max = bm->tokens / st->min;
     json_t *r = json_object();
@@ -233,23 +235,28 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "gbps_effective", json_real(gbps));
     json_object_set_new(r, "gflops", json_real(gflops));
     json_object_set_new(r, "bound", json_string(bm->compute_bound ? "compute" : "memory"));
-    /* Prefill runs FP32 FMA on every level (a BF16-dot tile would round the
-     * activations: row invariance and FP32 accuracy, issue 16 items 6-7), so
-     * the FP32 FMA peak is the honest roofline; where the CPU has a BF16 dot,
-     * the share of that peak is recorded beside it (bf16_peak_share). */
-    const char *roof_key = bm->compute_bound ? "fp32_gflops_all" : "read_gbps_all";
+    /* Prefill's roofline is the peak of the instruction it runs: the BF16 dot
+     * where the backend reads projections through it (KIPP_BF16_ACT mixed or
+     * bf16, issue 16 item 3: "the BF16 dot where the CPU has one"; in mixed
+     * mode Q|K|V, attention and the head still run FP32 FMA, so that share is
+     * strict), else the FP32 FMA peak. The other peak's share is recorded
+     * beside it. */
+    int dot = bm->compute_bound && prof->loaded && prof->bf16_gflops_all > 0 && act && (!strcmp(act, "mixed") || !strcmp(act, "bf16"));
+    json_object_set_new(r, "bf16_act", json_string(act ? act : "-"));
+    const char *roof_key = bm->compute_bound ? (dot ? "bf16_gflops_all" : "fp32_gflops_all") : "read_gbps_all";
     /* All cores can read at least as fast as one; an all-core figure below
      * the one-core figure means the profile run was disturbed (shared
      * machine), so the read roofline is the larger of the two. */
     double read_roof = prof->read_gbps_all > prof->read_gbps_1t ? prof->read_gbps_all : prof->read_gbps_1t;
-    double roof = !prof->loaded ? 0 : bm->compute_bound ? prof->fp32_gflops_all : read_roof;
+    double roof = !prof->loaded ? 0 : bm->compute_bound ? (dot ? prof->bf16_gflops_all : prof->fp32_gflops_all) : read_roof;
     if (!bm->compute_bound && prof->read_gbps_all < prof->read_gbps_1t) roof_key = "read_gbps_1t";
     double share = roof > 0 ? (bm->compute_bound ? gflops : gbps) / roof : -1;
     json_object_set_new(r, "roofline_ref", json_string(roof_key));
     json_object_set_new(r, "roofline", roof > 0 ? json_real(roof) : json_null());
     json_object_set_new(r, "roofline_share", share >= 0 ? json_real(share) : json_null());
     if (bm->compute_bound && prof->loaded && prof->bf16_gflops_all > 0)
-        json_object_set_new(r, "bf16_peak_share", json_real(gflops / prof->bf16_gflops_all));
+        json_object_set_new(r, dot ? "fp32_peak_share" : "bf16_peak_share",
+                            json_real(gflops / (dot ? prof->fp32_gflops_all : prof->bf16_gflops_all)));
     json_object_set_new(r, "target_share", json_real(bm->target));
     json_object_set_new(r, "target_ratio", share >= 0 ? json_real(share / bm->target) : json_null());
     json_object_set_new(r, "target_met", share >= 0 ? json_boolean(share >= bm->target) : json_null());
@@ -314,7 +321,7 @@ static void model_id_of(const char *path, char *id, size_t n)
 /* pp4096: a 4096-token prefill from an empty cache (filling a long context),
  * held to the compute roofline like pp512 and to >= 70% of pp512's token
  * rate from the same run (recorded as vs_pp512 when pp512 ran). */
-static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const model_cost *c, const kipp_profile *prof,
+static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const model_cost *c, const kipp_profile *prof, const char *act,
                   const char *id, double pp512_tps, json_t *results, char *err, size_t errlen)
 {
     kipp_bench_stats st;
@@ -328,7 +335,7 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     if (!rc) rc = measure(&bc, 0, o->reps < PP4096_REPS_MAX ? o->reps : PP4096_REPS_MAX, &st, err, errlen);
     free(logits);
     if (rc) return rc;
-    json_t *r = result_json(id, &bm, &st, prof);
+    json_t *r = result_json(id, &bm, &st, prof, act);
     if (pp512_tps > 0) {
         double ratio = bm.tokens / st.median / pp512_tps;
         json_object_set_new(r, "vs_pp512", json_real(ratio));
@@ -383,6 +390,21 @@ static void add_memory(json_t *results, size_t first, const char *path, double l
                load_peak / file <= 1.10 ? "met" : "not met", peak / 1e9, kv_bytes / 1e9);
 }
 
+/* The cpu backend's KIPP_BF16_ACT mode, read from its describe line
+ * ("bf16 activations (KIPP_BF16_ACT=mixed): ..."), so a result records what
+ * ran rather than what the environment asked; "-" when there is none. */
+static void bf16_act_of(const kipp_model *m, char *out, size_t outlen)
+{
+    static char desc[16384];
+    snprintf(out, outlen, "-");
+    if (kipp_model_describe(m, desc, sizeof desc) != 0) return;
+    const char *p = strstr(desc, "(KIPP_BF16_ACT=");
+    if (!p) return;
+    p += strlen("(KIPP_BF16_ACT=");
+    size_t n = strcspn(p, ")");
+    if (n > 0 && n < outlen) snprintf(out, outlen, "%.*s", (int)n, p);
+}
+
 /* Run the chosen benchmarks on one model; appends results to `results`. */
 static int bench_model(const options *o, const char *path, const kipp_profile *prof, json_t *results, char *err, size_t errlen)
 {
@@ -399,6 +421,8 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if (rc) return rc;
     printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);
     double load_peak = peak_rss();
+    char act[16];
+    bf16_act_of(m, act, sizeof act);
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     model_cost c;
@@ -436,7 +460,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof));
+        json_array_append_new(results, result_json(id, &bm, &st, prof, act));
         pp512_tps = bm.tokens / st.median;
     }
     if (wants(o, "tg128")) {
@@ -448,7 +472,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof));
+        json_array_append_new(results, result_json(id, &bm, &st, prof, act));
     }
     if (wants(o, "tg4k") && cap >= LONG_CTX + LONG_STEPS) {
         t0 = kipp_timer_now();
@@ -461,10 +485,10 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof));
+        json_array_append_new(results, result_json(id, &bm, &st, prof, act));
     }
     if (wants(o, "pp4096") && cap >= LONG_CTX) {
-        rc = pp4096(o, s, ids, &c, prof, id, pp512_tps, results, err, errlen);
+        rc = pp4096(o, s, ids, &c, prof, act, id, pp512_tps, results, err, errlen);
         if (rc) goto out;
     }
 out:

@@ -1,6 +1,6 @@
 /*
  * profile.c - `make profile`: measure this machine once and write
- * profiles/<host>.json (issue 5, item 4; schema kipp.profile.v1 in
+ * profiles/<host>-<level>.json (issue 5, item 4; schema kipp.profile.v1 in
  * bench/README.md). Every benchmark result cites this file and takes its
  * roofline (read bandwidth, FP32 / BF16 peaks) from it.
  *
@@ -134,7 +134,7 @@ static json_t *peaks_json(kipp_team *one, kipp_team *all)
 
 static int usage(const char *arg)
 {
-    fprintf(stderr, "kipp_profile: unknown or incomplete argument '%s'; expected [--out DIR] [--buffer-mib N]\n", arg);
+    fprintf(stderr, "kipp_profile: unknown or incomplete argument '%s'; expected [--out DIR] [--buffer-mib N] or --key\n", arg);
     return 2;
 }
 
@@ -145,8 +145,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kipp_profile [--out DIR] [--buffer-mib N]\n"
-                   "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>.json "
-                   "(default profiles/)\n");
+                   "       kipp_profile --key\n"
+                   "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>-<level>.json "
+                   "(default profiles/; level = the best ISA level of this CPU)\n"
+                   "  --key prints <host>-<level>, the profile's file name without .json, and exits\n");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--key")) {
+            printf("%s\n", kipp_profile_key());
             return 0;
         }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
@@ -199,7 +205,7 @@ int main(int argc, char **argv)
     kipp_team_destroy(all);
     kipp_team_destroy(one);
     char path[600];
-    snprintf(path, sizeof path, "%s/%s.json", out, kipp_host_name());
+    snprintf(path, sizeof path, "%s/%s.json", out, kipp_profile_key());
     if (mkdir(out, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "kipp_profile: cannot create %s\n", out);
         return 1;

@@ -11,7 +11,7 @@ the real Qwen3 shapes with deterministic random weights) it:
   2. runs build/kipp-bench on it (pp512, tg128, tg4k, pp4096; warm-up + N reps) in its
      own process, so one model's memory is released before the next loads.
 Before the first model it re-measures the machine profile (build/bin/kipp_profile
--> profiles/<host>.json) so the roofline shares compare rates measured in the
+-> profiles/<host>-<level>.json) so the roofline shares compare rates measured in the
 same run, as the issue asks; --reuse-profile keeps an existing one.
 kipp-bench writes results/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,
 bench/README.md), replacing earlier results of the same (bench, model) in that
@@ -56,9 +56,17 @@ def load_avg() -> str:
         return "unknown"
 
 
+def profile_key() -> str:
+    """The machine profile's file name without .json: "<host>-<best ISA level>"
+    (build/bin/kipp_profile --key), since every machine here is called "vm"
+    while their CPUs differ."""
+    out = subprocess.run([str(ROOT / "build/bin/kipp_profile"), "--key"], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 def rel(c: object) -> str:
     """Paths inside the repository become relative to it (commands run there), so
-    results cite `profiles/<host>.json` rather than one machine's absolute path."""
+    results cite `profiles/<host>-<level>.json` rather than one machine's absolute path."""
     if isinstance(c, Path) and c.is_absolute():
         try:
             return str(c.relative_to(ROOT))
@@ -107,7 +115,7 @@ def main() -> int:
     ap.add_argument("--models-dir", type=Path, default=ROOT / "models")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--profiles", type=Path, default=ROOT / "profiles")
-    ap.add_argument("--reuse-profile", action="store_true", help="keep an existing profiles/<host>.json")
+    ap.add_argument("--reuse-profile", action="store_true", help="keep an existing profiles/<host>-<level>.json")
     ap.add_argument("--keep-hf", action="store_true", help="keep the Hugging Face directory after conversion")
     args = ap.parse_args()
 
@@ -126,8 +134,7 @@ def main() -> int:
             print(f"bench_models.py: {b} is missing; run `make all` first", file=sys.stderr)
             return 2
 
-    host = os.uname().nodename
-    if not (args.reuse_profile and (args.profiles / f"{host}.json").exists()):
+    if not (args.reuse_profile and (args.profiles / f"{profile_key()}.json").exists()):
         run([prof_bin, "--out", args.profiles])
     failed = []
     for mid, quant in [(m, q) for m in models for q in quants]:

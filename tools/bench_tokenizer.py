@@ -141,6 +141,15 @@ def run_hf(text, reps, warmup):
                  "reps": reps, "tokens_per_s": len(ids) / med, "bytes": n, "tokens": len(ids)}
 
 
+def profile_key(host: str) -> str:
+    """The profile's file name without .json (kipp_profile --key: "<host>-<level>"); the host alone without the binary."""
+    try:
+        return subprocess.run([os.path.join(ROOT, "build", "bin", "kipp_profile"), "--key"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return host
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=5)
@@ -171,7 +180,7 @@ def main():
                          text=True).stdout.strip() or "unknown"
     now = datetime.datetime.now(datetime.timezone.utc)
     out = {"schema": "kipp.bench.v1", "kind": "tokenizer", "git_sha": sha,
-           "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host, "profile": f"profiles/{host}.json",
+           "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host, "profile": f"profiles/{profile_key(host)}.json",
            "config": {"corpus": os.path.relpath(corpus, ROOT), "corpus_bytes": len(text.encode()),
                       "corpus_seed": 20240601, "reps": args.reps, "warmup": args.warmup, "threads": 1,
                       "special": True, "ids_identical": match,

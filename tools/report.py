@@ -6,7 +6,7 @@ results/ is skipped with a note. Two panels:
   * left: model throughput (tok/s, median with min-max bars) per benchmark
     (pp512, tg128, tg4k), model and format, over commits in date order;
   * right: a roofline of the kernels from the newest kernel results: the
-    machine profile's read bandwidth and compute peaks (profiles/<host>.json,
+    machine profile's read bandwidth and compute peaks (profiles/<host>-<level>.json,
     cited by each result document) as ceilings, each kernel at its arithmetic
     intensity (FLOP / byte) and achieved GFLOP/s; the newest model results are
     added as hollow markers so the forward pass sits on the same chart.
@@ -186,11 +186,28 @@ def newest(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
     return out
 
 
+ROOF_NAMES = {"fp32_gflops_all": "FP32 FMA peak", "bf16_gflops_all": "BF16 dot peak", "read_gbps_all": "read BW",
+              "read_gbps_1t": "1-core read BW"}
+
+
+def cpu_of(d: dict) -> str:
+    """A result document's CPU as "model (best ISA level)": every host here is "vm", and the
+    model name alone does not tell the AVX2 EPYC from a Zen 4 one."""
+    c = d.get("cpu") or {}
+    f = set(c.get("flags") or ())  # peers documents list the CPU's flags instead of booleans
+    level = c.get("best_level") or (
+        "avx512_bf16" if c.get("avx512_bf16") or "avx512_bf16" in f else
+        "avx512" if c.get("avx512") or {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= f else
+        "avx2" if c.get("avx2") or "avx2" in f else "")
+    return f"{c.get('model', '?')} ({level})" if level else c.get("model", "?")
+
+
 def fmt_share(r: dict) -> str:
     share, target = r.get("roofline_share"), TARGETS.get(r.get("name"))
     if share is None or target is None:
         return "n/a"
-    text = f"{100 * share:.1f}% (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
+    peak = ROOF_NAMES.get(r.get("roofline_ref", ""), "")
+    text = f"{100 * share:.1f}%{' of ' + peak if peak else ''} (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
     if r.get("vs_pp512") is not None:  # pp4096: its token rate against pp512 from the same run
         t = r.get("target_vs_pp512", 0.7)
         text += f"; {r['vs_pp512']:.2f}x the pp512 rate (target {t:.2f}x, {'met' if r['vs_pp512'] >= t else 'not met'})"
@@ -201,8 +218,8 @@ def readme_table(docs: list[dict]) -> str:
     """Markdown: per (model, format, bench) Kipp's newest tok/s and roofline share
     with its target, and llama.cpp's figure and the ratio from the newest peers run."""
     models, peers = newest(docs, "model"), newest(docs, "peers")
-    rows = ["| model | format | bench | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | format | bench | CPU (level) | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
+            "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
     for key in sorted(set(models) | set(peers), key=lambda k: (str(k[0]), str(k[2]), order.get(k[1], 9))):
         m, p = models.get(key), peers.get(key)
@@ -211,9 +228,9 @@ def readme_table(docs: list[dict]) -> str:
         llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run"
         ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
         files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
-        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {kipp} | {share} | {llama} | {ratio} | {files} |")
-    cpus = sorted({d.get("cpu", {}).get("model", "") for d in docs if d.get("kind") == "peers"} - {""})
-    note = f"\nPeers measured on: {'; '.join(cpus)}.\n" if cpus else "\n"
+        cpus = " / ".join(dict.fromkeys(cpu_of(x[1]) for x in (m, p) if x))
+        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpus} | {kipp} | {share} | {llama} | {ratio} | {files} |")
+    note = "\nA row whose two files name different CPUs compares figures from two machines: read its ratio as indicative only.\n"
     return "\n".join(rows) + "\n" + note
 
 

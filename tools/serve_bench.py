@@ -260,6 +260,16 @@ def cpu_facts() -> tuple[str, list[str]]:
     return model, flags
 
 
+def profile_path() -> str | None:
+    """profiles/<host>-<level>.json (kipp_profile --key) when that profile exists, else None."""
+    try:
+        key = subprocess.run([str(ROOT / "build" / "bin" / "kipp_profile"), "--key"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"profiles/{key}.json" if (ROOT / "profiles" / f"{key}.json").exists() else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="synthetic-0.6b", help="synthetic registry id (models/<id>.gguf)")
@@ -313,7 +323,7 @@ def main() -> int:
     sha = git_sha()
     doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
-           "profile": f"profiles/{host}.json" if (ROOT / "profiles" / f"{host}.json").exists() else None,
+           "profile": profile_path(),
            "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu, "isa_flags": flags, "server": "kipp-serve",
                       "peers": peers,
                       "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
