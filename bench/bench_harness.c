@@ -291,6 +291,7 @@ int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen
     p->read_gbps_all = json_num(root, "bandwidth", "read_gbps_all");
     p->fp32_gflops_all = json_num(root, "peaks", "fp32_fma_gflops_all");
     p->bf16_gflops_all = json_num(root, "peaks", "bf16_dot_gflops_all");
+    p->int8_gops_all = json_num(root, "peaks", "int8_dot_gops_all");
     json_decref(root);
     if (p->read_gbps_all <= 0 || p->fp32_gflops_all <= 0) {
         set_err(err, errlen, "profile %s lacks bandwidth.read_gbps_all or peaks.fp32_fma_gflops_all", p->path);

@@ -72,6 +72,7 @@ typedef struct {
     double read_gbps_all;      /* all physical cores */
     double fp32_gflops_all;    /* FP32 FMA peak, all cores, best ISA */
     double bf16_gflops_all;    /* vdpbf16ps peak, all cores; 0 when the CPU lacks it */
+    double int8_gops_all;      /* vpdpbusd peak, all cores, 2 ops per byte product; 0 when absent or not recorded */
 } kipp_profile;
 
 /** Host name (gethostname), "unknown-host" on failure. */

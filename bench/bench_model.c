@@ -211,10 +211,14 @@ typedef struct {
     double target;
 } bench_meta;
 
-/* act: the cpu backend's KIPP_BF16_ACT mode as its describe reports it
- * ("f32", "mixed", "bf16"), or "-" for a backend without one. */
+/* How a model's bf16 projections ran (bf16_act_of). */
+typedef struct {
+    char mode[16]; /* KIPP_BF16_ACT mode: "f32", "mixed", "bf16"; "-" without one */
+    int dot;       /* 1 when some projection read BF16 activations through vdpbf16ps */
+} bf16_run;
+
 static json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench_stats *st,
-                           const kipp_profile *prof, const char *act)
+                           const kipp_profile *prof, const bf16_run *act)
 {
     double tps_med = bm->tokens / st->median, tps_min = bm->tokens / st->max, tps_max = bm->tokens / st->min;
     json_t *r = json_object();
@@ -241,8 +245,8 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
      * mode Q|K|V, attention and the head still run FP32 FMA, so that share is
      * strict), else the FP32 FMA peak. The other peak's share is recorded
      * beside it. */
-    int dot = bm->compute_bound && prof->loaded && prof->bf16_gflops_all > 0 && act && (!strcmp(act, "mixed") || !strcmp(act, "bf16"));
-    json_object_set_new(r, "bf16_act", json_string(act ? act : "-"));
+    int dot = bm->compute_bound && prof->loaded && prof->bf16_gflops_all > 0 && act->dot;
+    json_object_set_new(r, "bf16_act", json_string(act->mode));
     const char *roof_key = bm->compute_bound ? (dot ? "bf16_gflops_all" : "fp32_gflops_all") : "read_gbps_all";
     /* All cores can read at least as fast as one; an all-core figure below
      * the one-core figure means the profile run was disturbed (shared
@@ -321,7 +325,7 @@ static void model_id_of(const char *path, char *id, size_t n)
 /* pp4096: a 4096-token prefill from an empty cache (filling a long context),
  * held to the compute roofline like pp512 and to >= 70% of pp512's token
  * rate from the same run (recorded as vs_pp512 when pp512 ran). */
-static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const model_cost *c, const kipp_profile *prof, const char *act,
+static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const model_cost *c, const kipp_profile *prof, const bf16_run *act,
                   const char *id, double pp512_tps, json_t *results, char *err, size_t errlen)
 {
     kipp_bench_stats st;
@@ -390,19 +394,24 @@ static void add_memory(json_t *results, size_t first, const char *path, double l
                load_peak / file <= 1.10 ? "met" : "not met", peak / 1e9, kv_bytes / 1e9);
 }
 
-/* The cpu backend's KIPP_BF16_ACT mode, read from its describe line
- * ("bf16 activations (KIPP_BF16_ACT=mixed): ..."), so a result records what
- * ran rather than what the environment asked; "-" when there is none. */
-static void bf16_act_of(const kipp_model *m, char *out, size_t outlen)
+/* The cpu backend's KIPP_BF16_ACT mode and whether any projection ran
+ * through the BF16 dot, read from its describe line ("projections read as
+ * (KIPP_BF16_ACT=mixed): q|k|v bf16/f32, o bf16dot/bf16, ..."), so a result
+ * records what ran rather than what the environment asked. mode "-" and dot 0
+ * for a backend without that line (ref). */
+static void bf16_act_of(const kipp_model *m, bf16_run *r)
 {
     static char desc[16384];
-    snprintf(out, outlen, "-");
+    snprintf(r->mode, sizeof r->mode, "-");
+    r->dot = 0;
     if (kipp_model_describe(m, desc, sizeof desc) != 0) return;
     const char *p = strstr(desc, "(KIPP_BF16_ACT=");
     if (!p) return;
     p += strlen("(KIPP_BF16_ACT=");
     size_t n = strcspn(p, ")");
-    if (n > 0 && n < outlen) snprintf(out, outlen, "%.*s", (int)n, p);
+    if (n > 0 && n < sizeof r->mode) snprintf(r->mode, sizeof r->mode, "%.*s", (int)n, p);
+    const char *eol = strchr(p, '\n'), *d = strstr(p, " bf16dot/");
+    r->dot = d && (!eol || d < eol);
 }
 
 /* Run the chosen benchmarks on one model; appends results to `results`. */
@@ -421,8 +430,8 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if (rc) return rc;
     printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);
     double load_peak = peak_rss();
-    char act[16];
-    bf16_act_of(m, act, sizeof act);
+    bf16_run act;
+    bf16_act_of(m, &act);
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     model_cost c;
@@ -460,7 +469,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof, act));
+        json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
         pp512_tps = bm.tokens / st.median;
     }
     if (wants(o, "tg128")) {
@@ -472,7 +481,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof, act));
+        json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
     }
     if (wants(o, "tg4k") && cap >= LONG_CTX + LONG_STEPS) {
         t0 = kipp_timer_now();
@@ -485,10 +494,10 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
-        json_array_append_new(results, result_json(id, &bm, &st, prof, act));
+        json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
     }
     if (wants(o, "pp4096") && cap >= LONG_CTX) {
-        rc = pp4096(o, s, ids, &c, prof, act, id, pp512_tps, results, err, errlen);
+        rc = pp4096(o, s, ids, &c, prof, &act, id, pp512_tps, results, err, errlen);
         if (rc) goto out;
     }
 out:

@@ -129,6 +129,16 @@ static json_t *peaks_json(kipp_team *one, kipp_team *all)
         json_object_set_new(o, "bf16_dot_note", json_string("this CPU lacks AVX512_BF16 (vdpbf16ps); "
                                                             "the prefill roofline is the FP32 FMA peak"));
     }
+    /* the int8 dot (vpdpbusd) of the q8_0 / affine4 prefill tiles of the avx512_bf16 level */
+    if (f->avx512_vnni && f->avx512_bf16) {
+        json_object_set_new(o, "int8_dot_gops_1t", json_real(peak_gflops(one, kipp_prof_int8_avx512, KIPP_PROF_INT8_AVX512_OPS)));
+        json_object_set_new(o, "int8_dot_gops_all", json_real(peak_gflops(all, kipp_prof_int8_avx512, KIPP_PROF_INT8_AVX512_OPS)));
+    } else {
+        json_object_set_new(o, "int8_dot_gops_1t", json_null());
+        json_object_set_new(o, "int8_dot_gops_all", json_null());
+        json_object_set_new(o, "int8_dot_note", json_string("no avx512_bf16 level with VNNI (vpdpbusd) here; the integer "
+                                                            "formats' prefill runs vpmaddubsw, held to the FP32 FMA peak"));
+    }
     return o;
 }
 

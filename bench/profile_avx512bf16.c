@@ -1,5 +1,6 @@
-/* profile_avx512bf16.c - the BF16 dot (vdpbf16ps) peak loop with 30 independent
- * accumulators (bench/profile.h), compiled for the avx512_bf16 level. */
+/* profile_avx512bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
+ * (vpdpbusd) peak loops with 30 independent accumulators (bench/profile.h),
+ * compiled for the avx512_bf16 level (which includes VNNI). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -20,4 +21,18 @@ float kipp_prof_bf16_avx512(long iters, float seed)
     __m512 s = a[0];
     for (int i = 1; i < 30; i++) s = _mm512_add_ps(s, a[i]);
     return _mm512_reduce_add_ps(s);
+}
+
+float kipp_prof_int8_avx512(long iters, float seed)
+{
+    __m512i a[30];
+    const __m512i x = _mm512_set1_epi8(1), y = _mm512_set1_epi8(-1); /* sums stay far from int32 overflow per call */
+    for (int i = 0; i < 30; i++) a[i] = _mm512_set1_epi32((int)seed + i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 30
+        for (int i = 0; i < 30; i++) a[i] = _mm512_dpbusd_epi32(a[i], x, y);
+    }
+    __m512i s = a[0];
+    for (int i = 1; i < 30; i++) s = _mm512_add_epi32(s, a[i]);
+    return (float)_mm512_reduce_add_epi32(s);
 }

@@ -201,7 +201,6 @@ static void report_worst(const char *what)
     worst_nmse = 0;
 }
 
-
 /* NMSE and argmax of rows rows of logits against the oracle. */
 static void check_rows(const float *got, const float *want, uint32_t rows, uint32_t vocab, const char *what)
 {
@@ -348,8 +347,9 @@ static void test_bf16_act_modes(void)
 {
     tmodel *t = shape(0);
     const char *vals[5] = {NULL, "f32", "mixed", "bf16", "fp16"};
-    const char *lines[3] = {"q|k|v f32 o f32 gate|up f32 down f32", "q|k|v f32 o bf16dot gate|up bf16dot down bf16dot",
-                            "q|k|v bf16dot o bf16dot gate|up bf16dot down bf16dot"};
+    const char *lines[3] = {"q|k|v bf16/f32, o bf16/f32, gate|up bf16/f32, down bf16/f32, head bf16/f32",
+                            "q|k|v bf16/f32, o bf16dot/bf16, gate|up bf16dot/bf16, down bf16dot/bf16, head bf16/f32",
+                            "q|k|v bf16dot/bf16, o bf16dot/bf16, gate|up bf16dot/bf16, down bf16dot/bf16, head bf16/f32"};
     for (int isa = KIPP_ISA_REF; isa < KIPP_ISA_COUNT; isa++) {
         if (!isa_available((kipp_isa)isa)) continue;
         setenv("KIPP_ISA", kipp_isa_name((kipp_isa)isa), 1);
@@ -373,8 +373,10 @@ static void test_bf16_act_modes(void)
             }
             char out[4096];
             cpu_backend_ops.describe(bm, out, sizeof out);
-            CHECK(strstr(out, lines[mode]) && strstr(out, act_modes[mode]), "KIPP_BF16_ACT=%s at %s: describe lacks '%s':\n%s",
-                  shown, kipp_isa_name((kipp_isa)isa), lines[mode], out);
+            char tag[64];
+            snprintf(tag, sizeof tag, "(KIPP_BF16_ACT=%s)", act_modes[mode]);
+            CHECK(strstr(out, lines[mode]) && strstr(out, tag), "KIPP_BF16_ACT=%s at %s: describe lacks '%s' %s:\n%s", shown,
+                  kipp_isa_name((kipp_isa)isa), tag, lines[mode], out);
             cpu_backend_ops.model_destroy(bm);
         }
     }

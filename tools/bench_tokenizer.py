@@ -33,6 +33,8 @@ import time  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import bench_models  # noqa: E402  (profile_rel)
 
 
 def byte_decoder():
@@ -141,15 +143,6 @@ def run_hf(text, reps, warmup):
                  "reps": reps, "tokens_per_s": len(ids) / med, "bytes": n, "tokens": len(ids)}
 
 
-def profile_key(host: str) -> str:
-    """The profile's file name without .json (kipp_profile --key: "<host>-<level>"); the host alone without the binary."""
-    try:
-        return subprocess.run([os.path.join(ROOT, "build", "bin", "kipp_profile"), "--key"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return host
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=5)
@@ -180,7 +173,7 @@ def main():
                          text=True).stdout.strip() or "unknown"
     now = datetime.datetime.now(datetime.timezone.utc)
     out = {"schema": "kipp.bench.v1", "kind": "tokenizer", "git_sha": sha,
-           "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host, "profile": f"profiles/{profile_key(host)}.json",
+           "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host, "profile": bench_models.profile_rel(),
            "config": {"corpus": os.path.relpath(corpus, ROOT), "corpus_bytes": len(text.encode()),
                       "corpus_seed": 20240601, "reps": args.reps, "warmup": args.warmup, "threads": 1,
                       "special": True, "ids_identical": match,

@@ -73,6 +73,8 @@ def ceilings(profile: dict) -> dict:
         out["FP32 FMA peak"] = peaks["fp32_fma_gflops_all"]
     if peaks.get("bf16_dot_gflops_all"):
         out["BF16 dot peak"] = peaks["bf16_dot_gflops_all"]
+    if peaks.get("int8_dot_gops_all"):
+        out["int8 VNNI dot peak"] = peaks["int8_dot_gops_all"]
     return out
 
 
@@ -186,8 +188,8 @@ def newest(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
     return out
 
 
-ROOF_NAMES = {"fp32_gflops_all": "FP32 FMA peak", "bf16_gflops_all": "BF16 dot peak", "read_gbps_all": "read BW",
-              "read_gbps_1t": "1-core read BW"}
+ROOF_NAMES = {"fp32_gflops_all": "FP32 FMA peak", "bf16_gflops_all": "BF16 dot peak", "int8_gops_all": "int8 dot peak",
+              "read_gbps_all": "read BW", "read_gbps_1t": "1-core read BW"}
 
 
 def cpu_of(d: dict) -> str:

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 from serve_harness import Server  # noqa: E402
+import bench_models  # noqa: E402  (profile_rel)
 
 PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 11  # ~110 tokens
 NO_EOS = {"151643": -100, "151645": -100}
@@ -260,16 +261,6 @@ def cpu_facts() -> tuple[str, list[str]]:
     return model, flags
 
 
-def profile_path() -> str | None:
-    """profiles/<host>-<level>.json (kipp_profile --key) when that profile exists, else None."""
-    try:
-        key = subprocess.run([str(ROOT / "build" / "bin" / "kipp_profile"), "--key"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return f"profiles/{key}.json" if (ROOT / "profiles" / f"{key}.json").exists() else None
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="synthetic-0.6b", help="synthetic registry id (models/<id>.gguf)")
@@ -323,7 +314,7 @@ def main() -> int:
     sha = git_sha()
     doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
-           "profile": profile_path(),
+           "profile": bench_models.profile_rel(),
            "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu, "isa_flags": flags, "server": "kipp-serve",
                       "peers": peers,
                       "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},

@@ -17,24 +17,30 @@
 static void cpu_model_destroy(void *bm);
 
 /* How bf16 projections are read (kernels.h "bf16dot"), per projection of a
- * layer (bit w = plan_layer's order: Q|K|V, O, Gate|Up, Down). BF16
- * activations through vdpbf16ps double prefill's compute peak and cost one
- * BF16 rounding of the projection's input. Measured on the synthetic 0.6B
- * shape, final-row logits of a 38-token prompt against the ref backend (the
- * FP32 oracle; issue 16 item 7 asks <= 5e-5): all four 8.8e-5, Q|K|V alone
- * 4.9e-5 (its error passes through QK-norm, RoPE and the softmax), O 1.5e-5,
+ * layer in plan_layer's order Q|K|V, O, Gate|Up, Down. BF16 activations
+ * through vdpbf16ps double prefill's compute peak and cost one BF16 rounding
+ * of the projection's input. Measured on the synthetic 0.6B shape, final-row
+ * logits of a 38-token prompt against the ref backend (the FP32 oracle; issue
+ * 16 item 7 asks <= 5e-5): all four through the dot 8.8e-5, Q|K|V alone 4.9e-5
+ * (its error passes through QK-norm, RoPE and the softmax), O 1.5e-5,
  * Gate|Up 1.5e-5, Down 1.1e-5, all but Q|K|V 3.5e-5. So the default where the
  * CPU has the dot ("mixed") keeps Q|K|V (27% of the matmul FLOPs) on FP32
- * activations. KIPP_BF16_ACT=f32 keeps FP32 everywhere (the arithmetic of
- * every other level), =bf16 reads all four through the dot (llama.cpp's
- * precision, ~1.3x faster prefill than mixed). The output head reads FP32
- * either way: prefill runs it on one row per sequence, so the dot would save
- * nothing there. Decode and prefill read a projection the same way, so row
- * invariance holds in every mode. */
+ * activations. A hi/lo BF16 split of Q|K|V's input (two dots per k-pair) was
+ * tried: FP32 accuracy, but no faster than the FP32-FMA kernels (0.6B pp512
+ * 227-230 vs 232-251 tok/s), so it was not kept. KIPP_BF16_ACT=f32 keeps FP32
+ * activations everywhere (the arithmetic of every other level), =bf16 reads
+ * all four through the dot (llama.cpp's precision; pp512 1.3-1.5x mixed).
+ * The output head reads FP32 either way: prefill runs it on one row per
+ * sequence, so the dot would save nothing there. Decode and prefill read a
+ * projection the same way, so row invariance holds in every mode. */
 static const struct {
     const char *name;
-    unsigned dot; /* bits of the projections read through the dot */
-} bf16_modes[] = {{"f32", 0}, {"mixed", 0xEu}, {"bf16", 0xFu}};
+    k_fmt read[4]; /* per projection */
+} bf16_modes[] = {
+    {"f32", {K_FMT_BF16, K_FMT_BF16, K_FMT_BF16, K_FMT_BF16}},
+    {"mixed", {K_FMT_BF16, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT}},
+    {"bf16", {K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT}},
+};
 
 static int choose_bf16_read(cpu_model *m, char *err, size_t errlen)
 {
@@ -46,10 +52,11 @@ static int choose_bf16_read(cpu_model *m, char *err, size_t errlen)
             return kipp_err(err, errlen, KIPP_EINVAL, "KIPP_BF16_ACT=%s is not a bf16 activation mode; expected f32, mixed or bf16", e);
         if (pick > 0 && !native)
             return kipp_err(err, errlen, KIPP_ENOTSUP,
-                            "KIPP_BF16_ACT=%s needs the avx512_bf16 kernel level (vdpbf16ps); this model runs %s", e, m->k->isa);
+                            "KIPP_BF16_ACT=%s needs the avx512_bf16 kernel level (vdpbf16ps); this model runs %s (%s)", e,
+                            m->k->isa, m->isa_note[0] ? m->isa_note : "the best level this CPU has");
     }
     m->bf16_mode = bf16_modes[pick].name;
-    m->bf16_dot = bf16_modes[pick].dot;
+    memcpy(m->bf16_read, bf16_modes[pick].read, sizeof m->bf16_read);
     return 0;
 }
 
@@ -162,7 +169,7 @@ static size_t plan_layer(const cpu_model *m, const kipp_qwen3_layer *L, cpu_laye
     size_t used = 0;
     for (int w = 0; w < 4; w++) {
         k_fmt f = (k_fmt)k_fmt_from_gguf(parts[w][0]->dtype);
-        if (f == K_FMT_BF16 && (m->bf16_dot >> w & 1u)) f = K_FMT_BF16DOT; /* same packed layout, BF16 activations */
+        if (f == K_FMT_BF16) f = m->bf16_read[w]; /* the same packed layout, another activation format */
         const k_fmt_info *fi = k_fmt_get(f);
         *dst[w] = (k_weight){f, cur + used, 0, parts[w][0]->cols};
         const kipp_tensor_view *list[3] = {parts[w][0], parts[w][1], w == 0 ? &L->wv : NULL};
@@ -518,10 +525,17 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
     PUT("backend cpu: kernel level %s (%s)\n", m->k->isa, m->isa_note[0] ? m->isa_note : "best level this CPU has");
     if (o < outlen) k_cpu_ops_describe(m->isa, out + o, outlen - o);
     o += strlen(out + o);
-    static const char *const proj[4] = {"q|k|v", "o", "gate|up", "down"};
-    PUT("bf16 activations (KIPP_BF16_ACT=%s):", m->bf16_mode);
-    for (int w = 0; w < 4; w++) PUT(" %s %s", proj[w], m->bf16_dot >> w & 1u ? "bf16dot" : "f32");
-    PUT(", head f32\n");
+    /* the read formats plan_layer gave layer 0 (every layer alike), so a
+     * q8_0 model says q8_0 whatever the bf16 mode */
+    const cpu_layer *L0 = &m->lw[0];
+    const k_weight *ws[5] = {&L0->qkv, &L0->o, &L0->gu, &L0->down, &m->head};
+    static const char *const proj[5] = {"q|k|v", "o", "gate|up", "down", "head"};
+    PUT("projections read as (KIPP_BF16_ACT=%s):", m->bf16_mode);
+    for (int w = 0; w < 5; w++) {
+        const k_fmt_info *fi = k_fmt_get(ws[w]->fmt);
+        PUT("%s %s %s/%s", w ? "," : "", proj[w], fi->name, k_act_name(fi->act));
+    }
+    PUT(" (format/activations)\n");
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
         "k_flash_gqa_bf16 in %u-token query tiles (prefill), k_flash_rows_bf16 over KV-head ranges (decode), "

@@ -67,9 +67,9 @@ typedef struct cpu_model {
     kipp_isa isa;
     char isa_note[200];        /* fallback sentence, "" when the best path runs */
     const char *bf16_mode;     /* KIPP_BF16_ACT mode in force: "f32", "mixed" or "bf16" (cpu_backend.c) */
-    unsigned bf16_dot;         /* projections of a layer read as K_FMT_BF16DOT (BF16 activations through
-                                  vdpbf16ps), bit w in plan_layer's order 0 Q|K|V, 1 O, 2 Gate|Up, 3 Down;
-                                  the others and the head read FP32 */
+    k_fmt bf16_read[4];        /* the read format of a bf16 projection, in plan_layer's order Q|K|V, O,
+                                  Gate|Up, Down: K_FMT_BF16 (FP32 activations) or K_FMT_BF16DOT (BF16
+                                  through vdpbf16ps); the head reads K_FMT_BF16 */
     kipp_cpu_pool *pool;
     int nth;
     size_t A, QKV;             /* n_q_head*128; A + 2*1024 (row width of qkv) */

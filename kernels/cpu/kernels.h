@@ -123,7 +123,7 @@ typedef void (*k_act_fn)(const float *x, void *xa, size_t n);
 
 /** Bytes of one activation row of n values in format a (n a multiple of its block). */
 size_t k_act_row_bytes(k_act a, size_t n);
-/** Name of an activation format: "f32", "q8". */
+/** Name of an activation format: "f32", "q8", "bf16". */
 const char *k_act_name(k_act a);
 
 /* ---- weight formats ----
@@ -168,11 +168,13 @@ const char *k_act_name(k_act a);
  *   vdpbf16ps (one instruction per 16 rows x 2 k, against two FMAs and two
  *   widening ops), so prefill runs at the BF16-dot peak, twice the FP32 FMA
  *   peak on Zen 4/5. The price is one BF16 rounding of each activation
- *   (relative error <= 2^-9): per projection NMSE ~1e-6 against FP32
+ *   (unit roundoff 2^-8): per projection NMSE ~2e-6 against FP32
  *   activations (kcheck matmul_f32 rows). Per row lane one vdpbf16ps chain,
- *   k-pairs in column order from zero, in matvec and matmul alike.
+ *   k-pairs in column order from zero, in matvec and matmul (accumulate = 0)
+ *   alike.
  *   Only the avx512_bf16 level has SIMD kernels for it; ref has the scalar
  *   emulation (kernels/cpu/ref_bf16dot.c) that the checks compare against.
+
  */
 #define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1) X(BF16DOT, bf16dot)
 
@@ -242,7 +244,6 @@ const k_fmt_info *k_fmt_get(k_fmt f);
 /** The format whose file type is gguf_type; -1 when no format reads it. */
 int k_fmt_from_gguf(uint32_t gguf_type);
 
-
 /** A prepared weight: its format, its packed data and shape. */
 typedef struct {
     k_fmt fmt;
@@ -308,6 +309,10 @@ K_CPU_OP_LIST(K_OP_DECL_AVX512)
 
 /* bf16 format (kernels/cpu/ref_bf16.c, linear_simd.h via linear_avx2.c and linear_avx512.c) */
 void k_pack_bf16_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
+/** Bytes of a [rows][cols] bf16 matrix, file and packed layout alike (bf16 and bf16dot). */
+size_t k_bf16_bytes(size_t rows, size_t cols);
+/** FP32 [rows][cols] -> bf16, RNE (torch's .to(bfloat16), tools/convert_to_gguf.py); for checks. */
+void k_bf16_from_f32(const float *w, void *out, size_t rows, size_t cols);
 void k_linear_bf16_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);
 #define K_BF16_DECL(sfx)                                                                          \

@@ -6,10 +6,10 @@
  */
 #include "kernels/cpu/kernels.h"
 
-static size_t bf16_bytes(size_t rows, size_t cols) { return rows * cols * sizeof(kipp_bf16); }
+size_t k_bf16_bytes(size_t rows, size_t cols) { return rows * cols * sizeof(kipp_bf16); }
 
 /* RNE, as torch's .to(bfloat16) and tools/convert_to_gguf.py. */
-static void bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
+void k_bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
 {
     kipp_bf16 *o = out;
     for (size_t i = 0; i < rows * cols; i++) o[i] = kipp_f32_to_bf16(w[i]);
@@ -20,11 +20,11 @@ const k_fmt_info k_fmt_info_bf16 = {
     .gguf_type = 30,
     .row_align = 16,
     .col_align = 32,
-    .file_bytes = bf16_bytes,
-    .packed_bytes = bf16_bytes,
+    .file_bytes = k_bf16_bytes,
+    .packed_bytes = k_bf16_bytes,
     .act = K_ACT_F32,
     .linear_ref = k_linear_bf16_ref,
-    .from_f32 = bf16_from_f32,
+    .from_f32 = k_bf16_from_f32,
 };
 
 /* Each token row is a plain dot per output row, so multi-row logits on the

@@ -16,24 +16,16 @@
 
 #include "kernels/cpu/kernels.h"
 
-static size_t bf16_bytes(size_t rows, size_t cols) { return rows * cols * sizeof(kipp_bf16); }
-
-static void bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
-{
-    kipp_bf16 *o = out;
-    for (size_t i = 0; i < rows * cols; i++) o[i] = kipp_f32_to_bf16(w[i]);
-}
-
 const k_fmt_info k_fmt_info_bf16dot = {
     .name = "bf16dot",
     .gguf_type = 30, /* the bf16 file type, read another way: k_fmt_from_gguf returns bf16 */
     .row_align = 16,
     .col_align = 32,
-    .file_bytes = bf16_bytes,
-    .packed_bytes = bf16_bytes,
+    .file_bytes = k_bf16_bytes, /* the bf16 format's layout sizes and converter (ref_bf16.c) */
+    .packed_bytes = k_bf16_bytes,
     .act = K_ACT_BF16,
     .linear_ref = k_linear_bf16_ref, /* FP32 activations: matmul_f32 rows measure the rounding */
-    .from_f32 = bf16_from_f32,
+    .from_f32 = k_bf16_from_f32,
 };
 
 /* vcvtneps2bf16 on one value: denormal -> signed zero, NaN -> quiet NaN, else RNE. */
