@@ -19,7 +19,7 @@ uint64_t kipp_prof_read_avx512(const void *p, size_t n);
  *   fma_avx2:   iters * 12 * 8 lanes * 2
  *   fma_avx512: iters * 30 * 16 lanes * 2
  *   bf16_avx512: iters * 30 * 16 lanes * 2 pairs * 2
- *   int8_avx512: iters * 30 * 16 lanes * 4 byte products * 2 (ops, as FLOPs count) */
+ *   int8_avx512: iters * 16 chains * 16 lanes * 4 byte products * 2 (ops, as FLOPs count) */
 float kipp_prof_fma_avx2(long iters, float seed);
 float kipp_prof_fma_avx512(long iters, float seed);
 float kipp_prof_bf16_avx512(long iters, float seed);
@@ -28,6 +28,6 @@ float kipp_prof_int8_avx512(long iters, float seed);
 #define KIPP_PROF_FMA_AVX2_FLOPS (12.0 * 8 * 2)
 #define KIPP_PROF_FMA_AVX512_FLOPS (30.0 * 16 * 2)
 #define KIPP_PROF_BF16_AVX512_FLOPS (30.0 * 16 * 2 * 2)
-#define KIPP_PROF_INT8_AVX512_OPS (30.0 * 16 * 4 * 2)
+#define KIPP_PROF_INT8_AVX512_OPS (16.0 * 16 * 4 * 2)
 
 #endif
