@@ -59,10 +59,13 @@ void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n)
 }
 
 /* ---- decode: y = W x, DRAM-bound ----
- * DV_NP panels walked together so DV_NP chains hide the dot latency; each
- * panel is its own prefetched stream (every 64-byte line prefetched, as the
- * bf16 matvec: linear_simd.h MV_PF). */
-#define DV_NP 8
+ * DV_NP panels walked together, each its own prefetched stream (every 64-byte
+ * line prefetched, as the bf16 matvec: linear_simd.h MV_PF). One panel: its
+ * single chain per row lane takes ~6 cycles per 64-byte line (~40 GB/s a
+ * core, above a core's DRAM share), and 8 panels at once (8 streams a thread)
+ * measured 5-15% slower on Zen 4 (kcheck matvec bf16dot 3072x1024 x64, four
+ * interleaved pairs). */
+#define DV_NP 1
 #define DV_PF 1024u /* bf16 elements ahead: 2 KB per stream */
 
 static inline __attribute__((always_inline)) void
