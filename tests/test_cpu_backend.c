@@ -369,6 +369,11 @@ static void test_bf16_act_modes(void)
             if (rc) {
                 const char *why = i == 4 ? "expected f32, mixed or bf16" : "needs the avx512_bf16 kernel level";
                 CHECK(strstr(err, why) && strstr(err, vals[i]), "KIPP_BF16_ACT=%s: error '%s'", shown, err);
+                if (i != 4) { /* names the level and that KIPP_ISA chose it */
+                    char lvl[64];
+                    snprintf(lvl, sizeof lvl, "runs %s (KIPP_ISA=%s)", kipp_isa_name((kipp_isa)isa), kipp_isa_name((kipp_isa)isa));
+                    CHECK(strstr(err, lvl) != NULL, "KIPP_BF16_ACT=%s at %s: error '%s' lacks '%s'", shown, kipp_isa_name((kipp_isa)isa), err, lvl);
+                }
                 continue;
             }
             char out[4096];

@@ -50,10 +50,15 @@ static int choose_bf16_read(cpu_model *m, char *err, size_t errlen)
         for (pick = 2; pick >= 0 && strcmp(e, bf16_modes[pick].name); pick--) {}
         if (pick < 0)
             return kipp_err(err, errlen, KIPP_EINVAL, "KIPP_BF16_ACT=%s is not a bf16 activation mode; expected f32, mixed or bf16", e);
-        if (pick > 0 && !native)
+        if (pick > 0 && !native) {
+            const char *forced = getenv("KIPP_ISA");
+            char why[240];
+            if (forced && *forced) snprintf(why, sizeof why, "KIPP_ISA=%s", forced);
+            else snprintf(why, sizeof why, "%s", m->isa_note[0] ? m->isa_note : "the best level this CPU has");
             return kipp_err(err, errlen, KIPP_ENOTSUP,
                             "KIPP_BF16_ACT=%s needs the avx512_bf16 kernel level (vdpbf16ps); this model runs %s (%s)", e,
-                            m->k->isa, m->isa_note[0] ? m->isa_note : "the best level this CPU has");
+                            m->k->isa, why);
+        }
     }
     m->bf16_mode = bf16_modes[pick].name;
     memcpy(m->bf16_read, bf16_modes[pick].read, sizeof m->bf16_read);
