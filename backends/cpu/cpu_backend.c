@@ -126,7 +126,8 @@ static int alloc_scratch(cpu_model *m)
               alloc_f32(&m->qkv, R * m->QKV, &t) | alloc_f32(&m->att, R * A, &t) |
               alloc_f32(&m->tmp, R * D, &t) | alloc_f32(&m->gu, R * 2 * F, &t) | alloc_f32(&m->sw, R * F, &t) |
               alloc_f32(&m->head_tmp, (size_t)m->nth * R * KIPP_CPU_HEAD_BLOCK, &t) |
-              alloc_f32(&m->tile_buf, (size_t)m->nth * m->tile_q * (2 * KIPP_HEAD_DIM + 2), &t) |
+              alloc_f32(&m->tile_buf, (size_t)m->nth * m->tile_q * KIPP_CPU_TILE_STATE, &t) |
+              alloc_f32(&m->att1, R * A, &t) | alloc_f32(&m->lane_ml, R * K_ATTN_LANES * 2 * d->n_q_head, &t) |
               alloc_f32(&m->rope, (size_t)d->context_length * KIPP_HEAD_DIM, &t);
     m->row_item = malloc(R * sizeof *m->row_item);
     m->row_pos = malloc(R * sizeof *m->row_pos);
@@ -348,7 +349,7 @@ static void cpu_model_destroy(void *bm)
     if (!m) return;
     kipp_cpu_pool_destroy(m->pool);
     kipp_kv_store_free(&m->slab);
-    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->rope};
+    float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->att1, m->lane_ml, m->rope};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
     kipp_aligned_free(m->xa);
     free(m->packed);
@@ -543,8 +544,8 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
     PUT(" (format/activations)\n");
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
-        "k_flash_gqa_bf16 in %u-token query tiles (prefill), k_flash_rows_bf16 over KV-head ranges (decode), "
-        "one walk per query in %u-position chunks either way\n", m->tile_tokens, K_ATTN_CHUNK);
+        "k_flash_gqa_bf16 in %u-token query tiles (prefill), k_flash_rows_bf16 per page of each lane (decode), "
+        "two walks per query (even and odd pages, merged) in %u-position chunks either way\n", m->tile_tokens, K_ATTN_CHUNK);
     PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend; "
         "the file pages it replaces are released after packing)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);

@@ -36,8 +36,10 @@
  * chunk loaded from memory serves all of them for the shared causal prefix
  * (the kernel keeps 8 in registers per pass while the chunk stays in L1).
  * 64 vectors (32 tokens at group 2) cut the prefix re-reads of a 4k prefill
- * 8-fold against 8; the tile state is 66 KB per worker. */
+ * 8-fold against 8; the tile state (both lanes) is 99 KB per worker. */
 #define KIPP_CPU_ATTN_TILE_QUERIES 64u
+/** Floats of tile state per query vector: q [128], then per lane m, l and acc [128]. */
+#define KIPP_CPU_TILE_STATE (KIPP_HEAD_DIM + K_ATTN_LANES * (KIPP_HEAD_DIM + 2))
 
 /** A backend session: paged KV storage (seed 000 "KV cache"), its own or the model's slab. */
 typedef struct {
@@ -90,7 +92,10 @@ typedef struct cpu_model {
     float *head_tmp;           /* [nth][R][KIPP_CPU_HEAD_BLOCK] f32 scatter staging */
     uint32_t tile_tokens;      /* tokens per prefill query tile: max(1, TILE_QUERIES / group) */
     size_t tile_q;             /* query vectors per tile: tile_tokens * group */
-    float *tile_buf;           /* [nth][tile_q*(2*128 + 2)] f32 per-worker tile state: q, m and l, acc */
+    float *tile_buf;           /* [nth][tile_q*KIPP_CPU_TILE_STATE] f32 per-worker tile state: q, then per
+                                  lane m and l, acc */
+    float *att1;               /* [R][A] f32 decode rows' lane-1 accumulators (lane 0 walks in att) */
+    float *lane_ml;            /* [R][K_ATTN_LANES][2][n_q_head] f32 decode rows' m then l per lane */
     uint32_t *tile_r0;         /* [R] first round row of each query tile */
     uint32_t *tile_n;          /* [R] rows in each query tile */
     uint32_t *row_item;        /* [R] item index of each round row */

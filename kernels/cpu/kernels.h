@@ -56,10 +56,17 @@
  *   (group may be a whole query tile: tokens x heads); kc, vc: layer bases as
  *   kv_write; scale = 1/sqrt(128).
  * flash_rows_bf16: the walk of one token's query heads for KV heads
- *   [kvh0, kvh1): flash_gqa_bf16 per KV head, but page by page with all heads
- *   of the range together, so K and V rows are read contiguously. q:
- *   [8*group][128] f32 (group query heads per KV head, in order); m, l:
- *   [8*group], acc: [8*group][128] f32; only the range's heads are touched.
+ *   [kvh0, kvh1): flash_gqa_bf16 per KV head (bit for bit), but chunk by
+ *   chunk with all heads of the range together, positions outer, so the K and
+ *   V rows are read in address order. q: [8*group][128] f32 (group query
+ *   heads per KV head, in order); m, l: [8*group], acc: [8*group][128] f32;
+ *   only the range's heads are touched.
+ *
+ * Lanes: the backends split every query's walk over [0, pos] into
+ * K_ATTN_LANES walks, one per page parity (k_attn_lane), each from a fresh
+ * state, and fold them with k_attn_merge in lane order. Decode runs the two
+ * lanes on two workers, each reading whole pages; prefill tiles walk both
+ * lanes too, so a token's attention rounds the same in either (row invariance).
  */
 #define K_CPU_OP_LIST(X)                                                                          \
     X(rmsnorm_f32, (const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,         \
@@ -398,6 +405,32 @@ static inline void k_attn_init(size_t n, float *m, float *l, float *acc)
         l[i] = 0.0f;
     }
     for (size_t i = 0; i < n * KIPP_HEAD_DIM; i++) acc[i] = 0.0f;
+}
+
+/** Walks per query: one per page parity (kernels.h "Lanes"). */
+#define K_ATTN_LANES 2u
+
+/** The lane that walks position pos: the parity of its page. */
+static inline uint32_t k_attn_lane(uint32_t pos) { return (pos / KIPP_KV_BLOCK) % K_ATTN_LANES; }
+
+/**
+ * Folds a second walk's state (m1, l1, acc1; other positions of the same n
+ * query vectors) into (m, l, acc): the online-softmax merge (Milakov and
+ * Gimelshein 2018; Dao et al. 2022 section 3.1), in one fixed order, so every
+ * path that splits walks the same way rounds the same. An empty state
+ * (m = -inf) contributes exp(-inf) = 0; two empty states stay empty.
+ */
+static inline void k_attn_merge(size_t n, float *m, float *l, float *acc, const float *m1, const float *l1,
+                                const float *acc1)
+{
+    for (size_t g = 0; g < n; g++) {
+        float mx = m1[g] > m[g] ? m1[g] : m[g];
+        if (mx == -__builtin_inff()) continue;
+        float a = __builtin_expf(m[g] - mx), b = __builtin_expf(m1[g] - mx);
+        m[g] = mx;
+        l[g] = l[g] * a + l1[g] * b;
+        for (size_t i = g * KIPP_HEAD_DIM; i < (g + 1) * KIPP_HEAD_DIM; i++) acc[i] = acc[i] * a + acc1[i] * b;
+    }
 }
 
 /**

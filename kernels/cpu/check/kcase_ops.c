@@ -270,7 +270,7 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     s->acc = kc_rand_f32(units * H * KIPP_HEAD_DIM, 0, 0);
     s->mr = kc_rand_f32(H, 0, 0); s->lr = kc_rand_f32(H, 0, 0); s->accr = kc_rand_f32(H * KIPP_HEAD_DIM, 0, 0);
     if (!s->kc || !s->vc || !s->bt || !s->q || !s->m || !s->l || !s->acc || !s->mr || !s->lr || !s->accr) { fa_release(s); return NULL; }
-    k_attn_init(units * s->group, s->m, s->l, s->acc); /* the walks continue a state */
+    k_attn_init(units * H, s->m, s->l, s->acc); /* the walks continue a state: every slot fresh (flash_rows lanes use 2 per layer) */
     k_attn_init(H, s->mr, s->lr, s->accr);
     kipp_bf16 *kr = kc_rand_bf16(s->layer_elems, 1.0f), *vr = kc_rand_bf16(s->layer_elems, 1.0f);
     if (!kr || !vr) { kipp_aligned_free(kr); kipp_aligned_free(vr); fa_release(s); return NULL; }
@@ -303,20 +303,28 @@ static void fa_gqa_run(void *p, int ith, int nth)
     }
 }
 
-/* flash_rows: units (layer, half of the KV heads), as the backend's decode
- * on two workers. */
+/* The walk [p0, p1) of lane `lane` (its pages only) with flash_rows over
+ * every KV head, into the state at slot (m, l, acc) for all H query heads. */
+static void fa_rows_lane(const fa_state *s, size_t L, uint32_t lane, float *m, float *l, float *acc)
+{
+    for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK; a < s->p1; a += KIPP_KV_BLOCK) {
+        if (k_attn_lane(a) != lane) continue;
+        uint32_t lo = a > s->p0 ? a : s->p0, hi = a + KIPP_KV_BLOCK < s->p1 ? a + KIPP_KV_BLOCK : s->p1;
+        s->k->flash_rows_bf16(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, 0,
+                              KIPP_N_KV_HEAD, lo, hi, 1.0f / sqrtf((float)KIPP_HEAD_DIM), m, l, acc);
+    }
+}
+
+/* flash_rows: units (layer, lane), lanes dealt round-robin so two workers
+ * walk alternate pages of the same layer, as the backend's decode does. Lane
+ * i of layer L is state slot 2L + i. */
 static void fa_rows_run(void *p, int ith, int nth)
 {
     fa_state *s = p;
-    size_t H = KIPP_N_KV_HEAD * s->group, u0, u1;
-    k_split_rows(s->layers * 2, ith, nth, 1, &u0, &u1);
-    for (size_t u = u0; u < u1; u++) {
-        size_t L = u / 2;
-        uint32_t h0 = (uint32_t)(u % 2) * KIPP_N_KV_HEAD / 2;
-        s->k->flash_rows_bf16(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, h0,
-                              h0 + KIPP_N_KV_HEAD / 2, s->p0, s->p1, 1.0f / sqrtf((float)KIPP_HEAD_DIM),
-                              s->m + L * H, s->l + L * H, s->acc + L * H * KIPP_HEAD_DIM);
-    }
+    size_t H = KIPP_N_KV_HEAD * s->group;
+    for (size_t u = (size_t)ith; u < s->layers * K_ATTN_LANES; u += (size_t)nth)
+        fa_rows_lane(s, u / K_ATTN_LANES, (uint32_t)(u % K_ATTN_LANES), s->m + u * H, s->l + u * H,
+                     s->acc + u * H * KIPP_HEAD_DIM);
 }
 
 /* Worst of: NMSE of acc/l over all heads, and the softmax denominators l*e^m. */
@@ -378,6 +386,37 @@ static double fa_error(void *p)
     return e > inv ? e : inv;
 }
 
+/* flash_rows: the lanes of layer 0 merged (k_attn_merge) against the oracle,
+ * and bitwise against flash_gqa walking each head's lanes page by page and
+ * merging them the same way (1 if not). */
+static double fa_rows_error(void *p)
+{
+    fa_state *s = p;
+    const size_t H = KIPP_N_KV_HEAD * s->group, G = s->group, HD = KIPP_HEAD_DIM;
+    float *m = kc_rand_f32(2 * H, 0, 0), *l = kc_rand_f32(2 * H, 0, 0), *acc = kc_rand_f32(2 * H * HD, 0, 0);
+    if (!m || !l || !acc) { kipp_aligned_free(m); kipp_aligned_free(l); kipp_aligned_free(acc); return 1.0; }
+    memcpy(m, s->m, 2 * H * 4); memcpy(l, s->l, 2 * H * 4); memcpy(acc, s->acc, 2 * H * HD * 4);
+    k_attn_merge(H, m, l, acc, m + H, l + H, acc + H * HD);
+    double e = fa_compare(s, m, l, acc), inv = 0.0;
+    float *m2 = m + H, *l2 = l + H, *a2 = acc + H * HD; /* reused for the per-head walks */
+    float sc = 1.0f / sqrtf((float)HD), m3[64], l3[64], a3[64 * KIPP_HEAD_DIM];
+    for (uint32_t h = 0; h < KIPP_N_KV_HEAD && G <= 64; h++) {
+        k_attn_init(G, m2, l2, a2);
+        k_attn_init(G, m3, l3, a3);
+        for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK; a < s->p1; a += KIPP_KV_BLOCK) {
+            uint32_t lo = a > s->p0 ? a : s->p0, hi = a + KIPP_KV_BLOCK < s->p1 ? a + KIPP_KV_BLOCK : s->p1;
+            int odd = k_attn_lane(a) != 0;
+            s->k->flash_gqa_bf16(s->q + h * G * HD, G, s->kc, s->vc, h, s->bt, lo, hi, sc, odd ? m3 : m2,
+                                 odd ? l3 : l2, odd ? a3 : a2);
+        }
+        k_attn_merge(G, m2, l2, a2, m3, l3, a3);
+        if (memcmp(m2, m + h * G, G * 4) || memcmp(l2, l + h * G, G * 4) || memcmp(a2, acc + h * G * HD, G * HD * 4))
+            inv = 1.0;
+    }
+    kipp_aligned_free(m); kipp_aligned_free(l); kipp_aligned_free(acc);
+    return e > inv ? e : inv;
+}
+
 static double fa_bytes(const kcase *c)
 {
     return (double)(c->s[3] ? c->s[3] : 1) * (double)(c->s[2] - c->s[1]) * KV_ROW * 2 * 2;
@@ -396,4 +435,4 @@ const kcase_kind kcase_kind_add = {"add", "n", add_setup, add_run, ew_error, ew_
 const kcase_kind kcase_kind_embed = {"embed", "d vocab token", embed_setup, embed_run, ew_error, ew_release, ew_bytes, no_flops, "memory"};
 const kcase_kind kcase_kind_kv_write = {"kv_write", "n_blocks", kv_setup, kv_run, kv_error, kv_release, kv_bytes, no_flops, "memory"};
 const kcase_kind kcase_kind_flash_gqa = {"flash_gqa", "group p0 p1 layers(bench)", fa_setup, fa_gqa_run, fa_error, fa_release, fa_bytes, fa_flops, "memory"};
-const kcase_kind kcase_kind_flash_rows = {"flash_rows", "group p0 p1 layers(bench)", fa_setup, fa_rows_run, fa_error, fa_release, fa_bytes, fa_flops, "memory"};
+const kcase_kind kcase_kind_flash_rows = {"flash_rows", "group p0 p1 layers(bench)", fa_setup, fa_rows_run, fa_rows_error, fa_release, fa_bytes, fa_flops, "memory"};
