@@ -410,15 +410,18 @@ static inline void k_attn_init(size_t n, float *m, float *l, float *acc)
 /** Walks per query: one per page parity (kernels.h "Lanes"). */
 #define K_ATTN_LANES 2u
 
-/** The lane that walks position pos: the parity of its page. */
+/** The lane (0 or 1) that walks position pos: the parity of its 32-position page (pos >> 5). */
 static inline uint32_t k_attn_lane(uint32_t pos) { return (pos / KIPP_KV_BLOCK) % K_ATTN_LANES; }
 
 /**
  * Folds a second walk's state (m1, l1, acc1; other positions of the same n
  * query vectors) into (m, l, acc): the online-softmax merge (Milakov and
  * Gimelshein 2018; Dao et al. 2022 section 3.1), in one fixed order, so every
- * path that splits walks the same way rounds the same. An empty state
- * (m = -inf) contributes exp(-inf) = 0; two empty states stay empty.
+ * path that splits walks the same way rounds the same. m, l, m1, l1: [n] f32
+ * (running max of scaled scores, sum of exp(s - m)); acc, acc1: [n][128] f32
+ * unnormalized outputs. Caller-owned; the second state is only read. An empty
+ * state (m = -inf) contributes exp(-inf) = 0; two empty states stay empty.
+ * No error cases: any finite or empty states merge.
  */
 static inline void k_attn_merge(size_t n, float *m, float *l, float *acc, const float *m1, const float *l1,
                                 const float *acc1)

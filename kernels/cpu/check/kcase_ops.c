@@ -303,13 +303,20 @@ static void fa_gqa_run(void *p, int ith, int nth)
     }
 }
 
+/* Page a (a multiple of 32) cut to the case's [p0, p1). */
+static void fa_page(const fa_state *s, uint32_t a, uint32_t *lo, uint32_t *hi)
+{
+    *lo = a > s->p0 ? a : s->p0;
+    *hi = a + KIPP_KV_BLOCK < s->p1 ? a + KIPP_KV_BLOCK : s->p1;
+}
+
 /* The walk [p0, p1) of lane `lane` (its pages only) with flash_rows over
  * every KV head, into the state at slot (m, l, acc) for all H query heads. */
 static void fa_rows_lane(const fa_state *s, size_t L, uint32_t lane, float *m, float *l, float *acc)
 {
-    for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK; a < s->p1; a += KIPP_KV_BLOCK) {
+    for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK, lo, hi; a < s->p1; a += KIPP_KV_BLOCK) {
         if (k_attn_lane(a) != lane) continue;
-        uint32_t lo = a > s->p0 ? a : s->p0, hi = a + KIPP_KV_BLOCK < s->p1 ? a + KIPP_KV_BLOCK : s->p1;
+        fa_page(s, a, &lo, &hi);
         s->k->flash_rows_bf16(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, 0,
                               KIPP_N_KV_HEAD, lo, hi, 1.0f / sqrtf((float)KIPP_HEAD_DIM), m, l, acc);
     }
@@ -386,34 +393,42 @@ static double fa_error(void *p)
     return e > inv ? e : inv;
 }
 
-/* flash_rows: the lanes of layer 0 merged (k_attn_merge) against the oracle,
- * and bitwise against flash_gqa walking each head's lanes page by page and
- * merging them the same way (1 if not). */
+/* KV head h's lanes walked by flash_gqa page by page, from fresh states
+ * (lane i at m + i*G, l + i*G, acc + i*G*128), then merged into lane 0. */
+static void fa_gqa_lanes(const fa_state *s, uint32_t h, float *m, float *l, float *acc)
+{
+    const size_t G = s->group;
+    k_attn_init(K_ATTN_LANES * G, m, l, acc);
+    for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK, lo, hi; a < s->p1; a += KIPP_KV_BLOCK) {
+        size_t o = k_attn_lane(a) * G;
+        fa_page(s, a, &lo, &hi);
+        s->k->flash_gqa_bf16(s->q + h * G * KIPP_HEAD_DIM, G, s->kc, s->vc, h, s->bt, lo, hi,
+                             1.0f / sqrtf((float)KIPP_HEAD_DIM), m + o, l + o, acc + o * KIPP_HEAD_DIM);
+    }
+    k_attn_merge(G, m, l, acc, m + G, l + G, acc + G * KIPP_HEAD_DIM);
+}
+
+/* flash_rows: the lanes of layer 0 (slots 0 and 1) merged by k_attn_merge,
+ * against the oracle, and bitwise against fa_gqa_lanes per head (1 if not). */
 static double fa_rows_error(void *p)
 {
     fa_state *s = p;
-    const size_t H = KIPP_N_KV_HEAD * s->group, G = s->group, HD = KIPP_HEAD_DIM;
-    float *m = kc_rand_f32(2 * H, 0, 0), *l = kc_rand_f32(2 * H, 0, 0), *acc = kc_rand_f32(2 * H * HD, 0, 0);
-    if (!m || !l || !acc) { kipp_aligned_free(m); kipp_aligned_free(l); kipp_aligned_free(acc); return 1.0; }
-    memcpy(m, s->m, 2 * H * 4); memcpy(l, s->l, 2 * H * 4); memcpy(acc, s->acc, 2 * H * HD * 4);
-    k_attn_merge(H, m, l, acc, m + H, l + H, acc + H * HD);
-    double e = fa_compare(s, m, l, acc), inv = 0.0;
-    float *m2 = m + H, *l2 = l + H, *a2 = acc + H * HD; /* reused for the per-head walks */
-    float sc = 1.0f / sqrtf((float)HD), m3[64], l3[64], a3[64 * KIPP_HEAD_DIM];
-    for (uint32_t h = 0; h < KIPP_N_KV_HEAD && G <= 64; h++) {
-        k_attn_init(G, m2, l2, a2);
-        k_attn_init(G, m3, l3, a3);
-        for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK; a < s->p1; a += KIPP_KV_BLOCK) {
-            uint32_t lo = a > s->p0 ? a : s->p0, hi = a + KIPP_KV_BLOCK < s->p1 ? a + KIPP_KV_BLOCK : s->p1;
-            int odd = k_attn_lane(a) != 0;
-            s->k->flash_gqa_bf16(s->q + h * G * HD, G, s->kc, s->vc, h, s->bt, lo, hi, sc, odd ? m3 : m2,
-                                 odd ? l3 : l2, odd ? a3 : a2);
+    const size_t H = KIPP_N_KV_HEAD * s->group, G = s->group, HD = KIPP_HEAD_DIM, n = K_ATTN_LANES * H;
+    float *m = kc_rand_f32(n, 0, 0), *l = kc_rand_f32(n, 0, 0), *acc = kc_rand_f32(n * HD, 0, 0);
+    float *m2 = kc_rand_f32(n, 0, 0), *l2 = kc_rand_f32(n, 0, 0), *a2 = kc_rand_f32(n * HD, 0, 0);
+    double e = 1.0, inv = 0.0;
+    if (m && l && acc && m2 && l2 && a2) {
+        memcpy(m, s->m, n * 4); memcpy(l, s->l, n * 4); memcpy(acc, s->acc, n * HD * 4);
+        k_attn_merge(H, m, l, acc, m + H, l + H, acc + H * HD);
+        e = fa_compare(s, m, l, acc);
+        for (uint32_t h = 0; h < KIPP_N_KV_HEAD; h++) {
+            fa_gqa_lanes(s, h, m2, l2, a2);
+            if (memcmp(m2, m + h * G, G * 4) || memcmp(l2, l + h * G, G * 4) || memcmp(a2, acc + h * G * HD, G * HD * 4))
+                inv = 1.0;
         }
-        k_attn_merge(G, m2, l2, a2, m3, l3, a3);
-        if (memcmp(m2, m + h * G, G * 4) || memcmp(l2, l + h * G, G * 4) || memcmp(a2, acc + h * G * HD, G * HD * 4))
-            inv = 1.0;
     }
-    kipp_aligned_free(m); kipp_aligned_free(l); kipp_aligned_free(acc);
+    float *f[] = {m, l, acc, m2, l2, a2};
+    for (size_t i = 0; i < 6; i++) kipp_aligned_free(f[i]);
     return e > inv ? e : inv;
 }
 
