@@ -116,12 +116,13 @@ static void attend_tiles(cpu_round *r, uint32_t layer, int ith)
         tile_unit(r, layer, u / KIPP_N_KV_HEAD, u % KIPP_N_KV_HEAD, b);
 }
 
-/* Rounds of independent rows (decode): units (row, lane, range of KV heads),
- * the ranges as wide as the worker count allows, each walking its lane's
- * pages into lane_ml and att (lane 0) or att1; after a barrier, units (row,
- * range) merge the lanes and finish. */
 _Static_assert(K_ATTN_LANES == 2, "att and att1 hold the two lanes");
 
+/* Rounds of independent rows (decode): units (row, lane, range of KV heads),
+ * the ranges as wide as the worker count allows, each walking its lane's
+ * pages (lane, lane + 2, ...: the pages k_attn_lane gives it) into lane_ml
+ * and att (lane 0) or att1; after a barrier, units (row, range) merge the
+ * lanes and finish. */
 static void attend_rows(cpu_round *r, uint32_t layer, int ith, int nth)
 {
     cpu_model *m = r->m;
