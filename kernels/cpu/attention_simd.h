@@ -110,7 +110,7 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
     for (size_t j = n; j < CHUNK; j++) s[j] = -INFINITY;
     vf mx_v = vf_load(s);
     for (size_t j = KV_W; j < CHUNK; j += KV_W) mx_v = vf_max(mx_v, vf_load(s + j));
-    float mx = vf_hmax(mx_v) > *m ? vf_hmax(mx_v) : *m;
+    float cm = vf_hmax(mx_v), mx = cm > *m ? cm : *m;
     const vf vm = vf_set1(mx);
     float corr = expf(*m - mx); /* -inf - mx gives 0 */
     vf sum = vf_zero();
@@ -206,7 +206,8 @@ typedef struct {
     uint32_t kvh, pf, pf_end;
 } kv_view;
 
-static inline void prefetch_pos(const kv_view *v, uint32_t pos)
+/* always_inline: called, a function of prefetches alone is dropped (simd_<level>.h k_prefetch). */
+static AI void prefetch_pos(const kv_view *v, uint32_t pos)
 {
     size_t off = kv_off(v->bt, pos, v->kvh);
     for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
@@ -260,6 +261,168 @@ static void step_any(const float *q, size_t G, const kv_view *v, uint32_t p, uin
     }
 }
 
+/* ---- many query vectors of one KV head: GEMM-shaped chunks (prefill tiles) ---- */
+
+/* A prefill tile brings T * group query vectors to one KV head, so the
+ * chunk's K and V are widened to f32 once (K transposed: kt[d] holds dim d of
+ * the chunk's positions) and every query vector's scores come out as a vector
+ * over positions, with no horizontal sum per (position, query). Each score is
+ * still chunk_step's arithmetic bit for bit: vf_hsum's lane ell accumulates
+ * the dims b + 2 ell + {0, 1} (b = 0, KB, ...) in one FMA chain from zero, and
+ * its pairwise tree adds lane ell and ell + half for half = KV_W/2 ... 1; here
+ * each lane's chain runs over a vector of positions and the tree is vertical.
+ * The values keep values_pass's per-element order (acc * corr, then one FMA
+ * per position in order). So a token's attention does not depend on the size
+ * of the tile it is computed in (kernels.h "row invariance"). */
+#define TILE_MIN 16u /* query vectors from which the GEMM-shaped walk is used */
+#define TILE_Q 16u   /* query vectors per scores/softmax/values block */
+#define TS_QB 4u     /* query vectors per scores pass: each K^T load feeds 4 FMAs */
+#define TV_QB (KV_W == 16 ? 4u : 2u) /* query vectors per values pass (TV_QB x 4 accumulators) */
+
+typedef struct {
+    float kt[KIPP_HEAD_DIM][CHUNK]; /* K^T, f32; positions >= n are 0 */
+    float v[CHUNK][KIPP_HEAD_DIM];  /* V rows, f32 */
+    float s[TILE_Q][CHUNK];         /* scores, then softmax weights */
+    float corr[TILE_Q];
+} tile_chunk;
+
+/* Widen the chunk's n rows at off into t->kt (transposed) and t->v,
+ * prefetching the next chunk's rows [pf, pf + CHUNK) that lie before pf_end. */
+static void tile_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, tile_chunk *t)
+{
+    for (uint32_t j = 0; j < CHUNK; j++) {
+        if (pf + j < v->pf_end) prefetch_pos(v, pf + j);
+        if (j >= n) {
+            for (size_t d = 0; d < KIPP_HEAD_DIM; d++) t->kt[d][j] = 0.0f;
+            continue;
+        }
+        const kipp_bf16 *kr = v->kc + off + (size_t)j * KV_STRIDE, *vr = v->vc + off + (size_t)j * KV_STRIDE;
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d++) {
+            uint32_t u = (uint32_t)kr[d] << 16;
+            memcpy(&t->kt[d][j], &u, sizeof u);
+        }
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W) vf_store(t->v[j] + d, vf_widen(vr + d));
+    }
+}
+
+/* Lane ell of vf_hsum's input for QB query vectors at q (stride 128), over
+ * the position vector at column c of kt: the dims b + 2 ell + {0, 1}, one FMA
+ * chain from zero, as scores_step accumulates them. */
+static AI void lane_chain(const float *q, size_t QB, const float (*kt)[CHUNK], size_t c, size_t ln, vf *a)
+{
+#pragma GCC unroll 4
+    for (size_t i = 0; i < QB; i++) a[i] = vf_zero();
+#pragma GCC unroll 8
+    for (size_t b = 0; b < KIPP_HEAD_DIM; b += KB)
+#pragma GCC unroll 2
+        for (size_t o = 0; o < 2; o++) {
+            size_t d = b + 2 * ln + o;
+            vf k = vf_load(kt[d] + c);
+#pragma GCC unroll 4
+            for (size_t i = 0; i < QB; i++) a[i] = vf_fma(vf_bcast(q + i * KIPP_HEAD_DIM + d), k, a[i]);
+        }
+}
+
+/* Lane index of the k-th leaf in the order that evaluates vf_hsum's tree
+ * depth first: the bit reversal of k over log2(KV_W) bits. */
+static AI size_t leaf_lane(size_t k)
+{
+    size_t r = 0;
+    for (size_t w = 1; w < KV_W; w *= 2, k >>= 1) r = r * 2 + (k & 1);
+    return r;
+}
+
+/* s[i] = scale * q_i . k_j over the chunk's positions for QB query vectors
+ * at q (stride 128). The lanes are summed as vf_hsum's tree (lane ell + lane
+ * ell + w, w = KV_W/2 ... 1) evaluated depth first: leaves in leaf_lane
+ * order on a stack of partial sums, the top two added whenever the leaf count
+ * is even at that depth, so at most log2(KV_W) + 1 partials per query live. */
+static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], float scale, float (*s)[CHUNK])
+{
+    for (size_t c = 0; c < CHUNK; c += KV_W) {
+        vf st[TS_QB][6];
+        size_t sp = 0;
+#pragma GCC unroll 16
+        for (size_t k = 0; k < KV_W; k++) {
+            vf a[TS_QB];
+            lane_chain(q, QB, kt, c, leaf_lane(k), a);
+#pragma GCC unroll 4
+            for (size_t i = 0; i < QB; i++) st[i][sp] = a[i];
+            sp++;
+#pragma GCC unroll 4
+            for (size_t n = k + 1; n % 2 == 0; n /= 2, sp--)
+#pragma GCC unroll 4
+                for (size_t i = 0; i < QB; i++) st[i][sp - 2] = vf_add(st[i][sp - 2], st[i][sp - 1]);
+        }
+#pragma GCC unroll 4
+        for (size_t i = 0; i < QB; i++) vf_store(s[i] + c, vf_mul(st[i][0], vf_set1(scale)));
+    }
+}
+
+/* acc_i = acc_i * corr_i + sum_{j < n} e_i[j] * v_j for QB query vectors
+ * (acc stride 128), 4 vectors of the head at a time. */
+static AI void tile_values(float *acc, size_t QB, const float (*v)[KIPP_HEAD_DIM], uint32_t n,
+                           const float (*e)[CHUNK], const float *corr)
+{
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += 4 * KV_W) {
+        vf a[TV_QB][4];
+#pragma GCC unroll 4
+        for (size_t i = 0; i < QB; i++)
+#pragma GCC unroll 4
+            for (size_t t = 0; t < 4; t++)
+                a[i][t] = vf_mul(vf_load(acc + i * KIPP_HEAD_DIM + d + t * KV_W), vf_set1(corr[i]));
+        for (uint32_t j = 0; j < n; j++) {
+            vf vv[4];
+#pragma GCC unroll 4
+            for (size_t t = 0; t < 4; t++) vv[t] = vf_load(v[j] + d + t * KV_W);
+#pragma GCC unroll 4
+            for (size_t i = 0; i < QB; i++) {
+                vf eb = vf_bcast(&e[i][j]);
+#pragma GCC unroll 4
+                for (size_t t = 0; t < 4; t++) a[i][t] = vf_fma(eb, vv[t], a[i][t]);
+            }
+        }
+#pragma GCC unroll 4
+        for (size_t i = 0; i < QB; i++)
+#pragma GCC unroll 4
+            for (size_t t = 0; t < 4; t++) vf_store(acc + i * KIPP_HEAD_DIM + d + t * KV_W, a[i][t]);
+    }
+}
+
+/* One chunk [p, p + n) for the nq query vectors at q: blocks of TILE_Q. */
+static void tile_step(const float *q, size_t nq, tile_chunk *t, uint32_t n, float scale, float *m, float *l,
+                      float *acc)
+{
+    for (size_t i0 = 0; i0 < nq; i0 += TILE_Q) {
+        size_t nb = nq - i0 < TILE_Q ? nq - i0 : TILE_Q, i = 0;
+        const float *qb = q + i0 * KIPP_HEAD_DIM;
+        for (; i + TS_QB <= nb; i += TS_QB)
+            tile_scores(qb + i * KIPP_HEAD_DIM, TS_QB, (const float(*)[CHUNK])t->kt, scale, t->s + i);
+        for (; i < nb; i++) tile_scores(qb + i * KIPP_HEAD_DIM, 1, (const float(*)[CHUNK])t->kt, scale, t->s + i);
+        for (i = 0; i < nb; i++) t->corr[i] = chunk_softmax(t->s[i], n, &m[i0 + i], &l[i0 + i]);
+        float *ab = acc + i0 * KIPP_HEAD_DIM;
+        const float(*vv)[KIPP_HEAD_DIM] = (const float(*)[KIPP_HEAD_DIM])t->v;
+        const float(*e)[CHUNK] = (const float(*)[CHUNK])t->s;
+        for (i = 0; i + TV_QB <= nb; i += TV_QB)
+            tile_values(ab + i * KIPP_HEAD_DIM, TV_QB, vv, n, e + i, t->corr + i);
+        for (; i < nb; i++) tile_values(ab + i * KIPP_HEAD_DIM, 1, vv, n, e + i, t->corr + i);
+    }
+}
+
+/* k_flash_gqa_bf16 for nq >= TILE_MIN query vectors. */
+static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint32_t p1, float scale, float *m,
+                      float *l, float *acc)
+{
+    tile_chunk t;
+    for (uint32_t p = p0; p < p1 && p < p0 + CHUNK; p++) prefetch_pos(v, p);
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t n = chunk_len(p, p1);
+        tile_load(v, kv_off(v->bt, p, v->kvh), n, p + n, &t);
+        tile_step(q, nq, &t, n, scale, m, l, acc);
+        p += n;
+    }
+}
+
 /* Chunk-major: each chunk's K and V rows (16 x 256 B each) are loaded from
  * DRAM once and stay in L1 while every pass of GMAX query heads uses them, so
  * a prefill tile of many queries reads its prefix once (issue 16 item 4). The
@@ -269,6 +432,10 @@ void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, 
                              float scale, float *m, float *l, float *acc)
 {
     kv_view v = {kc, vc, block_table, kvh, 0, p1};
+    if (group >= TILE_MIN) {
+        tile_walk(q, group, &v, p0, p1, scale, m, l, acc);
+        return;
+    }
     for (uint32_t p = p0; p < p1 && p < p0 + PF_AHEAD; p++) prefetch_pos(&v, p);
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = chunk_len(p, p1);

@@ -59,14 +59,13 @@ void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n)
 }
 
 /* ---- decode: y = W x, DRAM-bound ----
- * DV_NP panels walked together, each its own prefetched stream (every 64-byte
- * line prefetched, as the bf16 matvec: linear_simd.h MV_PF). One panel: its
+ * DV_NP panels walked together, each its own stream, not software-prefetched
+ * (as the bf16 matvec: linear_simd.h says why). One panel: its
  * single chain per row lane takes ~6 cycles per 64-byte line (~40 GB/s a
  * core, above a core's DRAM share), and 8 panels at once (8 streams a thread)
  * measured 5-15% slower on Zen 4 (kcheck matvec bf16dot 3072x1024 x64, four
  * interleaved pairs). */
 #define DV_NP 1
-#define DV_PF 1024u /* bf16 elements ahead: 2 KB per stream */
 
 static inline __attribute__((always_inline)) void
 dv_panels(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, float *y, size_t cols, int NP)
@@ -75,9 +74,6 @@ dv_panels(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, float *y, size_t co
 #pragma GCC unroll 8
     for (int j = 0; j < NP; j++) a[j] = _mm512_setzero_ps();
     for (size_t c = 0; c < cols; c += 16, p += 256) { /* eight k-pairs = 512 B per panel per step */
-#pragma GCC unroll 8
-        for (int j = 0; j < NP; j++)
-            for (int q = 0; q < 8; q++) k_prefetch(p + (size_t)j * ps + DV_PF + 32 * q);
 #pragma GCC unroll 8
         for (int h = 0; h < 8; h++)
 #pragma GCC unroll 8

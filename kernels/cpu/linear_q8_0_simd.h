@@ -22,7 +22,7 @@
 #endif
 
 #define Q8_RV (16 / KV_W) /* row vectors per 16-row panel: 2 on AVX2, 1 on AVX-512 */
-#define Q8_PF 2048u       /* decode prefetch distance in bytes (as linear_simd.h's MV_PF) */
+#define Q8_PF 2048u       /* decode prefetch distance in bytes */
 #define Q8_TT (KV_W == 8 ? 4 : 8) /* prefill tokens per tile */
 
 /* iacc[v] = the exact int32 dots of one panel block (pb) with one activation block's q. */

@@ -38,7 +38,10 @@ static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 /** a * b + c, one rounding. */
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vi vi_load(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-static inline void k_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
+/* A macro, not a static inline function: GCC 12 found such a wrapper free of
+ * side effects and dropped its calls, so no prefetch reached the binary. A
+ * caller that wraps it must be always_inline for the same reason. */
+#define k_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 static inline float vf_hsum(vf v)
 {

@@ -97,8 +97,21 @@ static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 /** a * b + c, one rounding. */
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vi vi_load(const void *p) { return _mm512_loadu_si512(p); }
-static inline void k_prefetch(const void *p) { _mm_prefetch((const char *)p, _MM_HINT_T0); }
-static inline float vf_hsum(vf v) { return _mm512_reduce_add_ps(v); }
+/* A macro, not a static inline function: GCC 12 found such a wrapper free of
+ * side effects and dropped its calls, so no prefetch reached the binary. A
+ * caller that wraps it must be always_inline for the same reason. */
+#define k_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+/** Sum of the lanes by a pairwise tree (lane i + lane i + w for w = 8, 4, 2,
+ * 1), spelled out so every compiler rounds alike: attention_simd.h's tile
+ * walk reproduces this tree with vertical adds. */
+static inline float vf_hsum(vf v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 static inline float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
 
 static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }

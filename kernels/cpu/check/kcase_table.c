@@ -142,7 +142,7 @@ const kcase kcase_rows[] = {
     {"add", -1, {512 * 1024, 0, 0, 0}, EXACT, 2, 1},
     {"embed", -1, {2563, 50, 37, 0}, EXACT, 1, 0},
     {"kv_write", -1, {4, 0, 0, 0}, EXACT, 2, 0},
-    /* attention over scrambled pages: groups 2/4/8 (1.7B/0.6B/4B... shapes), 5 and 16 for the passes */
+    /* attention over scrambled pages: groups 2/4/8 (1.7B/0.6B/4B... shapes), 5 and 16 for the passes, 16+ the tile walk */
     {"flash_gqa", -1, {2, 0, 1, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {2, 0, 45, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {2, 4095, 4096, 0}, ORDER, 2, 0},
@@ -150,8 +150,12 @@ const kcase kcase_rows[] = {
     {"flash_gqa", -1, {5, 37, 300, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {8, 31, 33, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {16, 0, 384, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {37, 5, 200, 0}, ORDER, 2, 0},  /* tile walk: odd block tails, unaligned start */
+    {"flash_gqa", -1, {128, 0, 96, 0}, ORDER, 2, 0},  /* a 64-token prefill tile of group 2 */
     {"flash_gqa", -1, {2, 0, 4096, 8}, ORDER, 2, 1},  /* bench: 8 layers of a 4k KV = 256 MiB */
     {"flash_gqa", -1, {4, 0, 4096, 8}, ORDER, 2, 1},
+    {"flash_gqa", -1, {16, 0, 4096, 1}, ORDER, 2, 1},
+    {"flash_gqa", -1, {128, 0, 4096, 1}, ORDER, 2, 1}, /* bench: a prefill tile's prefix walk (compute-bound) */
     {"flash_rows", -1, {2, 0, 1, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {2, 3, 100, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {4, 37, 300, 0}, ORDER, 1, 0},
