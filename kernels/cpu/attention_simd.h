@@ -286,23 +286,25 @@ typedef struct {
     float corr[TILE_Q];
 } tile_chunk;
 
-/* Widen the chunk's n rows at off into t->kt (transposed) and t->v,
- * prefetching the next chunk's rows [pf, pf + CHUNK) that lie before pf_end. */
+/* Widen the chunk's n rows at off into t->kt (transposed by KV_W x KV_W
+ * blocks: vf_transpose) and t->v, prefetching the next chunk's rows [pf, pf +
+ * CHUNK) that lie before pf_end. */
 static void tile_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, tile_chunk *t)
 {
-    for (uint32_t j = 0; j < CHUNK; j++) {
-        if (pf + j < v->pf_end) prefetch_pos(v, pf + j);
-        if (j >= n) {
-            for (size_t d = 0; d < KIPP_HEAD_DIM; d++) t->kt[d][j] = 0.0f;
-            continue;
+    for (uint32_t j = 0; j < CHUNK && pf + j < v->pf_end; j++) prefetch_pos(v, pf + j);
+    for (uint32_t j0 = 0; j0 < CHUNK; j0 += KV_W)
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W) {
+            vf r[KV_W];
+#pragma GCC unroll 16
+            for (uint32_t j = 0; j < KV_W; j++)
+                r[j] = j0 + j < n ? vf_widen(v->kc + off + (size_t)(j0 + j) * KV_STRIDE + d) : vf_zero();
+            vf_transpose(r);
+#pragma GCC unroll 16
+            for (uint32_t c = 0; c < KV_W; c++) vf_store(t->kt[d + c] + j0, r[c]);
         }
-        const kipp_bf16 *kr = v->kc + off + (size_t)j * KV_STRIDE, *vr = v->vc + off + (size_t)j * KV_STRIDE;
-        for (size_t d = 0; d < KIPP_HEAD_DIM; d++) {
-            uint32_t u = (uint32_t)kr[d] << 16;
-            memcpy(&t->kt[d][j], &u, sizeof u);
-        }
-        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W) vf_store(t->v[j] + d, vf_widen(vr + d));
-    }
+    for (uint32_t j = 0; j < n; j++)
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W)
+            vf_store(t->v[j] + d, vf_widen(v->vc + off + (size_t)j * KV_STRIDE + d));
 }
 
 /* Lane ell of vf_hsum's input for QB query vectors at q (stride 128), over

@@ -115,6 +115,25 @@ static inline void vf_inter(vf e, vf o, vf *a, vf *b)
 /** vf_odd by two shifts, for tiles with no register left for the mask. */
 static inline vf vf_odd_shift(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
 
+/** In-place transpose of the KV_W x KV_W block whose rows are r[0..KV_W):
+ * 4x4 transposes inside the 128-bit lanes, then the lanes swapped. */
+static inline void vf_transpose(vf r[KV_W])
+{
+    for (int g = 0; g < KV_W; g += 4) {
+        vf t0 = _mm256_unpacklo_ps(r[g], r[g + 1]), t1 = _mm256_unpackhi_ps(r[g], r[g + 1]);
+        vf t2 = _mm256_unpacklo_ps(r[g + 2], r[g + 3]), t3 = _mm256_unpackhi_ps(r[g + 2], r[g + 3]);
+        r[g] = _mm256_shuffle_ps(t0, t2, 0x44);
+        r[g + 1] = _mm256_shuffle_ps(t0, t2, 0xee);
+        r[g + 2] = _mm256_shuffle_ps(t1, t3, 0x44);
+        r[g + 3] = _mm256_shuffle_ps(t1, t3, 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        vf a = r[i], b = r[4 + i];
+        r[i] = _mm256_permute2f128_ps(a, b, 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(a, b, 0x31);
+    }
+}
+
 /* ---- int8 dot (q8 formats): 32-bit lane j sums 4 adjacent int8 products ---- */
 static inline vi vi_zero(void) { return _mm256_setzero_si256(); }
 /** The 4 bytes at p in every 32-bit lane. */

@@ -69,6 +69,7 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
 #define _mm512_cvtepi32_epi16 kemu_cvtepi32_epi16
 #define _mm512_reduce_add_ps kemu_reduce_add_ps
 #define _mm512_reduce_max_ps kemu_reduce_max_ps
+#define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4 /* defined, not aliased, in 0.7.4 */
 /* SIMDe 0.7.4 aliases _mm512_madd_epi16 to the 4-argument mask form. */
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16 simde_mm512_madd_epi16
@@ -154,6 +155,28 @@ static inline void vf_deint(vf a, vf b, vf *e, vf *o)
     const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     *e = _mm512_permutex2var_ps(a, ie, b);
     *o = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
+}
+/** In-place transpose of the KV_W x KV_W block whose rows are r[0..KV_W):
+ * 4x4 transposes inside the 128-bit lanes, then the 4x4 grid of lanes
+ * (row 4g + i's lane k is output row 4k + i's lane g). */
+static inline void vf_transpose(vf r[KV_W])
+{
+    for (int g = 0; g < KV_W; g += 4) {
+        vf t0 = _mm512_unpacklo_ps(r[g], r[g + 1]), t1 = _mm512_unpackhi_ps(r[g], r[g + 1]);
+        vf t2 = _mm512_unpacklo_ps(r[g + 2], r[g + 3]), t3 = _mm512_unpackhi_ps(r[g + 2], r[g + 3]);
+        r[g] = _mm512_shuffle_ps(t0, t2, 0x44);
+        r[g + 1] = _mm512_shuffle_ps(t0, t2, 0xee);
+        r[g + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+        r[g + 3] = _mm512_shuffle_ps(t1, t3, 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        vf u0 = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x44), u1 = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xee);
+        vf u2 = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x44), u3 = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xee);
+        r[i] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+        r[4 + i] = _mm512_shuffle_f32x4(u0, u2, 0xdd);
+        r[8 + i] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(u1, u3, 0xdd);
+    }
 }
 /** Inverse of vf_deint. */
 static inline void vf_inter(vf e, vf o, vf *a, vf *b)
