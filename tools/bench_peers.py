@@ -14,6 +14,8 @@ machine, interleaved, so every claim is a ratio from one run.
    rewritten for llama.cpp by tools/peer_gguf.py (same tensor bytes).
 3. Rounds: kipp-bench and llama-bench alternate (A B, then B A, ...) with one
    repetition each per round, so drift and neighbours' load hit both alike.
+   Both warm up alike in every round: one untimed run before pp512 and tg128
+   (llama-bench's default), none before tg4k and pp4096.
 4. results/<YYYYMMDD>-<host>-peers-<sha>.json (kipp.bench.v1, kind "peers"):
    per (model, bench) Kipp's and llama.cpp's median/min/max tok/s and the
    ratio Kipp / llama.cpp, with the CPU model and ISA flags.
@@ -116,15 +118,24 @@ def peer_model(kipp_gguf: Path) -> Path:
     return dst
 
 
-def kipp_round(model: Path, benches: list[str], threads: int, warm: bool) -> dict[str, float]:
-    """One repetition of each bench by kipp-bench; tok/s per bench."""
-    with tempfile.TemporaryDirectory() as tmp:
-        run([str(ROOT / "build/kipp-bench"), "--model", str(model), "--bench", ",".join(benches),
-             "--reps", "1", "--warmup", "1" if warm else "0", "--threads", str(threads),
-             "--profiles", str(ROOT / "profiles"), "--out", tmp], stdout=subprocess.DEVNULL)
-        (f,) = glob.glob(os.path.join(tmp, "*.json"))
-        doc = json.load(open(f))
-    return {r["name"]: float(r["median"]) for r in doc["results"]}
+def kipp_round(model: Path, benches: list[str], threads: int) -> dict[str, float]:
+    """One repetition of each bench by kipp-bench; tok/s per bench. Warm-up as
+    llama_round's llama-bench: one run before pp512/tg128, none before the
+    long rows (each of those fills a 4,096-token cache first anyway)."""
+    got: dict[str, float] = {}
+    short = [b for b in benches if b not in LONG_BENCH]
+    long = [b for b in benches if b in LONG_BENCH]
+    for group, warm in ((short, "1"), (long, "0")):
+        if not group:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            run([str(ROOT / "build/kipp-bench"), "--model", str(model), "--bench", ",".join(group),
+                 "--reps", "1", "--warmup", warm, "--threads", str(threads),
+                 "--profiles", str(ROOT / "profiles"), "--out", tmp], stdout=subprocess.DEVNULL)
+            (f,) = glob.glob(os.path.join(tmp, "*.json"))
+            doc = json.load(open(f))
+        got.update({r["name"]: float(r["median"]) for r in doc["results"]})
+    return got
 
 
 def llama_round(bindir: Path, model: Path, benches: list[str], threads: int) -> dict[str, float]:
@@ -238,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.rounds):
             order = ("kipp", "llama") if r % 2 == 0 else ("llama", "kipp")
             for who in order:
-                got = kipp_round(kg, benches, threads, r == 0) if who == "kipp" else llama_round(bindir, pg, benches, threads)
+                got = kipp_round(kg, benches, threads) if who == "kipp" else llama_round(bindir, pg, benches, threads)
                 for b in benches:
                     (ks if who == "kipp" else ls)[b].append(got[b])
             log(f"{mid} round {r + 1}/{a.rounds}: " + ", ".join(

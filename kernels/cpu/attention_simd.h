@@ -2,9 +2,10 @@
  * attention_simd.h - flash GQA attention walks over the paged BF16 KV
  * (kernels.h; Dao et al. 2022 online softmax), written once over
  * simd_<level>.h and compiled per level by attention_<level>.c: the chunk
- * arithmetic, the walks over the pages (chunk-major and prefetching for many
- * query vectors of one KV head; position-major, in address order, over a
- * range of KV heads for decode) and the constant-group dispatch.
+ * arithmetic, the walks over the pages (chunk-major and prefetching for the
+ * query vectors of one KV head, GEMM-shaped from TILE_MIN vectors on, as a
+ * prefill tile brings; position-major, in address order, over a range of KV
+ * heads for decode) and the constant-group dispatch.
  *
  * Positions are taken in aligned chunks: [16c, 16c + 16) cut to [p0, p1)
  * (K_ATTN_CHUNK). The kernels continue the state they are given, so a walk
