@@ -193,10 +193,11 @@ static AI void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t
  * stream prefetchers, so the kernel prefetches itself: a chunk step of
  * positions [p, p + n) prefetches the same head's rows at [pf, pf + n), one
  * position's K and V rows (8 lines) per position it scores, so the requests
- * trickle out while it computes. A burst of a chunk's 128 lines at the
- * start of each chunk filled the miss buffers and load queue and stalled on
- * them, then left memory idle during the compute (profile: most samples on
- * the K/V loads). */
+ * trickle out while it computes. (The burst this replaced was judged by a
+ * profile taken while k_prefetch compiled to nothing, so the trickle order
+ * is unmeasured as such; live, these prefetches took kcheck flash_gqa groups
+ * 2-4 over 4k from 5-9 to 8-11 GB/s on a Zen 4. The tile walk, with far more
+ * compute per chunk, prefetches the next chunk in one burst.) */
 #define PF_AHEAD 32u
 
 /* One KV head's rows of a layer's paged cache, and the positions [pf, pf_end)
@@ -427,9 +428,11 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
 }
 
 /* Chunk-major: each chunk's K and V rows (16 x 256 B each) are loaded from
- * DRAM once and stay in L1 while every pass of GMAX query heads uses them, so
- * a prefill tile of many queries reads its prefix once (issue 16 item 4). The
- * first pass over a chunk prefetches the rows PF_AHEAD positions on. */
+ * DRAM once and used by every query vector, so a prefill tile of many
+ * queries reads its prefix once (issue 16 item 4). From TILE_MIN vectors on
+ * the tile walk takes the chunk (tile_walk); below, passes of GMAX vectors
+ * share it in L1 and the first pass prefetches the rows PF_AHEAD positions
+ * on. Both give every vector the same bits (tile walk comment). */
 void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                              uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
                              float scale, float *m, float *l, float *acc)

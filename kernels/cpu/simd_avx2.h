@@ -43,6 +43,8 @@ static inline vi vi_load(const void *p) { return _mm256_loadu_si256((const __m25
  * caller that wraps it must be always_inline for the same reason. */
 #define k_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
+/** Sum of the lanes by a pairwise tree (lane i + lane i + w for w = 4, 2, 1):
+ * attention_simd.h's tile walk reproduces this tree with vertical adds. */
 static inline float vf_hsum(vf v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -69,7 +69,9 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
 #define _mm512_cvtepi32_epi16 kemu_cvtepi32_epi16
 #define _mm512_reduce_add_ps kemu_reduce_add_ps
 #define _mm512_reduce_max_ps kemu_reduce_max_ps
-#define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4 /* defined, not aliased, in 0.7.4 */
+#ifndef _mm512_shuffle_f32x4 /* defined, not aliased, in 0.7.4 */
+#define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4
+#endif
 /* SIMDe 0.7.4 aliases _mm512_madd_epi16 to the 4-argument mask form. */
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16 simde_mm512_madd_epi16

@@ -142,13 +142,14 @@ const kcase kcase_rows[] = {
     {"add", -1, {512 * 1024, 0, 0, 0}, EXACT, 2, 1},
     {"embed", -1, {2563, 50, 37, 0}, EXACT, 1, 0},
     {"kv_write", -1, {4, 0, 0, 0}, EXACT, 2, 0},
-    /* attention over scrambled pages: groups 2/4/8 (1.7B/0.6B/4B... shapes), 5 and 16 for the passes, 16+ the tile walk */
+    /* attention over scrambled pages: groups 2/4/8 (1.7B/0.6B/4B... shapes), 5 and 12 for the passes, 16+ the tile walk (TILE_MIN) */
     {"flash_gqa", -1, {2, 0, 1, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {2, 0, 45, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {2, 4095, 4096, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {4, 3, 100, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {5, 37, 300, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {8, 31, 33, 0}, ORDER, 2, 0},
+    {"flash_gqa", -1, {12, 5, 200, 0}, ORDER, 2, 0},  /* two GMAX passes of the chunk walk */
     {"flash_gqa", -1, {16, 0, 384, 0}, ORDER, 2, 0},
     {"flash_gqa", -1, {37, 5, 200, 0}, ORDER, 2, 0},  /* tile walk: odd block tails, unaligned start */
     {"flash_gqa", -1, {128, 0, 96, 0}, ORDER, 2, 0},  /* a 64-token prefill tile of group 2 */
