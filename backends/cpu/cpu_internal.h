@@ -34,7 +34,7 @@
 /* Prefill attention runs query tiles: consecutive tokens of one item whose
  * query heads of a KV head together fill this many query vectors, so each K/V
  * chunk loaded from memory serves all of them for the shared causal prefix
- * (the kernel keeps 8 in registers per pass while the chunk stays in L1).
+ * (the kernel widens each chunk once into an L1 buffer for all of them).
  * 64 vectors (32 tokens at group 2) cut the prefix re-reads of a 4k prefill
  * 8-fold against 8; the tile state (both lanes) is 99 KB per worker. */
 #define KIPP_CPU_ATTN_TILE_QUERIES 64u

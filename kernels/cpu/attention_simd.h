@@ -281,11 +281,14 @@ static void step_any(const float *q, size_t G, const kv_view *v, uint32_t p, uin
 #define TS_QB 4u     /* query vectors per scores pass: each K^T load feeds 4 FMAs */
 #define TV_QB (KV_W == 16 ? 4u : 2u) /* query vectors per values pass (TV_QB x 4 accumulators) */
 
+/* One chunk's working set for the tile walk, on tile_walk's stack (18 KB,
+ * L1-resident while every block of query vectors uses it): K^T and V widened
+ * by tile_load, and one TILE_Q block's scores and correction factors. */
 typedef struct {
     float kt[KIPP_HEAD_DIM][CHUNK]; /* K^T, f32; positions >= n are 0 */
     float v[CHUNK][KIPP_HEAD_DIM];  /* V rows, f32 */
     float s[TILE_Q][CHUNK];         /* scores, then softmax weights */
-    float corr[TILE_Q];
+    float corr[TILE_Q];             /* exp(m_old - m_new) per query vector of the block */
 } tile_chunk;
 
 /* Widen the chunk's n rows at off into t->kt (transposed by KV_W x KV_W
@@ -418,7 +421,7 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
                       float *l, float *acc)
 {
     tile_chunk t;
-    for (uint32_t p = p0; p < p1 && p < p0 + CHUNK; p++) prefetch_pos(v, p);
+    for (uint32_t p = p0; p < p0 + chunk_len(p0, p1); p++) prefetch_pos(v, p); /* tile_load prefetches the rest */
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = chunk_len(p, p1);
         tile_load(v, kv_off(v->bt, p, v->kvh), n, p + n, &t);

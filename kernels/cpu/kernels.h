@@ -52,7 +52,9 @@
  *   running max of scaled scores, l[g] = sum exp(s - m[g]), acc[g][128] = sum
  *   exp(s - m[g]) * v; the output is acc / l. Positions are taken in aligned
  *   chunks of K_ATTN_CHUNK, so walks split at multiples of K_ATTN_CHUNK give
- *   the bitwise result of one walk (row invariance). q: [group][128] f32
+ *   the bitwise result of one walk (row invariance), and a vector's result does
+ *   not depend on group (the backends walk a tile's vectors together and a
+ *   decode row's alone). q: [group][128] f32
  *   (group may be a whole query tile: tokens x heads); kc, vc: layer bases as
  *   kv_write; scale = 1/sqrt(128).
  * flash_rows_bf16: the walk of one token's query heads for KV heads
