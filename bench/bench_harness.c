@@ -8,6 +8,7 @@
 #include "backends/cpu/cpu_threadpool.h"
 #include "kernels/common.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <hwloc.h>
 #include <math.h>
@@ -208,7 +209,8 @@ const char *kipp_host_name(void)
 const char *kipp_profile_key(void)
 {
     static char key[160];
-    if (!key[0]) snprintf(key, sizeof key, "%s-%s", kipp_host_name(), kipp_isa_name(kipp_isa_cpu_max()));
+    if (!key[0])
+        snprintf(key, sizeof key, "%s-%s-%s", kipp_host_name(), kipp_isa_name(kipp_isa_cpu_max()), kipp_cpu_id());
     return key;
 }
 
@@ -231,22 +233,49 @@ static double json_num(json_t *o, const char *a, const char *b)
 }
 
 static char cpu_model_buf[256];
+static char cpu_id_buf[64];
 static pthread_once_t cpu_model_once = PTHREAD_ONCE_INIT;
 
+/* The value after "key<spaces>:" of a /proc/cpuinfo line, or NULL when the
+ * line is another key ("model" must not match "model name"). */
+static const char *cpuinfo_value(const char *line, const char *key)
+{
+    size_t n = strlen(key);
+    if (strncmp(line, key, n)) return NULL;
+    const char *v = line + n;
+    while (*v == ' ' || *v == '\t') v++;
+    if (*v != ':') return NULL;
+    for (v++; *v == ' ' || *v == '\t'; v++) {}
+    return v;
+}
+
+/* The first processor's "model name", and "vendor_id", "cpu family" and
+ * "model" as "<vendor>-f<family>m<model>" (x86 Linux; the model name alone
+ * reads "AMD EPYC" on both the Zen 4 and the Zen 5 machines here). */
 static void read_cpu_model(void)
 {
     FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
+    char line[512], vendor[32] = "", family[16] = "", model[16] = "";
+    const char *v;
     while (f && fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10)) continue;
-        const char *v = strchr(line, ':');
-        if (!v) break;
-        for (v++; *v == ' ' || *v == '\t'; v++) {}
-        snprintf(cpu_model_buf, sizeof cpu_model_buf, "%s", v);
-        cpu_model_buf[strcspn(cpu_model_buf, "\n")] = '\0';
-        break;
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0]) break; /* end of the first processor's block */
+        if ((v = cpuinfo_value(line, "model name"))) snprintf(cpu_model_buf, sizeof cpu_model_buf, "%s", v);
+        else if ((v = cpuinfo_value(line, "vendor_id"))) snprintf(vendor, sizeof vendor, "%s", v);
+        else if ((v = cpuinfo_value(line, "cpu family"))) snprintf(family, sizeof family, "%s", v);
+        else if ((v = cpuinfo_value(line, "model"))) snprintf(model, sizeof model, "%s", v);
     }
     if (f) fclose(f);
+    const char *ven = !strcmp(vendor, "AuthenticAMD") ? "amd" : !strcmp(vendor, "GenuineIntel") ? "intel" : "cpu";
+    if (family[0] && model[0]) snprintf(cpu_id_buf, sizeof cpu_id_buf, "%s-f%sm%s", ven, family, model);
+    for (char *c = cpu_id_buf; *c; c++) /* keep file names plain */
+        if (!isalnum((unsigned char)*c) && *c != '-') *c = '_';
+}
+
+const char *kipp_cpu_id(void)
+{
+    pthread_once(&cpu_model_once, read_cpu_model);
+    return cpu_id_buf[0] ? cpu_id_buf : "cpu-unknown";
 }
 
 const char *kipp_cpu_model(void)
@@ -258,7 +287,8 @@ const char *kipp_cpu_model(void)
 json_t *kipp_cpu_json(void)
 {
     const kipp_cpu_features *f = kipp_cpu_get();
-    return json_pack("{s:s, s:b, s:b, s:b, s:b, s:s}", "model", kipp_cpu_model(), "avx2", f->avx2, "avx512",
+    return json_pack("{s:s, s:s, s:b, s:b, s:b, s:b, s:s}", "model", kipp_cpu_model(), "cpu_id", kipp_cpu_id(),
+                     "avx2", f->avx2, "avx512",
                      f->avx512, "avx512_bf16", f->avx512_bf16, "avx512_vnni", f->avx512_vnni, "best_level",
                      kipp_isa_name(kipp_isa_cpu_max()));
 }
@@ -274,16 +304,17 @@ int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen
                 p->path, je.text);
         return -1;
     }
-    /* profiles are keyed by hostname and ISA level, which two CPUs can
-     * still share (two AVX2 models): a profile of another CPU would give wrong
-     * roofline shares */
+    /* the key holds the CPU's family and model, but a profile copied or
+     * renamed by hand would still give another CPU's roofline shares */
     json_t *cpu = json_object_get(root, "cpu");
     const char *pm = json_string_value(json_object_get(cpu, "model"));
     const char *pl = json_string_value(json_object_get(cpu, "best_level"));
+    const char *pi = json_string_value(json_object_get(cpu, "cpu_id"));
     const char *here = kipp_isa_name(kipp_isa_cpu_max());
-    if (!pm || !pl || strcmp(pm, kipp_cpu_model()) != 0 || strcmp(pl, here) != 0) {
-        set_err(err, errlen, "profile %s was measured on CPU '%s' (%s), this is '%s' (%s); run `make profile` first",
-                p->path, pm ? pm : "(not recorded)", pl ? pl : "?", kipp_cpu_model(), here);
+    if (!pm || !pl || !pi || strcmp(pm, kipp_cpu_model()) || strcmp(pl, here) || strcmp(pi, kipp_cpu_id())) {
+        set_err(err, errlen, "profile %s was measured on CPU '%s' %s (%s), this is '%s' %s (%s); run `make profile` first",
+                p->path, pm ? pm : "(not recorded)", pi ? pi : "(no cpu_id)", pl ? pl : "?", kipp_cpu_model(),
+                kipp_cpu_id(), here);
         json_decref(root);
         return -1;
     }
@@ -350,7 +381,8 @@ int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_
         set_err(err, errlen, "cannot create results directory %s: %s", dir, strerror(errno));
         return -1;
     }
-    snprintf(path_out, path_len, "%s/%s-%s-%s-%s.json", dir, day, kipp_host_name(), tag, kipp_git_sha());
+    snprintf(path_out, path_len, "%s/%s-%s-%s-%s-%s.json", dir, day, kipp_host_name(), kipp_cpu_id(), tag,
+             kipp_git_sha());
     return kipp_json_write_file(doc, path_out, JSON_INDENT(1) | JSON_REAL_PRECISION(6), NULL, 0, err, errlen);
 }
 

@@ -66,7 +66,7 @@ int kipp_papi_available(const char **why);
 
 /** What the roofline needs from profiles/<host>-<level>.json (bench/README.md). */
 typedef struct {
-    char path[512];            /* "profiles/<host>-<level>.json" (kipp_profile_key) */
+    char path[512];            /* "profiles/<host>-<level>-<cpu id>.json" (kipp_profile_key) */
     int loaded;                /* 0 when the file is missing or unreadable */
     double read_gbps_1t;       /* streaming DRAM read, one core, GB/s (1e9 B/s) */
     double read_gbps_all;      /* all physical cores */
@@ -80,9 +80,11 @@ const char *kipp_host_name(void);
 
 /**
  * Name of this machine's profile file without ".json": "<host>-<best ISA
- * level>", e.g. "vm-avx512_bf16". Every machine here is called "vm" while
- * their CPUs differ (AVX2 EPYC, Skylake-SP, Zen 4/5), so the host alone would
- * let one CPU's profile overwrite another's (issue 16 item 1). Static storage.
+ * level>-<cpu id>", e.g. "vm-avx512_bf16-amd-f26m2". Every machine here is
+ * called "vm" while their CPUs differ (AVX2 EPYC, Skylake-SP, Zen 4, Zen 5),
+ * and Zen 4 and Zen 5 share both the model name "AMD EPYC" and the ISA level,
+ * so anything less would let one CPU's profile overwrite another's (issue 16
+ * item 1). Static storage.
  */
 const char *kipp_profile_key(void);
 
@@ -90,10 +92,19 @@ const char *kipp_profile_key(void);
  * here are all `vm` while the CPUs differ, so results and profiles carry this. */
 const char *kipp_cpu_model(void);
 
-/** {"model", "avx2", "avx512", "avx512_bf16", "avx512_vnni", "best_level"}: new reference. */
+/** "<vendor>-f<cpu family>m<model>" of /proc/cpuinfo's first processor, e.g.
+ * "amd-f26m2" (Zen 5), "amd-f25m17" (Zen 4), "intel-f6m85" (Skylake-SP);
+ * "cpu-unknown" when those lines are missing (non-x86). Decimal, as
+ * /proc/cpuinfo prints them; cached, static storage. Tags profile and result
+ * file names (kipp_profile_key, kipp_result_write). */
+const char *kipp_cpu_id(void);
+
+/** {"model", "cpu_id", "avx2", "avx512", "avx512_bf16", "avx512_vnni", "best_level"}: new reference. */
 json_t *kipp_cpu_json(void);
 
-/** Read profiles/<host>.json below dir (usually "profiles"); p->loaded says if found. */
+/** Read <kipp_profile_key()>.json below dir (usually "profiles"); p->loaded says if
+ * found. -1 with err when it is missing, unreadable, or records another CPU
+ * (model name, cpu_id or ISA level differ). */
 int kipp_profile_load(kipp_profile *p, const char *dir, char *err, size_t errlen);
 
 /* ---- results ---- */
@@ -118,7 +129,8 @@ json_t *kipp_result_add(json_t *doc, const char *name, const kipp_bench_stats *s
                         double flops, const char *bound, double roof_rate);
 
 /**
- * Write doc to dir/<YYYYMMDD>-<host>-<tag>-<sha>.json (dir created if needed);
+ * Write doc to dir/<YYYYMMDD>-<host>-<cpu id>-<tag>-<sha>.json (dir created if
+ * needed; the cpu id keeps two CPUs' runs of one commit apart);
  * path_out gets the file name. 0 or -1 with err.
  */
 int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_out,

@@ -590,8 +590,8 @@ static int same_key(json_t *a, json_t *b)
     return na && nb && ma && mb && !strcmp(na, nb) && !strcmp(ma, mb);
 }
 
-/* Write doc as <out>/<date>-<host>-<backend>-<sha>.json, keeping the results
- * of an earlier run of the same day/host/backend/commit that this run did not
+/* Write doc as <out>/<date>-<host>-<cpu id>-<backend>-<sha>.json, keeping the results
+ * of an earlier run of the same day/host/CPU/backend/commit that this run did not
  * repeat. The harness names the file (written first under <out>/tmp). */
 static int write_merged(json_t *doc, const options *o, char *err, size_t errlen)
 {

@@ -29,7 +29,7 @@
  * A backend whose verification rows differ from its decode rows (cpu until
  * issue 16 item 6) can part from the plain text at a near-tie; then the runs
  * are timed in pattern mode (recorded_pattern), recorded as such in the JSON.
- * Results: <out>/<YYYYMMDD>-<host>-spec-<sha>.json (kipp.bench.v1, kind "spec").
+ * Results: <out>/<YYYYMMDD>-<host>-<cpu id>-spec-<sha>.json (kipp.bench.v1, kind "spec").
  */
 #include <stdio.h>
 #include <stdlib.h>

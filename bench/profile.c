@@ -1,6 +1,6 @@
 /*
  * profile.c - `make profile`: measure this machine once and write
- * profiles/<host>-<level>.json (issue 5, item 4; schema kipp.profile.v1 in
+ * profiles/<host>-<level>-<cpu id>.json (issue 5, item 4; schema kipp.profile.v1 in
  * bench/README.md). Every benchmark result cites this file and takes its
  * roofline (read bandwidth, FP32 / BF16 peaks) from it.
  *
@@ -155,14 +155,15 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kipp_profile [--out DIR] [--buffer-mib N]\n"
-                   "       kipp_profile --key\n"
-                   "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>-<level>.json "
+                   "       kipp_profile --key | --cpu-id\n"
+                   "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>-<level>-<cpu id>.json "
                    "(default profiles/; level = the best ISA level of this CPU)\n"
-                   "  --key prints <host>-<level>, the profile's file name without .json, and exits\n");
+                   "  --key prints <host>-<level>-<cpu id>, the profile's file name without .json, and exits\n"
+                   "  --cpu-id prints <vendor>-f<family>m<model> of /proc/cpuinfo (e.g. amd-f26m2) and exits\n");
             return 0;
         }
-        if (!strcmp(argv[i], "--key")) {
-            printf("%s\n", kipp_profile_key());
+        if (!strcmp(argv[i], "--key") || !strcmp(argv[i], "--cpu-id")) {
+            printf("%s\n", !strcmp(argv[i], "--key") ? kipp_profile_key() : kipp_cpu_id());
             return 0;
         }
         if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];

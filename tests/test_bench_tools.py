@@ -107,3 +107,59 @@ def test_peer_gguf_keeps_the_weights(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, str(ROOT / "tools/peer_gguf.py"), "--in", str(out), "--out", str(out)],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "is the input file" in p.stderr
+
+
+def test_cpu_id_tells_cpus_with_one_model_name_apart(tmp_path: Path) -> None:
+    """tools/machine.py's cpu id reads vendor, family and model of the first
+    processor ("model name" must not be taken for "model"): Zen 4 and Zen 5 both
+    say "AMD EPYC" and share the ISA level, so only the id keeps their files apart."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import machine
+    zen5 = tmp_path / "zen5"
+    zen5.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                    "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nmodel\t\t: 99\n")
+    skx = tmp_path / "skx"
+    skx.write_text("processor : 0\nvendor_id : GenuineIntel\nmodel name : Intel Xeon\ncpu family : 6\nmodel : 85\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n")
+    assert machine.cpu_id(machine._first_processor(str(zen5))) == "amd-f26m2"
+    assert machine.cpu_id(machine._first_processor(str(skx))) == "intel-f6m85"
+    assert machine.cpu_id(machine._first_processor(str(arm))) == "cpu-unknown"
+    assert machine.cpu_id(machine._first_processor(str(tmp_path / "missing"))) == "cpu-unknown"
+
+
+def test_cpu_id_matches_the_c_harness() -> None:
+    """The Python tools and the C harness (kipp_cpu_id) name one CPU alike, so a
+    peers file and a model file of one run carry the same id; the profile key ends in it."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import machine
+    prof = ROOT / "build" / "bin" / "kipp_profile"
+    c_id = subprocess.run([str(prof), "--cpu-id"], capture_output=True, text=True, check=True).stdout.strip()
+    key = subprocess.run([str(prof), "--key"], capture_output=True, text=True, check=True).stdout.strip()
+    assert c_id == machine.cpu_id()
+    assert key.endswith("-" + c_id)
+
+
+def test_bench_refuses_a_profile_of_another_cpu(tmp_path: Path) -> None:
+    """A profile under this machine's key that records another CPU id (a Zen 4
+    profile on a Zen 5: same host, model name and level) gives no roofline shares."""
+    prof = ROOT / "build" / "bin" / "kipp_profile"
+    key = subprocess.run([str(prof), "--key"], capture_output=True, text=True, check=True).stdout.strip()
+    c_id = subprocess.run([str(prof), "--cpu-id"], capture_output=True, text=True, check=True).stdout.strip()
+    level = key[len(key.split("-")[0]) + 1:-(len(c_id) + 1)]
+    model = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'tools'); import machine;"
+                            "print(machine.cpu_facts()['model'])"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    other = "amd-f1m1" if c_id != "amd-f1m1" else "amd-f2m2"
+    doc = {"schema": "kipp.profile.v1", "cpu": {"model": model, "cpu_id": other, "best_level": level},
+           "bandwidth": {"read_gbps_all": 50.0}, "peaks": {"fp32_fma_gflops_all": 100.0}}
+    (tmp_path / f"{key}.json").write_text(json.dumps(doc))
+    p = subprocess.run([str(ROOT / "build" / "kipp-bench"), "--model", str(tmp_path / "none.gguf"), "--profiles",
+                        str(tmp_path), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert p.returncode != 0
+    assert f"was measured on CPU '{model}' {other} ({level}), this is '{model}' {c_id} ({level})" in p.stderr
+    doc["cpu"]["cpu_id"] = c_id  # the same profile with this CPU's id is taken
+    (tmp_path / f"{key}.json").write_text(json.dumps(doc))
+    p = subprocess.run([str(ROOT / "build" / "kipp-bench"), "--model", str(tmp_path / "none.gguf"), "--profiles",
+                        str(tmp_path), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert "read 50.0 GB/s" in p.stdout and "was measured on CPU" not in p.stderr

@@ -11,9 +11,9 @@ the real Qwen3 shapes with deterministic random weights) it:
   2. runs build/kipp-bench on it (pp512, tg128, tg4k, pp4096; warm-up + N reps) in its
      own process, so one model's memory is released before the next loads.
 Before the first model it re-measures the machine profile (build/bin/kipp_profile
--> profiles/<host>-<level>.json) so the roofline shares compare rates measured in the
+-> profiles/<host>-<level>-<cpu id>.json) so the roofline shares compare rates measured in the
 same run, as the issue asks; --reuse-profile keeps an existing one.
-kipp-bench writes results/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,
+kipp-bench writes results/<YYYYMMDD>-<host>-<cpu id>-<backend>-<sha>.json (kipp.bench.v1,
 bench/README.md), replacing earlier results of the same (bench, model) in that
 file. Models run smallest first: the 4B shape needs ~8 GB for the packed
 weights plus the page cache of its 8 GB file, so it runs last and alone, and is
@@ -57,7 +57,7 @@ def load_avg() -> str:
 
 
 def profile_key() -> str | None:
-    """The machine profile's file name without .json: "<host>-<best ISA level>"
+    """The machine profile's file name without .json: "<host>-<best ISA level>-<cpu id>"
     (build/bin/kipp_profile --key), since every machine here is called "vm"
     while their CPUs differ. None when that binary is missing or fails."""
     try:
@@ -69,7 +69,7 @@ def profile_key() -> str | None:
 
 
 def profile_rel() -> str | None:
-    """What a result cites as its profile: `profiles/<host>-<level>.json` when that
+    """What a result cites as its profile: `profiles/<host>-<level>-<cpu id>.json` when that
     file exists, else None (the result then cites none rather than another CPU's)."""
     key = profile_key()
     return f"profiles/{key}.json" if key and (ROOT / "profiles" / f"{key}.json").exists() else None
@@ -77,7 +77,7 @@ def profile_rel() -> str | None:
 
 def rel(c: object) -> str:
     """Paths inside the repository become relative to it (commands run there), so
-    results cite `profiles/<host>-<level>.json` rather than one machine's absolute path."""
+    results cite `profiles/<host>-<level>-<cpu id>.json` rather than one machine's absolute path."""
     if isinstance(c, Path) and c.is_absolute():
         try:
             return str(c.relative_to(ROOT))
@@ -126,7 +126,7 @@ def main() -> int:
     ap.add_argument("--models-dir", type=Path, default=ROOT / "models")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--profiles", type=Path, default=ROOT / "profiles")
-    ap.add_argument("--reuse-profile", action="store_true", help="keep an existing profiles/<host>-<level>.json")
+    ap.add_argument("--reuse-profile", action="store_true", help="keep an existing profiles/<host>-<level>-<cpu id>.json")
     ap.add_argument("--keep-hf", action="store_true", help="keep the Hugging Face directory after conversion")
     args = ap.parse_args()
 

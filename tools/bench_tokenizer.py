@@ -9,7 +9,7 @@
 3. Runs HF tokenizers on the same text in this process with
    RAYON_NUM_THREADS=1 (single thread), same warm-up and reps.
 4. Checks the two id sequences are identical and writes
-   results/<YYYYMMDD>-<host>-tokenizer-<gitsha>.json (schema kipp.bench.v1).
+   results/<YYYYMMDD>-<host>-<cpu id>-tokenizer-<gitsha>.json (schema kipp.bench.v1).
    Extra kipp-only rows time the worst single-line shapes at 10 MB.
 
 Usage: tools/bench_tokenizer.py [--reps 5] [--warmup 1] [--mib 10] [--no-longlines]
@@ -35,6 +35,7 @@ from tokenizers import Tokenizer  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import bench_models  # noqa: E402  (profile_rel)
+import machine  # noqa: E402  (cpu_facts, host_tag)
 
 
 def byte_decoder():
@@ -173,14 +174,15 @@ def main():
                          text=True).stdout.strip() or "unknown"
     now = datetime.datetime.now(datetime.timezone.utc)
     out = {"schema": "kipp.bench.v1", "kind": "tokenizer", "git_sha": sha,
-           "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host, "profile": bench_models.profile_rel(),
+           "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host, "cpu": machine.cpu_facts(),
+           "profile": bench_models.profile_rel(),
            "config": {"corpus": os.path.relpath(corpus, ROOT), "corpus_bytes": len(text.encode()),
                       "corpus_seed": 20240601, "reps": args.reps, "warmup": args.warmup, "threads": 1,
                       "special": True, "ids_identical": match,
                       "speedup_vs_hf": round(k["mb_s_median"] / h["mb_s_median"], 3)},
            "results": results}
     os.makedirs(os.path.join(ROOT, "results"), exist_ok=True)
-    path = os.path.join(ROOT, "results", f"{now:%Y%m%d}-{host}-tokenizer-{sha}.json")
+    path = os.path.join(ROOT, "results", f"{now:%Y%m%d}-{machine.host_tag()}-tokenizer-{sha}.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")

@@ -6,7 +6,7 @@ results/ is skipped with a note. Two panels:
   * left: model throughput (tok/s, median with min-max bars) per benchmark
     (pp512, tg128, tg4k), model and format, over commits in date order;
   * right: a roofline of the kernels from the newest kernel results: the
-    machine profile's read bandwidth and compute peaks (profiles/<host>-<level>.json,
+    machine profile's read bandwidth and compute peaks (profiles/<host>-<level>-<cpu id>.json,
     cited by each result document) as ceilings, each kernel at its arithmetic
     intensity (FLOP / byte) and achieved GFLOP/s; the newest model results are
     added as hollow markers so the forward pass sits on the same chart.
@@ -193,15 +193,20 @@ ROOF_NAMES = {"fp32_gflops_all": "FP32 FMA peak", "bf16_gflops_all": "BF16 dot p
 
 
 def cpu_of(d: dict) -> str:
-    """A result document's CPU as "model (best ISA level)": every host here is "vm", and the
-    model name alone does not tell the AVX2 EPYC from a Zen 4 one."""
+    """A result document's CPU as "model cpu_id (best ISA level)": every host here is "vm",
+    the model name alone does not tell the AVX2 EPYC from a Zen 4 one, and the Zen 4 and
+    Zen 5 share both name and level (tools/machine.py); documents from before the cpu_id
+    was recorded show the name and level only."""
     c = d.get("cpu") or {}
+    if isinstance(c, str):  # serve documents keep the model name in config.cpu
+        c = {"model": c}
     f = set(c.get("flags") or ())  # peers documents list the CPU's flags instead of booleans
     level = c.get("best_level") or (
         "avx512_bf16" if c.get("avx512_bf16") or "avx512_bf16" in f else
         "avx512" if c.get("avx512") or {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= f else
         "avx2" if c.get("avx2") or "avx2" in f else "")
-    return f"{c.get('model', '?')} ({level})" if level else c.get("model", "?")
+    name = " ".join(x for x in (c.get("model", "?"), c.get("cpu_id")) if x)
+    return f"{name} ({level})" if level else name
 
 
 def fmt_share(r: dict) -> str:

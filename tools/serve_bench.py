@@ -2,7 +2,7 @@
 """serve_bench.py - `make bench-serve`: kipp-serve throughput and latency with
 1, 4, 8 and 16 concurrent streams of a ~110-token prompt and 64 generated
 tokens each (EOS suppressed with logit_bias so every stream runs to 64),
-loopback only. Writes results/<YYYYMMDD>-<host>-serve-<sha>.json
+loopback only. Writes results/<YYYYMMDD>-<host>-<cpu id>-serve-<sha>.json
 (kipp.bench.v1, kind "serve"): aggregate tok/s, TTFT p50/p99 and ITL p50/p99
 per concurrency level, median/min/max over --reps rounds.
 
@@ -24,7 +24,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 from serve_harness import Server  # noqa: E402
 import bench_models  # noqa: E402  (profile_rel)
+import machine  # noqa: E402  (cpu_facts, host_tag)
 
 PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 11  # ~110 tokens
 NO_EOS = {"151643": -100, "151645": -100}
@@ -247,20 +247,6 @@ def git_sha() -> str:
     return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-def cpu_facts() -> tuple[str, list[str]]:
-    model, flags = platform.processor(), []
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = [f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "fma", "f16c"))]
-                break
-    except OSError:
-        pass
-    return model, flags
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="synthetic-0.6b", help="synthetic registry id (models/<id>.gguf)")
@@ -310,17 +296,17 @@ def main() -> int:
         else:
             print("serve_bench.py: no llama-server/model under build/peers (make bench-peers): prefix rows without the peer")
     host = os.uname().nodename
-    cpu, flags = cpu_facts()
+    cpu = machine.cpu_facts()
     sha = git_sha()
     doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
            "profile": bench_models.profile_rel(),
-           "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu, "isa_flags": flags, "server": "kipp-serve",
+           "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu["model"], "cpu_id": cpu["cpu_id"], "isa_flags": cpu["flags"], "server": "kipp-serve",
                       "peers": peers,
                       "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
            "results": results}
     args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{host}-serve-{sha}.json"
+    path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{machine.host_tag()}-serve-{sha}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"serve_bench.py: wrote {path}")
     return 0

@@ -1,7 +1,7 @@
 /*
  * kcheck.c - one driver for the kernel case table (kcase.h): checks every
  * row on every level (or one op, format or level), or times the bench rows on
- * the backend's thread pool and writes results/<date>-<host>-kernels-<sha>.json.
+ * the backend's thread pool and writes results/<date>-<host>-<cpu id>-kernels-<sha>.json.
  *
  *   kcheck [--op OP] [--fmt FMT] [--isa LEVEL] [--list]
  *   kcheck --bench [--op OP] [--fmt FMT] [--isa LEVEL] [--threads N] [--reps N] [--out DIR]
