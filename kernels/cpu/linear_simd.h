@@ -23,10 +23,17 @@
  * Row invariance (kernels.h): every row lane runs ONE FMA chain, k-pair by
  * k-pair in column order, even element then odd, from zero: exactly the chain
  * of the prefill tile below, so a token's projection is bitwise the same in
- * decode and in prefill. A single chain per row is latency-bound, so MV_NP
- * panels are walked together (MV_NP * MV_NV independent chains, each panel its
- * own stream): at 2 FMAs per 64 bytes per chain that still outruns
- * one core's DRAM share. */
+ * decode and in prefill. How many panels are walked together (MV_NP, each
+ * panel its own stream, MV_NP * MV_NV independent chains) leaves every chain
+ * as it is; it trades latency hiding against DRAM streams per thread.
+ *
+ * AVX-512 walks one panel (K_MV_PANELS 1): a single chain of 2 FMAs per
+ * 64 bytes still outruns a core's DRAM share, and one stream per thread reads
+ * faster than eight. On the Zen 5 (kcheck matvec bf16 3072x1024 x64, three
+ * interleaved rounds of 21 reps) 8 panels read 32.4-35.0 GB/s, 4 panels
+ * 35.9-38.9, 2 panels 33.0-40.7 and 1 panel 38.7-48.0, as the bf16dot matvec's
+ * one-panel walk (37.5-45.7). AVX2 keeps 4 panels (8 chains of ymm):
+ * unmeasured on the AVX2 EPYC since. */
 
 /* No software prefetch: the panels are sequential streams the hardware
  * prefetchers follow. A prefetch of every 64-byte line 2 KB ahead was in this
@@ -34,8 +41,8 @@
  * k_prefetch wrapper, since fixed to a macro); made live it measured slower on
  * Zen 4: kcheck matvec bf16 3072x1024 x64 17.7-21.0 GB/s against 24.4-32.0
  * without, three interleaved pairs. */
-#define MV_NV (16 / KV_W)        /* vectors per 16-row panel line (k-pair) */
-#define MV_NP (8 / MV_NV)        /* panels walked together: 8 chains in all */
+#define MV_NV (16 / KV_W)  /* vectors per 16-row panel line (k-pair) */
+#define MV_NP K_MV_PANELS  /* panels walked together */
 
 /* NP panels starting at p (panel stride ps elements) into y[0, 16*NP). */
 static inline __attribute__((always_inline)) void

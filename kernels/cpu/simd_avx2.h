@@ -21,6 +21,7 @@
 #define K_SFX(name) name##_avx2
 #define K_LEVEL_NAME "avx2"
 #define K_MM_TT 6 /* prefill tile tokens: 2 x 6 accumulators + 2 weights + 1 broadcast of 16 ymm */
+#define K_MV_PANELS 4 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 
 typedef __m256 vf;
 typedef __m256i vi;

@@ -83,6 +83,7 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
 #define K_SFX(name) name##_avx512
 #define K_LEVEL_NAME "avx512"
 #define K_MM_TT 12 /* prefill tile tokens: 2 x 12 accumulators + 2 weights + 1 broadcast of 32 zmm */
+#define K_MV_PANELS 1 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 
 typedef __m512 vf;
 typedef __m512i vi;
