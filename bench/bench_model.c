@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kernels/cpu/kernels.h"
 #include "bench/bench_harness.h"
@@ -209,7 +210,50 @@ typedef struct {
     double context;         /* mean attended positions */
     int compute_bound;
     double target;
+    double read_before, read_after; /* decode: read GB/s probed just before and after the row; 0 = no probe */
 } bench_meta;
+
+/* All-core read GB/s measured now by `kipp_profile --read-bw` (next to this
+ * binary: build/kipp-bench -> build/bin/kipp_profile), or 0 with a note when
+ * it cannot run. A separate process, so its 256 MiB buffer stays out of this
+ * run's peak RSS; the pool's workers are parked meanwhile. This VM's memory
+ * speed drifts by 2x within minutes (issue 16), so a decode row's read share
+ * is taken against probes that bracket it rather than the profile alone. */
+static double read_probe(void)
+{
+    char self[1024], cmd[1200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    char *slash = n > 0 ? (self[n] = '\0', strrchr(self, '/')) : NULL;
+    if (!slash || strchr(self, '\'')) {
+        fprintf(stderr, "kipp-bench: cannot locate bin/kipp_profile beside this binary; decode shares use the profile\n");
+        return 0;
+    }
+    *slash = '\0';
+    snprintf(cmd, sizeof cmd, "'%s/bin/kipp_profile' --read-bw --buffer-mib 256 2>&1", self);
+    FILE *f = popen(cmd, "r");
+    char line[256] = "";
+    double gbps = 0;
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "read_gbps_all %lf", &gbps) == 1) break;
+        while (fgets(line + 128, 128, f)) {} /* drain */
+        if (pclose(f) != 0) gbps = 0;
+    }
+    if (gbps <= 0)
+        fprintf(stderr, "kipp-bench: %s/bin/kipp_profile --read-bw failed (%s); decode shares use the profile\n", self,
+                line[0] ? strtok(line, "\n") : "no output");
+    return gbps;
+}
+
+/* A decode row: measure() bracketed by two read probes (bm->read_before/after). */
+static int measure_decode(const bench_case *bc, const options *o, bench_meta *bm, kipp_bench_stats *st, char *err,
+                          size_t errlen)
+{
+    bm->read_before = read_probe();
+    int rc = measure(bc, o->warmup, o->reps, st, err, errlen);
+    bm->read_after = rc ? 0 : read_probe();
+    return rc;
+}
 
 /* How a model's bf16 projections ran (bf16_act_of). */
 typedef struct {
@@ -250,10 +294,21 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     const char *roof_key = bm->compute_bound ? (dot ? "bf16_gflops_all" : "fp32_gflops_all") : "read_gbps_all";
     /* All cores can read at least as fast as one; an all-core figure below
      * the one-core figure means the profile run was disturbed (shared
-     * machine), so the read roofline is the larger of the two. */
+     * machine), so the profile's read roofline is the larger of the two. */
     double read_roof = prof->read_gbps_all > prof->read_gbps_1t ? prof->read_gbps_all : prof->read_gbps_1t;
-    double roof = !prof->loaded ? 0 : bm->compute_bound ? (dot ? prof->bf16_gflops_all : prof->fp32_gflops_all) : read_roof;
     if (!bm->compute_bound && prof->read_gbps_all < prof->read_gbps_1t) roof_key = "read_gbps_1t";
+    double roof = !prof->loaded ? 0 : bm->compute_bound ? (dot ? prof->bf16_gflops_all : prof->fp32_gflops_all) : read_roof;
+    /* Decode: the faster of the two probes that bracket the row is "the read
+     * bandwidth measured in the same run" (issue 16 item 2); the profile's
+     * share is kept beside it. */
+    double adjacent = bm->read_before > bm->read_after ? bm->read_before : bm->read_after;
+    if (!bm->compute_bound && adjacent > 0) {
+        json_object_set_new(r, "read_gbps_before", json_real(bm->read_before));
+        json_object_set_new(r, "read_gbps_after", json_real(bm->read_after));
+        json_object_set_new(r, "profile_read_share", read_roof > 0 ? json_real(gbps / read_roof) : json_null());
+        roof = adjacent;
+        roof_key = "read_gbps_adjacent";
+    }
     double share = roof > 0 ? (bm->compute_bound ? gflops : gbps) / roof : -1;
     json_object_set_new(r, "roofline_ref", json_string(roof_key));
     json_object_set_new(r, "roofline", roof > 0 ? json_real(roof) : json_null());
@@ -270,7 +325,11 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "papi", papi);
     printf("  %-6s %-16s %9.2f tok/s (min %.2f max %.2f, %d reps) %8.2f ms/tok %7.2f GB/s %8.1f GFLOP/s\n",
            bm->name, model_id, tps_med, tps_min, tps_max, st->reps, 1e3 / tps_med, gbps, gflops);
-    if (share >= 0)
+    if (share >= 0 && adjacent > 0 && !bm->compute_bound)
+        printf("         %.1f%% of %s %.1f GB/s (before %.1f, after %.1f; target %.0f%%: %s); %.1f%% of the profile's\n",
+               100 * share, roof_key, roof, bm->read_before, bm->read_after, 100 * bm->target,
+               share >= bm->target ? "met" : "not met", read_roof > 0 ? 100 * gbps / read_roof : 0.0);
+    else if (share >= 0)
         printf("         %.1f%% of %s (target %.0f%%: %s)\n", 100 * share, roof_key, 100 * bm->target,
                share >= bm->target ? "met" : "not met");
     else
@@ -333,7 +392,7 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     if (!logits) { snprintf(err, errlen, "out of memory for the logits row"); return -1; }
     int rc = kipp_session_truncate(s, 0, err, errlen);
     bench_case bc = {s, ids, 0, LONG_CTX, 0, logits};
-    bench_meta bm = {"pp4096", LONG_CTX, 0, 0, (LONG_CTX + 1) / 2.0, 1, TARGET_PREFILL};
+    bench_meta bm = {"pp4096", LONG_CTX, 0, 0, (LONG_CTX + 1) / 2.0, 1, TARGET_PREFILL, 0, 0};
     bm.flops_per_token = 2 * c->layer_params + c->attn_flops_per_pos * bm.context + 2 * c->head_bytes / 2 / LONG_CTX;
     bm.bytes_per_token = (c->layer_weight_bytes + c->head_bytes) / LONG_CTX;
     if (!rc) rc = measure(&bc, 0, o->reps < PP4096_REPS_MAX ? o->reps : PP4096_REPS_MAX, &st, err, errlen);
@@ -465,7 +524,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     double pp512_tps = 0;
     if (wants(o, "pp512")) {
         bench_case bc = {s, ids, 0, 512, 0, logits};
-        bench_meta bm = {"pp512", 512, 0, 0, 256.5, 1, TARGET_PREFILL};
+        bench_meta bm = {"pp512", 512, 0, 0, 256.5, 1, TARGET_PREFILL, 0, 0};
         bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
         if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
@@ -477,10 +536,10 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (!rc) rc = kipp_session_eval(s, ids, TG_PROMPT, logits, err, errlen);
         if (rc) goto out;
         bench_case bc = {s, ids, TG_PROMPT, 0, 128, logits};
-        bench_meta bm = {"tg128", 128, 0, 0, TG_PROMPT + 64.5, 0, TARGET_DECODE};
+        bench_meta bm = {"tg128", 128, 0, 0, TG_PROMPT + 64.5, 0, TARGET_DECODE, 0, 0};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
-        if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
+        if ((rc = measure_decode(&bc, o, &bm, &st, err, errlen))) goto out;
         json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
     }
     if (wants(o, "tg4k") && cap >= LONG_CTX + LONG_STEPS) {
@@ -490,10 +549,10 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (rc) goto out;
         printf("  (KV filled with %u tokens in %.1f s)\n", LONG_CTX, kipp_timer_now() - t0);
         bench_case bc = {s, ids, LONG_CTX, 0, LONG_STEPS, logits};
-        bench_meta bm = {"tg4k", LONG_STEPS, 0, 0, LONG_CTX + (LONG_STEPS + 1) / 2.0, 0, TARGET_LONG};
+        bench_meta bm = {"tg4k", LONG_STEPS, 0, 0, LONG_CTX + (LONG_STEPS + 1) / 2.0, 0, TARGET_LONG, 0, 0};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
-        if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
+        if ((rc = measure_decode(&bc, o, &bm, &st, err, errlen))) goto out;
         json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
     }
     if (wants(o, "pp4096") && cap >= LONG_CTX) {

@@ -144,7 +144,8 @@ static json_t *peaks_json(kipp_team *one, kipp_team *all)
 
 static int usage(const char *arg)
 {
-    fprintf(stderr, "kipp_profile: unknown or incomplete argument '%s'; expected [--out DIR] [--buffer-mib N] or --key\n", arg);
+    fprintf(stderr, "kipp_profile: unknown or incomplete argument '%s'; expected [--out DIR] [--buffer-mib N], "
+            "--read-bw [--buffer-mib N], --key or --cpu-id\n", arg);
     return 2;
 }
 
@@ -152,21 +153,26 @@ int main(int argc, char **argv)
 {
     const char *out = "profiles";
     size_t mib = 512;
+    int read_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kipp_profile [--out DIR] [--buffer-mib N]\n"
+                   "       kipp_profile --read-bw [--buffer-mib N]\n"
                    "       kipp_profile --key | --cpu-id\n"
                    "  measures read bandwidth, FMA/BF16 peaks and PAPI availability -> DIR/<host>-<level>-<cpu id>.json "
                    "(default profiles/; level = the best ISA level of this CPU)\n"
                    "  --key prints <host>-<level>-<cpu id>, the profile's file name without .json, and exits\n"
-                   "  --cpu-id prints <vendor>-f<family>m<model> of /proc/cpuinfo (e.g. amd-f26m2) and exits\n");
+                   "  --cpu-id prints <vendor>-f<family>m<model> of /proc/cpuinfo (e.g. amd-f26m2) and exits\n"
+                   "  --read-bw measures the all-core read bandwidth only, prints 'read_gbps_all X' and writes\n"
+                   "    nothing (kipp-bench runs it beside each decode row, since this VM's memory speed drifts)\n");
             return 0;
         }
         if (!strcmp(argv[i], "--key") || !strcmp(argv[i], "--cpu-id")) {
             printf("%s\n", !strcmp(argv[i], "--key") ? kipp_profile_key() : kipp_cpu_id());
             return 0;
         }
-        if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        if (!strcmp(argv[i], "--read-bw")) read_only = 1;
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--buffer-mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
         else return usage(argv[i]);
     }
@@ -194,6 +200,13 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < rj.bytes; i += 4096) buf[i] = (unsigned char)i; /* fault pages in */
     rj.buf = buf;
+    if (read_only) {
+        printf("read_gbps_all %.4f\n", read_gbps(all, &rj));
+        free(buf);
+        kipp_team_destroy(all);
+        kipp_team_destroy(one);
+        return 0;
+    }
     double bw1 = read_gbps(one, &rj), bwn = read_gbps(all, &rj);
     free(buf);
     const char *why = NULL;

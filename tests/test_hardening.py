@@ -186,6 +186,38 @@ def test_kipp_bench_repeated_bench_flags_add_up(tmp_path):
     assert names == ["pp512", "tg128"], names
 
 
+def test_kipp_bench_decode_share_is_against_probes_beside_the_row(tmp_path):
+    """A decode row's roofline is the faster of two read probes (kipp_profile --read-bw) run just
+    before and after it: this VM's memory speed drifts 2x within minutes, so a profile taken earlier
+    made shares of 90% and 152% for the same code. Without a profile the probes still give a share."""
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--reps", "1",
+            "--warmup", "0", "--out", tmp_path, "--profiles", tmp_path / "none", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (f,) = tmp_path.glob("*.json")
+    (res,) = json.loads(f.read_text())["results"]
+    assert res["roofline_ref"] == "read_gbps_adjacent", res
+    assert res["read_gbps_before"] > 0 and res["read_gbps_after"] > 0, res
+    assert res["roofline"] == max(res["read_gbps_before"], res["read_gbps_after"])
+    assert res["roofline_share"] == pytest.approx(res["gbps_effective"] / res["roofline"], rel=1e-5)
+    assert res["profile_read_share"] is None  # no profile to compare with
+    assert b"read_gbps_adjacent" in r.stdout
+
+
+def test_kipp_bench_says_when_the_read_probe_cannot_run(tmp_path):
+    """A kipp-bench without bin/kipp_profile beside it falls back to the profile's roofline and says so."""
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy2(BENCH, lone / "kipp-bench")
+    out = tmp_path / "out"
+    r = run(lone / "kipp-bench", "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--reps", "1",
+            "--warmup", "0", "--out", out, "--profiles", tmp_path / "none", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert b"bin/kipp_profile --read-bw failed" in r.stderr and b"decode shares use the profile" in r.stderr, r.stderr
+    (f,) = out.glob("*.json")
+    (res,) = json.loads(f.read_text())["results"]
+    assert res["roofline_ref"] == "read_gbps_all" and res["roofline_share"] is None and "read_gbps_before" not in res
+
+
 def test_kipp_bench_checks_out_before_running(tmp_path):
     """--out naming a file used to fail only after every benchmark ran, as 'errno 20'."""
     f = tmp_path / "results"

@@ -189,7 +189,8 @@ def newest(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
 
 
 ROOF_NAMES = {"fp32_gflops_all": "FP32 FMA peak", "bf16_gflops_all": "BF16 dot peak", "int8_gops_all": "int8 dot peak",
-              "read_gbps_all": "read BW", "read_gbps_1t": "1-core read BW"}
+              "read_gbps_all": "read BW", "read_gbps_1t": "1-core read BW",
+              "read_gbps_adjacent": "read BW probed beside the row"}
 
 
 def cpu_of(d: dict) -> str:
