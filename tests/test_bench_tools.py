@@ -40,13 +40,24 @@ def test_bench_models_rejects_unknown_model() -> None:
     assert "unknown synthetic benchmark shape 'qwen3-0.6b'" in p.stderr
 
 
+def peers_doc(date: str, cpu: dict, llama: float, ratio: float) -> dict:
+    return {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": "ccccccc", "date": date, "host": "h", "cpu": cpu,
+            "profile": None, "config": {}, "results": [{"name": "tg128", "model": "synthetic-0.6b", "format": "bf16",
+                                                         "unit": "tok/s", "kipp": {"median": 33.0},
+                                                         "llama_cpp": {"median": llama}, "ratio": ratio}]}
+
+
 def test_report_rewrites_the_readme_table(tmp_path: Path) -> None:
-    (tmp_path / "a.json").write_text(json.dumps(model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)))
-    peers = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": "ccccccc", "date": "2026-11-03T00:00:00Z",
-             "host": "h", "cpu": {"model": "Test CPU", "flags": ["avx2", "avx512_bf16", "avx512f"]}, "profile": None,
-             "config": {}, "results": [{"name": "tg128", "model": "synthetic-0.6b", "format": "bf16", "unit": "tok/s",
-                          "kipp": {"median": 33.0}, "llama_cpp": {"median": 22.0}, "ratio": 1.5}]}
-    (tmp_path / "p.json").write_text(json.dumps(peers))
+    """The README table pairs each model row with the newest peers run on the same CPU
+    (model name, cpu id and level), never with another CPU's, however new."""
+    zen5 = {"model": "AMD EPYC", "cpu_id": "amd-f26m2", "flags": ["avx2", "avx512_bf16", "avx512f"]}
+    doc = model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)
+    doc["cpu"] = {"model": "AMD EPYC", "cpu_id": "amd-f26m2", "avx2": True, "avx512": True, "avx512_bf16": True,
+                  "best_level": "avx512_bf16"}
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    (tmp_path / "p.json").write_text(json.dumps(peers_doc("2026-11-03T00:00:00Z", zen5, 22.0, 1.5)))
+    zen4 = {"model": "AMD EPYC", "cpu_id": "amd-f25m17", "flags": zen5["flags"]}  # newer, another CPU
+    (tmp_path / "q.json").write_text(json.dumps(peers_doc("2026-11-05T00:00:00Z", zen4, 99.0, 0.3)))
     readme = tmp_path / "R.md"
     readme.write_text("intro\n<!-- perf-table:begin -->\nstale\n<!-- perf-table:end -->\noutro\n")
     subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
@@ -55,16 +66,17 @@ def test_report_rewrites_the_readme_table(tmp_path: Path) -> None:
     assert "stale" not in text and text.startswith("intro\n") and text.endswith("outro\n")
     row = next(ln for ln in text.splitlines() if "| tg128 |" in ln)
     assert "| 30.00 |" in row and "| 22.00 |" in row and "**1.50x**" in row and "50.0% (target 95%, not met)" in row
-    # each row names its files' CPUs: the model document records none, the peers one a model and flags
-    assert "| ? / Test CPU (avx512_bf16) |" in row, row
-    doc = model_doc("ddddddd", "2026-11-04T00:00:00Z", 31.0)
+    assert "99.00" not in row and "| AMD EPYC amd-f26m2 (avx512_bf16) |" in row, row
+    # a newer model run on a CPU no peers run covers: its row says so instead of borrowing a ratio
+    doc = model_doc("ddddddd", "2026-11-06T00:00:00Z", 31.0)
     doc["cpu"] = {"model": "AMD EPYC", "avx2": True, "avx512": False, "avx512_bf16": False, "best_level": "avx2"}
     doc["results"][0]["roofline_ref"] = "read_gbps_all"
     (tmp_path / "d.json").write_text(json.dumps(doc))
     subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
                     str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True, check=True)
     row = next(ln for ln in readme.read_text().splitlines() if "| tg128 |" in ln)
-    assert "| AMD EPYC (avx2) / Test CPU (avx512_bf16) |" in row and "50.0% of read BW (target 95%" in row, row
+    assert "| AMD EPYC (avx2) |" in row and "50.0% of read BW (target 95%" in row, row
+    assert "not run on this CPU" in row and "x**" not in row, row
     readme.write_text("no markers\n")
     p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
                         str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)

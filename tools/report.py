@@ -222,23 +222,38 @@ def fmt_share(r: dict) -> str:
     return text
 
 
+def newest_by_cpu(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
+    """(model, bench, format, cpu_of) -> (result, its document) from the newest documents of kind."""
+    out: dict[tuple, tuple[dict, dict]] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        if d.get("kind") == kind:
+            for r in d.get("results", []):
+                out[(r.get("model"), r.get("name"), r.get("format", "bf16"), cpu_of(d))] = (r, d)
+    return out
+
+
 def readme_table(docs: list[dict]) -> str:
     """Markdown: per (model, format, bench) Kipp's newest tok/s and roofline share
-    with its target, and llama.cpp's figure and the ratio from the newest peers run."""
+    with its target, beside llama.cpp's figure and the ratio from the newest peers run
+    on the same CPU (a peers run of another CPU is not paired with it: the machines of
+    this kind differ, and a ratio across two of them means nothing)."""
     models, peers = newest(docs, "model"), newest(docs, "peers")
+    peers_cpu = newest_by_cpu(docs, "peers")
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
     for key in sorted(set(models) | set(peers), key=lambda k: (str(k[0]), str(k[2]), order.get(k[1], 9))):
-        m, p = models.get(key), peers.get(key)
+        m = models.get(key)
+        p = peers_cpu.get(key + (cpu_of(m[1]),)) if m else peers.get(key)
         kipp = f"{m[0]['median']:.2f}" if m else "-"
         share = fmt_share(m[0]) if m else "-"
-        llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run"
+        llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run on this CPU"
         ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
         files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
-        cpus = " / ".join(dict.fromkeys(cpu_of(x[1]) for x in (m, p) if x))
+        cpus = cpu_of((m or p)[1])
         rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpus} | {kipp} | {share} | {llama} | {ratio} | {files} |")
-    note = "\nA row whose two files name different CPUs compares figures from two machines: read its ratio as indicative only.\n"
+    note = ("\nEach row's llama.cpp figure comes from the newest peers run on the CPU that row names; "
+            "\"not run on this CPU\" means no peers run of that row exists there yet.\n")
     return "\n".join(rows) + "\n" + note
 
 
