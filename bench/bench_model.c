@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kernels/cpu/kernels.h"
@@ -213,35 +216,79 @@ typedef struct {
     double read_before, read_after; /* decode: read GB/s probed just before and after the row; 0 = no probe */
 } bench_meta;
 
-/* All-core read GB/s measured now by `kipp_profile --read-bw` (next to this
- * binary: build/kipp-bench -> build/bin/kipp_profile), or 0 with a note when
- * it cannot run. A separate process, so its 256 MiB buffer stays out of this
- * run's peak RSS; the pool's workers are parked meanwhile. This VM's memory
- * speed drifts by 2x within minutes (issue 16), so a decode row's read share
- * is taken against probes that bracket it rather than the profile alone. */
-static double read_probe(void)
+#define PROBE_TIMEOUT_MS 60000 /* a probe reads 256 MiB six times: ~1 s; a hung one is killed */
+
+/* Run argv with stdout+stderr into out[n] (NUL-terminated), no shell, killed
+ * after PROBE_TIMEOUT_MS. 0 when it exited 0, else -1 with why[] set. */
+static int run_capture(char *const argv[], char *out, size_t n, char *why, size_t wn)
 {
-    char self[1024], cmd[1200];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    int fd[2];
+    if (pipe(fd) != 0) return snprintf(why, wn, "pipe: %s", strerror(errno)), -1;
+    pid_t pid = fork();
+    if (pid < 0) return close(fd[0]), close(fd[1]), snprintf(why, wn, "fork: %s", strerror(errno)), -1;
+    if (pid == 0) {
+        setpgid(0, 0); /* its own group: a timeout kills whatever it started too */
+        dup2(fd[1], 1), dup2(fd[1], 2), close(fd[0]), close(fd[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    double t_end = kipp_timer_now() + PROBE_TIMEOUT_MS / 1e3;
+    int timed_out = 0;
+    for (;;) {
+        int left = (int)((t_end - kipp_timer_now()) * 1e3);
+        struct pollfd pfd = {fd[0], POLLIN, 0};
+        if (left <= 0 || poll(&pfd, 1, left) == 0) { timed_out = 1; break; }
+        char tmp[256];
+        ssize_t r = read(fd[0], tmp, sizeof tmp);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        size_t k = (size_t)r < n - 1 - got ? (size_t)r : n - 1 - got; /* keep the head, drain the rest */
+        memcpy(out + got, tmp, k);
+        got += k;
+    }
+    out[got] = '\0';
+    close(fd[0]);
+    if (timed_out) kill(-pid, SIGKILL), kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (timed_out) return snprintf(why, wn, "no answer within %d s, killed", PROBE_TIMEOUT_MS / 1000), -1;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return snprintf(why, wn, "cannot execute it"), -1;
+    char *nl = strchr(out, '\n');
+    if (nl) *nl = '\0';
+    snprintf(why, wn, "%s %d: %s", WIFEXITED(status) ? "exit" : "signal",
+             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out[0] ? out : "no output");
+    return -1;
+}
+
+/* All-core read GB/s measured now by `kipp_profile --read-bw` (next to this
+ * binary: build/kipp-bench -> build/bin/kipp_profile), or 0 with a note naming
+ * which probe (when) failed and why. A separate process, so its 256 MiB
+ * buffer stays out of this run's peak RSS; the pool's workers are parked
+ * meanwhile. This VM's memory speed drifts by 2x within minutes (issue 16), so
+ * a decode row's read share is taken against probes that bracket it rather
+ * than the profile alone. */
+static double read_probe(const char *when)
+{
+    char self[4096], out[512], why[600] = "";
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 32);
     char *slash = n > 0 ? (self[n] = '\0', strrchr(self, '/')) : NULL;
-    if (!slash || strchr(self, '\'')) {
-        fprintf(stderr, "kipp-bench: cannot locate bin/kipp_profile beside this binary; decode shares use the profile\n");
-        return 0;
-    }
-    *slash = '\0';
-    snprintf(cmd, sizeof cmd, "'%s/bin/kipp_profile' --read-bw --buffer-mib 256 2>&1", self);
-    FILE *f = popen(cmd, "r");
-    char line[256] = "";
     double gbps = 0;
-    if (f) {
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "read_gbps_all %lf", &gbps) == 1) break;
-        while (fgets(line + 128, 128, f)) {} /* drain */
-        if (pclose(f) != 0) gbps = 0;
+    if (!slash) {
+        snprintf(why, sizeof why, "cannot read /proc/self/exe");
+    } else {
+        snprintf(slash, sizeof self - (size_t)(slash - self), "/bin/kipp_profile");
+        char *argv[] = {self, "--read-bw", "--buffer-mib", "256", NULL};
+        if (run_capture(argv, out, sizeof out, why, sizeof why) == 0 &&
+            (sscanf(out, "read_gbps_all %lf", &gbps) != 1 || gbps <= 0)) {
+            snprintf(why, sizeof why, "unexpected output '%.200s'", out);
+            gbps = 0;
+        }
     }
-    if (gbps <= 0)
-        fprintf(stderr, "kipp-bench: %s/bin/kipp_profile --read-bw failed (%s); decode shares use the profile\n", self,
-                line[0] ? strtok(line, "\n") : "no output");
+    if (gbps <= 0) fprintf(stderr, "kipp-bench: read probe %s the row (%s --read-bw) failed: %s\n", when,
+                           slash ? self : "bin/kipp_profile", why);
     return gbps;
 }
 
@@ -249,9 +296,9 @@ static double read_probe(void)
 static int measure_decode(const bench_case *bc, const options *o, bench_meta *bm, kipp_bench_stats *st, char *err,
                           size_t errlen)
 {
-    bm->read_before = read_probe();
+    bm->read_before = read_probe("before");
     int rc = measure(bc, o->warmup, o->reps, st, err, errlen);
-    bm->read_after = rc ? 0 : read_probe();
+    bm->read_after = rc ? 0 : read_probe("after");
     return rc;
 }
 
@@ -303,8 +350,8 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
      * share is kept beside it. */
     double adjacent = bm->read_before > bm->read_after ? bm->read_before : bm->read_after;
     if (!bm->compute_bound && adjacent > 0) {
-        json_object_set_new(r, "read_gbps_before", json_real(bm->read_before));
-        json_object_set_new(r, "read_gbps_after", json_real(bm->read_after));
+        json_object_set_new(r, "read_gbps_before", bm->read_before > 0 ? json_real(bm->read_before) : json_null());
+        json_object_set_new(r, "read_gbps_after", bm->read_after > 0 ? json_real(bm->read_after) : json_null());
         json_object_set_new(r, "profile_read_share", read_roof > 0 ? json_real(gbps / read_roof) : json_null());
         roof = adjacent;
         roof_key = "read_gbps_adjacent";
@@ -325,15 +372,19 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "papi", papi);
     printf("  %-6s %-16s %9.2f tok/s (min %.2f max %.2f, %d reps) %8.2f ms/tok %7.2f GB/s %8.1f GFLOP/s\n",
            bm->name, model_id, tps_med, tps_min, tps_max, st->reps, 1e3 / tps_med, gbps, gflops);
-    if (share >= 0 && adjacent > 0 && !bm->compute_bound)
-        printf("         %.1f%% of %s %.1f GB/s (before %.1f, after %.1f; target %.0f%%: %s); %.1f%% of the profile's\n",
+    if (share >= 0 && adjacent > 0 && !bm->compute_bound) {
+        char tail[64] = "no profile";
+        if (read_roof > 0) snprintf(tail, sizeof tail, "%.1f%% of the profile's", 100 * gbps / read_roof);
+        printf("         %.1f%% of %s %.1f GB/s (before %.1f, after %.1f, 0 = failed; target %.0f%%: %s); %s\n",
                100 * share, roof_key, roof, bm->read_before, bm->read_after, 100 * bm->target,
-               share >= bm->target ? "met" : "not met", read_roof > 0 ? 100 * gbps / read_roof : 0.0);
-    else if (share >= 0)
-        printf("         %.1f%% of %s (target %.0f%%: %s)\n", 100 * share, roof_key, 100 * bm->target,
-               share >= bm->target ? "met" : "not met");
-    else
-        printf("         no profile: roofline share not computed\n");
+               share >= bm->target ? "met" : "not met", tail);
+    } else if (share >= 0) {
+        printf("         %.1f%% of %s (target %.0f%%: %s)%s\n", 100 * share, roof_key, 100 * bm->target,
+               share >= bm->target ? "met" : "not met",
+               bm->compute_bound ? "" : "; both read probes failed, so the share is against the profile");
+    } else
+        printf("         no profile%s: roofline share not computed\n",
+               bm->compute_bound ? "" : " and both read probes failed");
     fflush(stdout);
     return r;
 }

@@ -153,7 +153,8 @@ int main(int argc, char **argv)
 {
     const char *out = "profiles";
     size_t mib = 512;
-    int read_only = 0;
+    int read_only = 0, out_given = 0;
+    const char *print = NULL; /* --key or --cpu-id */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: kipp_profile [--out DIR] [--buffer-mib N]\n"
@@ -167,14 +168,35 @@ int main(int argc, char **argv)
                    "    nothing (kipp-bench runs it beside each decode row, since this VM's memory speed drifts)\n");
             return 0;
         }
-        if (!strcmp(argv[i], "--key") || !strcmp(argv[i], "--cpu-id")) {
-            printf("%s\n", !strcmp(argv[i], "--key") ? kipp_profile_key() : kipp_cpu_id());
-            return 0;
-        }
-        if (!strcmp(argv[i], "--read-bw")) read_only = 1;
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else if (!strcmp(argv[i], "--buffer-mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
-        else return usage(argv[i]);
+        if (!strcmp(argv[i], "--key")) print = kipp_profile_key();
+        else if (!strcmp(argv[i], "--cpu-id")) print = kipp_cpu_id();
+        else if (!strcmp(argv[i], "--read-bw")) read_only = 1;
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i], out_given = 1;
+        else if (!strcmp(argv[i], "--buffer-mib") && i + 1 < argc) {
+            const char *v = argv[++i];
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(v, &end, 10);
+            /* digits only, and at most 64 GiB: a larger count would wrap mib << 20 */
+            if (!*v || *v == '-' || *v == '+' || *end || errno || n > 65536) {
+                fprintf(stderr, "kipp_profile: --buffer-mib '%s': expected a whole number of MiB in [64, 65536]\n", v);
+                return 2;
+            }
+            mib = (size_t)n;
+        } else return usage(argv[i]);
+    }
+    /* every argument is checked before anything acts on one */
+    if (print && (read_only || out_given)) {
+        fprintf(stderr, "kipp_profile: --key and --cpu-id print and exit; they take no --read-bw or --out\n");
+        return 2;
+    }
+    if (read_only && out_given) {
+        fprintf(stderr, "kipp_profile: --read-bw writes nothing; --out does not apply\n");
+        return 2;
+    }
+    if (print) {
+        printf("%s\n", print);
+        return 0;
     }
     if (mib < 64) {
         fprintf(stderr, "kipp_profile: --buffer-mib %zu is too small; expected >= 64 (>> the LLC)\n", mib);

@@ -175,3 +175,21 @@ def test_bench_refuses_a_profile_of_another_cpu(tmp_path: Path) -> None:
     p = subprocess.run([str(ROOT / "build" / "kipp-bench"), "--model", str(tmp_path / "none.gguf"), "--profiles",
                         str(tmp_path), "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert "read 50.0 GB/s" in p.stdout and "was measured on CPU" not in p.stderr
+
+
+def test_report_survives_malformed_cpu_fields(tmp_path: Path) -> None:
+    """A result whose cpu is a list, a number, null, or has a numeric cpu_id or string flags is read
+    as recording no CPU: the README is still rewritten and such rows pair with nothing."""
+    bad = [["AMD EPYC"], 5, None, {"model": "X", "cpu_id": 26}, {"model": "X", "flags": "avx2"}]
+    for i, cpu in enumerate(bad):
+        d = model_doc(f"{i}aaaaaa", f"2026-11-0{i + 1}T00:00:00Z", 30.0 + i)
+        d["cpu"] = cpu
+        (tmp_path / f"m{i}.json").write_text(json.dumps(d))
+        (tmp_path / f"p{i}.json").write_text(json.dumps(peers_doc(f"2026-11-0{i + 1}T01:00:00Z", cpu, 22.0, 1.5)))
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- perf-table:begin -->\n<!-- perf-table:end -->\n")
+    p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                        str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    row = next(ln for ln in readme.read_text().splitlines() if "| tg128 |" in ln)
+    assert "| 34.00 |" in row and "not run on this CPU" in row and "1.50x" not in row, row

@@ -204,18 +204,54 @@ def test_kipp_bench_decode_share_is_against_probes_beside_the_row(tmp_path):
 
 
 def test_kipp_bench_says_when_the_read_probe_cannot_run(tmp_path):
-    """A kipp-bench without bin/kipp_profile beside it falls back to the profile's roofline and says so."""
-    lone = tmp_path / "lone"
+    """A kipp-bench without bin/kipp_profile beside it falls back to the profile's roofline and says so;
+    one probe failing leaves the other as the roofline and records the failed one as null. The binary
+    sits in a folder with a quote and a space (no shell is involved)."""
+    lone = tmp_path / "lo'ne dir"
     lone.mkdir()
     shutil.copy2(BENCH, lone / "kipp-bench")
     out = tmp_path / "out"
     r = run(lone / "kipp-bench", "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--reps", "1",
             "--warmup", "0", "--out", out, "--profiles", tmp_path / "none", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert b"bin/kipp_profile --read-bw failed" in r.stderr and b"decode shares use the profile" in r.stderr, r.stderr
+    assert b"read probe before the row" in r.stderr and b"read probe after the row" in r.stderr, r.stderr
+    assert b"cannot execute it" in r.stderr, r.stderr
+    assert b"no profile and both read probes failed" in r.stdout, r.stdout
     (f,) = out.glob("*.json")
     (res,) = json.loads(f.read_text())["results"]
     assert res["roofline_ref"] == "read_gbps_all" and res["roofline_share"] is None and "read_gbps_before" not in res
+    # a probe that answers once, then fails: the row keeps the first probe
+    (lone / "bin").mkdir()
+    flag = tmp_path / "answered"
+    (lone / "bin" / "kipp_profile").write_text(
+        f"#!/bin/sh\nif [ -e '{flag}' ]; then echo 'probe broke' >&2; exit 3; fi\ntouch '{flag}'\n"
+        f"exec '{REPO_ROOT / 'build' / 'bin' / 'kipp_profile'}' \"$@\"\n")
+    (lone / "bin" / "kipp_profile").chmod(0o755)
+    shutil.rmtree(out)
+    r = run(lone / "kipp-bench", "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "tg128", "--reps", "1",
+            "--warmup", "0", "--out", out, "--profiles", tmp_path / "none", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert b"read probe after the row" in r.stderr and b"exit 3: probe broke" in r.stderr, r.stderr
+    assert b"read probe before" not in r.stderr, r.stderr
+    (f,) = out.glob("*.json")
+    (res,) = json.loads(f.read_text())["results"]
+    assert res["read_gbps_before"] > 0 and res["read_gbps_after"] is None, res
+    assert res["roofline_ref"] == "read_gbps_adjacent" and res["roofline"] == res["read_gbps_before"], res
+
+
+def test_kipp_profile_checks_every_argument():
+    """--buffer-mib takes digits only within [64, 65536] (a huge count used to wrap to a cache-sized
+    buffer and print a fake figure with exit 0); --key/--cpu-id no longer print past a bad argument."""
+    prof = REPO_ROOT / "build" / "bin" / "kipp_profile"
+    for v in ("abc", "64x", "-1", "+64", "", "17592186044417"):
+        r = run(prof, "--read-bw", "--buffer-mib", v)
+        assert r.returncode == 2 and b"expected a whole number of MiB in [64, 65536]" in r.stderr, (v, r.stderr)
+    r = run(prof, "--read-bw", "--buffer-mib", "10")
+    assert r.returncode == 2 and b"too small" in r.stderr
+    for args in (["--cpu-id", "--bogus"], ["--key", "--read-bw"], ["--read-bw", "--out", "/tmp/never"]):
+        r = run(prof, *args)
+        assert r.returncode == 2 and r.stdout == b"", (args, r.stdout, r.stderr)
+    assert not Path("/tmp/never").exists()
 
 
 def test_kipp_bench_checks_out_before_running(tmp_path):

@@ -197,17 +197,28 @@ def cpu_of(d: dict) -> str:
     """A result document's CPU as "model cpu_id (best ISA level)": every host here is "vm",
     the model name alone does not tell the AVX2 EPYC from a Zen 4 one, and the Zen 4 and
     Zen 5 share both name and level (tools/machine.py); documents from before the cpu_id
-    was recorded show the name and level only."""
-    c = d.get("cpu") or {}
+    was recorded show the name and level only, and "?" when they record no CPU (or one
+    in a shape no writer uses: such a field is read as absent, never trusted)."""
+    c = d.get("cpu")
     if isinstance(c, str):  # serve documents keep the model name in config.cpu
         c = {"model": c}
-    f = set(c.get("flags") or ())  # peers documents list the CPU's flags instead of booleans
-    level = c.get("best_level") or (
-        "avx512_bf16" if c.get("avx512_bf16") or "avx512_bf16" in f else
-        "avx512" if c.get("avx512") or {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= f else
-        "avx2" if c.get("avx2") or "avx2" in f else "")
-    name = " ".join(x for x in (c.get("model", "?"), c.get("cpu_id")) if x)
-    return f"{name} ({level})" if level else name
+    if not isinstance(c, dict):
+        c = {}
+    flags = c.get("flags")
+    f = set(x for x in flags if isinstance(x, str)) if isinstance(flags, list) else set()
+    level = c.get("best_level") if isinstance(c.get("best_level"), str) else (
+        "avx512_bf16" if c.get("avx512_bf16") is True or "avx512_bf16" in f else
+        "avx512" if c.get("avx512") is True or {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= f else
+        "avx2" if c.get("avx2") is True or "avx2" in f else "")
+    name = " ".join(str(x) for x in (c.get("model", "?"), c.get("cpu_id")) if x is not None and x != "")
+    return f"{name} ({level})" if level else (name or "?")
+
+
+def cpu_known(d: dict) -> bool:
+    """Whether d records its CPU's id: only then may its figures pair with another
+    document's (two documents that both lack it may come from two machines)."""
+    c = d.get("cpu")
+    return isinstance(c, dict) and isinstance(c.get("cpu_id"), str) and bool(c["cpu_id"])
 
 
 def fmt_share(r: dict) -> str:
@@ -244,7 +255,7 @@ def readme_table(docs: list[dict]) -> str:
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
     for key in sorted(set(models) | set(peers), key=lambda k: (str(k[0]), str(k[2]), order.get(k[1], 9))):
         m = models.get(key)
-        p = peers_cpu.get(key + (cpu_of(m[1]),)) if m else peers.get(key)
+        p = (peers_cpu.get(key + (cpu_of(m[1]),)) if cpu_known(m[1]) else None) if m else peers.get(key)
         kipp = f"{m[0]['median']:.2f}" if m else "-"
         share = fmt_share(m[0]) if m else "-"
         llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run on this CPU"
@@ -253,7 +264,8 @@ def readme_table(docs: list[dict]) -> str:
         cpus = cpu_of((m or p)[1])
         rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpus} | {kipp} | {share} | {llama} | {ratio} | {files} |")
     note = ("\nEach row's llama.cpp figure comes from the newest peers run on the CPU that row names; "
-            "\"not run on this CPU\" means no peers run of that row exists there yet.\n")
+            "\"not run on this CPU\" means no peers run of that row exists there yet (or the row's\n"
+            "file records no CPU id: results from before it was recorded pair with nothing).\n")
     return "\n".join(rows) + "\n" + note
 
 
