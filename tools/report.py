@@ -178,13 +178,15 @@ def plot_peers(ax, docs: list[dict]) -> int:
 TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80}
 
 
-def newest(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
-    """(model, bench) -> (result, its document) from the newest documents of kind."""
+def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tuple[dict, dict]]:
+    """(model, bench, format) -> (result, its document) from the newest documents of kind;
+    with by_cpu the key also holds the document's cpu_of, so each CPU keeps its own newest."""
     out: dict[tuple, tuple[dict, dict]] = {}
     for d in docs:  # oldest first: later documents overwrite
         if d.get("kind") == kind:
             for r in d.get("results", []):
-                out[(r.get("model"), r.get("name"), r.get("format", "bf16"))] = (r, d)
+                key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
+                out[key + (cpu_of(d),) if by_cpu else key] = (r, d)
     return out
 
 
@@ -200,8 +202,6 @@ def cpu_of(d: dict) -> str:
     was recorded show the name and level only, and "?" when they record no CPU (or one
     in a shape no writer uses: such a field is read as absent, never trusted)."""
     c = d.get("cpu")
-    if isinstance(c, str):  # serve documents keep the model name in config.cpu
-        c = {"model": c}
     if not isinstance(c, dict):
         c = {}
     flags = c.get("flags")
@@ -233,23 +233,13 @@ def fmt_share(r: dict) -> str:
     return text
 
 
-def newest_by_cpu(docs: list[dict], kind: str) -> dict[tuple, tuple[dict, dict]]:
-    """(model, bench, format, cpu_of) -> (result, its document) from the newest documents of kind."""
-    out: dict[tuple, tuple[dict, dict]] = {}
-    for d in docs:  # oldest first: later documents overwrite
-        if d.get("kind") == kind:
-            for r in d.get("results", []):
-                out[(r.get("model"), r.get("name"), r.get("format", "bf16"), cpu_of(d))] = (r, d)
-    return out
-
-
 def readme_table(docs: list[dict]) -> str:
     """Markdown: per (model, format, bench) Kipp's newest tok/s and roofline share
     with its target, beside llama.cpp's figure and the ratio from the newest peers run
     on the same CPU (a peers run of another CPU is not paired with it: the machines of
     this kind differ, and a ratio across two of them means nothing)."""
     models, peers = newest(docs, "model"), newest(docs, "peers")
-    peers_cpu = newest_by_cpu(docs, "peers")
+    peers_cpu = newest(docs, "peers", by_cpu=True)
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}

@@ -300,8 +300,8 @@ def main() -> int:
     sha = git_sha()
     doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
-           "profile": bench_models.profile_rel(),
-           "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu["model"], "cpu_id": cpu["cpu_id"], "isa_flags": cpu["flags"], "server": "kipp-serve",
+           "cpu": cpu, "profile": bench_models.profile_rel(),
+           "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu["model"], "isa_flags": cpu["flags"], "server": "kipp-serve",
                       "peers": peers,
                       "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
            "results": results}
