@@ -60,7 +60,7 @@ static void walk(const cpu_round *r, const float *q, size_t n, const kipp_bf16 *
                  const uint32_t *bt, uint32_t p0, uint32_t p1, const lane_state *st, size_t o)
 {
     const lane_state *ls = &st[k_attn_lane(p0)];
-    r->m->k->flash_gqa_bf16(q + o * KIPP_HEAD_DIM, n, kc, vc, kvh, bt, p0, p1, 1.0f / sqrtf((float)KIPP_HEAD_DIM),
+    r->m->flash_gqa(q + o * KIPP_HEAD_DIM, n, kc, vc, kvh, bt, p0, p1, 1.0f / sqrtf((float)KIPP_HEAD_DIM),
                             ls->m + o, ls->l + o, ls->acc + o * KIPP_HEAD_DIM);
 }
 
@@ -143,7 +143,7 @@ static void attend_rows(cpu_round *r, uint32_t layer, int ith, int nth)
         const float *q = m->qkv + (size_t)row * m->QKV;
         uint32_t end = m->row_pos[row] + 1;
         for (uint32_t a = lane * KIPP_KV_BLOCK; a < end; a += K_ATTN_LANES * KIPP_KV_BLOCK)
-            m->k->flash_rows_bf16(q, group, kc, vc, bt, h0, h0 + width, a, a + KIPP_KV_BLOCK < end ? a + KIPP_KV_BLOCK : end,
+            m->flash_rows(q, group, kc, vc, bt, h0, h0 + width, a, a + KIPP_KV_BLOCK < end ? a + KIPP_KV_BLOCK : end,
                                   scale, ml, ml + H, acc);
     }
     kipp_cpu_pool_barrier(m->pool);

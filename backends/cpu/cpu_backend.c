@@ -62,6 +62,8 @@ static int choose_bf16_read(cpu_model *m, char *err, size_t errlen)
     }
     m->bf16_mode = bf16_modes[pick].name;
     memcpy(m->bf16_read, bf16_modes[pick].read, sizeof m->bf16_read);
+    m->flash_gqa = pick > 0 ? m->k->flash_gqa_dot : m->k->flash_gqa_bf16;
+    m->flash_rows = pick > 0 ? m->k->flash_rows_dot : m->k->flash_rows_bf16;
     return 0;
 }
 
@@ -543,9 +545,11 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
     }
     PUT(" (format/activations)\n");
     PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
+    const char *att = m->flash_gqa == m->k->flash_gqa_bf16 ? "bf16" : "dot";
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
-        "k_flash_gqa_bf16 in %u-token query tiles (prefill), k_flash_rows_bf16 per page of each lane (decode), "
-        "two walks per query (even and odd pages, merged) in %u-position chunks either way\n", m->tile_tokens, K_ATTN_CHUNK);
+        "k_flash_gqa_%s in %u-token query tiles (prefill), k_flash_rows_%s per page of each lane (decode), "
+        "two walks per query (even and odd pages, merged) in %u-position chunks either way%s\n", att, m->tile_tokens, att,
+        K_ATTN_CHUNK, *att == 'd' ? "; q and the softmax weights rounded to BF16 for vdpbf16ps" : "");
     PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend; "
         "the file pages it replaces are released after packing)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);

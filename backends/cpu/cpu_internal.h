@@ -72,6 +72,8 @@ typedef struct cpu_model {
     k_fmt bf16_read[4];        /* the read format of a bf16 projection, in plan_layer's order Q|K|V, O,
                                   Gate|Up, Down: K_FMT_BF16 (FP32 activations) or K_FMT_BF16DOT (BF16
                                   through vdpbf16ps); the head reads K_FMT_BF16 */
+    k_flash_gqa_bf16_fn flash_gqa;   /* the mode's attention walks: flash_*_bf16 (f32) or flash_*_dot (mixed, bf16) */
+    k_flash_rows_bf16_fn flash_rows;
     kipp_cpu_pool *pool;
     int nth;
     size_t A, QKV;             /* n_q_head*128; A + 2*1024 (row width of qkv) */

@@ -66,6 +66,8 @@ static const k_cpu_ops level_ref = {
     .fmt[K_FMT_BF16DOT] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16dot_ref, .matmul = k_matmul_bf16dot_ref},
     .act[K_ACT_Q8] = k_quant_q8_ref,
     .act[K_ACT_BF16] = k_quant_bf16_ref,
+    .flash_gqa_dot = k_flash_gqa_dot_ref,
+    .flash_rows_dot = k_flash_rows_dot_ref,
 };
 
 static const k_cpu_ops level_avx2 = {
@@ -91,6 +93,8 @@ static const k_cpu_ops level_avx512_bf16 = {
     .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
     .fmt[K_FMT_BF16DOT] = {.matvec = k_matvec_bf16dot_avx512bf16, .matmul = k_matmul_bf16dot_avx512bf16},
     .act[K_ACT_BF16] = k_quant_bf16_avx512bf16,
+    .flash_gqa_dot = k_flash_gqa_dot_avx512bf16,
+    .flash_rows_dot = k_flash_rows_dot_avx512bf16,
 };
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {
@@ -115,6 +119,8 @@ static void merge(kipp_isa isa, k_cpu_ops *out, k_cpu_src *src)
 #define K_OP_MERGE(name, params) TAKE(out->name, L->name, src->name, (kipp_isa)lv);
         K_CPU_OP_LIST(K_OP_MERGE)
 #undef K_OP_MERGE
+        TAKE(out->flash_gqa_dot, L->flash_gqa_dot, src->flash_gqa_dot, (kipp_isa)lv);
+        TAKE(out->flash_rows_dot, L->flash_rows_dot, src->flash_rows_dot, (kipp_isa)lv);
         for (int f = 0; f < K_FMT_COUNT; f++) {
             TAKE(out->fmt[f].pack, L->fmt[f].pack, src->fmt[f][0], (kipp_isa)lv);
             TAKE(out->fmt[f].matvec, L->fmt[f].matvec, src->fmt[f][1], (kipp_isa)lv);
@@ -166,6 +172,7 @@ void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen)
 #define K_OP_LINE(name, params) PUT("  k_%s_%s\n", #name, kipp_isa_name(s.name));
     K_CPU_OP_LIST(K_OP_LINE)
 #undef K_OP_LINE
+    PUT("  k_flash_gqa_dot_%s\n  k_flash_rows_dot_%s\n", kipp_isa_name(s.flash_gqa_dot), kipp_isa_name(s.flash_rows_dot));
     for (int f = 0; f < K_FMT_COUNT; f++) {
         const k_fmt_info *fi = fmt_info[f];
         PUT("  format %s: pack %s, matvec %s, matmul %s (%s activations)\n", fi->name,

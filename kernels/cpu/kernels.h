@@ -64,6 +64,15 @@
  *   heads per KV head, in order); m, l: [8*group], acc: [8*group][128] f32;
  *   only the range's heads are touched.
  *
+ * flash_gqa_dot, flash_rows_dot (k_cpu_ops members outside the list: only
+ *   avx512_bf16 has them in SIMD; below it the ref level's scalar model):
+ *   flash_gqa_bf16 and flash_rows_bf16 with both products on vdpbf16ps: q
+ *   rounded to BF16 (vcvtneps2bf16) for the scores, and per chunk the softmax
+ *   weights e rounded to BF16 for the values, l summing the rounded weights.
+ *   Same arguments, state, chunking and row invariance. Chosen with the
+ *   bf16dot read mode (cpu_backend.c KIPP_BF16_ACT); the logits cost is
+ *   measured in attention_avx512bf16.c.
+ *
  * Lanes: the backends split every query's walk over [0, pos] into
  * K_ATTN_LANES walks, one per page parity (k_attn_lane), each from a fresh
  * state, and fold them with k_attn_merge in lane order. Decode runs the two
@@ -267,6 +276,8 @@ typedef struct {
 typedef struct {
     const char *isa; /* level asked for: "ref", "avx2", "avx512", "avx512_bf16" */
     K_CPU_OP_LIST(K_OP_MEMBER)
+    k_flash_gqa_bf16_fn flash_gqa_dot;   /* BF16-dot attention (flash_gqa_dot above) */
+    k_flash_rows_bf16_fn flash_rows_dot;
     k_fmt_kernels fmt[K_FMT_COUNT]; /* one row per weight format */
     k_act_fn act[K_ACT_COUNT];      /* activation quantizers (F32: NULL, no conversion) */
 } k_cpu_ops;
@@ -277,6 +288,7 @@ typedef struct {
 #define K_OP_SRC(name, params) kipp_isa name;
     K_CPU_OP_LIST(K_OP_SRC)
 #undef K_OP_SRC
+    kipp_isa flash_gqa_dot, flash_rows_dot;
     kipp_isa fmt[K_FMT_COUNT][3]; /* pack, matvec, matmul */
     kipp_isa act[K_ACT_COUNT];
 } k_cpu_src;
@@ -369,6 +381,19 @@ K_Q4_1_DECL(avx512)
 void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
                               size_t n_tok, int accumulate, int ith, int nth);
 #undef K_Q4_1_DECL
+
+/* BF16-dot attention (flash_gqa_dot above): the scalar model (ref_bf16dot.c)
+ * and the avx512_bf16 walks (attention_avx512bf16.c) */
+#define K_FLASH_DOT_DECL(sfx)                                                                          \
+    void k_flash_gqa_dot_##sfx(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,  \
+                               uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,    \
+                               float scale, float *m, float *l, float *acc);                           \
+    void k_flash_rows_dot_##sfx(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, \
+                                const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, \
+                                uint32_t p1, float scale, float *m, float *l, float *acc);
+K_FLASH_DOT_DECL(ref)
+K_FLASH_DOT_DECL(avx512bf16)
+#undef K_FLASH_DOT_DECL
 
 /* bf16dot read mode of bf16 weights (kernels/cpu/ref_bf16dot.c: facts, the
  * scalar vdpbf16ps emulation and the BF16 quantizer; linear_bf16dot_avx512bf16.c) */

@@ -91,3 +91,66 @@ void k_matmul_bf16dot_ref(const void *wpv, const void *xv, float *y, size_t rows
             y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
         }
 }
+
+/* ---- BF16-dot attention: the scalar model of attention_avx512bf16.c ----
+ * The walk of k_flash_gqa_bf16_ref with the dot's two roundings: q rounded
+ * once (vcvtneps2bf16) for the scores, and per aligned K_ATTN_CHUNK chunk the
+ * softmax weights exp(s - m_chunk) rounded to BF16, l summing the rounded
+ * weights. The max is taken per chunk, as the SIMD walk does, so both round
+ * the same weights; the scores are summed in double (the SIMD walk's FP32
+ * order differs, hence NMSE checks, ORDER). */
+static size_t dot_kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
+{
+    return ((size_t)bt[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KIPP_N_KV_HEAD * KIPP_HEAD_DIM +
+           (size_t)kvh * KIPP_HEAD_DIM;
+}
+
+/* One chunk [p, p + n) for one query vector qb (BF16), continuing (m, l, acc). */
+static void dot_chunk(const kipp_bf16 *qb, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                      const uint32_t *bt, uint32_t p, uint32_t n, float scale, float *m, float *l, float *acc)
+{
+    float s[K_ATTN_CHUNK], cm = -INFINITY;
+    for (uint32_t j = 0; j < n; j++) {
+        const kipp_bf16 *k = kc + dot_kv_off(bt, p + j, kvh);
+        double d = 0;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) d += (double)daz(qb[i]) * daz(k[i]);
+        s[j] = (float)d * scale;
+        cm = s[j] > cm ? s[j] : cm;
+    }
+    float mx = cm > *m ? cm : *m, corr = expf(*m - mx);
+    *l *= corr;
+    for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[i] *= corr;
+    for (uint32_t j = 0; j < n; j++) {
+        float e = kipp_bf16_to_f32(cvtne_bf16(expf(s[j] - mx)));
+        const kipp_bf16 *v = vc + dot_kv_off(bt, p + j, kvh);
+        *l += e;
+        for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[i] += e * daz(v[i]);
+    }
+    *m = mx;
+}
+
+void k_flash_gqa_dot_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+                         const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale, float *m, float *l,
+                         float *acc)
+{
+    for (size_t g = 0; g < group; g++) {
+        kipp_bf16 qb[KIPP_HEAD_DIM];
+        k_quant_bf16_ref(q + g * KIPP_HEAD_DIM, qb, KIPP_HEAD_DIM);
+        for (uint32_t p = p0; p < p1;) {
+            uint32_t n = K_ATTN_CHUNK - p % K_ATTN_CHUNK;
+            n = p1 - p < n ? p1 - p : n;
+            dot_chunk(qb, kc, vc, kvh, block_table, p, n, scale, &m[g], &l[g], acc + g * KIPP_HEAD_DIM);
+            p += n;
+        }
+    }
+}
+
+/* By definition: k_flash_gqa_dot_ref once per KV head. */
+void k_flash_rows_dot_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                          const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1,
+                          float scale, float *m, float *l, float *acc)
+{
+    for (uint32_t h = kvh0; h < kvh1; h++)
+        k_flash_gqa_dot_ref(q + h * group * KIPP_HEAD_DIM, group, kc, vc, h, block_table, p0, p1, scale,
+                            m + h * group, l + h * group, acc + h * group * KIPP_HEAD_DIM);
+}

@@ -13,6 +13,7 @@
 #include "kernels/cpu/check/kcase.h"
 
 #define ORDER 1e-9   /* FP32 sums in another order, polynomial exp */
+#define DOT 1e-7     /* ORDER, plus BF16 softmax weights that may round either way (flash_*_dot rows) */
 /* Q8 activations against the FP32 oracle: x uniform in [-1, 1] is quantized
  * per 32-block with step d = amax/127 ~ 1/127, error uniform in +-d/2, so the
  * input NMSE is (d^2/12) / (1/3) ~ 1.6e-5 and the output's the same order
@@ -164,17 +165,40 @@ const kcase kcase_rows[] = {
     {"flash_rows", -1, {8, 64, 96, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {2, 0, 4096, 8}, ORDER, 1, 1},
     {"flash_rows", -1, {4, 0, 4096, 8}, ORDER, 1, 1},
+    /* BF16-dot walks (avx512_bf16; the ref model below it): against k_flash_gqa_dot_ref, same split and
+     * invariance checks; one code path for every group size. DOT: a softmax weight whose SIMD exp and
+     * expf round to different BF16 values moves the output by up to 2^-8 of its share (measured
+     * 1e-14 to 1e-9 on these rows) */
+    {"flash_gqa_dot", -1, {2, 0, 1, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {2, 0, 45, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {2, 4095, 4096, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {3, 3, 100, 0}, DOT, 2, 0},   /* blocks of 2 and 1 */
+    {"flash_gqa_dot", -1, {5, 37, 300, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {8, 31, 33, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {37, 5, 200, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {130, 0, 96, 0}, DOT, 2, 0},  /* past one 64-vector segment */
+    {"flash_gqa_dot", -1, {2, 0, 4096, 8}, DOT, 2, 1},
+    {"flash_gqa_dot", -1, {4, 0, 4096, 8}, DOT, 2, 1},
+    {"flash_gqa_dot", -1, {128, 0, 4096, 1}, DOT, 2, 1},
+    {"flash_rows_dot", -1, {2, 0, 1, 0}, DOT, 1, 0},
+    {"flash_rows_dot", -1, {2, 3, 100, 0}, DOT, 1, 0},
+    {"flash_rows_dot", -1, {4, 37, 300, 0}, DOT, 1, 0},
+    {"flash_rows_dot", -1, {8, 64, 96, 0}, DOT, 1, 0},
+    {"flash_rows_dot", -1, {2, 0, 4096, 8}, DOT, 1, 1},
+    {"flash_rows_dot", -1, {4, 0, 4096, 8}, DOT, 1, 1},
     {NULL, 0, {0, 0, 0, 0}, 0, 0, 0},
 };
 
 extern const kcase_kind kcase_kind_matvec, kcase_kind_matmul, kcase_kind_matmul_f32, kcase_kind_rowinv, kcase_kind_pack,
     kcase_kind_act, kcase_kind_rmsnorm, kcase_kind_rope, kcase_kind_swiglu, kcase_kind_add,
-    kcase_kind_embed, kcase_kind_kv_write, kcase_kind_flash_gqa, kcase_kind_flash_rows;
+    kcase_kind_embed, kcase_kind_kv_write, kcase_kind_flash_gqa, kcase_kind_flash_rows,
+    kcase_kind_flash_gqa_dot, kcase_kind_flash_rows_dot;
 
 static const kcase_kind *const kinds[] = {
     &kcase_kind_matvec, &kcase_kind_matmul, &kcase_kind_matmul_f32, &kcase_kind_rowinv, &kcase_kind_pack, &kcase_kind_act,
     &kcase_kind_rmsnorm, &kcase_kind_rope, &kcase_kind_swiglu, &kcase_kind_add, &kcase_kind_embed,
-    &kcase_kind_kv_write, &kcase_kind_flash_gqa, &kcase_kind_flash_rows,
+    &kcase_kind_kv_write, &kcase_kind_flash_gqa, &kcase_kind_flash_rows, &kcase_kind_flash_gqa_dot,
+    &kcase_kind_flash_rows_dot,
 };
 
 const kcase_kind *kcase_kind_find(const char *op)

@@ -1,0 +1,519 @@
+/*
+ * attention_avx512bf16.c - the BF16-dot flash GQA walks (kernels.h
+ * "flash_gqa_dot"), written by hand because vdpbf16ps exists at this level
+ * only (ARCHITECTURE.md "ISA dispatch").
+ *
+ * The walk is attention_simd.h's (aligned K_ATTN_CHUNK chunks, the online
+ * softmax updated once per chunk, the state continued across calls), with
+ * both products on vdpbf16ps (16 lanes x one pair, twice the FP32 FMA rate):
+ * the scores q . k with q rounded to BF16 (K is BF16 already) and the values
+ * sum_j e_j v_j with the softmax weights e rounded to BF16 (V is BF16
+ * already). l sums the rounded weights, so acc / l stays a convex
+ * combination of V rows. Why this is affordable: on the synthetic 0.6B and
+ * 1.7B shapes these two roundings moved the final logits' NMSE against the
+ * FP32 ref backend by at most 1.5e-6 (2.74e-5 -> 2.89e-5, 3.01e-5 -> 2.86e-5,
+ * 2.31e-5 -> 2.47e-5; 24- and 381-token prompts), inside the 5e-5 contract.
+ *
+ * A chunk of one KV head is loaded once for all the query vectors of a call
+ * (chunk_load): K transposed by pairs (kt[p] lane j = (k_j[2p], k_j[2p+1])),
+ * V interleaved by position pairs (vp[i][b] lane d = (v_2i[16b+d],
+ * v_2i+1[16b+d])), positions past the chunk's end zero. A query vector's 16
+ * scores are then one vector: lane ell of the chain over the four 32-dim
+ * blocks c (pairs 16c + ell) is what a vdpbf16ps chain over a K row keeps in
+ * lane ell, and the 16 chains are added as vf_hsum's tree (lane ell + ell +
+ * w, w = 8, 4, 2, 1), vertically. Its outputs take one vdpbf16ps per 16 dims
+ * and 2 positions. Every query vector runs the same instruction sequence
+ * whatever the group, tile or call split at chunk multiples, so a token's
+ * attention is row-invariant (kernels.h): decode, prefill tiles and batches
+ * all call these walks.
+ */
+#include <math.h>
+
+#include "kernels/cpu/simd_avx512.h"
+
+#define CHUNK K_ATTN_CHUNK
+#define PAIRS (KIPP_HEAD_DIM / 2)                  /* 64 k-pairs per head */
+#define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
+#define TQ 16u                                     /* query vectors per scores / softmax / values phase (softmax16) */
+#define AI inline __attribute__((always_inline))
+_Static_assert(CHUNK == 16 && KV_W == 16, "a chunk's positions are one vector");
+
+static AI __m512bh as_bh(__m512i v)
+{
+    __m512bh r;
+    memcpy(&r, &v, sizeof r);
+    return r;
+}
+
+/* Under SIMDe each vdpbf16ps is a lane loop; out of line it keeps the
+ * emulated build's compile time sane (same arithmetic). */
+#ifdef KIPP_SIMDE_EMU
+static __attribute__((noinline)) __m512 dp(__m512 acc, __m512i a, __m512i b)
+{
+    return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b));
+}
+#else
+static AI __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b)); }
+#endif
+
+/* acc + a . (the pair at p in every lane): one vdpbf16ps with an embedded
+ * 32-bit broadcast (GCC 12 issues a separate vpbroadcastd for the
+ * intrinsic spelling, one more uop per dot). */
+static AI __m512 dp_bcast(__m512 acc, __m512i a, const kipp_bf16 *p)
+{
+#ifdef KIPP_SIMDE_EMU
+    int32_t v;
+    memcpy(&v, p, 4);
+    return dp(acc, a, _mm512_set1_epi32(v));
+#else
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)p));
+    return acc;
+#endif
+}
+
+/* The 32-bit pair at p in every lane. */
+static AI __m512i bcast_pair(const kipp_bf16 *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* 16 lanes rounded to BF16 as vcvtneps2bf16 does (k_quant_bf16_ref models it;
+ * SIMDe lacks the instruction, so the emulated build takes the model). */
+static AI __m256i to_bf16(__m512 x)
+{
+    __m256i r;
+#ifdef KIPP_SIMDE_EMU
+    float f[16];
+    _mm512_storeu_ps(f, x);
+    k_quant_bf16_ref(f, &r, 16);
+#else
+    __m256bh b = _mm512_cvtneps_pbh(x);
+    memcpy(&r, &b, sizeof r);
+#endif
+    return r;
+}
+
+/* Element offset of (position, KV head) in a layer's paged cache. */
+static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
+{
+    return ((size_t)bt[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KV_STRIDE +
+           (size_t)kvh * KIPP_HEAD_DIM;
+}
+
+/* Positions in the aligned chunk at p, cut to p1. */
+static inline uint32_t chunk_len(uint32_t p, uint32_t p1)
+{
+    uint32_t n = CHUNK - p % CHUNK;
+    return p1 - p < n ? p1 - p : n;
+}
+
+/* One chunk of one KV head, as the dot reads it (8 KB, L1-resident). */
+typedef struct {
+    __m512i kt[PAIRS];         /* [64 pairs] lane j: (k_j[2p], k_j[2p+1]); j >= n zero */
+    __m512i vp[CHUNK / 2][8];  /* [8 position pairs][8 blocks of 16 dims] lane d: (v_2i[d], v_2i+1[d]) */
+    vf s[TQ];                  /* one tile block's scores, [query] lanes: positions */
+    kipp_bf16 e[TQ][CHUNK];    /* its rounded softmax weights, [query][position] */
+    float corr[TQ];            /* exp(m_old - m_new) per query of the block */
+} dchunk;
+
+/* Where a walk reads: one KV head of a layer's paged cache. */
+typedef struct {
+    const kipp_bf16 *kc, *vc; /* layer bases, [position (paged)][8][128] bf16 */
+    const uint32_t *bt;       /* block table */
+    uint32_t kvh;
+} kv_view;
+
+/* always_inline: a function of prefetches alone is dropped (simd_avx512.h k_prefetch). */
+static AI void prefetch_pos(const kv_view *v, uint32_t pos)
+{
+    size_t off = kv_off(v->bt, pos, v->kvh);
+    for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
+        k_prefetch((const char *)(v->kc + off) + b);
+        k_prefetch((const char *)(v->vc + off) + b);
+    }
+}
+
+/* Load the chunk's n rows at element offset off into t (layout above) and
+ * prefetch the rows [pf, pf_end) of the next chunk. */
+static void chunk_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, uint32_t pf_end, dchunk *t)
+{
+    for (uint32_t j = pf; j < pf + CHUNK && j < pf_end; j++) prefetch_pos(v, j);
+    for (size_t c = 0; c < KIPP_HEAD_DIM; c += 32) {
+        vf r[CHUNK];
+#pragma GCC unroll 16
+        for (uint32_t j = 0; j < CHUNK; j++)
+            r[j] = j < n ? _mm512_castsi512_ps(vi_load(v->kc + off + (size_t)j * KV_STRIDE + c)) : vf_zero();
+        vf_transpose(r); /* moves bits only: pairs stay whole */
+#pragma GCC unroll 16
+        for (uint32_t u = 0; u < CHUNK; u++) t->kt[c / 2 + u] = _mm512_castps_si512(r[u]);
+    }
+    /* word 2d of block lo = row a's dim d, word 2d + 1 = row b's (d < 16); hi: dims 16..31 */
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (uint32_t i = 0; i < CHUNK / 2; i++) {
+        const kipp_bf16 *a = v->vc + off + (size_t)(2 * i) * KV_STRIDE, *b = a + KV_STRIDE;
+#pragma GCC unroll 4
+        for (size_t h = 0; h < 4; h++) {
+            __m512i va = 2 * i < n ? vi_load(a + 32 * h) : _mm512_setzero_si512();
+            __m512i vb = 2 * i + 1 < n ? vi_load(b + 32 * h) : _mm512_setzero_si512();
+            t->vp[i][2 * h] = _mm512_permutex2var_epi16(va, lo, vb);
+            t->vp[i][2 * h + 1] = _mm512_permutex2var_epi16(va, hi, vb);
+        }
+    }
+}
+
+/* Lane index of the k-th leaf in the order that evaluates vf_hsum's tree
+ * depth first: the bit reversal of k over 4 bits. */
+static AI size_t leaf_lane(size_t k)
+{
+    return ((k & 1) << 3) | ((k & 2) << 1) | ((k & 4) >> 1) | ((k & 8) >> 3);
+}
+
+/* s[i] = scale * q_i . k_j over the chunk's 16 positions for NB query
+ * vectors. Lane ell's chain: the pairs 16c + ell, c = 0..3, one vdpbf16ps
+ * chain from zero over the position vector kt[16c + ell]. The 16 chains are
+ * summed as vf_hsum's tree, depth first on a stack of partial sums (at most 5
+ * per query live). */
+static AI void block_scores(const kipp_bf16 *q, size_t NB, const __m512i *kt, float scale, vf *s)
+{
+    vf st[4][5];
+    size_t sp = 0;
+    /* leaves 2h and 2h + 1 (lanes ell and ell + 8, siblings in the tree) run
+     * their chains interleaved: 2 * NB independent vdpbf16ps chains in flight */
+#pragma GCC unroll 8
+    for (size_t h = 0; h < CHUNK / 2; h++) {
+        vf a[4], b[4];
+        size_t ell = leaf_lane(2 * h);
+#pragma GCC unroll 4
+        for (size_t i = 0; i < NB; i++) a[i] = b[i] = vf_zero();
+#pragma GCC unroll 4
+        for (size_t c = 0; c < 4; c++) {
+            __m512i ka = kt[16 * c + ell], kb = kt[16 * c + ell + 8];
+#pragma GCC unroll 4
+            for (size_t i = 0; i < NB; i++) {
+                const kipp_bf16 *qi = q + i * KIPP_HEAD_DIM + 2 * (16 * c + ell);
+                a[i] = dp_bcast(a[i], ka, qi);
+                b[i] = dp_bcast(b[i], kb, qi + 16);
+            }
+        }
+#pragma GCC unroll 4
+        for (size_t i = 0; i < NB; i++) st[i][sp] = vf_add(a[i], b[i]); /* lane ell + lane ell + 8 */
+        sp++;
+#pragma GCC unroll 4
+        for (size_t n = h + 1; n % 2 == 0; n /= 2, sp--)
+#pragma GCC unroll 4
+            for (size_t i = 0; i < NB; i++) st[i][sp - 2] = vf_add(st[i][sp - 2], st[i][sp - 1]);
+    }
+#pragma GCC unroll 4
+    for (size_t i = 0; i < NB; i++) s[i] = vf_mul(st[i][0], vf_set1(scale));
+}
+
+/* Online-softmax step of one query vector over the chunk's n positions:
+ * e (BF16) = round(exp(s - m_new)), l = l * corr + sum of the rounded e (in
+ * vf_hsum's order), m = m_new; returns corr = exp(m_old - m_new). */
+static AI float block_softmax(vf s, uint32_t n, float *m, float *l, kipp_bf16 *e)
+{
+    __mmask16 live = (__mmask16)((1u << n) - 1u); /* n <= 16; positions >= n score -inf: exp gives 0 */
+    s = _mm512_mask_mov_ps(vf_set1(-INFINITY), live, s);
+    float cm = vf_hmax(s), mx = cm > *m ? cm : *m;
+    float cv[16];
+    vf_store(cv, vf_exp(vf_set1(*m - mx))); /* -inf - mx gives 0; vf_exp, not a libm call per chunk */
+    float corr = cv[0];
+    __m256i eb = to_bf16(vf_exp(vf_sub(s, vf_set1(mx))));
+    memcpy(e, &eb, sizeof eb);
+    *l = *l * corr + vf_hsum(vf_widen(e));
+    *m = mx;
+    return corr;
+}
+
+/* acc_i = acc_i * corr_i + sum_j e_i[j] v_j for NB query vectors (acc
+ * stride 128), DB blocks of 16 dims a pass: one vdpbf16ps chain per lane
+ * over the chunk's 8 position pairs in order. corr == 1 skips the multiply
+ * (exact either way). */
+static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t e0, const float *corr)
+{
+    const size_t DB = NB == 4 ? 4 : 8;
+    for (size_t b0 = 0; b0 < 8; b0 += DB) {
+        vf a[4][8];
+#pragma GCC unroll 4
+        for (size_t i = 0; i < NB; i++)
+#pragma GCC unroll 8
+            for (size_t b = 0; b < DB; b++) {
+                a[i][b] = vf_load(acc + i * KIPP_HEAD_DIM + 16 * (b0 + b));
+                if (corr[i] != 1.0f) a[i][b] = vf_mul(a[i][b], vf_set1(corr[i]));
+            }
+#pragma GCC unroll 8
+        for (size_t j = 0; j < CHUNK / 2; j++) {
+            __m512i e[4]; /* one broadcast per (vector, pair), reused by the DB blocks */
+#pragma GCC unroll 4
+            for (size_t i = 0; i < NB; i++) e[i] = bcast_pair(t->e[e0 + i] + 2 * j);
+#pragma GCC unroll 8
+            for (size_t b = 0; b < DB; b++) {
+                __m512i v = t->vp[j][b0 + b];
+#pragma GCC unroll 4
+                for (size_t i = 0; i < NB; i++) a[i][b] = dp(a[i][b], v, e[i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (size_t i = 0; i < NB; i++)
+#pragma GCC unroll 8
+            for (size_t b = 0; b < DB; b++) vf_store(acc + i * KIPP_HEAD_DIM + 16 * (b0 + b), a[i][b]);
+    }
+}
+
+/* Lane-wise reduction of 16 vectors: lane i of the result is v[i]'s lanes
+ * combined by op in vf_hsum's tree (lane ell with ell + w, w = 8, 4, 2, 1),
+ * by shuffles that pair two vectors' halves, so 15 ops reduce all 16. v is
+ * overwritten. With add this is bitwise 16 vf_hsum calls. */
+#define REDUCE16(v, op)                                                                                         \
+    do {                                                                                                        \
+        for (int k_ = 0; k_ < 8; k_++)                                                                          \
+            v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x44),                                    \
+                       _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xee));                                   \
+        for (int k_ = 0; k_ < 4; k_++)                                                                          \
+            v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x88),                                    \
+                       _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xdd));                                   \
+        for (int k_ = 0; k_ < 2; k_++)                                                                          \
+            v[k_] = op(_mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0x44),                                       \
+                       _mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0xee));                                      \
+        v[0] = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));                    \
+        /* lane k now holds vector 4(k % 4) + k / 4: back to order */                                           \
+        v[0] = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), v[0]); \
+    } while (0)
+
+/* block_softmax for nb <= 16 query vectors at once: the maxima, the
+ * correction factors and the sums of the rounded weights come out as one
+ * vector each (REDUCE16), so the per-vector horizontal steps cost one
+ * sixteenth. Bit for bit block_softmax (max is exact in any order; the sum
+ * keeps vf_hsum's tree; vf_exp is lane-wise). */
+static void softmax16(dchunk *t, size_t nb, uint32_t n, float *m, float *l)
+{
+    __mmask16 live = (__mmask16)((1u << n) - 1u);
+    float mb[16], lb[16]; /* the state of vectors [0, nb), padded as empty states */
+    for (size_t i = 0; i < 16; i++) {
+        mb[i] = i < nb ? m[i] : -INFINITY;
+        lb[i] = i < nb ? l[i] : 0.0f;
+    }
+    vf r[16], sv[16];
+    for (size_t i = 0; i < 16; i++) {
+        sv[i] = i < nb ? _mm512_mask_mov_ps(vf_set1(-INFINITY), live, t->s[i]) : vf_set1(-INFINITY);
+        r[i] = sv[i];
+    }
+    REDUCE16(r, vf_max);
+    vf mo = vf_load(mb), lo = vf_load(lb);
+    vf mx = vf_max(r[0], mo); /* as block_softmax: cm > m ? cm : m */
+    vf corr = vf_exp(vf_sub(mo, mx));
+    float mxs[16];
+    vf_store(mxs, mx);
+    for (size_t i = 0; i < 16; i++) {
+        __m256i eb = to_bf16(vf_exp(vf_sub(sv[i], vf_set1(mxs[i]))));
+        memcpy(t->e[i], &eb, sizeof eb);
+        r[i] = vf_widen(t->e[i]);
+    }
+    REDUCE16(r, vf_add);
+    vf_store(lb, vf_add(vf_mul(lo, corr), r[0]));
+    vf_store(t->corr, corr);
+    for (size_t i = 0; i < nb; i++) {
+        m[i] = mxs[i];
+        l[i] = lb[i];
+    }
+}
+
+/* One chunk for nb <= TQ query vectors (BF16 at q; state at m, l, acc) in
+ * three phases, each over all nb vectors, so the softmax's dependent chains
+ * of different vectors overlap instead of stalling one block's values. */
+static void tile_block(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *t, uint32_t n, float scale, float *m,
+                       float *l, float *acc)
+{
+    size_t i = 0;
+    for (; i + 4 <= nb; i += 4) block_scores(q[i], 4, t->kt, scale, t->s + i);
+    for (; i < nb; i++) block_scores(q[i], 1, t->kt, scale, t->s + i);
+    softmax16(t, nb, n, m, l);
+    for (i = 0; i + 4 <= nb; i += 4) block_values(acc + i * KIPP_HEAD_DIM, 4, t, i, t->corr + i);
+    if (i + 2 <= nb) {
+        block_values(acc + i * KIPP_HEAD_DIM, 2, t, i, t->corr + i);
+        i += 2;
+    }
+    if (i < nb) block_values(acc + i * KIPP_HEAD_DIM, 1, t, i, t->corr + i);
+}
+
+/* ---- few query vectors (decode): the same arithmetic read from the rows as they lie ----
+ * Transposing a chunk costs more than a decode row's two or four query
+ * vectors use it for, so below ROW_MAX vectors the walk reads the K and V
+ * rows in place. Score (i, j) is one vdpbf16ps chain over the row's four
+ * 32-dim blocks (lane ell holds pairs 16c + ell, as block_scores' chains) and vf_hsum's
+ * tree over the lanes: bit for bit block_scores. The values interleave each
+ * row pair as chunk_load does and run block_values' chains. */
+#define ROW_MAX 8u
+
+/* s[i] lane j = scale * q_i . k_j for NB <= 2 query vectors over the chunk's n rows at kb; lanes >= n are 0. */
+static AI void rows_scores(const kipp_bf16 *q, size_t NB, const kipp_bf16 *kb, uint32_t n, float scale, vf *s)
+{
+    float sc[2][CHUNK] = {{0}};
+    for (uint32_t j = 0; j < n; j++) {
+        vf a[2] = {vf_zero(), vf_zero()};
+#pragma GCC unroll 4
+        for (size_t c = 0; c < 4; c++) {
+            __m512i k = vi_load(kb + (size_t)j * KV_STRIDE + 32 * c);
+#pragma GCC unroll 2
+            for (size_t i = 0; i < NB; i++) a[i] = dp(a[i], k, vi_load(q + i * KIPP_HEAD_DIM + 32 * c));
+        }
+#pragma GCC unroll 2
+        for (size_t i = 0; i < NB; i++) sc[i][j] = vf_hsum(a[i]);
+    }
+#pragma GCC unroll 2
+    for (size_t i = 0; i < NB; i++) s[i] = vf_mul(vf_load(sc[i]), vf_set1(scale));
+}
+
+/* block_values for NB <= 2 query vectors with the row pairs interleaved on the fly from vb. */
+static AI void rows_values(float *acc, size_t NB, const kipp_bf16 *vb, uint32_t n, const dchunk *t,
+                           const float *corr)
+{
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                        37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    vf a[2][8];
+#pragma GCC unroll 2
+    for (size_t i = 0; i < NB; i++)
+#pragma GCC unroll 8
+        for (size_t b = 0; b < 8; b++) {
+            a[i][b] = vf_load(acc + i * KIPP_HEAD_DIM + 16 * b);
+            if (corr[i] != 1.0f) a[i][b] = vf_mul(a[i][b], vf_set1(corr[i]));
+        }
+    for (uint32_t j = 0; 2 * j < n; j++) {
+        const kipp_bf16 *ra = vb + (size_t)(2 * j) * KV_STRIDE, *rb = ra + KV_STRIDE;
+        int has_b = 2 * j + 1 < n;
+        __m512i e[2];
+#pragma GCC unroll 2
+        for (size_t i = 0; i < NB; i++) e[i] = bcast_pair(t->e[i] + 2 * j);
+#pragma GCC unroll 4
+        for (size_t h = 0; h < 4; h++) {
+            __m512i va = vi_load(ra + 32 * h), vbb = has_b ? vi_load(rb + 32 * h) : _mm512_setzero_si512();
+            __m512i pl = _mm512_permutex2var_epi16(va, lo, vbb), ph = _mm512_permutex2var_epi16(va, hi, vbb);
+#pragma GCC unroll 2
+            for (size_t i = 0; i < NB; i++) {
+                a[i][2 * h] = dp(a[i][2 * h], pl, e[i]);
+                a[i][2 * h + 1] = dp(a[i][2 * h + 1], ph, e[i]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (size_t i = 0; i < NB; i++)
+#pragma GCC unroll 8
+        for (size_t b = 0; b < 8; b++) vf_store(acc + i * KIPP_HEAD_DIM + 16 * b, a[i][b]);
+}
+
+/* One chunk (n rows at element offset off) for NB <= 2 query vectors, read in place. */
+static AI void rows_step(const kipp_bf16 *q, size_t NB, const kv_view *v, size_t off, uint32_t n, float scale,
+                         dchunk *t, float *m, float *l, float *acc)
+{
+    vf s[2];
+    rows_scores(q, NB, v->kc + off, n, scale, s);
+#pragma GCC unroll 2
+    for (size_t i = 0; i < NB; i++) t->corr[i] = block_softmax(s[i], n, &m[i], &l[i], t->e[i]);
+    rows_values(acc, NB, v->vc + off, n, t, t->corr);
+}
+
+/* The chunk for query vectors [0, nq) (nq < ROW_MAX) read in place, in pairs. */
+static void rows_queries(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nq, const kv_view *v, size_t off, uint32_t n,
+                         float scale, dchunk *t, float *m, float *l, float *acc)
+{
+    size_t i = 0;
+    for (; i + 2 <= nq; i += 2) rows_step(q[i], 2, v, off, n, scale, t, m + i, l + i, acc + i * KIPP_HEAD_DIM);
+    if (i < nq) rows_step(q[i], 1, v, off, n, scale, t, m + i, l + i, acc + i * KIPP_HEAD_DIM);
+}
+
+/* n query vectors (f32, stride 128) rounded to BF16 (vcvtneps2bf16) into qb. */
+static void round_q(const float *q, size_t n, kipp_bf16 (*qb)[KIPP_HEAD_DIM])
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += 16) {
+            __m256i r = to_bf16(vf_load(q + i * KIPP_HEAD_DIM + d));
+            memcpy(qb[i] + d, &r, sizeof r);
+        }
+}
+
+/* The walk of nq < ROW_MAX query vectors: the rows read in place, chunk by
+ * chunk, the next chunk prefetched. */
+static void rows_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint32_t p1, float scale, float *m,
+                      float *l, float *acc)
+{
+    dchunk t;
+    kipp_bf16 qb[ROW_MAX][KIPP_HEAD_DIM];
+    round_q(q, nq, qb);
+    for (uint32_t p = p0; p < p1 && p < p0 + CHUNK; p++) prefetch_pos(v, p);
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t n = chunk_len(p, p1);
+        for (uint32_t j = p + n; j < p + 2 * n && j < p1; j++) prefetch_pos(v, j);
+        rows_queries((const kipp_bf16(*)[KIPP_HEAD_DIM])qb, nq, v, kv_off(v->bt, p, v->kvh), n, scale, &t, m, l, acc);
+        p += n;
+    }
+}
+
+/* The walk of nq >= ROW_MAX query vectors: windows of WCH chunks loaded
+ * once (chunk_load), then TQ vectors at a time rounded to BF16 and taken
+ * through the window's chunks in order, so a block's 8 KB of state stays in
+ * L1 across them (a 64-vector tile's state is 32 KB: streamed once per
+ * chunk it spilled to L2). */
+#define WCH 2u
+static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint32_t p1, float scale, float *m,
+                      float *l, float *acc)
+{
+    dchunk t[WCH];
+    kipp_bf16 qb[TQ][KIPP_HEAD_DIM];
+    uint32_t n[WCH];
+    for (uint32_t p = p0; p < p1 && p < p0 + CHUNK; p++) prefetch_pos(v, p);
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t w = 0, e = p;
+        for (; w < WCH && e < p1; w++) {
+            n[w] = chunk_len(e, p1);
+            chunk_load(v, kv_off(v->bt, e, v->kvh), n[w], e + n[w], p1, &t[w]);
+            e += n[w];
+        }
+        for (size_t i0 = 0; i0 < nq; i0 += TQ) {
+            size_t nb = nq - i0 < TQ ? nq - i0 : TQ;
+            round_q(q + i0 * KIPP_HEAD_DIM, nb, qb);
+            for (uint32_t c = 0; c < w; c++)
+                tile_block((const kipp_bf16(*)[KIPP_HEAD_DIM])qb, nb, &t[c], n[c], scale, m + i0, l + i0,
+                           acc + i0 * KIPP_HEAD_DIM);
+        }
+        p = e;
+    }
+}
+
+static void walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint32_t p1, float scale, float *m,
+                 float *l, float *acc)
+{
+    if (nq < ROW_MAX)
+        rows_walk(q, nq, v, p0, p1, scale, m, l, acc);
+    else
+        tile_walk(q, nq, v, p0, p1, scale, m, l, acc);
+}
+
+void k_flash_gqa_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                                uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
+                                float *m, float *l, float *acc)
+{
+    kv_view v = {kc, vc, block_table, kvh};
+    walk(q, group, &v, p0, p1, scale, m, l, acc);
+}
+
+/* By definition k_flash_gqa_dot per KV head; chunk by chunk with the heads
+ * inner, so the 2 KB rows of all heads are read close together. */
+void k_flash_rows_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+                                 const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
+                                 uint32_t p1, float scale, float *m, float *l, float *acc)
+{
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t n = chunk_len(p, p1);
+        for (uint32_t h = kvh0; h < kvh1; h++) {
+            kv_view v = {kc, vc, block_table, h};
+            size_t o = (size_t)h * group;
+            walk(q + o * KIPP_HEAD_DIM, group, &v, p, p + n, scale, m + o, l + o, acc + o * KIPP_HEAD_DIM);
+        }
+        p += n;
+    }
+}
