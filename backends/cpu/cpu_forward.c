@@ -122,7 +122,6 @@ static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int it
     cpu_model *m = r->m;
     kipp_cpu_pool *pool = m->pool;
     const cpu_layer *P = &m->lw[l];
-    (void)0;
     uint32_t n = r->n_rows;
     linear(m, &P->qkv, m->xn, m->qkv, n, ith, nth);                   /* step 2 */
     if (ith == 0) atomic_store(&r->attn_next, 0);

@@ -95,20 +95,6 @@ static AI __m256i to_bf16(__m512 x)
     return r;
 }
 
-/* Element offset of (position, KV head) in a layer's paged cache. */
-static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
-{
-    return ((size_t)bt[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KV_STRIDE +
-           (size_t)kvh * KIPP_HEAD_DIM;
-}
-
-/* Positions in the aligned chunk at p, cut to p1. */
-static inline uint32_t chunk_len(uint32_t p, uint32_t p1)
-{
-    uint32_t n = CHUNK - p % CHUNK;
-    return p1 - p < n ? p1 - p : n;
-}
-
 /* One chunk of one KV head, as the dot reads it (8 KB, L1-resident). */
 typedef struct {
     __m512i kt[PAIRS];         /* [64 pairs] lane j: (k_j[2p], k_j[2p+1]); j >= n zero */
@@ -128,7 +114,7 @@ typedef struct {
 /* always_inline: a function of prefetches alone is dropped (simd_avx512.h k_prefetch). */
 static AI void prefetch_pos(const kv_view *v, uint32_t pos)
 {
-    size_t off = kv_off(v->bt, pos, v->kvh);
+    size_t off = k_kv_off(v->bt, pos, v->kvh);
     for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
         k_prefetch((const char *)(v->kc + off) + b);
         k_prefetch((const char *)(v->vc + off) + b);
@@ -446,9 +432,9 @@ static void rows_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
     round_q(q, nq, qb);
     for (uint32_t p = p0; p < p1 && p < p0 + CHUNK; p++) prefetch_pos(v, p);
     for (uint32_t p = p0; p < p1;) {
-        uint32_t n = chunk_len(p, p1);
+        uint32_t n = k_attn_chunk_len(p, p1);
         for (uint32_t j = p + n; j < p + 2 * n && j < p1; j++) prefetch_pos(v, j);
-        rows_queries((const kipp_bf16(*)[KIPP_HEAD_DIM])qb, nq, v, kv_off(v->bt, p, v->kvh), n, scale, &t, m, l, acc);
+        rows_queries((const kipp_bf16(*)[KIPP_HEAD_DIM])qb, nq, v, k_kv_off(v->bt, p, v->kvh), n, scale, &t, m, l, acc);
         p += n;
     }
 }
@@ -469,8 +455,8 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
     for (uint32_t p = p0; p < p1;) {
         uint32_t w = 0, e = p;
         for (; w < WCH && e < p1; w++) {
-            n[w] = chunk_len(e, p1);
-            chunk_load(v, kv_off(v->bt, e, v->kvh), n[w], e + n[w], p1, &t[w]);
+            n[w] = k_attn_chunk_len(e, p1);
+            chunk_load(v, k_kv_off(v->bt, e, v->kvh), n[w], e + n[w], p1, &t[w]);
             e += n[w];
         }
         for (size_t i0 = 0; i0 < nq; i0 += TQ) {
@@ -508,7 +494,7 @@ void k_flash_rows_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *
                                  uint32_t p1, float scale, float *m, float *l, float *acc)
 {
     for (uint32_t p = p0; p < p1;) {
-        uint32_t n = chunk_len(p, p1);
+        uint32_t n = k_attn_chunk_len(p, p1);
         for (uint32_t h = kvh0; h < kvh1; h++) {
             kv_view v = {kc, vc, block_table, h};
             size_t o = (size_t)h * group;

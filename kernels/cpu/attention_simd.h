@@ -40,13 +40,6 @@
 #define GMAX 8u /* heads per register pass; larger groups run in passes */
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 
-/* Element offset of (position, KV head) in a layer's paged cache. */
-static inline size_t kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
-{
-    return ((size_t)bt[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KV_STRIDE +
-           (size_t)kvh * KIPP_HEAD_DIM;
-}
-
 #define KB (2 * KV_W) /* bf16 per vi load of a K/V row: one even and one odd vf (vf_even, vf_odd) */
 #define AI inline __attribute__((always_inline))
 
@@ -211,7 +204,7 @@ typedef struct {
 /* always_inline: called, a function of prefetches alone is dropped (simd_<level>.h k_prefetch). */
 static AI void prefetch_pos(const kv_view *v, uint32_t pos)
 {
-    size_t off = kv_off(v->bt, pos, v->kvh);
+    size_t off = k_kv_off(v->bt, pos, v->kvh);
     for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
         k_prefetch((const char *)(v->kc + off) + b);
         k_prefetch((const char *)(v->vc + off) + b);
@@ -224,7 +217,7 @@ static AI void chunk_step(const float *q, size_t G, const kv_view *v, uint32_t p
                           float *m, float *l, float *acc)
 {
     float s[GMAX][CHUNK], corr[GMAX], qs[GMAX][KIPP_HEAD_DIM];
-    const size_t off = kv_off(v->bt, p, v->kvh), P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    const size_t off = k_kv_off(v->bt, p, v->kvh), P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
     const kipp_bf16 *kb = v->kc + off;
     q_split(q, G, qs);
     size_t j = 0;
@@ -241,13 +234,6 @@ static AI void chunk_step(const float *q, size_t G, const kv_view *v, uint32_t p
 #pragma GCC unroll 8
     for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
     chunk_values(acc, G, v->vc + off, 0, n, s, corr);
-}
-
-/* Positions in the aligned chunk at p, cut to p1. */
-static inline uint32_t chunk_len(uint32_t p, uint32_t p1)
-{
-    uint32_t n = CHUNK - p % CHUNK;
-    return p1 - p < n ? p1 - p : n;
 }
 
 /* chunk_step with a constant head count, so the accumulators stay in registers. */
@@ -421,10 +407,10 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
                       float *l, float *acc)
 {
     tile_chunk t;
-    for (uint32_t p = p0; p < p0 + chunk_len(p0, p1); p++) prefetch_pos(v, p); /* tile_load prefetches the rest */
+    for (uint32_t p = p0; p < p0 + k_attn_chunk_len(p0, p1); p++) prefetch_pos(v, p); /* tile_load prefetches the rest */
     for (uint32_t p = p0; p < p1;) {
-        uint32_t n = chunk_len(p, p1);
-        tile_load(v, kv_off(v->bt, p, v->kvh), n, p + n, &t);
+        uint32_t n = k_attn_chunk_len(p, p1);
+        tile_load(v, k_kv_off(v->bt, p, v->kvh), n, p + n, &t);
         tile_step(q, nq, &t, n, scale, m, l, acc);
         p += n;
     }
@@ -447,7 +433,7 @@ void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, 
     }
     for (uint32_t p = p0; p < p1 && p < p0 + PF_AHEAD; p++) prefetch_pos(&v, p);
     for (uint32_t p = p0; p < p1;) {
-        uint32_t n = chunk_len(p, p1);
+        uint32_t n = k_attn_chunk_len(p, p1);
         for (size_t g0 = 0; g0 < group; g0 += GMAX) {
             size_t G = group - g0 < GMAX ? group - g0 : GMAX;
             v.pf = g0 == 0 ? p + PF_AHEAD : p1;
@@ -477,7 +463,7 @@ static AI void rows_chunk(const rows_qs qs, size_t group, size_t g0, size_t G, c
 {
     static const float ones[GMAX] = {1, 1, 1, 1, 1, 1, 1, 1};
     float s[KIPP_N_KV_HEAD][GMAX][CHUNK], corr[KIPP_N_KV_HEAD][GMAX];
-    const size_t off = kv_off(bt, p, 0), P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
+    const size_t off = k_kv_off(bt, p, 0), P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
     size_t j = 0;
     for (; j + P <= n; j += P)
         for (uint32_t h = kvh0; h < kvh1; h++)
@@ -525,7 +511,7 @@ void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc,
         size_t G = group - g0 < GMAX ? group - g0 : GMAX;
         for (uint32_t h = kvh0; h < kvh1; h++) q_split(q + (h * group + g0) * KIPP_HEAD_DIM, G, qs[h]);
         for (uint32_t p = p0; p < p1;) {
-            uint32_t n = chunk_len(p, p1);
+            uint32_t n = k_attn_chunk_len(p, p1);
             rows_any((const float(*)[GMAX][KIPP_HEAD_DIM])qs, group, g0, G, kc, vc, block_table, kvh0, kvh1, p, n,
                      scale, m, l, acc);
             p += n;

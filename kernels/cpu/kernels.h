@@ -424,6 +424,23 @@ static inline size_t k_packed_index(size_t r, size_t c, size_t cols)
 /** Positions per attention chunk: walks cut [p0, p1) at multiples of it. */
 #define K_ATTN_CHUNK 16u
 
+/** Element offset of (position pos, KV head kvh) in a layer's paged K or V
+ * cache [n_blocks*32][8][128] bf16: physical row block_table[pos >> 5] * 32 +
+ * (pos & 31) (kv_write_bf16's layout). */
+static inline size_t k_kv_off(const uint32_t *block_table, uint32_t pos, uint32_t kvh)
+{
+    return ((size_t)block_table[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KIPP_N_KV_HEAD *
+               KIPP_HEAD_DIM +
+           (size_t)kvh * KIPP_HEAD_DIM;
+}
+
+/** Positions of the aligned K_ATTN_CHUNK chunk at p, cut to p1 (p < p1). */
+static inline uint32_t k_attn_chunk_len(uint32_t p, uint32_t p1)
+{
+    uint32_t n = K_ATTN_CHUNK - p % K_ATTN_CHUNK;
+    return p1 - p < n ? p1 - p : n;
+}
+
 /** A fresh flash-attention state for n query vectors: m = -inf, l = 0, acc [n][128] = 0. */
 static inline void k_attn_init(size_t n, float *m, float *l, float *acc)
 {

@@ -50,15 +50,10 @@ void k_embed_bf16_ref(const kipp_bf16 *table, uint32_t token, float *out, size_t
     for (size_t c = 0; c < d; c++) out[c] = kipp_bf16_to_f32(row[c]);
 }
 
-static size_t kv_row(const uint32_t *block_table, uint32_t pos)
-{
-    return ((size_t)block_table[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
-}
-
 void k_kv_write_bf16_ref(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_table, uint32_t pos,
                          const float *k, const float *v)
 {
-    size_t off = kv_row(block_table, pos);
+    size_t off = k_kv_off(block_table, pos, 0);
     for (size_t i = 0; i < KIPP_N_KV_HEAD * KIPP_HEAD_DIM; i++) {
         kc[off + i] = kipp_f32_to_bf16(k[i]);
         vc[off + i] = kipp_f32_to_bf16(v[i]);
@@ -73,7 +68,7 @@ void k_flash_gqa_bf16_ref(const float *q, size_t group, const kipp_bf16 *kc, con
         const float *qg = q + g * KIPP_HEAD_DIM;
         float mg = m[g], lg = l[g], *ag = acc + g * KIPP_HEAD_DIM; /* continue the state */
         for (uint32_t p = p0; p < p1; p++) {
-            size_t off = kv_row(block_table, p) + (size_t)kvh * KIPP_HEAD_DIM;
+            size_t off = k_kv_off(block_table, p, kvh);
             float s = 0.0f;
             for (size_t i = 0; i < KIPP_HEAD_DIM; i++) s += qg[i] * kipp_bf16_to_f32(kc[off + i]);
             s *= scale;

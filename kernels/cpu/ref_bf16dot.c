@@ -99,19 +99,13 @@ void k_matmul_bf16dot_ref(const void *wpv, const void *xv, float *y, size_t rows
  * weights. The max is taken per chunk, as the SIMD walk does, so both round
  * the same weights; the scores are summed in double (the SIMD walk's FP32
  * order differs, hence NMSE checks, ORDER). */
-static size_t dot_kv_off(const uint32_t *bt, uint32_t pos, uint32_t kvh)
-{
-    return ((size_t)bt[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * KIPP_N_KV_HEAD * KIPP_HEAD_DIM +
-           (size_t)kvh * KIPP_HEAD_DIM;
-}
-
 /* One chunk [p, p + n) for one query vector qb (BF16), continuing (m, l, acc). */
 static void dot_chunk(const kipp_bf16 *qb, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
                       const uint32_t *bt, uint32_t p, uint32_t n, float scale, float *m, float *l, float *acc)
 {
     float s[K_ATTN_CHUNK], cm = -INFINITY;
     for (uint32_t j = 0; j < n; j++) {
-        const kipp_bf16 *k = kc + dot_kv_off(bt, p + j, kvh);
+        const kipp_bf16 *k = kc + k_kv_off(bt, p + j, kvh);
         double d = 0;
         for (size_t i = 0; i < KIPP_HEAD_DIM; i++) d += (double)daz(qb[i]) * daz(k[i]);
         s[j] = (float)d * scale;
@@ -122,7 +116,7 @@ static void dot_chunk(const kipp_bf16 *qb, const kipp_bf16 *kc, const kipp_bf16 
     for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[i] *= corr;
     for (uint32_t j = 0; j < n; j++) {
         float e = kipp_bf16_to_f32(cvtne_bf16(expf(s[j] - mx)));
-        const kipp_bf16 *v = vc + dot_kv_off(bt, p + j, kvh);
+        const kipp_bf16 *v = vc + k_kv_off(bt, p + j, kvh);
         *l += e;
         for (size_t i = 0; i < KIPP_HEAD_DIM; i++) acc[i] += e * daz(v[i]);
     }
@@ -137,8 +131,7 @@ void k_flash_gqa_dot_ref(const float *q, size_t group, const kipp_bf16 *kc, cons
         kipp_bf16 qb[KIPP_HEAD_DIM];
         k_quant_bf16_ref(q + g * KIPP_HEAD_DIM, qb, KIPP_HEAD_DIM);
         for (uint32_t p = p0; p < p1;) {
-            uint32_t n = K_ATTN_CHUNK - p % K_ATTN_CHUNK;
-            n = p1 - p < n ? p1 - p : n;
+            uint32_t n = k_attn_chunk_len(p, p1);
             dot_chunk(qb, kc, vc, kvh, block_table, p, n, scale, &m[g], &l[g], acc + g * KIPP_HEAD_DIM);
             p += n;
         }
