@@ -90,8 +90,11 @@ static void tile_unit(const cpu_round *r, uint32_t layer, uint32_t tile, uint32_
     for (uint32_t t = 0; t < T; t++)
         memcpy(q + t * group * HD, m->qkv + (size_t)(r0 + t) * m->QKV + head0, group * HD * sizeof(float));
     uint32_t A = p0 / K_ATTN_CHUNK * K_ATTN_CHUNK;
-    for (uint32_t a = 0; a < A; a += KIPP_KV_BLOCK)
-        walk(r, q, Q, kc, vc, kvh, bt, a, a + KIPP_KV_BLOCK < A ? a + KIPP_KV_BLOCK : A, st, 0);
+    for (uint32_t a = 0; a < A; a += KIPP_KV_BLOCK) {
+        uint32_t e = a + KIPP_KV_BLOCK < A ? a + KIPP_KV_BLOCK : A;
+        if (e < A) k_kv_prefetch(kc, vc, kvh, bt, e, e + K_ATTN_CHUNK < A ? e + K_ATTN_CHUNK : A);
+        walk(r, q, Q, kc, vc, kvh, bt, a, e, st, 0);
+    }
     for (uint32_t c = A; c < pend; c += K_ATTN_CHUNK) {
         uint32_t ce = c + K_ATTN_CHUNK, tf = ce - 1 < p0 ? 0 : ce - 1 - p0; /* first token seeing it whole */
         for (uint32_t t = 0; t < tf && t < T; t++) {

@@ -41,6 +41,15 @@
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 
 #define KB (2 * KV_W) /* bf16 per vi load of a K/V row: one even and one odd vf (vf_even, vf_odd) */
+
+/* Keep v in a register from here on: GCC 12 otherwise folds a reused load
+ * into every FMA as a memory operand, and the loop becomes load-bound. A
+ * no-op under SIMDe, whose vf is not one register. */
+#ifdef KIPP_SIMDE_EMU
+#define K_PIN(v) ((void)0)
+#else
+#define K_PIN(v) __asm__("" : "+v"(v))
+#endif
 #define AI inline __attribute__((always_inline))
 
 /* The G query heads at q with each KB block split into its even and odd
@@ -96,6 +105,15 @@ static AI void chunk_scores(const float qs[GMAX][KIPP_HEAD_DIM], size_t G, const
     for (; j < n; j++) scores_step(qs, G, 1, kbase + j * KV_STRIDE, j, scale, s);
 }
 
+/* vf_exp of one float: the correction factors use the vector exp, so
+ * tile_softmax's vector of them is bitwise chunk_softmax's. */
+static AI float exp1(float x)
+{
+    float r[KV_W];
+    vf_store(r, vf_exp(vf_set1(x)));
+    return r[0];
+}
+
 /* Online-softmax step for one head: turns s[0..n) into weights e (in place;
  * s[n..CHUNK) become 0), returns the factor that rescales the old l and acc.
  * Short chunks are padded with -inf, whose exp is exactly 0 (vf_exp). */
@@ -106,14 +124,15 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
     for (size_t j = KV_W; j < CHUNK; j += KV_W) mx_v = vf_max(mx_v, vf_load(s + j));
     float cm = vf_hmax(mx_v), mx = cm > *m ? cm : *m;
     const vf vm = vf_set1(mx);
-    float corr = expf(*m - mx); /* -inf - mx gives 0 */
+    float corr = exp1(*m - mx); /* -inf - mx gives 0 */
     vf sum = vf_zero();
     for (size_t j = 0; j < CHUNK; j += KV_W) {
         vf e = vf_exp(vf_sub(vf_load(s + j), vm));
         vf_store(s + j, e);
         sum = vf_add(sum, e);
     }
-    *l = *l * corr + vf_hsum(sum);
+    float lc = *l * corr; /* two statements: never contracted to an FMA, as tile_softmax's vf_mul, vf_add */
+    *l = lc + vf_hsum(sum);
     *m = mx;
     return corr;
 }
@@ -264,8 +283,9 @@ static void step_any(const float *q, size_t G, const kv_view *v, uint32_t p, uin
  * of the tile it is computed in (kernels.h "row invariance"). */
 #define TILE_MIN 16u /* query vectors from which the GEMM-shaped walk is used */
 #define TILE_Q 16u   /* query vectors per scores/softmax/values block */
-#define TS_QB 4u     /* query vectors per scores pass: each K^T load feeds 4 FMAs */
-#define TV_QB (KV_W == 16 ? 4u : 2u) /* query vectors per values pass (TV_QB x 4 accumulators) */
+#define TS_QB 4u /* query vectors per scores pass: 4 x TS_NC chains (6 x 2 on AVX2 spilled: 40% slower) */
+#define TV_QB 4u                       /* query vectors per values pass */
+#define TV_DV (KV_W == 16 ? 4u : 2u)   /* head vectors per values pass: TV_QB x TV_DV accumulators */
 
 /* One chunk's working set for the tile walk, on tile_walk's stack (18 KB,
  * L1-resident while every block of query vectors uses it): K^T and V widened
@@ -298,21 +318,33 @@ static void tile_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, til
             vf_store(t->v[j] + d, vf_widen(v->vc + off + (size_t)j * KV_STRIDE + d));
 }
 
+#define TS_NC (CHUNK / KV_W) /* position vectors per chunk: 2 on AVX2, 1 on AVX-512 */
+
 /* Lane ell of vf_hsum's input for QB query vectors at q (stride 128), over
- * the position vector at column c of kt: the dims b + 2 ell + {0, 1}, one FMA
- * chain from zero, as scores_step accumulates them. */
-static AI void lane_chain(const float *q, size_t QB, const float (*kt)[CHUNK], size_t c, size_t ln, vf *a)
+ * the chunk's TS_NC position vectors of kt: the dims b + 2 ell + {0, 1}, one
+ * FMA chain from zero, as scores_step accumulates them. Every broadcast of q
+ * feeds TS_NC FMAs, and QB * TS_NC = 8 chains cover the FMA latency on
+ * AVX2 (4 chains, one position vector a pass, ran latency-bound there). */
+static AI void lane_chain(const float *q, size_t QB, const float (*kt)[CHUNK], size_t ln, vf a[][TS_NC])
 {
 #pragma GCC unroll 4
-    for (size_t i = 0; i < QB; i++) a[i] = vf_zero();
+    for (size_t i = 0; i < QB; i++)
+#pragma GCC unroll 2
+        for (size_t c = 0; c < TS_NC; c++) a[i][c] = vf_zero();
 #pragma GCC unroll 8
     for (size_t b = 0; b < KIPP_HEAD_DIM; b += KB)
 #pragma GCC unroll 2
         for (size_t o = 0; o < 2; o++) {
             size_t d = b + 2 * ln + o;
-            vf k = vf_load(kt[d] + c);
+            vf k[TS_NC];
+#pragma GCC unroll 2
+            for (size_t c = 0; c < TS_NC; c++) k[c] = vf_load(kt[d] + c * KV_W);
 #pragma GCC unroll 4
-            for (size_t i = 0; i < QB; i++) a[i] = vf_fma(vf_bcast(q + i * KIPP_HEAD_DIM + d), k, a[i]);
+            for (size_t i = 0; i < QB; i++) {
+                vf qd = vf_bcast(q + i * KIPP_HEAD_DIM + d);
+#pragma GCC unroll 2
+                for (size_t c = 0; c < TS_NC; c++) a[i][c] = vf_fma(qd, k[c], a[i][c]);
+            }
         }
 }
 
@@ -332,54 +364,111 @@ static AI size_t leaf_lane(size_t k)
  * is even at that depth, so at most log2(KV_W) + 1 partials per query live. */
 static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], float scale, float (*s)[CHUNK])
 {
-    for (size_t c = 0; c < CHUNK; c += KV_W) {
-        vf st[TS_QB][6];
-        size_t sp = 0;
+    vf st[TS_QB][TS_NC][6];
+    size_t sp = 0;
+    /* AVX2 does not unroll: the partials then live in memory (indexed by sp
+     * at run time) and the chains' registers hold K; unrolled, GCC 12 kept
+     * the partials in its 16 ymm and re-read K from memory for every FMA.
+     * AVX-512 (32 zmm) stays unrolled, as measured before. */
+#if KV_W == 16
 #pragma GCC unroll 16
-        for (size_t k = 0; k < KV_W; k++) {
-            vf a[TS_QB];
-            lane_chain(q, QB, kt, c, leaf_lane(k), a);
+#else
+#pragma GCC unroll 1
+#endif
+    for (size_t k = 0; k < KV_W; k++) {
+        vf a[TS_QB][TS_NC];
+        lane_chain(q, QB, kt, leaf_lane(k), a);
 #pragma GCC unroll 4
-            for (size_t i = 0; i < QB; i++) st[i][sp] = a[i];
-            sp++;
+        for (size_t i = 0; i < QB; i++)
+#pragma GCC unroll 2
+            for (size_t c = 0; c < TS_NC; c++) st[i][c][sp] = a[i][c];
+        sp++;
 #pragma GCC unroll 4
-            for (size_t n = k + 1; n % 2 == 0; n /= 2, sp--)
+        for (size_t n = k + 1; n % 2 == 0; n /= 2, sp--)
 #pragma GCC unroll 4
-                for (size_t i = 0; i < QB; i++) st[i][sp - 2] = vf_add(st[i][sp - 2], st[i][sp - 1]);
-        }
-#pragma GCC unroll 4
-        for (size_t i = 0; i < QB; i++) vf_store(s[i] + c, vf_mul(st[i][0], vf_set1(scale)));
+            for (size_t i = 0; i < QB; i++)
+#pragma GCC unroll 2
+                for (size_t c = 0; c < TS_NC; c++) st[i][c][sp - 2] = vf_add(st[i][c][sp - 2], st[i][c][sp - 1]);
     }
+#pragma GCC unroll 4
+    for (size_t i = 0; i < QB; i++)
+#pragma GCC unroll 2
+        for (size_t c = 0; c < TS_NC; c++) vf_store(s[i] + c * KV_W, vf_mul(st[i][c][0], vf_set1(scale)));
 }
 
 /* acc_i = acc_i * corr_i + sum_{j < n} e_i[j] * v_j for QB query vectors
- * (acc stride 128), 4 vectors of the head at a time. */
+ * (acc stride 128), TV_DV vectors of the head at a time: per position TV_DV
+ * loads of V (pinned) and QB broadcasts feed QB * TV_DV FMAs from registers.
+ * (AVX2 took 4 vectors for 2 queries, and GCC read V from memory for every
+ * FMA: 10 loads per 8 FMAs against 6 now.) */
 static AI void tile_values(float *acc, size_t QB, const float (*v)[KIPP_HEAD_DIM], uint32_t n,
                            const float (*e)[CHUNK], const float *corr)
 {
-    for (size_t d = 0; d < KIPP_HEAD_DIM; d += 4 * KV_W) {
-        vf a[TV_QB][4];
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += TV_DV * KV_W) {
+        vf a[TV_QB][TV_DV];
 #pragma GCC unroll 4
         for (size_t i = 0; i < QB; i++)
 #pragma GCC unroll 4
-            for (size_t t = 0; t < 4; t++)
+            for (size_t t = 0; t < TV_DV; t++)
                 a[i][t] = vf_mul(vf_load(acc + i * KIPP_HEAD_DIM + d + t * KV_W), vf_set1(corr[i]));
         for (uint32_t j = 0; j < n; j++) {
-            vf vv[4];
+            vf vv[TV_DV];
 #pragma GCC unroll 4
-            for (size_t t = 0; t < 4; t++) vv[t] = vf_load(v[j] + d + t * KV_W);
+            for (size_t t = 0; t < TV_DV; t++) {
+                vv[t] = vf_load(v[j] + d + t * KV_W);
+                K_PIN(vv[t]);
+            }
 #pragma GCC unroll 4
             for (size_t i = 0; i < QB; i++) {
                 vf eb = vf_bcast(&e[i][j]);
 #pragma GCC unroll 4
-                for (size_t t = 0; t < 4; t++) a[i][t] = vf_fma(eb, vv[t], a[i][t]);
+                for (size_t t = 0; t < TV_DV; t++) a[i][t] = vf_fma(eb, vv[t], a[i][t]);
             }
         }
 #pragma GCC unroll 4
         for (size_t i = 0; i < QB; i++)
 #pragma GCC unroll 4
-            for (size_t t = 0; t < 4; t++) vf_store(acc + i * KIPP_HEAD_DIM + d + t * KV_W, a[i][t]);
+            for (size_t t = 0; t < TV_DV; t++) vf_store(acc + i * KIPP_HEAD_DIM + d + t * KV_W, a[i][t]);
     }
+}
+
+/* chunk_softmax for the KV_W query vectors whose scores are s[0, KV_W), at
+ * once, bit for bit: the max is exact in any order and so is vf_max(cm, m)
+ * (it returns m unless cm > m, as chunk_softmax's select), the exps are per
+ * element, the correction is the same vf_exp, and the sum is vf_hsum's tree
+ * with the queries' sum vectors transposed, so that a lane's partial sums
+ * become rows and the tree adds rows. m, l and corr: KV_W consecutive
+ * floats, updated. */
+static void tile_softmax(float (*s)[CHUNK], uint32_t n, float *m, float *l, float *corr)
+{
+    vf r[KV_W];
+    float mx[KV_W];
+    for (size_t i = 0; i < KV_W; i++) {
+        for (size_t j = n; j < CHUNK; j++) s[i][j] = -INFINITY;
+        vf v = vf_load(s[i]);
+        for (size_t j = KV_W; j < CHUNK; j += KV_W) v = vf_max(v, vf_load(s[i] + j));
+        r[i] = v;
+    }
+    vf_transpose(r);
+    vf cm = r[0];
+    for (size_t i = 1; i < KV_W; i++) cm = vf_max(cm, r[i]);
+    vf mo = vf_load(m), mn = vf_max(cm, mo), co = vf_exp(vf_sub(mo, mn));
+    vf_store(m, mn);
+    vf_store(corr, co);
+    vf_store(mx, mn);
+    for (size_t i = 0; i < KV_W; i++) {
+        vf vm = vf_set1(mx[i]), sum = vf_zero();
+        for (size_t j = 0; j < CHUNK; j += KV_W) {
+            vf e = vf_exp(vf_sub(vf_load(s[i] + j), vm));
+            vf_store(s[i] + j, e);
+            sum = vf_add(sum, e);
+        }
+        r[i] = sum;
+    }
+    vf_transpose(r);
+    for (size_t w = KV_W / 2; w >= 1; w /= 2)
+        for (size_t i = 0; i < w; i++) r[i] = vf_add(r[i], r[i + w]);
+    vf_store(l, vf_add(vf_mul(vf_load(l), co), r[0]));
 }
 
 /* One chunk [p, p + n) for the nq query vectors at q: blocks of TILE_Q. */
@@ -392,7 +481,8 @@ static void tile_step(const float *q, size_t nq, tile_chunk *t, uint32_t n, floa
         for (; i + TS_QB <= nb; i += TS_QB)
             tile_scores(qb + i * KIPP_HEAD_DIM, TS_QB, (const float(*)[CHUNK])t->kt, scale, t->s + i);
         for (; i < nb; i++) tile_scores(qb + i * KIPP_HEAD_DIM, 1, (const float(*)[CHUNK])t->kt, scale, t->s + i);
-        for (i = 0; i < nb; i++) t->corr[i] = chunk_softmax(t->s[i], n, &m[i0 + i], &l[i0 + i]);
+        for (i = 0; i + KV_W <= nb; i += KV_W) tile_softmax(t->s + i, n, m + i0 + i, l + i0 + i, t->corr + i);
+        for (; i < nb; i++) t->corr[i] = chunk_softmax(t->s[i], n, &m[i0 + i], &l[i0 + i]);
         float *ab = acc + i0 * KIPP_HEAD_DIM;
         const float(*vv)[KIPP_HEAD_DIM] = (const float(*)[KIPP_HEAD_DIM])t->v;
         const float(*e)[CHUNK] = (const float(*)[CHUNK])t->s;

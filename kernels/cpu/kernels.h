@@ -441,6 +441,22 @@ static inline uint32_t k_attn_chunk_len(uint32_t p, uint32_t p1)
     return p1 - p < n ? p1 - p : n;
 }
 
+/** Prefetch (into L2) KV head kvh's K and V rows at positions [p0, p1) of a
+ * layer's paged cache: a caller that walks page after page issues the next
+ * page's first chunk while the current one computes, since a walk can only
+ * prefetch inside its own range. Generic C: __builtin_prefetch. */
+static inline void k_kv_prefetch(const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh, const uint32_t *block_table,
+                                 uint32_t p0, uint32_t p1)
+{
+    for (uint32_t p = p0; p < p1; p++) {
+        size_t off = k_kv_off(block_table, p, kvh);
+        for (size_t b = 0; b < KIPP_HEAD_DIM * sizeof(kipp_bf16); b += 64) {
+            __builtin_prefetch((const char *)(kc + off) + b, 0, 2);
+            __builtin_prefetch((const char *)(vc + off) + b, 0, 2);
+        }
+    }
+}
+
 /** A fresh flash-attention state for n query vectors: m = -inf, l = 0, acc [n][128] = 0. */
 static inline void k_attn_init(size_t n, float *m, float *l, float *acc)
 {
