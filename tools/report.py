@@ -234,25 +234,35 @@ def fmt_share(r: dict) -> str:
 
 
 def readme_table(docs: list[dict]) -> str:
-    """Markdown: per (model, format, bench) Kipp's newest tok/s and roofline share
-    with its target, beside llama.cpp's figure and the ratio from the newest peers run
-    on the same CPU (a peers run of another CPU is not paired with it: the machines of
-    this kind differ, and a ratio across two of them means nothing)."""
-    models, peers = newest(docs, "model"), newest(docs, "peers")
-    peers_cpu = newest(docs, "peers", by_cpu=True)
+    """Markdown: per (model, format, bench) and per CPU, Kipp's newest tok/s and
+    roofline share with its target, beside llama.cpp's figure and the ratio from the
+    newest peers run on the same CPU (a peers run of another CPU is not paired with
+    it: the machines of this kind differ, and a ratio across two of them means
+    nothing). Each CPU keeps its own rows, newest CPU first, so a run on one machine
+    kind never hides another's figures. Documents that record no CPU id make rows only
+    where no document with one covers that (model, format, bench)."""
+    models, peers = newest(docs, "model", by_cpu=True), newest(docs, "peers", by_cpu=True)
+    entries = list(models.values()) + list(peers.values())
+    covered = {(r.get("model"), r.get("name"), r.get("format", "bf16")) for r, d in entries if cpu_known(d)}
+    keys = {k for k, (_, d) in list(models.items()) + list(peers.items()) if cpu_known(d) or k[:3] not in covered}
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
-    for key in sorted(set(models) | set(peers), key=lambda k: (str(k[0]), str(k[2]), order.get(k[1], 9))):
-        m = models.get(key)
-        p = (peers_cpu.get(key + (cpu_of(m[1]),)) if cpu_known(m[1]) else None) if m else peers.get(key)
+
+    def date_of(k: tuple) -> str:
+        return max(str(x[1].get("date", "")) for x in (models.get(k), peers.get(k)) if x)
+
+    keys_sorted = sorted(keys, key=date_of, reverse=True)  # newest CPU first within a bench (stable sort below)
+    for key in sorted(keys_sorted, key=lambda k: (str(k[0]), str(k[2]), order.get(k[1], 9))):
+        m, p = models.get(key), peers.get(key)
+        if m and p and not cpu_known(m[1]):
+            p = None  # no CPU id: the two files may come from two machines
         kipp = f"{m[0]['median']:.2f}" if m else "-"
         share = fmt_share(m[0]) if m else "-"
         llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run on this CPU"
         ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
         files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
-        cpus = cpu_of((m or p)[1])
-        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpus} | {kipp} | {share} | {llama} | {ratio} | {files} |")
+        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {key[3]} | {kipp} | {share} | {llama} | {ratio} | {files} |")
     note = ("\nEach row's llama.cpp figure comes from the newest peers run on the CPU that row names; "
             "\"not run on this CPU\" means no peers run of that row exists there yet (or the row's\n"
             "file records no CPU id: results from before it was recorded pair with nothing).\n")
