@@ -23,14 +23,50 @@ def test_report_reads_only_the_schema(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps(model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)))
     (tmp_path / "b.json").write_text(json.dumps(model_doc("bbbbbbb", "2026-11-02T00:00:00Z", 33.0)))
     (tmp_path / "other.json").write_text(json.dumps({"schema": "something-else", "results": []}))
-    (tmp_path / "broken.json").write_text("{not json")
     out = tmp_path / "report.png"
     p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out", str(out)],
                        capture_output=True, text=True, check=True)
     assert "2 result files, 1 model series, 1 roofline points" in p.stdout
     assert "skipping other.json: schema is not kipp.bench.v1" in p.stderr
-    assert "skipping broken.json" in p.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_stops_on_a_malformed_result(tmp_path: Path) -> None:
+    """A truncated file, or a kipp.bench.v1 document whose figures are not numbers, stops the
+    report with an error naming the file and the field, and leaves the README as it was
+    (a table drawn around it would show older figures as the newest); a result in another
+    unit than tok/s makes no table row."""
+    readme = tmp_path / "R.md"
+    before = "<!-- perf-table:begin -->\nold\n<!-- perf-table:end -->\n"
+    good = model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)
+    null_median = model_doc("bbbbbbb", "2026-11-02T00:00:00Z", 33.0)
+    null_median["results"][0]["median"] = None
+    no_ratio = peers_doc("2026-11-02T00:00:00Z", {}, 22.0, 1.5)
+    del no_ratio["results"][0]["ratio"]
+    cases = [("z.json", '{"schema": "kipp.bench.v1", "kind": "model", "res', "z.json: not readable JSON"),
+             ("z.json", json.dumps(null_median), "z.json: results[0] (tg128 synthetic-0.6b).median is None"),
+             ("z.json", json.dumps(no_ratio), "z.json: results[0] (tg128 synthetic-0.6b).ratio is None"),
+             ("z.json", json.dumps({**good, "results": None}), "z.json: results is NoneType, expected a list"),
+             ("z.json", json.dumps({**good, "date": 20261102}), "z.json: date is 20261102")]
+    for name, text, want in cases:
+        (tmp_path / "a.json").write_text(json.dumps(good))
+        (tmp_path / name).write_text(text)
+        readme.write_text(before)
+        p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                            str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)
+        assert p.returncode == 1 and want in p.stderr and "Traceback" not in p.stderr, (want, p.stderr)
+        assert readme.read_text() == before
+    ms = model_doc("ccccccc", "2026-11-03T00:00:00Z", 2.0)
+    ms["results"][0].update(unit="ms", name="ttft")
+    (tmp_path / "z.json").write_text(json.dumps(ms))
+    p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                        str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    table = readme.read_text()
+    assert "| 30.00 |" in table and "ttft" not in table, table
+    p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path / "nope")],
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and "results directory" in p.stderr and "does not exist" in p.stderr
 
 
 def test_bench_models_rejects_unknown_model() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -34,18 +35,61 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "kipp.bench.v1"
 
 
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def doc_problem(d: dict) -> str | None:
+    """What makes a kipp.bench.v1 document unusable for the plots and the table, or None.
+    Our own tools write these files, so a malformed one is a defect to stop on, not to
+    draw around: a row built from it would be silently wrong."""
+    if not isinstance(d.get("date", ""), str):
+        return f"date is {d.get('date')!r}, expected an ISO 8601 string"
+    res = d.get("results", [])
+    if not isinstance(res, list):
+        return f"results is {type(res).__name__}, expected a list"
+    for i, r in enumerate(res):
+        if not isinstance(r, dict):
+            return f"results[{i}] is {type(r).__name__}, expected an object"
+        for k in ("name", "model") if d.get("kind") in ("model", "peers") else ("name",):
+            if not isinstance(r.get(k), str) or not r[k]:
+                return f"results[{i}].{k} is {r.get(k)!r}, expected a non-empty string"
+        if d.get("kind") == "model" and r.get("unit") == "tok/s":
+            for k in ("median", "min", "max"):
+                if not _num(r.get(k)):
+                    return f"results[{i}] ({r['name']} {r['model']}).{k} is {r.get(k)!r}, expected a number"
+            for k in ("roofline_share", "vs_pp512"):
+                if r.get(k) is not None and not _num(r[k]):
+                    return f"results[{i}] ({r['name']} {r['model']}).{k} is {r[k]!r}, expected a number or null"
+        if d.get("kind") == "peers":
+            for k in ("kipp", "llama_cpp"):
+                if not isinstance(r.get(k), dict) or not _num(r[k].get("median")):
+                    return f"results[{i}] ({r['name']} {r['model']}).{k}.median is missing or not a number"
+            if not _num(r.get("ratio")):
+                return f"results[{i}] ({r['name']} {r['model']}).ratio is {r.get('ratio')!r}, expected a number"
+    return None
+
+
 def load_docs(results_dir: Path) -> list[dict]:
-    """Every kipp.bench.v1 document in results_dir (not recursive), oldest first."""
+    """Every kipp.bench.v1 document in results_dir (not recursive), oldest first.
+    Files of other schemas are skipped with a note; a file that is not JSON, or a
+    kipp.bench.v1 document that doc_problem rejects, stops the report (SystemExit
+    naming the file), since a table generated without it would quietly show older
+    figures as the newest."""
+    if not results_dir.is_dir():
+        raise SystemExit(f"report.py: results directory {results_dir} does not exist")
     docs = []
     for p in sorted(results_dir.glob("*.json")):
         try:
             d = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"report.py: skipping {p.name}: not readable JSON ({e})", file=sys.stderr)
-            continue
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SystemExit(f"report.py: {p}: not readable JSON ({e}); fix or remove it")
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
             print(f"report.py: skipping {p.name}: schema is not {SCHEMA}", file=sys.stderr)
             continue
+        why = doc_problem(d)
+        if why:
+            raise SystemExit(f"report.py: {p}: {why}")
         d["_file"] = p.name
         docs.append(d)
     docs.sort(key=lambda d: d.get("date", ""))
@@ -185,6 +229,8 @@ def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tup
     for d in docs:  # oldest first: later documents overwrite
         if d.get("kind") == kind:
             for r in d.get("results", []):
+                if r.get("unit", "tok/s") != "tok/s":
+                    continue  # the table's columns are token rates
                 key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
                 out[key + (cpu_of(d),) if by_cpu else key] = (r, d)
     return out
@@ -226,7 +272,8 @@ def fmt_share(r: dict) -> str:
     if share is None or target is None:
         return "n/a"
     peak = ROOF_NAMES.get(r.get("roofline_ref", ""), "")
-    text = f"{100 * share:.1f}%{' of ' + peak if peak else ''} (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
+    shown = math.floor(1000 * share) / 10  # rounded down: a share just under its target never prints as the target
+    text = f"{shown:.1f}%{' of ' + peak if peak else ''} (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
     if r.get("vs_pp512") is not None:  # pp4096: its token rate against pp512 from the same run
         t = r.get("target_vs_pp512", 0.7)
         text += f"; {r['vs_pp512']:.2f}x the pp512 rate (target {t:.2f}x, {'met' if r['vs_pp512'] >= t else 'not met'})"
@@ -245,7 +292,7 @@ def readme_table(docs: list[dict]) -> str:
     entries = list(models.values()) + list(peers.values())
     covered = {(r.get("model"), r.get("name"), r.get("format", "bf16")) for r, d in entries if cpu_known(d)}
     keys = {k for k, (_, d) in list(models.items()) + list(peers.items()) if cpu_known(d) or k[:3] not in covered}
-    rows = ["| model | format | bench | CPU (level) | Kipp tok/s | share of this machine's roofline | llama.cpp tok/s (same run) | Kipp / llama.cpp | files |",
+    rows = ["| model | format | bench | CPU (level) | Kipp tok/s (bench run) | share of this machine's roofline (bench run) | llama.cpp tok/s (peers run) | Kipp / llama.cpp (peers run: Kipp's figure in it) | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
 
@@ -273,8 +320,8 @@ def rewrite_readme(path: Path, docs: list[dict]) -> None:
     """Replace the text between the perf-table markers in path; SystemExit when they are missing."""
     begin, end = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
     text = path.read_text()
-    if begin not in text or end not in text:
-        raise SystemExit(f"report.py: {path} has no {begin} ... {end} markers")
+    if begin not in text or end not in text or text.index(end) < text.index(begin):
+        raise SystemExit(f"report.py: {path} has no {begin} ... {end} markers (in that order)")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     path.write_text(head + begin + "\n" + readme_table(docs) + end + tail)
