@@ -240,3 +240,27 @@ def test_report_survives_malformed_cpu_fields(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     row = next(ln for ln in readme.read_text().splitlines() if "| tg128 |" in ln)
     assert "| 34.00 |" in row and "not run on this CPU" in row and "1.50x" not in row, row
+
+
+def test_report_rounds_figures_down_and_checks_the_markers(tmp_path: Path) -> None:
+    """Shares and the pp4096/pp512 ratio print rounded down, so a miss never reads as its
+    target, while a round figure stays round (0.29 is 29.0%, not 28.9%); markers in the
+    wrong order stop the report with a message and leave the file as it was."""
+    d = model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)
+    d["results"][0]["roofline_share"] = 0.29
+    pp = dict(d["results"][0], name="pp4096", roofline_share=0.79996, vs_pp512=0.6999, target_vs_pp512=0.7)
+    d["results"].append(pp)
+    (tmp_path / "a.json").write_text(json.dumps(d))
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- perf-table:begin -->\n<!-- perf-table:end -->\n")
+    cmd = [sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out", str(tmp_path / "r.png"),
+           "--readme", str(readme)]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    table = readme.read_text()
+    assert "| 29.0% (target 95%, not met) |" in table, table
+    assert "79.9% (target 80%, not met); 0.69x the pp512 rate (target 0.70x, not met)" in table, table
+    swapped = "<!-- perf-table:end -->\nx\n<!-- perf-table:begin -->\n"
+    readme.write_text(swapped)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 1 and "markers (in that order)" in p.stderr, p.stderr
+    assert readme.read_text() == swapped

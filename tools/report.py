@@ -36,6 +36,7 @@ SCHEMA = "kipp.bench.v1"
 
 
 def _num(x) -> bool:
+    """Whether x is a finite JSON number (not a bool, NaN or infinity)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -267,16 +268,23 @@ def cpu_known(d: dict) -> bool:
     return isinstance(c, dict) and isinstance(c.get("cpu_id"), str) and bool(c["cpu_id"])
 
 
+def floor_fmt(x: float, places: int) -> str:
+    """x rounded down to places decimals, as text: a figure just under its target never
+    prints as the target (0.7996 -> "0.79" at 2). The 1e-9 keeps a figure that float
+    arithmetic puts a hair below a round value (0.29 * 100 = 28.999...) on that value."""
+    q = 10 ** places
+    return f"{math.floor(x * q + 1e-9) / q:.{places}f}"
+
+
 def fmt_share(r: dict) -> str:
     share, target = r.get("roofline_share"), TARGETS.get(r.get("name"))
     if share is None or target is None:
         return "n/a"
     peak = ROOF_NAMES.get(r.get("roofline_ref", ""), "")
-    shown = math.floor(1000 * share) / 10  # rounded down: a share just under its target never prints as the target
-    text = f"{shown:.1f}%{' of ' + peak if peak else ''} (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
+    text = f"{floor_fmt(100 * share, 1)}%{' of ' + peak if peak else ''} (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
     if r.get("vs_pp512") is not None:  # pp4096: its token rate against pp512 from the same run
         t = r.get("target_vs_pp512", 0.7)
-        text += f"; {r['vs_pp512']:.2f}x the pp512 rate (target {t:.2f}x, {'met' if r['vs_pp512'] >= t else 'not met'})"
+        text += f"; {floor_fmt(r['vs_pp512'], 2)}x the pp512 rate (target {t:.2f}x, {'met' if r['vs_pp512'] >= t else 'not met'})"
     return text
 
 
@@ -289,9 +297,9 @@ def readme_table(docs: list[dict]) -> str:
     kind never hides another's figures. Documents that record no CPU id make rows only
     where no document with one covers that (model, format, bench)."""
     models, peers = newest(docs, "model", by_cpu=True), newest(docs, "peers", by_cpu=True)
-    entries = list(models.values()) + list(peers.values())
-    covered = {(r.get("model"), r.get("name"), r.get("format", "bf16")) for r, d in entries if cpu_known(d)}
-    keys = {k for k, (_, d) in list(models.items()) + list(peers.items()) if cpu_known(d) or k[:3] not in covered}
+    entries = list(models.items()) + list(peers.items())  # ((model, bench, format, cpu), (result, doc))
+    covered = {k[:3] for k, (_, d) in entries if cpu_known(d)}
+    keys = {k for k, (_, d) in entries if cpu_known(d) or k[:3] not in covered}
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s (bench run) | share of this machine's roofline (bench run) | llama.cpp tok/s (peers run) | Kipp / llama.cpp (peers run: Kipp's figure in it) | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
