@@ -47,7 +47,9 @@ def test_report_stops_on_a_malformed_result(tmp_path: Path) -> None:
              ("z.json", json.dumps(null_median), "z.json: results[0] (tg128 synthetic-0.6b).median is None"),
              ("z.json", json.dumps(no_ratio), "z.json: results[0] (tg128 synthetic-0.6b).ratio is None"),
              ("z.json", json.dumps({**good, "results": None}), "z.json: results is NoneType, expected a list"),
-             ("z.json", json.dumps({**good, "date": 20261102}), "z.json: date is 20261102")]
+             ("z.json", json.dumps({**good, "date": 20261102}), "z.json: date is 20261102"),
+             ("z.json", json.dumps({**good, "date": "Dec 9 2026"}), "z.json: date is 'Dec 9 2026', expected an ISO"),
+             ("z.json", json.dumps({k: v for k, v in good.items() if k != "date"}), "z.json: date is None")]
     for name, text, want in cases:
         (tmp_path / "a.json").write_text(json.dumps(good))
         (tmp_path / name).write_text(text)

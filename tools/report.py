@@ -24,6 +24,7 @@ import json
 import math
 import sys
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 
 import matplotlib
@@ -44,8 +45,10 @@ def doc_problem(d: dict) -> str | None:
     """What makes a kipp.bench.v1 document unusable for the plots and the table, or None.
     Our own tools write these files, so a malformed one is a defect to stop on, not to
     draw around: a row built from it would be silently wrong."""
-    if not isinstance(d.get("date", ""), str):
-        return f"date is {d.get('date')!r}, expected an ISO 8601 string"
+    try:  # documents sort by date as text: only ISO 8601 text sorts as time does
+        datetime.fromisoformat(d["date"])
+    except (KeyError, TypeError, ValueError):
+        return f"date is {d.get('date')!r}, expected an ISO 8601 time such as 2026-12-04T01:00:00Z"
     res = d.get("results", [])
     if not isinstance(res, list):
         return f"results is {type(res).__name__}, expected a list"
