@@ -266,3 +266,20 @@ def test_report_rounds_figures_down_and_checks_the_markers(tmp_path: Path) -> No
     p = subprocess.run(cmd, capture_output=True, text=True)
     assert p.returncode == 1 and "markers (in that order)" in p.stderr, p.stderr
     assert readme.read_text() == swapped
+
+
+def test_report_pairs_by_cpu_id_whatever_the_level_text(tmp_path: Path) -> None:
+    """A model file and a peers file with one cpu_id make one row with the ratio even when
+    their writers describe the CPU differently (best_level against flags)."""
+    m = model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)
+    m["cpu"] = {"model": "AMD EPYC", "cpu_id": "amd-f26m2", "best_level": "avx512_bf16"}
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    peers = peers_doc("2026-11-01T01:00:00Z", {"model": "AMD EPYC ", "cpu_id": "amd-f26m2", "flags": ["avx2"]}, 22.0, 1.5)
+    (tmp_path / "p.json").write_text(json.dumps(peers))
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- perf-table:begin -->\n<!-- perf-table:end -->\n")
+    subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                    str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True, check=True)
+    rows = [ln for ln in readme.read_text().splitlines() if "| tg128 |" in ln]
+    assert len(rows) == 1, rows
+    assert "| AMD EPYC amd-f26m2 (avx512_bf16) | 30.00 |" in rows[0] and "**1.50x** (Kipp 33.00)" in rows[0], rows[0]

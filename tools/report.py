@@ -228,7 +228,7 @@ TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80}
 
 def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tuple[dict, dict]]:
     """(model, bench, format) -> (result, its document) from the newest documents of kind;
-    with by_cpu the key also holds the document's cpu_of, so each CPU keeps its own newest."""
+    with by_cpu the key also holds the document's cpu_key, so each CPU keeps its own newest."""
     out: dict[tuple, tuple[dict, dict]] = {}
     for d in docs:  # oldest first: later documents overwrite
         if d.get("kind") == kind:
@@ -236,7 +236,7 @@ def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tup
                 if r.get("unit", "tok/s") != "tok/s":
                     continue  # the table's columns are token rates
                 key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
-                out[key + (cpu_of(d),) if by_cpu else key] = (r, d)
+                out[key + (cpu_key(d),) if by_cpu else key] = (r, d)
     return out
 
 
@@ -269,6 +269,13 @@ def cpu_known(d: dict) -> bool:
     document's (two documents that both lack it may come from two machines)."""
     c = d.get("cpu")
     return isinstance(c, dict) and isinstance(c.get("cpu_id"), str) and bool(c["cpu_id"])
+
+
+def cpu_key(d: dict) -> str:
+    """The CPU a document's rows belong to: its cpu_id where it records one (so a model
+    and a peers file of one CPU pair even if their writers name its level differently),
+    else cpu_of's description."""
+    return "id:" + d["cpu"]["cpu_id"] if cpu_known(d) else cpu_of(d)
 
 
 def floor_fmt(x: float, places: int) -> str:
@@ -320,7 +327,7 @@ def readme_table(docs: list[dict]) -> str:
         llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run on this CPU"
         ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
         files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
-        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {key[3]} | {kipp} | {share} | {llama} | {ratio} | {files} |")
+        rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpu_of((m or p)[1])} | {kipp} | {share} | {llama} | {ratio} | {files} |")
     note = ("\nEach row's llama.cpp figure comes from the newest peers run on the CPU that row names; "
             "\"not run on this CPU\" means no peers run of that row exists there yet (or the row's\n"
             "file records no CPU id: results from before it was recorded pair with nothing).\n")
