@@ -56,21 +56,6 @@ static __attribute__((noinline)) __m512 dp(__m512 acc, __m512i a, __m512i b)
 static AI __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b)); }
 #endif
 
-/* acc + a . (the pair at p in every lane): one vdpbf16ps with an embedded
- * 32-bit broadcast (GCC 12 issues a separate vpbroadcastd for the
- * intrinsic spelling, one more uop per dot). */
-static AI __m512 dp_bcast(__m512 acc, __m512i a, const kipp_bf16 *p)
-{
-#ifdef KIPP_SIMDE_EMU
-    int32_t v;
-    memcpy(&v, p, 4);
-    return dp(acc, a, _mm512_set1_epi32(v));
-#else
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
-}
-
 /* The 32-bit pair at p in every lane. */
 static AI __m512i bcast_pair(const kipp_bf16 *p)
 {
@@ -78,6 +63,15 @@ static AI __m512i bcast_pair(const kipp_bf16 *p)
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
+
+/* acc + a . (the pair at p in every lane), spelled with the intrinsics
+ * (GCC 12 issues a vpbroadcastd and a register vdpbf16ps). An inline-asm
+ * vdpbf16ps with an embedded {1to16} broadcast saves that uop but made GCC
+ * keep the tile walk's accumulators in memory around each asm statement
+ * (a store and a reload per dot): on Zen 5 the walk ran about 1.17x faster
+ * with this spelling. The embedded form itself is as fast as the pair when
+ * the accumulators stay in registers (0.31 against 0.32 TSC cycles a dot). */
+static AI __m512 dp_bcast(__m512 acc, __m512i a, const kipp_bf16 *p) { return dp(acc, a, bcast_pair(p)); }
 
 /* 16 lanes rounded to BF16 as vcvtneps2bf16 does (k_quant_bf16_ref models it;
  * SIMDe lacks the instruction, so the emulated build takes the model). */
@@ -215,11 +209,12 @@ static AI float block_softmax(vf s, uint32_t n, float *m, float *l, kipp_bf16 *e
     return corr;
 }
 
-/* acc_i = acc_i * corr_i + sum_j e_i[j] v_j for NB query vectors (acc
- * stride 128), DB blocks of 16 dims a pass: one vdpbf16ps chain per lane
- * over the chunk's 8 position pairs in order. corr == 1 skips the multiply
- * (exact either way). */
-static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t e0, const float *corr)
+/* For each chunk c < w in order: acc_i = acc_i * corr_i + sum_j e_i[j] v_j
+ * for NB query vectors from e0 (acc stride 128), DB blocks of 16 dims a
+ * pass: one vdpbf16ps chain per lane over each chunk's 8 position pairs in
+ * order, the accumulators kept in registers across the window's chunks.
+ * corr == 1 skips the multiply (exact either way). */
+static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t w, size_t e0)
 {
     const size_t DB = NB == 4 ? 4 : 8;
     for (size_t b0 = 0; b0 < 8; b0 += DB) {
@@ -227,21 +222,24 @@ static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t e0, c
 #pragma GCC unroll 4
         for (size_t i = 0; i < NB; i++)
 #pragma GCC unroll 8
-            for (size_t b = 0; b < DB; b++) {
-                a[i][b] = vf_load(acc + i * KIPP_HEAD_DIM + 16 * (b0 + b));
-                if (corr[i] != 1.0f) a[i][b] = vf_mul(a[i][b], vf_set1(corr[i]));
-            }
-#pragma GCC unroll 8
-        for (size_t j = 0; j < CHUNK / 2; j++) {
-            __m512i e[4]; /* one broadcast per (vector, pair), reused by the DB blocks */
+            for (size_t b = 0; b < DB; b++) a[i][b] = vf_load(acc + i * KIPP_HEAD_DIM + 16 * (b0 + b));
+        for (size_t c = 0; c < w; c++) {
+            const dchunk *tc = &t[c];
 #pragma GCC unroll 4
-            for (size_t i = 0; i < NB; i++) e[i] = bcast_pair(t->e[e0 + i] + 2 * j);
+            for (size_t i = 0; i < NB; i++)
+                if (tc->corr[e0 + i] != 1.0f)
 #pragma GCC unroll 8
-            for (size_t b = 0; b < DB; b++) {
-                __m512i v = t->vp[j][b0 + b];
+                    for (size_t b = 0; b < DB; b++) a[i][b] = vf_mul(a[i][b], vf_set1(tc->corr[e0 + i]));
+#pragma GCC unroll 8
+            for (size_t j = 0; j < CHUNK / 2; j++)
+#pragma GCC unroll 8
+                for (size_t b = 0; b < DB; b++) {
+                    __m512i v = tc->vp[j][b0 + b];
+                    /* the weights as embedded broadcasts: held in registers,
+                     * GCC hoisted all 32 of a pass and spilled the accumulators */
 #pragma GCC unroll 4
-                for (size_t i = 0; i < NB; i++) a[i][b] = dp(a[i][b], v, e[i]);
-            }
+                    for (size_t i = 0; i < NB; i++) a[i][b] = dp_bcast(a[i][b], v, tc->e[e0 + i] + 2 * j);
+                }
         }
 #pragma GCC unroll 4
         for (size_t i = 0; i < NB; i++)
@@ -277,53 +275,57 @@ static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t e0, c
  * keeps vf_hsum's tree; vf_exp is lane-wise). */
 static void softmax16(dchunk *t, size_t nb, uint32_t n, float *m, float *l)
 {
-    __mmask16 live = (__mmask16)((1u << n) - 1u);
-    float mb[16], lb[16]; /* the state of vectors [0, nb), padded as empty states */
-    for (size_t i = 0; i < 16; i++) {
-        mb[i] = i < nb ? m[i] : -INFINITY;
-        lb[i] = i < nb ? l[i] : 0.0f;
-    }
+    __mmask16 live = (__mmask16)((1u << n) - 1u); /* n <= 16 */
     vf r[16], sv[16];
     for (size_t i = 0; i < 16; i++) {
         sv[i] = i < nb ? _mm512_mask_mov_ps(vf_set1(-INFINITY), live, t->s[i]) : vf_set1(-INFINITY);
         r[i] = sv[i];
     }
     REDUCE16(r, vf_max);
-    vf mo = vf_load(mb), lo = vf_load(lb);
+    float mb[16], lb[16]; /* a partial block's state, padded as empty states */
+    const int full = nb == 16;
+    for (size_t i = 0; i < 16 && !full; i++) {
+        mb[i] = i < nb ? m[i] : -INFINITY;
+        lb[i] = i < nb ? l[i] : 0.0f;
+    }
+    vf mo = vf_load(full ? m : mb), lo = vf_load(full ? l : lb);
     vf mx = vf_max(r[0], mo); /* as block_softmax: cm > m ? cm : m */
     vf corr = vf_exp(vf_sub(mo, mx));
-    float mxs[16];
-    vf_store(mxs, mx);
     for (size_t i = 0; i < 16; i++) {
-        __m256i eb = to_bf16(vf_exp(vf_sub(sv[i], vf_set1(mxs[i]))));
+        vf mi = _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), mx); /* lane i everywhere */
+        __m256i eb = to_bf16(vf_exp(vf_sub(sv[i], mi)));
         memcpy(t->e[i], &eb, sizeof eb);
-        r[i] = vf_widen(t->e[i]);
+        r[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eb), 16)); /* vf_widen of eb */
     }
     REDUCE16(r, vf_add);
-    vf_store(lb, vf_add(vf_mul(lo, corr), r[0]));
+    vf_store(full ? l : lb, vf_add(vf_mul(lo, corr), r[0]));
+    vf_store(full ? m : mb, mx);
     vf_store(t->corr, corr);
-    for (size_t i = 0; i < nb; i++) {
-        m[i] = mxs[i];
+    for (size_t i = 0; i < nb && !full; i++) {
+        m[i] = mb[i];
         l[i] = lb[i];
     }
 }
 
-/* One chunk for nb <= TQ query vectors (BF16 at q; state at m, l, acc) in
- * three phases, each over all nb vectors, so the softmax's dependent chains
- * of different vectors overlap instead of stalling one block's values. */
-static void tile_block(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *t, uint32_t n, float scale, float *m,
-                       float *l, float *acc)
+/* The window's w chunks for nb <= TQ query vectors (BF16 at q; state at m,
+ * l, acc): the scores and softmax of each chunk in order, each phase over
+ * all nb vectors so the softmax's dependent chains of different vectors
+ * overlap, then the values of all w chunks in one pass per vector block. */
+static void tile_window(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *t, size_t w, const uint32_t *n,
+                        float scale, float *m, float *l, float *acc)
 {
-    size_t i = 0;
-    for (; i + 4 <= nb; i += 4) block_scores(q[i], 4, t->kt, scale, t->s + i);
-    for (; i < nb; i++) block_scores(q[i], 1, t->kt, scale, t->s + i);
-    softmax16(t, nb, n, m, l);
-    for (i = 0; i + 4 <= nb; i += 4) block_values(acc + i * KIPP_HEAD_DIM, 4, t, i, t->corr + i);
+    size_t i;
+    for (size_t c = 0; c < w; c++) {
+        for (i = 0; i + 4 <= nb; i += 4) block_scores(q[i], 4, t[c].kt, scale, t[c].s + i);
+        for (; i < nb; i++) block_scores(q[i], 1, t[c].kt, scale, t[c].s + i);
+    }
+    for (size_t c = 0; c < w; c++) softmax16(&t[c], nb, n[c], m, l); /* back to back: their reductions overlap */
+    for (i = 0; i + 4 <= nb; i += 4) block_values(acc + i * KIPP_HEAD_DIM, 4, t, w, i);
     if (i + 2 <= nb) {
-        block_values(acc + i * KIPP_HEAD_DIM, 2, t, i, t->corr + i);
+        block_values(acc + i * KIPP_HEAD_DIM, 2, t, w, i);
         i += 2;
     }
-    if (i < nb) block_values(acc + i * KIPP_HEAD_DIM, 1, t, i, t->corr + i);
+    if (i < nb) block_values(acc + i * KIPP_HEAD_DIM, 1, t, w, i);
 }
 
 /* ---- few query vectors (decode): the same arithmetic read from the rows as they lie ----
@@ -355,7 +357,7 @@ static AI void rows_scores(const kipp_bf16 *q, size_t NB, const kipp_bf16 *kb, u
 }
 
 /* block_values for NB <= 2 query vectors with the row pairs interleaved on the fly from vb. */
-static AI void rows_values(float *acc, size_t NB, const kipp_bf16 *vb, uint32_t n, const dchunk *t,
+static AI void rows_values(float *acc, size_t NB, const kipp_bf16 *vb, uint32_t n, const kipp_bf16 (*w)[CHUNK],
                            const float *corr)
 {
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
@@ -374,7 +376,7 @@ static AI void rows_values(float *acc, size_t NB, const kipp_bf16 *vb, uint32_t 
         int has_b = 2 * j + 1 < n;
         __m512i e[2];
 #pragma GCC unroll 2
-        for (size_t i = 0; i < NB; i++) e[i] = bcast_pair(t->e[i] + 2 * j);
+        for (size_t i = 0; i < NB; i++) e[i] = bcast_pair(w[i] + 2 * j);
 #pragma GCC unroll 4
         for (size_t h = 0; h < 4; h++) {
             __m512i va = vi_load(ra + 32 * h), vbb = has_b ? vi_load(rb + 32 * h) : _mm512_setzero_si512();
@@ -400,7 +402,7 @@ static AI void rows_step(const kipp_bf16 *q, size_t NB, const kv_view *v, size_t
     rows_scores(q, NB, v->kc + off, n, scale, s);
 #pragma GCC unroll 2
     for (size_t i = 0; i < NB; i++) t->corr[i] = block_softmax(s[i], n, &m[i], &l[i], t->e[i]);
-    rows_values(acc, NB, v->vc + off, n, t, t->corr);
+    rows_values(acc, NB, v->vc + off, n, t->e, t->corr);
 }
 
 /* The chunk for query vectors [0, nq) (nq < ROW_MAX) read in place, in pairs. */
@@ -462,9 +464,8 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
         for (size_t i0 = 0; i0 < nq; i0 += TQ) {
             size_t nb = nq - i0 < TQ ? nq - i0 : TQ;
             round_q(q + i0 * KIPP_HEAD_DIM, nb, qb);
-            for (uint32_t c = 0; c < w; c++)
-                tile_block((const kipp_bf16(*)[KIPP_HEAD_DIM])qb, nb, &t[c], n[c], scale, m + i0, l + i0,
-                           acc + i0 * KIPP_HEAD_DIM);
+            tile_window((const kipp_bf16(*)[KIPP_HEAD_DIM])qb, nb, t, w, n, scale, m + i0, l + i0,
+                        acc + i0 * KIPP_HEAD_DIM);
         }
         p = e;
     }
@@ -487,12 +488,103 @@ void k_flash_gqa_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *k
     walk(q, group, &v, p0, p1, scale, m, l, acc);
 }
 
-/* By definition k_flash_gqa_dot per KV head; chunk by chunk with the heads
- * inner, so the 2 KB rows of all heads are read close together. */
+/* ---- decode over every KV head at once: position-major ----
+ * Walked head by head, a decode row reads 256 B of each 2 KB position row
+ * at a 2 KB stride, and perf put its stalls on those K loads. Here the
+ * scores of all the heads' vectors take each position's K row whole (one
+ * sequential stream), HV vectors per REDUCE16. The arithmetic per vector is
+ * rows_step's: the same vdpbf16ps chain per (vector, position), REDUCE16 in
+ * place of HV vf_hsum calls (bitwise, see REDUCE16), block_softmax, and
+ * rows_values over the head's V rows. */
+#define HV 16u                                  /* query vectors per REDUCE16 */
+#define HEADS_MAX (KIPP_N_KV_HEAD * ROW_MAX)    /* vectors of a row: 8 heads x group < ROW_MAX */
+
+/* s[i] lane j = scale * q_i . k_j for ns <= HV vectors (vector i reads the
+ * chunk's K rows from kb[i]) over the chunk's n rows; lanes >= n are 0 (as rows_scores). */
+static void heads_scores(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const kipp_bf16 *const *kb, uint32_t n,
+                         float scale, vf *s)
+{
+    vf r[CHUNK];
+    for (uint32_t j = 0; j < CHUNK; j++) {
+        vf a[HV];
+#pragma GCC unroll 16
+        for (size_t i = 0; i < HV; i++) {
+            a[i] = vf_zero();
+            if (i >= ns || j >= n) continue;
+#pragma GCC unroll 4
+            for (size_t c = 0; c < 4; c++)
+                a[i] = dp(a[i], vi_load(kb[i] + (size_t)j * KV_STRIDE + 32 * c), vi_load(qb[i] + 32 * c));
+        }
+        REDUCE16(a, vf_add); /* lane i: vf_hsum(a[i]) */
+        r[j] = a[0];
+    }
+    vf_transpose(r);
+    for (size_t i = 0; i < ns; i++) s[i] = vf_mul(r[i], vf_set1(scale));
+}
+
+/* Prefetch the rows of heads [kvh0, kvh1) at positions [a, b) of one page
+ * of store c (K or V). always_inline: see prefetch_pos. */
+static AI void prefetch_rows(const kipp_bf16 *c, const uint32_t *bt, uint32_t kvh0, uint32_t kvh1, uint32_t a,
+                             uint32_t b)
+{
+    for (uint32_t j = a; j < b; j++) {
+        const char *r = (const char *)(c + k_kv_off(bt, j, kvh0));
+        for (size_t o = 0; o < (size_t)(kvh1 - kvh0) * KIPP_HEAD_DIM * 2; o += 64) k_prefetch(r + o);
+    }
+}
+
+/* k_flash_rows_dot for group < ROW_MAX over [p0, p1): each chunk's K rows
+ * for the scores, its V rows prefetched meanwhile, then the next chunk's K
+ * prefetched under the values (into L1: a chunk of all 8 heads is 32 KB of
+ * K and 32 KB of V, read once). */
+static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, const uint32_t *bt,
+                       uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, float scale, float *m, float *l,
+                       float *acc)
+{
+    const size_t nv = (kvh1 - kvh0) * group, v0 = kvh0 * group;
+    kipp_bf16 qb[HEADS_MAX][KIPP_HEAD_DIM], e[HEADS_MAX][CHUNK];
+    float corr[HEADS_MAX];
+    const kipp_bf16 *kb[HEADS_MAX], *vb[HEADS_MAX];
+    round_q(q + v0 * KIPP_HEAD_DIM, nv, qb);
+    prefetch_rows(kc, bt, kvh0, kvh1, p0, p0 + k_attn_chunk_len(p0, p1));
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t n = k_attn_chunk_len(p, p1), pe = p + n;
+        prefetch_rows(vc, bt, kvh0, kvh1, p, pe); /* its V, read after the scores */
+        for (size_t i = 0; i < nv; i++) {
+            size_t off = k_kv_off(bt, p, kvh0 + (uint32_t)(i / group));
+            kb[i] = kc + off;
+            vb[i] = vc + off;
+        }
+        for (size_t i0 = 0; i0 < nv; i0 += HV) {
+            size_t ns = nv - i0 < HV ? nv - i0 : HV;
+            vf s[HV];
+            heads_scores((const kipp_bf16(*)[KIPP_HEAD_DIM])qb + i0, ns, kb + i0, n, scale, s);
+            for (size_t i = 0; i < ns; i++)
+                corr[i0 + i] = block_softmax(s[i], n, m + v0 + i0 + i, l + v0 + i0 + i, e[i0 + i]);
+        }
+        if (pe < p1) prefetch_rows(kc, bt, kvh0, kvh1, pe, pe + k_attn_chunk_len(pe, p1)); /* the next scores' K */
+        for (size_t h0 = 0; h0 < nv; h0 += group) { /* rows_queries' pairs within each head */
+            size_t i = h0;
+            for (; i + 2 <= h0 + group; i += 2)
+                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 2, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i);
+            if (i < h0 + group)
+                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 1, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i);
+        }
+        p = pe;
+    }
+}
+
+/* By definition k_flash_gqa_dot per KV head. Below ROW_MAX vectors a head,
+ * heads_walk; else chunk by chunk with the heads inner, so the 2 KB rows of
+ * all heads are read close together. */
 void k_flash_rows_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                                  const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
                                  uint32_t p1, float scale, float *m, float *l, float *acc)
 {
+    if (group < ROW_MAX) {
+        heads_walk(q, group, kc, vc, block_table, kvh0, kvh1, p0, p1, scale, m, l, acc);
+        return;
+    }
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = k_attn_chunk_len(p, p1);
         for (uint32_t h = kvh0; h < kvh1; h++) {
