@@ -161,6 +161,7 @@ const kcase kcase_rows[] = {
     {"flash_rows", -1, {2, 0, 1, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {2, 3, 100, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {4, 37, 300, 0}, ORDER, 1, 0},
+    {"flash_rows", -1, {5, 37, 300, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {8, 31, 33, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {8, 64, 96, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {2, 0, 4096, 8}, ORDER, 1, 1},
@@ -183,6 +184,9 @@ const kcase kcase_rows[] = {
     {"flash_rows_dot", -1, {2, 0, 1, 0}, DOT, 1, 0},
     {"flash_rows_dot", -1, {2, 3, 100, 0}, DOT, 1, 0},
     {"flash_rows_dot", -1, {4, 37, 300, 0}, DOT, 1, 0},
+    {"flash_rows_dot", -1, {1, 3, 100, 0}, DOT, 1, 0},  /* heads_walk: 8 vectors, one REDUCE16 set half empty */
+    {"flash_rows_dot", -1, {5, 37, 300, 0}, DOT, 1, 0}, /* 40 vectors: sets of 16 straddle the heads (the 14B group) */
+    {"flash_rows_dot", -1, {7, 0, 45, 0}, DOT, 1, 0},   /* 56 vectors: HEADS_MAX */
     {"flash_rows_dot", -1, {8, 64, 96, 0}, DOT, 1, 0},
     {"flash_rows_dot", -1, {2, 0, 4096, 8}, DOT, 1, 1},
     {"flash_rows_dot", -1, {4, 0, 4096, 8}, DOT, 1, 1},
