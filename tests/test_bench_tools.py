@@ -32,7 +32,8 @@ def test_report_reads_only_the_schema(tmp_path: Path) -> None:
 
 
 def test_report_stops_on_a_malformed_result(tmp_path: Path) -> None:
-    """A truncated file, or a kipp.bench.v1 document whose figures are not numbers, stops the
+    """A truncated file, a kipp.bench.v1 document whose figures are not numbers, or one holding two
+    results for one table cell (which the table would pick between silently), stops the
     report with an error naming the file and the field, and leaves the README as it was
     (a table drawn around it would show older figures as the newest); a result in another
     unit than tok/s makes no table row."""
@@ -43,7 +44,10 @@ def test_report_stops_on_a_malformed_result(tmp_path: Path) -> None:
     null_median["results"][0]["median"] = None
     no_ratio = peers_doc("2026-11-02T00:00:00Z", {}, 22.0, 1.5)
     del no_ratio["results"][0]["ratio"]
+    twice = model_doc("ddddddd", "2026-11-02T00:00:00Z", 33.0)
+    twice["results"].append(dict(twice["results"][0], median=44.0))
     cases = [("z.json", '{"schema": "kipp.bench.v1", "kind": "model", "res', "z.json: not readable JSON"),
+             ("z.json", json.dumps(twice), "z.json: results[0] and results[1] are both synthetic-0.6b tg128 bf16"),
              ("z.json", json.dumps(null_median), "z.json: results[0] (tg128 synthetic-0.6b).median is None"),
              ("z.json", json.dumps(no_ratio), "z.json: results[0] (tg128 synthetic-0.6b).ratio is None"),
              ("z.json", json.dumps({**good, "results": None}), "z.json: results is NoneType, expected a list"),

@@ -52,6 +52,7 @@ def doc_problem(d: dict) -> str | None:
     res = d.get("results", [])
     if not isinstance(res, list):
         return f"results is {type(res).__name__}, expected a list"
+    cells: dict[tuple, int] = {}  # a table cell -> the result that fills it
     for i, r in enumerate(res):
         if not isinstance(r, dict):
             return f"results[{i}] is {type(r).__name__}, expected an object"
@@ -71,6 +72,12 @@ def doc_problem(d: dict) -> str | None:
                     return f"results[{i}] ({r['name']} {r['model']}).{k}.median is missing or not a number"
             if not _num(r.get("ratio")):
                 return f"results[{i}] ({r['name']} {r['model']}).ratio is {r.get('ratio')!r}, expected a number"
+        if d.get("kind") in ("model", "peers") and r.get("unit", "tok/s") == "tok/s":
+            cell = (r["model"], r["name"], r.get("format", "bf16"))
+            if cell in cells:  # newest() would keep the last one without a word
+                return (f"results[{cells[cell]}] and results[{i}] are both {' '.join(map(str, cell))}: "
+                        "one document holds one result per model, bench and format")
+            cells[cell] = i
     return None
 
 
