@@ -237,6 +237,7 @@ typedef struct {
     float *mr, *lr, *accr;                    /* oracle for layer 0 */
     k_flash_gqa_bf16_fn gqa, gqa_ref;         /* the walk under test and its oracle: FP32 or BF16-dot */
     k_flash_rows_bf16_fn rows;
+    int split_heads;                          /* check mode: rows calls over head ranges, as more threads split them */
 } fa_state;
 
 static void fa_release(void *p)
@@ -283,6 +284,7 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     s->rows = dot ? k->flash_rows_dot : k->flash_rows_bf16;
     s->gqa_ref = dot ? k_flash_gqa_dot_ref : k_flash_gqa_bf16_ref;
     s->group = c->s[0];
+    s->split_heads = mode == KC_CHECK;
     s->p0 = (uint32_t)c->s[1];
     s->p1 = (uint32_t)c->s[2];
     s->layers = mode == KC_BENCH && c->s[3] > 1 ? c->s[3] : 1;
@@ -349,8 +351,12 @@ static void fa_rows_lane(const fa_state *s, size_t L, uint32_t lane, float *m, f
     for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK, lo, hi; a < s->p1; a += KIPP_KV_BLOCK) {
         if (k_attn_lane(a) != lane) continue;
         fa_page(s, a, &lo, &hi);
-        s->rows(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, 0,
-                              KIPP_N_KV_HEAD, lo, hi, 1.0f / sqrtf((float)KIPP_HEAD_DIM), m, l, acc);
+        /* the backend's decode gives a unit the heads [h0, h0 + w) once a row has more
+         * workers than lanes (attend_rows): checks walk page i in ranges of 8 >> (i % 4) */
+        uint32_t w = s->split_heads ? KIPP_N_KV_HEAD >> (a / KIPP_KV_BLOCK % 4) : KIPP_N_KV_HEAD;
+        for (uint32_t h0 = 0; h0 < KIPP_N_KV_HEAD; h0 += w)
+            s->rows(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, h0, h0 + w, lo,
+                    hi, 1.0f / sqrtf((float)KIPP_HEAD_DIM), m, l, acc);
     }
 }
 

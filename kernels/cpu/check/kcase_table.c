@@ -177,6 +177,7 @@ const kcase kcase_rows[] = {
     {"flash_gqa_dot", -1, {5, 37, 300, 0}, DOT, 2, 0},
     {"flash_gqa_dot", -1, {8, 31, 33, 0}, DOT, 2, 0},
     {"flash_gqa_dot", -1, {37, 5, 200, 0}, DOT, 2, 0},
+    {"flash_gqa_dot", -1, {15, 5, 200, 0}, DOT, 2, 0},  /* a block of 15: values in 4s, then a 2 at offset 12, then a 1 */
     {"flash_gqa_dot", -1, {130, 0, 96, 0}, DOT, 2, 0},  /* past one 64-vector segment */
     {"flash_gqa_dot", -1, {2, 0, 4096, 8}, DOT, 2, 1},
     {"flash_gqa_dot", -1, {4, 0, 4096, 8}, DOT, 2, 1},
