@@ -235,8 +235,9 @@ static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t w, si
 #pragma GCC unroll 8
                 for (size_t b = 0; b < DB; b++) {
                     __m512i v = tc->vp[j][b0 + b];
-                    /* the weights as embedded broadcasts: held in registers,
-                     * GCC hoisted all 32 of a pass and spilled the accumulators */
+                    /* a vpbroadcastd per dot (dp_bcast): broadcasts held in
+                     * registers for reuse, GCC hoisted all 32 of a pass and
+                     * spilled the accumulators */
 #pragma GCC unroll 4
                     for (size_t i = 0; i < NB; i++) a[i][b] = dp_bcast(a[i][b], v, tc->e[e0 + i] + 2 * j);
                 }
@@ -541,6 +542,7 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
                        uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, float scale, float *m, float *l,
                        float *acc)
 {
+    if (p0 >= p1) return; /* nothing to walk (and nothing to prefetch) */
     const size_t nv = (kvh1 - kvh0) * group, v0 = kvh0 * group;
     kipp_bf16 qb[HEADS_MAX][KIPP_HEAD_DIM], e[HEADS_MAX][CHUNK];
     float corr[HEADS_MAX];
