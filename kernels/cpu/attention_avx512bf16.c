@@ -445,7 +445,7 @@ static void rows_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
 /* The walk of nq >= ROW_MAX query vectors: windows of WCH chunks loaded
  * once (chunk_load), then TQ vectors at a time rounded to BF16 and taken
  * through the window's chunks in order, so a block's 8 KB of state stays in
- * L1 across them (a 64-vector tile's state is 32 KB: streamed once per
+ * L1 across them (a 128-vector tile's state is 64 KB: streamed once per
  * chunk it spilled to L2). */
 #define WCH 2u
 static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint32_t p1, float scale, float *m,
