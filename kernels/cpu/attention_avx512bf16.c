@@ -105,14 +105,23 @@ typedef struct {
     uint32_t kvh;
 } kv_view;
 
-/* always_inline: a function of prefetches alone is dropped (simd_avx512.h k_prefetch). */
+/* Prefetch the rows of heads [kvh0, kvh1) at positions [a, b) of one page
+ * of store c (K or V). always_inline: a function of prefetches alone is
+ * dropped (simd_avx512.h k_prefetch). */
+static AI void prefetch_rows(const kipp_bf16 *c, const uint32_t *bt, uint32_t kvh0, uint32_t kvh1, uint32_t a,
+                             uint32_t b)
+{
+    for (uint32_t j = a; j < b; j++) {
+        const char *r = (const char *)(c + k_kv_off(bt, j, kvh0));
+        for (size_t o = 0; o < (size_t)(kvh1 - kvh0) * KIPP_HEAD_DIM * 2; o += 64) k_prefetch(r + o);
+    }
+}
+
+/* Prefetch one KV head's K and V rows at pos. */
 static AI void prefetch_pos(const kv_view *v, uint32_t pos)
 {
-    size_t off = k_kv_off(v->bt, pos, v->kvh);
-    for (size_t b = 0; b < KIPP_HEAD_DIM * 2; b += 64) {
-        k_prefetch((const char *)(v->kc + off) + b);
-        k_prefetch((const char *)(v->vc + off) + b);
-    }
+    prefetch_rows(v->kc, v->bt, v->kvh, v->kvh + 1, pos, pos + 1);
+    prefetch_rows(v->vc, v->bt, v->kvh, v->kvh + 1, pos, pos + 1);
 }
 
 /* Load the chunk's n rows at element offset off into t (layout above) and
@@ -523,17 +532,6 @@ static void heads_scores(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const 
     for (size_t i = 0; i < ns; i++) s[i] = vf_mul(r[i], vf_set1(scale));
 }
 
-/* Prefetch the rows of heads [kvh0, kvh1) at positions [a, b) of one page
- * of store c (K or V). always_inline: see prefetch_pos. */
-static AI void prefetch_rows(const kipp_bf16 *c, const uint32_t *bt, uint32_t kvh0, uint32_t kvh1, uint32_t a,
-                             uint32_t b)
-{
-    for (uint32_t j = a; j < b; j++) {
-        const char *r = (const char *)(c + k_kv_off(bt, j, kvh0));
-        for (size_t o = 0; o < (size_t)(kvh1 - kvh0) * KIPP_HEAD_DIM * 2; o += 64) k_prefetch(r + o);
-    }
-}
-
 /* k_flash_rows_dot for group < ROW_MAX over [p0, p1): each chunk's K rows
  * for the scores, its V rows prefetched meanwhile, then the next chunk's K
  * prefetched under the values (into L1: a chunk of all 8 heads is 32 KB of
@@ -552,10 +550,10 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = k_attn_chunk_len(p, p1), pe = p + n;
         prefetch_rows(vc, bt, kvh0, kvh1, p, pe); /* its V, read after the scores */
+        const size_t off = k_kv_off(bt, p, kvh0); /* a position's heads lie side by side */
         for (size_t i = 0; i < nv; i++) {
-            size_t off = k_kv_off(bt, p, kvh0 + (uint32_t)(i / group));
-            kb[i] = kc + off;
-            vb[i] = vc + off;
+            kb[i] = kc + off + i / group * KIPP_HEAD_DIM;
+            vb[i] = vc + off + i / group * KIPP_HEAD_DIM;
         }
         for (size_t i0 = 0; i0 < nv; i0 += HV) {
             size_t ns = nv - i0 < HV ? nv - i0 : HV;
