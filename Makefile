@@ -141,7 +141,7 @@ SPEC_MODEL ?= synthetic-tiny-untied
 bench-spec: $(BUILD)/kipp-bench-spec models-test
 	$(BUILD)/kipp-bench-spec --model $(BUILD)/models/$(SPEC_MODEL).gguf --backend $(BACKEND) $(SPEC_ARGS)
 
-$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----

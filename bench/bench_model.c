@@ -11,8 +11,9 @@
  * (prefill of 512 tokens; 128 decode steps after a 16-token prompt; 32 decode
  * steps after a 4096-token KV fill) with the monotonic clock, and reports
  * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
- * read per token / time), GFLOP/s and the share of the roofline taken from the
- * machine profile, next to the issue's targets. Decode tokens are fixed
+ * read per token / time), GFLOP/s and the share of the roofline, next to the
+ * issue's targets: prefill's from the machine profile's compute peak, decode's
+ * from read probes run beside each rep (read_probe.h). Decode tokens are fixed
  * pseudo-random ids (as llama-bench), not sampled, so runs are comparable.
  * Results go to <out>/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,
  * bench/README.md); results of the same (name, model) already in that file
@@ -22,14 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kernels/cpu/kernels.h"
 #include "bench/bench_harness.h"
+#include "bench/read_probe.h"
 #include "engine/kipp.h"
 #include "engine/safe_io.h"
 
@@ -183,19 +182,33 @@ static int run_once(const bench_case *bc, double *sec, char *err, size_t errlen)
     return rc;
 }
 
-/* Warm-up, then reps timed runs; st in seconds per run. PAPI spans the timed runs. */
-static int measure(const bench_case *bc, int warmup, int reps, kipp_bench_stats *st, char *err, size_t errlen)
+#define REPS_MAX 64
+
+/* Warm-up, then reps timed runs; st in seconds per run, and sec[i] the
+ * seconds of rep i in the order run. With probe non-NULL (decode rows) the
+ * read bandwidth is probed before each timed rep and after the last, so
+ * probe[i] and probe[i + 1] bracket rep i (0 = that probe failed). PAPI spans
+ * the timed runs only, never a probe. */
+static int measure(const bench_case *bc, int warmup, int reps, double *probe, double *sec, kipp_bench_stats *st,
+                   char *err, size_t errlen)
 {
-    double t[64], sec;
-    if (reps > 64) reps = 64;
+    double t[REPS_MAX], cyc = 0, ins = 0, c, n, s;
+    if (reps > REPS_MAX) reps = REPS_MAX;
     for (int i = 0; i < warmup; i++)
-        if (run_once(bc, &sec, err, errlen)) return -1;
-    papi_ctr pc;
-    papi_start(&pc);
-    for (int i = 0; i < reps; i++)
+        if (run_once(bc, &s, err, errlen)) return -1;
+    for (int i = 0; i < reps; i++) {
+        if (probe) probe[i] = kipp_read_probe(i == 0 ? "before the row" : "between two reps");
+        papi_ctr pc;
+        papi_start(&pc);
         if (run_once(bc, &t[i], err, errlen)) return -1;
-    papi_stop(&pc, &st->cycles, &st->instructions);
-    if (st->cycles >= 0) { st->cycles /= reps; st->instructions /= reps; }
+        papi_stop(&pc, &c, &n);
+        cyc = cyc < 0 || c < 0 ? -1 : cyc + c;
+        ins = ins < 0 || n < 0 ? -1 : ins + n;
+        sec[i] = t[i];
+    }
+    if (probe) probe[reps] = kipp_read_probe("after the row");
+    st->cycles = cyc < 0 ? -1 : cyc / reps;
+    st->instructions = ins < 0 ? -1 : ins / reps;
     qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     st->reps = reps;
     st->min = t[0];
@@ -213,93 +226,54 @@ typedef struct {
     double context;         /* mean attended positions */
     int compute_bound;
     double target;
-    double read_before, read_after; /* decode: read GB/s probed just before and after the row; 0 = no probe */
+    int probed;                     /* decode: probe[] holds reps + 1 read probes */
+    double probe[REPS_MAX + 1];     /* read GB/s probed before rep i (probe[i]) and after the last; 0 = failed */
+    double sec[REPS_MAX];           /* seconds of each timed rep, in the order run */
 } bench_meta;
 
-#define PROBE_TIMEOUT_MS 60000 /* a probe reads 256 MiB six times: ~1 s; a hung one is killed */
-
-/* Run argv with stdout+stderr into out[n] (NUL-terminated), no shell, killed
- * after PROBE_TIMEOUT_MS. 0 when it exited 0, else -1 with why[] set. */
-static int run_capture(char *const argv[], char *out, size_t n, char *why, size_t wn)
-{
-    int fd[2];
-    if (pipe(fd) != 0) return snprintf(why, wn, "pipe: %s", strerror(errno)), -1;
-    pid_t pid = fork();
-    if (pid < 0) return close(fd[0]), close(fd[1]), snprintf(why, wn, "fork: %s", strerror(errno)), -1;
-    if (pid == 0) {
-        setpgid(0, 0); /* its own group: a timeout kills whatever it started too */
-        dup2(fd[1], 1), dup2(fd[1], 2), close(fd[0]), close(fd[1]);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t got = 0;
-    double t_end = kipp_timer_now() + PROBE_TIMEOUT_MS / 1e3;
-    int timed_out = 0;
-    for (;;) {
-        int left = (int)((t_end - kipp_timer_now()) * 1e3);
-        struct pollfd pfd = {fd[0], POLLIN, 0};
-        if (left <= 0 || poll(&pfd, 1, left) == 0) { timed_out = 1; break; }
-        char tmp[256];
-        ssize_t r = read(fd[0], tmp, sizeof tmp);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        size_t k = (size_t)r < n - 1 - got ? (size_t)r : n - 1 - got; /* keep the head, drain the rest */
-        memcpy(out + got, tmp, k);
-        got += k;
-    }
-    out[got] = '\0';
-    close(fd[0]);
-    if (timed_out) kill(-pid, SIGKILL), kill(pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    if (timed_out) return snprintf(why, wn, "no answer within %d s, killed", PROBE_TIMEOUT_MS / 1000), -1;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return snprintf(why, wn, "cannot execute it"), -1;
-    char *nl = strchr(out, '\n');
-    if (nl) *nl = '\0';
-    snprintf(why, wn, "%s %d: %s", WIFEXITED(status) ? "exit" : "signal",
-             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out[0] ? out : "no output");
-    return -1;
-}
-
-/* All-core read GB/s measured now by `kipp_profile --read-bw` (next to this
- * binary: build/kipp-bench -> build/bin/kipp_profile), or 0 with a note naming
- * which probe (when) failed and why. A separate process, so its 256 MiB
- * buffer stays out of this run's peak RSS; the pool's workers are parked
- * meanwhile. This VM's memory speed drifts by 2x within minutes (issue 16), so
- * a decode row's read share is taken against probes that bracket it rather
- * than the profile alone. */
-static double read_probe(const char *when)
-{
-    char self[4096], out[512], why[600] = "";
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 32);
-    char *slash = n > 0 ? (self[n] = '\0', strrchr(self, '/')) : NULL;
-    double gbps = 0;
-    if (!slash) {
-        snprintf(why, sizeof why, "cannot read /proc/self/exe");
-    } else {
-        snprintf(slash, sizeof self - (size_t)(slash - self), "/bin/kipp_profile");
-        char *argv[] = {self, "--read-bw", "--buffer-mib", "256", NULL};
-        if (run_capture(argv, out, sizeof out, why, sizeof why) == 0 &&
-            (sscanf(out, "read_gbps_all %lf", &gbps) != 1 || gbps <= 0)) {
-            snprintf(why, sizeof why, "unexpected output '%.200s'", out);
-            gbps = 0;
-        }
-    }
-    if (gbps <= 0) fprintf(stderr, "kipp-bench: read probe %s the row (%s --read-bw) failed: %s\n", when,
-                           slash ? self : "bin/kipp_profile", why);
-    return gbps;
-}
-
-/* A decode row: measure() bracketed by two read probes (bm->read_before/after). */
+/* A decode row: measure() with a read probe beside every rep (bm->probe). */
 static int measure_decode(const bench_case *bc, const options *o, bench_meta *bm, kipp_bench_stats *st, char *err,
                           size_t errlen)
 {
-    bm->read_before = read_probe("before");
-    int rc = measure(bc, o->warmup, o->reps, st, err, errlen);
-    bm->read_after = rc ? 0 : read_probe("after");
-    return rc;
+    bm->probed = 1;
+    return measure(bc, o->warmup, o->reps, bm->probe, bm->sec, st, err, errlen);
+}
+
+static double max2(double a, double b) { return a > b ? a : b; }
+
+/* Median of v[n], 1 <= n <= REPS_MAX; v is left as it is. */
+static double median_of(const double *v, int n)
+{
+    double s[REPS_MAX];
+    memcpy(s, v, (size_t)n * sizeof s[0]);
+    qsort(s, (size_t)n, sizeof s[0], cmp_double);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+/* A decode row's read share per rep: rep i's GB/s over the faster of the
+ * probes before and after it (probe[i], probe[i + 1]), "the read bandwidth
+ * measured in the same run" (issue 16 item 2), since this VM's memory speed
+ * drifts within seconds. Reps whose probes both failed are left out. Writes
+ * share[k] in rep order, *roof = the median of those probes, and the probes
+ * and shares (null where failed) into r; returns k (0: no share). */
+static int decode_share(const bench_meta *bm, int reps, json_t *r, double *share, double *roof)
+{
+    double p[REPS_MAX];
+    json_t *probes = json_array(), *shares = json_array();
+    int k = 0;
+    for (int i = 0; i < reps; i++) {
+        double rp = max2(bm->probe[i], bm->probe[i + 1]);
+        if (rp > 0) p[k] = rp, share[k] = bm->bytes_per_token * bm->tokens / bm->sec[i] / 1e9 / rp;
+        json_array_append_new(shares, rp > 0 ? json_real(share[k++]) : json_null());
+    }
+    for (int i = 0; i <= reps; i++)
+        json_array_append_new(probes, bm->probe[i] > 0 ? json_real(bm->probe[i]) : json_null());
+    json_object_set_new(r, "read_gbps_probes", probes);
+    json_object_set_new(r, "rep_read_shares", shares);
+    json_object_set_new(r, "read_gbps_before", bm->probe[0] > 0 ? json_real(bm->probe[0]) : json_null());
+    json_object_set_new(r, "read_gbps_after", bm->probe[reps] > 0 ? json_real(bm->probe[reps]) : json_null());
+    if (k) *roof = median_of(p, k);
+    return k;
 }
 
 /* How a model's bf16 projections ran (bf16_act_of). */
@@ -322,6 +296,9 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "max", json_real(tps_max));
     json_object_set_new(r, "reps", json_integer(st->reps));
     json_object_set_new(r, "tokens_per_rep", json_real(bm->tokens));
+    json_t *secs = json_array();
+    for (int i = 0; i < st->reps; i++) json_array_append_new(secs, json_real(bm->sec[i]));
+    json_object_set_new(r, "rep_seconds", secs);
     json_object_set_new(r, "ms_per_token", json_real(1e3 / tps_med));
     json_object_set_new(r, "context_mean", json_real(bm->context));
     double gbps = bm->bytes_per_token * tps_med / 1e9, gflops = bm->flops_per_token * tps_med / 1e9;
@@ -345,18 +322,14 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     double read_roof = prof->read_gbps_all > prof->read_gbps_1t ? prof->read_gbps_all : prof->read_gbps_1t;
     if (!bm->compute_bound && prof->read_gbps_all < prof->read_gbps_1t) roof_key = "read_gbps_1t";
     double roof = !prof->loaded ? 0 : bm->compute_bound ? (dot ? prof->bf16_gflops_all : prof->fp32_gflops_all) : read_roof;
-    /* Decode: the faster of the two probes that bracket the row is "the read
-     * bandwidth measured in the same run" (issue 16 item 2); the profile's
-     * share is kept beside it. */
-    double adjacent = bm->read_before > bm->read_after ? bm->read_before : bm->read_after;
-    if (!bm->compute_bound && adjacent > 0) {
-        json_object_set_new(r, "read_gbps_before", bm->read_before > 0 ? json_real(bm->read_before) : json_null());
-        json_object_set_new(r, "read_gbps_after", bm->read_after > 0 ? json_real(bm->read_after) : json_null());
+    double rep_share[REPS_MAX];
+    int n_shared = bm->probed ? decode_share(bm, st->reps, r, rep_share, &roof) : 0;
+    if (n_shared) {
         json_object_set_new(r, "profile_read_share", read_roof > 0 ? json_real(gbps / read_roof) : json_null());
-        roof = adjacent;
         roof_key = "read_gbps_adjacent";
     }
-    double share = roof > 0 ? (bm->compute_bound ? gflops : gbps) / roof : -1;
+    double share = n_shared ? median_of(rep_share, n_shared)
+                   : roof > 0 ? (bm->compute_bound ? gflops : gbps) / roof : -1;
     json_object_set_new(r, "roofline_ref", json_string(roof_key));
     json_object_set_new(r, "roofline", roof > 0 ? json_real(roof) : json_null());
     json_object_set_new(r, "roofline_share", share >= 0 ? json_real(share) : json_null());
@@ -372,19 +345,23 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "papi", papi);
     printf("  %-6s %-16s %9.2f tok/s (min %.2f max %.2f, %d reps) %8.2f ms/tok %7.2f GB/s %8.1f GFLOP/s\n",
            bm->name, model_id, tps_med, tps_min, tps_max, st->reps, 1e3 / tps_med, gbps, gflops);
-    if (share >= 0 && adjacent > 0 && !bm->compute_bound) {
+    if (n_shared) {
         char tail[64] = "no profile";
         if (read_roof > 0) snprintf(tail, sizeof tail, "%.1f%% of the profile's", 100 * gbps / read_roof);
-        printf("         %.1f%% of %s %.1f GB/s (before %.1f, after %.1f, 0 = failed; target %.0f%%: %s); %s\n",
-               100 * share, roof_key, roof, bm->read_before, bm->read_after, 100 * bm->target,
-               share >= bm->target ? "met" : "not met", tail);
+        printf("         %.1f%% of %s %.1f GB/s (median of %d reps, each against the faster probe beside it;"
+               " target %.0f%%: %s); %s\n         probes",
+               100 * share, roof_key, roof, n_shared, 100 * bm->target, share >= bm->target ? "met" : "not met", tail);
+        for (int i = 0; i <= st->reps; i++) printf(" %.1f", bm->probe[i]);
+        printf(" GB/s (0 = failed); rep shares");
+        for (int i = 0; i < n_shared; i++) printf(" %.1f%%", 100 * rep_share[i]);
+        putchar('\n');
     } else if (share >= 0) {
         printf("         %.1f%% of %s (target %.0f%%: %s)%s\n", 100 * share, roof_key, 100 * bm->target,
                share >= bm->target ? "met" : "not met",
-               bm->compute_bound ? "" : "; both read probes failed, so the share is against the profile");
+               bm->compute_bound ? "" : "; every read probe failed, so the share is against the profile");
     } else
         printf("         no profile%s: roofline share not computed\n",
-               bm->compute_bound ? "" : " and both read probes failed");
+               bm->compute_bound ? "" : " and every read probe failed");
     fflush(stdout);
     return r;
 }
@@ -443,10 +420,10 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     if (!logits) { snprintf(err, errlen, "out of memory for the logits row"); return -1; }
     int rc = kipp_session_truncate(s, 0, err, errlen);
     bench_case bc = {s, ids, 0, LONG_CTX, 0, logits};
-    bench_meta bm = {"pp4096", LONG_CTX, 0, 0, (LONG_CTX + 1) / 2.0, 1, TARGET_PREFILL, 0, 0};
+    bench_meta bm = {.name = "pp4096", .tokens = LONG_CTX, .context = (LONG_CTX + 1) / 2.0, .compute_bound = 1, .target = TARGET_PREFILL};
     bm.flops_per_token = 2 * c->layer_params + c->attn_flops_per_pos * bm.context + 2 * c->head_bytes / 2 / LONG_CTX;
     bm.bytes_per_token = (c->layer_weight_bytes + c->head_bytes) / LONG_CTX;
-    if (!rc) rc = measure(&bc, 0, o->reps < PP4096_REPS_MAX ? o->reps : PP4096_REPS_MAX, &st, err, errlen);
+    if (!rc) rc = measure(&bc, 0, o->reps < PP4096_REPS_MAX ? o->reps : PP4096_REPS_MAX, NULL, bm.sec, &st, err, errlen);
     free(logits);
     if (rc) return rc;
     json_t *r = result_json(id, &bm, &st, prof, act);
@@ -575,10 +552,10 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     double pp512_tps = 0;
     if (wants(o, "pp512")) {
         bench_case bc = {s, ids, 0, 512, 0, logits};
-        bench_meta bm = {"pp512", 512, 0, 0, 256.5, 1, TARGET_PREFILL, 0, 0};
+        bench_meta bm = {.name = "pp512", .tokens = 512, .context = 256.5, .compute_bound = 1, .target = TARGET_PREFILL};
         bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
-        if ((rc = measure(&bc, o->warmup, o->reps, &st, err, errlen))) goto out;
+        if ((rc = measure(&bc, o->warmup, o->reps, NULL, bm.sec, &st, err, errlen))) goto out;
         json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
         pp512_tps = bm.tokens / st.median;
     }
@@ -587,7 +564,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (!rc) rc = kipp_session_eval(s, ids, TG_PROMPT, logits, err, errlen);
         if (rc) goto out;
         bench_case bc = {s, ids, TG_PROMPT, 0, 128, logits};
-        bench_meta bm = {"tg128", 128, 0, 0, TG_PROMPT + 64.5, 0, TARGET_DECODE, 0, 0};
+        bench_meta bm = {.name = "tg128", .tokens = 128, .context = TG_PROMPT + 64.5, .compute_bound = 0, .target = TARGET_DECODE};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure_decode(&bc, o, &bm, &st, err, errlen))) goto out;
@@ -600,7 +577,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (rc) goto out;
         printf("  (KV filled with %u tokens in %.1f s)\n", LONG_CTX, kipp_timer_now() - t0);
         bench_case bc = {s, ids, LONG_CTX, 0, LONG_STEPS, logits};
-        bench_meta bm = {"tg4k", LONG_STEPS, 0, 0, LONG_CTX + (LONG_STEPS + 1) / 2.0, 0, TARGET_LONG, 0, 0};
+        bench_meta bm = {.name = "tg4k", .tokens = LONG_STEPS, .context = LONG_CTX + (LONG_STEPS + 1) / 2.0, .compute_bound = 0, .target = TARGET_LONG};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
         if ((rc = measure_decode(&bc, o, &bm, &st, err, errlen))) goto out;
