@@ -264,13 +264,13 @@ static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t w, si
  * overwritten. With add this is bitwise 16 vf_hsum calls. */
 #define REDUCE16(v, op)                                                                                         \
     do {                                                                                                        \
-        for (int k_ = 0; k_ < 8; k_++)                                                                          \
+        _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++)                                                  \
             v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x44),                                    \
                        _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xee));                                   \
-        for (int k_ = 0; k_ < 4; k_++)                                                                          \
+        _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)                                                  \
             v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x88),                                    \
                        _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xdd));                                   \
-        for (int k_ = 0; k_ < 2; k_++)                                                                          \
+        _Pragma("GCC unroll 2") for (int k_ = 0; k_ < 2; k_++)                                                  \
             v[k_] = op(_mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0x44),                                       \
                        _mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0xee));                                      \
         v[0] = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));                    \
@@ -282,17 +282,19 @@ static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t w, si
  * correction factors and the sums of the rounded weights come out as one
  * vector each (REDUCE16), so the per-vector horizontal steps cost one
  * sixteenth. Bit for bit block_softmax (max is exact in any order; the sum
- * keeps vf_hsum's tree; vf_exp is lane-wise). */
-static void softmax16(dchunk *t, size_t nb, uint32_t n, float *m, float *l)
+ * keeps vf_hsum's tree; vf_exp is lane-wise). s[i]: vector i's scores over
+ * the chunk's n positions; writes e[i] and corr_out[i] for i < nb only, so
+ * the callers' arrays need no padding. */
+static void softmax_set(const vf *s, size_t nb, uint32_t n, float *m, float *l, kipp_bf16 (*e)[CHUNK], float *corr_out)
 {
     __mmask16 live = (__mmask16)((1u << n) - 1u); /* n <= 16 */
     vf r[16], sv[16];
     for (size_t i = 0; i < 16; i++) {
-        sv[i] = i < nb ? _mm512_mask_mov_ps(vf_set1(-INFINITY), live, t->s[i]) : vf_set1(-INFINITY);
+        sv[i] = i < nb ? _mm512_mask_mov_ps(vf_set1(-INFINITY), live, s[i]) : vf_set1(-INFINITY);
         r[i] = sv[i];
     }
     REDUCE16(r, vf_max);
-    float mb[16], lb[16]; /* a partial block's state, padded as empty states */
+    float mb[16], lb[16], cb[16]; /* a partial set's state, padded as empty states */
     const int full = nb == 16;
     for (size_t i = 0; i < 16 && !full; i++) {
         mb[i] = i < nb ? m[i] : -INFINITY;
@@ -304,17 +306,24 @@ static void softmax16(dchunk *t, size_t nb, uint32_t n, float *m, float *l)
     for (size_t i = 0; i < 16; i++) {
         vf mi = _mm512_permutexvar_ps(_mm512_set1_epi32((int)i), mx); /* lane i everywhere */
         __m256i eb = to_bf16(vf_exp(vf_sub(sv[i], mi)));
-        memcpy(t->e[i], &eb, sizeof eb);
+        if (i < nb) memcpy(e[i], &eb, sizeof eb);
         r[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eb), 16)); /* vf_widen of eb */
     }
     REDUCE16(r, vf_add);
     vf_store(full ? l : lb, vf_add(vf_mul(lo, corr), r[0]));
     vf_store(full ? m : mb, mx);
-    vf_store(t->corr, corr);
+    vf_store(full ? corr_out : cb, corr);
     for (size_t i = 0; i < nb && !full; i++) {
         m[i] = mb[i];
         l[i] = lb[i];
+        corr_out[i] = cb[i];
     }
+}
+
+/* softmax_set over one tile chunk's block of nb <= 16 vectors. */
+static void softmax16(dchunk *t, size_t nb, uint32_t n, float *m, float *l)
+{
+    softmax_set(t->s, nb, n, m, l, t->e, t->corr);
 }
 
 /* The window's w chunks for nb <= TQ query vectors (BF16 at q; state at m,
@@ -368,7 +377,7 @@ static AI void rows_scores(const kipp_bf16 *q, size_t NB, const kipp_bf16 *kb, u
 
 /* block_values for NB <= 2 query vectors with the row pairs interleaved on the fly from vb. */
 static AI void rows_values(float *acc, size_t NB, const kipp_bf16 *vb, uint32_t n, const kipp_bf16 (*w)[CHUNK],
-                           const float *corr)
+                           const float *corr, const kipp_bf16 *pk, uint32_t npk)
 {
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -384,6 +393,9 @@ static AI void rows_values(float *acc, size_t NB, const kipp_bf16 *vb, uint32_t 
     for (uint32_t j = 0; 2 * j < n; j++) {
         const kipp_bf16 *ra = vb + (size_t)(2 * j) * KV_STRIDE, *rb = ra + KV_STRIDE;
         int has_b = 2 * j + 1 < n;
+        if (pk) /* the next chunk's K rows 2j, 2j + 1 of this head: 8 lines a pair, spread under the arithmetic */
+            for (uint32_t t = 2 * j; t < 2 * j + 2 && t < npk; t++)
+                for (size_t o = 0; o < KIPP_HEAD_DIM; o += 32) k_prefetch(pk + (size_t)t * KV_STRIDE + o);
         __m512i e[2];
 #pragma GCC unroll 2
         for (size_t i = 0; i < NB; i++) e[i] = bcast_pair(w[i] + 2 * j);
@@ -412,7 +424,7 @@ static AI void rows_step(const kipp_bf16 *q, size_t NB, const kv_view *v, size_t
     rows_scores(q, NB, v->kc + off, n, scale, s);
 #pragma GCC unroll 2
     for (size_t i = 0; i < NB; i++) t->corr[i] = block_softmax(s[i], n, &m[i], &l[i], t->e[i]);
-    rows_values(acc, NB, v->vc + off, n, t->e, t->corr);
+    rows_values(acc, NB, v->vc + off, n, t->e, t->corr, NULL, 0);
 }
 
 /* The chunk for query vectors [0, nq) (nq < ROW_MAX) read in place, in pairs. */
@@ -509,21 +521,30 @@ void k_flash_gqa_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *k
 #define HV 16u                                  /* query vectors per REDUCE16 */
 #define HEADS_MAX (KIPP_N_KV_HEAD * ROW_MAX)    /* vectors of a row: 8 heads x group < ROW_MAX */
 
-/* s[i] lane j = scale * q_i . k_j for ns <= HV vectors (vector i reads the
- * chunk's K rows from kb[i]) over the chunk's n rows; lanes >= n are 0 (as rows_scores). */
-static void heads_scores(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const kipp_bf16 *const *kb, uint32_t n,
-                         float scale, vf *s)
+/* s[i] lane j = scale * q_i . k_j for ns <= HV vectors i0 + i over the
+ * chunk's n rows, vector i0 + i reading head (i0 + i) / G of the rows at kb
+ * (a position's heads side by side); lanes >= n are 0 (as rows_scores).
+ * When pv is given, position j's V row (pv_bytes of it) is prefetched
+ * beside its scores, so the V stream runs under the arithmetic. Inlined
+ * with G and ns constant (scores_set), a head's K block is loaded once for
+ * its G vectors and no vector is tested. */
+static AI void heads_scores(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const kipp_bf16 *kb, size_t i0,
+                            size_t G, uint32_t n, float scale, vf *s, const kipp_bf16 *pv, size_t pv_bytes)
 {
     vf r[CHUNK];
     for (uint32_t j = 0; j < CHUNK; j++) {
         vf a[HV];
 #pragma GCC unroll 16
-        for (size_t i = 0; i < HV; i++) {
-            a[i] = vf_zero();
-            if (i >= ns || j >= n) continue;
+        for (size_t i = 0; i < HV; i++) a[i] = vf_zero();
+        if (j < n) {
+            const kipp_bf16 *row = kb + (size_t)j * KV_STRIDE;
+            if (pv)
+                for (size_t o = 0; o < pv_bytes; o += 64) k_prefetch((const char *)(pv + (size_t)j * KV_STRIDE) + o);
 #pragma GCC unroll 4
             for (size_t c = 0; c < 4; c++)
-                a[i] = dp(a[i], vi_load(kb[i] + (size_t)j * KV_STRIDE + 32 * c), vi_load(qb[i] + 32 * c));
+#pragma GCC unroll 16
+                for (size_t i = 0; i < ns; i++)
+                    a[i] = dp(a[i], vi_load(row + (i0 + i) / G * KIPP_HEAD_DIM + 32 * c), vi_load(qb[i] + 32 * c));
         }
         REDUCE16(a, vf_add); /* lane i: vf_hsum(a[i]) */
         r[j] = a[0];
@@ -532,10 +553,30 @@ static void heads_scores(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const 
     for (size_t i = 0; i < ns; i++) s[i] = vf_mul(r[i], vf_set1(scale));
 }
 
+/* heads_scores for one set of vectors: a full set of 16 at groups 2 and 4
+ * (the 0.6B to 8B shapes: i0 / G whole) compiled with its constants, else
+ * the general loop. */
+static void scores_set(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const kipp_bf16 *kb, size_t i0, size_t G,
+                       uint32_t n, float scale, vf *s, const kipp_bf16 *pv, size_t pv_bytes)
+{
+    if (ns == HV && G == 2)
+        heads_scores(qb, HV, kb + i0 / 2 * KIPP_HEAD_DIM, 0, 2, n, scale, s, pv, pv_bytes);
+    else if (ns == HV && G == 4)
+        heads_scores(qb, HV, kb + i0 / 4 * KIPP_HEAD_DIM, 0, 4, n, scale, s, pv, pv_bytes);
+    else
+        heads_scores(qb, ns, kb, i0, G, n, scale, s, pv, pv_bytes);
+}
+
 /* k_flash_rows_dot for group < ROW_MAX over [p0, p1): each chunk's K rows
  * for the scores, its V rows prefetched meanwhile, then the next chunk's K
  * prefetched under the values (into L1: a chunk of all 8 heads is 32 KB of
- * K and 32 KB of V, read once). */
+ * K and 32 KB of V, read once). The prefetches are spread, one position's
+ * V row per score position and 8 lines of the next K per value pair: issued
+ * as 512-line bursts they filled the miss buffers and stalled the core, so
+ * the stream and the arithmetic ran one after the other (one thread,
+ * kcheck 2 0 4096 8: 0.82x the time of the bursts with the two changes
+ * below; group 4 0.70x). The softmax of each set of 16 vectors is one
+ * softmax_set (bitwise block_softmax, per vector before). */
 static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, const uint32_t *bt,
                        uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, float scale, float *m, float *l,
                        float *acc)
@@ -544,31 +585,29 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
     const size_t nv = (kvh1 - kvh0) * group, v0 = kvh0 * group;
     kipp_bf16 qb[HEADS_MAX][KIPP_HEAD_DIM], e[HEADS_MAX][CHUNK];
     float corr[HEADS_MAX];
-    const kipp_bf16 *kb[HEADS_MAX], *vb[HEADS_MAX];
+    const kipp_bf16 *vb[HEADS_MAX];
     round_q(q + v0 * KIPP_HEAD_DIM, nv, qb);
-    prefetch_rows(kc, bt, kvh0, kvh1, p0, p0 + k_attn_chunk_len(p0, p1));
+    prefetch_rows(kc, bt, kvh0, kvh1, p0, p0 + k_attn_chunk_len(p0, p1)); /* nothing to spread it under */
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = k_attn_chunk_len(p, p1), pe = p + n;
-        prefetch_rows(vc, bt, kvh0, kvh1, p, pe); /* its V, read after the scores */
         const size_t off = k_kv_off(bt, p, kvh0); /* a position's heads lie side by side */
-        for (size_t i = 0; i < nv; i++) {
-            kb[i] = kc + off + i / group * KIPP_HEAD_DIM;
-            vb[i] = vc + off + i / group * KIPP_HEAD_DIM;
-        }
+        for (size_t i = 0; i < nv; i++) vb[i] = vc + off + i / group * KIPP_HEAD_DIM;
         for (size_t i0 = 0; i0 < nv; i0 += HV) {
             size_t ns = nv - i0 < HV ? nv - i0 : HV;
             vf s[HV];
-            heads_scores((const kipp_bf16(*)[KIPP_HEAD_DIM])qb + i0, ns, kb + i0, n, scale, s);
-            for (size_t i = 0; i < ns; i++)
-                corr[i0 + i] = block_softmax(s[i], n, m + v0 + i0 + i, l + v0 + i0 + i, e[i0 + i]);
+            scores_set((const kipp_bf16(*)[KIPP_HEAD_DIM])qb + i0, ns, kc + off, i0, group, n, scale, s,
+                       i0 == 0 ? vc + off : NULL, (kvh1 - kvh0) * KIPP_HEAD_DIM * 2); /* its V, under the scores */
+            softmax_set(s, ns, n, m + v0 + i0, l + v0 + i0, e + i0, corr + i0);
         }
-        if (pe < p1) prefetch_rows(kc, bt, kvh0, kvh1, pe, pe + k_attn_chunk_len(pe, p1)); /* the next scores' K */
+        uint32_t nn = pe < p1 ? k_attn_chunk_len(pe, p1) : 0;
+        const kipp_bf16 *kn = nn ? kc + k_kv_off(bt, pe, kvh0) : NULL; /* the next scores' K, under the values */
         for (size_t h0 = 0; h0 < nv; h0 += group) { /* rows_queries' pairs within each head */
             size_t i = h0;
-            for (; i + 2 <= h0 + group; i += 2)
-                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 2, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i);
+            const kipp_bf16 *pk = kn ? kn + h0 / group * KIPP_HEAD_DIM : NULL;
+            for (; i + 2 <= h0 + group; i += 2, pk = NULL)
+                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 2, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i, pk, nn);
             if (i < h0 + group)
-                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 1, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i);
+                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 1, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i, pk, nn);
         }
         p = pe;
     }
