@@ -585,13 +585,11 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
     const size_t nv = (kvh1 - kvh0) * group, v0 = kvh0 * group;
     kipp_bf16 qb[HEADS_MAX][KIPP_HEAD_DIM], e[HEADS_MAX][CHUNK];
     float corr[HEADS_MAX];
-    const kipp_bf16 *vb[HEADS_MAX];
     round_q(q + v0 * KIPP_HEAD_DIM, nv, qb);
     prefetch_rows(kc, bt, kvh0, kvh1, p0, p0 + k_attn_chunk_len(p0, p1)); /* nothing to spread it under */
     for (uint32_t p = p0; p < p1;) {
         uint32_t n = k_attn_chunk_len(p, p1), pe = p + n;
         const size_t off = k_kv_off(bt, p, kvh0); /* a position's heads lie side by side */
-        for (size_t i = 0; i < nv; i++) vb[i] = vc + off + i / group * KIPP_HEAD_DIM;
         for (size_t i0 = 0; i0 < nv; i0 += HV) {
             size_t ns = nv - i0 < HV ? nv - i0 : HV;
             vf s[HV];
@@ -603,11 +601,14 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
         const kipp_bf16 *kn = nn ? kc + k_kv_off(bt, pe, kvh0) : NULL; /* the next scores' K, under the values */
         for (size_t h0 = 0; h0 < nv; h0 += group) { /* rows_queries' pairs within each head */
             size_t i = h0;
+            const kipp_bf16 *vh = vc + off + h0 / group * KIPP_HEAD_DIM; /* this head's V rows */
             const kipp_bf16 *pk = kn ? kn + h0 / group * KIPP_HEAD_DIM : NULL;
             for (; i + 2 <= h0 + group; i += 2, pk = NULL)
-                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 2, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i, pk, nn);
+                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 2, vh, n, (const kipp_bf16(*)[CHUNK])e + i, corr + i, pk,
+                            nn);
             if (i < h0 + group)
-                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 1, vb[i], n, (const kipp_bf16(*)[CHUNK])e + i, corr + i, pk, nn);
+                rows_values(acc + (v0 + i) * KIPP_HEAD_DIM, 1, vh, n, (const kipp_bf16(*)[CHUNK])e + i, corr + i, pk,
+                            nn);
         }
         p = pe;
     }
