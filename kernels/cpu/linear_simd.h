@@ -87,15 +87,27 @@ void K_SFX(k_matvec_bf16)(const void *wpv, const void *xv, float *y, size_t rows
 
 /* ---- prefill: FP32 FMA on pre-widened weights and FP32 activations ----
  *
- * Per group of MM_GROUP rows and L1 block of MM_KB k, the block's weights are
+ * Per group of MM_GROUP rows and block of MM_KB k, the block's weights are
  * widened once to FP32 (wf: per row tile, [k][tile rows]) and then reused by
  * every token tile, so the inner loop is loads, broadcasts and FMAs only (the
  * shift-and-mask widening per token tile cost FMA-port slots). Each row
- * lane's chain is the matvec's: k in column order from zero. */
+ * lane's chain is the matvec's: k in column order from zero, so the block
+ * sizes change no bit of y (y holds the chain between blocks, exactly).
+ *
+ * The block sizes are per level (simd_<level>.h). AVX2 keeps wf in L2
+ * (128 rows x 256 k x 4 B = 128 KB) and the token tile's x (6 x 256 floats)
+ * in L1: each x line fetched from L3 then feeds 128 rows, not 32. Before,
+ * wf fitted L1 (32 rows x 128 k) and every group streamed all of x from L3:
+ * kcheck matmul bf16 on the AVX2 EPYC, 2 threads, 7 reps, 6144x1024 and
+ * 1024x3072 at 512 tokens: 78.7% and 82.4% of the FMA peak, now 90.3% and
+ * 90.7% (128 x 128 gave 87.3% and 89.5%). A wf stream from L2 is 2 vectors
+ * per 12 FMAs, sequential, well inside L2's rate. AVX-512 keeps the L1 block
+ * (32 x 128): unmeasured since on AVX-512 hardware. */
 
 #define MM_RV 2                /* row vectors per micro-tile: 16 rows on AVX2, 32 on AVX-512 */
-#define MM_KB 128u             /* k per L1 block */
-#define MM_GROUP 32u           /* rows per group: 32 x 128 k x 4 B = 16 KB of widened weights in L1 */
+#define MM_KB K_MM_KB          /* k per block */
+#define MM_GROUP K_MM_GROUP    /* rows per group: a multiple of MM_RV * KV_W */
+_Static_assert(MM_GROUP % (MM_RV * KV_W) == 0, "MM_GROUP must hold whole row tiles");
 
 /* Element offset of row vector 1 from row vector 0 in the packed layout: the
  * second half of the same 64-byte panel line (8 lanes), or the next panel (16). */
@@ -167,7 +179,9 @@ static void mm_tile_any(const float *wf, const float *x, size_t ldx, size_t kn, 
 #undef MM_CASE
 
 /* Loop order: group of MM_GROUP rows (outer: its weights leave DRAM once),
- * k-block (widened once into wf, 16 KB in L1), token tile, row tiles. */
+ * k-block (widened once into wf), token tile, row tiles (the token tile's x
+ * stays in L1 across them). wf lives on the stack: 128 KB at most, well
+ * inside a thread's default stack (glibc: RLIMIT_STACK, 8 MB here). */
 void K_SFX(k_matmul_bf16)(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
                           size_t n_tok, int accumulate, int ith, int nth)
 {

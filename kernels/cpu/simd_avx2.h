@@ -22,6 +22,8 @@
 #define K_LEVEL_NAME "avx2"
 #define K_MM_TT 6 /* prefill tile tokens: 2 x 6 accumulators + 2 weights + 1 broadcast of 16 ymm */
 #define K_MV_PANELS 4 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
+#define K_MM_KB 256u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
+#define K_MM_GROUP 128u  /* bf16 FP32-FMA matmul: rows per group, 128 KB of widened weights in L2 */
 
 typedef __m256 vf;
 typedef __m256i vi;
