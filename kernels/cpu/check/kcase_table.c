@@ -49,6 +49,11 @@ const kcase kcase_rows[] = {
     {"matmul", K_FMT_BF16, {1056, 1056, 25, 1}, ORDER, 2, 0},
     {"matmul", K_FMT_BF16, {6144, 1024, 512, 0}, ORDER, 2, 1},  /* 0.6B gate|up, pp512 */
     {"matmul", K_FMT_BF16, {1024, 3072, 512, 0}, ORDER, 2, 1},  /* 0.6B down, pp512 */
+    /* the four 0.6B projections at the CPU backend's round of 256 tokens (KIPP_CPU_ROUND_TOKENS) */
+    {"matmul", K_FMT_BF16, {4096, 1024, 256, 0}, ORDER, 2, 1}, /* QKV */
+    {"matmul", K_FMT_BF16, {1024, 2048, 256, 0}, ORDER, 2, 1}, /* O */
+    {"matmul", K_FMT_BF16, {6144, 1024, 256, 0}, ORDER, 2, 1}, /* gate|up */
+    {"matmul", K_FMT_BF16, {1024, 3072, 256, 0}, ORDER, 2, 1}, /* down */
     /* bf16 weights: the matmul against the FP32 oracle (FP32 activations: no rounding) */
     {"matmul_f32", K_FMT_BF16, {1024, 1024, 7, 0}, ORDER, 2, 0},
     {"matmul_f32", K_FMT_BF16, {3072, 1024, 13, 0}, ORDER, 2, 0},
