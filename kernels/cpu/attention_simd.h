@@ -141,9 +141,12 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
  * blocks of the head at once (2 * SB * H <= 8 chains, as in chunk_scores).
  * The accumulators hold each block's even and odd elements (vf_deint), the
  * order a vi load of a V row widens in; every element still sees the same
- * multiply and FMA sequence, so the result does not depend on the split. */
+ * multiply and FMA sequence, so the result does not depend on the split.
+ * split: acc is already held split (acc_split), so no vf_deint / vf_inter;
+ * rescale: 0 when corr is 1 (a later window of the chunk: x1 is exact, so
+ * skipping it changes no bit). Both are constants at every call. */
 static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vbase, size_t j0, size_t j1,
-                           float e[GMAX][CHUNK], const float *corr, size_t d)
+                           float e[GMAX][CHUNK], const float *corr, size_t d, int split, int rescale)
 {
     vf a[8];
 #pragma GCC unroll 8
@@ -153,10 +156,10 @@ static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vba
 #pragma GCC unroll 2
         for (size_t t = 0; t < SB; t++) {
             const float *p = acc + h * KIPP_HEAD_DIM + d + KB * t;
-            vf ev, od;
-            vf_deint(vf_load(p), vf_load(p + KV_W), &ev, &od);
-            a[(2 * (h * SB + t)) & 7] = vf_mul(ev, vf_set1(corr[h]));
-            a[(2 * (h * SB + t) + 1) & 7] = vf_mul(od, vf_set1(corr[h]));
+            vf ev = vf_load(p), od = vf_load(p + KV_W);
+            if (!split) vf_deint(ev, od, &ev, &od);
+            a[(2 * (h * SB + t)) & 7] = rescale ? vf_mul(ev, vf_set1(corr[h])) : ev;
+            a[(2 * (h * SB + t) + 1) & 7] = rescale ? vf_mul(od, vf_set1(corr[h])) : od;
         }
     for (size_t j = j0; j < j1; j++) {
         vf ve[2], vo[2];
@@ -181,8 +184,8 @@ static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vba
 #pragma GCC unroll 2
         for (size_t t = 0; t < SB; t++) {
             float *p = acc + h * KIPP_HEAD_DIM + d + KB * t;
-            vf lo, hi;
-            vf_inter(a[(2 * (h * SB + t)) & 7], a[(2 * (h * SB + t) + 1) & 7], &lo, &hi);
+            vf lo = a[(2 * (h * SB + t)) & 7], hi = a[(2 * (h * SB + t) + 1) & 7];
+            if (!split) vf_inter(lo, hi, &lo, &hi);
             vf_store(p, lo);
             vf_store(p + KV_W, hi);
         }
@@ -191,13 +194,28 @@ static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vba
 /* values_pass over the whole head for all G heads, at most 4 heads a pass,
  * positions [j0, j1) of the chunk at vbase. */
 static AI void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t j0, size_t j1, float e[GMAX][CHUNK],
-                            const float *corr)
+                            const float *corr, int split, int rescale)
 {
     const size_t SB = G <= 2 ? 2 : 1, HV = G < 4 ? G : 4;
     for (size_t h0 = 0; h0 < G; h0 += HV) {
         size_t H = G - h0 < HV ? G - h0 : HV;
         for (size_t d = 0; d < KIPP_HEAD_DIM; d += KB * SB)
-            values_pass(acc + h0 * KIPP_HEAD_DIM, H, SB, vbase, j0, j1, e + h0, corr + h0, d);
+            values_pass(acc + h0 * KIPP_HEAD_DIM, H, SB, vbase, j0, j1, e + h0, corr + h0, d, split, rescale);
+    }
+}
+
+/* n accumulator vectors [n][128] to or from (join) the split order of
+ * values_pass: every KB block as its even elements, then its odd ones. */
+static void acc_split(float *acc, size_t n, int join)
+{
+    for (size_t i = 0; i < n * KIPP_HEAD_DIM; i += KB) {
+        vf a = vf_load(acc + i), b = vf_load(acc + i + KV_W);
+        if (join)
+            vf_inter(a, b, &a, &b);
+        else
+            vf_deint(a, b, &a, &b);
+        vf_store(acc + i, a);
+        vf_store(acc + i + KV_W, b);
     }
 }
 
@@ -252,7 +270,7 @@ static AI void chunk_step(const float *q, size_t G, const kv_view *v, uint32_t p
     }
 #pragma GCC unroll 8
     for (size_t g = 0; g < G; g++) corr[g] = chunk_softmax(s[g], n, &m[g], &l[g]);
-    chunk_values(acc, G, v->vc + off, 0, n, s, corr);
+    chunk_values(acc, G, v->vc + off, 0, n, s, corr, 0, 1);
 }
 
 /* chunk_step with a constant head count, so the accumulators stay in registers. */
@@ -551,7 +569,6 @@ static AI void rows_chunk(const rows_qs qs, size_t group, size_t g0, size_t G, c
                           const kipp_bf16 *vc, const uint32_t *bt, uint32_t kvh0, uint32_t kvh1, uint32_t p,
                           uint32_t n, float scale, float *m, float *l, float *acc)
 {
-    static const float ones[GMAX] = {1, 1, 1, 1, 1, 1, 1, 1};
     float s[KIPP_N_KV_HEAD][GMAX][CHUNK], corr[KIPP_N_KV_HEAD][GMAX];
     const size_t off = k_kv_off(bt, p, 0), P = G <= 2 ? 4 : G <= 4 ? 2 : 1;
     size_t j = 0;
@@ -566,11 +583,15 @@ static AI void rows_chunk(const rows_qs qs, size_t group, size_t g0, size_t G, c
             size_t i = h * group + g0 + g;
             corr[h][g] = chunk_softmax(s[h][g], n, &m[i], &l[i]);
         }
-    for (size_t j0 = 0; j0 < n; j0 += VW) {
-        size_t j1 = j0 + VW < n ? j0 + VW : n;
+    size_t j1 = VW < n ? VW : n;
+    for (uint32_t h = kvh0; h < kvh1; h++)
+        chunk_values(acc + (h * group + g0) * KIPP_HEAD_DIM, G, vc + off + h * KIPP_HEAD_DIM, 0, j1, s[h], corr[h],
+                     1, 1);
+    for (size_t j0 = VW; j0 < n; j0 += VW) {
+        j1 = j0 + VW < n ? j0 + VW : n;
         for (uint32_t h = kvh0; h < kvh1; h++)
-            chunk_values(acc + (h * group + g0) * KIPP_HEAD_DIM, G, vc + off + h * KIPP_HEAD_DIM, j0, j1, s[h],
-                         j0 == 0 ? corr[h] : ones);
+            chunk_values(acc + (h * group + g0) * KIPP_HEAD_DIM, G, vc + off + h * KIPP_HEAD_DIM, j0, j1, s[h], NULL,
+                         1, 0);
     }
 }
 
@@ -597,6 +618,8 @@ void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc,
                               uint32_t p1, float scale, float *m, float *l, float *acc)
 {
     rows_qs qs;
+    float *acc_r = acc + (size_t)kvh0 * group * KIPP_HEAD_DIM;
+    acc_split(acc_r, (size_t)(kvh1 - kvh0) * group, 0);
     for (size_t g0 = 0; g0 < group; g0 += GMAX) {
         size_t G = group - g0 < GMAX ? group - g0 : GMAX;
         for (uint32_t h = kvh0; h < kvh1; h++) q_split(q + (h * group + g0) * KIPP_HEAD_DIM, G, qs[h]);
@@ -607,4 +630,5 @@ void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc,
             p += n;
         }
     }
+    acc_split(acc_r, (size_t)(kvh1 - kvh0) * group, 1);
 }

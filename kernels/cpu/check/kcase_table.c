@@ -171,6 +171,7 @@ const kcase kcase_rows[] = {
     {"flash_rows", -1, {8, 64, 96, 0}, ORDER, 1, 0},
     {"flash_rows", -1, {2, 0, 4096, 8}, ORDER, 1, 1},
     {"flash_rows", -1, {4, 0, 4096, 8}, ORDER, 1, 1},
+    {"flash_rows", -1, {2, 0, 512, 1}, ORDER, 1, 1},
     /* BF16-dot walks (avx512_bf16; the ref model below it): against k_flash_gqa_dot_ref, same split and
      * invariance checks; one code path for every group size. DOT: a softmax weight whose SIMD exp and
      * expf round to different BF16 values moves the output by up to 2^-8 of its share (measured
