@@ -36,7 +36,7 @@
  * chunk loaded from memory serves all of them for the shared causal prefix
  * (the kernel widens each chunk once into an L1 buffer for all of them).
  * 128 vectors (64 tokens at group 2) cut the prefix re-reads of a 4k prefill
- * 16-fold against 8 and halve the chunk transposes per vector against 64
+ * 16-fold against 8 and halve the chunk loads per vector against 64
  * (Zen 5, pp4096 perf: the tile walk's samples against the bf16dot matmul's
  * 1.34-1.37 at 128, 1.41-1.47 at 64); the tile state (both lanes) is 198 KB
  * per worker, in L2. */

@@ -15,14 +15,14 @@
  * 2.31e-5 -> 2.47e-5; 24- and 381-token prompts), inside the 5e-5 contract.
  *
  * A chunk of one KV head is loaded once for all the query vectors of a call
- * (chunk_load): K transposed by pairs (kt[p] lane j = (k_j[2p], k_j[2p+1])),
- * V interleaved by position pairs (vp[i][b] lane d = (v_2i[16b+d],
- * v_2i+1[16b+d])), positions past the chunk's end zero. A query vector's 16
- * scores are then one vector: lane ell of the chain over the four 32-dim
- * blocks c (pairs 16c + ell) is what a vdpbf16ps chain over a K row keeps in
- * lane ell, and the 16 chains are added as vf_hsum's tree (lane ell + ell +
- * w, w = 8, 4, 2, 1), vertically. Its outputs take one vdpbf16ps per 16 dims
- * and 2 positions. Every query vector runs the same instruction sequence
+ * (chunk_load): K rows copied as they lie (kr[j][c]: position j's 32-dim
+ * block c, 16 pairs), V interleaved by position pairs (vp[i][b] lane d =
+ * (v_2i[16b+d], v_2i+1[16b+d])), positions past the chunk's end zero. Score
+ * (i, j) is one vdpbf16ps chain over row j's four blocks (lane ell holds the
+ * pairs 16c + ell) and vf_hsum's tree over the lanes (lane ell + ell + w, w
+ * = 8, 4, 2, 1), the decode walk's arithmetic; 16 of them are reduced at once
+ * by REDUCE16 (bitwise 16 vf_hsum). The outputs take one vdpbf16ps per 16
+ * dims and 2 positions. Every query vector runs the same instruction sequence
  * whatever the group, tile or call split at chunk multiples, so a token's
  * attention is row-invariant (kernels.h): decode, prefill tiles and batches
  * all call these walks.
@@ -32,7 +32,6 @@
 #include "kernels/cpu/simd_avx512.h"
 
 #define CHUNK K_ATTN_CHUNK
-#define PAIRS (KIPP_HEAD_DIM / 2)                  /* 64 k-pairs per head */
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 #define TQ 16u                                     /* query vectors per scores / softmax / values phase (softmax16) */
 #define AI inline __attribute__((always_inline))
@@ -91,7 +90,7 @@ static AI __m256i to_bf16(__m512 x)
 
 /* One chunk of one KV head, as the dot reads it (8 KB, L1-resident). */
 typedef struct {
-    __m512i kt[PAIRS];         /* [64 pairs] lane j: (k_j[2p], k_j[2p+1]); j >= n zero */
+    __m512i kr[CHUNK][4];      /* [16 positions][4 blocks of 16 pairs] K rows as they lie; j >= n zero */
     __m512i vp[CHUNK / 2][8];  /* [8 position pairs][8 blocks of 16 dims] lane d: (v_2i[d], v_2i+1[d]) */
     vf s[TQ];                  /* one tile block's scores, [query] lanes: positions */
     kipp_bf16 e[TQ][CHUNK];    /* its rounded softmax weights, [query][position] */
@@ -129,15 +128,11 @@ static AI void prefetch_pos(const kv_view *v, uint32_t pos)
 static void chunk_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, uint32_t pf_end, dchunk *t)
 {
     for (uint32_t j = pf; j < pf + CHUNK && j < pf_end; j++) prefetch_pos(v, j);
-    for (size_t c = 0; c < KIPP_HEAD_DIM; c += 32) {
-        vf r[CHUNK];
 #pragma GCC unroll 16
-        for (uint32_t j = 0; j < CHUNK; j++)
-            r[j] = j < n ? _mm512_castsi512_ps(vi_load(v->kc + off + (size_t)j * KV_STRIDE + c)) : vf_zero();
-        vf_transpose(r); /* moves bits only: pairs stay whole */
-#pragma GCC unroll 16
-        for (uint32_t u = 0; u < CHUNK; u++) t->kt[c / 2 + u] = _mm512_castps_si512(r[u]);
-    }
+    for (uint32_t j = 0; j < CHUNK; j++)
+#pragma GCC unroll 4
+        for (size_t c = 0; c < 4; c++)
+            t->kr[j][c] = j < n ? vi_load(v->kc + off + (size_t)j * KV_STRIDE + 32 * c) : _mm512_setzero_si512();
     /* word 2d of block lo = row a's dim d, word 2d + 1 = row b's (d < 16); hi: dims 16..31 */
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
@@ -154,50 +149,79 @@ static void chunk_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, ui
     }
 }
 
-/* Lane index of the k-th leaf in the order that evaluates vf_hsum's tree
- * depth first: the bit reversal of k over 4 bits. */
-static AI size_t leaf_lane(size_t k)
+/* Lane-wise reduction of 16 vectors: lane i of the result is v[i]'s lanes
+ * combined by op in vf_hsum's tree (lane ell with ell + w, w = 8, 4, 2, 1),
+ * by shuffles that pair two vectors' halves, so 15 ops reduce all 16. v is
+ * overwritten. With add this is bitwise 16 vf_hsum calls. */
+#define REDUCE16(v, op)                                                                                         \
+    do {                                                                                                        \
+        _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++)                                                  \
+            v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x44),                                    \
+                       _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xee));                                   \
+        _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)                                                  \
+            v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x88),                                    \
+                       _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xdd));                                   \
+        _Pragma("GCC unroll 2") for (int k_ = 0; k_ < 2; k_++)                                                  \
+            v[k_] = op(_mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0x44),                                       \
+                       _mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0xee));                                      \
+        v[0] = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));                    \
+        /* lane k now holds vector 4(k % 4) + k / 4: back to order */                                           \
+        v[0] = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), v[0]); \
+    } while (0)
+
+/* s[0], s[1] lane j = scale * q_i . k_j over the chunk's 16 positions for
+ * the query vectors q and q + 128, exactly as rows_scores computes them:
+ * per (vector, position) one vdpbf16ps chain over the row's four 32-dim
+ * blocks, then vf_hsum's tree, here REDUCE16 over 16 (vector, position)
+ * chains at once (8 positions of each vector a pass). Reading the rows as
+ * they lie needs no broadcast per dot and no transpose per chunk. The
+ * transposed form it replaces (K by pairs, one chain per lane of 16
+ * positions and the tree added vertically) spent a vpbroadcastd of q on
+ * every dot: kcheck flash_gqa_dot 128 0 4096 1 on one Zen 5 thread took
+ * 7.0-7.3 ms against 8.0-8.5 (4 interleaved rounds). */
+static AI void block_scores2(const kipp_bf16 *q, const __m512i (*kr)[4], float scale, vf *s)
 {
-    return ((k & 1) << 3) | ((k & 2) << 1) | ((k & 4) >> 1) | ((k & 8) >> 3);
+    __m512i qv[2][4];
+#pragma GCC unroll 2
+    for (size_t i = 0; i < 2; i++)
+#pragma GCC unroll 4
+        for (size_t c = 0; c < 4; c++) qv[i][c] = vi_load(q + i * KIPP_HEAD_DIM + 32 * c);
+    vf r[2];
+#pragma GCC unroll 2
+    for (size_t h = 0; h < 2; h++) {
+        vf a[16]; /* [vector][8 positions] */
+#pragma GCC unroll 16
+        for (size_t k = 0; k < 16; k++) a[k] = vf_zero();
+#pragma GCC unroll 4
+        for (size_t c = 0; c < 4; c++)
+#pragma GCC unroll 8
+            for (size_t j = 0; j < 8; j++) {
+                __m512i kv = kr[8 * h + j][c];
+                a[j] = dp(a[j], kv, qv[0][c]);
+                a[8 + j] = dp(a[8 + j], kv, qv[1][c]);
+            }
+        REDUCE16(a, vf_add); /* lane k: vf_hsum(a[k]) */
+        r[h] = a[0];
+    }
+    s[0] = vf_mul(_mm512_shuffle_f32x4(r[0], r[1], 0x44), vf_set1(scale)); /* lanes 0-7 of each half */
+    s[1] = vf_mul(_mm512_shuffle_f32x4(r[0], r[1], 0xee), vf_set1(scale));
 }
 
-/* s[i] = scale * q_i . k_j over the chunk's 16 positions for NB query
- * vectors. Lane ell's chain: the pairs 16c + ell, c = 0..3, one vdpbf16ps
- * chain from zero over the position vector kt[16c + ell]. The 16 chains are
- * summed as vf_hsum's tree, depth first on a stack of partial sums (at most 5
- * per query live). */
-static AI void block_scores(const kipp_bf16 *q, size_t NB, const __m512i *kt, float scale, vf *s)
+/* block_scores2 for one query vector (8 positions of it per REDUCE16 half). */
+static AI void block_scores1(const kipp_bf16 *q, const __m512i (*kr)[4], float scale, vf *s)
 {
-    vf st[4][5];
-    size_t sp = 0;
-    /* leaves 2h and 2h + 1 (lanes ell and ell + 8, siblings in the tree) run
-     * their chains interleaved: 2 * NB independent vdpbf16ps chains in flight */
-#pragma GCC unroll 8
-    for (size_t h = 0; h < CHUNK / 2; h++) {
-        vf a[4], b[4];
-        size_t ell = leaf_lane(2 * h);
+    __m512i qv[4];
 #pragma GCC unroll 4
-        for (size_t i = 0; i < NB; i++) a[i] = b[i] = vf_zero();
+    for (size_t c = 0; c < 4; c++) qv[c] = vi_load(q + 32 * c);
+    vf a[16];
+#pragma GCC unroll 16
+    for (size_t k = 0; k < 16; k++) a[k] = vf_zero();
 #pragma GCC unroll 4
-        for (size_t c = 0; c < 4; c++) {
-            __m512i ka = kt[16 * c + ell], kb = kt[16 * c + ell + 8];
-#pragma GCC unroll 4
-            for (size_t i = 0; i < NB; i++) {
-                const kipp_bf16 *qi = q + i * KIPP_HEAD_DIM + 2 * (16 * c + ell);
-                a[i] = dp_bcast(a[i], ka, qi);
-                b[i] = dp_bcast(b[i], kb, qi + 16);
-            }
-        }
-#pragma GCC unroll 4
-        for (size_t i = 0; i < NB; i++) st[i][sp] = vf_add(a[i], b[i]); /* lane ell + lane ell + 8 */
-        sp++;
-#pragma GCC unroll 4
-        for (size_t n = h + 1; n % 2 == 0; n /= 2, sp--)
-#pragma GCC unroll 4
-            for (size_t i = 0; i < NB; i++) st[i][sp - 2] = vf_add(st[i][sp - 2], st[i][sp - 1]);
-    }
-#pragma GCC unroll 4
-    for (size_t i = 0; i < NB; i++) s[i] = vf_mul(st[i][0], vf_set1(scale));
+    for (size_t c = 0; c < 4; c++)
+#pragma GCC unroll 16
+        for (size_t j = 0; j < 16; j++) a[j] = dp(a[j], kr[j][c], qv[c]);
+    REDUCE16(a, vf_add);
+    s[0] = vf_mul(a[0], vf_set1(scale));
 }
 
 /* Online-softmax step of one query vector over the chunk's n positions:
@@ -258,26 +282,6 @@ static AI void block_values(float *acc, size_t NB, const dchunk *t, size_t w, si
     }
 }
 
-/* Lane-wise reduction of 16 vectors: lane i of the result is v[i]'s lanes
- * combined by op in vf_hsum's tree (lane ell with ell + w, w = 8, 4, 2, 1),
- * by shuffles that pair two vectors' halves, so 15 ops reduce all 16. v is
- * overwritten. With add this is bitwise 16 vf_hsum calls. */
-#define REDUCE16(v, op)                                                                                         \
-    do {                                                                                                        \
-        _Pragma("GCC unroll 8") for (int k_ = 0; k_ < 8; k_++)                                                  \
-            v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x44),                                    \
-                       _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xee));                                   \
-        _Pragma("GCC unroll 4") for (int k_ = 0; k_ < 4; k_++)                                                  \
-            v[k_] = op(_mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0x88),                                    \
-                       _mm512_shuffle_f32x4(v[2 * k_], v[2 * k_ + 1], 0xdd));                                   \
-        _Pragma("GCC unroll 2") for (int k_ = 0; k_ < 2; k_++)                                                  \
-            v[k_] = op(_mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0x44),                                       \
-                       _mm512_shuffle_ps(v[2 * k_], v[2 * k_ + 1], 0xee));                                      \
-        v[0] = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xdd));                    \
-        /* lane k now holds vector 4(k % 4) + k / 4: back to order */                                           \
-        v[0] = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), v[0]); \
-    } while (0)
-
 /* block_softmax for nb <= 16 query vectors at once: the maxima, the
  * correction factors and the sums of the rounded weights come out as one
  * vector each (REDUCE16), so the per-vector horizontal steps cost one
@@ -335,8 +339,8 @@ static void tile_window(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *
 {
     size_t i;
     for (size_t c = 0; c < w; c++) {
-        for (i = 0; i + 4 <= nb; i += 4) block_scores(q[i], 4, t[c].kt, scale, t[c].s + i);
-        for (; i < nb; i++) block_scores(q[i], 1, t[c].kt, scale, t[c].s + i);
+        for (i = 0; i + 2 <= nb; i += 2) block_scores2(q[i], (const __m512i(*)[4])t[c].kr, scale, t[c].s + i);
+        if (i < nb) block_scores1(q[i], (const __m512i(*)[4])t[c].kr, scale, t[c].s + i);
     }
     for (size_t c = 0; c < w; c++) softmax16(&t[c], nb, n[c], m, l); /* back to back: their reductions overlap */
     for (i = 0; i + 4 <= nb; i += 4) block_values(acc + i * KIPP_HEAD_DIM, 4, t, w, i);
@@ -348,12 +352,12 @@ static void tile_window(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *
 }
 
 /* ---- few query vectors (decode): the same arithmetic read from the rows as they lie ----
- * Transposing a chunk costs more than a decode row's two or four query
- * vectors use it for, so below ROW_MAX vectors the walk reads the K and V
- * rows in place. Score (i, j) is one vdpbf16ps chain over the row's four
- * 32-dim blocks (lane ell holds pairs 16c + ell, as block_scores' chains) and vf_hsum's
- * tree over the lanes: bit for bit block_scores. The values interleave each
- * row pair as chunk_load does and run block_values' chains. */
+ * Copying and interleaving a chunk costs more than a decode row's two or
+ * four query vectors use it for, so below ROW_MAX vectors the walk reads the
+ * K and V rows in place. Score (i, j) is block_scores2's chain over the
+ * row's four 32-dim blocks and vf_hsum's tree over the lanes, bit for bit.
+ * The values interleave each row pair as chunk_load does and run
+ * block_values' chains. */
 #define ROW_MAX 8u
 
 /* s[i] lane j = scale * q_i . k_j for NB <= 2 query vectors over the chunk's n rows at kb; lanes >= n are 0. */
