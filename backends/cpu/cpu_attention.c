@@ -145,9 +145,11 @@ static void attend_rows(cpu_round *r, uint32_t layer, int ith, int nth)
         k_attn_init(n, ml + g0, ml + H + g0, acc + g0 * HD);
         const float *q = m->qkv + (size_t)row * m->QKV;
         uint32_t end = m->row_pos[row] + 1;
-        for (uint32_t a = lane * KIPP_KV_BLOCK; a < end; a += K_ATTN_LANES * KIPP_KV_BLOCK)
+        for (uint32_t a = lane * KIPP_KV_BLOCK; a < end; a += K_ATTN_LANES * KIPP_KV_BLOCK) {
+            uint32_t an = a + K_ATTN_LANES * KIPP_KV_BLOCK; /* the lane's next page, prefetched under this one */
             m->flash_rows(q, group, kc, vc, bt, h0, h0 + width, a, a + KIPP_KV_BLOCK < end ? a + KIPP_KV_BLOCK : end,
-                                  scale, ml, ml + H, acc);
+                          an < end ? an : K_ATTN_NO_NEXT, scale, ml, ml + H, acc);
+        }
     }
     kipp_cpu_pool_barrier(m->pool);
     for (uint32_t u = (uint32_t)ith; u < r->n_rows * split; u += (uint32_t)nth) {

@@ -580,10 +580,15 @@ static void scores_set(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const ki
  * the stream and the arithmetic ran one after the other (one thread,
  * kcheck 2 0 4096 8: 0.82x the time of the bursts with the two changes
  * below; group 4 0.70x). The softmax of each set of 16 vectors is one
- * softmax_set (bitwise block_softmax, per vector before). */
+ * softmax_set (bitwise block_softmax, per vector before). The last chunk's
+ * values prefetch the first chunk at pnext the same way: a decode lane walks
+ * one 32-position page a call, so without it every other chunk's K arrived
+ * as a burst with nothing under it (kcheck flash_rows_dot 4096 8 at two
+ * threads, 3 interleaved rounds: group 2 3.56-3.58 -> 3.38-3.51 ms, group 4
+ * 4.22-4.53 -> 3.68-3.75 ms). */
 static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, const uint32_t *bt,
-                       uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, float scale, float *m, float *l,
-                       float *acc)
+                       uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, uint32_t pnext, float scale, float *m,
+                       float *l, float *acc)
 {
     if (p0 >= p1) return; /* nothing to walk (and nothing to prefetch) */
     const size_t nv = (kvh1 - kvh0) * group, v0 = kvh0 * group;
@@ -601,8 +606,12 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
                        i0 == 0 ? vc + off : NULL, (kvh1 - kvh0) * KIPP_HEAD_DIM * 2); /* its V, under the scores */
             softmax_set(s, ns, n, m + v0 + i0, l + v0 + i0, e + i0, corr + i0);
         }
-        uint32_t nn = pe < p1 ? k_attn_chunk_len(pe, p1) : 0;
-        const kipp_bf16 *kn = nn ? kc + k_kv_off(bt, pe, kvh0) : NULL; /* the next scores' K, under the values */
+        /* the next scores' K, under the values: this walk's next chunk, else the one at pnext */
+        const uint32_t pn = pe < p1 ? pe : pnext;
+        const uint32_t nn = pe < p1                   ? k_attn_chunk_len(pe, p1)
+                            : pnext != K_ATTN_NO_NEXT ? k_attn_chunk_len(pnext, K_ATTN_NO_NEXT)
+                                                      : 0;
+        const kipp_bf16 *kn = nn ? kc + k_kv_off(bt, pn, kvh0) : NULL;
         for (size_t h0 = 0; h0 < nv; h0 += group) { /* rows_queries' pairs within each head */
             size_t i = h0;
             const kipp_bf16 *vh = vc + off + h0 / group * KIPP_HEAD_DIM; /* this head's V rows */
@@ -623,10 +632,10 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
  * all heads are read close together. */
 void k_flash_rows_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                                  const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
-                                 uint32_t p1, float scale, float *m, float *l, float *acc)
+                                 uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc)
 {
     if (group < ROW_MAX) {
-        heads_walk(q, group, kc, vc, block_table, kvh0, kvh1, p0, p1, scale, m, l, acc);
+        heads_walk(q, group, kc, vc, block_table, kvh0, kvh1, p0, p1, pnext, scale, m, l, acc);
         return;
     }
     for (uint32_t p = p0; p < p1;) {

@@ -611,12 +611,14 @@ static void rows_any(const rows_qs q, size_t group, size_t g0, size_t G, const k
 
 /* Chunk by chunk over [p0, p1), every KV head of the range per chunk. Same
  * chunks and arithmetic per head as k_flash_gqa_bf16 of the same ISA, so the
- * results are bit-identical to calling it per head. No software prefetch: the
- * in-order walk lets the hardware stream prefetchers run ahead. */
+ * results are bit-identical to calling it per head. No software prefetch
+ * (pnext unused): the in-order walk lets the hardware stream prefetchers run
+ * ahead. */
 void K_SFX(k_flash_rows_bf16)(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                               const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
-                              uint32_t p1, float scale, float *m, float *l, float *acc)
+                              uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc)
 {
+    (void)pnext;
     rows_qs qs;
     float *acc_r = acc + (size_t)kvh0 * group * KIPP_HEAD_DIM;
     acc_split(acc_r, (size_t)(kvh1 - kvh0) * group, 0);

@@ -62,7 +62,11 @@
  *   chunk with all heads of the range together, positions outer, so the K and
  *   V rows are read in address order. q: [8*group][128] f32 (group query
  *   heads per KV head, in order); m, l: [8*group], acc: [8*group][128] f32;
- *   only the range's heads are touched.
+ *   only the range's heads are touched. pnext: where the caller's next walk
+ *   with these heads starts (a decode lane's next page), a hint a walk may
+ *   prefetch under its own last chunk since it cannot see past p1; it must
+ *   lie inside the block table, or be K_ATTN_NO_NEXT. It never changes a bit
+ *   of the result.
  *
  * flash_gqa_dot, flash_rows_dot (k_cpu_ops members outside the list: only
  *   avx512_bf16 has them in SIMD; below it the ref level's scalar model):
@@ -93,7 +97,7 @@
                        float scale, float *m, float *l, float *acc))                              \
     X(flash_rows_bf16, (const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,    \
                         const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,    \
-                        uint32_t p1, float scale, float *m, float *l, float *acc))
+                        uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc))
 
 #define K_OP_TYPEDEF(name, params) typedef void(*k_##name##_fn) params;
 K_CPU_OP_LIST(K_OP_TYPEDEF)
@@ -390,7 +394,7 @@ void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t r
                                float scale, float *m, float *l, float *acc);                           \
     void k_flash_rows_dot_##sfx(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, \
                                 const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, \
-                                uint32_t p1, float scale, float *m, float *l, float *acc);
+                                uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc);
 K_FLASH_DOT_DECL(ref)
 K_FLASH_DOT_DECL(avx512bf16)
 #undef K_FLASH_DOT_DECL
@@ -423,6 +427,8 @@ static inline size_t k_packed_index(size_t r, size_t c, size_t cols)
 
 /** Positions per attention chunk: walks cut [p0, p1) at multiples of it. */
 #define K_ATTN_CHUNK 16u
+/** flash_rows' pnext when no walk follows. */
+#define K_ATTN_NO_NEXT UINT32_MAX
 
 /** Element offset of (position pos, KV head kvh) in a layer's paged K or V
  * cache [n_blocks*32][8][128] bf16: physical row block_table[pos >> 5] * 32 +

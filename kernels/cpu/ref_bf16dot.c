@@ -138,11 +138,12 @@ void k_flash_gqa_dot_ref(const float *q, size_t group, const kipp_bf16 *kc, cons
     }
 }
 
-/* By definition: k_flash_gqa_dot_ref once per KV head. */
+/* By definition: k_flash_gqa_dot_ref once per KV head (no prefetch: pnext unused). */
 void k_flash_rows_dot_ref(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                           const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1,
-                          float scale, float *m, float *l, float *acc)
+                          uint32_t pnext, float scale, float *m, float *l, float *acc)
 {
+    (void)pnext;
     for (uint32_t h = kvh0; h < kvh1; h++)
         k_flash_gqa_dot_ref(q + h * group * KIPP_HEAD_DIM, group, kc, vc, h, block_table, p0, p1, scale,
                             m + h * group, l + h * group, acc + h * group * KIPP_HEAD_DIM);

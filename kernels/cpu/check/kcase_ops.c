@@ -265,7 +265,7 @@ static int fa_lane_oracle(fa_state *s)
     for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK; a < s->p1; a += KIPP_KV_BLOCK) {
         uint32_t lo = a > s->p0 ? a : s->p0, hi = a + KIPP_KV_BLOCK < s->p1 ? a + KIPP_KV_BLOCK : s->p1;
         int odd = k_attn_lane(a) != 0;
-        k_flash_rows_dot_ref(s->q, G, s->kc, s->vc, s->bt, 0, KIPP_N_KV_HEAD, lo, hi, 1.0f / sqrtf((float)HD),
+        k_flash_rows_dot_ref(s->q, G, s->kc, s->vc, s->bt, 0, KIPP_N_KV_HEAD, lo, hi, K_ATTN_NO_NEXT, 1.0f / sqrtf((float)HD),
                              odd ? m1 : s->mr, odd ? l1 : s->lr, odd ? a1 : s->accr);
     }
     k_attn_merge(H, s->mr, s->lr, s->accr, m1, l1, a1);
@@ -351,12 +351,13 @@ static void fa_rows_lane(const fa_state *s, size_t L, uint32_t lane, float *m, f
     for (uint32_t a = s->p0 / KIPP_KV_BLOCK * KIPP_KV_BLOCK, lo, hi; a < s->p1; a += KIPP_KV_BLOCK) {
         if (k_attn_lane(a) != lane) continue;
         fa_page(s, a, &lo, &hi);
+        uint32_t an = a + K_ATTN_LANES * KIPP_KV_BLOCK, next = an < s->p1 ? an : K_ATTN_NO_NEXT; /* the lane's next page */
         /* the backend's decode gives a unit the heads [h0, h0 + w) once a row has more
          * workers than lanes (attend_rows): checks walk page i in ranges of 8 >> (i % 4) */
         uint32_t w = s->split_heads ? KIPP_N_KV_HEAD >> (a / KIPP_KV_BLOCK % 4) : KIPP_N_KV_HEAD;
         for (uint32_t h0 = 0; h0 < KIPP_N_KV_HEAD; h0 += w)
             s->rows(s->q, s->group, s->kc + L * s->layer_elems, s->vc + L * s->layer_elems, s->bt, h0, h0 + w, lo,
-                    hi, 1.0f / sqrtf((float)KIPP_HEAD_DIM), m, l, acc);
+                    hi, next, 1.0f / sqrtf((float)KIPP_HEAD_DIM), m, l, acc);
     }
 }
 
