@@ -369,20 +369,25 @@ json_t *kipp_result_add(json_t *doc, const char *name, const kipp_bench_stats *s
     return r;
 }
 
-int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_out,
-                      size_t path_len, char *err, size_t errlen)
+void kipp_result_path(const char *dir, const char *tag, char *path_out, size_t path_len)
 {
     char day[16];
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(day, sizeof day, "%Y%m%d", &tm);
+    snprintf(path_out, path_len, "%s/%s-%s-%s-%s-%s.json", dir, day, kipp_host_name(), kipp_cpu_id(), tag,
+             kipp_git_sha());
+}
+
+int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_out,
+                      size_t path_len, char *err, size_t errlen)
+{
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         set_err(err, errlen, "cannot create results directory %s: %s", dir, strerror(errno));
         return -1;
     }
-    snprintf(path_out, path_len, "%s/%s-%s-%s-%s-%s.json", dir, day, kipp_host_name(), kipp_cpu_id(), tag,
-             kipp_git_sha());
+    kipp_result_path(dir, tag, path_out, path_len);
     return kipp_json_write_file(doc, path_out, JSON_INDENT(1) | JSON_REAL_PRECISION(6), NULL, 0, err, errlen);
 }
 

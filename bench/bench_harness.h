@@ -128,6 +128,10 @@ json_t *kipp_result_create(const char *kind, const char *profile_path, json_t *c
 json_t *kipp_result_add(json_t *doc, const char *name, const kipp_bench_stats *st, double bytes,
                         double flops, const char *bound, double roof_rate);
 
+/** The file kipp_result_write would write now: dir/<YYYYMMDD>-<host>-<cpu
+ * id>-<tag>-<sha>.json into path_out (path_len bytes, truncated to fit). */
+void kipp_result_path(const char *dir, const char *tag, char *path_out, size_t path_len);
+
 /**
  * Write doc to dir/<YYYYMMDD>-<host>-<cpu id>-<tag>-<sha>.json (dir created if
  * needed; the cpu id keeps two CPUs' runs of one commit apart);

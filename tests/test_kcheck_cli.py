@@ -36,3 +36,16 @@ def test_help_and_one_op() -> None:
     assert run("--help").returncode == 0
     p = run("--op", "add")
     assert p.returncode == 0 and p.stdout.rstrip().endswith("0") and "RESULT" in p.stdout
+
+
+def test_a_subset_bench_never_replaces_a_result_file(tmp_path: Path) -> None:
+    """A one-op --bench run at the commit of a full `make bench` table had
+    replaced that table with its own rows; now it refuses before timing."""
+    p = run("--bench", "--op", "add", "--reps", "1", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    files = list(tmp_path.glob("*-kernels-*.json"))
+    assert len(files) == 1
+    before = files[0].read_bytes()
+    p = run("--bench", "--op", "add", "--reps", "1", "--out", str(tmp_path))
+    assert p.returncode == 2 and str(files[0]) in p.stderr and "--out" in p.stderr
+    assert files[0].read_bytes() == before and "RESULT" not in p.stdout

@@ -6,6 +6,10 @@
  *   kcheck [--op OP] [--fmt FMT] [--isa LEVEL] [--list]
  *   kcheck --bench [--op OP] [--fmt FMT] [--isa LEVEL] [--threads N] [--reps N] [--out DIR]
  *
+ * A bench run with any of the filters or settings is an experiment: it never
+ * replaces an existing result file (a one-op A/B run at the same commit had
+ * overwritten make bench's whole kernel table), and says so before timing.
+ *
  * Built twice (Makefile): build/bin/kcheck runs the levels this CPU has;
  * build/bin/kcheck_emu links the AVX-512 sources compiled against SIMDe and
  * runs the levels this CPU lacks. Each (row, level) prints PASS or FAIL with
@@ -14,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/bench_harness.h"
 #include "kernels/cpu/check/kcase.h"
@@ -21,6 +26,7 @@
 typedef struct {
     const char *op, *fmt, *isa, *out;
     int bench, list, threads, reps;
+    int subset; /* --op, --fmt, --isa, --threads or --reps given: not make bench's full table */
 } kc_args;
 
 /* The format names of the table, space-separated (static storage). */
@@ -37,7 +43,9 @@ static int usage(FILE *f, int rc)
 {
     fprintf(f, "usage: kcheck [--op OP] [--fmt FMT] [--isa LEVEL] [--list]\n"
                "       kcheck --bench [--op OP] [--fmt FMT] [--isa LEVEL] [--threads N] [--reps N] [--out DIR]\n"
-               "  OP: %s\n  FMT: %s\n  LEVEL: ref avx2 avx512 avx512_bf16\n", kcase_kind_names(), fmt_names());
+               "  OP: %s\n  FMT: %s\n  LEVEL: ref avx2 avx512 avx512_bf16\n"
+               "  --bench with any option but --out is an experiment: it never replaces an existing result file\n",
+               kcase_kind_names(), fmt_names());
     return rc;
 }
 
@@ -70,6 +78,7 @@ static int parse(int argc, char **argv, kc_args *a)
         else if (!strcmp(o, "--list")) a->list = 1;
         else if ((slot || !strcmp(o, "--threads") || !strcmp(o, "--reps")) && i + 1 < argc) {
             const char *v = argv[++i];
+            if (slot != &a->out) a->subset = 1;
             if (slot) *slot = v;
             else {
                 char *end;
@@ -255,6 +264,14 @@ static int run_bench(const kc_args *a)
         return 2;
     }
     if (note) fprintf(stderr, "kcheck: %s\n", note);
+    kipp_result_path(a->out, "kernels", path, sizeof path);
+    if (a->subset && access(path, F_OK) == 0) {
+        fprintf(stderr,
+                "kcheck: %s exists and this run times a subset or other settings (--op, --fmt, --isa, --threads, "
+                "--reps), so it would replace that table: pass --out with another directory, or remove the file\n",
+                path);
+        return 2;
+    }
     kipp_team *team = kipp_team_create(a->threads, err, sizeof err);
     if (!team) { fprintf(stderr, "kcheck: %s\n", err); return 2; }
     int nth = kipp_team_size(team);
