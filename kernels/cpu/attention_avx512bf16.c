@@ -584,8 +584,8 @@ static void scores_set(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const ki
  * values prefetch the first chunk at pnext the same way: a decode lane walks
  * one 32-position page a call, so without it every other chunk's K arrived
  * as a burst with nothing under it (kcheck flash_rows_dot 4096 8 at two
- * threads, 3 interleaved rounds: group 2 3.56-3.58 -> 3.38-3.51 ms, group 4
- * 4.22-4.53 -> 3.68-3.75 ms). */
+ * threads, 3 interleaved rounds: group 4 4.24-5.01 -> 3.86-3.89 ms, group 2
+ * 3.46-4.00 -> 3.36-3.58 ms, within noise). */
 static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, const uint32_t *bt,
                        uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, uint32_t pnext, float scale, float *m,
                        float *l, float *acc)

@@ -200,7 +200,8 @@ static AI void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t
     for (size_t h0 = 0; h0 < G; h0 += HV) {
         size_t H = G - h0 < HV ? G - h0 : HV;
         for (size_t d = 0; d < KIPP_HEAD_DIM; d += KB * SB)
-            values_pass(acc + h0 * KIPP_HEAD_DIM, H, SB, vbase, j0, j1, e + h0, corr + h0, d, split, rescale);
+            values_pass(acc + h0 * KIPP_HEAD_DIM, H, SB, vbase, j0, j1, e + h0, corr ? corr + h0 : NULL, d, split,
+                        rescale); /* corr is NULL for a chunk's later windows: no arithmetic on it (UBSan) */
     }
 }
 

@@ -185,6 +185,8 @@ const kcase kcase_rows[] = {
     {"flash_gqa_dot", -1, {37, 5, 200, 0}, DOT, 2, 0},
     {"flash_gqa_dot", -1, {15, 5, 200, 0}, DOT, 2, 0},  /* a block of 15: values in 4s, then a 2 at offset 12, then a 1 */
     {"flash_gqa_dot", -1, {130, 0, 96, 0}, DOT, 2, 0},  /* past one 64-vector segment */
+    {"flash_gqa_dot", -1, {9, 0, 2048, 0}, DOT, 2, 0},  /* an odd block's last vector (block_scores1) over a long walk:
+                                                          a last-bit score change shows only where a max moves (review) */
     {"flash_gqa_dot", -1, {2, 0, 4096, 8}, DOT, 2, 1},
     {"flash_gqa_dot", -1, {4, 0, 4096, 8}, DOT, 2, 1},
     {"flash_gqa_dot", -1, {128, 0, 4096, 1}, DOT, 2, 1},
