@@ -161,10 +161,42 @@ def git_sha() -> str:
         return "unknown"
 
 
-def write_result(doc: dict) -> Path:
-    """results/<date>-<host>-<cpu id>-peers-<sha>.json, written through a temporary file."""
+SAME_RUN_KEYS = ("threads", "rounds", "peer")  # config keys two runs must share to be one document
+
+
+def merge_into(out: Path, doc: dict) -> dict:
+    """doc with the cells of an earlier run written to the same file (same day,
+    CPU and commit: a second `make bench-peers MODEL=...`) kept where this run
+    has no cell of that (model, bench). The file name holds no model, so
+    writing over it had dropped the earlier run's cells. A file that is not
+    such a document, or whose run differs in threads, rounds or peer build,
+    stops the run with its name rather than being replaced."""
+    if not out.exists():
+        return doc
+    try:
+        old = json.loads(out.read_text())
+        cells, cfg = old["results"], old["config"]
+        keys = {(c["model"], c["name"]) for c in cells}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"bench_peers: {out} exists and is not a peers document ({e}); move it away to write this run")
+    if old.get("kind") != "peers" or old.get("git_sha") != doc["git_sha"]:
+        raise SystemExit(f"bench_peers: {out} exists and is not a peers run of {doc['git_sha']}; move it away to write this run")
+    for k in SAME_RUN_KEYS:
+        if cfg.get(k) != doc["config"].get(k):
+            raise SystemExit(f"bench_peers: {out} holds a run with {k} {cfg.get(k)!r}, this one has "
+                             f"{doc['config'].get(k)!r}; rerun with the same settings or move the file away")
+    new = {(c["model"], c["name"]) for c in doc["results"]}
+    kept = [c for c in cells if (c["model"], c["name"]) not in new]
+    log(f"{out.name}: keeping {len(kept)} of the {len(keys)} cells already there")
+    return {**doc, "results": kept + doc["results"]}
+
+
+def write_result(doc: dict, results: Path = ROOT / "results") -> Path:
+    """results/<date>-<host>-<cpu id>-peers-<sha>.json, merged with an earlier
+    run of the same file (merge_into), written through a temporary file."""
     name = f"{dt.datetime.utcnow():%Y%m%d}-{machine.host_tag()}-peers-{doc['git_sha']}.json"
-    out = ROOT / "results" / name
+    out = results / name
+    doc = merge_into(out, doc)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, out)
