@@ -289,7 +289,7 @@ def test_report_pairs_by_cpu_id_whatever_the_level_text(tmp_path: Path) -> None:
     assert "| AMD EPYC amd-f26m2 (avx512_bf16) | 30.00 |" in rows[0] and "**1.50x** (Kipp 33.00)" in rows[0], rows[0]
 
 
-def peers_doc(cells: list[tuple[str, str]], rounds: int = 3) -> dict:
+def merge_doc(cells: list[tuple[str, str]], rounds: int = 3) -> dict:
     res = [{"name": b, "model": m, "format": "bf16", "unit": "tok/s", "kipp": {"median": 2.0}, "llama_cpp": {"median": 1.0},
             "ratio": 2.0} for m, b in cells]
     return {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": "abcdef0", "date": "2026-12-05T00:00:00Z", "host": "h",
@@ -301,14 +301,14 @@ def test_bench_peers_keeps_an_earlier_run_of_the_same_file(tmp_path: Path) -> No
     file: the second had replaced the first's cells."""
     sys.path.insert(0, str(ROOT / "tools"))
     import bench_peers
-    first = bench_peers.write_result(peers_doc([("synthetic-0.6b", "pp512"), ("synthetic-0.6b", "tg4k")]), tmp_path)
-    second = bench_peers.write_result(peers_doc([("synthetic-1.7b", "pp512"), ("synthetic-0.6b", "tg4k")]), tmp_path)
+    first = bench_peers.write_result(merge_doc([("synthetic-0.6b", "pp512"), ("synthetic-0.6b", "tg4k")]), tmp_path)
+    second = bench_peers.write_result(merge_doc([("synthetic-1.7b", "pp512"), ("synthetic-0.6b", "tg4k")]), tmp_path)
     assert first == second
     cells = [(c["model"], c["name"]) for c in json.loads(second.read_text())["results"]]
     assert sorted(cells) == [("synthetic-0.6b", "pp512"), ("synthetic-0.6b", "tg4k"), ("synthetic-1.7b", "pp512")]
     before = second.read_text()
     try:
-        bench_peers.write_result(peers_doc([("synthetic-1.7b", "tg128")], rounds=5), tmp_path)
+        bench_peers.write_result(merge_doc([("synthetic-1.7b", "tg128")], rounds=5), tmp_path)
     except SystemExit as e:
         assert "rounds 3" in str(e) and second.name in str(e)
     else:
@@ -316,7 +316,7 @@ def test_bench_peers_keeps_an_earlier_run_of_the_same_file(tmp_path: Path) -> No
     assert second.read_text() == before
     second.write_text("{not json")
     try:
-        bench_peers.write_result(peers_doc([("synthetic-1.7b", "tg128")]), tmp_path)
+        bench_peers.write_result(merge_doc([("synthetic-1.7b", "tg128")]), tmp_path)
     except SystemExit as e:
         assert "not a peers document" in str(e)
     else:
