@@ -69,9 +69,10 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
 #define _mm512_cvtepi32_epi16 kemu_cvtepi32_epi16
 #define _mm512_reduce_add_ps kemu_reduce_add_ps
 #define _mm512_reduce_max_ps kemu_reduce_max_ps
-#ifndef _mm512_shuffle_f32x4 /* defined, not aliased, in 0.7.4 */
+/* defined, not aliased, in 0.7.4; clang's avx512fintrin.h (through immintrin.h)
+ * defines a native macro of this name, which needs avx512f: replace either */
+#undef _mm512_shuffle_f32x4
 #define _mm512_shuffle_f32x4 simde_mm512_shuffle_f32x4
-#endif
 /* SIMDe 0.7.4 aliases _mm512_madd_epi16 to the 4-argument mask form. */
 #undef _mm512_madd_epi16
 #define _mm512_madd_epi16 simde_mm512_madd_epi16
