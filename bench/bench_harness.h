@@ -128,8 +128,10 @@ json_t *kipp_result_create(const char *kind, const char *profile_path, json_t *c
 json_t *kipp_result_add(json_t *doc, const char *name, const kipp_bench_stats *st, double bytes,
                         double flops, const char *bound, double roof_rate);
 
-/** The file kipp_result_write would write now: dir/<YYYYMMDD>-<host>-<cpu
- * id>-<tag>-<sha>.json into path_out (path_len bytes, truncated to fit). */
+/** The file kipp_result_write would write now (UTC date): dir/<YYYYMMDD>-<host>-<cpu
+ * id>-<tag>-<sha>.json into the caller's buffer path_out (path_len bytes,
+ * truncated to fit, always terminated). Touches no file and cannot fail; a
+ * caller checks for an existing file with it before timing anything. */
 void kipp_result_path(const char *dir, const char *tag, char *path_out, size_t path_len);
 
 /**

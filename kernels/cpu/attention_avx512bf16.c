@@ -169,59 +169,47 @@ static void chunk_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, ui
         v[0] = _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), v[0]); \
     } while (0)
 
-/* s[0], s[1] lane j = scale * q_i . k_j over the chunk's 16 positions for
- * the query vectors q and q + 128, exactly as rows_scores computes them:
- * per (vector, position) one vdpbf16ps chain over the row's four 32-dim
- * blocks, then vf_hsum's tree, here REDUCE16 over 16 (vector, position)
- * chains at once (8 positions of each vector a pass). Reading the rows as
- * they lie needs no broadcast per dot and no transpose per chunk. The
- * transposed form it replaces (K by pairs, one chain per lane of 16
+/* s[i] lane j = scale * q_i . k_j over the chunk's 16 positions for NB = 1
+ * or 2 query vectors (stride 128), exactly as rows_scores computes them: per
+ * (vector, position) one vdpbf16ps chain over the row's four 32-dim blocks,
+ * then vf_hsum's tree, here REDUCE16 over 16 (vector, position) chains at
+ * once (16 / NB positions of each vector a pass, NB passes). Reading the
+ * rows as they lie needs no broadcast per dot and no transpose per chunk.
+ * The transposed form it replaces (K by pairs, one chain per lane of 16
  * positions and the tree added vertically) spent a vpbroadcastd of q on
  * every dot: kcheck flash_gqa_dot 128 0 4096 1 on one Zen 5 thread took
  * 7.0-7.3 ms against 8.0-8.5 (4 interleaved rounds). */
-static AI void block_scores2(const kipp_bf16 *q, const __m512i (*kr)[4], float scale, vf *s)
+static AI void block_scores(const kipp_bf16 *q, size_t NB, const __m512i (*kr)[4], float scale, vf *s)
 {
+    const size_t P = CHUNK / NB; /* positions of each vector per REDUCE16 */
     __m512i qv[2][4];
 #pragma GCC unroll 2
-    for (size_t i = 0; i < 2; i++)
+    for (size_t i = 0; i < NB; i++)
 #pragma GCC unroll 4
         for (size_t c = 0; c < 4; c++) qv[i][c] = vi_load(q + i * KIPP_HEAD_DIM + 32 * c);
     vf r[2];
 #pragma GCC unroll 2
-    for (size_t h = 0; h < 2; h++) {
-        vf a[16]; /* [vector][8 positions] */
+    for (size_t h = 0; h < NB; h++) {
+        vf a[16]; /* [vector][P positions] */
 #pragma GCC unroll 16
         for (size_t k = 0; k < 16; k++) a[k] = vf_zero();
 #pragma GCC unroll 4
         for (size_t c = 0; c < 4; c++)
-#pragma GCC unroll 8
-            for (size_t j = 0; j < 8; j++) {
-                __m512i kv = kr[8 * h + j][c];
-                a[j] = dp(a[j], kv, qv[0][c]);
-                a[8 + j] = dp(a[8 + j], kv, qv[1][c]);
+#pragma GCC unroll 16
+            for (size_t j = 0; j < P; j++) {
+                __m512i kv = kr[P * h + j][c];
+#pragma GCC unroll 2
+                for (size_t i = 0; i < NB; i++) a[i * P + j] = dp(a[i * P + j], kv, qv[i][c]);
             }
         REDUCE16(a, vf_add); /* lane k: vf_hsum(a[k]) */
         r[h] = a[0];
     }
-    s[0] = vf_mul(_mm512_shuffle_f32x4(r[0], r[1], 0x44), vf_set1(scale)); /* lanes 0-7 of each half */
+    if (NB == 1) {
+        s[0] = vf_mul(r[0], vf_set1(scale));
+        return;
+    }
+    s[0] = vf_mul(_mm512_shuffle_f32x4(r[0], r[1], 0x44), vf_set1(scale)); /* lanes 0-7 of each pass */
     s[1] = vf_mul(_mm512_shuffle_f32x4(r[0], r[1], 0xee), vf_set1(scale));
-}
-
-/* block_scores2 for one query vector (8 positions of it per REDUCE16 half). */
-static AI void block_scores1(const kipp_bf16 *q, const __m512i (*kr)[4], float scale, vf *s)
-{
-    __m512i qv[4];
-#pragma GCC unroll 4
-    for (size_t c = 0; c < 4; c++) qv[c] = vi_load(q + 32 * c);
-    vf a[16];
-#pragma GCC unroll 16
-    for (size_t k = 0; k < 16; k++) a[k] = vf_zero();
-#pragma GCC unroll 4
-    for (size_t c = 0; c < 4; c++)
-#pragma GCC unroll 16
-        for (size_t j = 0; j < 16; j++) a[j] = dp(a[j], kr[j][c], qv[c]);
-    REDUCE16(a, vf_add);
-    s[0] = vf_mul(a[0], vf_set1(scale));
 }
 
 /* Online-softmax step of one query vector over the chunk's n positions:
@@ -339,8 +327,8 @@ static void tile_window(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *
 {
     size_t i;
     for (size_t c = 0; c < w; c++) {
-        for (i = 0; i + 2 <= nb; i += 2) block_scores2(q[i], (const __m512i(*)[4])t[c].kr, scale, t[c].s + i);
-        if (i < nb) block_scores1(q[i], (const __m512i(*)[4])t[c].kr, scale, t[c].s + i);
+        for (i = 0; i + 2 <= nb; i += 2) block_scores(q[i], 2, (const __m512i(*)[4])t[c].kr, scale, t[c].s + i);
+        if (i < nb) block_scores(q[i], 1, (const __m512i(*)[4])t[c].kr, scale, t[c].s + i);
     }
     for (size_t c = 0; c < w; c++) softmax16(&t[c], nb, n[c], m, l); /* back to back: their reductions overlap */
     for (i = 0; i + 4 <= nb; i += 4) block_values(acc + i * KIPP_HEAD_DIM, 4, t, w, i);
@@ -354,7 +342,7 @@ static void tile_window(const kipp_bf16 (*q)[KIPP_HEAD_DIM], size_t nb, dchunk *
 /* ---- few query vectors (decode): the same arithmetic read from the rows as they lie ----
  * Copying and interleaving a chunk costs more than a decode row's two or
  * four query vectors use it for, so below ROW_MAX vectors the walk reads the
- * K and V rows in place. Score (i, j) is block_scores2's chain over the
+ * K and V rows in place. Score (i, j) is block_scores' chain over the
  * row's four 32-dim blocks and vf_hsum's tree over the lanes, bit for bit.
  * The values interleave each row pair as chunk_load does and run
  * block_values' chains. */

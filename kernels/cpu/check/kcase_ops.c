@@ -288,7 +288,8 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     s->p0 = (uint32_t)c->s[1];
     s->p1 = (uint32_t)c->s[2];
     s->layers = mode == KC_BENCH && c->s[3] > 1 ? c->s[3] : 1;
-    s->n_blocks = (s->p1 + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK + 2;
+    const size_t nbt = (s->p1 + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK; /* logical pages the walks touch */
+    s->n_blocks = nbt + 2;                                         /* physical pages: 2 spare */
     s->layer_elems = s->n_blocks * KIPP_KV_BLOCK * KV_ROW;
     size_t H = KIPP_N_KV_HEAD * s->group;
     size_t units = s->layers * KIPP_N_KV_HEAD; /* state slots: one per (layer, KV head) */
@@ -296,7 +297,7 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     s->vc = kc_alloc_big(s->layers * s->layer_elems * 2);
     /* the walks' pages only, at its exact size, so that ASan flags a block-table read past the
      * range a call may touch (a pnext beyond the last page); the 2 spare physical pages stay */
-    s->bt = malloc((s->p1 + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK * sizeof(uint32_t));
+    s->bt = malloc(nbt * sizeof(uint32_t));
     s->q = kc_rand_f32(H * KIPP_HEAD_DIM, -3, 3); /* scores spread over ~+-10: a peaked softmax */
     s->m = kc_rand_f32(units * H, 0, 0); s->l = kc_rand_f32(units * H, 0, 0);
     s->acc = kc_rand_f32(units * H * KIPP_HEAD_DIM, 0, 0);
@@ -311,7 +312,6 @@ static void *fa_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
         memcpy(s->vc + L * s->layer_elems, vr, s->layer_elems * 2);
     }
     kipp_aligned_free(kr); kipp_aligned_free(vr);
-    const size_t nbt = (s->p1 + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK; /* logical pages, < n_blocks */
     for (size_t b = 0; b < nbt; b++) s->bt[b] = (uint32_t)((b * 37u + 11u) % s->n_blocks); /* scrambled pages */
     if (s->n_blocks % 37 == 0) /* 37 is prime: the map above is a permutation unless 37 divides n_blocks */ for (size_t b = 0; b < nbt; b++) s->bt[b] = (uint32_t)(s->n_blocks - 1 - b);
     if (mode == KC_CHECK && !(dot && !strcmp(c->op, "flash_rows_dot")))
