@@ -115,6 +115,24 @@ int kipp_session_set_block_table(kipp_session *s, const uint32_t *perm, char *er
  * feeding it one step's outcome (drafted tokens, of which accepted matched).
  */
 uint32_t kipp_spec_gate_next(kipp_spec *sp);
+
+/**
+ * Stop strings over text[n] (engine/gen.c), of which text[from..n) is new:
+ * earlier bytes were scanned before, so only matches that end in the new
+ * bytes are looked for. Returns the offset of the first match (n when none);
+ * *final_len receives the bytes that can no longer change: up to the match,
+ * else n less the longest tail that could still grow into a stop string.
+ */
+size_t kipp_stop_scan(const char *const *stop, size_t n_stop, const char *text, size_t n, size_t from,
+                      size_t *final_len);
+
+/**
+ * Fold the wall time (seconds) of one verification of `rows` rows into the
+ * gate's cost model (engine/spec.c); ignored with fixed_k or fixed costs, and
+ * for secs <= 0. kipp_spec_step times its own; a batched caller (kipp_gen)
+ * passes its step's time.
+ */
+void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs);
 void kipp_spec_gate_observe(kipp_spec *sp, uint32_t drafted, uint32_t accepted);
 
 #endif

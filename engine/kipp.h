@@ -548,6 +548,124 @@ int kipp_spec_params_ok(const kipp_sample_params *p);
 /** Copy the counters into *st. */
 void kipp_spec_get_stats(const kipp_spec *sp, kipp_spec_stats *st);
 
+/* ---- one generation step (engine/gen.c) ---- */
+
+/** Most stop strings one generation takes, and the longest (bytes). */
+#define KIPP_GEN_MAX_STOP 16u
+#define KIPP_GEN_MAX_STOP_LEN 1024u
+/** Longest prefill chunk when every prompt position gets a logits row (echo logprobs). */
+#define KIPP_GEN_ROWS_CHUNK 32u
+
+/** Why a generation ended (kipp_gen_event.finish). */
+typedef enum {
+    KIPP_FIN_NONE = 0, /* still going */
+    KIPP_FIN_STOP,     /* a stop id was sampled (not emitted) or a stop string appeared (text cut before it) */
+    KIPP_FIN_LENGTH,   /* max_tokens emitted */
+    KIPP_FIN_FULL,     /* the session is full: no room to evaluate the next token */
+    KIPP_FIN_CANCELLED /* the caller ended it (kipp_gen_cancel) */
+} kipp_finish;
+
+/**
+ * One sequence's generation state: sampler parameters, RNG, history (prompt +
+ * output, for penalties and the drafter), stop ids and strings, streaming
+ * detokenizer and, for deterministic sampling, the speculative drafter. It
+ * does not evaluate: the caller asks it for its next batch item
+ * (kipp_gen_next), evaluates that item, alone or with other generations' items
+ * in one kipp_eval_batch, and hands the rows back (kipp_gen_advance). The CLI
+ * runs a batch of one; kipp-serve's scheduler a list of them. The loop, after
+ * llama2.c's: next -> kipp_eval_batch -> advance, until the event's finish.
+ */
+typedef struct kipp_gen kipp_gen;
+
+/** Options for kipp_gen_create; zero-initialise, then set what differs. */
+typedef struct {
+    kipp_sample_params sp;       /* sampling; its history fields are ignored: the gen passes prompt + output,
+                                  * with n_prompt_history = the prompt's length (kipp_sample_params) */
+    uint64_t seed;               /* RNG seed (kipp_rng_seed), unless rng is given */
+    const kipp_rng *rng;         /* NULL, or the RNG state to continue from (copied): a chat's next turn */
+    uint32_t max_tokens;         /* tokens to emit at most; 0 = until the session is full */
+    const char *const *stop;     /* [n_stop] stop strings, NUL-terminated, 1..KIPP_GEN_MAX_STOP_LEN bytes; copied */
+    size_t n_stop;               /* 0..KIPP_GEN_MAX_STOP */
+    int spec;                    /* 1: speculative decoding when sp is deterministic (kipp_spec_params_ok) */
+    kipp_spec_options spec_opts; /* the drafter's options when speculating; its stop ids are the model's */
+    int prompt_rows;             /* 1: a logits row for every prompt position (echo logprobs), chunks of at
+                                  * most KIPP_GEN_ROWS_CHUNK tokens; 0: only the prompt's last row */
+} kipp_gen_options;
+
+/** What one kipp_gen_advance did. Pointers are owned by the gen and valid until its next call. */
+typedef struct {
+    uint32_t n_prompt;           /* prompt tokens this step evaluated */
+    uint32_t first_pos;          /* session position of the step's first evaluated token */
+    const float *logits;         /* the step's rows, [n_rows][vocab_size]: prefill with prompt_rows, row q
+                                  * predicts the token at first_pos + q + 1 */
+    uint32_t n_rows;
+    uint32_t n_tokens;           /* tokens emitted (stop ids are not): tokens[n_tokens] */
+    const uint32_t *tokens;
+    const uint32_t *token_row;   /* [n_tokens] the row of logits each token was sampled from */
+    const uint32_t *token_bytes; /* [n_tokens] bytes each added to the text (0 while UTF-8 is held back) */
+    int finish;                  /* kipp_finish: why the generation ended at this step, else KIPP_FIN_NONE */
+} kipp_gen_event;
+
+/**
+ * Create a generation over session s (not owned; it must outlive the gen) of
+ * prompt[n_prompt] (copied). s already holds the first kipp_session_length(s)
+ * prompt tokens (adopted from the KV pool, or a chat's earlier turns), which
+ * must be fewer than n_prompt: the last prompt token's row starts the reply.
+ * Errors: KIPP_EINVAL naming the bad option (stop strings, max_tokens, a
+ * session holding n_prompt or more tokens), KIPP_ENOMEM, and kipp_spec_create's.
+ */
+int kipp_gen_create(kipp_model *model, kipp_session *s, const uint32_t *prompt, size_t n_prompt,
+                    const kipp_gen_options *opts, kipp_gen **out, char *err, size_t errlen);
+/** Destroy; NULL accepted. The session is left as it is. */
+void kipp_gen_destroy(kipp_gen *g);
+
+/**
+ * The generation's next batch item into *it: up to max_prefill prompt tokens
+ * (a chunk; rows per kipp_gen_options.prompt_rows), else the pending decode
+ * token, plus a prompt-lookup draft with a row each when speculating. The
+ * caller evaluates exactly that item (kipp_eval_batch, with *it as given) and
+ * then calls kipp_gen_advance. it->token_count is 0 once the generation has
+ * finished. Errors: KIPP_EINVAL for NULL arguments or max_prefill 0 while the
+ * prompt is unfinished.
+ */
+int kipp_gen_next(kipp_gen *g, uint32_t max_prefill, kipp_batch_item *it, char *err, size_t errlen);
+
+/**
+ * Consume the rows of the item kipp_gen_next gave, evaluated successfully:
+ * sample, detokenize, match stop ids and strings, and fill *ev. seconds is the
+ * evaluation's wall time (0 when not timed), from which the speculative gate
+ * learns what verifying k drafts costs. Errors: kipp_sample_ex's and the
+ * detokenizer's (the generation cannot continue), KIPP_EINVAL when no item was
+ * pending. An evaluation that failed appends nothing: call kipp_gen_next again
+ * or destroy the gen.
+ */
+int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err, size_t errlen);
+
+/**
+ * The reply text so far (*text, owned by g, valid until its next call) of
+ * *len bytes, cut before a matched stop string; the first *final_len bytes can
+ * no longer change (no stop string can start in them; all of it once finished).
+ */
+void kipp_gen_text(const kipp_gen *g, const char **text, size_t *len, size_t *final_len);
+
+/**
+ * End the generation now (a client gone, Ctrl-C): the detokenizer's held bytes
+ * are flushed into the text, which becomes final; finish is KIPP_FIN_CANCELLED
+ * unless it had already ended. Any pending item is dropped.
+ */
+void kipp_gen_cancel(kipp_gen *g);
+
+/** Prompt tokens not yet evaluated (0 once decoding). */
+uint32_t kipp_gen_prompt_left(const kipp_gen *g);
+/** Tokens emitted so far. */
+uint32_t kipp_gen_generated(const kipp_gen *g);
+/** kipp_finish of a finished generation, KIPP_FIN_NONE while it goes on. */
+int kipp_gen_finished(const kipp_gen *g);
+/** The drafter (for kipp_spec_get_stats), or NULL when the gen does not speculate. */
+const kipp_spec *kipp_gen_spec(const kipp_gen *g);
+/** Copy the RNG state into *rng (to continue it in a later generation). */
+void kipp_gen_rng(const kipp_gen *g, kipp_rng *rng);
+
 #ifdef __cplusplus
 }
 #endif

@@ -377,8 +377,14 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
     double t0 = now_s();
     if (!rc) rc = kipp_session_eval_n(s, tokens, n_tokens, n_tokens, sp->logits, err, errlen);
     if (rc) return rc;
-    if (!sp->o.fixed_k && sp->fixed_cost[0] == 0) gate_time(sp, n_tokens, now_s() - t0);
+    kipp_spec_gate_time(sp, n_tokens, now_s() - t0);
     return kipp_spec_accept(sp, s, tokens, n_tokens, sp->logits, p, rng, max_new, out, n_out, err, errlen);
+}
+
+void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs)
+{
+    if (sp && !sp->o.fixed_k && sp->fixed_cost[0] == 0 && secs > 0 && rows >= 1 && rows <= sp->o.k_max + 1)
+        gate_time(sp, rows, secs);
 }
 
 uint32_t kipp_spec_gate_next(kipp_spec *sp) { return gate_k(sp); }

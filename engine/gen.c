@@ -1,0 +1,356 @@
+/*
+ * gen.c - one sequence's generation step (kipp.h "one generation step"): the
+ * per-token logic that `kipp generate`, `kipp chat` and kipp-serve share.
+ *
+ * A kipp_gen is a small state machine around a session it does not own:
+ *   prefill   kipp_gen_next hands out prompt chunks of the caller's size; the
+ *             chunk that ends the prompt asks for its last row, which is
+ *             sampled into the first token.
+ *   decode    the pending token (sampled, not yet evaluated) is the item; with
+ *             deterministic sampling the drafter (spec.c) adds a prompt-lookup
+ *             draft, and kipp_spec_accept turns the rows into 1..17 tokens,
+ *             the plain greedy ones. The step's wall time teaches the gate.
+ * Every emitted token is detokenized into the reply text, and stop strings
+ * are matched only over the bytes a token added (plus the tail a match could
+ * straddle), so a long reply costs no rescans. The caller evaluates; that is
+ * what lets a scheduler put many gens' items into one kipp_eval_batch.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+struct kipp_gen {
+    kipp_model *model;
+    kipp_session *s;
+    uint32_t vocab;
+    uint32_t n_stop_ids, stop_ids[2];
+    kipp_sample_params sp;     /* history filled per sample */
+    kipp_rng rng;
+    uint32_t max_tokens;       /* 0 = until the session is full */
+    int prompt_rows;
+    uint32_t *hist;            /* [n_prompt + generated] prompt then output; the last is pending once decoding */
+    size_t n_hist, cap_hist;
+    uint32_t n_prompt, n_done; /* prompt tokens, and how many the session holds */
+    uint32_t n_gen;
+    int finish;
+    kipp_spec *spec;           /* NULL = one token per step */
+    kipp_detok_stream *ds;
+    char **stop;               /* [n_stop] copies */
+    size_t n_stop;
+    char *text;                /* [n_text] reply bytes, cut before a stop string */
+    size_t n_text, cap_text, n_final;
+    /* the pending item */
+    int pending;               /* 1: kipp_gen_next gave an item not yet advanced */
+    uint32_t first, count, rows;
+    uint32_t item[KIPP_SPEC_K_MAX + 1]; /* decode: pending token + draft */
+    int spec_step;
+    float *logits;             /* [rows_cap][vocab] */
+    uint32_t rows_cap;
+    /* the event's arrays */
+    uint32_t ev_tok[KIPP_SPEC_K_MAX + 1], ev_row[KIPP_SPEC_K_MAX + 1], ev_bytes[KIPP_SPEC_K_MAX + 1];
+};
+
+/* ---- create / destroy ---- */
+
+static int copy_stops(kipp_gen *g, const kipp_gen_options *o, char *err, size_t errlen)
+{
+    if (o->n_stop > KIPP_GEN_MAX_STOP || (o->n_stop && !o->stop))
+        return kipp_err(err, errlen, KIPP_EINVAL, "%zu stop strings given, expected 0..%u and an array", o->n_stop,
+                        KIPP_GEN_MAX_STOP);
+    g->stop = o->n_stop ? calloc(o->n_stop, sizeof *g->stop) : NULL;
+    if (o->n_stop && !g->stop) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for stop strings");
+    for (size_t i = 0; i < o->n_stop; i++) {
+        size_t n = o->stop[i] ? strlen(o->stop[i]) : 0;
+        if (n == 0 || n > KIPP_GEN_MAX_STOP_LEN)
+            return kipp_err(err, errlen, KIPP_EINVAL, "stop string %zu has %zu bytes, expected 1..%u", i, n,
+                            KIPP_GEN_MAX_STOP_LEN);
+        if (!(g->stop[i] = strdup(o->stop[i]))) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for stop strings");
+        g->n_stop = i + 1;
+    }
+    return 0;
+}
+
+static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const kipp_gen_options *o, char *err,
+                    size_t errlen)
+{
+    kipp_model_info info;
+    kipp_model_get_info(g->model, &info);
+    g->vocab = info.vocab_size;
+    g->n_stop_ids = info.n_stop;
+    memcpy(g->stop_ids, info.stop_ids, sizeof g->stop_ids);
+    g->sp = o->sp;
+    g->max_tokens = o->max_tokens;
+    g->prompt_rows = o->prompt_rows != 0;
+    if (o->rng) g->rng = *o->rng;
+    else kipp_rng_seed(&g->rng, o->seed);
+    g->n_prompt = (uint32_t)n_prompt;
+    g->n_done = kipp_session_length(g->s);
+    int rc = copy_stops(g, o, err, errlen);
+    if (rc) return rc;
+    g->cap_hist = n_prompt + 64;
+    g->hist = malloc(g->cap_hist * sizeof *g->hist);
+    g->ds = kipp_detok_stream_create(g->model);
+    int spec = o->spec && kipp_spec_params_ok(&o->sp);
+    g->rows_cap = g->prompt_rows ? KIPP_GEN_ROWS_CHUNK : 1;
+    if (spec && g->rows_cap < KIPP_SPEC_K_MAX + 1) g->rows_cap = KIPP_SPEC_K_MAX + 1;
+    g->logits = malloc((size_t)g->rows_cap * g->vocab * sizeof *g->logits);
+    if (!g->hist || !g->ds || !g->logits) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a generation");
+    memcpy(g->hist, prompt, n_prompt * sizeof *g->hist);
+    g->n_hist = n_prompt;
+    if (!spec) return 0;
+    kipp_spec_options so = o->spec_opts;
+    so.stop_ids = g->stop_ids, so.n_stop = g->n_stop_ids;
+    return kipp_spec_create(g->model, &so, &g->spec, err, errlen);
+}
+
+int kipp_gen_create(kipp_model *model, kipp_session *s, const uint32_t *prompt, size_t n_prompt,
+                    const kipp_gen_options *opts, kipp_gen **out, char *err, size_t errlen)
+{
+    if (!out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_create: out is NULL, expected a pointer");
+    *out = NULL;
+    if (!model || !s || !opts || !prompt || n_prompt == 0)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_create: NULL model, session, options or prompt, or an "
+                        "empty prompt (%zu tokens), expected at least 1 token", n_prompt);
+    uint32_t held = kipp_session_length(s);
+    if (n_prompt > UINT32_MAX / 2 || held >= n_prompt)
+        return kipp_err(err, errlen, KIPP_EINVAL, "the session already holds %u tokens of a %zu-token prompt, expected "
+                        "fewer: the last prompt token's row starts the reply", held, n_prompt);
+    kipp_gen *g = calloc(1, sizeof *g);
+    if (!g) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a generation");
+    g->model = model, g->s = s;
+    int rc = gen_init(g, prompt, n_prompt, opts, err, errlen);
+    if (rc) {
+        kipp_gen_destroy(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+void kipp_gen_destroy(kipp_gen *g)
+{
+    if (!g) return;
+    for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->stop);
+    free(g->hist);
+    free(g->text);
+    free(g->logits);
+    kipp_spec_destroy(g->spec);
+    kipp_detok_stream_destroy(g->ds);
+    free(g);
+}
+
+/* ---- next ---- */
+
+/* The drafter's item: pending token + draft; 0 tokens when it refuses (bad state only). */
+static uint32_t spec_item(kipp_gen *g)
+{
+    uint32_t left = g->max_tokens ? g->max_tokens - g->n_gen : UINT32_MAX, n = 0;
+    if (kipp_spec_propose(g->spec, g->s, g->hist, g->n_hist, left, g->item, &n, NULL, 0)) return 0;
+    return n;
+}
+
+int kipp_gen_next(kipp_gen *g, uint32_t max_prefill, kipp_batch_item *it, char *err, size_t errlen)
+{
+    if (!g || !it) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_next: NULL gen or item");
+    *it = (kipp_batch_item){.session = g->s};
+    g->pending = 0;
+    if (g->finish) return 0;
+    g->first = kipp_session_length(g->s);
+    if (g->n_done < g->n_prompt) {
+        if (max_prefill == 0)
+            return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_next: max_prefill is 0 with %u prompt tokens left, "
+                            "expected at least 1", g->n_prompt - g->n_done);
+        uint32_t left = g->n_prompt - g->n_done;
+        if (g->prompt_rows && max_prefill > KIPP_GEN_ROWS_CHUNK) max_prefill = KIPP_GEN_ROWS_CHUNK;
+        g->count = left < max_prefill ? left : max_prefill;
+        g->rows = g->prompt_rows ? g->count : g->count == left;
+        g->spec_step = 0;
+        it->tokens = g->hist + g->n_done;
+    } else {
+        g->spec_step = g->spec && (g->count = spec_item(g)) > 0;
+        if (!g->spec_step) g->count = 1, g->item[0] = g->hist[g->n_hist - 1];
+        g->rows = g->count;
+        it->tokens = g->item;
+    }
+    it->token_count = g->count;
+    it->logits_count = g->rows;
+    it->logits = g->rows ? g->logits : NULL;
+    g->pending = 1;
+    return 0;
+}
+
+/* ---- text and stops ---- */
+
+static int text_put(kipp_gen *g, const char *p, size_t n)
+{
+    if (g->n_text + n + 1 > g->cap_text) {
+        size_t cap = (g->n_text + n + 1) * 2 + 64;
+        char *t = realloc(g->text, cap);
+        if (!t) return KIPP_ENOMEM;
+        g->text = t, g->cap_text = cap;
+    }
+    memcpy(g->text + g->n_text, p, n);
+    g->n_text += n;
+    g->text[g->n_text] = 0;
+    return 0;
+}
+
+/* Longest k < plen with text[n-k..n) == pat[0..k): a tail that may still grow into pat. */
+static size_t partial_tail(const char *text, size_t n, const char *pat, size_t plen)
+{
+    for (size_t k = plen - 1 < n ? plen - 1 : n; k > 0; k--)
+        if (!memcmp(text + n - k, pat, k)) return k;
+    return 0;
+}
+
+size_t kipp_stop_scan(const char *const *stop, size_t n_stop, const char *text, size_t n, size_t from,
+                      size_t *final_len)
+{
+    size_t longest = 0, cut = n;
+    for (size_t i = 0; i < n_stop; i++) longest = strlen(stop[i]) > longest ? strlen(stop[i]) : longest;
+    size_t start = longest && from > longest - 1 ? from - (longest - 1) : 0;
+    for (size_t i = 0; i < n_stop; i++) {
+        size_t k = strlen(stop[i]);
+        for (size_t p = start; p + k <= n && p < cut; p++)
+            if (text[p] == stop[i][0] && !memcmp(text + p, stop[i], k)) {
+                cut = p;
+                break;
+            }
+    }
+    size_t hold = 0;
+    for (size_t i = 0; i < n_stop && cut == n; i++) {
+        size_t h = partial_tail(text, n, stop[i], strlen(stop[i]));
+        hold = h > hold ? h : hold;
+    }
+    *final_len = cut - hold;
+    return cut;
+}
+
+/* Match stop strings over the bytes added since `from`; cut the text before
+ * the first match. 1 when one matched. */
+static int stop_scan(kipp_gen *g, size_t from)
+{
+    size_t cut = kipp_stop_scan((const char *const *)g->stop, g->n_stop, g->text, g->n_text, from, &g->n_final);
+    if (cut == g->n_text) return 0;
+    g->n_text = cut;
+    g->text[cut] = 0;
+    return 1;
+}
+
+/* End the generation: flush the detokenizer's held bytes (a stop string may
+ * still appear in them; after a stop string's cut there is nothing to add),
+ * and make all text final. */
+static void finish(kipp_gen *g, int why, int cut)
+{
+    char buf[256];
+    size_t n = 0, from = g->n_text;
+    int rc;
+    do {
+        rc = kipp_detok_stream_flush(g->ds, buf, sizeof buf, &n);
+        if (!cut && text_put(g, buf, n)) break;
+    } while (rc == KIPP_ERANGE);
+    if (!cut && g->n_stop && stop_scan(g, from)) why = KIPP_FIN_STOP;
+    g->n_final = g->n_text;
+    g->finish = why;
+}
+
+static int is_stop_id(const kipp_gen *g, uint32_t id)
+{
+    for (uint32_t i = 0; i < g->n_stop_ids; i++)
+        if (g->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Emit token tok (sampled from row) into ev; sets g->finish when it ends the
+ * generation. last: the step's last token, the pending one, which needs room. */
+static int emit(kipp_gen *g, uint32_t tok, uint32_t row, int last, kipp_gen_event *ev, char *err, size_t errlen)
+{
+    if (is_stop_id(g, tok)) {
+        finish(g, KIPP_FIN_STOP, 0);
+        return 0;
+    }
+    char buf[256];
+    size_t n = 0, from = g->n_text;
+    int rc = kipp_detok_stream_push(g->ds, tok, buf, sizeof buf, &n, err, errlen);
+    if (!rc && text_put(g, buf, n)) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the reply text");
+    if (!rc && g->n_hist == g->cap_hist) {
+        uint32_t *h = realloc(g->hist, g->cap_hist * 2 * sizeof *h);
+        if (!h) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the token history");
+        else g->hist = h, g->cap_hist *= 2;
+    }
+    if (rc) return rc;
+    g->hist[g->n_hist++] = tok;
+    g->n_gen++;
+    ev->tokens = g->ev_tok, ev->token_row = g->ev_row, ev->token_bytes = g->ev_bytes;
+    g->ev_tok[ev->n_tokens] = tok, g->ev_row[ev->n_tokens] = row, g->ev_bytes[ev->n_tokens] = (uint32_t)n;
+    ev->n_tokens++;
+    if (g->n_stop ? stop_scan(g, from) : (g->n_final = g->n_text, 0)) finish(g, KIPP_FIN_STOP, 1);
+    else if (g->max_tokens && g->n_gen >= g->max_tokens) finish(g, KIPP_FIN_LENGTH, 0);
+    else if (last && kipp_session_length(g->s) >= kipp_session_capacity(g->s)) finish(g, KIPP_FIN_FULL, 0);
+    return 0;
+}
+
+static kipp_sample_params params(const kipp_gen *g)
+{
+    kipp_sample_params p = g->sp;
+    p.history = g->hist, p.history_len = g->n_hist, p.n_prompt_history = g->n_prompt;
+    return p;
+}
+
+/* A speculative step's rows: the greedy tokens, each emitted from its row, until one ends the generation. */
+static int spec_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err, size_t errlen)
+{
+    uint32_t out[KIPP_SPEC_K_MAX + 1], n = 0, left = g->max_tokens ? g->max_tokens - g->n_gen : UINT32_MAX;
+    kipp_sample_params p = params(g);
+    kipp_spec_gate_time(g->spec, g->count, seconds);
+    int rc = kipp_spec_accept(g->spec, g->s, g->item, g->count, g->logits, &p, &g->rng, left, out, &n, err, errlen);
+    for (uint32_t i = 0; !rc && i < n && !g->finish; i++) rc = emit(g, out[i], i, i + 1 == n, ev, err, errlen);
+    return rc;
+}
+
+int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err, size_t errlen)
+{
+    if (!g || !ev) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_advance: NULL gen or event");
+    *ev = (kipp_gen_event){.first_pos = g->first, .logits = g->logits, .n_rows = g->rows};
+    if (!g->pending) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_advance: no item is pending, expected a "
+                                     "kipp_gen_next and its evaluation first");
+    g->pending = 0;
+    if (g->spec_step) return spec_advance(g, seconds, ev, err, errlen);
+    if (g->n_done < g->n_prompt) {
+        g->n_done += g->count;
+        ev->n_prompt = g->count;
+        if (g->n_done < g->n_prompt) return 0;
+    }
+    kipp_sample_params p = params(g);
+    uint32_t tok, row = g->rows - 1;
+    int rc = kipp_sample_ex(g->logits + (size_t)row * g->vocab, g->vocab, &p, &g->rng, &tok, err, errlen);
+    return rc ? rc : emit(g, tok, row, 1, ev, err, errlen);
+}
+
+/* ---- accessors ---- */
+
+void kipp_gen_text(const kipp_gen *g, const char **text, size_t *len, size_t *final_len)
+{
+    if (text) *text = g && g->text ? g->text : "";
+    if (len) *len = g ? g->n_text : 0;
+    if (final_len) *final_len = g ? g->n_final : 0;
+}
+
+void kipp_gen_cancel(kipp_gen *g)
+{
+    if (!g) return;
+    g->pending = 0;
+    if (!g->finish) finish(g, KIPP_FIN_CANCELLED, 0);
+}
+
+uint32_t kipp_gen_prompt_left(const kipp_gen *g) { return g ? g->n_prompt - g->n_done : 0; }
+uint32_t kipp_gen_generated(const kipp_gen *g) { return g ? g->n_gen : 0; }
+int kipp_gen_finished(const kipp_gen *g) { return g ? g->finish : KIPP_FIN_NONE; }
+const kipp_spec *kipp_gen_spec(const kipp_gen *g) { return g ? g->spec : NULL; }
+
+void kipp_gen_rng(const kipp_gen *g, kipp_rng *rng)
+{
+    if (g && rng) *rng = g->rng;
+}
