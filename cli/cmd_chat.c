@@ -98,9 +98,8 @@ static size_t common_prefix(const uint32_t *a, size_t na, const uint32_t *b, siz
 
 /* Render + tokenize the conversation, reuse the held prefix, evaluate the rest.
  * On success *ids holds the full rendered ids (the caller owns them). */
-static int eval_conversation(kipp_model *m, kipp_session *s, chat_state *c, const cli_gen_opts *o,
-                             float *logits, uint32_t **ids, size_t *n, size_t *reused, char *err,
-                             size_t errlen)
+static int prepare_conversation(kipp_model *m, kipp_session *s, chat_state *c, const cli_gen_opts *o,
+                                uint32_t **ids, size_t *n, size_t *reused, char *err, size_t errlen)
 {
     kipp_chat_options co = {1, o->think, NULL};
     /* Only the template's markers become control tokens: a typed "<|im_start|>" stays text. */
@@ -117,8 +116,7 @@ static int eval_conversation(kipp_model *m, kipp_session *s, chat_state *c, cons
         else keep = (size_t)got;
     }
     *reused = keep;
-    if (!rc) rc = kipp_session_eval(s, *ids + keep, (uint32_t)(*n - keep), logits, err, errlen);
-    c->n_held = kipp_session_length(s) < keep ? kipp_session_length(s) : keep; /* on error: what is still valid */
+    c->n_held = kipp_session_length(s) < keep ? kipp_session_length(s) : keep; /* what the session still holds */
     return rc;
 }
 
@@ -138,8 +136,8 @@ static int hold(chat_state *c, const uint32_t *ids, size_t n, const uint32_t *ge
  * its reply started (for example: the context is full) writes nothing to stdout,
  * only the reason to stderr. Ctrl-C during the reply stops it (cli_interrupted):
  * the partial reply stays in the conversation and the timings line says so. */
-static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_gen_opts *o, float *logits,
-                     kipp_rng *rng, const char *line, size_t len)
+static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_gen_opts *o, kipp_rng *rng,
+                     const char *line, size_t len)
 {
     char err[512] = "", *reply = NULL;
     uint32_t *ids = NULL, *gen = NULL;
@@ -147,11 +145,10 @@ static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_ge
     cli_reply_stats st = {0};
     int rc = chat_push(c, KIPP_ROLE_USER, line, len);
     st.t_start = cli_now();
-    if (!rc) rc = eval_conversation(m, s, c, o, logits, &ids, &n, &reused, err, sizeof err);
-    double t_prefill = cli_now() - st.t_start;
-    int started = !rc;
+    if (!rc) rc = prepare_conversation(m, s, c, o, &ids, &n, &reused, err, sizeof err);
     if (!rc)
-        rc = cli_gen_stream(m, s, o, logits, rng, stdout, &gen, &n_gen, &reply, &reply_len, &st, err, sizeof err);
+        rc = cli_gen_stream(m, s, o, ids, n, rng, stdout, &gen, &n_gen, &reply, &reply_len, &st, err, sizeof err);
+    int started = st.prefilled;
     if (!rc) rc = hold(c, ids, n, gen, n_gen, kipp_session_length(s));
     if (!rc) rc = chat_push(c, KIPP_ROLE_ASSISTANT, reply, reply_len);
     if (started) {
@@ -165,7 +162,7 @@ static int chat_turn(kipp_model *m, kipp_session *s, chat_state *c, const cli_ge
     } else {
         fprintf(stderr, "kipp chat: reused %zu of %zu prompt tokens from the cache, evaluated %zu\n", reused, n,
                 n - reused);
-        cli_gen_print_timings("chat", m, s, o, n - reused, t_prefill, &st);
+        cli_gen_print_timings("chat", m, s, o, n - reused, &st);
     }
     free(ids), free(gen), free(reply);
     return rc;
@@ -221,7 +218,7 @@ static line_kind classify(const char *line, size_t len, const char **msg, size_t
     return LINE_BAD;
 }
 
-static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits)
+static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o)
 {
     chat_state c = {0};
     kipp_rng rng;
@@ -251,7 +248,7 @@ static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o, floa
                                "(start a message with // to send a leading '/')", line);
             failed = 1;
         } else if (k == LINE_MESSAGE) {
-            if (chat_turn(m, s, &c, o, logits, &rng, msg, msg_len))
+            if (chat_turn(m, s, &c, o, &rng, msg, msg_len))
                 failed = 1; /* reported; the chat goes on, the exit status remembers */
             if (cli_interrupted) { /* the reply was stopped: this Ctrl-C counts once */
                 cli_interrupted = 0;
@@ -286,16 +283,12 @@ int cmd_chat(int argc, char **argv)
     if (cap > info.context_length) cap = info.context_length;
     kipp_session *s = NULL;
     char err[512];
-    float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     /* Room for this conversation's blocks plus as many published ones from earlier conversations. */
     uint64_t pool_mib = (2 * (((uint64_t)cap + 31) / 32) * 32 * info.kv_bytes_per_token + (1u << 20) - 1) >> 20;
     if (!o.no_reuse && kipp_model_enable_pool(m, pool_mib, err, sizeof err))
         fprintf(stderr, "kipp chat: no KV pool (%s); /reset starts from an empty cache\n", err);
     if (kipp_session_create(m, cap, &s, err, sizeof err)) {
         cli_errorf("chat", "%s", err);
-        rc = 1;
-    } else if (!logits) {
-        fprintf(stderr, "kipp chat: out of memory\n");
         rc = 1;
     } else {
         fprintf(stderr, "kipp chat: %s on %s, %u-token context; /reset clears, /exit quits, Ctrl-C stops a "
@@ -305,10 +298,9 @@ int cmd_chat(int argc, char **argv)
         sa.sa_handler = on_sigint; /* no SA_RESTART: a waiting getline returns with EINTR */
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, &old);
-        rc = chat_loop(m, s, &o, logits);
+        rc = chat_loop(m, s, &o);
         sigaction(SIGINT, &old, NULL);
     }
-    free(logits);
     kipp_session_destroy(s);
     kipp_model_close(m);
     return rc;

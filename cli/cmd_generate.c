@@ -90,158 +90,122 @@ int cli_gen_tokenize(kipp_model *m, const char *text, size_t len, uint32_t **ids
 
 /* ---- streaming ---- */
 
-static int is_stop(const kipp_model_info *info, uint32_t id)
+static int append_ids(uint32_t **ids, size_t *n, const uint32_t *add, size_t k)
 {
-    for (uint32_t i = 0; i < info->n_stop; i++)
-        if (info->stop_ids[i] == id) return 1;
-    return 0;
-}
-
-/* Append bytes to a growing NUL-terminated buffer (*buf may be NULL). */
-static int append_text(char **buf, size_t *len, const char *p, size_t n)
-{
-    char *b = realloc(*buf, *len + n + 1);
+    if (!k) return 0;
+    uint32_t *b = realloc(*ids, (*n + k) * sizeof *b);
     if (!b) return KIPP_ENOMEM;
-    memcpy(b + *len, p, n);
-    *len += n;
-    b[*len] = 0;
-    *buf = b;
-    return 0;
-}
-
-static int append_id(uint32_t **ids, size_t *n, uint32_t id)
-{
-    uint32_t *b = realloc(*ids, (*n + 1) * sizeof *b);
-    if (!b) return KIPP_ENOMEM;
-    b[(*n)++] = id;
+    memcpy(b + *n, add, k * sizeof *b);
+    *n += k;
     *ids = b;
     return 0;
 }
 
-static int emit(FILE *out, char **text, size_t *text_len, const char *p, size_t n)
+/* Write the gen's newly final text to out and to *text (grown, NUL-terminated). */
+static int emit_text(const kipp_gen *g, FILE *out, char **text, size_t *text_len, size_t *shown)
 {
-    if (n && out) {
-        fwrite(p, 1, n, out);
+    const char *p;
+    size_t len, fin;
+    kipp_gen_text(g, &p, &len, &fin);
+    if (fin <= *shown) return 0;
+    size_t n = fin - *shown;
+    if (out) {
+        fwrite(p + *shown, 1, n, out);
         fflush(out);
     }
-    return text ? append_text(text, text_len, p, n) : 0;
+    if (text) {
+        char *b = realloc(*text, *text_len + n + 1);
+        if (!b) return KIPP_ENOMEM;
+        memcpy(b + *text_len, p + *shown, n);
+        *text_len += n;
+        b[*text_len] = 0;
+        *text = b;
+    }
+    *shown = fin;
+    return 0;
 }
 
-static int push_token(kipp_detok_stream *ds, uint32_t tok, FILE *out, char **text, size_t *text_len,
-                      char *err, size_t errlen)
+/* One step of the batch-of-one loop: the gen's item, evaluated and advanced, timed into st. */
+static int step_once(kipp_model *m, kipp_gen *g, kipp_gen_event *ev, cli_reply_stats *st, char *err, size_t errlen)
 {
-    char buf[256];
-    size_t n = 0;
-    int rc = kipp_detok_stream_push(ds, tok, buf, sizeof buf, &n, err, errlen);
-    return rc ? rc : emit(out, text, text_len, buf, n);
-}
-
-/* One generation step: sample from logits with the reply so far as penalty history. */
-static int sample_next(const cli_gen_opts *o, const float *logits, uint32_t vocab, const uint32_t *hist,
-                       size_t n_hist, kipp_rng *rng, uint32_t *tok, char *err, size_t errlen)
-{
-    kipp_sample_params sp = o->sp;
-    sp.history = hist;
-    sp.history_len = n_hist;
-    return kipp_sample_ex(logits, vocab, &sp, rng, tok, err, errlen);
-}
-
-/* Queue of tokens produced but not yet emitted: one per plain step, up to 17 per speculative step. */
-typedef struct {
-    uint32_t tok[KIPP_SPEC_K_MAX + 1];
-    uint32_t n, next;
-} tok_queue;
-
-/* Produce the next tokens after tok (the last emitted, not yet evaluated): one plain
- * decode step, or one speculative step whose context is the prompt + the reply. */
-static int next_tokens(kipp_session *s, const cli_gen_opts *o, float *logits, uint32_t vocab, const uint32_t *hist,
-                       size_t n_hist, kipp_rng *rng, uint32_t tok, tok_queue *q, cli_reply_stats *st, char *err,
-                       size_t errlen)
-{
+    kipp_batch_item it;
+    int prefill = kipp_gen_prompt_left(g) > 0;
+    int rc = kipp_gen_next(g, UINT32_MAX, &it, err, errlen); /* a lone prompt prefills in one item */
     double t = cli_now();
-    int rc;
-    q->n = q->next = 0;
-    if (!st->spec) {
-        rc = kipp_session_eval(s, &tok, 1, logits, err, errlen);
-        if (!rc) rc = sample_next(o, logits, vocab, hist, n_hist, rng, &q->tok[0], err, errlen);
-        q->n = rc ? 0 : 1;
-    } else {
-        size_t n_ctx = st->n_prompt_ids + n_hist;
-        uint32_t *ctx = malloc(n_ctx * sizeof *ctx);
-        if (!ctx) return KIPP_ENOMEM;
-        memcpy(ctx, st->prompt_ids, st->n_prompt_ids * sizeof *ctx);
-        memcpy(ctx + st->n_prompt_ids, hist, n_hist * sizeof *ctx);
-        kipp_sample_params sp = o->sp;
-        sp.history = hist, sp.history_len = n_hist;
-        rc = kipp_spec_step(st->spec, s, ctx, n_ctx, &sp, rng, o->max_tokens - st->n_generated, q->tok, &q->n, err,
-                            errlen);
-        free(ctx);
-    }
-    st->t_decode += cli_now() - t;
-    st->n_decode_evals += rc == 0;
-    st->n_decode_tokens += q->n;
-    return rc;
+    if (!rc && it.token_count) rc = kipp_eval_batch(m, &it, 1, err, errlen);
+    double dt = cli_now() - t;
+    if (!rc && it.token_count) rc = kipp_gen_advance(g, dt, ev, err, errlen);
+    if (rc || !it.token_count) return rc;
+    if (prefill) st->t_prefill += dt;
+    else st->t_decode += dt, st->n_decode_evals++, st->n_decode_tokens += ev->n_tokens;
+    if (!kipp_gen_prompt_left(g)) st->prefilled = 1;
+    return 0;
 }
 
-int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits, kipp_rng *rng,
-                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len_out, cli_reply_stats *st,
-                   char *err, size_t errlen)
+static kipp_gen_options gen_options(const cli_gen_opts *o, const kipp_rng *rng)
 {
-    kipp_model_info info;
-    kipp_model_get_info(m, &info);
-    kipp_detok_stream *ds = kipp_detok_stream_create(m);
-    uint32_t *hist = NULL;
-    size_t n_hist = 0, text_len = 0;
-    tok_queue q = {.n = 0};
-    int rc = ds ? 0 : KIPP_ENOMEM;
-    if (text) rc = rc ? rc : append_text(text, &text_len, "", 0);
-    if (!rc) rc = sample_next(o, logits, info.vocab_size, hist, n_hist, rng, &q.tok[0], err, errlen);
-    q.n = rc ? 0 : 1;
-    while (!rc) {
-        if (cli_interrupted) {
-            st->interrupted = 1;
-            break;
-        }
-        uint32_t tok = q.tok[q.next++];
-        if (st->n_generated == 0) st->t_first = cli_now() - st->t_start;
-        if (is_stop(&info, tok)) {
-            st->stopped = 1;
-            break;
-        }
-        rc = append_id(&hist, &n_hist, tok);
-        if (!rc && ids) rc = append_id(ids, n_ids, tok);
-        if (!rc) rc = push_token(ds, tok, out, text, &text_len, err, errlen);
-        if (rc) break;
-        if (++st->n_generated >= o->max_tokens) break;
-        if (q.next < q.n) continue; /* the session already holds tok: a speculative step evaluated it */
-        if (kipp_session_length(s) >= kipp_session_capacity(s)) {
-            st->full = 1;
-            break;
-        }
-        rc = next_tokens(s, o, logits, info.vocab_size, hist, n_hist, rng, tok, &q, st, err, errlen);
+    return (kipp_gen_options){
+        .sp = o->sp,
+        .rng = rng,
+        .max_tokens = o->max_tokens,
+        .spec = o->spec,
+        .spec_opts = {.k_max = o->spec_k, .fixed_k = o->spec_fixed},
+    };
+}
+
+/* Map the gen's end onto the reply's stats. */
+static void note_finish(int why, cli_reply_stats *st)
+{
+    st->stopped = why == KIPP_FIN_STOP;
+    st->full = why == KIPP_FIN_FULL;
+    st->interrupted = why == KIPP_FIN_CANCELLED;
+}
+
+int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, const uint32_t *prompt, size_t n_prompt,
+                   kipp_rng *rng, FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len_out,
+                   cli_reply_stats *st, char *err, size_t errlen)
+{
+    kipp_gen *g = NULL;
+    kipp_gen_options go = gen_options(o, rng);
+    size_t text_len = 0, shown = 0;
+    int rc = kipp_gen_create(m, s, prompt, n_prompt, &go, &g, err, errlen);
+    if (!rc && text) {
+        free(*text);
+        rc = (*text = calloc(1, 1)) ? 0 : KIPP_ENOMEM;
     }
-    if (ds) {
-        char buf[256];
-        size_t n = 0;
-        if (kipp_detok_stream_flush(ds, buf, sizeof buf, &n) == 0 && !rc) rc = emit(out, text, &text_len, buf, n);
+    while (!rc && !kipp_gen_finished(g)) {
+        if (cli_interrupted && st->prefilled) {
+            kipp_gen_cancel(g);
+            break;
+        }
+        kipp_gen_event ev;
+        rc = step_once(m, g, &ev, st, err, errlen);
+        if (!rc && st->prefilled && st->t_first == 0) st->t_first = cli_now() - st->t_start; /* first sample */
+        if (!rc) st->n_generated += ev.n_tokens;
+        if (!rc && ids) rc = append_ids(ids, n_ids, ev.tokens, ev.n_tokens);
+        if (!rc) rc = emit_text(g, out, text, &text_len, &shown);
     }
-    kipp_detok_stream_destroy(ds);
-    free(hist);
+    if (!rc) rc = emit_text(g, out, text, &text_len, &shown);
+    if (g) {
+        note_finish(kipp_gen_finished(g), st);
+        if (kipp_gen_spec(g)) st->spec_on = 1, kipp_spec_get_stats(kipp_gen_spec(g), &st->spec_stats);
+        kipp_gen_rng(g, rng);
+    }
+    kipp_gen_destroy(g);
     if (text_len_out) *text_len_out = text_len;
     if (rc == KIPP_ENOMEM && err && !*err) snprintf(err, errlen, "out of memory while generating");
     return rc;
 }
 
 void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s, const cli_gen_opts *o,
-                           size_t n_prompt, double t_prefill, const cli_reply_stats *st)
+                           size_t n_prompt, const cli_reply_stats *st)
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     double dec = st->t_decode > 0 ? st->n_decode_tokens / st->t_decode : 0.0;
     char spec[256] = "";
-    if (st->spec) {
-        kipp_spec_stats ss;
-        kipp_spec_get_stats(st->spec, &ss);
+    if (st->spec_on) {
+        const kipp_spec_stats ss = st->spec_stats;
         snprintf(spec, sizeof spec, ", spec k %u: acceptance %.1f%% (drafted %llu, accepted %llu, emitted %llu in %llu forwards)",
                  o->spec_k ? o->spec_k : 8u, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
                  (unsigned long long)ss.drafted, (unsigned long long)ss.accepted, (unsigned long long)ss.emitted,
@@ -252,7 +216,7 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
             "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu%s\n",
             cmd, n_prompt, st->n_generated,
             st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
-            t_prefill > 0 ? (double)n_prompt / t_prefill : 0.0, dec, st->t_first * 1e3,
+            st->t_prefill > 0 ? (double)n_prompt / st->t_prefill : 0.0, dec, st->t_first * 1e3,
             (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed, spec);
     if (st->full)
         fprintf(stderr, "kipp %s: stopped early: the session's context of %u tokens is full (--ctx, at most %u)\n",
@@ -327,36 +291,22 @@ static void print_ids(const uint32_t *ids, size_t n)
 
 static int run_generate(const cli_gen_opts *o, kipp_model *m, const uint32_t *ids, size_t n)
 {
-    kipp_model_info info;
-    kipp_model_get_info(m, &info);
     kipp_session *s = NULL;
     if (session_for("generate", m, o->ctx, (uint64_t)n + o->max_tokens, &s)) return 1;
-    float *logits = malloc((size_t)info.vocab_size * sizeof *logits);
     uint32_t *gen = NULL;
     size_t n_gen = 0;
     char err[512] = "";
     cli_reply_stats st = {0};
     kipp_rng rng;
     kipp_rng_seed(&rng, o->seed);
-    int rc = logits ? 0 : KIPP_ENOMEM;
-    if (!rc && o->spec) {
-        kipp_spec_options so = {.k_max = o->spec_k, .fixed_k = o->spec_fixed, .stop_ids = info.stop_ids,
-                                .n_stop = info.n_stop};
-        rc = kipp_spec_create(m, &so, &st.spec, err, sizeof err);
-        st.prompt_ids = ids, st.n_prompt_ids = n;
-    }
     st.t_start = cli_now();
-    if (!rc) rc = kipp_session_eval(s, ids, (uint32_t)n, logits, err, sizeof err);
-    double t_prefill = cli_now() - st.t_start;
-    if (!rc) rc = cli_gen_stream(m, s, o, logits, &rng, stdout, &gen, &n_gen, NULL, NULL, &st, err, sizeof err);
+    int rc = cli_gen_stream(m, s, o, ids, n, &rng, stdout, &gen, &n_gen, NULL, NULL, &st, err, sizeof err);
     fputc('\n', stdout);
     fflush(stdout);
     if (rc) cli_gen_report("generate", rc, err);
-    else cli_gen_print_timings("generate", m, s, o, n, t_prefill, &st);
+    else cli_gen_print_timings("generate", m, s, o, n, &st);
     if (!rc && o->show_ids) print_ids(gen, n_gen);
     free(gen);
-    free(logits);
-    kipp_spec_destroy(st.spec);
     kipp_session_destroy(s);
     return rc ? 1 : 0;
 }

@@ -78,38 +78,41 @@ extern volatile sig_atomic_t cli_interrupted;
 /** What one streamed reply did, for the timings line. */
 typedef struct {
     uint32_t n_generated;     /* tokens sampled and emitted (stop token excluded) */
-    uint32_t n_decode_evals;  /* one-token evaluations after the prompt */
+    uint32_t n_decode_evals;  /* decode evaluations after the prompt */
+    int prefilled;            /* 1: the whole prompt was evaluated (the reply has started) */
     int stopped;              /* 1: a stop token ended the reply */
     int full;                 /* 1: the session reached its capacity */
     int interrupted;          /* 1: Ctrl-C stopped the reply (cli_interrupted) */
     double t_start;           /* cli_now() when the prefill started (set by the caller) */
+    double t_prefill;         /* seconds spent evaluating the prompt */
     double t_first;           /* seconds from t_start to the first sampled token (TTFT) */
     double t_decode;          /* seconds spent in decode evaluations */
     uint32_t n_decode_tokens; /* tokens those evaluations produced (> n_decode_evals with --spec) */
-    /* In: speculative decoding (NULL = plain) and the drafter's corpus prefix: the prompt ids. */
-    kipp_spec *spec;
-    const uint32_t *prompt_ids;
-    size_t n_prompt_ids;
+    int spec_on;              /* 1: the reply decoded speculatively; spec_stats holds the drafter's counters */
+    kipp_spec_stats spec_stats;
 } cli_reply_stats;
 
 /**
- * Sample from logits (the prompt's final row, from session s of model m), then stream up to o->max_tokens
- * tokens to out through a detokenizer, evaluating each one in s, stopping at
- * the model's stop ids or when the session is full. Generated ids go to
- * ids[*n_ids] (grown with realloc) when ids is non-NULL; their text to
- * *text[*text_len] (malloc'd, NUL-terminated, may hold NUL bytes) when text is
- * non-NULL. Returns 0 or a KIPP_E* code with err filled.
+ * Generate one reply in session s, a batch of one through kipp_gen: evaluate
+ * what s does not hold yet of prompt[n_prompt] (s holds a prefix of it: a
+ * chat's earlier turns), then decode up to o->max_tokens tokens (sampling,
+ * --spec, stop ids) and stream their text to out, stopping at a stop id, when
+ * the session is full, or at Ctrl-C once the prompt is evaluated. *rng is
+ * continued and updated. Generated ids go to ids[*n_ids] (grown with realloc)
+ * when ids is non-NULL; their text to *text[*text_len] (malloc'd,
+ * NUL-terminated, may hold NUL bytes) when text is non-NULL. Returns 0 or a
+ * KIPP_E* code with err filled.
  */
-int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, float *logits, kipp_rng *rng,
-                   FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len, cli_reply_stats *st,
-                   char *err, size_t errlen);
+int cli_gen_stream(kipp_model *m, kipp_session *s, const cli_gen_opts *o, const uint32_t *prompt, size_t n_prompt,
+                   kipp_rng *rng, FILE *out, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len,
+                   cli_reply_stats *st, char *err, size_t errlen);
 
 /**
  * Print the one-line timings summary (with the sampling seed) to stderr, and a
  * note when the reply stopped because the session's context was full.
  */
 void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s, const cli_gen_opts *o,
-                           size_t n_prompt, double t_prefill, const cli_reply_stats *st);
+                           size_t n_prompt, const cli_reply_stats *st);
 
 /** A clause to append to an error message: a corrupt-weights hint for KIPP_ENUMERIC, else "". */
 const char *cli_gen_hint(int rc);
