@@ -2,7 +2,7 @@
  * api_render.c - job state -> OpenAI JSON: errors, non-streamed responses and
  * SSE chunks (issue 9 items 2, 3 and 7). Text comes from serve_text_view, so
  * streamed deltas and the non-streamed text are cut from the same bytes.
- * Callers hold the scheduler mutex and the engine lock (token texts).
+ * Callers hold the scheduler mutex; token texts need no engine lock.
  */
 #include <math.h>
 #include <stdio.h>
@@ -165,10 +165,9 @@ static json_t *choice_json(const serve_info *si, const serve_job *j, int i)
 {
     const serve_req *r = &j->req;
     const serve_choice_out *o = &j->out[i];
-    size_t stop_at;
     serve_view v;
-    serve_text_view(r, o->raw.p ? o->raw.p : "", o->raw.n, 1, &stop_at, &v);
-    size_t nlp = lp_visible(o, stop_at);
+    serve_text_view(r, o->raw.p ? o->raw.p : "", o->raw.n, 1, &v);
+    size_t nlp = lp_visible(o, o->raw.n);
     json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", finish_name(o->finish));
     if (r->chat) {
         json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", jtext(o->raw.p + v.content_off, v.content_len));
@@ -259,10 +258,9 @@ int serve_render_chunks(const serve_info *si, const serve_job *j, serve_stream_s
         const serve_choice_out *o = &j->out[i];
         if (st->finish_sent[i] || o->finish == FIN_ERROR || o->finish == FIN_CANCELLED) continue;
         int fin = o->finish != FIN_NONE;
-        size_t stop_at;
         serve_view v;
-        serve_text_view(r, o->raw.p ? o->raw.p : "", o->raw.n, fin, &stop_at, &v);
-        size_t nlp = lp_visible(o, fin ? stop_at : o->raw_final);
+        serve_text_view(r, o->raw.p ? o->raw.p : "", fin ? o->raw.n : o->raw_final, fin, &v);
+        size_t nlp = lp_visible(o, fin ? o->raw.n : o->raw_final);
         int news = v.reasoning_len > st->sent_reasoning[i] || v.content_len > st->sent_content[i] ||
                    (r->logprobs && nlp > st->sent_lp[i]) || (r->chat && !st->role_sent[i]);
         if (news) choice_chunk(si, j, i, &v, nlp, st, NULL, out, NULL);

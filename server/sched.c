@@ -1,24 +1,27 @@
 /*
- * sched.c - the FIFO continuous-batching scheduler (seed 000 phase 5; issue 9
- * item 6). One thread owns every session. Each step:
+ * sched.c - the continuous-batching scheduler (seed 000 phase 5). One thread
+ * owns the engine: every session and every generation step. Each step:
  *   1. frees the choices of cancelled jobs (client gone) at once;
  *   2. admits queued jobs, in order, while the total choice count fits
  *      max_choices (a job is admitted whole: all n choices); on a pooled
  *      model each choice first adopts the longest published prefix of its
  *      prompt (kipp_session_match_prefix), and the job is admitted only when
- *      the pool can hold the worst case of every choice (issue 10, below);
- *   3. gives every active choice one item: its next 32-token prompt chunk
- *      (chunked prefill) or its one decode token, and evaluates them all with
- *      one kipp_eval_batch, so the weights are read once per step;
- *   4. samples (kipp_sample_ex), detokenizes and publishes under the lock.
- * Greedy choices (temperature 0, top_p 0 or top_k 1; unless --no-spec) decode
- * speculatively: their item carries the pending token plus a prompt-lookup
- * draft (kipp_spec_propose) with a logits row each, in the same batch, and
- * kipp_spec_accept turns the rows into 1..17 tokens, the plain greedy ones.
- * Request state (serve_job) is shared with the HTTP threads under `mu`; the
- * engine is used under `engine` (lock order: mu, then engine). Each choice has
- * its own session, so results equal isolated evaluation, and a fixed seed
- * gives the same tokens alone or batched.
+ *      the pool can hold the worst case of every choice (pool_fits);
+ *   3. fills the step's token budget (--step-tokens): every decoding choice's
+ *      item first (its pending token, plus a prompt-lookup draft for greedy
+ *      choices), then prefill chunks in admission order: each prefilling
+ *      choice gets up to SERVE_CHUNK tokens while the budget lasts (the oldest
+ *      always gets one chunk), and what is left lengthens the chunks, oldest
+ *      first. A lone prompt prefills in budget-sized chunks; a decode never
+ *      waits behind a prefill; a new request starts within one step;
+ *   4. evaluates all items with one kipp_eval_batch (weights read once per
+ *      step), with no lock held, and advances each choice's kipp_gen
+ *      (sampling, speculative acceptance, detokenizing, stop strings);
+ *   5. publishes text, logprobs and finishes under `mu`.
+ * Request state (serve_job) is shared with the HTTP threads under `mu`; they
+ * never touch the engine but to tokenize (serve_prepare, under `tok`). Each
+ * choice has its own session, so results equal isolated evaluation, and a
+ * fixed seed gives the same tokens alone or batched.
  */
 #include <math.h>
 #include <stdio.h>
@@ -31,28 +34,19 @@
 typedef struct {
     serve_job *job;
     int idx;
+    uint64_t seq;             /* admission order: prefill chunks go oldest first */
     kipp_session *s;
-    uint32_t n_done;          /* prompt tokens evaluated */
-    uint32_t *hist;           /* [n_hist] prompt + generated, for penalties */
-    size_t n_hist;
-    uint32_t next_tok;        /* generated token to evaluate next */
-    kipp_rng rng;
-    kipp_detok_stream *ds;
-    float *logits;            /* [rows_cap][vocab] */
-    uint32_t rows_cap, rows;  /* rows requested this step */
-    uint32_t first;           /* position of this step's first token */
-    uint32_t count;           /* tokens in this step's item */
-    kipp_spec *spec;          /* greedy choices: the drafter; NULL = one token per step */
-    uint32_t spec_tok[KIPP_SPEC_K_MAX + 1]; /* this step's pending token + draft */
-    int spec_step;            /* 1: this step's item is spec_tok[count], a row each */
+    kipp_gen *g;              /* sampling, history, stops, detokenizer, drafter */
     int echo;                 /* 1: prompt rows get logits (echo + logprobs) */
+    kipp_batch_item it;       /* this step's item; token_count 0 = none */
+    size_t text_pos;          /* bytes of the gen's text before its next token (logprob offsets) */
 } sched_choice;
 
 struct serve_sched {
     kipp_model *m;
     kipp_model_info info;
     serve_sched_opts o;
-    pthread_mutex_t mu, engine;
+    pthread_mutex_t mu, tok;
     pthread_cond_t cv;
     pthread_t th;
     int stop, started;
@@ -62,6 +56,7 @@ struct serve_sched {
     int n_act;
     uint64_t seed_salt;
     uint64_t n_finished;      /* choices finished so far: pool room can only grow when this moves */
+    uint64_t n_admitted;      /* choices admitted so far: their seq */
     serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
     uint64_t blocked_at;      /* n_finished at that refusal */
 };
@@ -74,7 +69,7 @@ double serve_now(void)
 }
 
 pthread_mutex_t *serve_sched_mutex(serve_sched *s) { return &s->mu; }
-pthread_mutex_t *serve_engine_mutex(serve_sched *s) { return &s->engine; }
+pthread_mutex_t *serve_tokenizer_mutex(serve_sched *s) { return &s->tok; }
 
 serve_job *serve_job_new(serve_req *req)
 {
@@ -199,34 +194,39 @@ static void choice_free(serve_sched *s, sched_choice *c)
 {
     serve_metrics *mt = serve_metrics_get();
     if (c->s && !s->o.pool_blocks) mt->kv_blocks -= blocks_of(kipp_session_capacity(c->s));
+    kipp_gen_destroy(c->g);
     kipp_session_destroy(c->s); /* pooled: publishes the choice's full blocks (publish-at-finish) */
-    kipp_spec_destroy(c->spec);
-    kipp_detok_stream_destroy(c->ds);
-    free(c->hist);
-    free(c->logits);
     free(c);
-    (void)s;
 }
 
-/* Finish choice k (mu and engine held): flush the detokenizer, cut at a stop
- * string, publish, free its session at once. */
+/* Copy the gen's text into the choice's published output (mu held): the text
+ * only grows, except that a stop string cuts it. */
+static int publish_text(sched_choice *c)
+{
+    serve_choice_out *o = &c->job->out[c->idx];
+    const char *p;
+    size_t len, fin;
+    kipp_gen_text(c->g, &p, &len, &fin);
+    if (len < o->raw.n) o->raw.n = len, o->raw.p[len] = 0;
+    else if (serve_buf_put(&o->raw, p + o->raw.n, len - o->raw.n)) return -1;
+    o->raw_final = fin;
+    o->n_gen = kipp_gen_generated(c->g);
+    return 0;
+}
+
+/* Finish choice k (mu held): end its gen (flushing held bytes), publish, free
+ * its session at once. */
 static void choice_finish(serve_sched *s, int k, int why)
 {
     sched_choice *c = s->act[k];
     serve_job *j = c->job;
     serve_choice_out *o = &j->out[c->idx];
-    char buf[256];
-    size_t n = 0;
-    while (c->ds && why != FIN_CANCELLED) {
-        int rc = kipp_detok_stream_flush(c->ds, buf, sizeof buf, &n);
-        serve_buf_put(&o->raw, buf, n);
-        if (rc != KIPP_ERANGE) break;
+    if (why != FIN_ERROR) {
+        kipp_gen_cancel(c->g); /* no-op for a gen that ended itself */
+        if (kipp_gen_finished(c->g) == KIPP_FIN_STOP && why == FIN_LENGTH) why = FIN_STOP; /* a stop string in the flushed tail */
+        if (publish_text(c)) why = FIN_ERROR, snprintf(j->error, sizeof j->error, "out of memory for the reply text");
+        if (why == FIN_CANCELLED) o->raw_final = o->raw.n;
     }
-    size_t stop_at;
-    serve_view v;
-    serve_text_view(&j->req, o->raw.p ? o->raw.p : "", o->raw.n, 1, &stop_at, &v);
-    if (stop_at < o->raw.n) o->raw.n = stop_at, o->raw.p[stop_at] = 0, why = why == FIN_LENGTH ? FIN_STOP : why;
-    o->raw_final = o->raw.n;
     o->finish = why;
     s->n_finished++;
     choice_free(s, c);
@@ -240,45 +240,43 @@ static void choice_finish(serve_sched *s, int k, int why)
     }
 }
 
+static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, int idx, int echo)
+{
+    const serve_req *r = &j->req;
+    return (kipp_gen_options){
+        .sp = r->sp,
+        .seed = (r->seed_set ? r->seed : s->seed_salt ^ (j->id * 0x9e3779b97f4a7c15ull)) + (uint64_t)idx,
+        .max_tokens = (uint32_t)r->max_tokens,
+        .stop = (const char *const *)r->stop,
+        .n_stop = r->n_stop,
+        .spec = !s->o.no_spec,
+        .prompt_rows = echo,
+    };
+}
+
 static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t errlen)
 {
     sched_choice *c = calloc(1, sizeof *c);
     const serve_req *r = &j->req;
-    int echo_rows = r->echo && r->logprobs && idx == 0;
     if (!c) return KIPP_ENOMEM;
-    c->job = j, c->idx = idx;
-    c->rows_cap = echo_rows ? SERVE_CHUNK : 1;
-    c->echo = echo_rows;
-    int spec = !s->o.no_spec && kipp_spec_params_ok(&r->sp);
-    if (spec && c->rows_cap < KIPP_SPEC_K_MAX + 1) c->rows_cap = KIPP_SPEC_K_MAX + 1;
-    c->hist = malloc((r->n_prompt + (size_t)r->max_tokens + 1) * sizeof *c->hist);
-    c->logits = malloc((size_t)c->rows_cap * s->info.vocab_size * sizeof *c->logits);
-    c->ds = kipp_detok_stream_create(s->m);
+    c->job = j, c->idx = idx, c->seq = s->n_admitted++;
+    c->echo = r->echo && r->logprobs && idx == 0;
     uint32_t cap = (uint32_t)(r->n_prompt + (size_t)r->max_tokens);
-    int rc = c->hist && c->logits && c->ds ? kipp_session_create(s->m, cap, &c->s, err, errlen) : KIPP_ENOMEM;
-    if (!rc && spec) {
-        kipp_spec_options so = {.stop_ids = s->info.stop_ids, .n_stop = s->info.n_stop};
-        rc = kipp_spec_create(s->m, &so, &c->spec, err, errlen);
+    int rc = kipp_session_create(s->m, cap, &c->s, err, errlen);
+    if (!rc && s->o.pool_blocks && !c->echo && r->n_prompt > 1) {
+        /* Adopt the longest published prefix, leaving the last prompt token to
+         * evaluate: its logits start the reply. Echo logprobs need every row. */
+        int got = kipp_session_match_prefix(c->s, r->prompt_ids, (uint32_t)r->n_prompt - 1, err, errlen);
+        rc = got < 0 ? got : 0;
+        if (got > 0 && idx == 0) j->cached_tokens = (uint32_t)got;
     }
+    kipp_gen_options go = gen_options(s, j, idx, c->echo);
+    if (!rc) rc = kipp_gen_create(s->m, c->s, r->prompt_ids, r->n_prompt, &go, &c->g, err, errlen);
     if (rc) {
         choice_free(s, c);
         return rc;
     }
-    if (s->o.pool_blocks && !echo_rows && r->n_prompt > 1) {
-        /* Adopt the longest published prefix, leaving the last prompt token to
-         * evaluate: its logits start the reply. Echo logprobs need every row. */
-        int got = kipp_session_match_prefix(c->s, r->prompt_ids, (uint32_t)r->n_prompt - 1, err, errlen);
-        if (got < 0) {
-            choice_free(s, c);
-            return got;
-        }
-        c->n_done = (uint32_t)got;
-        if (idx == 0) j->cached_tokens = (uint32_t)got;
-    }
     if (!s->o.pool_blocks) serve_metrics_get()->kv_blocks += blocks_of(cap);
-    memcpy(c->hist, r->prompt_ids, r->n_prompt * sizeof *c->hist);
-    c->n_hist = r->n_prompt;
-    kipp_rng_seed(&c->rng, (r->seed_set ? r->seed : s->seed_salt ^ (j->id * 0x9e3779b97f4a7c15ull)) + (uint64_t)idx);
     s->act[s->n_act++] = c;
     return 0;
 }
@@ -286,7 +284,7 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
 /* Pool room for the worst case (issue 10): every active choice - the new
  * job's included, after their prefix adoption - may still grow to its whole
  * budget, n_prompt + max_tokens positions; admitted work must fit what the
- * pool can still hand out (free + unreferenced published blocks). Engine lock held. */
+ * pool can still hand out (free + unreferenced published blocks). */
 static int pool_fits(serve_sched *s)
 {
     kipp_pool_stats st;
@@ -298,7 +296,7 @@ static int pool_fits(serve_sched *s)
 
 /* Take job j's choices back out of the active set without finishing them (it
  * stays queued). Their sessions hold only adopted blocks, which go back to
- * the pool's LRU list. Engine lock held. */
+ * the pool's LRU list. */
 static void unadmit(serve_sched *s, serve_job *j)
 {
     for (int k = s->n_act; k-- > 0;)
@@ -335,16 +333,13 @@ static void admit(serve_sched *s)
         if (!j->cancelled) {
             if (j->req.echo && j->req.logprobs && !j->prompt_top && !(j->prompt_top = calloc(j->req.n_prompt, sizeof *j->prompt_top)))
                 snprintf(j->error, sizeof j->error, "out of memory for prompt logprobs");
-            pthread_mutex_lock(&s->engine);
             for (int i = 0; i < j->req.n && !j->error[0]; i++)
                 if (choice_new(s, j, i, j->error, sizeof j->error)) break;
             if (!j->error[0] && s->o.pool_blocks && !pool_fits(s)) {
                 unadmit(s, j);
-                pthread_mutex_unlock(&s->engine);
                 s->blocked = j, s->blocked_at = s->n_finished;
                 break;
             }
-            pthread_mutex_unlock(&s->engine);
         }
         s->head = j->next;
         if (!s->head) s->tail = NULL;
@@ -355,12 +350,10 @@ static void admit(serve_sched *s)
             continue;
         }
         if (j->error[0]) { /* undo: finish every choice created so far, the rest as errors */
-            pthread_mutex_lock(&s->engine);
             for (int i = 0; i < j->req.n; i++) j->out[i].finish = FIN_ERROR; /* so no choice_finish completes the job */
             for (int k = s->n_act; k-- > 0;)
                 if (s->act[k]->job == j) choice_finish(s, k, FIN_ERROR);
             if (!j->done) j->done = 1, serve_job_unref(j);
-            pthread_mutex_unlock(&s->engine);
             continue;
         }
         mt->prompt_tokens += j->req.n_prompt;
@@ -372,42 +365,6 @@ static void admit(serve_sched *s)
 }
 
 /* ---- one step ---- */
-
-/* A greedy choice's decode item: pending token + draft into spec_tok[count].
- * 0 (decode plainly) when the drafter refuses, which it does only on bad state. */
-static int spec_propose(sched_choice *c)
-{
-    const serve_req *r = &c->job->req;
-    uint64_t left = (uint64_t)r->max_tokens - c->job->out[c->idx].n_gen;
-    return kipp_spec_propose(c->spec, c->s, c->hist, c->n_hist, left < UINT32_MAX ? (uint32_t)left : UINT32_MAX,
-                             c->spec_tok, &c->count, NULL, 0) == 0;
-}
-
-/* Item for choice c: next prompt chunk, or its decode token(s). */
-static kipp_batch_item item_for(sched_choice *c)
-{
-    const serve_req *r = &c->job->req;
-    kipp_batch_item it;
-    it.session = c->s;
-    c->first = c->n_done < r->n_prompt ? c->n_done : (uint32_t)c->n_hist - 1;
-    if (c->n_done < r->n_prompt) {
-        uint32_t left = (uint32_t)r->n_prompt - c->n_done;
-        c->count = left < SERVE_CHUNK ? left : SERVE_CHUNK;
-        it.tokens = r->prompt_ids + c->n_done;
-        c->rows = c->echo ? c->count : (c->count == left ? 1 : 0);
-    } else if ((c->spec_step = c->spec && spec_propose(c))) {
-        it.tokens = c->spec_tok;
-        c->rows = c->count;
-    } else {
-        c->count = 1;
-        it.tokens = &c->next_tok;
-        c->rows = 1;
-    }
-    it.token_count = c->count;
-    it.logits_count = c->rows;
-    it.logits = c->rows ? c->logits : NULL;
-    return it;
-}
 
 /* log-sum-exp of row[V], for log-probabilities of the raw logits. */
 static double lse(const float *row, uint32_t V)
@@ -435,13 +392,6 @@ static void logprob_of(const float *row, uint32_t V, uint32_t id, int n_top, ser
     for (int t = 0; t < rec->n_top; t++) rec->top_lp[t] = (float)(row[rec->top_ids[t]] - z);
 }
 
-static int is_stop_id(const serve_sched *s, uint32_t id)
-{
-    for (uint32_t i = 0; i < s->info.n_stop; i++)
-        if (s->info.stop_ids[i] == id) return 1;
-    return 0;
-}
-
 static int push_lp(serve_choice_out *o, const serve_lp *rec)
 {
     if (o->n_lp == o->cap_lp) {
@@ -454,120 +404,142 @@ static int push_lp(serve_choice_out *o, const serve_lp *rec)
     return 0;
 }
 
-static int emit_token(serve_sched *s, sched_choice *c, const float *row, uint32_t tok, double now);
-
-/* A speculative decode step's rows: the greedy tokens (kipp_spec_accept), each
- * published from the row that produced it, until one ends the choice. */
-static int spec_advance(serve_sched *s, sched_choice *c, const kipp_sample_params *sp, double now)
+/* Insertion sort of prefilling choices by admission order (at most 64). */
+static int prefill_order(serve_sched *s, sched_choice **pre)
 {
-    serve_job *j = c->job;
-    uint64_t left = (uint64_t)j->req.max_tokens - j->out[c->idx].n_gen;
-    uint32_t out[KIPP_SPEC_K_MAX + 1], n = 0, V = s->info.vocab_size;
-    kipp_spec_stats before, after;
-    kipp_spec_get_stats(c->spec, &before);
-    if (kipp_spec_accept(c->spec, c->s, c->spec_tok, c->count, c->logits, sp, &c->rng,
-                         left < UINT32_MAX ? (uint32_t)left : UINT32_MAX, out, &n, j->error, sizeof j->error))
-        return FIN_ERROR;
-    kipp_spec_get_stats(c->spec, &after);
-    serve_metrics *mt = serve_metrics_get();
-    mt->spec_steps++;
-    mt->spec_drafted += after.drafted - before.drafted;
-    mt->spec_accepted += after.accepted - before.accepted;
-    mt->spec_emitted += n;
-    int why = FIN_NONE;
-    for (uint32_t i = 0; i < n && why == FIN_NONE; i++) why = emit_token(s, c, c->logits + (size_t)i * V, out[i], now);
-    return why;
-}
-
-/* After the eval: record echo logprobs, then sample if this step ended the prompt
- * or was a decode step. Returns FIN_NONE to continue, else why the choice ends. */
-static int choice_advance(serve_sched *s, sched_choice *c, double now)
-{
-    serve_job *j = c->job;
-    const serve_req *r = &j->req;
-    uint32_t V = s->info.vocab_size;
-    int prefill = c->n_done < r->n_prompt;
-    if (prefill) c->n_done += c->count;
-    for (uint32_t q = 0; c->echo && prefill && q < c->rows; q++) {
-        uint32_t pos = c->first + q + 1; /* row q predicts the token at pos */
-        if (pos < r->n_prompt && j->prompt_top) logprob_of(c->logits + (size_t)q * V, V, r->prompt_ids[pos], r->top_logprobs, &j->prompt_top[pos]);
+    int n = 0;
+    for (int k = 0; k < s->n_act; k++) {
+        sched_choice *c = s->act[k];
+        if (!kipp_gen_prompt_left(c->g)) continue;
+        int q = n++;
+        while (q > 0 && pre[q - 1]->seq > c->seq) pre[q] = pre[q - 1], q--;
+        pre[q] = c;
     }
-    if (prefill && c->n_done < r->n_prompt) return FIN_NONE;
-    if (prefill && c->idx == 0) j->t_prompt_done = now;
-    kipp_sample_params sp = r->sp;
-    sp.history = c->hist, sp.history_len = c->n_hist, sp.n_prompt_history = r->n_prompt;
-    if (!prefill && c->spec_step) return spec_advance(s, c, &sp, now);
-    const float *row = c->logits + (size_t)(c->rows - 1) * V;
-    uint32_t tok;
-    int rc = kipp_sample_ex(row, V, &sp, &c->rng, &tok, j->error, sizeof j->error);
-    return rc ? FIN_ERROR : emit_token(s, c, row, tok, now);
+    return n;
 }
 
-/* Publish token tok, sampled from row, for choice c; FIN_NONE to continue. */
-static int emit_token(serve_sched *s, sched_choice *c, const float *row, uint32_t tok, double now)
+/* Plan the step (mu held): every decode item, then prefill chunks within the
+ * token budget (the rule in the header comment). Returns the item count. */
+static int plan(serve_sched *s, kipp_batch_item *items)
+{
+    sched_choice *pre[64];
+    uint32_t give[64] = {0}, used = 0, budget = s->o.step_tokens;
+    int n = 0, n_pre = prefill_order(s, pre);
+    for (int k = 0; k < s->n_act; k++) {
+        sched_choice *c = s->act[k];
+        c->it.token_count = 0;
+        if (kipp_gen_prompt_left(c->g) || kipp_gen_next(c->g, 1, &c->it, NULL, 0)) continue;
+        used += c->it.token_count;
+    }
+    for (int p = 0; p < n_pre; p++) { /* a chunk each, while the budget lasts; the oldest always */
+        uint32_t left = kipp_gen_prompt_left(pre[p]->g), room = used < budget ? budget - used : 0;
+        give[p] = left < SERVE_CHUNK ? left : SERVE_CHUNK;
+        if (p > 0 && give[p] > room) give[p] = room;
+        used += give[p];
+    }
+    for (int p = 0; p < n_pre && used < budget; p++) { /* the rest lengthens the chunks, oldest first */
+        uint32_t more = kipp_gen_prompt_left(pre[p]->g) - give[p];
+        if (give[p] == 0) continue;
+        if (more > budget - used) more = budget - used;
+        give[p] += more, used += more;
+    }
+    for (int p = 0; p < n_pre; p++)
+        if (give[p]) kipp_gen_next(pre[p]->g, give[p], &pre[p]->it, NULL, 0);
+    for (int k = 0; k < s->n_act; k++)
+        if (s->act[k]->it.token_count) items[n++] = s->act[k]->it;
+    return n;
+}
+
+/* Echo logprobs of the prompt rows this step evaluated. */
+static void echo_rows(sched_choice *c, const kipp_gen_event *ev, uint32_t V)
 {
     serve_job *j = c->job;
     const serve_req *r = &j->req;
-    uint32_t V = s->info.vocab_size;
+    for (uint32_t q = 0; c->echo && j->prompt_top && q < ev->n_rows && ev->n_prompt; q++) {
+        uint32_t pos = ev->first_pos + q + 1; /* row q predicts the token at pos */
+        if (pos < r->n_prompt) logprob_of(ev->logits + (size_t)q * V, V, r->prompt_ids[pos], r->top_logprobs, &j->prompt_top[pos]);
+    }
+}
+
+/* Publish one step's event for choice c (mu held): timings, logprobs, text.
+ * Returns FIN_NONE to continue, else why the choice ends. */
+static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, double now)
+{
+    serve_job *j = c->job;
+    const serve_req *r = &j->req;
     serve_choice_out *o = &j->out[c->idx];
     serve_metrics *mt = serve_metrics_get();
-    if (o->t_first == 0) o->t_first = now, serve_hist_add(&mt->ttft, now - j->t_arrive);
-    else serve_hist_add(&mt->itl, now - o->t_last);
-    o->t_last = now;
-    if (is_stop_id(s, tok)) return FIN_STOP;
-    serve_lp rec = {0};
-    if (r->logprobs) logprob_of(row, V, tok, r->top_logprobs, &rec);
-    char buf[256];
-    size_t n = 0, before = o->raw.n;
-    if (kipp_detok_stream_push(c->ds, tok, buf, sizeof buf, &n, j->error, sizeof j->error) ||
-        serve_buf_put(&o->raw, buf, n))
-        return FIN_ERROR;
-    rec.text_off = (uint32_t)before, rec.text_len = (uint32_t)n;
-    if (r->logprobs && push_lp(o, &rec)) return FIN_ERROR;
-    o->n_gen++, mt->generated_tokens++;
-    c->hist[c->n_hist++] = tok;
-    c->next_tok = tok;
-    size_t stop_at;
-    serve_view v;
-    serve_text_view(r, o->raw.p, o->raw.n, 0, &stop_at, &v);
-    if (stop_at < o->raw.n) return FIN_STOP;
-    o->raw_final = o->raw.n;
-    return o->n_gen >= (uint64_t)r->max_tokens ? FIN_LENGTH : FIN_NONE;
+    uint32_t V = s->info.vocab_size;
+    int sampled = ev->n_tokens || (ev->n_prompt && !kipp_gen_prompt_left(c->g)); /* a stop id emits nothing */
+    echo_rows(c, ev, V);
+    if (ev->n_prompt && !kipp_gen_prompt_left(c->g) && c->idx == 0) j->t_prompt_done = now;
+    if (sampled && o->t_first == 0) o->t_first = now, serve_hist_add(&mt->ttft, now - j->t_arrive);
+    else if (sampled) serve_hist_add(&mt->itl, now - o->t_last);
+    if (sampled) o->t_last = now;
+    for (uint32_t i = 0; i < ev->n_tokens; i++) {
+        serve_lp rec = {0};
+        if (r->logprobs) logprob_of(ev->logits + (size_t)ev->token_row[i] * V, V, ev->tokens[i], r->top_logprobs, &rec);
+        rec.text_off = (uint32_t)c->text_pos, rec.text_len = ev->token_bytes[i];
+        c->text_pos += ev->token_bytes[i];
+        if (r->logprobs && push_lp(o, &rec)) return FIN_ERROR;
+    }
+    mt->generated_tokens += ev->n_tokens;
+    if (publish_text(c)) return FIN_ERROR;
+    switch (kipp_gen_finished(c->g)) {
+    case KIPP_FIN_NONE: return FIN_NONE;
+    case KIPP_FIN_STOP: return FIN_STOP;
+    case KIPP_FIN_CANCELLED: return FIN_CANCELLED;
+    default: return FIN_LENGTH; /* max_tokens, or the session full: its capacity is prompt + max_tokens */
+    }
 }
 
-/* Run one step over the active choices; returns 0 when there was nothing to do. */
-static int step(serve_sched *s)
+/* Advance choice c after the batch (mu held); spec counters into the metrics. */
+static int advance(serve_sched *s, sched_choice *c, double secs, double now)
+{
+    kipp_spec_stats before = {0}, after = {0};
+    const kipp_spec *sp = kipp_gen_spec(c->g);
+    int spec_step = sp && !kipp_gen_prompt_left(c->g);
+    if (sp) kipp_spec_get_stats(sp, &before);
+    kipp_gen_event ev;
+    if (kipp_gen_advance(c->g, secs, &ev, c->job->error, sizeof c->job->error)) return FIN_ERROR;
+    if (sp) kipp_spec_get_stats(sp, &after);
+    if (spec_step && after.steps > before.steps) {
+        serve_metrics *mt = serve_metrics_get();
+        mt->spec_steps++;
+        mt->spec_drafted += after.drafted - before.drafted;
+        mt->spec_accepted += after.accepted - before.accepted;
+        mt->spec_emitted += after.emitted - before.emitted;
+    }
+    return publish(s, c, &ev, now);
+}
+
+/* Run one step over the active choices (mu held on entry and exit). */
+static void step(serve_sched *s)
 {
     kipp_batch_item items[64];
-    int n = s->n_act;
-    for (int k = 0; k < n; k++) items[k] = item_for(s->act[k]);
+    int n = plan(s, items);
     pthread_mutex_unlock(&s->mu);
     char err[256] = "";
-    pthread_mutex_lock(&s->engine);
+    double t0 = serve_now();
     int rc = kipp_eval_batch(s->m, items, (size_t)n, err, sizeof err);
-    pthread_mutex_unlock(&s->engine);
-    pthread_mutex_lock(&s->mu);
-    pthread_mutex_lock(&s->engine);
     double now = serve_now();
+    pthread_mutex_lock(&s->mu);
     serve_metrics_get()->steps++;
     /* choice_finish swaps the last active choice into slot k: walk backwards. */
-    for (int k = n; k-- > 0;) {
+    for (int k = s->n_act; k-- > 0;) {
         sched_choice *c = s->act[k];
-        int why = rc ? FIN_ERROR : choice_advance(s, c, now);
+        if (!c->it.token_count) continue;
+        int why = rc ? FIN_ERROR : advance(s, c, now - t0, now);
         if (rc) snprintf(c->job->error, sizeof c->job->error, "evaluation failed: %s", err);
         if (!why && c->job->cancelled) why = FIN_CANCELLED;
         if (why) choice_finish(s, k, why);
     }
-    pthread_mutex_unlock(&s->engine);
-    return 1;
 }
 
 static void drop_cancelled(serve_sched *s)
 {
-    pthread_mutex_lock(&s->engine);
     for (int k = s->n_act; k-- > 0;)
         if (s->act[k]->job->cancelled) choice_finish(s, k, FIN_CANCELLED);
-    pthread_mutex_unlock(&s->engine);
 }
 
 static void *sched_main(void *arg)
@@ -603,7 +575,7 @@ serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *e
     kipp_model_get_info(m, &s->info);
     s->seed_salt = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)s << 16);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_mutex_init(&s->engine, NULL);
+    pthread_mutex_init(&s->tok, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->th, NULL, sched_main, s)) {
         snprintf(err, errlen, "cannot start the scheduler thread");

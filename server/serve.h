@@ -27,7 +27,8 @@
 #define SERVE_MAX_STOP_LEN 256 /* bytes per stop string */
 #define SERVE_MAX_BIAS 300     /* logit_bias entries (OpenAI allows 300) */
 #define SERVE_MAX_MSGS 256     /* chat messages per request */
-#define SERVE_CHUNK 32         /* prefill chunk: prompt tokens per step per choice */
+#define SERVE_CHUNK 32         /* prefill chunk every prefilling choice gets per step while the budget lasts */
+#define SERVE_STEP_TOKENS 512  /* default token budget of one step (--step-tokens) */
 
 /** An error for the client: HTTP status and the OpenAI error object's fields. */
 typedef struct {
@@ -101,7 +102,7 @@ int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_erro
  * (markers allowed: raw completion), check sent ids, or render + tokenize chat
  * (kipp_chat_tokenize). Checks the prompt against n_ctx (400 naming
  * n_prompt_tokens and n_ctx), bounds logit_bias ids, and clamps max_tokens to
- * the context. Caller holds the engine lock. 0 or -1 with e filled.
+ * the context. Caller holds the tokenizer lock. 0 or -1 with e filled.
  */
 int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e);
 
@@ -128,9 +129,10 @@ int serve_buf_put(serve_buf *b, const char *s, size_t n);
 void serve_buf_free(serve_buf *b);
 
 /**
- * The visible parts of a choice's raw text: stop strings cut, text that could
- * still grow into a stop string or a think marker held back until final, then
- * split into reasoning and content when thinking. Offsets into raw.
+ * The visible parts of a choice's raw text (already cut at a stop string by
+ * its kipp_gen): text that could still grow into a think marker held back
+ * until final, then split into reasoning and content when thinking. Offsets
+ * into raw.
  */
 typedef struct {
     size_t reasoning_off, reasoning_len;
@@ -138,11 +140,11 @@ typedef struct {
 } serve_view;
 
 /**
- * Compute the view of raw[n] for request r. final: the choice is finished, so
- * nothing is held back. *stop_at receives the byte offset of the first stop
- * string match (or n when none).
+ * Compute the view of raw[n] for request r, where n is what may be shown:
+ * the choice's raw_final, or all of raw once finished. final: the choice is
+ * finished, so nothing is held back.
  */
-void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, size_t *stop_at, serve_view *v);
+void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, serve_view *v);
 
 /* ---- jobs and the scheduler (sched.c) ---- */
 
@@ -150,8 +152,8 @@ enum { FIN_NONE = 0, FIN_STOP, FIN_LENGTH, FIN_CANCELLED, FIN_ERROR };
 
 /** One choice's published state (read by HTTP threads under sched->mu). */
 typedef struct {
-    serve_buf raw;            /* detokenized output (stop-truncated when finished) */
-    size_t raw_final;         /* bytes of raw that are final (stop strings checked) */
+    serve_buf raw;            /* the generation's text (kipp_gen_text: cut before a stop string) */
+    size_t raw_final;         /* bytes of raw that are final (no stop string can start in them) */
     serve_lp *lp;             /* [n_lp] when logprobs */
     size_t n_lp, cap_lp;
     uint32_t n_gen;           /* generated tokens (stop token excluded) */
@@ -188,16 +190,21 @@ typedef struct {
     uint64_t kv_budget_blocks;/* unpooled: 32-position KV blocks all live sessions may hold (--kv-mib) */
     uint64_t pool_blocks;     /* pooled model: blocks of its KV pool (--kv-pool-mib); 0 = unpooled */
     int no_spec;              /* --no-spec: greedy choices decode one token per step */
+    uint32_t step_tokens;     /* --step-tokens: tokens one step evaluates (decodes first, then prefill chunks) */
 } serve_sched_opts;
 
 /** Create and start the scheduler thread over model m; NULL on failure (err filled). */
 serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *err, size_t errlen);
 /** Stop the thread, cancel everything, free; NULL accepted. */
 void serve_sched_stop(serve_sched *s);
-/** The lock guarding every serve_job field and the engine's tokenizer use. */
+/** The lock guarding every serve_job field. */
 pthread_mutex_t *serve_sched_mutex(serve_sched *s);
-/** Engine lock: hold while calling kipp_* on the model outside the scheduler. */
-pthread_mutex_t *serve_engine_mutex(serve_sched *s);
+/**
+ * Tokenizer lock: hold while tokenizing outside the scheduler (serve_prepare:
+ * the encoder's word cache is shared). The scheduler thread owns every other
+ * use of the engine; decoding token texts needs no lock (read-only tables).
+ */
+pthread_mutex_t *serve_tokenizer_mutex(serve_sched *s);
 /**
  * Queue job (takes one reference); 0, or -1 with e filled (429 queue full;
  * 400 when its choices alone need more KV blocks than the whole budget or pool).
@@ -252,7 +259,7 @@ char *serve_metrics_text(const serve_metrics *m);
 /** Server-wide facts for rendering. */
 typedef struct {
     const char *model_id;     /* reported "model" */
-    kipp_model *model;        /* for token texts (engine lock held by caller) */
+    kipp_model *model;        /* for token texts (kipp_detokenize: read-only, no lock) */
     uint32_t n_ctx;
 } serve_info;
 
@@ -263,7 +270,7 @@ char *serve_render_response(const serve_info *si, const serve_job *job);
 /**
  * Append to sse the chunks that job's progress allows since the cursors in st
  * (per-choice emitted offsets), including finish chunks, the usage chunk and
- * "data: [DONE]" once done. Sched mutex and engine lock held.
+ * "data: [DONE]" once done. Sched mutex held.
  */
 typedef struct {
     size_t sent_reasoning[SERVE_MAX_N], sent_content[SERVE_MAX_N], sent_lp[SERVE_MAX_N];

@@ -3,8 +3,9 @@
  * body/header/idle limits, routing, JSON responses and SSE streams. One MHD
  * thread per connection, so a handler may block while its job runs; while it
  * waits it polls the socket for a hang-up and cancels the job at once.
- * Talks to the engine only through serve_prepare (tokenizer, under the engine
- * lock) and the scheduler; never to a session.
+ * Talks to the engine only through serve_prepare (tokenizer, under the
+ * tokenizer lock), token texts when rendering (read-only) and the scheduler;
+ * never to a session.
  */
 #include <microhttpd.h>
 #include <poll.h>
@@ -80,9 +81,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         pthread_mutex_t *mu = serve_sched_mutex(s->h->sched);
         pthread_mutex_lock(mu);
         for (;;) {
-            pthread_mutex_lock(serve_engine_mutex(s->h->sched));
             serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
-            pthread_mutex_unlock(serve_engine_mutex(s->h->sched));
             if (s->out.n || s->st.done_sent) break;
             if (client_gone(s->fd)) {
                 serve_sched_cancel(s->h->sched, s->job);
@@ -151,9 +150,7 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
         serve_fail(&e, 500, "server_error", "", "generation failed: %s", job->error[0] ? job->error : "engine error");
         out = serve_error_json(&e), *status = 500;
     } else {
-        pthread_mutex_lock(serve_engine_mutex(h->sched));
         out = serve_render_response(&h->info, job), *status = 200;
-        pthread_mutex_unlock(serve_engine_mutex(h->sched));
     }
     if (out) serve_metrics_request(job->req.chat, *status);
     serve_job_unref(job);
@@ -185,9 +182,9 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         serve_req_free(&r);
         return send_error(h, c, chat, &e);
     }
-    pthread_mutex_lock(serve_engine_mutex(h->sched));
+    pthread_mutex_lock(serve_tokenizer_mutex(h->sched));
     int rc = serve_prepare(h->info.model, h->info.n_ctx, &r, &e);
-    pthread_mutex_unlock(serve_engine_mutex(h->sched));
+    pthread_mutex_unlock(serve_tokenizer_mutex(h->sched));
     serve_job *job = rc ? NULL : serve_job_new(&r);
     if (rc || !job) {
         if (!rc) serve_fail(&e, 503, "server_error", "", "out of memory");

@@ -14,7 +14,7 @@
 
 typedef struct {
     const char *model, *backend, *host, *alias;
-    long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib;
+    long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
     int no_spec;              /* --no-spec */
 } serve_opts;
@@ -39,6 +39,9 @@ static void usage(FILE *f)
             "  --ctx N            tokens per choice (prompt + output), default min(8192, model context)\n"
             "  --max-batch N      active choices per step, 8..64, default 16\n"
             "  --max-queue N      queued requests before 429, 1..4096, default 64\n"
+            "  --step-tokens N    tokens one engine step evaluates, 16..8192, default 512: every decoding\n"
+            "                     choice's tokens first, then prompt chunks oldest first (each prefilling\n"
+            "                     choice gets up to 32 while the budget lasts, the rest lengthens them)\n"
             "  --max-body N       request body bytes, default 1048576 (larger: 413)\n"
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
@@ -56,14 +59,16 @@ static void usage(FILE *f)
 
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
-    *o = (serve_opts){NULL, "cpu", "127.0.0.1", NULL, 8080, 0, 0, 16, 64, 1 << 20, 32768, 60, 128, -1, -1, 0};
+    *o = (serve_opts){.backend = "cpu", .host = "127.0.0.1", .port = 8080, .max_batch = 16, .max_queue = 64,
+                      .max_body = 1 << 20, .max_header = 32768, .idle = 60, .max_conn = 128, .kv_mib = -1,
+                      .step_tokens = SERVE_STEP_TOKENS, .kv_pool_mib = -1};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
         {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
         {"--max-queue", &o->max_queue, 1, 4096, ""}, {"--max-body", &o->max_body, 64, 1LL << 30, ""},
         {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
         {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
-        {"--kv-pool-mib", &o->kv_pool_mib, 0, 1 << 24, ""},
+        {"--kv-pool-mib", &o->kv_pool_mib, 0, 1 << 24, ""}, {"--step-tokens", &o->step_tokens, 16, 8192, ""},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -134,8 +139,10 @@ static int run(const serve_opts *o, kipp_model *m)
     if (make_addr(o, &ss)) return 2;
     char err[256] = "";
     uint64_t block_bytes = 32 * info.kv_bytes_per_token;
-    serve_sched_opts so = {(int)o->max_batch, (int)o->max_queue, n_ctx, ((uint64_t)o->kv_mib << 20) / block_bytes,
-                           info.kv_pool_blocks, o->no_spec};
+    serve_sched_opts so = {.max_choices = (int)o->max_batch, .max_queue = (int)o->max_queue, .n_ctx = n_ctx,
+                           .kv_budget_blocks = ((uint64_t)o->kv_mib << 20) / block_bytes,
+                           .pool_blocks = info.kv_pool_blocks, .no_spec = o->no_spec,
+                           .step_tokens = (uint32_t)o->step_tokens};
     serve_http h = {0};
     h.sched = serve_sched_start(m, &so, err, sizeof err);
     if (!h.sched) return fprintf(stderr, "kipp-serve: %s\n", err), 1;

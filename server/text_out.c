@@ -1,10 +1,10 @@
 /*
  * text_out.c - what a choice may show of its raw output (issue 9 item 3).
  *
- * Raw output is the detokenizer's text (complete UTF-8 only: kipp_detok_stream
- * holds partial sequences and turns invalid bytes into U+FFFD). The view cuts
- * at the first stop string, holds back a tail that could still grow into one
- * (or into a think marker) until the choice is final, and splits reasoning
+ * Raw output is the generation's text (kipp_gen_text: complete UTF-8 only,
+ * already cut before a stop string, with the bytes that may still become one
+ * held back as not final). The view holds back a tail that could still grow
+ * into a think marker until the choice is final, and splits reasoning
  * ("<think>...</think>") from content when the request thinks. The same
  * function gives the streamed prefix and the final text, so concatenated
  * deltas equal the non-streamed text byte for byte.
@@ -82,24 +82,9 @@ static void split_think(const serve_req *r, const char *raw, size_t L, int final
     lstrip_nl(raw, &v->reasoning_off, &v->reasoning_len);
 }
 
-void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, size_t *stop_at, serve_view *v)
+void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, serve_view *v)
 {
     memset(v, 0, sizeof *v);
-    size_t cut = n;
-    for (size_t i = 0; i < r->n_stop; i++) {
-        const char *hit = find(raw, n, r->stop[i], strlen(r->stop[i]));
-        if (hit && (size_t)(hit - raw) < cut) cut = (size_t)(hit - raw);
-    }
-    *stop_at = cut;
-    size_t L = cut;
-    if (cut == n && !final) {
-        size_t hold = 0;
-        for (size_t i = 0; i < r->n_stop; i++) {
-            size_t h = partial_tail(raw, n, r->stop[i], strlen(r->stop[i]));
-            if (h > hold) hold = h;
-        }
-        L = n - hold;
-    }
-    if (r->chat && r->thinking) split_think(r, raw, L, final || cut < n, v);
-    else v->content_off = 0, v->content_len = L;
+    if (r->chat && r->thinking) split_think(r, raw, n, final, v);
+    else v->content_off = 0, v->content_len = n;
 }

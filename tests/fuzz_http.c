@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/internal.h"
 #include "server/serve.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -28,12 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     r.thinking = data[0] & 2 ? 1 : 0;
     r.starts_in_reasoning = data[0] & 4 ? 1 : 0;
-    size_t at_final, at;
-    serve_view fin, v;
-    serve_text_view(&r, body, n, 1, &at_final, &fin);
+    /* each prefix as a generation keeps it (cut before a stop string, kipp_stop_scan):
+     * what a stream shows of it never exceeds the final view of the same text */
     for (size_t k = 0; k <= n; k += 1 + n / 64) {
-        serve_text_view(&r, body, k, 0, &at, &v);
-        if (at == k && (v.content_len > fin.content_len || v.reasoning_len > fin.reasoning_len)) abort();
+        serve_view fin, v;
+        size_t shown, at = kipp_stop_scan((const char *const *)r.stop, r.n_stop, body, k, 0, &shown);
+        if (shown > at || at > k) abort();
+        serve_text_view(&r, body, at, 1, &fin);
+        serve_text_view(&r, body, shown, 0, &v);
+        if (v.content_len > fin.content_len || v.reasoning_len > fin.reasoning_len) abort();
     }
     serve_req_free(&r);
     return 0;

@@ -1,9 +1,9 @@
 /*
  * test_serve_text.c - kipp-serve's text view (server/text_out.c) and the chat
  * tokenization it relies on (engine/chat_tokens.c), issue 9 items 3 and 4:
- *   - stop strings cut the text; a tail that could still become a stop string
- *     is held back until final; every streamed prefix is a prefix of the final
- *     text, byte by byte, for every split of the raw bytes;
+ *   - stop strings cut the text (kipp_stop_scan, which each kipp_gen runs over
+ *     its new bytes); a tail that could still become a stop string is held
+ *     back; the incremental scan equals a full one for every split of the bytes;
  *   - reasoning is split from content at </think>, with the marker held back;
  *   - kipp_chat_tokenize equals render + special tokenize without typed
  *     markers, and keeps typed markers as plain text.
@@ -11,55 +11,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/internal.h"
 #include "server/serve.h"
 #include "tests/test_harness.h"
 
-static serve_req req_with_stops(const char *a, const char *b)
+/* kipp_stop_scan over raw[0..n) scanned from 0: (cut, final). */
+static size_t scan(const char *const *stops, size_t n_stops, const char *raw, size_t n, size_t *fin)
 {
-    serve_req r;
-    serve_req_init(&r, 0);
-    if (a) r.stop[r.n_stop++] = strdup(a);
-    if (b) r.stop[r.n_stop++] = strdup(b);
-    return r;
-}
-
-static void view(const serve_req *r, const char *raw, size_t n, int final, size_t *stop_at, serve_view *v)
-{
-    serve_text_view(r, raw, n, final, stop_at, v);
+    return kipp_stop_scan(stops, n_stops, raw, n, 0, fin);
 }
 
 static void test_stop_cut_and_hold_back(void)
 {
-    serve_req r = req_with_stops("END", "xyz");
-    size_t at;
-    serve_view v;
-    view(&r, "hello EN", 8, 0, &at, &v);
-    CHECK(v.content_len == 6 && at == 8, "partial 'EN' must be held back: len %zu", v.content_len);
-    view(&r, "hello EN", 8, 1, &at, &v);
-    CHECK(v.content_len == 8, "final shows everything: %zu", v.content_len);
-    view(&r, "hello ENDING", 12, 0, &at, &v);
-    CHECK(at == 6 && v.content_len == 6, "cut at the stop string: at %zu len %zu", at, v.content_len);
-    view(&r, "axyzEND", 7, 0, &at, &v);
+    const char *stops[] = {"END", "xyz"};
+    size_t fin, at = scan(stops, 2, "hello EN", 8, &fin);
+    CHECK(at == 8 && fin == 6, "partial 'EN' must be held back: cut %zu final %zu", at, fin);
+    at = scan(stops, 2, "hello ENDING", 12, &fin);
+    CHECK(at == 6 && fin == 6, "cut at the stop string: at %zu final %zu", at, fin);
+    at = scan(stops, 2, "axyzEND", 7, &fin);
     CHECK(at == 1, "first of several stop strings wins: %zu", at);
-    serve_req_free(&r);
+    at = scan(stops, 0, "hello EN", 8, &fin);
+    CHECK(at == 8 && fin == 8, "no stop strings: all final (%zu, %zu)", at, fin);
 }
 
-/* Every prefix of raw, streamed, is a prefix of the final view: deltas concatenate to it. */
-static void test_stream_prefix_property(void)
+/* The incremental scan (only the new bytes, from the previous length) finds
+ * what a full rescan finds, for every split of the bytes into two pushes, and
+ * the final length never shrinks below an earlier one until a cut. */
+static void test_stop_incremental(void)
 {
-    const char *raw = "ab<th</think>x</thEND tail";
-    serve_req r = req_with_stops("END", "zz");
-    size_t n = strlen(raw), at;
-    serve_view fin, v;
-    view(&r, raw, n, 1, &at, &fin);
+    const char *raw = "ab<th</think>x</thEN-D tail EENDxyz";
+    const char *stops[] = {"END", "zz", "EEN"};
+    size_t n = strlen(raw), fin_all;
+    size_t cut_all = scan(stops, 3, raw, n, &fin_all);
+    CHECK(cut_all == 28 && fin_all == 28, "full scan: cut %zu final %zu", cut_all, fin_all);
     for (size_t k = 0; k <= n; k++) {
-        view(&r, raw, k, 0, &at, &v);
-        int final_now = at < k;
-        if (final_now) view(&r, raw, k, 1, &at, &v);
-        CHECK(v.content_len <= fin.content_len, "prefix %zu longer than the final text", k);
+        size_t fin1, cut1 = kipp_stop_scan(stops, 3, raw, k, 0, &fin1);
+        if (cut1 < k) { /* cut in the first push: the same match */
+            CHECK(cut1 == cut_all, "split %zu: cut %zu, expected %zu", k, cut1, cut_all);
+            continue;
+        }
+        size_t fin2, cut2 = kipp_stop_scan(stops, 3, raw, n, k, &fin2);
+        CHECK(cut2 == cut_all && fin2 == fin_all, "split %zu: incremental cut %zu final %zu", k, cut2, fin2);
+        CHECK(fin1 <= cut_all, "split %zu: %zu bytes final before the cut at %zu", k, fin1, cut_all);
     }
-    CHECK(fin.content_len == 18, "final text is cut before END: %zu", fin.content_len);
-    serve_req_free(&r);
+}
+
+static void view(const serve_req *r, const char *raw, size_t n, int final, serve_view *v)
+{
+    serve_text_view(r, raw, n, final, v);
 }
 
 static void test_think_split(void)
@@ -68,28 +67,28 @@ static void test_think_split(void)
     serve_req_init(&r, 1);
     r.thinking = 1;
     const char *raw = "<think>\nplan\n</think>\n\nanswer";
-    size_t n = strlen(raw), at;
+    size_t n = strlen(raw);
     serve_view v, fin;
-    view(&r, raw, n, 1, &at, &fin);
+    view(&r, raw, n, 1, &fin);
     CHECK(fin.reasoning_len == 5 && !memcmp(raw + fin.reasoning_off, "plan\n", 5), "reasoning '%.*s'", (int)fin.reasoning_len,
           raw + fin.reasoning_off);
     CHECK(fin.content_len == 6 && !memcmp(raw + fin.content_off, "answer", 6), "content '%.*s'", (int)fin.content_len,
           raw + fin.content_off);
     for (size_t k = 0; k <= n; k++) { /* streamed views never exceed, never move */
-        view(&r, raw, k, 0, &at, &v);
+        view(&r, raw, k, 0, &v);
         CHECK(v.reasoning_len == 0 || v.reasoning_off == fin.reasoning_off, "reasoning moved at %zu", k);
         CHECK(v.reasoning_len <= fin.reasoning_len, "reasoning longer than final at %zu", k);
         CHECK(v.content_len == 0 || v.content_off == fin.content_off, "content moved at %zu", k);
         CHECK(v.content_len <= fin.content_len, "content longer than final at %zu", k);
     }
-    view(&r, "<thi", 4, 0, &at, &v);
+    view(&r, "<thi", 4, 0, &v);
     CHECK(v.content_len == 0 && v.reasoning_len == 0, "'<thi' may become <think>: hold");
-    view(&r, "<think>abc</th", 14, 0, &at, &v);
+    view(&r, "<think>abc</th", 14, 0, &v);
     CHECK(v.reasoning_len == 3, "partial </think> held back: %zu", v.reasoning_len);
-    view(&r, "plain", 5, 0, &at, &v);
+    view(&r, "plain", 5, 0, &v);
     CHECK(v.content_len == 5 && v.reasoning_len == 0, "no think block: all content");
     r.starts_in_reasoning = 1; /* Thinking-2507: the prompt opened <think> */
-    view(&r, "idea</think>\n\nok", 16, 1, &at, &v);
+    view(&r, "idea</think>\n\nok", 16, 1, &v);
     CHECK(v.reasoning_len == 4 && v.content_len == 2, "starts in reasoning: %zu/%zu", v.reasoning_len, v.content_len);
     serve_req_free(&r);
 }
@@ -136,7 +135,7 @@ static void test_chat_tokenize(void)
 int main(void)
 {
     RUN(test_stop_cut_and_hold_back);
-    RUN(test_stream_prefix_property);
+    RUN(test_stop_incremental);
     RUN(test_think_split);
     RUN(test_chat_tokenize);
     return th_finish();
