@@ -1,6 +1,6 @@
 /*
  * kipp_checkpoints.h - the compiled-in registry of supported Qwen3 dense
- * checkpoints (seed 000, "Supported checkpoints").
+ * checkpoints.
  *
  * A checkpoint outside this table is a rejection, not an extension point.
  * tools/checkpoints.py mirrors this table; tests/test_tooling.py compares the

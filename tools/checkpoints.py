@@ -1,11 +1,11 @@
 """checkpoints.py - the Python mirror of engine/kipp_checkpoints.h.
 
-Seed 000, "Supported checkpoints": the C header compiles in the registry of
-pinned Qwen3 dense checkpoints; this module mirrors it entry by entry for the
-tooling (make_checkpoint, convert_to_gguf, download_model). The field names are
-exactly those printed by `build/kipp registry --json`; tests/test_tooling.py
-compares the two copies field by field and checks every entry against the
-family invariants and against data/qwen3/qwen3-configs/*.config.json.
+The C header compiles in the registry of pinned Qwen3 dense checkpoints; this
+module mirrors it entry by entry for the tooling (make_checkpoint,
+convert_to_gguf, download_model). The field names are exactly those printed by
+`build/kipp registry --json`; tests/test_tooling.py compares the two copies
+field by field and checks every entry against the family invariants and against
+data/qwen3/qwen3-configs/*.config.json.
 
 Beyond the C table, each entry carries the download facts of
 data/qwen3/qwen3-registry.md: how the weights are split on the Hub and the
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-# Family invariants (kipp_checkpoints.h, seed 000).
+# Family invariants (kipp_checkpoints.h).
 VOCAB_SIZE = 151936          # logits rows; ids >= N_TOKENS are padding
 N_KV_HEAD = 8
 HEAD_DIM = 128

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """make_checkpoint.py - write a synthetic Qwen3 checkpoint in the exact Hugging Face layout.
 
-Issue 2, item 3 (seed 000, "Supported checkpoints": synthetic entries). For a
-synthetic registry entry it writes into --out:
+For a synthetic registry entry (tools/checkpoints.py) it writes into --out:
   config.json, generation_config.json      as transformers 4.51 writes them
   model.safetensors  or  model-0000i-of-0000N.safetensors + model.safetensors.index.json
   tokenizer.json, tokenizer_config.json    copied from data/qwen3/qwen3-tokenizer/
