@@ -1,6 +1,6 @@
 /* profile_avx512.c - AVX-512 F read-bandwidth and FP32 FMA peak loops (the BF16
  * dot is in profile_avx512bf16.c) with 30 independent accumulators (bench/profile.h;
- * /work/shared/reference-numbers.md measures its peaks the same way). */
+ * the team's reference numbers measure peaks the same way). */
 #include <immintrin.h>
 #include <string.h>
 

@@ -45,7 +45,7 @@ static const opt_def OPTS[] = {
                              "      length); generation stops with a note when the context is full"},
     {"--show-ids", NULL, C_GEN, "print the generated token ids to stderr"},
     {"--spec", NULL, C_GEN, "prompt-lookup speculative decoding: the exact greedy output in fewer forwards;\n"
-                            "      needs deterministic sampling (temperature 0, top-p 0 or top-k 1)"},
+                            "      needs deterministic sampling (temperature 0, the default, or top-k 1)"},
     {"--spec-k", "N", C_GEN, "with --spec: longest draft, 1..16 tokens; default 8"},
     {"--spec-fixed", NULL, C_GEN, "with --spec: always draft up to --spec-k (no adaptive gate)"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
@@ -247,8 +247,8 @@ static int check_combination(const char *cmd, const cli_gen_opts *o)
         return 2;
     }
     if (o->spec && !kipp_spec_params_ok(&o->sp)) {
-        fprintf(stderr, "kipp %s: --spec needs deterministic sampling, expected --temperature 0 (the default), "
-                        "--top-p 0 or --top-k 1, got temperature %g\n", cmd, (double)o->sp.temperature);
+        fprintf(stderr, "kipp %s: --spec needs deterministic sampling, expected --temperature 0 (the default) "
+                        "or --top-k 1, got temperature %g\n", cmd, (double)o->sp.temperature);
         return 2;
     }
     if (o->threads_arg && !strcmp(o->backend, "ref") && o->threads != 1) {

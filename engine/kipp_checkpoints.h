@@ -1,12 +1,12 @@
 /*
  * kipp_checkpoints.h - the compiled-in registry of supported Qwen3 dense
- * checkpoints (seed 000, "Supported checkpoints").
+ * checkpoints.
  *
  * A checkpoint outside this table is a rejection, not an extension point.
  * tools/checkpoints.py mirrors this table; tests/test_tooling.py compares the
  * two field by field through `kipp registry --json`.
  *
- * Sources: ../shared/qwen3-registry.md and ../shared/qwen3-configs/ (one config.json per checkpoint).
+ * Sources: data/qwen3/qwen3-registry.md and data/qwen3/qwen3-configs/ (one config.json per checkpoint).
  * Revisions of real checkpoints are public pins, "pinned, unverified" until a
  * user with network access runs tools/download_model.sh.
  *

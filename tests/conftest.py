@@ -17,7 +17,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = REPO_ROOT / "tools"
-SHARED = REPO_ROOT.parent / "shared"
+QWEN3_DATA = REPO_ROOT / "data" / "qwen3"
 sys.path.insert(0, str(TOOLS))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -34,11 +34,11 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """<repo>/../shared: registry facts, real configs and the tokenizer (must exist)."""
-    assert (SHARED / "qwen3-tokenizer" / "tokenizer.json").is_file(), \
-        f"{SHARED} lacks qwen3-tokenizer/tokenizer.json; expected the shared folder beside the repository"
-    return SHARED
+def qwen3_data() -> Path:
+    """data/qwen3: the vendored registry facts, real configs, tokenizer and golden cases."""
+    assert (QWEN3_DATA / "qwen3-tokenizer" / "tokenizer.json").is_file(), \
+        f"{QWEN3_DATA} lacks qwen3-tokenizer/tokenizer.json (it is part of the repository)"
+    return QWEN3_DATA
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 Oracles: the `gguf` PyPI package (gguf.GGUFReader) reads our files; tensor bytes
 are compared with the safetensors bytes located by a header parse written here;
-metadata with tools/checkpoints.py and ../shared/qwen3-tokenizer/tokenizer.json.
+metadata with tools/checkpoints.py and data/qwen3/qwen3-tokenizer/tokenizer.json.
 Refusals run the converter CLI on minimally altered copies of synthetic-tiny and
 check the exit status, the message (field, expected, found) and that no output
 file is left behind.
@@ -106,7 +106,7 @@ def test_round_trip_with_gguf_reader(id_, synthetic_dir, synthetic_gguf, reader)
 
 
 @pytest.mark.parametrize("id_", ["synthetic-tiny", "synthetic-tiny-untied"])
-def test_metadata_per_format(id_, reader, shared_dir):
+def test_metadata_per_format(id_, reader, qwen3_data):
     c = reg.by_id(id_)
     r = reader(id_)
     assert list(r.fields)[3:] == FORMAT_KEYS  # the reader adds GGUF.version/tensor_count/kv_count
@@ -127,7 +127,7 @@ def test_metadata_per_format(id_, reader, shared_dir):
     assert field_value(r, "kipp.rope_theta") == pytest.approx(c.rope_theta, rel=1e-7)
     assert field_value(r, "kipp.rms_norm_eps") == pytest.approx(1e-6, rel=1e-6)
     assert r.fields["kipp.tied_embeddings"].types == [types.BOOL]
-    tok = json.loads((shared_dir / "qwen3-tokenizer" / "tokenizer.json").read_text())
+    tok = json.loads((qwen3_data / "qwen3-tokenizer" / "tokenizer.json").read_text())
     tokens = field_value(r, "kipp.tokenizer.tokens")
     assert len(tokens) == 151669
     for text, tid in list(tok["model"]["vocab"].items())[::997]:
@@ -484,8 +484,8 @@ def test_output_path_checked_before_converting(synthetic_dir, tmp_path):
 # ---------------------------------------------------------------- tokenizer merge
 
 @pytest.fixture(scope="module")
-def tokenizer_files(shared_dir):
-    t = shared_dir / "qwen3-tokenizer"
+def tokenizer_files(qwen3_data):
+    t = qwen3_data / "qwen3-tokenizer"
     return (json.loads((t / "tokenizer.json").read_text()), json.loads((t / "tokenizer_config.json").read_text()))
 
 

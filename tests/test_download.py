@@ -2,7 +2,7 @@
 
 The fake Hub serves a small checkpoint as the pinned revision of the real entry
 qwen3-0.6b (Qwen/Qwen3-0.6B @ c1899de...). config.json, tokenizer.json and
-tokenizer_config.json are the real shared files, so the sha256 recorded in
+tokenizer_config.json are the vendored Hub files (data/qwen3), so the sha256 recorded in
 tools/checkpoints.py is what verifies them; generation_config.json and README.md
 are checked through their git blob id, model.safetensors (3 MiB here) through
 the LFS sha256 of the tree. The only registry fact replaced (through
@@ -30,12 +30,12 @@ MODEL_BYTES = 3 << 20
 
 
 @pytest.fixture
-def hub_dir(tmp_path, shared_dir) -> Path:
+def hub_dir(tmp_path, qwen3_data) -> Path:
     d = tmp_path / "hub"
     d.mkdir()
-    shutil.copyfile(shared_dir / "qwen3-configs" / "Qwen3-0.6B.config.json", d / "config.json")
+    shutil.copyfile(qwen3_data / "qwen3-configs" / "Qwen3-0.6B.config.json", d / "config.json")
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(shared_dir / "qwen3-tokenizer" / name, d / name)
+        shutil.copyfile(qwen3_data / "qwen3-tokenizer" / name, d / name)
     (d / "generation_config.json").write_text(json.dumps(reg.hf_generation_config(ENTRY), indent=2) + "\n")
     (d / "README.md").write_text("# fake Qwen3-0.6B for tests\n")
     header = b'{"__metadata__":{"format":"pt"}}'

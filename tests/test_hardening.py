@@ -104,9 +104,9 @@ def test_converter_refuses_to_overwrite_an_input(tmp_path):
     assert sha(target) == before
 
 
-def test_make_checkpoint_refuses_the_shared_tokenizer_dir(shared_dir):
+def test_make_checkpoint_refuses_the_vendored_tokenizer_dir(qwen3_data):
     r = run(sys.executable, "tools/make_checkpoint.py", "--checkpoint", "synthetic-tiny", "--out",
-            shared_dir / "qwen3-tokenizer", "--quiet")
+            qwen3_data / "qwen3-tokenizer", "--quiet")
     assert r.returncode == 1 and b"an input" in r.stderr, r.stderr
 
 

@@ -11,7 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIPP = os.path.join(ROOT, "build", "kipp")
 MODEL = os.path.join(ROOT, os.environ.get("KIPP_TEST_MODELS", "build/models"), "synthetic-tiny.gguf")
-SHARED = os.environ.get("KIPP_SHARED", os.path.join(ROOT, "..", "shared"))
+QWEN3_DATA = os.path.join(ROOT, "data", "qwen3")
 
 REQUEST = {
     "messages": [
@@ -50,15 +50,15 @@ def oracle():
     pytest.importorskip("jinja2")
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     from gen_chat_cases import make_renderer
-    template = json.load(open(os.path.join(SHARED, "qwen3-tokenizer", "tokenizer_config.json")))["chat_template"]
-    render = make_renderer(SHARED)
+    template = json.load(open(os.path.join(QWEN3_DATA, "qwen3-tokenizer", "tokenizer_config.json")))["chat_template"]
+    render = make_renderer(QWEN3_DATA)
     return lambda req, agp, thinking: render(template, as_template_sees(req), req.get("tools"), agp, thinking)
 
 
 @pytest.fixture(scope="module")
 def hf():
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(os.path.join(SHARED, "qwen3-tokenizer", "tokenizer.json"))
+    return Tokenizer.from_file(os.path.join(QWEN3_DATA, "qwen3-tokenizer", "tokenizer.json"))
 
 
 @pytest.mark.parametrize("extra,agp,thinking", [([], True, False), (["--no-generation-prompt"], False, False),

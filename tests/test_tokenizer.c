@@ -4,7 +4,7 @@
  * Oracles (independent of the C code):
  *  - tests/tokenizer_cases/cases.jsonl: ids from HF `tokenizers` and NFC from
  *    Python's unicodedata (tools/gen_tokenizer_cases.py); 100% exact match.
- *  - ../shared/tokenizer-cases/qwen2.inp/.out: llama.cpp's HF-made cases.
+ *  - data/qwen3/tokenizer-cases/qwen2.inp/.out: llama.cpp's HF-made cases.
  * Both run through two builds of the tables: the converted GGUF
  * (kipp_model_load on build/models/synthetic-tiny.gguf) and tokenizer.json
  * read here with jansson (tests/tokenizer_json.h).
@@ -186,11 +186,11 @@ static void test_golden_gguf(void)
 static void test_llama_cases(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizer-cases/qwen2.inp", tj_shared_dir());
+    snprintf(path, sizeof path, "%s/tokenizer-cases/qwen2.inp", tj_data_dir());
     FILE *fi = fopen(path, "rb");
-    snprintf(path, sizeof path, "%s/tokenizer-cases/qwen2.out", tj_shared_dir());
+    snprintf(path, sizeof path, "%s/tokenizer-cases/qwen2.out", tj_data_dir());
     FILE *fo = fopen(path, "r");
-    CHECK(fi && fo, "cannot open %s/tokenizer-cases/qwen2.{inp,out}", tj_shared_dir());
+    CHECK(fi && fo, "cannot open %s/tokenizer-cases/qwen2.{inp,out}", tj_data_dir());
     if (!fi || !fo) return;
     static char inp[1 << 16];
     size_t n = fread(inp, 1, sizeof inp - 1, fi);
@@ -497,8 +497,8 @@ static void test_create_errors(void)
 int main(void)
 {
     char err[512];
-    if (tj_load(&tj, tj_shared_dir()) || kipp_tokenizer_create(&tj.d, &tok_json, err, sizeof err)) {
-        fprintf(stderr, "reference tokenizer from %s failed: %s\n", tj_shared_dir(), err);
+    if (tj_load(&tj, tj_data_dir()) || kipp_tokenizer_create(&tj.d, &tok_json, err, sizeof err)) {
+        fprintf(stderr, "reference tokenizer from %s failed: %s\n", tj_data_dir(), err);
         return 1;
     }
     char path[600];

@@ -313,8 +313,8 @@ static void test_pcre2_fallback(void)
 int main(void)
 {
     char err[512];
-    if (tj_load(&tj, tj_shared_dir()) || kipp_tokenizer_create(&tj.d, &tok_json, err, sizeof err)) {
-        fprintf(stderr, "reference tokenizer from %s failed: %s\n", tj_shared_dir(), err);
+    if (tj_load(&tj, tj_data_dir()) || kipp_tokenizer_create(&tj.d, &tok_json, err, sizeof err)) {
+        fprintf(stderr, "reference tokenizer from %s failed: %s\n", tj_data_dir(), err);
         return 1;
     }
     char path[600];

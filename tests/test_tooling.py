@@ -1,8 +1,8 @@
 """test_tooling.py - the registry's two copies agree, and synthetic checkpoints are exact.
 
-Oracles: `build/kipp registry --json` (the C table), ../shared/qwen3-registry.md
-and ../shared/qwen3-configs/ (the facts the registry was built from), hashlib on
-the shared tokenizer files, tests/checkpoints.sha256.json (the manifest), a
+Oracles: `build/kipp registry --json` (the C table), data/qwen3/qwen3-registry.md
+and data/qwen3/qwen3-configs/ (the facts the registry was built from), hashlib on
+the vendored tokenizer files, tests/checkpoints.sha256.json (the manifest), a
 pure-Python splitmix64/BF16 rounding, the `safetensors` package as an
 independent header reader, and a small numpy Qwen3 forward for the logit scale.
 """
@@ -68,17 +68,17 @@ def test_family_invariants_every_entry():
     assert not reg.by_id("synthetic-tiny-untied").tied_embeddings
 
 
-def _registry_md_rows(shared: Path) -> dict[str, list[str]]:
+def _registry_md_rows(data: Path) -> dict[str, list[str]]:
     rows = {}
-    for line in (shared / "qwen3-registry.md").read_text().splitlines():
+    for line in (data / "qwen3-registry.md").read_text().splitlines():
         cells = [x.strip() for x in line.strip().strip("|").split("|")]
         if cells and cells[0].startswith("qwen3-"):
             rows[cells[0]] = cells
     return rows
 
 
-def test_real_entries_match_registry_md(shared_dir):
-    rows = _registry_md_rows(shared_dir)
+def test_real_entries_match_registry_md(qwen3_data):
+    rows = _registry_md_rows(qwen3_data)
     real = [c for c in reg.CHECKPOINTS if not c.synthetic]
     assert sorted(rows) == sorted(c.id for c in real)
     for c in real:
@@ -90,8 +90,8 @@ def test_real_entries_match_registry_md(shared_dir):
         assert tuple(int(s) for s in stops.split(",")) == c.stop_token_ids, c.id
 
 
-def test_real_entries_match_shared_config_json(shared_dir):
-    files = sorted((shared_dir / "qwen3-configs").glob("*.config.json"))
+def test_real_entries_match_vendored_config_json(qwen3_data):
+    files = sorted((qwen3_data / "qwen3-configs").glob("*.config.json"))
     assert len(files) == 10
     for f in files:
         c = next(x for x in reg.CHECKPOINTS if x.repository == "Qwen/" + f.name[:-len(".config.json")])
@@ -110,11 +110,11 @@ def test_real_entries_match_shared_config_json(shared_dir):
         assert c.files["config.json"] == reg.FileFact(hashlib.sha256(data).hexdigest(), len(data)), c.id
 
 
-def test_recorded_tokenizer_hashes_match_shared_files(shared_dir):
-    tok = (shared_dir / "qwen3-tokenizer" / "tokenizer.json").read_bytes()
+def test_recorded_tokenizer_hashes_match_vendored_files(qwen3_data):
+    tok = (qwen3_data / "qwen3-tokenizer" / "tokenizer.json").read_bytes()
     assert hashlib.sha256(tok).hexdigest() == reg.TOKENIZER_JSON_SHA256 and len(tok) == reg.TOKENIZER_JSON_SIZE
     for kind, (name, sha, size) in reg.TOKENIZER_CONFIGS.items():
-        data = (shared_dir / "qwen3-tokenizer" / name).read_bytes()
+        data = (qwen3_data / "qwen3-tokenizer" / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == sha, kind
         assert size is None or size == len(data), kind
     # Every real entry verifies its tokenizer_config.json against its own chat kind.
@@ -205,13 +205,13 @@ def test_manifest_hashes_of_tiny_checkpoints(synthetic_dir):
                 f"{id_}/{name} differs from tests/checkpoints.sha256.json"
 
 
-def test_hf_layout_single_and_sharded(synthetic_dir, shared_dir):
+def test_hf_layout_single_and_sharded(synthetic_dir, qwen3_data):
     from safetensors import safe_open
 
     for id_, shards in (("synthetic-tiny", 1), ("synthetic-tiny-untied", 3)):
         c, d = reg.by_id(id_), synthetic_dir(id_)
         cfg = json.loads((d / "config.json").read_text())
-        template = json.loads((shared_dir / "qwen3-configs" / "Qwen3-0.6B.config.json").read_text())
+        template = json.loads((qwen3_data / "qwen3-configs" / "Qwen3-0.6B.config.json").read_text())
         assert sorted(cfg) == sorted(template) and cfg["architectures"] == ["Qwen3ForCausalLM"]
         gen = json.loads((d / "generation_config.json").read_text())
         assert gen["eos_token_id"] == (151643 if c.variant == "base" else [151645, 151643])

@@ -1,6 +1,6 @@
 /*
  * tokenizer_json.h - test-only: build kipp_tokenizer_data straight from
- * ../shared/qwen3-tokenizer/tokenizer.json (+ tokenizer_config.json's
+ * data/qwen3/qwen3-tokenizer/tokenizer.json (+ tokenizer_config.json's
  * added_tokens_decoder merged over it, as transformers does), with jansson.
  *
  * This is a second, independent path to the tokenizer tables: the tests run
@@ -28,11 +28,12 @@ typedef struct {
     kipp_tokenizer_data d;
 } tj_tokenizer;
 
-/** Directory of the shared reference data ($KIPP_SHARED or ../shared). */
-static inline const char *tj_shared_dir(void)
+/** Directory of the vendored Qwen3 reference data: $KIPP_QWEN3_DATA, else data/qwen3
+ *  (relative to the repository root, where tests/run_tests.sh runs the tests). */
+static inline const char *tj_data_dir(void)
 {
-    const char *s = getenv("KIPP_SHARED");
-    return s ? s : "../shared";
+    const char *s = getenv("KIPP_QWEN3_DATA");
+    return s ? s : "data/qwen3";
 }
 
 static inline void tj_free(tj_tokenizer *x)
@@ -116,17 +117,17 @@ static inline int tj_added(tj_tokenizer *x)
 }
 
 /** Load the reference tokenizer data; 0 on success, -1 (message on stderr) otherwise. */
-static inline int tj_load(tj_tokenizer *x, const char *shared)
+static inline int tj_load(tj_tokenizer *x, const char *data)
 {
     char path[1024];
     json_error_t je;
     memset(x, 0, sizeof *x);
-    snprintf(path, sizeof path, "%s/qwen3-tokenizer/tokenizer.json", shared);
+    snprintf(path, sizeof path, "%s/qwen3-tokenizer/tokenizer.json", data);
     x->tj = json_load_file(path, 0, &je);
-    snprintf(path, sizeof path, "%s/qwen3-tokenizer/tokenizer_config.json", shared);
+    snprintf(path, sizeof path, "%s/qwen3-tokenizer/tokenizer_config.json", data);
     x->cfg = json_load_file(path, 0, &je);
     if (!x->tj || !x->cfg) {
-        fprintf(stderr, "cannot load %s/qwen3-tokenizer: %s\n", shared, je.text);
+        fprintf(stderr, "cannot load %s/qwen3-tokenizer: %s\n", data, je.text);
         return -1;
     }
     json_t *model = json_object_get(x->tj, "model");

@@ -82,7 +82,7 @@ EXTRA = ["😀", "👍🏽", "👨‍👩‍👧‍👦", "🇯🇵", "🚀✨",
 
 
 def make_corpus(path, target, seed=20240601):
-    tok = Tokenizer.from_file(os.path.join(ROOT, "..", "shared", "qwen3-tokenizer", "tokenizer.json"))
+    tok = Tokenizer.from_file(os.path.join(ROOT, "data", "qwen3", "qwen3-tokenizer", "tokenizer.json"))
     pools = vocab_pools(tok)
     rng = random.Random(seed)
 
@@ -131,7 +131,7 @@ def row(name, r):
 
 
 def run_hf(text, reps, warmup):
-    tok = Tokenizer.from_file(os.path.join(ROOT, "..", "shared", "qwen3-tokenizer", "tokenizer.json"))
+    tok = Tokenizer.from_file(os.path.join(ROOT, "data", "qwen3", "qwen3-tokenizer", "tokenizer.json"))
     t, ids = [], None
     for r in range(-warmup, reps):
         t0 = time.perf_counter()

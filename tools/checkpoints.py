@@ -1,14 +1,14 @@
 """checkpoints.py - the Python mirror of engine/kipp_checkpoints.h.
 
-Seed 000, "Supported checkpoints": the C header compiles in the registry of
-pinned Qwen3 dense checkpoints; this module mirrors it entry by entry for the
-tooling (make_checkpoint, convert_to_gguf, download_model). The field names are
-exactly those printed by `build/kipp registry --json`; tests/test_tooling.py
-compares the two copies field by field and checks every entry against the
-family invariants and against ../shared/qwen3-configs/*.config.json.
+The C header compiles in the registry of pinned Qwen3 dense checkpoints; this
+module mirrors it entry by entry for the tooling (make_checkpoint,
+convert_to_gguf, download_model). The field names are exactly those printed by
+`build/kipp registry --json`; tests/test_tooling.py compares the two copies
+field by field and checks every entry against the family invariants and against
+data/qwen3/qwen3-configs/*.config.json.
 
 Beyond the C table, each entry carries the download facts of
-../shared/qwen3-registry.md: how the weights are split on the Hub and the
+data/qwen3/qwen3-registry.md: how the weights are split on the Hub and the
 recorded sha256/size of the files we know. Those come from public pins that
 could not be checked against the Hub from here ("pinned, unverified"); no
 hash here is invented. Where a fact is unknown the field is None, and the
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-# Family invariants (kipp_checkpoints.h, seed 000).
+# Family invariants (kipp_checkpoints.h).
 VOCAB_SIZE = 151936          # logits rows; ids >= N_TOKENS are padding
 N_KV_HEAD = 8
 HEAD_DIM = 128
@@ -43,10 +43,10 @@ PINNED_UNVERIFIED = "pinned-unverified"  # public pin, not yet checked against t
 SYNTHETIC = "synthetic"                  # written by tools/make_checkpoint.py
 UNPINNED = "unpinned"                    # no known revision: the downloader refuses it
 
-# Tokenizer files (../shared/qwen3-tokenizer/NOTICE, qwen3-registry.md "Files on the Hub").
+# Tokenizer files (data/qwen3/qwen3-tokenizer/NOTICE, qwen3-registry.md "Files on the Hub").
 TOKENIZER_JSON_SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
 TOKENIZER_JSON_SIZE = 11422654
-# chat kind -> (file name in ../shared/qwen3-tokenizer/, Hub sha256 of tokenizer_config.json, size or None)
+# chat kind -> (file name in data/qwen3/qwen3-tokenizer/, Hub sha256 of tokenizer_config.json, size or None)
 TOKENIZER_CONFIGS: dict[str, tuple[str, str, Optional[int]]] = {
     "hybrid": ("tokenizer_config.json",
                "d5d09f07b48c3086c508b30d1c9114bd1189145b74e982a265350c923acd8101", 9732),
@@ -58,9 +58,9 @@ TOKENIZER_CONFIGS: dict[str, tuple[str, str, Optional[int]]] = {
                       "60adcfc35f5f251e19a196ec977b4ca0fcfb534852911b3196d68d5e3b146aa0", None),
 }
 
-# config.json of the 10 checkpoints with a file in ../shared/qwen3-configs/: (sha256, bytes).
+# config.json of the 10 checkpoints with a file in data/qwen3/qwen3-configs/: (sha256, bytes).
 # Its NOTICE says each file was matched to the hash the public pins give for the Hub
-# file; tests/test_tooling.py re-hashes the shared copies against this table.
+# file; tests/test_tooling.py re-hashes the vendored copies against this table.
 CONFIG_JSON_FACTS: dict[str, tuple[str, int]] = {
     "qwen3-0.6b-base": ("504a6b58c4271583724e66584b6b7698aea18450209df6b2f7582df0e89cee59", 727),
     "qwen3-0.6b": ("660db3b73d788119c04535e48cf9be5f55bc3100841a718637ae695b442f27dd", 726),
@@ -183,7 +183,7 @@ def _synth(id_: str, repo: str, seed: int, variant: str, chat: str, d: int, L: i
                       STOP_BASE if variant == "base" else STOP_CHAT, SYNTHETIC, None, {})
 
 
-# Same order as KIPP_CHECKPOINT_TABLE. Sources: ../shared/qwen3-registry.md.
+# Same order as KIPP_CHECKPOINT_TABLE. Sources: data/qwen3/qwen3-registry.md.
 CHECKPOINTS: tuple[Checkpoint, ...] = (
     _real("qwen3-0.6b-base", "Qwen/Qwen3-0.6B-Base", "da87bfb608c14b7cf20ba1ce41287e8de496c0cd",
           "base", "none", 1024, 28, 16, 3072, 32768, 1e6, True, 1, 1192135096),
@@ -242,7 +242,7 @@ def find(repository: str, revision: str) -> Optional[Checkpoint]:
 
 
 def tokenizer_config_source(c: Checkpoint) -> str:
-    """File name under ../shared/qwen3-tokenizer/ of the entry's tokenizer_config.json."""
+    """File name under data/qwen3/qwen3-tokenizer/ of the entry's tokenizer_config.json."""
     return TOKENIZER_CONFIGS[c.chat_template][0]
 
 
@@ -254,7 +254,7 @@ def _json_number(x: float) -> float | int:
 def hf_config(c: Checkpoint) -> dict:
     """config.json of this entry exactly as transformers 4.51 writes it for Qwen3ForCausalLM.
 
-    The key set and constant values are those of ../shared/qwen3-configs/*.config.json;
+    The key set and constant values are those of data/qwen3/qwen3-configs/*.config.json;
     tests/test_tooling.py checks that this reproduces each real file byte for byte.
     """
     return {
@@ -289,7 +289,7 @@ def hf_config(c: Checkpoint) -> dict:
 
 def hf_config_text(c: Checkpoint) -> str:
     """config.json bytes: transformers' indent-2 sorted JSON. The Hub's Base configs end
-    with a newline and the others do not (../shared/qwen3-configs); we follow the same rule."""
+    with a newline and the others do not (data/qwen3/qwen3-configs); we follow the same rule."""
     return json.dumps(hf_config(c), indent=2, sort_keys=True) + ("\n" if c.variant == "base" else "")
 
 

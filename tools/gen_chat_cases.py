@@ -11,7 +11,7 @@ Writes tests/chat_cases/cases.jsonl, one conversation per line:
    "expected": str}               # transformers' rendering, the oracle
 
 The oracle is transformers' apply_chat_template(tokenize=False) with the
-chat_template of ../shared/qwen3-tokenizer/tokenizer_config{,.instruct-2507,
+chat_template of data/qwen3/qwen3-tokenizer/tokenizer_config{,.instruct-2507,
 .thinking-2507}.json. When transformers is missing it falls back to jinja2
 configured as transformers configures it (ImmutableSandboxedEnvironment,
 trim_blocks, lstrip_blocks, tojson = json.dumps(ensure_ascii=False),
@@ -20,7 +20,7 @@ raise_exception). Tool calls reach the template in OpenAI form
 the cases) or flat {"name", "arguments"}; tools as Python objects parsed from
 tools_json, so the template's `tojson` re-serialises them.
 
-Usage: tools/gen_chat_cases.py [--shared ../shared] [--out tests/chat_cases]
+Usage: tools/gen_chat_cases.py [--data data/qwen3] [--out tests/chat_cases]
 """
 import argparse
 import json
@@ -31,9 +31,9 @@ KINDS = {"hybrid": "tokenizer_config.json", "instruct-2507": "tokenizer_config.i
          "thinking-2507": "tokenizer_config.thinking-2507.json"}
 
 
-def make_renderer(shared):
+def make_renderer(data):
     """render(template, messages, tools, add_generation_prompt, enable_thinking) -> str"""
-    tdir = os.path.join(shared, "qwen3-tokenizer")
+    tdir = os.path.join(data, "qwen3-tokenizer")
     try:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(tdir)
@@ -181,11 +181,11 @@ def tools_text(tools, style):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--shared", default=os.path.join(here, "..", "..", "shared"))
+    ap.add_argument("--data", default=os.path.join(here, "..", "data", "qwen3"))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "chat_cases"))
     args = ap.parse_args()
-    render = make_renderer(args.shared)
-    templates = {k: json.load(open(os.path.join(args.shared, "qwen3-tokenizer", f), encoding="utf-8"))["chat_template"]
+    render = make_renderer(args.data)
+    templates = {k: json.load(open(os.path.join(args.data, "qwen3-tokenizer", f), encoding="utf-8"))["chat_template"]
                  for k, f in KINDS.items()}
     cases = []
     for ci, (name, msgs, tools) in enumerate(conversations()):

@@ -9,7 +9,7 @@ Writes tests/tokenizer_cases/cases.jsonl, one JSON object per line:
    "ids": [int, ...]      | "n_ids", "ids_fnv64", "head_ids"   (long lines)
    "nfc": str}                                # NFC(input), the decode oracle
 
-The oracle is the `tokenizers` library on ../shared/qwen3-tokenizer/tokenizer.json
+The oracle is the `tokenizers` library on data/qwen3/qwen3-tokenizer/tokenizer.json
 with tokenizer_config.json's added_tokens_decoder merged over it (what
 transformers does when it loads the checkpoint). Two reference tokenizers:
 
@@ -27,7 +27,7 @@ byte count and a list of fragments; tests rebuild the text with the LCG below
 (mirrored in tests/test_tokenizer.c) and compare the id count, an FNV-1a-64 hash
 of the ids (each as 4 little-endian bytes) and the first ids.
 
-Usage: tools/gen_tokenizer_cases.py [--shared ../shared] [--out tests/tokenizer_cases]
+Usage: tools/gen_tokenizer_cases.py [--data data/qwen3] [--out tests/tokenizer_cases]
 Needs: pip install tokenizers (transformers optional: used as a cross-check).
 """
 import argparse
@@ -49,9 +49,9 @@ ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
          "<think>", "</think>"]
 
 
-def load_reference(shared):
+def load_reference(data):
     """(full, plain) reference tokenizers, added_tokens_decoder merged in."""
-    tdir = os.path.join(shared, "qwen3-tokenizer")
+    tdir = os.path.join(data, "qwen3-tokenizer")
     tj = json.load(open(os.path.join(tdir, "tokenizer.json"), encoding="utf-8"))
     cfg = json.load(open(os.path.join(tdir, "tokenizer_config.json"), encoding="utf-8"))
     by_id = {a["id"]: a for a in tj["added_tokens"]}
@@ -235,11 +235,11 @@ INVALID = [
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--shared", default=os.path.join(here, "..", "..", "shared"))
+    ap.add_argument("--data", default=os.path.join(here, "..", "data", "qwen3"))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "tokenizer_cases"))
     ap.add_argument("--seed", type=int, default=3)
     args = ap.parse_args()
-    full, plain = load_reference(args.shared)
+    full, plain = load_reference(args.data)
     rng = random.Random(args.seed)
     cases = []
 
@@ -285,7 +285,7 @@ def main():
 
     try:  # cross-check the reference against transformers when it is installed
         from transformers import AutoTokenizer
-        at = AutoTokenizer.from_pretrained(os.path.join(args.shared, "qwen3-tokenizer"))
+        at = AutoTokenizer.from_pretrained(os.path.join(args.data, "qwen3-tokenizer"))
         bad = [c["tag"] for c in cases if c["special"] and "text" in c
                and at.encode(c["text"], add_special_tokens=False) != c["ids"]]
         print(f"transformers cross-check: {len(bad)} disagreements", file=sys.stderr)

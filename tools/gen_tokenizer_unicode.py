@@ -14,7 +14,7 @@ Output: one line per block, "<cp >> 8 in hex> <hash in hex>", after '#' header
 lines. Usage:
 
   python3 tools/gen_tokenizer_unicode.py --ucd /tmp/ud2 \\
-      [--tokenizer ../shared/qwen3-tokenizer/tokenizer.json] \\
+      [--tokenizer data/qwen3/qwen3-tokenizer/tokenizer.json] \\
       [--out tests/tokenizer_cases/unicode_blocks.txt]
 
 With --ucd (a unicodedata2==16.0.0 directory, as for gen_unicode_tables.py)
@@ -44,7 +44,7 @@ def fnv(h, data):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokenizer", default=os.path.join(here, "..", "..", "shared", "qwen3-tokenizer", "tokenizer.json"))
+    ap.add_argument("--tokenizer", default=os.path.join(here, "..", "data", "qwen3", "qwen3-tokenizer", "tokenizer.json"))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "tokenizer_cases", "unicode_blocks.txt"))
     ap.add_argument("--ucd", help="unicodedata2==16.0.0 directory: also write the NFC golden data")
     ap.add_argument("--nfc-out", default=os.path.join(here, "..", "tests", "tokenizer_cases", "unicode_nfc.txt"))

@@ -9,7 +9,7 @@ Flow, against HF_ENDPOINT (default https://huggingface.co):
   GET {endpoint}/{repo}/resolve/{rev}/{file}       -> bytes (Range: resumes FILE.part)
 
 Every file is checked against, in order of trust: the sha256 recorded in
-tools/checkpoints.py (from ../shared/qwen3-registry.md), else the LFS sha256 the
+tools/checkpoints.py (from data/qwen3/qwen3-registry.md), else the LFS sha256 the
 pinned tree reports, else the tree's git blob id (sha1 of "blob <size>\\0" +
 bytes); sizes likewise. A file lands under its final name only after it
 verified; a bad download is deleted; an interrupted one is kept as FILE.part and

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
 """make_checkpoint.py - write a synthetic Qwen3 checkpoint in the exact Hugging Face layout.
 
-Issue 2, item 3 (seed 000, "Supported checkpoints": synthetic entries). For a
-synthetic registry entry it writes into --out:
+For a synthetic registry entry (tools/checkpoints.py) it writes into --out:
   config.json, generation_config.json      as transformers 4.51 writes them
   model.safetensors  or  model-0000i-of-0000N.safetensors + model.safetensors.index.json
-  tokenizer.json, tokenizer_config.json    copied from ../shared/qwen3-tokenizer/
+  tokenizer.json, tokenizer_config.json    copied from data/qwen3/qwen3-tokenizer/
 
 Weights are BF16 and byte-deterministic across runs and machines: element e of
 tensor t is a function of (seed, t, e) only, through the splitmix64 finaliser
@@ -45,7 +44,7 @@ import checkpoints as reg  # noqa: E402
 import safe_io  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_TOKENIZER = REPO_ROOT.parent / "shared" / "qwen3-tokenizer"
+QWEN3_TOKENIZER = REPO_ROOT / "data" / "qwen3" / "qwen3-tokenizer"  # vendored: data/qwen3/README.md
 DEFAULT_SHARD_BYTES = 100_000_000   # 100 MB, decimal as transformers' max_shard_size
 CHUNK = 1 << 22                     # elements generated per numpy batch (bounded memory)
 
@@ -244,14 +243,14 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _copy_tokenizer(c: reg.Checkpoint, out: Path) -> None:
-    """tokenizer.json and the chat-kind tokenizer_config.json from ../shared/qwen3-tokenizer/."""
-    src_cfg = SHARED_TOKENIZER / reg.tokenizer_config_source(c)
-    for src, dst in ((SHARED_TOKENIZER / "tokenizer.json", out / "tokenizer.json"),
+    """tokenizer.json and the chat-kind tokenizer_config.json from data/qwen3/qwen3-tokenizer/."""
+    src_cfg = QWEN3_TOKENIZER / reg.tokenizer_config_source(c)
+    for src, dst in ((QWEN3_TOKENIZER / "tokenizer.json", out / "tokenizer.json"),
                      (src_cfg, out / "tokenizer_config.json")):
         if not src.is_file():
-            raise UserError(f"tokenizer file {src} is missing (expected the shared Qwen3 tokenizer "
-                            f"in {SHARED_TOKENIZER})")
-        safe_io.copy_file(src, dst)  # refuses --out pointing at the shared tokenizer itself
+            raise UserError(f"tokenizer file {src} is missing (expected the vendored Qwen3 tokenizer "
+                            f"in {QWEN3_TOKENIZER})")
+        safe_io.copy_file(src, dst)  # refuses --out pointing at the vendored tokenizer itself
 
 
 def write_checkpoint(c: reg.Checkpoint, out: Path, shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -267,8 +266,8 @@ def write_checkpoint(c: reg.Checkpoint, out: Path, shard_bytes: int = DEFAULT_SH
                         f"weights with: tools/download_model.sh --checkpoint {c.id}")
     if shard_bytes <= 0:
         raise UserError(f"--shard-bytes is {shard_bytes}; expected a positive byte count")
-    if out.exists() and SHARED_TOKENIZER.exists() and os.path.samefile(out, SHARED_TOKENIZER):  # (st_dev, st_ino)
-        raise UserError(f"--out {out} is the shared tokenizer directory {SHARED_TOKENIZER}, an input; "
+    if out.exists() and QWEN3_TOKENIZER.exists() and os.path.samefile(out, QWEN3_TOKENIZER):  # (st_dev, st_ino)
+        raise UserError(f"--out {out} is the vendored tokenizer directory {QWEN3_TOKENIZER}, an input; "
                         "expected another directory")
     out.mkdir(parents=True, exist_ok=True)
     for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
