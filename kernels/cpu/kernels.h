@@ -273,6 +273,42 @@ typedef struct {
     size_t rows, cols;
 } k_weight;
 
+/* ---- the scalar drivers of the reference kernels (ref_linear.c) ----
+ * A format's ref file supplies the per-row and per-block arithmetic; these
+ * run it over the rows (this thread's share), the tokens and accumulate. */
+
+/** Row r of packed weights wp [rows][cols] against one activation row x (the format's act). */
+typedef float (*k_row_dot_fn)(const void *wp, size_t r, size_t cols, const void *x);
+/** One row of the FILE layout (w_row: that row's bytes) against x [cols] f32, FP32 in column order. */
+typedef float (*k_file_row_dot_fn)(const void *w_row, const float *x, size_t cols);
+/** Scatter one file block (32 columns of one row) into its packed panel block pb at row lane 0..15. */
+typedef void (*k_pack_block_fn)(const uint8_t *blk, uint8_t *pb, unsigned lane);
+
+/** k_matvec_fn over a row dot. */
+void k_ref_matvec(k_row_dot_fn dot, const void *wp, const void *x, float *y, size_t rows, size_t cols, int ith,
+                  int nth);
+/** k_matmul_fn over a row dot; token t's activations start at t * k_act_row_bytes(act, cols). */
+void k_ref_matmul(k_row_dot_fn dot, k_act act, const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                  size_t n_tok, int accumulate, int ith, int nth);
+/** Define k_matvec_<fmt>_ref and k_matmul_<fmt>_ref over the row dot `dot` reading activation format act. */
+#define K_REF_ROW_KERNELS(fmt, dot, act)                                                                  \
+    void k_matvec_##fmt##_ref(const void *wp, const void *x, float *y, size_t rows, size_t cols, int ith, \
+                              int nth)                                                                    \
+    {                                                                                                     \
+        k_ref_matvec(dot, wp, x, y, rows, cols, ith, nth);                                               \
+    }                                                                                                     \
+    void k_matmul_##fmt##_ref(const void *wp, const void *xa, float *y, size_t rows, size_t cols,         \
+                              size_t n_tok, int accumulate, int ith, int nth)                             \
+    {                                                                                                     \
+        k_ref_matmul(dot, act, wp, xa, y, rows, cols, n_tok, accumulate, ith, nth);                      \
+    }
+/** k_linear_ref_fn over a file-layout row dot; row r starts at r * row_bytes. */
+void k_ref_linear(k_file_row_dot_fn dot, size_t row_bytes, const void *w, const float *x, float *y, size_t rows,
+                  size_t cols, size_t n_tok, int ith, int nth);
+/** k_pack_fn of a 16-row-panel block layout: file blocks of file_block bytes, panel blocks of packed_block. */
+void k_ref_pack16(k_pack_block_fn pack, size_t file_block, size_t packed_block, const void *w, void *wp,
+                  size_t rows, size_t cols, int ith, int nth);
+
 /* ---- the table ---- */
 
 #define K_OP_MEMBER(name, params) k_##name##_fn name;
