@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "kernels/common.h"
+#include "kernels/formats.h"
 #include "kernels/qwen3_shape.h"
 
 /* ---- format-free ops ----
@@ -249,16 +250,21 @@ typedef struct {
 /** Level-independent facts of a format: every level reads the same packed layout. */
 typedef struct {
     const char *name;        /* "bf16" */
-    uint32_t gguf_type;      /* tensor type id in the GGUF file (30 = BF16) */
+    const kipp_fmt_facts *file; /* its file format: GGUF type, block, bytes (kernels/formats.h) */
     size_t row_align;        /* rows % row_align == 0 for the packed layout */
     size_t col_align;        /* cols % col_align == 0 */
-    size_t (*file_bytes)(size_t rows, size_t cols);   /* bytes in the file */
     size_t (*packed_bytes)(size_t rows, size_t cols); /* bytes of the packed copy */
     k_act act;               /* activations matvec and matmul read (one format: row invariance) */
     k_linear_ref_fn linear_ref;
     /** FP32 weights w [rows][cols] -> the file layout (what the converter writes), for checks. */
     void (*from_f32)(const float *w, void *out, size_t rows, size_t cols);
 } k_fmt_info;
+
+/** Bytes of a [rows][cols] weight of format fi in the file. */
+static inline size_t k_fmt_file_bytes(const k_fmt_info *fi, size_t rows, size_t cols)
+{
+    return kipp_fmt_file_bytes(fi->file, rows, cols);
+}
 
 /** Facts of format f (f < K_FMT_COUNT). */
 const k_fmt_info *k_fmt_get(k_fmt f);

@@ -17,10 +17,9 @@ void k_bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
 
 const k_fmt_info k_fmt_info_bf16 = {
     .name = "bf16",
-    .gguf_type = 30,
+    .file = &kipp_fmts[KIPP_FMT_BF16],
     .row_align = 16,
     .col_align = 32,
-    .file_bytes = k_bf16_bytes,
     .packed_bytes = k_bf16_bytes,
     .act = K_ACT_F32,
     .linear_ref = k_linear_bf16_ref,

@@ -18,11 +18,10 @@
 
 const k_fmt_info k_fmt_info_bf16dot = {
     .name = "bf16dot",
-    .gguf_type = 30, /* the bf16 file type, read another way: k_fmt_from_gguf returns bf16 */
+    .file = &kipp_fmts[KIPP_FMT_BF16], /* the bf16 file format, read another way: k_fmt_from_gguf returns bf16 */
     .row_align = 16,
     .col_align = 32,
-    .file_bytes = k_bf16_bytes, /* the bf16 format's layout sizes and converter (ref_bf16.c) */
-    .packed_bytes = k_bf16_bytes,
+    .packed_bytes = k_bf16_bytes, /* the bf16 format's packed layout and converter (ref_bf16.c) */
     .act = K_ACT_BF16,
     .linear_ref = k_linear_bf16_ref, /* FP32 activations: matmul_f32 rows measure the rounding */
     .from_f32 = k_bf16_from_f32,

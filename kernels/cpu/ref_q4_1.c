@@ -17,7 +17,6 @@
 #define QK 32u
 #define Q4_1_BYTES 20u /* fp16 d, fp16 m, 16 bytes of nibbles */
 
-static size_t q4_1_file_bytes(size_t rows, size_t cols) { return rows * (cols / QK) * Q4_1_BYTES; }
 static size_t q4_1_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / QK) * K_Q4P_BLOCK; }
 
 static float fp16_at(const uint8_t *p)
@@ -65,10 +64,9 @@ static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
 
 const k_fmt_info k_fmt_info_q4_1 = {
     .name = "q4_1",
-    .gguf_type = 3,
+    .file = &kipp_fmts[KIPP_FMT_Q4_1],
     .row_align = 16,
     .col_align = 32,
-    .file_bytes = q4_1_file_bytes,
     .packed_bytes = q4_1_packed_bytes,
     .act = K_ACT_Q8,
     .linear_ref = k_linear_q4_1_ref,

@@ -19,7 +19,6 @@
 #define QK 32u          /* weights per block */
 #define Q8_0_BYTES 34u  /* fp16 d + 32 int8 */
 
-static size_t q8_0_file_bytes(size_t rows, size_t cols) { return rows * (cols / QK) * Q8_0_BYTES; }
 static size_t q8_0_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / QK) * K_Q8P_BLOCK; }
 
 static float fp16_at(const uint8_t *p)
@@ -55,10 +54,9 @@ static void q8_0_from_f32(const float *w, void *out, size_t rows, size_t cols)
 
 const k_fmt_info k_fmt_info_q8_0 = {
     .name = "q8_0",
-    .gguf_type = 8,
+    .file = &kipp_fmts[KIPP_FMT_Q8_0],
     .row_align = 16,
     .col_align = 32,
-    .file_bytes = q8_0_file_bytes,
     .packed_bytes = q8_0_packed_bytes,
     .act = K_ACT_Q8,
     .linear_ref = k_linear_q8_0_ref,
