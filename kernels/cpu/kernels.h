@@ -395,6 +395,7 @@ K_BF16_DECL(avx512)
 /* q8_0 format (kernels/cpu/ref_q8_0.c, linear_q8_0_simd.h via linear_q8_0_avx2.c and
  * linear_q8_0_avx512.c, linear_q8_0_avx512bf16.c: the VNNI prefill tile) */
 #define K_Q8P_BLOCK 576u /* bytes of one packed 16-row x 32-column panel block */
+#define K_PANEL_BYTES_q8_0 K_Q8P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 void k_pack_q8_0_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
 void k_linear_q8_0_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);
@@ -413,6 +414,7 @@ void k_matmul_q8_0_avx512bf16(const void *wp, const void *xa, float *y, size_t r
 /* q4_1 format (kernels/cpu/ref_q4_1.c, linear_q4_1_simd.h via linear_q4_1_avx2.c and
  * linear_q4_1_avx512.c, linear_q4_1_avx512bf16.c: the VNNI prefill tile) */
 #define K_Q4P_BLOCK 384u /* bytes of one packed 16-row x 32-column panel block */
+#define K_PANEL_BYTES_q4_1 K_Q4P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
 void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);

@@ -4,16 +4,17 @@
  * "weight formats"), written once over a per-format block primitive and
  * included by each format's kernel file after simd_<level>.h:
  *
- *   #define PD_RV     row vectors per 16-row panel (default: the level's K_PANEL_RV)
- *   PD_BLOCK(pb, x, xs, T, acc): acc[t][v] += the scaled dot of packed panel
- *             block pb with activation block x[t * xs], t < T; an
+ *   #define PD_FMT    the format's name, e.g. q8_0: the driver calls the block
+ *             primitive PD_FMT##_block and defines k_matvec_<fmt><PD_SFX> and
+ *             k_matmul_<fmt><PD_SFX> over K_PANEL_BYTES_<fmt>-byte panel blocks
+ *   <fmt>_block(pb, x, xs, T, acc): acc[t][v] += the scaled dot of packed
+ *             panel block pb with activation block x[t * xs], t < T; an
  *             always_inline function, so T is a constant once inlined
- *   #define PD_BYTES  bytes of one packed panel block
+ *   #define PD_PF     the decode prefetch distance in bytes; without it no matvec
+ *   #define PD_SFX    the name suffix (default: the level's, K_SFX)
+ *   #define PD_RV     row vectors per 16-row panel (default: the level's K_PANEL_RV)
  *   #define PD_TT     prefill tokens per tile: 4, 8 or 12 (tile_switch.h;
  *             default: the level's K_PANEL_TT)
- *   #define PD_MATMUL the matmul's name (k_matmul_fn)
- *   #define PD_MATVEC the matvec's name (k_matvec_fn), optional; with it
- *   #define PD_PF     the decode prefetch distance in bytes
  *
  * and #undef's them all at its end. Row invariance (kernels.h): the matvec is
  * the tile of one token, so a row's chain over the blocks is the same ops in
@@ -28,15 +29,23 @@
 #ifndef PD_TT
 #define PD_TT K_PANEL_TT
 #endif
-#if !defined(PD_BLOCK) || !defined(PD_BYTES) || !defined(PD_MATMUL)
-#error "define PD_BLOCK, PD_BYTES and PD_MATMUL first"
+#ifndef PD_SFX
+#define PD_SFX K_SFX()
 #endif
+#ifndef PD_FMT
+#error "define PD_FMT first"
+#endif
+#define PD_CAT_(a, b) a##b
+#define PD_CAT(a, b) PD_CAT_(a, b)
+#define PD_BLOCK PD_CAT(PD_FMT, _block)
+#define PD_BYTES PD_CAT(K_PANEL_BYTES_, PD_FMT)
+#define PD_MATMUL PD_CAT(PD_CAT(k_matmul_, PD_FMT), PD_SFX)
 
 #include "kernels/cpu/tile_switch.h"
 
-#ifdef PD_MATVEC
+#ifdef PD_PF
 /* ---- decode: y = W x, DRAM-bound; each weight byte read once, in one stream ---- */
-void PD_MATVEC(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
+void PD_CAT(PD_CAT(k_matvec_, PD_FMT), PD_SFX)(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
 {
     const k_act_q8_block *xq = xv;
     const size_t nb = cols / 32;
@@ -97,10 +106,13 @@ void PD_MATMUL(const void *wpv, const void *xav, float *y, size_t rows, size_t c
     }
 }
 
+#undef PD_FMT
+#undef PD_PF
+#undef PD_SFX
 #undef PD_RV
+#undef PD_TT
+#undef PD_CAT_
+#undef PD_CAT
 #undef PD_BLOCK
 #undef PD_BYTES
-#undef PD_TT
 #undef PD_MATMUL
-#undef PD_MATVEC
-#undef PD_PF

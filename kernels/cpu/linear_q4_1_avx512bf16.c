@@ -11,20 +11,14 @@
  */
 #include "kernels/cpu/simd_avx512.h"
 
-/* Tile: 16 rows x 12 tokens. */
-#define PD_BLOCK q4_vnni_block
-#define PD_BYTES K_Q4P_BLOCK
-#define PD_TT 12
-#define PD_MATMUL k_matmul_q4_1_avx512bf16
-
 /* The block primitive of linear_panel_simd.h (16 rows = one zmm): acc[t] +=
  * dot(q_w, q_x) d_w d_x + m_w d_x sum(q_x) for token t's activation block
  * x[t * xs]; each weight line is split into its nibble quads once for all T. */
 static inline __attribute__((always_inline)) void
-q4_vnni_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[1])
+q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[1])
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f);
-    __m512i ia[PD_TT];
+    __m512i ia[12];
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++) ia[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -49,4 +43,8 @@ q4_vnni_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (
     }
 }
 
+/* Tile: 16 rows x 12 tokens. */
+#define PD_FMT q4_1
+#define PD_SFX _avx512bf16
+#define PD_TT 12
 #include "kernels/cpu/linear_panel_simd.h"

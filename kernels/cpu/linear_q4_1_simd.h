@@ -15,27 +15,14 @@
  * acc += m_w * (d_x * sum(q_x)). Accuracy vs the *_ref kernels: exact int32
  * dots, FP32 rounded in another order (fma).
  */
-#ifndef K_SFX
-#error "include kernels/cpu/simd_<level>.h first"
-#endif
-
-#define PD_BLOCK q4_block
-#define PD_BYTES K_Q4P_BLOCK
-#define PD_MATVEC K_SFX(k_matvec_q4_1)
-#define PD_PF 1536u /* decode prefetch distance in bytes */
-#define PD_MATMUL K_SFX(k_matmul_q4_1)
-
 /* The block primitive of linear_panel_simd.h: acc[t][v] += the exact int32
  * dots of panel block pb with token t's activation block x[t * xs] times
  * d_w * d_x, then m_w * (d_x * sum(q_x)). Each weight line is loaded and
  * split into its two nibble quads once for all T tokens. */
 static inline __attribute__((always_inline)) void
-q4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[K_PANEL_RV])
+q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[K_PANEL_RV])
 {
-    vi iacc[K_PANEL_TT][K_PANEL_RV];
-#pragma GCC unroll 12
-    for (int t = 0; t < T; t++)
-        for (int v = 0; v < K_PANEL_RV; v++) iacc[t][v] = vi_zero();
+    vi iacc[K_PANEL_TT][K_PANEL_RV] = {0}; /* the T rows used; the rest is dead once T is constant */
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         vi wl[K_PANEL_RV], wh[K_PANEL_RV];
@@ -65,5 +52,7 @@ q4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)
     }
 }
 
+#define PD_FMT q4_1
+#define PD_PF 1536u /* decode prefetch distance in bytes */
 #include "kernels/cpu/linear_panel_simd.h"
 

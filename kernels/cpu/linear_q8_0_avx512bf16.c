@@ -18,20 +18,14 @@
  */
 #include "kernels/cpu/simd_avx512.h"
 
-/* Tile: 16 rows x 12 tokens = 12 int32 + 12 FP32 accumulators. */
-#define PD_BLOCK q8_vnni_block
-#define PD_BYTES K_Q8P_BLOCK
-#define PD_TT 12
-#define PD_MATMUL k_matmul_q8_0_avx512bf16
-
 /* The block primitive of linear_panel_simd.h (16 rows = one zmm): acc[t] +=
  * (dot(w, x_t) + 128 sum(x_t) - 128 sum(x_t)) * d_w d_x for token t's
  * activation block x[t * xs]; each weight line is offset once for all T. */
 static inline __attribute__((always_inline)) void
-q8_vnni_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[1])
+q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[1])
 {
     const __m512i off = _mm512_set1_epi8((char)0x80);
-    __m512i ia[PD_TT];
+    __m512i ia[12];
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++) ia[t] = _mm512_set1_epi32(-128 * x[(size_t)t * xs].sum);
 #pragma GCC unroll 8
@@ -51,4 +45,8 @@ q8_vnni_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (
                                     acc[t][0]);
 }
 
+/* Tile: 16 rows x 12 tokens = 12 int32 + 12 FP32 accumulators. */
+#define PD_FMT q8_0
+#define PD_SFX _avx512bf16
+#define PD_TT 12
 #include "kernels/cpu/linear_panel_simd.h"

@@ -18,26 +18,13 @@
  * The Q8 activation quantizer is written for AVX2 (KV_W == 8) only: it is
  * 1/rows of a projection's work, and the avx512 level inherits it.
  */
-#ifndef K_SFX
-#error "include kernels/cpu/simd_<level>.h first"
-#endif
-
-#define PD_BLOCK q8_block
-#define PD_BYTES K_Q8P_BLOCK
-#define PD_MATVEC K_SFX(k_matvec_q8_0)
-#define PD_PF 2048u /* decode prefetch distance in bytes */
-#define PD_MATMUL K_SFX(k_matmul_q8_0)
-
 /* The block primitive of linear_panel_simd.h: acc[t][v] += the exact int32
  * dots of panel block pb with token t's activation block x[t * xs], times
  * d_w * d_x. The 8 weight lines are loaded once for all T tokens. */
 static inline __attribute__((always_inline)) void
-q8_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[K_PANEL_RV])
+q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[K_PANEL_RV])
 {
-    vi iacc[K_PANEL_TT][K_PANEL_RV];
-#pragma GCC unroll 12
-    for (int t = 0; t < T; t++)
-        for (int v = 0; v < K_PANEL_RV; v++) iacc[t][v] = vi_zero();
+    vi iacc[K_PANEL_TT][K_PANEL_RV] = {0}; /* the T rows used; the rest is dead once T is constant */
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         vi w[K_PANEL_RV];
@@ -56,6 +43,8 @@ q8_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)
     }
 }
 
+#define PD_FMT q8_0
+#define PD_PF 2048u /* decode prefetch distance in bytes */
 #include "kernels/cpu/linear_panel_simd.h"
 
 /* ---- the Q8 activation quantizer (kernels.h k_act_q8_block), AVX2 only ---- */

@@ -15,16 +15,9 @@ void k_bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
     for (size_t i = 0; i < rows * cols; i++) o[i] = kipp_f32_to_bf16(w[i]);
 }
 
-const k_fmt_info k_fmt_info_bf16 = {
-    .name = "bf16",
-    .file = &kipp_fmts[KIPP_FMT_BF16],
-    .row_align = 16,
-    .col_align = 32,
-    .packed_bytes = k_bf16_bytes,
-    .act = K_ACT_F32,
-    .linear_ref = k_linear_bf16_ref,
-    .from_f32 = k_bf16_from_f32,
-};
+const k_fmt_info k_fmt_info_bf16 = {.name = "bf16", .file = &kipp_fmts[KIPP_FMT_BF16], .row_align = 16,
+    .col_align = 32, .packed_bytes = k_bf16_bytes, .act = K_ACT_F32, .linear_ref = k_linear_bf16_ref,
+    .from_f32 = k_bf16_from_f32};
 
 /* Each token row is a plain dot per output row, so multi-row logits on the
  * ref backend are bitwise-equal to per-position evaluation. */

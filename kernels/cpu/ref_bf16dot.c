@@ -16,16 +16,12 @@
 
 #include "kernels/cpu/kernels.h"
 
-const k_fmt_info k_fmt_info_bf16dot = {
-    .name = "bf16dot",
-    .file = &kipp_fmts[KIPP_FMT_BF16], /* the bf16 file format, read another way: k_fmt_from_gguf returns bf16 */
-    .row_align = 16,
-    .col_align = 32,
-    .packed_bytes = k_bf16_bytes, /* the bf16 format's packed layout and converter (ref_bf16.c) */
-    .act = K_ACT_BF16,
-    .linear_ref = k_linear_bf16_ref, /* FP32 activations: matmul_f32 rows measure the rounding */
-    .from_f32 = k_bf16_from_f32,
-};
+/* The bf16 file format read another way (k_fmt_from_gguf returns bf16), with the
+ * bf16 format's packed layout and converter (ref_bf16.c); linear_ref takes FP32
+ * activations, so the matmul_f32 rows measure the rounding. */
+const k_fmt_info k_fmt_info_bf16dot = {.name = "bf16dot", .file = &kipp_fmts[KIPP_FMT_BF16], .row_align = 16,
+    .col_align = 32, .packed_bytes = k_bf16_bytes, .act = K_ACT_BF16, .linear_ref = k_linear_bf16_ref,
+    .from_f32 = k_bf16_from_f32};
 
 /* vcvtneps2bf16 on one value: denormal -> signed zero, NaN -> quiet NaN, else RNE. */
 static kipp_bf16 cvtne_bf16(float f)

@@ -62,16 +62,9 @@ static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
-const k_fmt_info k_fmt_info_q4_1 = {
-    .name = "q4_1",
-    .file = &kipp_fmts[KIPP_FMT_Q4_1],
-    .row_align = 16,
-    .col_align = 32,
-    .packed_bytes = q4_1_packed_bytes,
-    .act = K_ACT_Q8,
-    .linear_ref = k_linear_q4_1_ref,
-    .from_f32 = q4_1_from_f32,
-};
+const k_fmt_info k_fmt_info_q4_1 = {.name = "q4_1", .file = &kipp_fmts[KIPP_FMT_Q4_1], .row_align = 16,
+    .col_align = 32, .packed_bytes = q4_1_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q4_1_ref,
+    .from_f32 = q4_1_from_f32};
 
 /* The oracle: w = d * q + m dequantized per block inside an FP32 matvec, FP32
  * activations, FP32 accumulation in column order. */

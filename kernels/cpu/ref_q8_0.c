@@ -52,16 +52,9 @@ static void q8_0_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
-const k_fmt_info k_fmt_info_q8_0 = {
-    .name = "q8_0",
-    .file = &kipp_fmts[KIPP_FMT_Q8_0],
-    .row_align = 16,
-    .col_align = 32,
-    .packed_bytes = q8_0_packed_bytes,
-    .act = K_ACT_Q8,
-    .linear_ref = k_linear_q8_0_ref,
-    .from_f32 = q8_0_from_f32,
-};
+const k_fmt_info k_fmt_info_q8_0 = {.name = "q8_0", .file = &kipp_fmts[KIPP_FMT_Q8_0], .row_align = 16,
+    .col_align = 32, .packed_bytes = q8_0_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q8_0_ref,
+    .from_f32 = q8_0_from_f32};
 
 /* The oracle: dequantize each block inside the matvec (seed 000 "The CPU
  * reference dequantizes per block inside a type-dispatched matvec"), FP32
