@@ -557,6 +557,14 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
 }
 
 const kipp_backend_ops cpu_backend_ops = {
-    "cpu", cpu_model_create, cpu_model_destroy, cpu_session_create, cpu_session_destroy, cpu_eval, cpu_describe,
-    cpu_pool_create, cpu_session_create_pooled, cpu_pool_copy_block,
+    .name = "cpu",
+    .model_create = cpu_model_create,
+    .model_destroy = cpu_model_destroy,
+    .session_create = cpu_session_create,
+    .session_destroy = cpu_session_destroy,
+    .eval = cpu_eval,
+    .describe = cpu_describe,
+    .pool_create = cpu_pool_create,
+    .session_create_pooled = cpu_session_create_pooled,
+    .pool_copy_block = cpu_pool_copy_block,
 };
