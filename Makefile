@@ -35,8 +35,10 @@ endif
 KERN_SRC  := $(wildcard kernels/*.c kernels/cpu/*.c)
 LIB_SRC   := $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
-KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c)
-# kcheck links the kernels-only library plus the pool and the bench harness (no tokenizer, no engine).
+# kcheck (bench/kcheck.c, the driver: checks and benchmarks) over the kernel
+# case table (kernels/cpu/check/); it links the kernels-only library plus the
+# pool and the bench harness (no tokenizer, no engine).
+KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c) bench/kcheck.c
 KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/backends/cpu/cpu_threadpool.o $(BUILD)/engine/util.o $(BUILD)/engine/safe_io.o $(BUILD)/libkipp_kernels.a
 CLI_SRC   := $(wildcard cli/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)

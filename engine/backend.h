@@ -12,11 +12,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/** Tensor element types (GGUF type numbers). */
-#define KIPP_DTYPE_F32 0u
-#define KIPP_DTYPE_Q4_1 3u /* scheme affine4_gs32: fp16 d, fp16 m, 16 B of nibbles per 32 weights */
-#define KIPP_DTYPE_Q8_0 8u /* scheme q8_0: fp16 d + 32 int8 per 32 weights */
-#define KIPP_DTYPE_BF16 30u
+#include "kernels/formats.h"
+
+/** Tensor element types (GGUF type numbers), from the format table kernels/formats.h. */
+#define KIPP_DTYPE_F32 ((uint32_t)KIPP_TTYPE_F32)
+#define KIPP_DTYPE_Q4_1 ((uint32_t)KIPP_TTYPE_Q4_1) /* scheme affine4_gs32 */
+#define KIPP_DTYPE_Q8_0 ((uint32_t)KIPP_TTYPE_Q8_0) /* scheme q8_0 */
+#define KIPP_DTYPE_BF16 ((uint32_t)KIPP_TTYPE_BF16)
 
 /** A validated view into the model mmap: row-major [rows][cols]; vectors have rows == 1. */
 typedef struct {

@@ -30,7 +30,7 @@ struct kipp_model {
     const kipp_backend_ops *ops;   /* chosen at open, never changed */
     void *bm;                      /* backend model */
     uint64_t weight_bytes;         /* sum of tensor bytes */
-    const char *quant;             /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" (static) */
+    const char *quant;             /* kipp.quant.scheme, a scheme of kernels/formats.h (static) */
     struct kipp_kv_pool *pool;     /* pooled models: block bookkeeping of the backend's KV slab; else NULL */
     uint32_t n_sessions;           /* live sessions (a pool can only be enabled at 0) */
 };

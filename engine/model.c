@@ -21,6 +21,7 @@
 
 #include "engine/internal.h"
 #include "engine/kv_pool.h"
+#include "kernels/formats.h"
 
 #define KIPP_FORMAT_VERSION 1u
 #define KIPP_ALIGNMENT 64u
@@ -243,39 +244,21 @@ static int check_values(const kipp_gguf *g, const kipp_checkpoint *c, char *err,
 
 /* ------------------------------------------------------------ quant scheme */
 
-/** A weight scheme (seed 000 "Weight quantization"): the GGUF type of the
- * seven per-layer projections; every other tensor is BF16 under every scheme. */
-typedef struct {
-    const char *name;  /* kipp.quant.scheme value */
-    uint32_t proj_type; /* KIPP_DTYPE_* of attn_q/k/v/output, ffn_gate/up/down */
-    uint32_t block;     /* weights per block (1 for bf16) */
-    uint32_t block_bytes;
-} quant_scheme;
-
-static const quant_scheme schemes[] = {
-    {"bf16", KIPP_DTYPE_BF16, 1, 2},
-    {"q8_0", KIPP_DTYPE_Q8_0, 32, 34},
-    {"affine4_gs32", KIPP_DTYPE_Q4_1, 32, 20},
-};
-#define N_SCHEMES (sizeof schemes / sizeof schemes[0])
-
-static const char *dtype_name(uint32_t t)
-{
-    return t == KIPP_DTYPE_BF16 ? "BF16" : t == KIPP_DTYPE_Q8_0 ? "Q8_0" : t == KIPP_DTYPE_Q4_1 ? "Q4_1"
-         : t == KIPP_DTYPE_F32 ? "F32" : t == 1 ? "F16" : "unknown";
-}
+/* A weight scheme (seed 000 "Weight quantization") is a row of
+ * kernels/formats.h: the GGUF type of the seven per-layer projections, its
+ * block rule and its name; every other tensor is BF16 under every scheme. */
+typedef kipp_fmt_facts quant_scheme;
 
 /* kipp.quant.scheme is one of the known schemes; *out gets it. */
 static int check_scheme(const kipp_gguf *g, const quant_scheme **out, char *err, size_t errlen)
 {
     kipp_str s = kv_of(g, "kipp.quant.scheme")->v.s;
-    for (size_t i = 0; i < N_SCHEMES; i++)
-        if (kipp_str_eq(s, schemes[i].name)) {
-            *out = &schemes[i];
-            return KIPP_OK;
-        }
-    return kipp_err(err, errlen, KIPP_EFORMAT,
-                    "kipp.quant.scheme is '%.*s', expected bf16, q8_0 or affine4_gs32", SHOW(s));
+    *out = kipp_fmt_by_scheme(s.ptr, (size_t)s.len);
+    if (*out) return KIPP_OK;
+    char known[128] = "";
+    for (size_t i = 0; i < KIPP_FMT_COUNT; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", kipp_fmts[i].scheme);
+    return kipp_err(err, errlen, KIPP_EFORMAT, "kipp.quant.scheme is '%.*s', expected one of %s", SHOW(s), known);
 }
 
 /* ----------------------------------------------------------------- tensors */
@@ -402,15 +385,11 @@ static int check_tensor_names(const kipp_gguf *g, const kipp_checkpoint *c, char
     return rc;
 }
 
-/* Slot idx holds one of the seven per-layer projections a scheme may quantize. */
+/* Slot idx holds one of the per-layer projections a scheme may quantize (kernels/formats.h). */
 static int slot_quantizable(const kipp_checkpoint *c, uint64_t idx)
 {
     uint64_t last_layer = 1u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer;
-    if (idx == 0 || idx >= last_layer) return 0;
-    switch ((idx - 1) % KIPP_LAYER_TENSORS) {
-    case 1: case 2: case 3: case 6: case 8: case 9: case 10: return 1;
-    default: return 0;
-    }
+    return idx > 0 && idx < last_layer && kipp_quantizable(layer_names[(idx - 1) % KIPP_LAYER_TENSORS]);
 }
 
 /* The type the scheme gives slot i, its block rule and its exact byte size. */
@@ -418,32 +397,32 @@ static int check_tensor_type(const kipp_gguf_tensor *t, const kipp_checkpoint *c
                              const quant_scheme *q, char *err, size_t errlen)
 {
     int proj = slot_quantizable(c, i);
-    uint32_t want = proj ? q->proj_type : KIPP_DTYPE_BF16;
+    uint32_t want = proj ? q->gguf_type : KIPP_DTYPE_BF16;
     if (t->type != want) {
         if (!proj && t->type != KIPP_DTYPE_BF16)
             return kipp_err(err, errlen, KIPP_EFORMAT,
                             "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), expected BF16 (30): "
                             "norms, the token embedding and the output head stay BF16 under every "
-                            "scheme (kipp.quant.scheme is %s)", SHOW(t->name), dtype_name(t->type),
-                            t->type, q->name);
+                            "scheme (kipp.quant.scheme is %s)", SHOW(t->name), kipp_gguf_type_name(t->type),
+                            t->type, q->scheme);
         return kipp_err(err, errlen, KIPP_EFORMAT,
                         "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), but kipp.quant.scheme "
                         "%s stores the seven projections as %s (%u)", SHOW(t->name),
-                        dtype_name(t->type), t->type, q->name, dtype_name(want), want);
+                        kipp_gguf_type_name(t->type), t->type, q->scheme, kipp_gguf_type_name(want), want);
     }
     if (q->block > 1 && proj) {
         uint64_t cols = t->dims[0], rows = t->n_dims == 2 ? t->dims[1] : 1;
         if (cols % q->block)
             return kipp_err(err, errlen, KIPP_EFORMAT,
                             "tensor '%.*s' has %llu columns; scheme %s needs columns %% %u == 0",
-                            SHOW(t->name), (unsigned long long)cols, q->name, q->block);
-        uint64_t bytes = rows * (cols / q->block) * q->block_bytes;
+                            SHOW(t->name), (unsigned long long)cols, q->scheme, q->block);
+        uint64_t bytes = kipp_fmt_file_bytes(q, rows, cols);
         if (t->nbytes != bytes)
             return kipp_err(err, errlen, KIPP_EFORMAT,
                             "tensor '%.*s' spans %llu bytes, expected %llu (%llu x %llu %s: %u bytes "
                             "per %u weights)", SHOW(t->name), (unsigned long long)t->nbytes,
                             (unsigned long long)bytes, (unsigned long long)rows,
-                            (unsigned long long)cols, dtype_name(want), q->block_bytes, q->block);
+                            (unsigned long long)cols, kipp_gguf_type_name(want), q->block_bytes, q->block);
     }
     return KIPP_OK;
 }
@@ -587,7 +566,7 @@ static int model_bind(kipp_model *m, const void *buf, size_t size, char *err, si
         (rc = check_tensors(&m->gguf, m->ckpt, q, size, err, errlen)) ||
         (rc = check_tokenizer(&m->gguf, err, errlen)))
         return rc;
-    m->quant = q->name;
+    m->quant = q->scheme;
     m->view.map = buf;
     m->view.map_size = size;
     return bind_weights(m, err, errlen);
@@ -781,7 +760,7 @@ int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)
     out->name = t->name.ptr;
     out->name_len = t->name.len;
     out->type = t->type;
-    out->type_name = dtype_name(t->type);
+    out->type_name = kipp_gguf_type_name(t->type);
     out->n_dims = t->n_dims;
     out->cols = t->dims[0];
     out->rows = t->n_dims == 2 ? t->dims[1] : 1;

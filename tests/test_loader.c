@@ -416,7 +416,7 @@ static void test_reject_scheme(void)
 {
     const kipp_gguf_kv *q = kv("kipp.quant.scheme");
     patch(at(q->v.s.ptr), "fp16", 4);
-    expect_reject("kipp.quant.scheme is 'fp16', expected bf16, q8_0 or affine4_gs32", "unknown scheme");
+    expect_reject("kipp.quant.scheme is 'fp16', expected one of bf16, q8_0, affine4_gs32", "unknown scheme");
     /* Scheme says q8_0 but the projections are BF16 (the same 4-byte string length). */
     patch(at(q->v.s.ptr), "q8_0", 4);
     expect_reject("tensor 'blk.0.attn_q.weight' has GGUF type BF16 (30), but kipp.quant.scheme q8_0 stores the "

@@ -234,13 +234,13 @@ static void check_encoder(const char *stem, const char *bf16_stem, k_fmt fmt)
         const kipp_tensor_view *vb[] = {&b->layers[l].wq, &b->layers[l].wk, &b->layers[l].wv, &b->layers[l].wo,
                                         &b->layers[l].w_gate, &b->layers[l].w_up, &b->layers[l].w_down};
         for (int i = 0; i < 7; i++) {
-            size_t rows = vb[i]->rows, cols = vb[i]->cols, nb = fi->file_bytes(rows, cols);
+            size_t rows = vb[i]->rows, cols = vb[i]->cols, nb = k_fmt_file_bytes(fi, rows, cols);
             float *w = malloc(rows * cols * 4);
             void *enc = malloc(nb);
             const kipp_bf16 *src = vb[i]->data;
             for (size_t k = 0; k < rows * cols; k++) w[k] = kipp_bf16_to_f32(src[k]);
             fi->from_f32(w, enc, rows, cols);
-            CHECK(vq[i]->dtype == fi->gguf_type && vq[i]->nbytes == nb && !memcmp(enc, vq[i]->data, nb),
+            CHECK(vq[i]->dtype == fi->file->gguf_type && vq[i]->nbytes == nb && !memcmp(enc, vq[i]->data, nb),
                   "%s layer %u projection %d: the kernels' %s encoder differs from the converter's bytes", stem, l, i,
                   fi->name);
             n_checked++;

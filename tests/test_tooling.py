@@ -323,3 +323,29 @@ def test_big_shape_first_shard_starts_streaming(tmp_path):
     assert len(raw) == 8 + n + (1 << 20)
     first = mk.tensor_specs(c)[0]
     assert raw[8 + n:] == mk.generate(first, c.seed, 0, 1 << 19).astype("<u2").tobytes()
+
+
+# ---------------------------------------------------------------- formats
+
+def test_format_table_matches_c_table():
+    """tools/quant_blocks.py FORMATS and QUANTIZABLE are kernels/formats.h's lists, row by row."""
+    import quant_blocks as qb
+
+    text = (REPO / "kernels" / "formats.h").read_text()
+    body = re.search(r"#define KIPP_FMT_LIST\(X\)(.*?)\n\n", text, re.S).group(1)
+    rows = re.findall(r'X\((\w+),\s*(\d+),\s*"(\w+)",\s*"(\w+)",\s*(\d+),\s*(\d+)\)', body)
+    c_rows = [qb.Format(i, int(g), tn, sch, int(b), int(bb)) for i, g, tn, sch, b, bb in rows]
+    assert c_rows and c_rows == list(qb.FORMATS)
+    quant = re.search(r"#define KIPP_QUANTIZABLE_LIST\(X\)(.*)", text).group(1)
+    assert tuple(re.findall(r"X\((\w+)\)", quant)) == qb.QUANTIZABLE
+
+
+def test_converter_schemes_follow_the_format_table():
+    import convert_to_gguf as cv
+    import quant_blocks as qb
+
+    assert list(cv.QUANT_SCHEMES) == [f.scheme for f in qb.FORMATS]
+    for f in qb.FORMATS:
+        assert cv.tensor_type("blk.0.attn_q.weight", f.scheme) == f.gguf_type
+        assert cv.tensor_type("blk.0.attn_norm.weight", f.scheme) == qb.GGML_TYPE_BF16
+        assert cv.tensor_bytes(f.gguf_type, (16, 64)) == 16 * 64 // f.block * f.block_bytes

@@ -42,7 +42,6 @@ from safe_io import SameFileError, atomic_output, refuse_same_file, term_escape 
 ALIGNMENT = 64               # docs/FORMAT.md: one cache line, one zmm load
 FORMAT_VERSION = 1           # kipp.format_version
 GGUF_VERSION = 3
-GGML_TYPE_BF16 = 30
 COPY_CHUNK = 16 << 20        # bytes per read while copying tensor data
 MAX_HEADER = 100_000_000     # a larger safetensors JSON header is refused (the library's limit)
 
@@ -51,11 +50,12 @@ T_U32, T_F32, T_BOOL, T_STRING, T_ARRAY = 4, 6, 7, 8, 9
 
 import quant_blocks as qb  # noqa: E402
 
-# Scheme -> GGML tensor type of the quantized projections (None: nothing quantized).
-QUANT_SCHEMES = {"bf16": None, "q8_0": qb.GGML_TYPE_Q8_0, "affine4_gs32": qb.GGML_TYPE_Q4_1}
-# The seven per-layer projections a scheme may quantize (seed 000); norms, the
-# embedding and the output head always stay BF16.
-QUANTIZABLE = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+GGML_TYPE_BF16 = qb.GGML_TYPE_BF16
+# Scheme -> GGML tensor type of the quantized projections (None: nothing
+# quantized), from the format table (quant_blocks.FORMATS, kernels/formats.h).
+QUANT_SCHEMES = {f.scheme: (None if f.gguf_type == GGML_TYPE_BF16 else f.gguf_type) for f in qb.FORMATS}
+# The seven per-layer projections a scheme may quantize (seed 000).
+QUANTIZABLE = qb.QUANTIZABLE
 
 
 class ConvertError(Exception):
@@ -660,7 +660,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", required=True, type=Path,
                     help="output .gguf file (its directory must exist; an existing file is replaced)")
     ap.add_argument("--quant", default="bf16",
-                    help="weight scheme: bf16 (default), q8_0 or affine4_gs32 (the seven projections)")
+                    help=f"weight scheme: {', '.join(QUANT_SCHEMES)} (default bf16; the seven projections)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:

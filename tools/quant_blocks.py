@@ -20,11 +20,38 @@ from __future__ import annotations
 
 import numpy as np
 
-GGML_TYPE_Q4_1 = 3
-GGML_TYPE_Q8_0 = 8
-TYPE_NAMES = {GGML_TYPE_Q8_0: "Q8_0", GGML_TYPE_Q4_1: "Q4_1", 30: "BF16"}
-BLOCK = 32
-BLOCK_BYTES = {GGML_TYPE_Q8_0: 34, GGML_TYPE_Q4_1: 20}
+from typing import NamedTuple
+
+
+class Format(NamedTuple):
+    """One row of kernels/formats.h KIPP_FMT_LIST (tests/test_tooling.py compares them)."""
+    id: str           # BF16, Q8_0, Q4_1
+    gguf_type: int    # GGML tensor type id
+    type_name: str    # GGML's name of the type
+    scheme: str       # kipp.quant.scheme (and --quant) that stores the projections in it
+    block: int        # weights per block along a row
+    block_bytes: int  # file bytes per block
+
+
+# The format table, mirrored from kernels/formats.h: every other table here and
+# in convert_to_gguf.py is derived from it.
+FORMATS = (
+    Format("BF16", 30, "BF16", "bf16", 1, 2),
+    Format("Q8_0", 8, "Q8_0", "q8_0", 32, 34),
+    Format("Q4_1", 3, "Q4_1", "affine4_gs32", 32, 20),
+)
+# The layer tensors a scheme may quantize (kernels/formats.h KIPP_QUANTIZABLE_LIST);
+# norms, the embedding and the output head always stay BF16.
+QUANTIZABLE = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+_BY_ID = {f.id: f for f in FORMATS}
+GGML_TYPE_BF16 = _BY_ID["BF16"].gguf_type
+GGML_TYPE_Q4_1 = _BY_ID["Q4_1"].gguf_type
+GGML_TYPE_Q8_0 = _BY_ID["Q8_0"].gguf_type
+TYPE_NAMES = {f.gguf_type: f.type_name for f in FORMATS}
+BLOCK = 32  # the quantized formats' block (FORMATS rows with block > 1)
+BLOCK_BYTES = {f.gguf_type: f.block_bytes for f in FORMATS if f.block > 1}
+assert all(f.block in (1, BLOCK) for f in FORMATS)
 
 
 def row_bytes(gtype: int, cols: int) -> int:

@@ -223,7 +223,7 @@ static void pack_span(cpu_model *m, pack_job *jobs, size_t j0, size_t j1)
 {
     pack_task t = {m, jobs + j0, j1 - j0};
     kipp_cpu_pool_run(m->pool, pack_run, &t);
-    for (size_t i = j0; i < j1; i++) drop_pages(jobs[i].src, k_fmt_get(jobs[i].fmt)->file_bytes(jobs[i].rows, jobs[i].cols));
+    for (size_t i = j0; i < j1; i++) drop_pages(jobs[i].src, k_fmt_file_bytes(k_fmt_get(jobs[i].fmt), jobs[i].rows, jobs[i].cols));
 }
 
 /* Repack every projection and the head once, on the pool, into each
@@ -257,7 +257,7 @@ static int pack_weights(cpu_model *m)
      * contiguous range of the packed layout (kernels.h). */
     for (size_t r0 = 0, rows = m->w.output.rows, cols = m->w.output.cols; r0 < rows; r0 += KIPP_CPU_HEAD_PACK_ROWS) {
         size_t n = rows - r0 < KIPP_CPU_HEAD_PACK_ROWS ? rows - r0 : KIPP_CPU_HEAD_PACK_ROWS;
-        jobs[0] = (pack_job){hf, (const char *)m->w.output.data + hi->file_bytes(r0, cols), cur + hi->packed_bytes(r0, cols), n, cols};
+        jobs[0] = (pack_job){hf, (const char *)m->w.output.data + k_fmt_file_bytes(hi, r0, cols), cur + hi->packed_bytes(r0, cols), n, cols};
         pack_span(m, jobs, 0, 1);
     }
     free(jobs);
@@ -557,6 +557,14 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
 }
 
 const kipp_backend_ops cpu_backend_ops = {
-    "cpu", cpu_model_create, cpu_model_destroy, cpu_session_create, cpu_session_destroy, cpu_eval, cpu_describe,
-    cpu_pool_create, cpu_session_create_pooled, cpu_pool_copy_block,
+    .name = "cpu",
+    .model_create = cpu_model_create,
+    .model_destroy = cpu_model_destroy,
+    .session_create = cpu_session_create,
+    .session_destroy = cpu_session_destroy,
+    .eval = cpu_eval,
+    .describe = cpu_describe,
+    .pool_create = cpu_pool_create,
+    .session_create_pooled = cpu_session_create_pooled,
+    .pool_copy_block = cpu_pool_copy_block,
 };

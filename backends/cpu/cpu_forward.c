@@ -15,12 +15,6 @@
  * for decode and prefill, so a row's arithmetic does not depend on the path. */
 static k_act act_of(const k_weight *w) { return k_fmt_get(w->fmt)->act; }
 
-void kipp_cpu_act(const cpu_model *m, const k_weight *w, const float *src, size_t dst, size_t cnt)
-{
-    k_act a = act_of(w);
-    if (a != K_ACT_F32) m->k->act[a](src, (char *)m->xa + k_act_row_bytes(a, dst), cnt);
-}
-
 /* y[n][rows] = x[n][cols] W^T for this worker's share of W's rows, through
  * the row of W's format: matvec for one row (decode, bandwidth-bound), the
  * tiled matmul for more (prefill); each reads its activation format, x itself

@@ -131,8 +131,15 @@ void kipp_cpu_forward_round(void *round, int ith, int nth);
  * [R][width] buffer xa at element offset dst (dst and cnt multiples of 32,
  * whole quantization blocks). Nothing when w reads F32: the kernel then takes
  * the f32 input itself. The same for decode and prefill rows (row invariance).
+ * Inline here, below both its callers (cpu_forward.c and cpu_attention.c), so
+ * the attention file calls nothing of the forward file: forward -> attention
+ * is the only arrow between them.
  */
-void kipp_cpu_act(const cpu_model *m, const k_weight *w, const float *src, size_t dst, size_t cnt);
+static inline void kipp_cpu_act(const cpu_model *m, const k_weight *w, const float *src, size_t dst, size_t cnt)
+{
+    k_act a = k_fmt_get(w->fmt)->act;
+    if (a != K_ACT_F32) m->k->act[a](src, (char *)m->xa + k_act_row_bytes(a, dst), cnt);
+}
 
 /** Attention of layer `layer` for every row of the round: att = softmax(qK^T)V (all workers). */
 void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth);

@@ -437,6 +437,13 @@ static int ref_eval(void *bm, kipp_eval_item *items, size_t item_count, char *er
 
 /* No describe hook: the ref backend has exactly one path, the scalar kernels. */
 const kipp_backend_ops ref_backend_ops = {
-    "ref", ref_model_create, ref_model_destroy, ref_session_create, ref_session_destroy, ref_eval, NULL,
-    ref_pool_create, ref_session_create_pooled, ref_pool_copy_block,
+    .name = "ref",
+    .model_create = ref_model_create,
+    .model_destroy = ref_model_destroy,
+    .session_create = ref_session_create,
+    .session_destroy = ref_session_destroy,
+    .eval = ref_eval,
+    .pool_create = ref_pool_create,
+    .session_create_pooled = ref_session_create_pooled,
+    .pool_copy_block = ref_pool_copy_block,
 };

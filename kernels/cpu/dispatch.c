@@ -16,10 +16,9 @@
 
 /* ---- formats ---- */
 
-extern const k_fmt_info k_fmt_info_bf16;
-extern const k_fmt_info k_fmt_info_q8_0;
-extern const k_fmt_info k_fmt_info_q4_1;
-extern const k_fmt_info k_fmt_info_bf16dot;
+#define K_FMT_EXTERN(ID, name) extern const k_fmt_info k_fmt_info_##name;
+K_FMT_LIST(K_FMT_EXTERN)
+#undef K_FMT_EXTERN
 
 #define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
 static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
@@ -30,7 +29,7 @@ const k_fmt_info *k_fmt_get(k_fmt f) { return (unsigned)f < K_FMT_COUNT ? fmt_in
 int k_fmt_from_gguf(uint32_t gguf_type)
 {
     for (int f = 0; f < K_FMT_COUNT; f++)
-        if (fmt_info[f]->gguf_type == gguf_type) return f;
+        if (fmt_info[f]->file->gguf_type == gguf_type) return f;
     return -1;
 }
 

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "kernels/common.h"
+#include "kernels/formats.h"
 #include "kernels/qwen3_shape.h"
 
 /* ---- format-free ops ----
@@ -249,16 +250,21 @@ typedef struct {
 /** Level-independent facts of a format: every level reads the same packed layout. */
 typedef struct {
     const char *name;        /* "bf16" */
-    uint32_t gguf_type;      /* tensor type id in the GGUF file (30 = BF16) */
+    const kipp_fmt_facts *file; /* its file format: GGUF type, block, bytes (kernels/formats.h) */
     size_t row_align;        /* rows % row_align == 0 for the packed layout */
     size_t col_align;        /* cols % col_align == 0 */
-    size_t (*file_bytes)(size_t rows, size_t cols);   /* bytes in the file */
     size_t (*packed_bytes)(size_t rows, size_t cols); /* bytes of the packed copy */
     k_act act;               /* activations matvec and matmul read (one format: row invariance) */
     k_linear_ref_fn linear_ref;
     /** FP32 weights w [rows][cols] -> the file layout (what the converter writes), for checks. */
     void (*from_f32)(const float *w, void *out, size_t rows, size_t cols);
 } k_fmt_info;
+
+/** Bytes of a [rows][cols] weight of format fi in the file. */
+static inline size_t k_fmt_file_bytes(const k_fmt_info *fi, size_t rows, size_t cols)
+{
+    return kipp_fmt_file_bytes(fi->file, rows, cols);
+}
 
 /** Facts of format f (f < K_FMT_COUNT). */
 const k_fmt_info *k_fmt_get(k_fmt f);
@@ -272,6 +278,42 @@ typedef struct {
     const void *data; /* packed [rows][cols] in fmt's layout, owned by the backend */
     size_t rows, cols;
 } k_weight;
+
+/* ---- the scalar drivers of the reference kernels (ref_linear.c) ----
+ * A format's ref file supplies the per-row and per-block arithmetic; these
+ * run it over the rows (this thread's share), the tokens and accumulate. */
+
+/** Row r of packed weights wp [rows][cols] against one activation row x (the format's act). */
+typedef float (*k_row_dot_fn)(const void *wp, size_t r, size_t cols, const void *x);
+/** One row of the FILE layout (w_row: that row's bytes) against x [cols] f32, FP32 in column order. */
+typedef float (*k_file_row_dot_fn)(const void *w_row, const float *x, size_t cols);
+/** Scatter one file block (32 columns of one row) into its packed panel block pb at row lane 0..15. */
+typedef void (*k_pack_block_fn)(const uint8_t *blk, uint8_t *pb, unsigned lane);
+
+/** k_matvec_fn over a row dot. */
+void k_ref_matvec(k_row_dot_fn dot, const void *wp, const void *x, float *y, size_t rows, size_t cols, int ith,
+                  int nth);
+/** k_matmul_fn over a row dot; token t's activations start at t * k_act_row_bytes(act, cols). */
+void k_ref_matmul(k_row_dot_fn dot, k_act act, const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                  size_t n_tok, int accumulate, int ith, int nth);
+/** Define k_matvec_<fmt>_ref and k_matmul_<fmt>_ref over the row dot `dot` reading activation format act. */
+#define K_REF_ROW_KERNELS(fmt, dot, act)                                                                  \
+    void k_matvec_##fmt##_ref(const void *wp, const void *x, float *y, size_t rows, size_t cols, int ith, \
+                              int nth)                                                                    \
+    {                                                                                                     \
+        k_ref_matvec(dot, wp, x, y, rows, cols, ith, nth);                                               \
+    }                                                                                                     \
+    void k_matmul_##fmt##_ref(const void *wp, const void *xa, float *y, size_t rows, size_t cols,         \
+                              size_t n_tok, int accumulate, int ith, int nth)                             \
+    {                                                                                                     \
+        k_ref_matmul(dot, act, wp, xa, y, rows, cols, n_tok, accumulate, ith, nth);                      \
+    }
+/** k_linear_ref_fn over a file-layout row dot; row r starts at r * row_bytes. */
+void k_ref_linear(k_file_row_dot_fn dot, size_t row_bytes, const void *w, const float *x, float *y, size_t rows,
+                  size_t cols, size_t n_tok, int ith, int nth);
+/** k_pack_fn of a 16-row-panel block layout: file blocks of file_block bytes, panel blocks of packed_block. */
+void k_ref_pack16(k_pack_block_fn pack, size_t file_block, size_t packed_block, const void *w, void *wp,
+                  size_t rows, size_t cols, int ith, int nth);
 
 /* ---- the table ---- */
 
@@ -353,6 +395,7 @@ K_BF16_DECL(avx512)
 /* q8_0 format (kernels/cpu/ref_q8_0.c, linear_q8_0_simd.h via linear_q8_0_avx2.c and
  * linear_q8_0_avx512.c, linear_q8_0_avx512bf16.c: the VNNI prefill tile) */
 #define K_Q8P_BLOCK 576u /* bytes of one packed 16-row x 32-column panel block */
+#define K_PANEL_BYTES_q8_0 K_Q8P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 void k_pack_q8_0_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
 void k_linear_q8_0_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);
@@ -371,6 +414,7 @@ void k_matmul_q8_0_avx512bf16(const void *wp, const void *xa, float *y, size_t r
 /* q4_1 format (kernels/cpu/ref_q4_1.c, linear_q4_1_simd.h via linear_q4_1_avx2.c and
  * linear_q4_1_avx512.c, linear_q4_1_avx512bf16.c: the VNNI prefill tile) */
 #define K_Q4P_BLOCK 384u /* bytes of one packed 16-row x 32-column panel block */
+#define K_PANEL_BYTES_q4_1 K_Q4P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
 void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
                        size_t n_tok, int ith, int nth);

@@ -15,6 +15,7 @@
  * so a row's result does not depend on decode vs prefill or on the tile.
  */
 #include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tile_switch.h"
 
 /* Under SIMDe each vdpbf16ps is a lane loop; inlined into the fully
  * unrolled tiles below it costs GCC minutes, so the emulated build calls it
@@ -133,47 +134,26 @@ dm_tile(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, size_t ldx, size_t kn
         for (int v = 0; v < RV; v++) _mm512_storeu_ps(y + (size_t)t * ldy + 16 * (size_t)v, a[t][v]);
 }
 
-#define DM_CASE(n)                                                              \
-    case n:                                                                     \
-        if (RV > 1) dm_tile(p, ps, x, ldx, kn, y, ldy, n, 2, load);             \
-        else dm_tile(p, ps, x, ldx, kn, y, ldy, n, 1, load);                    \
-        break;
-
 /* Constant T and RV per call, so every tile shape is fully unrolled. */
 static void dm_tile_any(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, size_t ldx, size_t kn, float *y,
                         size_t ldy, int T, int RV, int load)
 {
-    switch (T) {
-        DM_CASE(1) DM_CASE(2) DM_CASE(3) DM_CASE(4) DM_CASE(5) DM_CASE(6)
-        DM_CASE(7) DM_CASE(8) DM_CASE(9) DM_CASE(10) DM_CASE(11)
-    default:
-        if (RV > 1) dm_tile(p, ps, x, ldx, kn, y, ldy, DM_TT, 2, load);
-        else dm_tile(p, ps, x, ldx, kn, y, ldy, DM_TT, 1, load);
-    }
+#define DM_T(n)                                                   \
+    if (RV > 1) dm_tile(p, ps, x, ldx, kn, y, ldy, n, 2, load);   \
+    else dm_tile(p, ps, x, ldx, kn, y, ldy, n, 1, load)
+    K_TILE_SWITCH(T, DM_TT, DM_T)
+#undef DM_T
 }
-#undef DM_CASE
 
-/* Loop order: row group (its weights leave DRAM once), k-block, token tile, row tiles. */
-void k_matmul_bf16dot_avx512bf16(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
-                                 size_t n_tok, int accumulate, int ith, int nth)
-{
-    const kipp_bf16 *wp = wpv, *x = xav;
-    const size_t ps = 16 * cols, tile_rows = 16 * DM_RV;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t rg = r0; rg < r1; rg += DM_GROUP) {
-        size_t re = rg + DM_GROUP < r1 ? rg + DM_GROUP : r1;
-        for (size_t k0 = 0; k0 < cols; k0 += DM_KB) {
-            size_t kn = cols - k0 < DM_KB ? cols - k0 : DM_KB;
-            int load = accumulate || k0 > 0;
-            for (size_t t = 0; t < n_tok; t += DM_TT) {
-                int T = (int)(n_tok - t < DM_TT ? n_tok - t : DM_TT);
-                for (size_t r = rg; r < re; r += tile_rows) {
-                    int RV = r + tile_rows <= re ? DM_RV : 1;
-                    dm_tile_any(wp + r * cols + k0 * 16, ps, x + t * cols + k0, cols, kn, y + t * rows + r, rows, T,
-                                RV, load);
-                }
-            }
-        }
-    }
-}
+/* The driver is linear_kblock_simd.h's; the tiles read the packed weights as they lie. */
+#define KB_MATMUL k_matmul_bf16dot_avx512bf16
+#define KB_XT kipp_bf16
+#define KB_GROUP DM_GROUP
+#define KB_KB DM_KB
+#define KB_TT DM_TT
+#define KB_RV DM_RV
+#define KB_RV_ROWS 16
+#define KB_SCRATCH
+#define KB_PREP(rg, re, k0, kn) (void)0
+#define KB_TILE(r, xt, yt, T, RV) dm_tile_any(wp + (r) * cols + k0 * 16, 16 * cols, xt, cols, kn, yt, rows, T, RV, load)
+#include "kernels/cpu/linear_kblock_simd.h"

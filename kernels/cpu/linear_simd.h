@@ -18,6 +18,8 @@
 #error "include kernels/cpu/simd_<level>.h first"
 #endif
 
+#include "kernels/cpu/tile_switch.h"
+
 /* ---- decode: y = W x, DRAM-bound ----
  *
  * Row invariance (kernels.h): every row lane runs ONE FMA chain, k-pair by
@@ -158,55 +160,39 @@ mm_tile(const float *wf, const float *x, size_t ldx, size_t kn, float *y, size_t
         for (int v = 0; v < RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * KV_W, a[t][v]);
 }
 
-#define MM_CASE(n)                                                                        \
-    case n:                                                                               \
-        if (RV > 1) mm_tile(wf, x, ldx, kn, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 2, load); \
-        else mm_tile(wf, x, ldx, kn, y, ldy, (n) <= K_MM_TT ? (n) : K_MM_TT, 1, load);   \
-        break;
-
 /* Constant T and RV per call, so every tile shape is fully unrolled. */
 static void mm_tile_any(const float *wf, const float *x, size_t ldx, size_t kn, float *y, size_t ldy, int T, int RV,
                         int load)
 {
-    switch (T) {
-        MM_CASE(1) MM_CASE(2) MM_CASE(3) MM_CASE(4) MM_CASE(5) MM_CASE(6)
-        MM_CASE(7) MM_CASE(8) MM_CASE(9) MM_CASE(10) MM_CASE(11)
-    default:
-        if (RV > 1) mm_tile(wf, x, ldx, kn, y, ldy, K_MM_TT, 2, load);
-        else mm_tile(wf, x, ldx, kn, y, ldy, K_MM_TT, 1, load);
-    }
+#define MM_T(n)                                                   \
+    if (RV > 1) mm_tile(wf, x, ldx, kn, y, ldy, n, 2, load);      \
+    else mm_tile(wf, x, ldx, kn, y, ldy, n, 1, load)
+    K_TILE_SWITCH(T, K_MM_TT, MM_T)
+#undef MM_T
 }
-#undef MM_CASE
 
-/* Loop order: group of MM_GROUP rows (outer: its weights leave DRAM once),
- * k-block (widened once into wf), token tile, row tiles (the token tile's x
- * stays in L1 across them). wf lives on the stack: 128 KB at most, well
- * inside a thread's default stack (glibc: RLIMIT_STACK, 8 MB here). */
-void K_SFX(k_matmul_bf16)(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
-                          size_t n_tok, int accumulate, int ith, int nth)
+/* Widen the group's row tiles [rg, re) over k-block [k0, k0 + kn) into wf. */
+static void mm_widen_group(const kipp_bf16 *wp, size_t cols, size_t rg, size_t re, size_t k0, size_t kn, float *wf)
 {
-    const kipp_bf16 *wp = wpv;
-    const float *x = xav;
     const size_t tile_rows = MM_RV * KV_W, hi_off = MM_HI_OFF(cols);
-    float wf[MM_GROUP * MM_KB] __attribute__((aligned(64)));
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t rg = r0; rg < r1; rg += MM_GROUP) {
-        size_t re = rg + MM_GROUP < r1 ? rg + MM_GROUP : r1;
-        for (size_t k0 = 0; k0 < cols; k0 += MM_KB) {
-            size_t kn = cols - k0 < MM_KB ? cols - k0 : MM_KB;
-            int load = accumulate || k0 > 0;
-            for (size_t r = rg; r < re; r += tile_rows) {
-                int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
-                mm_widen(wp + r * cols + k0 * 16, hi_off, kn / 2, RV, wf + (r - rg) * kn);
-            }
-            for (size_t t = 0; t < n_tok; t += K_MM_TT) {
-                int T = (int)(n_tok - t < K_MM_TT ? n_tok - t : K_MM_TT);
-                for (size_t r = rg; r < re; r += tile_rows) {
-                    int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
-                    mm_tile_any(wf + (r - rg) * kn, x + t * cols + k0, cols, kn, y + t * rows + r, rows, T, RV, load);
-                }
-            }
-        }
+    for (size_t r = rg; r < re; r += tile_rows) {
+        int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
+        mm_widen(wp + r * cols + k0 * 16, hi_off, kn / 2, RV, wf + (r - rg) * kn);
     }
 }
+
+/* The driver is linear_kblock_simd.h's; the block's weights are widened once
+ * into wf (per k-block, before its token tiles). wf lives on the stack:
+ * 128 KB at most, well inside a thread's default stack (glibc: RLIMIT_STACK,
+ * 8 MB here). */
+#define KB_MATMUL K_SFX(k_matmul_bf16)
+#define KB_XT float
+#define KB_GROUP MM_GROUP
+#define KB_KB MM_KB
+#define KB_TT K_MM_TT
+#define KB_RV MM_RV
+#define KB_RV_ROWS KV_W
+#define KB_SCRATCH float wf[MM_GROUP * MM_KB] __attribute__((aligned(64)));
+#define KB_PREP(rg, re, k0, kn) mm_widen_group(wp, cols, rg, re, k0, kn, wf)
+#define KB_TILE(r, xt, yt, T, RV) mm_tile_any(wf + ((r) - rg) * kn, xt, cols, kn, yt, rows, T, RV, load)
+#include "kernels/cpu/linear_kblock_simd.h"

@@ -15,34 +15,24 @@ void k_bf16_from_f32(const float *w, void *out, size_t rows, size_t cols)
     for (size_t i = 0; i < rows * cols; i++) o[i] = kipp_f32_to_bf16(w[i]);
 }
 
-const k_fmt_info k_fmt_info_bf16 = {
-    .name = "bf16",
-    .gguf_type = 30,
-    .row_align = 16,
-    .col_align = 32,
-    .file_bytes = k_bf16_bytes,
-    .packed_bytes = k_bf16_bytes,
-    .act = K_ACT_F32,
-    .linear_ref = k_linear_bf16_ref,
-    .from_f32 = k_bf16_from_f32,
-};
+const k_fmt_info k_fmt_info_bf16 = {.name = "bf16", .file = &kipp_fmts[KIPP_FMT_BF16], .row_align = 16,
+    .col_align = 32, .packed_bytes = k_bf16_bytes, .act = K_ACT_F32, .linear_ref = k_linear_bf16_ref,
+    .from_f32 = k_bf16_from_f32};
 
 /* Each token row is a plain dot per output row, so multi-row logits on the
  * ref backend are bitwise-equal to per-position evaluation. */
-void k_linear_bf16_ref(const void *wv, const float *x, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int ith, int nth)
+static float bf16_file_row_dot(const void *wv, const float *x, size_t cols)
 {
-    const kipp_bf16 *w = wv;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 1, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t r = r0; r < r1; r++) {
-            const kipp_bf16 *wr = w + r * cols;
-            const float *xt = x + t * cols;
-            float acc = 0.0f;
-            for (size_t c = 0; c < cols; c++) acc += kipp_bf16_to_f32(wr[c]) * xt[c];
-            y[t * rows + r] = acc;
-        }
+    const kipp_bf16 *wr = wv;
+    float acc = 0.0f;
+    for (size_t c = 0; c < cols; c++) acc += kipp_bf16_to_f32(wr[c]) * x[c];
+    return acc;
+}
+
+void k_linear_bf16_ref(const void *w, const float *x, float *y, size_t rows, size_t cols, size_t n_tok, int ith,
+                       int nth)
+{
+    k_ref_linear(bf16_file_row_dot, cols * sizeof(kipp_bf16), w, x, y, rows, cols, n_tok, ith, nth);
 }
 
 void k_pack_bf16_ref(const void *wv, void *wpv, size_t rows, size_t cols, int ith, int nth)
@@ -55,34 +45,14 @@ void k_pack_bf16_ref(const void *wv, void *wpv, size_t rows, size_t cols, int it
         for (size_t c = 0; c < cols; c++) wp[k_packed_index(r, c, cols)] = w[r * cols + c];
 }
 
-void k_matvec_bf16_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
-                       int ith, int nth)
+/* Row r of the packed layout against FP32 activations, FP32 in column order. */
+static float bf16_row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
 {
     const kipp_bf16 *wp = wpv;
     const float *x = xv;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r++) {
-        float acc = 0.0f;
-        for (size_t c = 0; c < cols; c++) acc += kipp_bf16_to_f32(wp[k_packed_index(r, c, cols)]) * x[c];
-        y[r] = acc;
-    }
+    float acc = 0.0f;
+    for (size_t c = 0; c < cols; c++) acc += kipp_bf16_to_f32(wp[k_packed_index(r, c, cols)]) * x[c];
+    return acc;
 }
 
-void k_matmul_bf16_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int accumulate, int ith, int nth)
-{
-    const kipp_bf16 *wp = wpv;
-    const float *x = xv;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++) {
-        const float *xt = x + t * cols;
-        for (size_t r = r0; r < r1; r++) {
-            float acc = 0.0f;
-            for (size_t c = 0; c < cols; c++)
-                acc += kipp_bf16_to_f32(wp[k_packed_index(r, c, cols)]) * xt[c];
-            y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
-        }
-    }
-}
+K_REF_ROW_KERNELS(bf16, bf16_row_dot, K_ACT_F32)

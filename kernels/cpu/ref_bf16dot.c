@@ -16,17 +16,12 @@
 
 #include "kernels/cpu/kernels.h"
 
-const k_fmt_info k_fmt_info_bf16dot = {
-    .name = "bf16dot",
-    .gguf_type = 30, /* the bf16 file type, read another way: k_fmt_from_gguf returns bf16 */
-    .row_align = 16,
-    .col_align = 32,
-    .file_bytes = k_bf16_bytes, /* the bf16 format's layout sizes and converter (ref_bf16.c) */
-    .packed_bytes = k_bf16_bytes,
-    .act = K_ACT_BF16,
-    .linear_ref = k_linear_bf16_ref, /* FP32 activations: matmul_f32 rows measure the rounding */
-    .from_f32 = k_bf16_from_f32,
-};
+/* The bf16 file format read another way (k_fmt_from_gguf returns bf16), with the
+ * bf16 format's packed layout and converter (ref_bf16.c); linear_ref takes FP32
+ * activations, so the matmul_f32 rows measure the rounding. */
+const k_fmt_info k_fmt_info_bf16dot = {.name = "bf16dot", .file = &kipp_fmts[KIPP_FMT_BF16], .row_align = 16,
+    .col_align = 32, .packed_bytes = k_bf16_bytes, .act = K_ACT_BF16, .linear_ref = k_linear_bf16_ref,
+    .from_f32 = k_bf16_from_f32};
 
 /* vcvtneps2bf16 on one value: denormal -> signed zero, NaN -> quiet NaN, else RNE. */
 static kipp_bf16 cvtne_bf16(float f)
@@ -64,33 +59,16 @@ static float dot_pair(float acc, kipp_bf16 w0, kipp_bf16 w1, kipp_bf16 x0, kipp_
 }
 
 /* Row r of the packed weights against one BF16 activation row, pair by pair in column order. */
-static float row_dot(const kipp_bf16 *wp, const kipp_bf16 *x, size_t r, size_t cols)
+static float row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
 {
+    const kipp_bf16 *wp = wpv, *x = xv;
     float acc = 0.0f;
     for (size_t c = 0; c < cols; c += 2)
         acc = dot_pair(acc, wp[k_packed_index(r, c, cols)], wp[k_packed_index(r, c + 1, cols)], x[c], x[c + 1]);
     return acc;
 }
 
-void k_matvec_bf16dot_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
-{
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r++) y[r] = row_dot(wpv, xv, r, cols);
-}
-
-void k_matmul_bf16dot_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
-                          size_t n_tok, int accumulate, int ith, int nth)
-{
-    const kipp_bf16 *x = xv;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t r = r0; r < r1; r++) {
-            float acc = row_dot(wpv, x + t * cols, r, cols);
-            y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
-        }
-}
+K_REF_ROW_KERNELS(bf16dot, row_dot, K_ACT_BF16)
 
 /* ---- BF16-dot attention: the scalar model of attention_avx512bf16.c ----
  * The walk of k_flash_gqa_bf16_ref with the dot's two roundings: q rounded

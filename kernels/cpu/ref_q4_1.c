@@ -17,7 +17,6 @@
 #define QK 32u
 #define Q4_1_BYTES 20u /* fp16 d, fp16 m, 16 bytes of nibbles */
 
-static size_t q4_1_file_bytes(size_t rows, size_t cols) { return rows * (cols / QK) * Q4_1_BYTES; }
 static size_t q4_1_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / QK) * K_Q4P_BLOCK; }
 
 static float fp16_at(const uint8_t *p)
@@ -63,59 +62,42 @@ static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
-const k_fmt_info k_fmt_info_q4_1 = {
-    .name = "q4_1",
-    .gguf_type = 3,
-    .row_align = 16,
-    .col_align = 32,
-    .file_bytes = q4_1_file_bytes,
-    .packed_bytes = q4_1_packed_bytes,
-    .act = K_ACT_Q8,
-    .linear_ref = k_linear_q4_1_ref,
-    .from_f32 = q4_1_from_f32,
-};
+const k_fmt_info k_fmt_info_q4_1 = {.name = "q4_1", .file = &kipp_fmts[KIPP_FMT_Q4_1], .row_align = 16,
+    .col_align = 32, .packed_bytes = q4_1_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q4_1_ref,
+    .from_f32 = q4_1_from_f32};
 
 /* The oracle: w = d * q + m dequantized per block inside an FP32 matvec, FP32
  * activations, FP32 accumulation in column order. */
-void k_linear_q4_1_ref(const void *wv, const float *x, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int ith, int nth)
+static float q4_1_file_row_dot(const void *wv, const float *x, size_t cols)
 {
-    const uint8_t *w = wv;
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 1, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t r = r0; r < r1; r++) {
-            const float *xt = x + t * cols;
-            float acc = 0.0f;
-            for (size_t b = 0; b < nb; b++) {
-                const uint8_t *blk = w + (r * nb + b) * Q4_1_BYTES;
-                float d = fp16_at(blk), m = fp16_at(blk + 2);
-                for (unsigned c = 0; c < QK; c++) acc += (d * (float)nib(blk, c) + m) * xt[b * QK + c];
-            }
-            y[t * rows + r] = acc;
-        }
+    const uint8_t *blk = wv;
+    float acc = 0.0f;
+    for (size_t b = 0; b < cols / QK; b++, blk += Q4_1_BYTES) {
+        float d = fp16_at(blk), m = fp16_at(blk + 2);
+        for (unsigned c = 0; c < QK; c++) acc += (d * (float)nib(blk, c) + m) * x[b * QK + c];
+    }
+    return acc;
 }
 
-void k_pack_q4_1_ref(const void *wv, void *wpv, size_t rows, size_t cols, int ith, int nth)
+void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols, size_t n_tok, int ith,
+                       int nth)
 {
-    const uint8_t *w = wv;
-    uint8_t *wp = wpv;
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r++)
-        for (size_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + (r * nb + b) * Q4_1_BYTES;
-            uint8_t *pb = wp + ((r / 16) * nb + b) * K_Q4P_BLOCK;
-            float d = fp16_at(blk), m = fp16_at(blk + 2);
-            memcpy(pb + 4 * (r % 16), &d, 4);
-            memcpy(pb + 64 + 4 * (r % 16), &m, 4);
-            for (unsigned j = 0; j < 4; j++)
-                for (unsigned k = 0; k < 4; k++)
-                    pb[128 + (j * 16 + r % 16) * 4 + k] =
-                        (uint8_t)(nib(blk, 4 * j + k) | nib(blk, 4 * (j + 4) + k) << 4);
-        }
+    k_ref_linear(q4_1_file_row_dot, cols / QK * Q4_1_BYTES, w, x, y, rows, cols, n_tok, ith, nth);
+}
+
+static void q4_1_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
+{
+    float d = fp16_at(blk), m = fp16_at(blk + 2);
+    memcpy(pb + 4 * lane, &d, 4);
+    memcpy(pb + 64 + 4 * lane, &m, 4);
+    for (unsigned j = 0; j < 4; j++)
+        for (unsigned k = 0; k < 4; k++)
+            pb[128 + (j * 16 + lane) * 4 + k] = (uint8_t)(nib(blk, 4 * j + k) | nib(blk, 4 * (j + 4) + k) << 4);
+}
+
+void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth)
+{
+    k_ref_pack16(q4_1_pack_block, Q4_1_BYTES, K_Q4P_BLOCK, w, wp, rows, cols, ith, nth);
 }
 
 /* q of row r, column c of block pb in the packed layout. */
@@ -126,9 +108,11 @@ static unsigned packed_q(const uint8_t *pb, size_t r, unsigned c)
     return j < 4 ? b & 15u : b >> 4;
 }
 
-static float q4_row_dot(const uint8_t *wp, size_t r, size_t nb, const k_act_q8_block *xq)
+static float q4_row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
 {
-    const uint8_t *panel = wp + (r / 16) * nb * K_Q4P_BLOCK;
+    const k_act_q8_block *xq = xv;
+    const size_t nb = cols / QK;
+    const uint8_t *panel = (const uint8_t *)wpv + (r / 16) * nb * K_Q4P_BLOCK;
     float acc = 0.0f;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *pb = panel + b * K_Q4P_BLOCK;
@@ -143,24 +127,4 @@ static float q4_row_dot(const uint8_t *wp, size_t r, size_t nb, const k_act_q8_b
     return acc;
 }
 
-void k_matvec_q4_1_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
-                       int ith, int nth)
-{
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r++) y[r] = q4_row_dot(wpv, r, cols / QK, xv);
-}
-
-void k_matmul_q4_1_ref(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int accumulate, int ith, int nth)
-{
-    const k_act_q8_block *xa = xav;
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t r = r0; r < r1; r++) {
-            float acc = q4_row_dot(wpv, r, nb, xa + t * nb);
-            y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
-        }
-}
+K_REF_ROW_KERNELS(q4_1, q4_row_dot, K_ACT_Q8)

@@ -19,7 +19,6 @@
 #define QK 32u          /* weights per block */
 #define Q8_0_BYTES 34u  /* fp16 d + 32 int8 */
 
-static size_t q8_0_file_bytes(size_t rows, size_t cols) { return rows * (cols / QK) * Q8_0_BYTES; }
 static size_t q8_0_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / QK) * K_Q8P_BLOCK; }
 
 static float fp16_at(const uint8_t *p)
@@ -53,57 +52,40 @@ static void q8_0_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
-const k_fmt_info k_fmt_info_q8_0 = {
-    .name = "q8_0",
-    .gguf_type = 8,
-    .row_align = 16,
-    .col_align = 32,
-    .file_bytes = q8_0_file_bytes,
-    .packed_bytes = q8_0_packed_bytes,
-    .act = K_ACT_Q8,
-    .linear_ref = k_linear_q8_0_ref,
-    .from_f32 = q8_0_from_f32,
-};
+const k_fmt_info k_fmt_info_q8_0 = {.name = "q8_0", .file = &kipp_fmts[KIPP_FMT_Q8_0], .row_align = 16,
+    .col_align = 32, .packed_bytes = q8_0_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q8_0_ref,
+    .from_f32 = q8_0_from_f32};
 
 /* The oracle: dequantize each block inside the matvec (seed 000 "The CPU
  * reference dequantizes per block inside a type-dispatched matvec"), FP32
  * activations, FP32 accumulation in column order. */
-void k_linear_q8_0_ref(const void *wv, const float *x, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int ith, int nth)
+static float q8_0_file_row_dot(const void *wv, const float *x, size_t cols)
 {
-    const uint8_t *w = wv;
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 1, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t r = r0; r < r1; r++) {
-            const uint8_t *wr = w + r * nb * Q8_0_BYTES;
-            const float *xt = x + t * cols;
-            float acc = 0.0f;
-            for (size_t b = 0; b < nb; b++) {
-                const uint8_t *blk = wr + b * Q8_0_BYTES;
-                float d = fp16_at(blk);
-                for (unsigned i = 0; i < QK; i++) acc += d * (float)(int8_t)blk[2 + i] * xt[b * QK + i];
-            }
-            y[t * rows + r] = acc;
-        }
+    const uint8_t *blk = wv;
+    float acc = 0.0f;
+    for (size_t b = 0; b < cols / QK; b++, blk += Q8_0_BYTES) {
+        float d = fp16_at(blk);
+        for (unsigned i = 0; i < QK; i++) acc += d * (float)(int8_t)blk[2 + i] * x[b * QK + i];
+    }
+    return acc;
 }
 
-void k_pack_q8_0_ref(const void *wv, void *wpv, size_t rows, size_t cols, int ith, int nth)
+void k_linear_q8_0_ref(const void *w, const float *x, float *y, size_t rows, size_t cols, size_t n_tok, int ith,
+                       int nth)
 {
-    const uint8_t *w = wv;
-    uint8_t *wp = wpv;
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r++)
-        for (size_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + (r * nb + b) * Q8_0_BYTES;
-            uint8_t *pb = wp + ((r / 16) * nb + b) * K_Q8P_BLOCK;
-            float d = fp16_at(blk);
-            memcpy(pb + 4 * (r % 16), &d, 4);
-            for (unsigned c = 0; c < QK; c++) pb[64 + ((c / 4) * 16 + r % 16) * 4 + c % 4] = blk[2 + c];
-        }
+    k_ref_linear(q8_0_file_row_dot, cols / QK * Q8_0_BYTES, w, x, y, rows, cols, n_tok, ith, nth);
+}
+
+static void q8_0_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
+{
+    float d = fp16_at(blk);
+    memcpy(pb + 4 * lane, &d, 4);
+    for (unsigned c = 0; c < QK; c++) pb[64 + ((c / 4) * 16 + lane) * 4 + c % 4] = blk[2 + c];
+}
+
+void k_pack_q8_0_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth)
+{
+    k_ref_pack16(q8_0_pack_block, Q8_0_BYTES, K_Q8P_BLOCK, w, wp, rows, cols, ith, nth);
 }
 
 /* x86 cvtps2dq: RNE in the default rounding mode; NaN and out-of-range give INT32_MIN. */
@@ -142,9 +124,11 @@ void k_quant_q8_ref(const float *x, void *xqv, size_t n)
 
 /* Row r of the packed layout against one activation row: sum over blocks of
  * int32 dot * (d_w * d_x). */
-static float q8_row_dot(const uint8_t *wp, size_t r, size_t nb, const k_act_q8_block *xq)
+static float q8_row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
 {
-    const uint8_t *panel = wp + (r / 16) * nb * K_Q8P_BLOCK;
+    const k_act_q8_block *xq = xv;
+    const size_t nb = cols / QK;
+    const uint8_t *panel = (const uint8_t *)wpv + (r / 16) * nb * K_Q8P_BLOCK;
     float acc = 0.0f;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *pb = panel + b * K_Q8P_BLOCK;
@@ -158,24 +142,4 @@ static float q8_row_dot(const uint8_t *wp, size_t r, size_t nb, const k_act_q8_b
     return acc;
 }
 
-void k_matvec_q8_0_ref(const void *wpv, const void *xv, float *y, size_t rows, size_t cols,
-                       int ith, int nth)
-{
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t r = r0; r < r1; r++) y[r] = q8_row_dot(wpv, r, cols / QK, xv);
-}
-
-void k_matmul_q8_0_ref(const void *wpv, const void *xav, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int accumulate, int ith, int nth)
-{
-    const k_act_q8_block *xa = xav;
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++)
-        for (size_t r = r0; r < r1; r++) {
-            float acc = q8_row_dot(wpv, r, nb, xa + t * nb);
-            y[t * rows + r] = accumulate ? y[t * rows + r] + acc : acc;
-        }
-}
+K_REF_ROW_KERNELS(q8_0, q8_row_dot, K_ACT_Q8)

@@ -69,7 +69,7 @@ static lin_state *lin_setup(const kcase *c, const k_cpu_ops *k, size_t copies, s
     s->n_tok = n_tok;
     s->copies = copies;
     float *wf = kc_rand_f32(s->rows * s->cols, -0.05f, 0.05f);
-    s->w = kipp_aligned_alloc(s->fi->file_bytes(s->rows, s->cols));
+    s->w = kipp_aligned_alloc(k_fmt_file_bytes(s->fi, s->rows, s->cols));
     s->wp_bytes = s->fi->packed_bytes(s->rows, s->cols);
     s->wp = kc_alloc_big(s->wp_bytes * s->copies);
     s->x = kc_rand_f32(n_tok * s->cols, -1, 1);
@@ -233,7 +233,7 @@ static double pack_error(void *p)
 static double pack_bytes(const kcase *c)
 {
     const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
-    return (double)(fi->file_bytes(c->s[0], c->s[1]) + fi->packed_bytes(c->s[0], c->s[1]));
+    return (double)(k_fmt_file_bytes(fi, c->s[0], c->s[1]) + fi->packed_bytes(c->s[0], c->s[1]));
 }
 static double no_flops(const kcase *c) { (void)c; return 0; }
 

@@ -22,7 +22,7 @@ int k_matvec_bf16_cuda_launch(const void *w, const float *x, float *y, uint32_t 
 static int check_matvec(const kcase *c)
 {
     const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
-    size_t rows = c->s[0], cols = c->s[1], wbytes = fi->file_bytes(rows, cols);
+    size_t rows = c->s[0], cols = c->s[1], wbytes = k_fmt_file_bytes(fi, rows, cols);
     float *wf = kc_rand_f32(rows * cols, -0.05f, 0.05f), *x = kc_rand_f32(cols, -1, 1);
     float *ref = kc_rand_f32(rows, 0, 0), *y = kc_rand_f32(rows, 0, 0);
     void *w = kipp_aligned_alloc(wbytes);

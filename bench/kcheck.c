@@ -1,5 +1,6 @@
 /*
- * kcheck.c - one driver for the kernel case table (kcase.h): checks every
+ * kcheck.c - one driver for the kernel case table (kernels/cpu/check/kcase.h),
+ * in bench/ because it times through the bench harness: checks every
  * row on every level (or one op, format or level), or times the bench rows on
  * the backend's thread pool and writes results/<date>-<host>-<cpu id>-kernels-<sha>.json.
  *
