@@ -461,6 +461,8 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.log and exc:  # from `with` (three arguments): close the log; __enter__ calls with none and reads it first
+            self.log.close()
 
 
 def find_peer(mid: str, kipp_gguf: Path, server: Path | None = None, model: Path | None = None,
