@@ -209,9 +209,11 @@ SOAK_SECONDS ?= 300
 soak: $(BUILD)/kipp-serve models-test
 	$(PYTHON) tools/serve_soak.py --seconds $(SOAK_SECONDS)
 
-# kipp-serve throughput/latency at 1/4/8/16 streams -> results/<date>-<host>-<cpu id>-serve-<sha>.json
+# kipp-serve and llama-server (when `make bench-peers` built it; SERVE_ARGS=--no-peers skips it) in one run,
+# alternating rounds, at 1/4/8/16 streams plus a 512-token prefill and the prefix rows
+# -> results/<date>-<host>-<cpu id>-serve-<sha>.json
 bench-serve: $(BUILD)/kipp-serve
-	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL))
+	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(SERVE_ARGS)
 
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles
@@ -280,7 +282,7 @@ help:
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
 	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
-	@echo "make bench-serve [MODEL=synthetic-0.6b]   kipp-serve 1/4/8/16 streams -> results/"
+	@echo "make bench-serve [MODEL=synthetic-0.6b] [SERVE_ARGS=...]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"

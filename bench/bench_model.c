@@ -1,15 +1,19 @@
 /*
  * bench_model.c - `kipp-bench`: model benchmarks pp512, tg128 and tg at a 4k
- * context (issue 5, items 5-6), through the public engine API.
+ * context (issue 5, items 5-6), and batched decode (issue 33 item 3),
+ * through the public engine API.
  *
  *   kipp-bench --model models/synthetic-0.6b.gguf [--model ...] [--backend cpu]
- *              [--bench pp512,tg128,tg4k,pp4096] [--reps N] [--warmup N] [--threads N]
+ *              [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]
+ *              [--reps N] [--warmup N] [--threads N]
  *              [--profiles DIR] [--out DIR]
  * (the machine profile comes from `make profile`, build/bin/kipp_profile)
  *
  * Each benchmark warms up, then times N repetitions of only the measured part
  * (prefill of 512 tokens; 128 decode steps after a 16-token prompt; 32 decode
- * steps after a 4096-token KV fill) with the monotonic clock, and reports
+ * steps after a 4096-token KV fill; batchB: 32 steps of B sessions decoding
+ * one token each in one kipp_eval_batch per step, after a 16-token prompt
+ * each) with the monotonic clock, and reports
  * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
  * read per token / time), GFLOP/s and the share of the roofline, next to the
  * issue's targets: prefill's from the machine profile's compute peak, decode's
@@ -48,6 +52,11 @@
 /* Issue 16 item 4: filling a 4k context runs at >= 70% of the pp512 token rate. */
 #define TARGET_PP4096_VS_PP512 0.70
 #define PP4096_REPS_MAX 2 /* one rep is a 4096-token prefill: long enough to need no warmup */
+/* Issue 33 item 3: 8 sequences decoding together at >= 70% of the
+ * one-read-per-step limit (B tokens per read of the weights). */
+#define TARGET_BATCH 0.70
+#define BATCH_STEPS 32u   /* kipp_eval_batch steps timed per rep of a batch row */
+#define BATCH_MAX 16u     /* the largest B of BATCH_SIZES */
 
 typedef struct {
     const char *models[MAX_MODELS];
@@ -168,10 +177,36 @@ typedef struct {
     uint32_t n_prompt; /* tokens evaluated in one call in the timed part (0 = decode) */
     uint32_t steps;   /* decode steps in the timed part */
     float *logits;
+    /* Batch rows (n_seq > 0): sessions ss[n_seq] decode together, one
+     * kipp_eval_batch of n_seq one-token items per step; sequence j reads its
+     * ids at ids + j * stride, and its logits row is logits + j * vocab. */
+    kipp_model *m;
+    kipp_session **ss;
+    uint32_t n_seq, stride, vocab;
 } bench_case;
+
+/* One timed run of a batch row: every session back to its prefix (untimed),
+ * then steps rounds of n_seq decode items in one kipp_eval_batch each. */
+static int run_batch_once(const bench_case *bc, double *sec, char *err, size_t errlen)
+{
+    kipp_batch_item items[BATCH_MAX];
+    int rc = 0;
+    for (uint32_t j = 0; j < bc->n_seq && !rc; j++) rc = kipp_session_truncate(bc->ss[j], bc->prefix, err, errlen);
+    if (rc) return rc;
+    double t0 = kipp_timer_now();
+    for (uint32_t i = 0; i < bc->steps && !rc; i++) {
+        for (uint32_t j = 0; j < bc->n_seq; j++)
+            items[j] = (kipp_batch_item){bc->ss[j], bc->ids + (size_t)j * bc->stride + bc->prefix + i, 1, 1,
+                                         bc->logits + (size_t)j * bc->vocab};
+        rc = kipp_eval_batch(bc->m, items, bc->n_seq, err, errlen);
+    }
+    *sec = kipp_timer_now() - t0;
+    return rc;
+}
 
 static int run_once(const bench_case *bc, double *sec, char *err, size_t errlen)
 {
+    if (bc->n_seq) return run_batch_once(bc, sec, err, errlen);
     int rc = kipp_session_truncate(bc->s, bc->prefix, err, errlen);
     if (rc) return rc;
     double t0 = kipp_timer_now();
@@ -367,7 +402,10 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
 }
 
 /* The benchmarks --bench may name, in the order they run. */
-static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096"};
+static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096", "batch1", "batch4", "batch8", "batch16"};
+/* B of each batch row, in BENCH_NAMES order after pp4096. */
+static const uint32_t BATCH_SIZES[] = {1, 4, 8, 16};
+#define N_BATCH (sizeof BATCH_SIZES / sizeof BATCH_SIZES[0])
 #define N_BENCH_NAMES (sizeof BENCH_NAMES / sizeof BENCH_NAMES[0])
 
 static int wants(const options *o, const char *name)
@@ -419,7 +457,7 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     float *logits = malloc((size_t)c->info.vocab_size * sizeof *logits);
     if (!logits) { snprintf(err, errlen, "out of memory for the logits row"); return -1; }
     int rc = kipp_session_truncate(s, 0, err, errlen);
-    bench_case bc = {s, ids, 0, LONG_CTX, 0, logits};
+    bench_case bc = {.s = s, .ids = ids, .prefix = 0, .n_prompt = LONG_CTX, .steps = 0, .logits = logits};
     bench_meta bm = {.name = "pp4096", .tokens = LONG_CTX, .context = (LONG_CTX + 1) / 2.0, .compute_bound = 1, .target = TARGET_PREFILL};
     bm.flops_per_token = 2 * c->layer_params + c->attn_flops_per_pos * bm.context + 2 * c->head_bytes / 2 / LONG_CTX;
     bm.bytes_per_token = (c->layer_weight_bytes + c->head_bytes) / LONG_CTX;
@@ -437,6 +475,81 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     }
     json_array_append_new(results, r);
     return 0;
+}
+
+/* Bytes one batched decode step of n_seq sequences reads at context ctx:
+ * every weight once (the one-read-per-step model: the B rows of a step
+ * share each weight read), plus each sequence's embedding row, final norm
+ * input and KV of ctx positions. B tokens per step, so the row's limit is
+ * B * read GB/s / these bytes, and the share of that limit equals the
+ * row's GB/s (bytes_per_token = these bytes / B) over the read roofline. */
+static double batch_step_bytes(const model_cost *c, double n_seq, double ctx)
+{
+    return c->layer_weight_bytes + c->head_bytes + n_seq * (4.0 * c->info.d_model + ctx * c->kv_bytes_per_pos);
+}
+
+/* The batch rows' own keys beside result_json's: B, steps, the bytes of one
+ * step, and the one-read-per-step limit in tok/s from the row's roofline
+ * (the median read probe beside the reps; null without one). */
+static void batch_keys(json_t *r, uint32_t n_seq, uint32_t steps, double step_bytes, double weight_bytes)
+{
+    json_t *roof = json_object_get(r, "roofline");
+    double bw = roof && json_is_number(roof) ? json_number_value(roof) : 0;
+    json_object_set_new(r, "batch", json_integer(n_seq));
+    json_object_set_new(r, "steps_per_rep", json_integer(steps));
+    json_object_set_new(r, "bytes_per_step", json_real(step_bytes));
+    json_object_set_new(r, "weight_bytes_per_step", json_real(weight_bytes));
+    json_object_set_new(r, "limit_tok_s", bw > 0 ? json_real(n_seq * bw * 1e9 / step_bytes) : json_null());
+    if (bw > 0)
+        printf("         one-read-per-step limit %u x %.1f GB/s / %.1f MB = %.1f tok/s\n", n_seq, bw, step_bytes / 1e6,
+               n_seq * bw * 1e9 / step_bytes);
+}
+
+/* batchB (issue 33 item 3): B sessions, each prefilled with its own
+ * TG_PROMPT tokens (untimed), then BATCH_STEPS steps of one kipp_eval_batch
+ * holding one decode token of each, with a logits row each; read probes
+ * beside every rep as for tg128. */
+static int batch_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof,
+                      const bf16_run *act, const char *id, json_t *results, char *err, size_t errlen)
+{
+    const uint32_t stride = TG_PROMPT + BATCH_STEPS, V = c->info.vocab_size;
+    int rc = 0;
+    for (size_t b = 0; b < N_BATCH && !rc; b++) {
+        char name[16];
+        uint32_t B = BATCH_SIZES[b];
+        snprintf(name, sizeof name, "batch%u", B);
+        if (!wants(o, name)) continue;
+        kipp_session *ss[BATCH_MAX] = {0};
+        uint32_t *ids = malloc((size_t)B * stride * sizeof *ids);
+        float *logits = malloc((size_t)B * V * sizeof *logits);
+        if (!ids || !logits) rc = -1, snprintf(err, errlen, "out of memory for %u sequences' ids and logits", B);
+        for (uint32_t j = 0; j < B && !rc; j++) {
+            fill_tokens(ids + (size_t)j * stride, stride, V, 100 + j);
+            rc = kipp_session_create(m, stride + 1, &ss[j], err, errlen);
+            if (!rc) rc = kipp_session_eval(ss[j], ids + (size_t)j * stride, TG_PROMPT, logits, err, errlen);
+        }
+        if (!rc) {
+            bench_case bc = {.ids = ids, .prefix = TG_PROMPT, .steps = BATCH_STEPS, .logits = logits, .m = m,
+                             .ss = ss, .n_seq = B, .stride = stride, .vocab = V};
+            bench_meta bm = {.tokens = (double)B * BATCH_STEPS, .context = TG_PROMPT + (BATCH_STEPS + 1) / 2.0,
+                             .compute_bound = 0, .target = TARGET_BATCH};
+            bm.name = name;
+            double step = batch_step_bytes(c, B, bm.context);
+            bm.bytes_per_token = step / B;
+            bm.flops_per_token = 2 * c->layer_params + 2 * c->head_bytes / 2 + c->attn_flops_per_pos * bm.context;
+            kipp_bench_stats st;
+            rc = measure_decode(&bc, o, &bm, &st, err, errlen);
+            if (!rc) {
+                json_t *r = result_json(id, &bm, &st, prof, act);
+                batch_keys(r, B, BATCH_STEPS, step, c->layer_weight_bytes + c->head_bytes);
+                json_array_append_new(results, r);
+            }
+        }
+        for (uint32_t j = 0; j < B; j++) kipp_session_destroy(ss[j]);
+        free(ids);
+        free(logits);
+    }
+    return rc;
 }
 
 /* Peak resident set (VmHWM) of this process in bytes, -1 when unreadable;
@@ -551,7 +664,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     kipp_bench_stats st;
     double pp512_tps = 0;
     if (wants(o, "pp512")) {
-        bench_case bc = {s, ids, 0, 512, 0, logits};
+        bench_case bc = {.s = s, .ids = ids, .prefix = 0, .n_prompt = 512, .steps = 0, .logits = logits};
         bench_meta bm = {.name = "pp512", .tokens = 512, .context = 256.5, .compute_bound = 1, .target = TARGET_PREFILL};
         bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
@@ -563,7 +676,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         rc = kipp_session_truncate(s, 0, err, errlen);
         if (!rc) rc = kipp_session_eval(s, ids, TG_PROMPT, logits, err, errlen);
         if (rc) goto out;
-        bench_case bc = {s, ids, TG_PROMPT, 0, 128, logits};
+        bench_case bc = {.s = s, .ids = ids, .prefix = TG_PROMPT, .n_prompt = 0, .steps = 128, .logits = logits};
         bench_meta bm = {.name = "tg128", .tokens = 128, .context = TG_PROMPT + 64.5, .compute_bound = 0, .target = TARGET_DECODE};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
@@ -576,7 +689,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (!rc) rc = kipp_session_eval(s, ids, LONG_CTX, logits, err, errlen);
         if (rc) goto out;
         printf("  (KV filled with %u tokens in %.1f s)\n", LONG_CTX, kipp_timer_now() - t0);
-        bench_case bc = {s, ids, LONG_CTX, 0, LONG_STEPS, logits};
+        bench_case bc = {.s = s, .ids = ids, .prefix = LONG_CTX, .n_prompt = 0, .steps = LONG_STEPS, .logits = logits};
         bench_meta bm = {.name = "tg4k", .tokens = LONG_STEPS, .context = LONG_CTX + (LONG_STEPS + 1) / 2.0, .compute_bound = 0, .target = TARGET_LONG};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
         bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
@@ -587,6 +700,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         rc = pp4096(o, s, ids, &c, prof, &act, id, pp512_tps, results, err, errlen);
         if (rc) goto out;
     }
+    if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
 out:
     if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
     kipp_session_destroy(s);
@@ -599,7 +713,8 @@ out:
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref] [--bench pp512,tg128,tg4k,pp4096]\n"
+            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref]\n"
+            "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n");
 }
 
@@ -736,6 +851,7 @@ int main(int argc, char **argv)
     json_object_set_new(config, "tg_prompt_tokens", json_integer(TG_PROMPT));
     json_object_set_new(config, "long_context", json_integer(LONG_CTX));
     json_object_set_new(config, "long_context_steps", json_integer(LONG_STEPS));
+    json_object_set_new(config, "batch_steps", json_integer(BATCH_STEPS));
     json_t *doc = kipp_result_create("model", prof.loaded ? prof.path : NULL, config);
     json_t *results = json_object_get(doc, "results");
     int rc = 0;

