@@ -116,11 +116,17 @@ _Static_assert(MM_GROUP % (MM_RV * KV_W) == 0, "MM_GROUP must hold whole row til
 #define MM_HI_OFF(cols) (KV_W == 16 ? 16 * (cols) : 2 * (size_t)KV_W)
 
 /* Widen one row tile (RV row vectors) over k-pairs [0, kp) of the packed
- * layout at p into wf[2 kp][RV * KV_W] f32 (exact). */
+ * layout at p into wf[2 kp][RV * KV_W] f32 (exact). The widening is the one
+ * read of these weights from DRAM: it prefetches MM_PF elements ahead, since
+ * the hardware streamers restart at every 4 KB page and a few-token matmul
+ * (batched decode) otherwise waits on each line. */
+#define MM_PF 1024u
 static void mm_widen(const kipp_bf16 *p, size_t hi_off, size_t kp, int RV, float *wf)
 {
     const size_t ld = (size_t)RV * KV_W;
     for (size_t k = 0; k < kp; k++, p += 32, wf += 2 * ld) {
+        k_prefetch(p + MM_PF);
+        if (RV > 1 && KV_W == 16) k_prefetch(p + hi_off + MM_PF);
         vi lo = vi_load(p);
         vf_store(wf, vf_even(lo));
         vf_store(wf + ld, vf_odd(lo));
