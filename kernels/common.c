@@ -3,6 +3,7 @@
 
 #include <cpuid.h>
 #include <stdlib.h>
+#include <string.h>
 
 float kipp_f16_to_f32(uint16_t h)
 {
@@ -77,6 +78,11 @@ const kipp_cpu_features *kipp_cpu_get(void)
     static int done;
     if (done) return &f;
     unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) { /* vendor string in ebx, edx, ecx */
+        char vendor[13];
+        memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4), vendor[12] = '\0';
+        f.bf16_dot_fast = !strcmp(vendor, "AuthenticAMD");
+    }
     if (__get_cpuid(1, &a, &b, &c, &d)) {
         int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
         unsigned a7, b7, c7, d7, a71, b71, c71, d71;

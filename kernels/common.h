@@ -49,6 +49,12 @@ typedef struct {
     int avx512;      /* AVX-512 F/BW/VL/DQ */
     int avx512_bf16; /* AVX512_BF16 (vdpbf16ps) */
     int avx512_vnni; /* AVX512_VNNI (vpdpbusd) */
+    /* vdpbf16ps outruns FP32 FMA: AMD cores (Zen 4/5) retire it at twice the
+     * FMA's FLOP rate, Intel cores at half (profiles/: bf16_dot_gflops_all
+     * 1098 vs fp32_fma 545 on Zen 4, 215 vs 449 on an Intel avx512_bf16 VM),
+     * so the CPU backend reads projections through the dot by default only
+     * where this and avx512_bf16 are both 1 (here: the vendor is AMD). */
+    int bf16_dot_fast;
 } kipp_cpu_features;
 
 /** Features of this CPU (cached after the first call). */

@@ -18,14 +18,15 @@ static void cpu_model_destroy(void *bm);
 
 /* How bf16 projections are read (kernels.h "bf16dot"), per projection of a
  * layer in plan_layer's order Q|K|V, O, Gate|Up, Down. BF16 activations
- * through vdpbf16ps double prefill's compute peak and cost one BF16 rounding
+ * through vdpbf16ps double prefill's compute peak on AMD and cost one BF16 rounding
  * of the projection's input. Measured on the synthetic 0.6B shape, final-row
  * logits of a 38-token prompt against the ref backend (the FP32 oracle; issue
  * 16 item 7 asks <= 5e-5): all four through the dot 8.8e-5, Q|K|V alone 4.9e-5
  * (its error passes through QK-norm, RoPE and the softmax), O 1.5e-5,
  * Gate|Up 1.5e-5, Down 1.1e-5, all but Q|K|V 3.5e-5. So the default where the
- * CPU has the dot ("mixed") keeps Q|K|V (27% of the matmul FLOPs) on FP32
- * activations. A hi/lo BF16 split of Q|K|V's input (two dots per k-pair) was
+ * CPU has a fast dot ("mixed") keeps Q|K|V (27% of the matmul FLOPs) on FP32
+ * activations. Where the dot is slower than FP32 FMA (Intel cores:
+ * kipp_cpu_features.bf16_dot_fast) the default is f32: faster and exact. A hi/lo BF16 split of Q|K|V's input (two dots per k-pair) was
  * tried: FP32 accuracy, but no faster than the FP32-FMA kernels (0.6B pp512
  * 227-230 vs 232-251 tok/s), so it was not kept. KIPP_BF16_ACT=f32 keeps FP32
  * activations everywhere (the arithmetic of every other level), =bf16 reads
@@ -45,7 +46,7 @@ static const struct {
 static int choose_bf16_read(cpu_model *m, char *err, size_t errlen)
 {
     const char *e = getenv("KIPP_BF16_ACT");
-    int native = k_fmt_native(m->k, K_FMT_BF16DOT), pick = native ? 1 : 0;
+    int native = k_fmt_native(m->k, K_FMT_BF16DOT), pick = native && kipp_cpu_get()->bf16_dot_fast ? 1 : 0;
     if (e && *e) {
         for (pick = 2; pick >= 0 && strcmp(e, bf16_modes[pick].name); pick--) {}
         if (pick < 0)
