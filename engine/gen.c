@@ -86,6 +86,8 @@ static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const 
     else kipp_rng_seed(&g->rng, o->seed);
     g->n_prompt = (uint32_t)n_prompt;
     g->n_done = kipp_session_length(g->s);
+    if (o->grammar || o->grammar_after)
+        return kipp_err(err, errlen, KIPP_ENOTSUP, "a grammar was given, but constrained generation is not built yet");
     int rc = copy_stops(g, o, err, errlen);
     if (rc) return rc;
     g->cap_hist = n_prompt + 64;

@@ -556,6 +556,36 @@ void kipp_spec_get_stats(const kipp_spec *sp, kipp_spec_stats *st);
 /** Longest prefill chunk when every prompt position gets a logits row (echo logprobs). */
 #define KIPP_GEN_ROWS_CHUNK 32u
 
+/* ---- constrained output (engine/grammar.c) ---- */
+
+/**
+ * A compiled output constraint over the model's vocabulary: one JSON document
+ * (an instance of a JSON Schema subset, or any JSON object), optionally framed
+ * by literal text and repeated, e.g. Qwen3's tool calls:
+ * "<tool_call>\n" {"name": ..., "arguments": {...}} "\n</tool_call>".
+ * Immutable once made: one grammar may serve any number of gens on any threads.
+ */
+typedef struct kipp_grammar kipp_grammar;
+
+/** What kipp_grammar_create compiles; zero-initialise, then set what differs. Strings are copied. */
+typedef struct {
+    const char *schema;    /* JSON Schema text (the subset the README lists), or NULL: any JSON object */
+    const char *prefix;    /* literal text before each document, or NULL */
+    const char *suffix;    /* literal text after each document, or NULL */
+    const char *separator; /* literal text between two documents, or NULL */
+    uint32_t max_count;    /* documents at most (parallel tool calls); 0 means 1; at least 1 is required */
+} kipp_grammar_spec;
+
+/**
+ * Compile spec for model's vocabulary into *out (the caller destroys it).
+ * Errors: KIPP_EINVAL with a message fit for an HTTP 400 naming the schema
+ * keyword or value refused and what is supported; KIPP_ENOMEM.
+ */
+int kipp_grammar_create(kipp_model *model, const kipp_grammar_spec *spec, kipp_grammar **out, char *err,
+                        size_t errlen);
+/** Destroy; NULL accepted. No gen may still use it. */
+void kipp_grammar_destroy(kipp_grammar *g);
+
 /** Why a generation ended (kipp_gen_event.finish). */
 typedef enum {
     KIPP_FIN_NONE = 0, /* still going */
@@ -590,6 +620,11 @@ typedef struct {
     kipp_spec_options spec_opts; /* the drafter's options when speculating; its stop ids are the model's */
     int prompt_rows;             /* 1: a logits row for every prompt position (echo logprobs), chunks of at
                                   * most KIPP_GEN_ROWS_CHUNK tokens; 0: only the prompt's last row */
+    const kipp_grammar *grammar; /* NULL, or the constraint the reply follows (not owned; it outlives the
+                                  * gen): every token that cannot continue it is masked before sampling,
+                                  * and once it is complete only the end-of-turn ids remain */
+    const char *grammar_after;   /* NULL: constrained from the first token; else free text until this
+                                  * string (e.g. "</think>") has appeared in the reply; copied */
 } kipp_gen_options;
 
 /** What one kipp_gen_advance did. Pointers are owned by the gen and valid until its next call. */
