@@ -36,6 +36,7 @@ void serve_req_init(serve_req *r, int chat)
     r->max_tokens_asked = -1;
     r->max_tokens_field = "max_tokens";
     r->enable_thinking = 1;
+    r->parallel_tool_calls = 1;
     r->sp = kipp_sample_params_default();
     r->sp.temperature = 1.0f; /* OpenAI default */
 }
@@ -45,6 +46,7 @@ void serve_req_free(serve_req *r)
     free(r->model);
     free(r->prompt_text);
     free(r->prompt_ids);
+    serve_tools_free(r);
     for (size_t i = 0; i < r->n_msgs; i++) free(r->msgs[i].content), free(r->msgs[i].reasoning_content);
     free(r->msgs);
     free(r->bias);
@@ -242,7 +244,8 @@ static int parse_role(const json_t *m, size_t i, kipp_role *role, serve_error *e
     if (!strcmp(s, "system") || !strcmp(s, "developer")) *role = KIPP_ROLE_SYSTEM;
     else if (!strcmp(s, "user")) *role = KIPP_ROLE_USER;
     else if (!strcmp(s, "assistant")) *role = KIPP_ROLE_ASSISTANT;
-    else return BAD("messages", "messages[%zu].role is '%.32s', expected system, developer, user or assistant (tools are not supported)", i, s);
+    else if (!strcmp(s, "tool")) *role = KIPP_ROLE_TOOL;
+    else return BAD("messages", "messages[%zu].role is '%.32s', expected system, developer, user, assistant or tool", i, s);
     return 0;
 }
 
@@ -261,10 +264,11 @@ static int parse_messages(serve_req *r, const json_t *v, serve_error *e)
         const char *k;
         json_t *x;
         json_object_foreach((json_t *)m, k, x) {
-            int ok = !strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name") ||
-                     (d->role == KIPP_ROLE_ASSISTANT && !strcmp(k, "reasoning_content"));
+            int ok = !strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name") || !strcmp(k, "tool_calls") ||
+                     !strcmp(k, "tool_call_id") || (d->role == KIPP_ROLE_ASSISTANT && !strcmp(k, "reasoning_content"));
             if (!ok) return BAD("messages", "messages[%zu].%.40s is not supported", i, k);
         }
+        if (serve_parse_msg_tools(d, m, i, e)) return -1; /* refuses tool_calls / tool_call_id on other roles */
         if (parse_content(json_object_get(m, "content"), i, &d->content, &d->content_len, e)) return -1;
         const json_t *rc = json_object_get(m, "reasoning_content");
         if (rc && !json_is_null(rc) && parse_content(rc, i, &d->reasoning_content, &d->reasoning_len, e)) return -1;
@@ -345,6 +349,8 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
     if (r->chat && !strcmp(k, "messages")) return parse_messages(r, v, e);
     if (r->chat && !strcmp(k, "logprobs")) return parse_bool(v, "logprobs", &r->logprobs, e);
     if (r->chat && !strcmp(k, "chat_template_kwargs")) return parse_kwargs(r, v, e);
+    if (r->chat && (!strcmp(k, "tools") || !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls")))
+        return 0; /* checked together once the messages are in: serve_parse_tools */
     return BAD(k, "field '%.60s' is not supported by %s", k, r->chat ? "/v1/chat/completions" : "/v1/completions");
 }
 
@@ -360,6 +366,7 @@ static int parse_object(serve_req *r, const json_t *root, serve_error *e)
     }
     if (r->chat ? !r->msgs : !(r->prompt_text || r->prompt_ids))
         return BAD(r->chat ? "messages" : "prompt", "%s is required", r->chat ? "messages" : "prompt");
+    if (r->chat && serve_parse_tools(r, root, e)) return -1;
     /* Both limits given: the later one used to win silently; equal values are one limit. */
     const json_t *mt = json_object_get(root, "max_tokens"), *mct = json_object_get(root, "max_completion_tokens");
     if (r->chat && json_is_integer(mt) && json_is_integer(mct) && json_integer_value(mt) != json_integer_value(mct))

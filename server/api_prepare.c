@@ -40,8 +40,12 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r,
         cm[i] = (kipp_chat_message){.role = r->msgs[i].role, .content = r->msgs[i].content,
                                     .content_len = r->msgs[i].content_len,
                                     .reasoning_content = r->msgs[i].reasoning_content,
-                                    .reasoning_len = r->msgs[i].reasoning_len};
-    kipp_chat_options co = {1, r->enable_thinking, NULL};
+                                    .reasoning_len = r->msgs[i].reasoning_len,
+                                    .tool_calls = r->msgs[i].calls, .n_tool_calls = r->msgs[i].n_calls};
+    /* tool_choice "none": the prompt offers no tools (as vLLM's
+     * --exclude-tools-when-tool-choice-none), so the model has no call to make */
+    kipp_chat_options co = {.add_generation_prompt = 1, .enable_thinking = r->enable_thinking,
+                            .tools_json = serve_tools_active(r) ? r->tools_json : NULL};
     char *text = NULL, err[256] = "";
     size_t tl = 0; /* the text may hold NUL bytes: its length from the renderer, never strlen */
     int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, &text, &tl, err, sizeof err);
@@ -50,7 +54,7 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r,
     r->starts_in_reasoning = tl >= 8 && !strcmp(text + tl - 8, "<think>\n");
     r->thinking = !(tl >= 10 && !strcmp(text + tl - 10, "</think>\n\n"));
     free(text);
-    return 0;
+    return serve_tools_grammar(m, r, e);
 }
 
 int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)

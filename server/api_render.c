@@ -159,7 +159,65 @@ static size_t lp_visible(const serve_choice_out *o, size_t upto_bytes)
     return k;
 }
 
+/* ---- tool calls ---- */
+
+/* What a chat choice shows: reasoning, content and, with tools, the calls
+ * parsed out of the content (tool_calls.c). */
+typedef struct {
+    const char *reasoning, *content;
+    size_t reasoning_len, content_len;
+    serve_tool_out calls;
+} shown;
+
+static void shown_make(const serve_req *r, const char *raw, const serve_view *v, int final, shown *sh)
+{
+    memset(sh, 0, sizeof *sh);
+    sh->reasoning = raw + v->reasoning_off, sh->reasoning_len = v->reasoning_len;
+    sh->content = raw + v->content_off, sh->content_len = v->content_len;
+    if (!r->chat || !serve_tools_active(r)) return;
+    if (serve_tool_parse(r->tools, r->n_tools, sh->content, sh->content_len, final, &sh->calls)) {
+        serve_tool_out_free(&sh->calls); /* out of memory: the text as it is */
+        return;
+    }
+    sh->content = sh->calls.content.p ? sh->calls.content.p : "", sh->content_len = sh->calls.content.n;
+}
+
+/* "call_" and 24 hex digits, a function of (job, choice, call): the same in a
+ * stream and in the whole response. */
+static void call_id(const serve_job *j, int i, size_t k, char out[32])
+{
+    uint64_t x = j->id * 0x9e3779b97f4a7c15ull ^ ((uint64_t)i << 40) ^ k, y = (uint64_t)j->created;
+    for (int r = 0; r < 2; r++) { /* splitmix64 rounds */
+        x += 0x9e3779b97f4a7c15ull, x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull, x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        x ^= x >> 31, y ^= x;
+    }
+    snprintf(out, 32, "call_%016llx%08llx", (unsigned long long)x, (unsigned long long)(y & 0xffffffffu));
+}
+
+static const char *chat_finish(const shown *sh, int f)
+{
+    return sh->calls.n_calls && f == FIN_STOP ? "tool_calls" : finish_name(f);
+}
+
 /* ---- non-streamed ---- */
+
+static json_t *chat_message(const serve_job *j, int i, const shown *sh)
+{
+    const serve_req *r = &j->req;
+    json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                            sh->calls.n_calls && !sh->content_len ? json_null() : jtext(sh->content, sh->content_len));
+    if (r->thinking && sh->reasoning_len) json_object_set_new(msg, "reasoning_content", jtext(sh->reasoning, sh->reasoning_len));
+    if (!sh->calls.n_calls) return msg;
+    json_t *calls = json_array();
+    for (size_t k = 0; k < sh->calls.n_calls; k++) {
+        char id[32];
+        call_id(j, i, k, id);
+        json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
+                                               sh->calls.calls[k].name, "arguments", sh->calls.calls[k].arguments));
+    }
+    json_object_set_new(msg, "tool_calls", calls);
+    return msg;
+}
 
 static json_t *choice_json(const serve_info *si, const serve_job *j, int i)
 {
@@ -168,14 +226,16 @@ static json_t *choice_json(const serve_info *si, const serve_job *j, int i)
     serve_view v;
     serve_text_view(r, o->raw.p ? o->raw.p : "", o->raw.n, 1, &v);
     size_t nlp = lp_visible(o, o->raw.n);
-    json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", finish_name(o->finish));
     if (r->chat) {
-        json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", jtext(o->raw.p + v.content_off, v.content_len));
-        if (r->thinking && v.reasoning_len) json_object_set_new(msg, "reasoning_content", jtext(o->raw.p + v.reasoning_off, v.reasoning_len));
-        json_object_set_new(c, "message", msg);
+        shown sh;
+        shown_make(r, o->raw.p ? o->raw.p : "", &v, 1, &sh);
+        json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", chat_finish(&sh, o->finish));
+        json_object_set_new(c, "message", chat_message(j, i, &sh));
         json_object_set_new(c, "logprobs", r->logprobs ? chat_logprobs(si, o->lp, 0, nlp) : json_null());
+        serve_tool_out_free(&sh.calls);
         return c;
     }
+    json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", finish_name(o->finish));
     serve_buf t = {0};
     if (r->echo && r->prompt_text) serve_buf_put(&t, r->prompt_text, strlen(r->prompt_text));
     serve_buf_put(&t, o->raw.p ? o->raw.p : "", v.content_len);
@@ -220,14 +280,32 @@ static json_t *chunk(const serve_info *si, const serve_job *j, json_t *choices)
                      "created", (json_int_t)j->created, "model", si->model_id, "choices", choices);
 }
 
+/* The calls of choice i not yet streamed, each as two deltas (OpenAI's
+ * shape): index, id, type and name with empty arguments, then the arguments. */
+static void call_chunks(const serve_info *si, const serve_job *j, int i, const shown *sh, serve_stream_state *st,
+                        serve_buf *out)
+{
+    for (size_t k = st->sent_calls[i]; k < sh->calls.n_calls; k++) {
+        char id[32];
+        call_id(j, i, k, id);
+        json_t *head = json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", (json_int_t)k, "id", id, "type", "function",
+                                 "function", "name", sh->calls.calls[k].name, "arguments", "");
+        json_t *args = json_pack("{s:I, s:{s:s}}", "index", (json_int_t)k, "function", "arguments", sh->calls.calls[k].arguments);
+        json_t *parts[2] = {head, args};
+        for (int p = 0; p < 2; p++)
+            sse(out, chunk(si, j, json_pack("[{s:i, s:{s:[o]}, s:n, s:n}]", "index", i, "delta", "tool_calls", parts[p],
+                                            "logprobs", "finish_reason")));
+    }
+    st->sent_calls[i] = sh->calls.n_calls;
+}
+
 /* One choice's delta chunk: new reasoning/content bytes and new logprobs, or its finish. */
-static void choice_chunk(const serve_info *si, const serve_job *j, int i, const serve_view *v, size_t nlp,
+static void choice_chunk(const serve_info *si, const serve_job *j, int i, const shown *sh, size_t nlp,
                          serve_stream_state *st, const char *finish, serve_buf *out, json_t *extra_timings)
 {
     const serve_req *r = &j->req;
     const serve_choice_out *o = &j->out[i];
-    const char *raw = o->raw.p ? o->raw.p : "";
-    size_t nr = v->reasoning_len - st->sent_reasoning[i], nc = v->content_len - st->sent_content[i];
+    size_t nr = sh->reasoning_len - st->sent_reasoning[i], nc = sh->content_len - st->sent_content[i];
     json_t *c = json_pack("{s:i, s:o}", "index", i, "finish_reason", finish ? json_string(finish) : json_null());
     json_t *lp = json_null();
     if (r->logprobs && nlp > st->sent_lp[i])
@@ -235,15 +313,15 @@ static void choice_chunk(const serve_info *si, const serve_job *j, int i, const 
     if (r->chat) {
         json_t *d = json_object();
         if (!st->role_sent[i]) json_object_set_new(d, "role", json_string("assistant"));
-        if (nr) json_object_set_new(d, "reasoning_content", jtext(raw + v->reasoning_off + st->sent_reasoning[i], nr));
-        if (nc || !st->role_sent[i]) json_object_set_new(d, "content", jtext(raw + v->content_off + st->sent_content[i], nc));
+        if (nr) json_object_set_new(d, "reasoning_content", jtext(sh->reasoning + st->sent_reasoning[i], nr));
+        if (nc || !st->role_sent[i]) json_object_set_new(d, "content", jtext(sh->content + st->sent_content[i], nc));
         json_object_set_new(c, "delta", d);
     } else {
-        json_object_set_new(c, "text", jtext(raw + v->content_off + st->sent_content[i], nc));
+        json_object_set_new(c, "text", jtext(sh->content + st->sent_content[i], nc));
     }
     json_object_set_new(c, "logprobs", lp);
     st->role_sent[i] = 1;
-    st->sent_reasoning[i] = v->reasoning_len, st->sent_content[i] = v->content_len, st->sent_lp[i] = nlp;
+    st->sent_reasoning[i] = sh->reasoning_len, st->sent_content[i] = sh->content_len, st->sent_lp[i] = nlp;
     json_t *ch = chunk(si, j, json_pack("[o]", c));
     if (extra_timings) json_object_set_new(ch, "timings", extra_timings);
     sse(out, ch);
@@ -259,16 +337,20 @@ int serve_render_chunks(const serve_info *si, const serve_job *j, serve_stream_s
         if (st->finish_sent[i] || o->finish == FIN_ERROR || o->finish == FIN_CANCELLED) continue;
         int fin = o->finish != FIN_NONE;
         serve_view v;
+        shown sh;
         serve_text_view(r, o->raw.p ? o->raw.p : "", fin ? o->raw.n : o->raw_final, fin, &v);
+        shown_make(r, o->raw.p ? o->raw.p : "", &v, fin, &sh);
         size_t nlp = lp_visible(o, fin ? o->raw.n : o->raw_final);
-        int news = v.reasoning_len > st->sent_reasoning[i] || v.content_len > st->sent_content[i] ||
+        int news = sh.reasoning_len > st->sent_reasoning[i] || sh.content_len > st->sent_content[i] ||
                    (r->logprobs && nlp > st->sent_lp[i]) || (r->chat && !st->role_sent[i]);
-        if (news) choice_chunk(si, j, i, &v, nlp, st, NULL, out, NULL);
+        if (news) choice_chunk(si, j, i, &sh, nlp, st, NULL, out, NULL);
+        call_chunks(si, j, i, &sh, st, out);
         if (fin) {
             st->finish_sent[i] = 1, n_fin++;
             json_t *tm = n_fin == r->n && j->done && !r->include_usage ? timings(j) : NULL;
-            choice_chunk(si, j, i, &v, nlp, st, finish_name(o->finish), out, tm);
+            choice_chunk(si, j, i, &sh, nlp, st, r->chat ? chat_finish(&sh, o->finish) : finish_name(o->finish), out, tm);
         }
+        serve_tool_out_free(&sh.calls);
     }
     if (!j->done || st->done_sent) return st->done_sent;
     for (int i = 0; i < r->n; i++)

@@ -251,6 +251,9 @@ static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, in
         .n_stop = r->n_stop,
         .spec = !s->o.no_spec,
         .prompt_rows = echo,
+        .grammar = r->grammar,
+        /* the constraint starts after the thinking, which stays free text */
+        .grammar_after = r->grammar && r->thinking ? "</think>" : NULL,
     };
 }
 

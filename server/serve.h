@@ -7,6 +7,8 @@
  *   api_prepare.c    serve_req -> prompt token ids (tokenizer / chat renderer)
  *   api_render.c     job results -> OpenAI JSON (responses, chunks, errors)
  *   text_out.c       per-choice text: stop strings, hold-back, reasoning split
+ *   api_tools.c      tools, tool_choice, tool messages -> serve_req (validation)
+ *   tool_calls.c     <tool_call> blocks in a reply -> calls + remaining content
  *   sched.c          FIFO + continuous batching over kipp_eval_batch
  *   metrics.c        counters and histograms, Prometheus text
  *
@@ -29,6 +31,8 @@
 #define SERVE_MAX_MSGS 256     /* chat messages per request */
 #define SERVE_CHUNK 32         /* prefill chunk every prefilling choice gets per step while the budget lasts */
 #define SERVE_STEP_TOKENS 512  /* default token budget of one step (--step-tokens) */
+#define SERVE_MAX_TOOLS 128    /* tools per request (OpenAI allows 128) */
+#define SERVE_MAX_PARALLEL 8   /* tool calls one constrained reply may make with parallel_tool_calls */
 
 /** An error for the client: HTTP status and the OpenAI error object's fields. */
 typedef struct {
@@ -51,7 +55,20 @@ typedef struct {
     size_t content_len;       /* bytes of content */
     char *reasoning_content;  /* assistant history, malloc'd or NULL */
     size_t reasoning_len;     /* bytes of reasoning_content */
+    kipp_tool_call *calls;    /* assistant tool_calls [n_calls]: name and arguments malloc'd (api_tools.c) */
+    size_t n_calls;
+    char **call_ids;          /* [n_calls] each call's id, malloc'd */
+    char *tool_call_id;       /* tool messages: the call answered, malloc'd */
 } serve_msg;
+
+/** One function tool of a request (api_tools.c). */
+typedef struct {
+    char *name;               /* function.name, malloc'd */
+    char *parameters;         /* function.parameters as compact JSON (a JSON Schema object), malloc'd; NULL = none */
+} serve_tool;
+
+/** tool_choice: auto (default with tools), none, required, or one named function. */
+enum { SERVE_TOOL_AUTO = 0, SERVE_TOOL_NONE, SERVE_TOOL_REQUIRED, SERVE_TOOL_NAMED };
 
 /** A parsed, validated request (api_parse.c); owns every pointer. */
 typedef struct {
@@ -82,7 +99,18 @@ typedef struct {
     int logprobs;             /* 0 = off, 1 = on */
     int top_logprobs;         /* alternatives per token: completions 0..5, chat 0..20 */
     int echo;                 /* completions: prompt in text (and its logprobs) */
+    /* tools (api_tools.c) */
+    serve_tool *tools;        /* [n_tools] */
+    size_t n_tools;
+    char *tools_json;         /* the tools array as sent, compact JSON (the template dumps each), or NULL */
+    int tool_choice;          /* SERVE_TOOL_* */
+    size_t tool_named;        /* SERVE_TOOL_NAMED: index into tools */
+    int parallel_tool_calls;  /* 1 (default): a reply may make several calls */
+    kipp_grammar *grammar;    /* set by prepare for tool_choice required / named; owned */
 } serve_req;
+
+/** 1 when replies to r are parsed for <tool_call> blocks: tools given and tool_choice not "none". */
+int serve_tools_active(const serve_req *r);
 
 /** Zero a request and set the defaults (n 1, thinking on, neutral sampling). */
 void serve_req_init(serve_req *r, int chat);
@@ -96,6 +124,29 @@ void serve_req_free(serve_req *r);
  * the expectation). Needs no model: the fuzz target calls it directly.
  */
 int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_error *e);
+
+/**
+ * The tool fields of a chat request body (root): tools, tool_choice and
+ * parallel_tool_calls, checked together (a named tool_choice must name one of
+ * tools), and the tool messages against the assistant tool_calls they answer.
+ * Called by serve_parse after the messages. 0 or -1 with e filled (400).
+ */
+int serve_parse_tools(serve_req *r, const json_t *root, serve_error *e);
+/**
+ * The tool fields of message i (m): an assistant's tool_calls, a tool
+ * message's tool_call_id; refuses them on other roles. 0 or -1 with e filled.
+ */
+int serve_parse_msg_tools(serve_msg *d, const json_t *m, size_t i, serve_error *e);
+/** Free what serve_parse_tools / serve_parse_msg_tools stored in r. */
+void serve_tools_free(serve_req *r);
+/**
+ * For tool_choice required / named: compile the grammar that makes the reply
+ * one (or, with parallel_tool_calls, up to SERVE_MAX_PARALLEL) <tool_call>
+ * blocks of the allowed functions, into r->grammar. 0 when nothing is needed
+ * or done; -1 with e filled (400 for a parameters schema the grammar refuses,
+ * 501 when constrained output is not available).
+ */
+int serve_tools_grammar(kipp_model *m, serve_req *r, serve_error *e);
 
 /**
  * Turn r's prompt into token ids against the model: tokenize the string prompt
@@ -145,6 +196,37 @@ typedef struct {
  * finished, so nothing is held back.
  */
 void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, serve_view *v);
+
+/* ---- tool calls in a reply (tool_calls.c) ---- */
+
+/** One parsed call: malloc'd strings. */
+typedef struct {
+    char *name;               /* a function of the request's tools */
+    char *arguments;          /* the arguments object's JSON text, as the model wrote it */
+} serve_call;
+
+/** A reply's content split into calls and the text around them. */
+typedef struct {
+    serve_buf content;        /* text outside the valid blocks (whitespace-only pieces next to a block dropped) */
+    serve_call *calls;        /* [n_calls] in order */
+    size_t n_calls, cap_calls;
+} serve_tool_out;
+
+/**
+ * Parse text[n] (a reply's content, thinking already split off) for Qwen3's
+ * "<tool_call>" JSON "</tool_call>" blocks. A block is a call when its inner
+ * text is one JSON object with exactly "name" (the name of one of tools[n_tools]) and
+ * "arguments" (an object); any other block stays content, as does an
+ * unterminated one once final. Not final: a tail that could still become a
+ * block, a block still open, and a whitespace-only piece that may yet sit
+ * next to a block are held back, so the content and calls of any prefix are
+ * prefixes of the final ones (streaming shows exactly what the whole reply
+ * gives). *out is initialised here; 0, or -1 when out of memory.
+ */
+int serve_tool_parse(const serve_tool *tools, size_t n_tools, const char *text, size_t n, int final,
+                     serve_tool_out *out);
+/** Free what serve_tool_parse stored; out may be zeroed. */
+void serve_tool_out_free(serve_tool_out *out);
 
 /* ---- jobs and the scheduler (sched.c) ---- */
 
@@ -275,6 +357,7 @@ char *serve_render_response(const serve_info *si, const serve_job *job);
 typedef struct {
     size_t sent_reasoning[SERVE_MAX_N], sent_content[SERVE_MAX_N], sent_lp[SERVE_MAX_N];
     int role_sent[SERVE_MAX_N], finish_sent[SERVE_MAX_N], echo_sent[SERVE_MAX_N];
+    size_t sent_calls[SERVE_MAX_N]; /* tool calls already streamed */
     int done_sent;
 } serve_stream_state;
 int serve_render_chunks(const serve_info *si, const serve_job *job, serve_stream_state *st, serve_buf *sse);
