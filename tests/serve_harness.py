@@ -130,7 +130,7 @@ def check_stream(chunks: list, n: int, chat: bool, include_usage: bool) -> dict:
                 out[i][0] += ch["text"]
             if ch["finish_reason"] is not None:
                 out[i][2] = ch["finish_reason"]
-    assert all(v[2] in ("stop", "length") for v in out.values()), f"a choice lacks its finish chunk: {out}"
+    assert all(v[2] in ("stop", "length", "tool_calls") for v in out.values()), f"a choice lacks its finish chunk: {out}"
     finishes = sum(1 for c in chunks for ch in c["choices"] if ch["finish_reason"] is not None)
     assert finishes == n, f"{finishes} finish chunks for {n} choices"
     if include_usage:
