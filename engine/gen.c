@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/internal.h"
+#include "engine/grammar_impl.h"
 
 struct kipp_gen {
     kipp_model *model;
@@ -49,6 +49,9 @@ struct kipp_gen {
     uint32_t rows_cap;
     /* the event's arrays */
     uint32_t ev_tok[KIPP_SPEC_K_MAX + 1], ev_row[KIPP_SPEC_K_MAX + 1], ev_bytes[KIPP_SPEC_K_MAX + 1];
+    /* constrained output */
+    kipp_grammar_matcher *gm; /* NULL = free text */
+    char *g_after;            /* free until this appears in the text; NULL once constrained */
 };
 
 /* ---- create / destroy ---- */
@@ -71,6 +74,22 @@ static int copy_stops(kipp_gen *g, const kipp_gen_options *o, char *err, size_t 
     return 0;
 }
 
+/* The matcher of o->grammar; grammar_after copied. */
+static int grammar_init(kipp_gen *g, const kipp_gen_options *o, char *err, size_t errlen)
+{
+    if (!o->grammar) {
+        if (o->grammar_after) return kipp_err(err, errlen, KIPP_EINVAL, "grammar_after was given without a grammar");
+        return 0;
+    }
+    if (o->grammar_after && !*o->grammar_after)
+        return kipp_err(err, errlen, KIPP_EINVAL, "grammar_after is empty, expected NULL or a string");
+    g->gm = kipp_grammar_matcher_create(o->grammar);
+    if (o->grammar_after) g->g_after = strdup(o->grammar_after);
+    if (!g->gm || (o->grammar_after && !g->g_after))
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a constrained generation");
+    return 0;
+}
+
 static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const kipp_gen_options *o, char *err,
                     size_t errlen)
 {
@@ -86,14 +105,13 @@ static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const 
     else kipp_rng_seed(&g->rng, o->seed);
     g->n_prompt = (uint32_t)n_prompt;
     g->n_done = kipp_session_length(g->s);
-    if (o->grammar || o->grammar_after)
-        return kipp_err(err, errlen, KIPP_ENOTSUP, "a grammar was given, but constrained generation is not built yet");
-    int rc = copy_stops(g, o, err, errlen);
+    int rc = grammar_init(g, o, err, errlen);
+    if (!rc) rc = copy_stops(g, o, err, errlen);
     if (rc) return rc;
     g->cap_hist = n_prompt + 64;
     g->hist = malloc(g->cap_hist * sizeof *g->hist);
     g->ds = kipp_detok_stream_create(g->model);
-    int spec = o->spec && kipp_spec_params_ok(&o->sp);
+    int spec = o->spec && !o->grammar && kipp_spec_params_ok(&o->sp); /* drafts know no grammar */
     g->rows_cap = g->prompt_rows ? KIPP_GEN_ROWS_CHUNK : 1;
     if (spec && g->rows_cap < KIPP_SPEC_K_MAX + 1) g->rows_cap = KIPP_SPEC_K_MAX + 1;
     g->logits = malloc((size_t)g->rows_cap * g->vocab * sizeof *g->logits);
@@ -140,6 +158,8 @@ void kipp_gen_destroy(kipp_gen *g)
     free(g->logits);
     kipp_spec_destroy(g->spec);
     kipp_detok_stream_destroy(g->ds);
+    kipp_grammar_matcher_destroy(g->gm);
+    free(g->g_after);
     free(g);
 }
 
@@ -265,6 +285,36 @@ static int is_stop_id(const kipp_gen *g, uint32_t id)
     return 0;
 }
 
+/* Advance the grammar by tok, whose text starts at text[from]: its bytes once
+ * constrained, else look for g_after, and feed what follows it. */
+static int grammar_step(kipp_gen *g, uint32_t tok, size_t from, char *err, size_t errlen)
+{
+    if (!g->g_after) {
+        if (!kipp_grammar_matcher_accept(g->gm, tok)) return 0;
+        return kipp_err(err, errlen, KIPP_EINVAL, "token %u does not continue the constrained output", tok);
+    }
+    size_t k = strlen(g->g_after), start = from >= k ? from - k + 1 : 0;
+    for (size_t p = start; p + k <= g->n_text; p++)
+        if (!memcmp(g->text + p, g->g_after, k)) {
+            free(g->g_after);
+            g->g_after = NULL;
+            if (!kipp_grammar_matcher_feed(g->gm, g->text + p + k, g->n_text - p - k)) return 0;
+            return kipp_err(err, errlen, KIPP_EINVAL, "the text after the end of the free part does not begin the "
+                            "constrained output");
+        }
+    return 0;
+}
+
+/* The grammar's mask of allowed tokens now, into p->allowed. */
+static int grammar_mask(kipp_gen *g, kipp_sample_params *p, char *err, size_t errlen)
+{
+    uint32_t n_allowed = 0;
+    p->allowed = kipp_grammar_matcher_mask(g->gm, &n_allowed);
+    if (!p->allowed) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a token mask");
+    if (!n_allowed) return kipp_err(err, errlen, KIPP_EINVAL, "no token can continue the constrained output");
+    return 0;
+}
+
 /* Emit token tok (sampled from row) into ev; sets g->finish when it ends the
  * generation. last: the step's last token, the pending one, which needs room. */
 static int emit(kipp_gen *g, uint32_t tok, uint32_t row, int last, kipp_gen_event *ev, char *err, size_t errlen)
@@ -282,6 +332,7 @@ static int emit(kipp_gen *g, uint32_t tok, uint32_t row, int last, kipp_gen_even
         if (!h) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the token history");
         else g->hist = h, g->cap_hist *= 2;
     }
+    if (!rc && g->gm) rc = grammar_step(g, tok, from, err, errlen);
     if (rc) return rc;
     g->hist[g->n_hist++] = tok;
     g->n_gen++;
@@ -327,7 +378,10 @@ int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err,
     }
     kipp_sample_params p = params(g);
     uint32_t tok, row = g->rows - 1;
-    int rc = kipp_sample_ex(g->logits + (size_t)row * g->vocab, g->vocab, &p, &g->rng, &tok, err, errlen);
+    int constrained = g->gm && !g->g_after, rc = constrained ? grammar_mask(g, &p, err, errlen) : 0;
+    if (!rc) rc = kipp_sample_ex(g->logits + (size_t)row * g->vocab, g->vocab, &p, &g->rng, &tok, err, errlen);
+    if (!rc && constrained && !(p.allowed[tok >> 6] >> (tok & 63) & 1)) /* the sampler's contract, checked */
+        rc = kipp_err(err, errlen, KIPP_EINVAL, "the sampler chose token %u, which the grammar refuses", tok);
     return rc ? rc : emit(g, tok, row, 1, ev, err, errlen);
 }
 

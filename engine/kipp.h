@@ -420,6 +420,9 @@ typedef struct {
     size_t n_prompt_history;  /* leading history entries that are prompt, not output; 0 = all output */
     const kipp_logit_bias *logit_bias; /* [n_logit_bias] */
     size_t n_logit_bias;
+    const uint64_t *allowed;  /* NULL, or a bitset over the vocabulary (bit id%64 of word id/64): tokens outside it
+                               * are never chosen, as if their logits were -Inf before every stage (a grammar's
+                               * mask); at least one must be set */
 } kipp_sample_params;
 
 /** Neutral parameters: temperature 0, top_k 0, top_p 1, min_p 0, penalties off, window 64. */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
+#include "engine/grammar_impl.h"
 #include "engine/kv_pool.h"
 #include "kernels/formats.h"
 
@@ -711,6 +712,7 @@ void kipp_model_close(kipp_model *m)
     if (!m) return;
     if (m->ops && m->bm) m->ops->model_destroy(m->bm);
     kipp_kv_pool_destroy(m->pool);
+    kipp_vocab_index_free(m->gvi);
     kipp_tokenizer_destroy(m->tok);
     free(m->tok_added_ids);
     free(m->tok_strs);

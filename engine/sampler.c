@@ -283,12 +283,14 @@ static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_
     /* Subtracting the max before dividing keeps a tiny temperature from overflowing to
      * +Inf; softmax and every cut below are invariant to that shift. */
     float mx = x[argmax(x, n_vocab)];
-    for (size_t i = 0; i < n_vocab; i++) c[i] = (cand){(x[i] - mx) / p->temperature, (uint32_t)i, 0.0};
-    size_t n = n_vocab;
-    if (p->top_k > 0 && (size_t)p->top_k < n) n = select_top_k(c, n, (size_t)p->top_k);
+    size_t n = 0;
+    for (size_t i = 0; i < n_vocab; i++) /* masked tokens have p = 0 at every stage: they are no candidates */
+        if (!p->allowed || (p->allowed[i >> 6] >> (i & 63) & 1)) c[n++] = (cand){(x[i] - mx) / p->temperature, (uint32_t)i, 0.0};
+    int sorted = 0;
+    if (p->top_k > 0 && (size_t)p->top_k < n) n = select_top_k(c, n, (size_t)p->top_k), sorted = 1;
     softmax(c, n);
     if (p->top_p < 1.0f) {
-        if (n == n_vocab) n = sorted_nucleus_prefix(c, n, p->top_p); /* top_k already sorted otherwise */
+        if (!sorted) n = sorted_nucleus_prefix(c, n, p->top_p); /* top_k already sorted otherwise */
         n = cut_top_p(c, n, p->top_p);
     }
     if (p->min_p > 0.0f) n = cut_min_p(c, n, p->min_p); /* order-independent */
@@ -317,8 +319,17 @@ int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params
     apply_repetition(x, counts, p);
     apply_freq_presence(x, counts, p);
     /* Biases and penalties are finite, but their sum with a large logit need not be. */
+    size_t n_allowed = n_vocab;
+    if (p->allowed) {
+        n_allowed = 0;
+        for (size_t i = 0; i < n_vocab; i++) {
+            if (p->allowed[i >> 6] >> (i & 63) & 1) n_allowed++;
+            else x[i] = -INFINITY; /* no argmax or max can pick it */
+        }
+    }
+    if (!n_allowed) rc = kipp_err(err, errlen, KIPP_EINVAL, "the allowed-token mask is empty, expected at least one token");
     for (size_t i = 0; i < n_vocab && !rc; i++)
-        if (!isfinite(x[i]))
+        if (!isfinite(x[i]) && !(p->allowed && x[i] == -INFINITY))
             rc = kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", i, (double)x[i]);
     int greedy = p->temperature == 0.0f || p->top_p == 0.0f;
     if (!rc) *token = greedy ? argmax(x, n_vocab) : sample_scaled(x, n_vocab, p, c, rng);

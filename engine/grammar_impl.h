@@ -1,0 +1,176 @@
+/*
+ * grammar_impl.h - internals of constrained output, shared by grammar.c (the
+ * automaton and masks), grammar_schema.c (JSON Schema -> nodes) and
+ * grammar_vocab.c (the vocabulary's byte tries). Engine-private.
+ *
+ * The automaton is a set of stacks (a small GLR-style pushdown automaton):
+ * each stack is a list of frames, each frame a position inside one schema
+ * node. anyOf, type arrays, optional properties and enum alternatives fork
+ * stacks; a byte that a stack cannot take drops it. The serialized set is the
+ * state: it keys the per-grammar mask cache.
+ */
+#ifndef KIPP_GRAMMAR_IMPL_H
+#define KIPP_GRAMMAR_IMPL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/internal.h"
+
+#define KG_MAX_DEPTH 24     /* frames per stack: nesting deeper than this is not generated */
+#define KG_MAX_STACKS 48    /* live alternatives at once (anyOf over this many tools) */
+#define KG_ANY_DEPTH 6      /* free-form values (json_object mode) nest at most this many containers */
+#define KG_WS_MAX 12        /* whitespace bytes at most in one gap between JSON tokens */
+#define KG_INT_DIGITS 15    /* digits at most in a number's integer part (no leading zeros) */
+#define KG_FRAC_DIGITS 15   /* digits at most after a number's '.' */
+#define KG_EXP_DIGITS 3     /* digits at most in an exponent */
+#define KG_UNBOUNDED UINT32_MAX
+
+/** Schema node kinds. */
+enum {
+    KN_ROOT,    /* prefix, document, suffix, repeated with separators */
+    KN_ANY,     /* any JSON value (forks into the free-form kinds) */
+    KN_ANYOF,   /* alternatives: alts[0..n_alts) */
+    KN_OBJ,     /* declared properties, in order */
+    KN_OBJ_ANY, /* any keys, any values */
+    KN_ARR,     /* items = child, min/max items */
+    KN_STR,     /* min/max code points */
+    KN_NUM,
+    KN_INT,
+    KN_LIT,     /* one of a set of byte strings (enum, const, true/false/null, framing text) */
+};
+
+/** A literal set: a small byte trie; node 0 is the root. */
+typedef struct {
+    uint8_t byte;
+    uint8_t terminal; /* 1: a whole literal ends here */
+    uint16_t n_kids;
+    uint32_t first_kid; /* index into the literal trie array */
+} kg_lit_node;
+
+/** One compiled schema node. */
+typedef struct {
+    uint8_t kind;
+    uint8_t framing;      /* KN_LIT: framing text (added tokens may spell it) */
+    uint32_t min, max;    /* STR: code points; ARR: items; KG_UNBOUNDED = no max */
+    uint32_t child;       /* ARR: items; ROOT: the document */
+    uint32_t first, n;    /* OBJ: props[first..first+n); ANYOF: alts[first..first+n); LIT: lit trie root index */
+} kg_node;
+
+/** An object's declared property. */
+typedef struct {
+    uint32_t key;   /* KN_LIT node of the key, quotes included */
+    uint32_t value; /* node of the value */
+    int required;
+} kg_prop;
+
+/** One frame of a stack: a position inside node. */
+typedef struct {
+    uint16_t node;
+    uint8_t st;   /* phase within the node */
+    uint8_t ws;   /* whitespace bytes in the current gap */
+    uint32_t n;   /* counter: property, items, code points, digits, literal trie node */
+} kg_frame;
+
+/** The vocabulary as byte strings, with tries for mask walks. Built once per model. */
+typedef struct {
+    uint8_t byte;
+    uint8_t pad;
+    uint16_t depth;    /* 1 = first byte */
+    uint32_t end;      /* index past this node's subtree (preorder) */
+    uint32_t tok, ntok; /* ids[tok..tok+ntok) end here */
+} kg_trie_node;
+
+typedef struct {
+    kg_trie_node *nodes;
+    uint32_t n_nodes;
+    uint32_t *ids;
+    uint32_t max_depth;
+} kg_trie;
+
+typedef struct kipp_vocab_index {
+    uint32_t vocab;          /* rows of logits (padding ids included) */
+    uint32_t n_tokens;       /* ids with a byte string */
+    char *blob;              /* all token bytes */
+    uint32_t *off;           /* [n_tokens + 1] offsets into blob */
+    uint8_t *added;          /* [n_tokens] 1 added (non-special), 2 special: never in a document */
+    kg_trie all;             /* every ordinary token */
+    kg_trie odd;             /* ordinary tokens that are not plain string text */
+    uint32_t *plain;         /* [n_plain] tokens that are plain string text (no '"', '\\', controls; whole UTF-8) */
+    uint16_t *plain_cp;      /* [n_plain] their code points */
+    uint32_t n_plain;
+    uint32_t *framing;       /* [n_framing] added non-special tokens */
+    uint32_t n_framing;
+    uint32_t stop_ids[2], n_stop;
+} kipp_vocab_index;
+
+/**
+ * Build the index of tokens[n_tokens] (byte strings; added[i] as in the
+ * struct) for a vocabulary of vocab rows. Errors: KIPP_ENOMEM.
+ */
+int kipp_vocab_index_build(const kipp_str *tokens, const uint8_t *added, uint32_t n_tokens, uint32_t vocab,
+                           const uint32_t *stop_ids, uint32_t n_stop, kipp_vocab_index **out, char *err,
+                           size_t errlen);
+void kipp_vocab_index_free(kipp_vocab_index *vi);
+/** The model's index, built on first use (thread-safe) and kept for the process. NULL on failure. */
+const kipp_vocab_index *kipp_vocab_index_of(kipp_model *model, char *err, size_t errlen);
+
+/** A mask cache entry. */
+typedef struct kg_cache_entry {
+    uint64_t hash;
+    uint32_t klen;
+    uint8_t *key;
+    uint64_t *bits;
+    struct kg_cache_entry *next;
+} kg_cache_entry;
+
+struct kipp_grammar {
+    const kipp_vocab_index *vi;
+    kipp_vocab_index *own_vi; /* tests: an index the grammar owns */
+    kg_node *nodes;
+    uint32_t n_nodes, cap_nodes;
+    kg_prop *props;
+    uint32_t n_props, cap_props;
+    uint32_t *alts;
+    uint32_t n_alts, cap_alts;
+    kg_lit_node *lits;
+    uint32_t n_lits, cap_lits;
+    uint32_t root, prefix, suffix, separator; /* LIT nodes, or UINT32_MAX: none */
+    uint32_t max_count;
+    uint32_t n_any, n_str_any, n_num_any, n_tfn, n_obj_any, n_arr_any; /* the free-form nodes */
+    pthread_mutex_t mu;
+    kg_cache_entry **buckets; /* [KG_BUCKETS] */
+    uint32_t n_cached;
+};
+
+#define KG_NONE UINT32_MAX
+
+/* grammar_schema.c */
+int kg_add_node(kipp_grammar *g, kg_node n, uint32_t *id);
+int kg_add_lit(kipp_grammar *g, const char *const *s, const size_t *len, size_t n, int framing, uint32_t *id);
+int kg_compile_schema(kipp_grammar *g, const char *schema, uint32_t *doc, char *err, size_t errlen);
+
+/* ---- the matcher: one generation's position in a grammar (grammar.c) ---- */
+
+typedef struct kipp_grammar_matcher kipp_grammar_matcher;
+
+/** Compile spec over an explicit vocabulary index (tests; vi is then owned by the grammar when own is 1). */
+int kipp_grammar_create_vi(kipp_vocab_index *vi, int own, const kipp_grammar_spec *spec, kipp_grammar **out,
+                           char *err, size_t errlen);
+/** A matcher at the grammar's start. NULL on out of memory. */
+kipp_grammar_matcher *kipp_grammar_matcher_create(const kipp_grammar *g);
+void kipp_grammar_matcher_destroy(kipp_grammar_matcher *m);
+/** Feed bytes; 0 when every byte was accepted, else KIPP_EINVAL (the matcher is left unchanged). */
+int kipp_grammar_matcher_feed(kipp_grammar_matcher *m, const char *bytes, size_t n);
+/** 1 when bytes[n] would be accepted; the state is kept. */
+int kipp_grammar_matcher_can(kipp_grammar_matcher *m, const char *bytes, size_t n);
+/** Feed token id's bytes (an end-of-turn id is accepted only when complete); 0 or KIPP_EINVAL. */
+int kipp_grammar_matcher_accept(kipp_grammar_matcher *m, uint32_t id);
+/** 1 when the documents are complete (an end-of-turn id may come now). */
+int kipp_grammar_matcher_complete(const kipp_grammar_matcher *m);
+/** The allowed tokens now: a bitset over vocab rows, owned by the grammar's cache or the matcher; valid until the
+ * matcher's next call. *n_allowed gets the count. NULL on out of memory. */
+const uint64_t *kipp_grammar_matcher_mask(kipp_grammar_matcher *m, uint32_t *n_allowed);
+
+#endif
