@@ -262,7 +262,7 @@ int serve_parse_msg_tools(serve_msg *d, const json_t *m, size_t i, serve_error *
 /* {"type":"object","properties":{"name":{"const":N},"arguments":P},"required":[...],"additionalProperties":false} */
 static json_t *call_schema(const serve_tool *t)
 {
-    json_t *p = t->parameters ? json_loads(t->parameters, JSON_DECODE_INT_AS_REAL, NULL)
+    json_t *p = t->parameters ? json_loads(t->parameters, 0, NULL)
                               : json_pack("{s:s, s:{}, s:b}", "type", "object", "properties", "additionalProperties", 0);
     if (!p) return NULL;
     return json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s, s], s:b}", "type", "object", "properties", "name", "const", t->name,
