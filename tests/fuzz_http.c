@@ -5,7 +5,9 @@
  *
  * Input: byte 0 picks the endpoint (bit 0: chat) and the rest is the request
  * body. A body that parses is also used as raw model output against its own
- * stop strings, streamed and final, which must agree.
+ * stop strings, streamed and final, which must agree, and as a reply parsed
+ * for tool calls (server/tool_calls.c): every prefix's content and calls are
+ * prefixes of the whole text's.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,12 +16,31 @@
 #include "engine/internal.h"
 #include "server/serve.h"
 
+static void tool_prefixes(const char *text, size_t n)
+{
+    static const serve_tool tools[] = {{.name = "f"}, {.name = "get_time"}};
+    serve_tool_out whole, o;
+    if (serve_tool_parse(tools, 2, text, n, 1, &whole)) abort();
+    for (size_t k = 0; k <= n; k += 1 + n / 64) {
+        if (serve_tool_parse(tools, 2, text, k, 0, &o)) abort();
+        if (o.content.n > whole.content.n || (o.content.n && memcmp(o.content.p, whole.content.p, o.content.n)) ||
+            o.n_calls > whole.n_calls)
+            abort();
+        for (size_t c = 0; c < o.n_calls; c++)
+            if (strcmp(o.calls[c].name, whole.calls[c].name) || strcmp(o.calls[c].arguments, whole.calls[c].arguments))
+                abort();
+        serve_tool_out_free(&o);
+    }
+    serve_tool_out_free(&whole);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
     int chat = data[0] & 1;
     const char *body = (const char *)data + 1;
     size_t n = size - 1;
+    tool_prefixes(body, n);
     serve_req r;
     serve_error e;
     if (serve_parse(body, n, chat, &r, &e)) {

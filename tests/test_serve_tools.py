@@ -396,6 +396,9 @@ ERRORS = [
      "messages", "content is missing"),
     ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c1"}]}, "messages", "only on tool messages"),
     ({"messages": USER + [{"role": "assistant", "function_call": {}}]}, "messages", "function_call is not supported"),
+    # a schema keyword the constrained decoder does not support, when it would have to enforce it
+    ({"tools": tools_with(parameters={"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}),
+      "tool_choice": "required"}, "tools", "pattern"),
 ]
 
 
@@ -404,6 +407,13 @@ def test_tool_errors(srv, extra, param, words):
     st, r = srv.post(CH, {"messages": USER, "max_tokens": 2, **extra})
     assert st == 400, r
     assert r["error"]["param"] == param and words in r["error"]["message"], r["error"]
+
+
+def test_unsupported_keyword_is_fine_when_not_enforced(srv):
+    """tool_choice auto compiles no grammar: the tool's schema is only rendered."""
+    tools = tools_with(parameters={"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, strict=True)
+    st, r = srv.post(CH, {"messages": USER, "max_tokens": 2, "tools": tools})
+    assert st == 200, r
 
 
 def test_history_tool_calls_accepted_without_tools(srv):
