@@ -186,12 +186,14 @@ static void shown_make(const serve_req *r, const char *raw, const serve_view *v,
  * stream and in the whole response. */
 static void call_id(const serve_job *j, int i, size_t k, char out[32])
 {
-    uint64_t x = j->id * 0x9e3779b97f4a7c15ull ^ ((uint64_t)i << 40) ^ k, y = (uint64_t)j->created;
-    for (int r = 0; r < 2; r++) { /* splitmix64 rounds */
-        x += 0x9e3779b97f4a7c15ull, x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull, x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-        x ^= x >> 31, y ^= x;
+    uint64_t x = j->id ^ ((uint64_t)j->created << 24) ^ ((uint64_t)i << 56) ^ ((uint64_t)k << 48), h[2];
+    for (int r = 0; r < 2; r++) { /* splitmix64: every input bit reaches both halves */
+        x += 0x9e3779b97f4a7c15ull;
+        uint64_t z = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        h[r] = z ^ (z >> 31);
     }
-    snprintf(out, 32, "call_%016llx%08llx", (unsigned long long)x, (unsigned long long)(y & 0xffffffffu));
+    snprintf(out, 32, "call_%016llx%08llx", (unsigned long long)h[0], (unsigned long long)(h[1] & 0xffffffffu));
 }
 
 static const char *chat_finish(const shown *sh, int f)
