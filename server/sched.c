@@ -251,6 +251,10 @@ static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, in
         .n_stop = r->n_stop,
         .spec = !s->o.no_spec,
         .prompt_rows = echo,
+        .grammar = r->grammar,
+        /* the schema binds the answer, not the thoughts (text_out.c splits them the same way) */
+        .grammar_after = r->grammar && r->thinking ? "</think>" : NULL,
+        .grammar_open = r->grammar && r->thinking && !r->starts_in_reasoning ? "<think>" : NULL,
     };
 }
 

@@ -82,7 +82,13 @@ typedef struct {
     int logprobs;             /* 0 = off, 1 = on */
     int top_logprobs;         /* alternatives per token: completions 0..5, chat 0..20 */
     int echo;                 /* completions: prompt in text (and its logprobs) */
+    /* constrained output */
+    int response_format;      /* SERVE_RF_TEXT (none), SERVE_RF_JSON_OBJECT or SERVE_RF_JSON_SCHEMA */
+    char *rf_schema;          /* json_schema: the schema as compact JSON text, malloc'd */
+    kipp_grammar *grammar;    /* set by prepare when the reply is constrained; every choice's gen uses it */
 } serve_req;
+
+enum { SERVE_RF_TEXT = 0, SERVE_RF_JSON_OBJECT, SERVE_RF_JSON_SCHEMA };
 
 /** Zero a request and set the defaults (n 1, thinking on, neutral sampling). */
 void serve_req_init(serve_req *r, int chat);

@@ -100,6 +100,8 @@ static const vcase cases[] = {
     {"{\"definitions\":{\"I\":{\"type\":\"integer\"}},\"type\":\"array\",\"items\":{\"$ref\":\"#/definitions/I\"}}",
      "[1,\"a\"]", 0},
     {"{\"title\":\"T\",\"description\":\"d\",\"type\":\"boolean\",\"default\":true}", "false", 2},
+    {"{\"properties\":{\"u\":{\"anyOf\":[{\"$ref\":\"#/definitions/U\"},{\"type\":\"null\"}]}},"
+     "\"definitions\":{\"U\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}}}", "{\"u\":\"f\"}", 2},
     {"{\"type\":\"integer\"}", "-0", 2}, {"{\"type\":\"integer\"}", "-", 1},
 };
 
@@ -276,6 +278,11 @@ static void walk_schema(const char *schema, uint64_t seed, int check_every, int 
     kipp_grammar_destroy(g);
 }
 
+#define TOOLISH "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12}," \
+    "\"unit\":{\"anyOf\":[{\"$ref\":\"#/definitions/Unit\"},{\"type\":\"null\"}]},\"days\":{\"type\":" \
+    "\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":2}},\"required\":[\"city\",\"unit\",\"days\"]," \
+    "\"definitions\":{\"Unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}}}"
+
 static void test_real_vocab(void)
 {
     walk_schema(NULL, 1, 5, 400);
@@ -283,6 +290,10 @@ static void test_real_vocab(void)
                 "\"n\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b c\"]},"
                 "\"maxItems\":3},\"x\":{\"type\":[\"number\",\"null\"]}},\"required\":[\"name\",\"n\",\"tags\"]}",
                 7, 3, 400);
+    walk_schema("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},"
+                "\"unit\":{\"anyOf\":[{\"$ref\":\"#/definitions/Unit\"},{\"type\":\"null\"}]},\"days\":{\"type\":"
+                "\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":2}},\"required\":[\"city\",\"unit\",\"days\"],"
+                "\"definitions\":{\"Unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}}}", 5, 2, 400);
     for (uint64_t seed = 11; seed < 14; seed++) walk_schema(NULL, seed, 0, 600);
 }
 
@@ -349,6 +360,20 @@ static void test_gen_constrained(void)
         json_decref(j);
         if (getenv("KIPP_TEST_VERBOSE")) printf("  %s\n", text);
     }
+    kipp_grammar *g2 = NULL;
+    spec.schema = TOOLISH;
+    CHECK(kipp_grammar_create(model, &spec, &g2, err, sizeof err) == 0, "%s", err);
+    for (int k = 0; g2 && k < 6; k++) {
+        kipp_gen_options o = {.sp = kipp_sample_params_default(), .seed = (uint64_t)k, .max_tokens = 300, .grammar = g2};
+        o.sp.temperature = 1.0f, o.sp.presence_penalty = k % 2 ? 2.0f : 0.0f;
+        o.sp.logit_bias = &lb, o.sp.n_logit_bias = 1;
+        size_t len = 0;
+        int fin = run_gen(&o, text, sizeof text, &len, err, sizeof err);
+        json_t *j = json_loads(text, 0, NULL);
+        CHECK(fin == KIPP_FIN_STOP && j, "toolish seed %d: finish %d (%s), text %s", k, fin, err, text);
+        json_decref(j);
+    }
+    kipp_grammar_destroy(g2);
     kipp_gen_options o = {.sp = kipp_sample_params_default(), .grammar_after = "</think>"};
     kipp_gen *gen = NULL;
     uint32_t p = 1;
