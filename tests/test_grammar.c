@@ -297,6 +297,41 @@ static void test_real_vocab(void)
     for (uint64_t seed = 11; seed < 14; seed++) walk_schema(NULL, seed, 0, 600);
 }
 
+/* Qwen3 tool-call framing over the real vocabulary: the model's own tokenization of two calls (the added
+ * <tool_call> / </tool_call> tokens included) is allowed token by token, then only the end of turn. */
+static void test_tool_framing(void)
+{
+    char err[512];
+    kipp_grammar_spec spec = {.schema = "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"},"
+                              "\"arguments\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+                              "\"required\":[\"x\"]}},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false},"
+                              "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"g\"},\"arguments\":{}},"
+                              "\"required\":[\"name\",\"arguments\"]}]}",
+                              .prefix = "<tool_call>\n", .suffix = "\n</tool_call>", .separator = "\n", .max_count = 2};
+    kipp_grammar *g = NULL;
+    CHECK(kipp_grammar_create(model, &spec, &g, err, sizeof err) == 0, "%s", err);
+    if (!g) return;
+    const char *text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 12}}\n</tool_call>\n"
+                       "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"k\": [true]}}\n</tool_call>";
+    uint32_t ids[128];
+    size_t n = 0;
+    CHECK(kipp_tokenize(model, text, strlen(text), KIPP_TOK_SPECIAL, ids, 128, &n, NULL, 0) == 0, "tokenize");
+    CHECK(ids[0] == 151657, "<tool_call> is the added token: %u", ids[0]);
+    kipp_grammar_matcher *m = kipp_grammar_matcher_create(g);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t *b = kipp_grammar_matcher_mask(m, NULL);
+        CHECK(b[ids[i] >> 6] >> (ids[i] & 63) & 1, "token %zu (%u) not in the mask", i, ids[i]);
+        CHECK(kipp_grammar_matcher_accept(m, ids[i]) == 0, "token %zu (%u) refused", i, ids[i]);
+    }
+    uint32_t na = 0;
+    const uint64_t *b = kipp_grammar_matcher_mask(m, &na);
+    CHECK(na == g->vi->n_stop && (b[151645 >> 6] >> (151645 & 63) & 1), "after two calls: %u allowed", na);
+    CHECK(verdict(g, "<tool_call>\n{\"name\": \"g\", \"arguments\": 1}\n</tool_call>") == 2, "g takes any arguments");
+    CHECK(verdict(g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}") == 0, "f needs x");
+    kipp_grammar_matcher_destroy(m);
+    kipp_grammar_destroy(g);
+}
+
 /* One gen to its end; its text in out. */
 static int run_gen(const kipp_gen_options *o, char *out, size_t cap, size_t *len, char *err, size_t errlen)
 {
@@ -400,6 +435,7 @@ int main(void)
     }
     RUN(test_real_vocab);
     RUN(test_gen_constrained);
+    RUN(test_tool_framing);
     kipp_model_close(model);
     return th_finish();
 }
