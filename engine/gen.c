@@ -12,7 +12,10 @@
  *             the plain greedy ones. The step's wall time teaches the gate.
  * Every emitted token is detokenized into the reply text, and stop strings
  * are matched only over the bytes a token added (plus the tail a match could
- * straddle), so a long reply costs no rescans. The caller evaluates; that is
+ * straddle), so a long reply costs no rescans. With a grammar, every sample
+ * sees only the tokens its matcher allows (speculation is off: drafts know no
+ * grammar), and each emitted token advances the matcher; grammar_after keeps
+ * the text free until that string appears. The caller evaluates; that is
  * what lets a scheduler put many gens' items into one kipp_eval_batch.
  */
 #include <stdlib.h>
