@@ -420,12 +420,55 @@ static void test_gen_constrained(void)
     kipp_grammar_destroy(g);
 }
 
+/* kipp_sample_params.allowed: an all-set mask changes nothing (same RNG stream, same picks); a sparse one
+ * gives only its tokens, greedy the best of them, and sampling them in proportion (top_k over them only). */
+static void test_sampler_mask(void)
+{
+    enum { V = 200 };
+    float x[V];
+    uint64_t all[4], some[4] = {0};
+    memset(all, 0xff, sizeof all);
+    for (int i = 0; i < V; i++) x[i] = (float)((i * 37) % 101) / 10.0f;
+    int ids[3] = {5, 64, 150};
+    for (int k = 0; k < 3; k++) some[ids[k] >> 6] |= 1ull << (ids[k] & 63);
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 0.8f, p.top_p = 0.9f, p.top_k = 40;
+    kipp_rng a, b;
+    kipp_rng_seed(&a, 9), kipp_rng_seed(&b, 9);
+    for (int r = 0; r < 200; r++) {
+        uint32_t t1 = 0, t2 = 0;
+        p.allowed = NULL;
+        kipp_sample_ex(x, V, &p, &a, &t1, NULL, 0);
+        p.allowed = all;
+        kipp_sample_ex(x, V, &p, &b, &t2, NULL, 0);
+        CHECK(t1 == t2, "draw %d: %u without a mask, %u with an all-set one", r, t1, t2);
+    }
+    p.allowed = some, p.top_k = 2, p.top_p = 1.0f, p.temperature = 1.0f;
+    int count[V] = {0};
+    for (int r = 0; r < 3000; r++) {
+        uint32_t t = 0;
+        CHECK(kipp_sample_ex(x, V, &p, &a, &t, NULL, 0) == 0, "sample");
+        count[t % V]++;
+    }
+    /* x[5] = 8.4, x[64] = 4.5, x[150] = 9.6 ((37 i mod 101) / 10): top_k 2 keeps 150 and 5, p = e^9.6 : e^8.4 */
+    double want150 = 1.0 / (1.0 + exp((double)x[5] - (double)x[150]));
+    CHECK(count[150] + count[5] == 3000 && fabs(count[150] / 3000.0 - want150) < 0.03,
+          "picks %d %d %d, want share %.3f", count[5], count[64], count[150], want150);
+    p.temperature = 0.0f;
+    uint32_t t = 0;
+    CHECK(kipp_sample_ex(x, V, &p, &a, &t, NULL, 0) == 0 && t == 150, "greedy over the mask: %u", t);
+    uint64_t none[4] = {0};
+    p.allowed = none;
+    CHECK(kipp_sample_ex(x, V, &p, &a, &t, NULL, 0) == KIPP_EINVAL, "an empty mask is refused");
+}
+
 int main(void)
 {
     RUN(test_verdicts);
     RUN(test_framing);
     RUN(test_refusals);
     RUN(test_tiny_masks);
+    RUN(test_sampler_mask);
     char path[512], err[256] = "";
     snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
     if (kipp_model_open(path, "cpu", NULL, &model, err, sizeof err)) {
