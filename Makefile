@@ -51,7 +51,7 @@ SERVER_SRC:= $(wildcard server/*.c)
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(@D)
@@ -128,6 +128,11 @@ $(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.
 
 # Tokenizer benchmark: its own main, no kernel harness (tools/bench_tokenizer.py drives it).
 $(BUILD)/bin/bench_tokenizer: $(BUILD)/bench/bench_tokenizer.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+# Constrained output's cost per token against the 0.6B decode step (results/*-grammar-*.json).
+$(BUILD)/bin/bench_grammar: $(BUILD)/bench/bench_grammar.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -215,8 +220,9 @@ soak: $(BUILD)/kipp-serve models-test
 # kipp-serve and llama-server (when `make bench-peers` built it; SERVE_ARGS=--no-peers skips it) in one run,
 # alternating rounds, at 1/4/8/16 streams plus a 512-token prefill and the prefix rows
 # -> results/<date>-<host>-<cpu id>-serve-<sha>.json
-bench-serve: $(BUILD)/kipp-serve
+bench-serve: $(BUILD)/kipp-serve $(BUILD)/bin/bench_grammar models-test
 	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(SERVE_ARGS)
+	$(BUILD)/bin/bench_grammar --model $(BUILD)/models/synthetic-tiny.gguf
 
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles

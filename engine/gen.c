@@ -12,7 +12,10 @@
  *             the plain greedy ones. The step's wall time teaches the gate.
  * Every emitted token is detokenized into the reply text, and stop strings
  * are matched only over the bytes a token added (plus the tail a match could
- * straddle), so a long reply costs no rescans. The caller evaluates; that is
+ * straddle), so a long reply costs no rescans. With a grammar, every sample
+ * sees only the tokens its matcher allows (speculation is off: drafts know no
+ * grammar), and each emitted token advances the matcher; grammar_after keeps
+ * the text free until that string appears. The caller evaluates; that is
  * what lets a scheduler put many gens' items into one kipp_eval_batch.
  */
 #include <stdlib.h>
@@ -52,6 +55,9 @@ struct kipp_gen {
     /* constrained output */
     kipp_grammar_matcher *gm; /* NULL = free text */
     char *g_after;            /* free until this appears in the text; NULL once constrained */
+    int open_pending;         /* the first token may be open_id (grammar_open) instead of a grammar token */
+    uint32_t open_id;
+    uint64_t *open_mask;      /* the first step's mask: the grammar's plus open_id */
 };
 
 /* ---- create / destroy ---- */
@@ -78,12 +84,24 @@ static int copy_stops(kipp_gen *g, const kipp_gen_options *o, char *err, size_t 
 static int grammar_init(kipp_gen *g, const kipp_gen_options *o, char *err, size_t errlen)
 {
     if (!o->grammar) {
-        if (o->grammar_after) return kipp_err(err, errlen, KIPP_EINVAL, "grammar_after was given without a grammar");
+        if (o->grammar_after || o->grammar_open)
+            return kipp_err(err, errlen, KIPP_EINVAL, "grammar_after or grammar_open was given without a grammar");
         return 0;
     }
     if (o->grammar_after && !*o->grammar_after)
         return kipp_err(err, errlen, KIPP_EINVAL, "grammar_after is empty, expected NULL or a string");
     g->gm = kipp_grammar_matcher_create(o->grammar);
+    if (o->grammar_open) {
+        size_t n = 0;
+        uint32_t ids[4];
+        if (!o->grammar_after || kipp_tokenize(g->model, o->grammar_open, strlen(o->grammar_open), KIPP_TOK_SPECIAL,
+                                               ids, 4, &n, NULL, 0) || n != 1)
+            return kipp_err(err, errlen, KIPP_EINVAL, "grammar_open '%.40s' must be one token, and needs grammar_after",
+                            o->grammar_open);
+        g->open_id = ids[0], g->open_pending = 1;
+        if (!(g->open_mask = malloc((g->vocab + 63) / 64 * sizeof *g->open_mask)))
+            return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a constrained generation");
+    }
     if (o->grammar_after) g->g_after = strdup(o->grammar_after);
     if (!g->gm || (o->grammar_after && !g->g_after))
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a constrained generation");
@@ -160,6 +178,7 @@ void kipp_gen_destroy(kipp_gen *g)
     kipp_detok_stream_destroy(g->ds);
     kipp_grammar_matcher_destroy(g->gm);
     free(g->g_after);
+    free(g->open_mask);
     free(g);
 }
 
@@ -289,6 +308,10 @@ static int is_stop_id(const kipp_gen *g, uint32_t id)
  * constrained, else look for g_after, and feed what follows it. */
 static int grammar_step(kipp_gen *g, uint32_t tok, size_t from, char *err, size_t errlen)
 {
+    if (g->open_pending) { /* the first token: the free part's marker, or the constrained reply's first token */
+        g->open_pending = 0;
+        if (tok != g->open_id) free(g->g_after), g->g_after = NULL;
+    }
     if (!g->g_after) {
         if (!kipp_grammar_matcher_accept(g->gm, tok)) return 0;
         return kipp_err(err, errlen, KIPP_EINVAL, "token %u does not continue the constrained output", tok);
@@ -312,6 +335,11 @@ static int grammar_mask(kipp_gen *g, kipp_sample_params *p, char *err, size_t er
     p->allowed = kipp_grammar_matcher_mask(g->gm, &n_allowed);
     if (!p->allowed) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a token mask");
     if (!n_allowed) return kipp_err(err, errlen, KIPP_EINVAL, "no token can continue the constrained output");
+    if (g->open_pending) {
+        memcpy(g->open_mask, p->allowed, (g->vocab + 63) / 64 * sizeof *g->open_mask);
+        g->open_mask[g->open_id >> 6] |= 1ull << (g->open_id & 63);
+        p->allowed = g->open_mask;
+    }
     return 0;
 }
 
@@ -378,7 +406,7 @@ int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err,
     }
     kipp_sample_params p = params(g);
     uint32_t tok, row = g->rows - 1;
-    int constrained = g->gm && !g->g_after, rc = constrained ? grammar_mask(g, &p, err, errlen) : 0;
+    int constrained = g->gm && (!g->g_after || g->open_pending), rc = constrained ? grammar_mask(g, &p, err, errlen) : 0;
     if (!rc) rc = kipp_sample_ex(g->logits + (size_t)row * g->vocab, g->vocab, &p, &g->rng, &tok, err, errlen);
     if (!rc && constrained && !(p.allowed[tok >> 6] >> (tok & 63) & 1)) /* the sampler's contract, checked */
         rc = kipp_err(err, errlen, KIPP_EINVAL, "the sampler chose token %u, which the grammar refuses", tok);

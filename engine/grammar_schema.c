@@ -202,7 +202,7 @@ static int compile_object(kg_cc *c, json_t *s, const char *path, int depth, uint
     kipp_grammar *g = c->g;
     if (!rc && grow((void **)&g->props, &g->cap_props, g->n_props + (uint32_t)n, sizeof *g->props)) rc = KIPP_ENOMEM;
     if (!rc) {
-        memcpy(g->props + g->n_props, tmp, n * sizeof *tmp);
+        if (n) memcpy(g->props + g->n_props, tmp, n * sizeof *tmp);
         rc = kg_add_node(g, (kg_node){.kind = KN_OBJ, .first = g->n_props, .n = (uint32_t)n}, out);
         g->n_props += (uint32_t)n;
     }

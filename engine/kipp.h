@@ -628,6 +628,9 @@ typedef struct {
                                   * and once it is complete only the end-of-turn ids remain */
     const char *grammar_after;   /* NULL: constrained from the first token; else free text until this
                                   * string (e.g. "</think>") has appeared in the reply; copied */
+    const char *grammar_open;    /* NULL, or with grammar_after: the one-token marker that opens the free part
+                                  * (e.g. "<think>"); the first token is then that marker or one the grammar
+                                  * allows, and a reply that does not open with it is constrained throughout */
 } kipp_gen_options;
 
 /** What one kipp_gen_advance did. Pointers are owned by the gen and valid until its next call. */

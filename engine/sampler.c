@@ -284,8 +284,8 @@ static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_
      * +Inf; softmax and every cut below are invariant to that shift. */
     float mx = x[argmax(x, n_vocab)];
     size_t n = 0;
-    for (size_t i = 0; i < n_vocab; i++) /* masked tokens have p = 0 at every stage: they are no candidates */
-        if (!p->allowed || (p->allowed[i >> 6] >> (i & 63) & 1)) c[n++] = (cand){(x[i] - mx) / p->temperature, (uint32_t)i, 0.0};
+    for (size_t i = 0; i < n_vocab; i++) /* masked tokens (-Inf) have p = 0 at every stage: no candidates */
+        if (!p->allowed || x[i] != -INFINITY) c[n++] = (cand){(x[i] - mx) / p->temperature, (uint32_t)i, 0.0};
     int sorted = 0;
     if (p->top_k > 0 && (size_t)p->top_k < n) n = select_top_k(c, n, (size_t)p->top_k), sorted = 1;
     softmax(c, n);
@@ -322,9 +322,14 @@ int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params
     size_t n_allowed = n_vocab;
     if (p->allowed) {
         n_allowed = 0;
-        for (size_t i = 0; i < n_vocab; i++) {
-            if (p->allowed[i >> 6] >> (i & 63) & 1) n_allowed++;
-            else x[i] = -INFINITY; /* no argmax or max can pick it */
+        for (size_t w = 0; w * 64 < n_vocab; w++) { /* a word at a time: masks are mostly all-set or all-clear */
+            uint64_t b = p->allowed[w];
+            size_t base = w * 64, m = n_vocab - base < 64 ? n_vocab - base : 64;
+            if (m < 64) b &= (1ull << m) - 1;
+            n_allowed += (size_t)__builtin_popcountll(b);
+            if (b == ~0ull) continue;
+            for (size_t i = 0; i < m; i++)
+                if (!(b >> i & 1)) x[base + i] = -INFINITY; /* no argmax or max can pick it */
         }
     }
     if (!n_allowed) rc = kipp_err(err, errlen, KIPP_EINVAL, "the allowed-token mask is empty, expected at least one token");

@@ -51,6 +51,8 @@ void serve_req_free(serve_req *r)
     free(r->msgs);
     free(r->bias);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->rf_schema);
+    kipp_grammar_destroy(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -315,6 +317,59 @@ static int parse_stream_options(serve_req *r, const json_t *v, serve_error *e)
     return 0;
 }
 
+/* response_format.json_schema: {name, schema, strict, description}; the schema kept as compact text. */
+static int parse_json_schema(serve_req *r, const json_t *v, serve_error *e)
+{
+    if (!json_is_object(v))
+        return BAD("response_format", "response_format.json_schema is %s, expected an object", type_name(v));
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        if (json_is_null(x)) continue;
+        if (!strcmp(k, "name") || !strcmp(k, "description")) {
+            if (!json_is_string(x))
+                return BAD("response_format", "response_format.json_schema.%s is %s, expected a string", k, type_name(x));
+        } else if (!strcmp(k, "strict")) {
+            if (!json_is_boolean(x))
+                return BAD("response_format", "response_format.json_schema.strict is %s, expected a boolean", type_name(x));
+        } else if (strcmp(k, "schema")) {
+            return BAD("response_format", "response_format.json_schema.%.40s is not supported, expected name, schema, "
+                       "strict or description", k);
+        }
+    }
+    const json_t *sch = json_object_get(v, "schema");
+    if (!json_is_object(sch))
+        return BAD("response_format", "response_format.json_schema.schema is %s, expected a JSON Schema object",
+                   sch ? type_name(sch) : "missing");
+    if (!(r->rf_schema = json_dumps(sch, JSON_COMPACT)))
+        return serve_fail(e, 503, "server_error", "response_format", "out of memory");
+    return 0;
+}
+
+/* response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}. */
+static int parse_response_format(serve_req *r, const json_t *v, serve_error *e)
+{
+    if (!json_is_object(v)) return BAD("response_format", "response_format is %s, expected an object", type_name(v));
+    const json_t *t = json_object_get(v, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "";
+    if (!strcmp(type, "text")) r->response_format = SERVE_RF_TEXT;
+    else if (!strcmp(type, "json_object")) r->response_format = SERVE_RF_JSON_OBJECT;
+    else if (!strcmp(type, "json_schema")) r->response_format = SERVE_RF_JSON_SCHEMA;
+    else return BAD("response_format", "response_format.type is %s%.40s%s, expected \"text\", \"json_object\" or "
+                    "\"json_schema\"", json_is_string(t) ? "'" : "", json_is_string(t) ? type : t ? type_name(t) : "missing",
+                    json_is_string(t) ? "'" : "");
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        int ok = !strcmp(k, "type") || (r->response_format == SERVE_RF_JSON_SCHEMA && !strcmp(k, "json_schema"));
+        if (!ok) return BAD("response_format", "response_format.%.40s is not supported with type '%s'", k, type);
+    }
+    if (r->response_format != SERVE_RF_JSON_SCHEMA) return 0;
+    const json_t *js = json_object_get(v, "json_schema");
+    if (!js) return BAD("response_format", "response_format.json_schema is required with type 'json_schema'");
+    return parse_json_schema(r, js, e);
+}
+
 /* One top-level field (non-null). */
 static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error *e)
 {
@@ -351,6 +406,7 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
     if (r->chat && !strcmp(k, "chat_template_kwargs")) return parse_kwargs(r, v, e);
     if (r->chat && (!strcmp(k, "tools") || !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls")))
         return 0; /* checked together once the messages are in: serve_parse_tools */
+    if (!strcmp(k, "response_format")) return parse_response_format(r, v, e);
     return BAD(k, "field '%.60s' is not supported by %s", k, r->chat ? "/v1/chat/completions" : "/v1/completions");
 }
 

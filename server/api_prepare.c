@@ -57,6 +57,18 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r,
     return serve_tools_grammar(m, r, e);
 }
 
+/* The request's response_format as a grammar over the model's vocabulary: 400 naming what the schema
+ * uses that is not supported. */
+static int compile_format(kipp_model *m, serve_req *r, serve_error *e)
+{
+    kipp_grammar_spec spec = {.schema = r->response_format == SERVE_RF_JSON_SCHEMA ? r->rf_schema : NULL};
+    char err[400] = "";
+    int rc = kipp_grammar_create(m, &spec, &r->grammar, err, sizeof err);
+    if (rc == KIPP_EINVAL) return BAD("response_format", "response_format.json_schema.schema: %s", err);
+    if (rc) return serve_fail(e, 503, "server_error", "response_format", "cannot compile response_format: %s", err);
+    return 0;
+}
+
 int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
 {
     kipp_model_info info;
@@ -76,6 +88,7 @@ int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
         snprintf(e->code, sizeof e->code, "context_length_exceeded");
         return -1;
     }
+    if (r->response_format != SERVE_RF_TEXT && compile_format(m, r, e)) return -1;
     int64_t room = (int64_t)n_ctx - (int64_t)r->n_prompt;
     if (r->max_tokens < 0 || r->max_tokens > room) r->max_tokens = room; /* finish_reason "length" at the edge */
     if (!r->chat && r->echo && r->prompt_text == NULL) {

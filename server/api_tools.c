@@ -35,8 +35,7 @@ void serve_tools_free(serve_req *r)
 {
     for (size_t i = 0; i < r->n_tools; i++) free(r->tools[i].name), free(r->tools[i].parameters);
     free(r->tools);
-    free(r->tools_json);
-    kipp_grammar_destroy(r->grammar);
+    free(r->tools_json); /* r->grammar: serve_req_free */
     for (size_t i = 0; r->msgs && i < r->n_msgs; i++) {
         serve_msg *d = &r->msgs[i];
         for (size_t k = 0; k < d->n_calls; k++) {
@@ -170,6 +169,10 @@ int serve_parse_tools(serve_req *r, const json_t *root, serve_error *e)
     if (tc && !json_is_null(tc)) {
         if (!r->n_tools) return BAD("tool_choice", "tool_choice is only allowed when tools are given");
         if (parse_tool_choice(r, tc, e)) return -1;
+        if ((r->tool_choice == SERVE_TOOL_REQUIRED || r->tool_choice == SERVE_TOOL_NAMED) && r->response_format != SERVE_RF_TEXT)
+            return BAD("tool_choice", "tool_choice %s constrains the reply to tool calls, which response_format %s "
+                       "would contradict; expected one of them", r->tool_choice == SERVE_TOOL_NAMED ? "naming a function" :
+                       "\"required\"", r->response_format == SERVE_RF_JSON_OBJECT ? "json_object" : "json_schema");
     }
     if (par && !json_is_null(par)) {
         if (!json_is_boolean(par)) return BAD("parallel_tool_calls", "parallel_tool_calls is %s, expected a boolean", tname(par));

@@ -252,8 +252,9 @@ static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, in
         .spec = !s->o.no_spec,
         .prompt_rows = echo,
         .grammar = r->grammar,
-        /* the constraint starts after the thinking, which stays free text */
+        /* the schema binds the answer, not the thoughts (text_out.c splits them the same way) */
         .grammar_after = r->grammar && r->thinking ? "</think>" : NULL,
+        .grammar_open = r->grammar && r->thinking && !r->starts_in_reasoning ? "<think>" : NULL,
     };
 }
 

@@ -106,11 +106,17 @@ typedef struct {
     int tool_choice;          /* SERVE_TOOL_* */
     size_t tool_named;        /* SERVE_TOOL_NAMED: index into tools */
     int parallel_tool_calls;  /* 1 (default): a reply may make several calls */
-    kipp_grammar *grammar;    /* set by prepare for tool_choice required / named; owned */
+    /* constrained output */
+    int response_format;      /* SERVE_RF_TEXT (none), SERVE_RF_JSON_OBJECT or SERVE_RF_JSON_SCHEMA */
+    char *rf_schema;          /* json_schema: the schema as compact JSON text, malloc'd */
+    kipp_grammar *grammar;    /* set by prepare when the reply is constrained (response_format, or tool_choice
+                               * required / named); every choice's gen uses it */
 } serve_req;
 
 /** 1 when replies to r are parsed for <tool_call> blocks: tools given and tool_choice not "none". */
 int serve_tools_active(const serve_req *r);
+
+enum { SERVE_RF_TEXT = 0, SERVE_RF_JSON_OBJECT, SERVE_RF_JSON_SCHEMA };
 
 /** Zero a request and set the defaults (n 1, thinking on, neutral sampling). */
 void serve_req_init(serve_req *r, int chat);

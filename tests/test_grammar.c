@@ -100,6 +100,8 @@ static const vcase cases[] = {
     {"{\"definitions\":{\"I\":{\"type\":\"integer\"}},\"type\":\"array\",\"items\":{\"$ref\":\"#/definitions/I\"}}",
      "[1,\"a\"]", 0},
     {"{\"title\":\"T\",\"description\":\"d\",\"type\":\"boolean\",\"default\":true}", "false", 2},
+    {"{\"properties\":{\"u\":{\"anyOf\":[{\"$ref\":\"#/definitions/U\"},{\"type\":\"null\"}]}},"
+     "\"definitions\":{\"U\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}}}", "{\"u\":\"f\"}", 2},
     {"{\"type\":\"integer\"}", "-0", 2}, {"{\"type\":\"integer\"}", "-", 1},
 };
 
@@ -276,6 +278,11 @@ static void walk_schema(const char *schema, uint64_t seed, int check_every, int 
     kipp_grammar_destroy(g);
 }
 
+#define TOOLISH "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12}," \
+    "\"unit\":{\"anyOf\":[{\"$ref\":\"#/definitions/Unit\"},{\"type\":\"null\"}]},\"days\":{\"type\":" \
+    "\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":2}},\"required\":[\"city\",\"unit\",\"days\"]," \
+    "\"definitions\":{\"Unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}}}"
+
 static void test_real_vocab(void)
 {
     walk_schema(NULL, 1, 5, 400);
@@ -283,7 +290,46 @@ static void test_real_vocab(void)
                 "\"n\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b c\"]},"
                 "\"maxItems\":3},\"x\":{\"type\":[\"number\",\"null\"]}},\"required\":[\"name\",\"n\",\"tags\"]}",
                 7, 3, 400);
+    walk_schema("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},"
+                "\"unit\":{\"anyOf\":[{\"$ref\":\"#/definitions/Unit\"},{\"type\":\"null\"}]},\"days\":{\"type\":"
+                "\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":2}},\"required\":[\"city\",\"unit\",\"days\"],"
+                "\"definitions\":{\"Unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]}}}", 5, 2, 400);
     for (uint64_t seed = 11; seed < 14; seed++) walk_schema(NULL, seed, 0, 600);
+}
+
+/* Qwen3 tool-call framing over the real vocabulary: the model's own tokenization of two calls (the added
+ * <tool_call> / </tool_call> tokens included) is allowed token by token, then only the end of turn. */
+static void test_tool_framing(void)
+{
+    char err[512];
+    kipp_grammar_spec spec = {.schema = "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"f\"},"
+                              "\"arguments\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+                              "\"required\":[\"x\"]}},\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false},"
+                              "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"g\"},\"arguments\":{}},"
+                              "\"required\":[\"name\",\"arguments\"]}]}",
+                              .prefix = "<tool_call>\n", .suffix = "\n</tool_call>", .separator = "\n", .max_count = 2};
+    kipp_grammar *g = NULL;
+    CHECK(kipp_grammar_create(model, &spec, &g, err, sizeof err) == 0, "%s", err);
+    if (!g) return;
+    const char *text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 12}}\n</tool_call>\n"
+                       "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"k\": [true]}}\n</tool_call>";
+    uint32_t ids[128];
+    size_t n = 0;
+    CHECK(kipp_tokenize(model, text, strlen(text), KIPP_TOK_SPECIAL, ids, 128, &n, NULL, 0) == 0, "tokenize");
+    CHECK(ids[0] == 151657, "<tool_call> is the added token: %u", ids[0]);
+    kipp_grammar_matcher *m = kipp_grammar_matcher_create(g);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t *b = kipp_grammar_matcher_mask(m, NULL);
+        CHECK(b[ids[i] >> 6] >> (ids[i] & 63) & 1, "token %zu (%u) not in the mask", i, ids[i]);
+        CHECK(kipp_grammar_matcher_accept(m, ids[i]) == 0, "token %zu (%u) refused", i, ids[i]);
+    }
+    uint32_t na = 0;
+    const uint64_t *b = kipp_grammar_matcher_mask(m, &na);
+    CHECK(na == g->vi->n_stop && (b[151645 >> 6] >> (151645 & 63) & 1), "after two calls: %u allowed", na);
+    CHECK(verdict(g, "<tool_call>\n{\"name\": \"g\", \"arguments\": 1}\n</tool_call>") == 2, "g takes any arguments");
+    CHECK(verdict(g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}") == 0, "f needs x");
+    kipp_grammar_matcher_destroy(m);
+    kipp_grammar_destroy(g);
 }
 
 /* One gen to its end; its text in out. */
@@ -349,6 +395,20 @@ static void test_gen_constrained(void)
         json_decref(j);
         if (getenv("KIPP_TEST_VERBOSE")) printf("  %s\n", text);
     }
+    kipp_grammar *g2 = NULL;
+    spec.schema = TOOLISH;
+    CHECK(kipp_grammar_create(model, &spec, &g2, err, sizeof err) == 0, "%s", err);
+    for (int k = 0; g2 && k < 6; k++) {
+        kipp_gen_options o = {.sp = kipp_sample_params_default(), .seed = (uint64_t)k, .max_tokens = 300, .grammar = g2};
+        o.sp.temperature = 1.0f, o.sp.presence_penalty = k % 2 ? 2.0f : 0.0f;
+        o.sp.logit_bias = &lb, o.sp.n_logit_bias = 1;
+        size_t len = 0;
+        int fin = run_gen(&o, text, sizeof text, &len, err, sizeof err);
+        json_t *j = json_loads(text, 0, NULL);
+        CHECK(fin == KIPP_FIN_STOP && j, "toolish seed %d: finish %d (%s), text %s", k, fin, err, text);
+        json_decref(j);
+    }
+    kipp_grammar_destroy(g2);
     kipp_gen_options o = {.sp = kipp_sample_params_default(), .grammar_after = "</think>"};
     kipp_gen *gen = NULL;
     uint32_t p = 1;
@@ -360,12 +420,55 @@ static void test_gen_constrained(void)
     kipp_grammar_destroy(g);
 }
 
+/* kipp_sample_params.allowed: an all-set mask changes nothing (same RNG stream, same picks); a sparse one
+ * gives only its tokens, greedy the best of them, and sampling them in proportion (top_k over them only). */
+static void test_sampler_mask(void)
+{
+    enum { V = 200 };
+    float x[V];
+    uint64_t all[4], some[4] = {0};
+    memset(all, 0xff, sizeof all);
+    for (int i = 0; i < V; i++) x[i] = (float)((i * 37) % 101) / 10.0f;
+    int ids[3] = {5, 64, 150};
+    for (int k = 0; k < 3; k++) some[ids[k] >> 6] |= 1ull << (ids[k] & 63);
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 0.8f, p.top_p = 0.9f, p.top_k = 40;
+    kipp_rng a, b;
+    kipp_rng_seed(&a, 9), kipp_rng_seed(&b, 9);
+    for (int r = 0; r < 200; r++) {
+        uint32_t t1 = 0, t2 = 0;
+        p.allowed = NULL;
+        kipp_sample_ex(x, V, &p, &a, &t1, NULL, 0);
+        p.allowed = all;
+        kipp_sample_ex(x, V, &p, &b, &t2, NULL, 0);
+        CHECK(t1 == t2, "draw %d: %u without a mask, %u with an all-set one", r, t1, t2);
+    }
+    p.allowed = some, p.top_k = 2, p.top_p = 1.0f, p.temperature = 1.0f;
+    int count[V] = {0};
+    for (int r = 0; r < 3000; r++) {
+        uint32_t t = 0;
+        CHECK(kipp_sample_ex(x, V, &p, &a, &t, NULL, 0) == 0, "sample");
+        count[t % V]++;
+    }
+    /* x[5] = 8.4, x[64] = 4.5, x[150] = 9.6 ((37 i mod 101) / 10): top_k 2 keeps 150 and 5, p = e^9.6 : e^8.4 */
+    double want150 = 1.0 / (1.0 + exp((double)x[5] - (double)x[150]));
+    CHECK(count[150] + count[5] == 3000 && fabs(count[150] / 3000.0 - want150) < 0.03,
+          "picks %d %d %d, want share %.3f", count[5], count[64], count[150], want150);
+    p.temperature = 0.0f;
+    uint32_t t = 0;
+    CHECK(kipp_sample_ex(x, V, &p, &a, &t, NULL, 0) == 0 && t == 150, "greedy over the mask: %u", t);
+    uint64_t none[4] = {0};
+    p.allowed = none;
+    CHECK(kipp_sample_ex(x, V, &p, &a, &t, NULL, 0) == KIPP_EINVAL, "an empty mask is refused");
+}
+
 int main(void)
 {
     RUN(test_verdicts);
     RUN(test_framing);
     RUN(test_refusals);
     RUN(test_tiny_masks);
+    RUN(test_sampler_mask);
     char path[512], err[256] = "";
     snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
     if (kipp_model_open(path, "cpu", NULL, &model, err, sizeof err)) {
@@ -375,6 +478,7 @@ int main(void)
     }
     RUN(test_real_vocab);
     RUN(test_gen_constrained);
+    RUN(test_tool_framing);
     kipp_model_close(model);
     return th_finish();
 }
