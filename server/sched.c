@@ -164,12 +164,12 @@ static int budget_fail(const serve_sched *s, const serve_job *j, uint64_t budget
     return -1;
 }
 
-/* Requests that would still wait after the scheduler's next admission (mu
- * held): queued jobs that do not fit the free batch slots, in FIFO order, plus
- * the new one (n_new choices) when it would not fit either. The queue limit
- * counts these only: a job queued a moment before admission while slots are
- * free is not waiting, so a burst below the batch size is never refused. */
-static int waiting_jobs(const serve_sched *s, int n_new)
+/* Queued requests that would still wait after the scheduler's next admission
+ * (mu held): those that do not fit the free batch slots, in FIFO order. The
+ * queue limit counts these only: a job queued a moment before admission while
+ * slots are free is not waiting, so a burst below the batch size is never
+ * refused. *new_waits: a new job of n_new choices would wait too. */
+static int waiting_jobs(const serve_sched *s, int n_new, int *new_waits)
 {
     int slots = s->o.max_choices - s->n_act, waiting = 0;
     for (const serve_job *q = s->head; q; q = q->next) {
@@ -177,7 +177,8 @@ static int waiting_jobs(const serve_sched *s, int n_new)
         if (!waiting && q->req.n <= slots && q != s->blocked) slots -= q->req.n;
         else waiting++;
     }
-    return waiting + (waiting || n_new > slots);
+    *new_waits = waiting || n_new > slots;
+    return waiting;
 }
 
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
@@ -185,8 +186,8 @@ int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
     uint64_t budget = s->o.pool_blocks ? s->o.pool_blocks : s->o.kv_budget_blocks;
     if (job_blocks(j) > budget) return budget_fail(s, j, budget, e);
     pthread_mutex_lock(&s->mu);
-    int q = waiting_jobs(s, j->req.n);
-    if (q >= s->o.max_queue) {
+    int new_waits, q = waiting_jobs(s, j->req.n, &new_waits);
+    if (new_waits && q >= s->o.max_queue) {
         pthread_mutex_unlock(&s->mu);
         serve_fail(e, 429, "rate_limit_error", "", "the request queue is full (%d requests waiting, limit %d); retry later",
                    q, s->o.max_queue);
