@@ -91,6 +91,8 @@ GIT_SHA    := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 VERSION_DEFS := -DKIPP_VERSION='"$(KIPP_VERSION_STR)"' -DKIPP_GIT_SHA='"$(GIT_SHA)"' -DKIPP_BUILD_FLAGS='"$(CC) -std=c11 $(CFLAGS) $(SAN)"'
 $(BUILD)/cli/kipp.o: CPPFLAGS += $(VERSION_DEFS)
 $(BUILD)/cli/kipp.o: $(BUILD)/version.stamp
+$(BUILD)/server/serve_main.o: CPPFLAGS += $(VERSION_DEFS)
+$(BUILD)/server/serve_main.o: $(BUILD)/version.stamp
 $(BUILD)/version.stamp: FORCE
 	@mkdir -p $(@D); echo '$(VERSION_DEFS)' | cmp -s - $@ || echo '$(VERSION_DEFS)' > $@
 FORCE:

@@ -130,6 +130,15 @@ static void legacy_add(const serve_info *si, json_t *o, const serve_lp *e, int h
     json_array_append_new(json_object_get(o, "text_offset"), json_integer((json_int_t)off));
 }
 
+/* Code points in p[n] (OpenAI and vLLM count text_offset in characters, not
+ * bytes): every byte that does not continue a UTF-8 sequence starts one. */
+static size_t chars_in(const char *p, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)p[i] & 0xC0) != 0x80;
+    return c;
+}
+
 static json_t *legacy_logprobs(const serve_info *si, const serve_job *j, const serve_choice_out *o, size_t from, size_t to,
                                int with_prompt)
 {
@@ -143,11 +152,17 @@ static json_t *legacy_logprobs(const serve_info *si, const serve_job *j, const s
             legacy_add(si, r, &e, p > 0, off);
             char buf[256];
             size_t n = 0;
-            if (!kipp_detokenize(si->model, &e.id, 1, buf, sizeof buf, &n, NULL, 0)) off += n;
+            if (!kipp_detokenize(si->model, &e.id, 1, buf, sizeof buf, &n, NULL, 0)) off += chars_in(buf, n);
         }
-        base = strlen(j->req.prompt_text ? j->req.prompt_text : "");
+        base = chars_in(j->req.prompt_text ? j->req.prompt_text : "", j->req.prompt_text ? strlen(j->req.prompt_text) : 0);
     }
-    for (size_t i = from; i < to; i++) legacy_add(si, r, &o->lp[i], 1, base + o->lp[i].text_off);
+    size_t pos = 0, chars = 0; /* text_off only grows: count the raw text once */
+    for (size_t i = from; i < to; i++) {
+        size_t off = o->lp[i].text_off < o->raw.n ? o->lp[i].text_off : o->raw.n;
+        if (off < pos) pos = chars = 0;
+        chars += chars_in(o->raw.p + pos, off - pos), pos = off;
+        legacy_add(si, r, &o->lp[i], 1, base + chars);
+    }
     return r;
 }
 

@@ -2,7 +2,8 @@
  * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
  * counts, token counts, TTFT and inter-token latency histograms, queue depth,
  * active choices, KV blocks held (issue 9 item 2), and the KV pool's
- * occupancy and reuse counters (issue 10). All numbers are guarded by
+ * occupancy and reuse counters (issue 10), and vLLM's router gauges beside
+ * them (vllm_metrics). All numbers are guarded by
  * the scheduler's mutex.
  */
 #include <stdio.h>
@@ -81,6 +82,31 @@ static void pool_metrics(serve_buf *b, const kipp_pool_stats *p)
           (double)p->evictions);
 }
 
+/* vLLM's gauge names, which the Gateway API inference extension, llm-d and
+ * the vLLM router scrape to pick a replica: running and waiting requests, the
+ * KV cache's used fraction (0..1; published blocks no live choice references
+ * count as free, as vLLM counts its cached-but-free blocks), and the cache
+ * configuration as an info gauge. */
+static void vllm_metrics(serve_buf *b, const serve_metrics *m)
+{
+    const char *model = m->model_name ? m->model_name : "";
+    double cap = m->pooled ? (double)m->pool.blocks_total : (double)m->kv_capacity;
+    double used = m->pooled ? (double)(m->pool.blocks_total - m->pool.blocks_available) : (double)m->kv_blocks;
+    double perc = cap > 0 ? used / cap : 0;
+    put(b, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+           "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"%s\"} %d\n", model,
+        m->running_requests);
+    put(b, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+           "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"%s\"} %d\n", model, m->queue_depth);
+    put(b, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+           "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"%s\"} %.17g\n", model, perc);
+    put(b, "# HELP vllm:gpu_cache_usage_perc KV-cache usage (the older name of vllm:kv_cache_usage_perc).\n"
+           "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"%s\"} %.17g\n", model, perc);
+    put(b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\n"
+           "vllm:cache_config_info{block_size=\"32\",enable_prefix_caching=\"%s\",num_gpu_blocks=\"%llu\"} 1\n",
+        m->pooled ? "True" : "False", (unsigned long long)(m->pooled ? m->pool.blocks_total : m->kv_capacity));
+}
+
 char *serve_metrics_text(const serve_metrics *m)
 {
     serve_buf b = {0};
@@ -108,5 +134,6 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_spec_accepted_tokens_total", "Draft tokens accepted (equal to the greedy token).", "counter",
           (double)m->spec_accepted);
     gauge(&b, "kipp_spec_emitted_tokens_total", "Tokens emitted by speculative steps.", "counter", (double)m->spec_emitted);
+    vllm_metrics(&b, m);
     return b.p;
 }

@@ -59,6 +59,7 @@ struct serve_sched {
     uint64_t n_admitted;      /* choices admitted so far: their seq */
     serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
     uint64_t blocked_at;      /* n_finished at that refusal */
+    int end_all;              /* drain: end every running and queued job at the next step boundary */
 };
 
 double serve_now(void)
@@ -163,13 +164,30 @@ static int budget_fail(const serve_sched *s, const serve_job *j, uint64_t budget
     return -1;
 }
 
+/* Queued requests that would still wait after the scheduler's next admission
+ * (mu held): those that do not fit the free batch slots, in FIFO order. The
+ * queue limit counts these only: a job queued a moment before admission while
+ * slots are free is not waiting, so a burst below the batch size is never
+ * refused. *new_waits: a new job of n_new choices would wait too. */
+static int waiting_jobs(const serve_sched *s, int n_new, int *new_waits)
+{
+    int slots = s->o.max_choices - s->n_act, waiting = 0;
+    for (const serve_job *q = s->head; q; q = q->next) {
+        if (q->cancelled) continue;
+        if (!waiting && q->req.n <= slots && q != s->blocked) slots -= q->req.n;
+        else waiting++;
+    }
+    *new_waits = waiting || n_new > slots;
+    return waiting;
+}
+
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
     uint64_t budget = s->o.pool_blocks ? s->o.pool_blocks : s->o.kv_budget_blocks;
     if (job_blocks(j) > budget) return budget_fail(s, j, budget, e);
     pthread_mutex_lock(&s->mu);
-    if (s->n_queued >= s->o.max_queue) {
-        int q = s->n_queued;
+    int new_waits, q = waiting_jobs(s, j->req.n, &new_waits);
+    if (new_waits && q >= s->o.max_queue) {
         pthread_mutex_unlock(&s->mu);
         serve_fail(e, 429, "rate_limit_error", "", "the request queue is full (%d requests waiting, limit %d); retry later",
                    q, s->o.max_queue);
@@ -368,6 +386,52 @@ static void admit(serve_sched *s)
     pool_snapshot(s);
 }
 
+/* Drain (mu held): end every active choice as if its length ran out (the gen
+ * flushes its held bytes, so the text is what was generated so far) and every
+ * queued job with no tokens, so each client still gets a complete reply. */
+static void end_everything(serve_sched *s)
+{
+    for (int k = s->n_act; k-- > 0;) choice_finish(s, k, s->act[k]->job->cancelled ? FIN_CANCELLED : FIN_LENGTH);
+    while (s->head) {
+        serve_job *j = s->head;
+        s->head = j->next, j->next = NULL, j->queued = 0;
+        s->n_queued--;
+        for (int i = 0; i < j->req.n; i++) j->out[i].finish = j->cancelled ? FIN_CANCELLED : FIN_LENGTH;
+        if (!j->done) j->done = 1, serve_job_unref(j); /* the scheduler's reference */
+    }
+    s->tail = NULL, s->blocked = NULL;
+    serve_metrics_get()->queue_depth = 0;
+    serve_metrics_get()->active_choices = 0;
+}
+
+void serve_sched_end_all(serve_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->end_all = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int serve_sched_busy(serve_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_act + s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* Requests with at least one active choice, for the router gauges (mu held). */
+static void count_running(serve_sched *s)
+{
+    int n = 0;
+    for (int k = 0; k < s->n_act; k++) {
+        int seen = 0;
+        for (int q = 0; q < k && !seen; q++) seen = s->act[q]->job == s->act[k]->job;
+        n += !seen;
+    }
+    serve_metrics_get()->running_requests = n;
+}
+
 /* ---- one step ---- */
 
 /* log-sum-exp of row[V], for log-probabilities of the raw logits. */
@@ -553,6 +617,8 @@ static void *sched_main(void *arg)
     while (!s->stop) {
         drop_cancelled(s);
         admit(s);
+        if (s->end_all) end_everything(s), pthread_cond_broadcast(&s->cv);
+        count_running(s);
         if (s->n_act == 0) {
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
@@ -576,6 +642,7 @@ serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *e
         return NULL;
     }
     s->m = m, s->o = *o;
+    serve_metrics_get()->kv_capacity = o->pool_blocks ? o->pool_blocks : o->kv_budget_blocks;
     kipp_model_get_info(m, &s->info);
     s->seed_salt = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)s << 16);
     pthread_mutex_init(&s->mu, NULL);

@@ -302,6 +302,15 @@ pthread_mutex_t *serve_tokenizer_mutex(serve_sched *s);
  * Call without the sched mutex held.
  */
 int serve_sched_submit(serve_sched *s, serve_job *job, serve_error *e);
+/**
+ * Drain's last step: at the next step boundary the scheduler ends every active
+ * choice with FIN_LENGTH (text flushed: what was generated so far) and every
+ * queued job with no tokens, so each waiting client gets a complete reply;
+ * jobs submitted afterwards end the same way. Call without the sched mutex.
+ */
+void serve_sched_end_all(serve_sched *s);
+/** Active choices plus queued jobs (0 = idle); takes the sched mutex. */
+int serve_sched_busy(serve_sched *s);
 /** Wait (sched mutex held) up to ms for any change; returns after a broadcast or the timeout. */
 void serve_sched_wait(serve_sched *s, int ms);
 /** Mark job cancelled (sched mutex held); the scheduler frees its choices on its next step. */
@@ -327,6 +336,9 @@ typedef struct {
     uint64_t prompt_tokens, generated_tokens, cancelled, steps;
     serve_hist ttft, itl;
     int queue_depth, active_choices;
+    int running_requests;     /* requests with an active choice (vllm:num_requests_running) */
+    uint64_t kv_capacity;     /* blocks the KV pool (pooled) or budget (unpooled) holds */
+    const char *model_name;   /* reported model id, the vllm:* gauges' model_name label (static) */
     uint64_t kv_blocks;       /* 32-position KV blocks held by live sessions (pooled: private + referenced) */
     uint64_t prompt_tokens_cached; /* prompt tokens adopted from the KV pool instead of prefilled */
     int pooled;               /* 1: pool holds the scheduler's latest snapshot of the KV pool */

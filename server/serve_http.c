@@ -7,7 +7,9 @@
  * tokenizer lock), token texts when rendering (read-only) and the scheduler;
  * never to a session.
  */
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +20,18 @@
 typedef struct {
     serve_buf body;
     int too_big;
+    int hdr_too_big;          /* request line + headers above --max-header: 431 */
     int untimed;              /* the idle timeout is off while a completion runs */
+    int counted;              /* in h->inflight until on_done */
+    int status;               /* the status queued (access log) */
+    double t0;                /* arrival, monotonic seconds */
+    char method[16], path[160];
+    serve_job *job;           /* a reference for the access log, or NULL */
 } conn_state;
+
+/* The handler thread's current request: thread-per-connection, so a thread
+ * serves one request at a time and every response it queues is this one's. */
+static _Thread_local conn_state *cur;
 
 typedef struct {
     serve_http *h;
@@ -42,21 +54,34 @@ static int conn_fd(struct MHD_Connection *c)
     return ci ? ci->connect_fd : -1;
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *text)
+/* Queue r with the headers every response carries (CORS; Connection: close
+ * while draining, so clients reconnect to another replica) and note the status. */
+static enum MHD_Result queue(serve_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r)
+{
+    if (h->cors_origin) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", h->cors_origin);
+        if (strcmp(h->cors_origin, "*")) MHD_add_response_header(r, "Vary", "Origin");
+    }
+    if (__atomic_load_n(&h->draining, __ATOMIC_ACQUIRE)) MHD_add_response_header(r, "Connection", "close");
+    if (cur) cur->status = status;
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result send_text(serve_http *h, struct MHD_Connection *c, int status, const char *type, char *text)
 {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(text ? strlen(text) : 0, text ? text : (char *)"", MHD_RESPMEM_MUST_FREE);
     if (!text) r = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return rc;
+    return queue(h, c, status, r);
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *json)
+static enum MHD_Result send_json(serve_http *h, struct MHD_Connection *c, int status, char *json)
 {
-    return send_text(c, status, "application/json", json);
+    return send_text(h, c, status, "application/json", json);
 }
 
 static enum MHD_Result send_error(serve_http *h, struct MHD_Connection *c, int chat, const serve_error *e)
@@ -66,7 +91,7 @@ static enum MHD_Result send_error(serve_http *h, struct MHD_Connection *c, int c
         serve_metrics_request(chat, e->status);
         pthread_mutex_unlock(serve_sched_mutex(h->sched));
     }
-    return send_json(c, e->status, serve_error_json(e));
+    return send_json(h, c, e->status, serve_error_json(e));
 }
 
 /* ---- streaming ---- */
@@ -128,9 +153,7 @@ static enum MHD_Result start_stream(serve_http *h, struct MHD_Connection *c, ser
     pthread_mutex_lock(serve_sched_mutex(h->sched));
     serve_metrics_request(job->req.chat, 200);
     pthread_mutex_unlock(serve_sched_mutex(h->sched));
-    enum MHD_Result rc = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r);
-    return rc;
+    return queue(h, c, 200, r);
 }
 
 /* ---- completions ---- */
@@ -158,14 +181,6 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
     return out;
 }
 
-static int model_known(const serve_http *h, const char *name)
-{
-    if (!name) return 1;
-    for (int i = 0; i < h->n_names; i++)
-        if (!strcmp(name, h->names[i])) return 1;
-    return 0;
-}
-
 static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_state *cs, int chat)
 {
     serve_error e;
@@ -175,7 +190,7 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         return send_error(h, c, chat, &e);
     }
     if (serve_parse(cs->body.p ? cs->body.p : "", cs->body.n, chat, &r, &e)) return send_error(h, c, chat, &e);
-    if (!model_known(h, r.model)) {
+    if (!serve_model_known(h, r.model)) {
         serve_fail(&e, 404, "invalid_request_error", "model", "model '%.100s' is not served here, expected '%s' (GET /v1/models)",
                    r.model, h->info.model_id);
         snprintf(e.code, sizeof e.code, "model_not_found");
@@ -191,6 +206,7 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         serve_req_free(&r);
         return send_error(h, c, chat, &e);
     }
+    cs->job = job, job->refs++; /* the access log's reference; not shared yet */
     if (serve_sched_submit(h->sched, job, &e)) {
         pthread_mutex_lock(serve_sched_mutex(h->sched));
         serve_job_unref(job);
@@ -200,19 +216,43 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
     if (job->req.stream) return start_stream(h, c, job);
     int status = 0;
     char *body = wait_response(h, c, job, &status);
-    return body ? send_json(c, status, body) : MHD_NO; /* MHD_NO: close the dead connection */
+    return body ? send_json(h, c, status, body) : MHD_NO; /* MHD_NO: close the dead connection */
 }
 
 /* ---- other endpoints ---- */
 
+static json_t *model_obj(const serve_http *h, const char *id)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:{s:I}}", "id", id, "object", "model", "created", (json_int_t)h->started,
+                     "owned_by", "kipp", "max_model_len", (json_int_t)h->info.n_ctx, "meta", "n_ctx", (json_int_t)h->info.n_ctx);
+}
+
+/* GET /v1/models: the reported name first (the alias when given), then the checkpoint id. */
 static enum MHD_Result models(serve_http *h, struct MHD_Connection *c)
 {
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:I}}]}", "object", "list", "data", "id", h->info.model_id, "object",
-                          "model", "created", (json_int_t)h->started, "owned_by", "kipp", "meta", "n_ctx",
-                          (json_int_t)h->info.n_ctx);
+    json_t *data = json_array();
+    json_array_append_new(data, model_obj(h, h->info.model_id));
+    if (strcmp(h->canonical, h->info.model_id)) json_array_append_new(data, model_obj(h, h->canonical));
+    json_t *o = json_pack("{s:s, s:o}", "object", "list", "data", data);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
-    return send_json(c, 200, s);
+    return send_json(h, c, 200, s);
+}
+
+/* GET /v1/models/{id}: any served name (client.models.retrieve), else a JSON 404. */
+static enum MHD_Result model_one(serve_http *h, struct MHD_Connection *c, const char *id)
+{
+    if (serve_model_known(h, id) && *id) {
+        json_t *o = model_obj(h, id);
+        char *s = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+        return send_json(h, c, 200, s);
+    }
+    serve_error e;
+    serve_fail(&e, 404, "invalid_request_error", "model", "model '%.100s' is not served here, expected '%s' (GET /v1/models)",
+               id, h->info.model_id);
+    snprintf(e.code, sizeof e.code, "model_not_found");
+    return send_error(h, c, -1, &e);
 }
 
 static enum MHD_Result metrics(serve_http *h, struct MHD_Connection *c)
@@ -220,33 +260,117 @@ static enum MHD_Result metrics(serve_http *h, struct MHD_Connection *c)
     pthread_mutex_lock(serve_sched_mutex(h->sched));
     char *s = serve_metrics_text(serve_metrics_get());
     pthread_mutex_unlock(serve_sched_mutex(h->sched));
-    return send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", s);
+    return send_text(h, c, 200, "text/plain; version=0.0.4; charset=utf-8", s);
+}
+
+static enum MHD_Result tokens(serve_http *h, struct MHD_Connection *c, conn_state *cs, int detok)
+{
+    serve_error e;
+    char *json = NULL;
+    const char *b = cs->body.p ? cs->body.p : "";
+    if (cs->too_big) serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
+    if (cs->too_big || (detok ? serve_detokenize(h, b, cs->body.n, &json, &e) : serve_tokenize(h, b, cs->body.n, &json, &e)))
+        return send_error(h, c, -1, &e);
+    return send_json(h, c, 200, json);
+}
+
+/* CORS preflight: 204 with what the browser may send; without --cors-origin
+ * the Access-Control headers are absent and the browser refuses, as it should. */
+static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Allow", "GET, HEAD, POST, OPTIONS");
+    if (h->cors_origin) {
+        const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", want ? want : "Authorization, Content-Type, X-Api-Key");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    }
+    return queue(h, c, 204, r);
+}
+
+static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, "
+                                     "POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+
+/* Which method an endpoint takes: "POST", "GET", or NULL when url is none. */
+static const char *endpoint_method(const char *url)
+{
+    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/tokenize") ||
+        !strcmp(url, "/detokenize"))
+        return "POST";
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
+        return "GET";
+    return NULL;
 }
 
 static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char *url, const char *method, conn_state *cs)
 {
-    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     int chat = !strcmp(url, "/v1/chat/completions"), cmpl = !strcmp(url, "/v1/completions");
+    int draining = __atomic_load_n(&h->draining, __ATOMIC_ACQUIRE);
+    const char *want = endpoint_method(url);
     serve_error e;
-    if ((chat || cmpl) && post) {
-        /* Generation may take longer than --idle-timeout without a byte on the wire:
-         * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */
-        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-        cs->untimed = 1;
-        return completion(h, c, cs, chat);
-    }
-    if (get && !strcmp(url, "/health")) return send_json(c, 200, strdup("{\"status\":\"ok\"}"));
-    if (get && !strcmp(url, "/v1/models")) return models(h, c);
-    if (get && !strcmp(url, "/metrics")) return metrics(h, c);
-    int known = chat || cmpl || !strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics");
-    if (known) {
-        serve_fail(&e, 405, "invalid_request_error", "", "method %.16s is not allowed on %.100s, expected %s", method, url,
-                   chat || cmpl ? "POST" : "GET");
+    if (cs->hdr_too_big) {
+        serve_fail(&e, 431, "invalid_request_error", "", "the request line and headers are larger than the %zu-byte limit "
+                   "(--max-header)", h->max_header);
         return send_error(h, c, -1, &e);
     }
-    serve_fail(&e, 404, "not_found_error", "", "no endpoint at %.200s; endpoints: POST /v1/completions, POST "
-               "/v1/chat/completions, GET /v1/models, GET /health, GET /metrics", url);
-    return send_error(h, c, -1, &e);
+    if (!strcmp(method, "OPTIONS")) return preflight(h, c);
+    if (!want) {
+        serve_fail(&e, 404, "not_found_error", "", "no endpoint at %.200s; endpoints: %s", url, ENDPOINTS);
+        return send_error(h, c, -1, &e);
+    }
+    if (strcmp(want, "POST") ? !get : !post) {
+        serve_fail(&e, 405, "invalid_request_error", "", "method %.16s is not allowed on %.100s, expected %s", method, url, want);
+        return send_error(h, c, -1, &e);
+    }
+    if (!serve_auth_ok(h, c, url)) {
+        serve_fail(&e, 401, "invalid_request_error", "", "missing or wrong API key: send \"Authorization: Bearer KEY\" or "
+                   "\"X-Api-Key: KEY\" with the key kipp-serve was started with (--api-key)");
+        snprintf(e.code, sizeof e.code, "invalid_api_key");
+        return send_error(h, c, -1, &e);
+    }
+    if (!strcmp(url, "/health"))
+        return draining ? send_json(h, c, 503, strdup("{\"status\":\"draining\"}")) : send_json(h, c, 200, strdup("{\"status\":\"ok\"}"));
+    if (!strcmp(url, "/metrics")) return metrics(h, c);
+    if (!strcmp(url, "/v1/models")) return models(h, c);
+    if (!strncmp(url, "/v1/models/", 11)) return model_one(h, c, url + 11);
+    if (draining) {
+        serve_fail(&e, 503, "server_error", "", "the server is shutting down and takes no new requests; retry on another replica");
+        snprintf(e.code, sizeof e.code, "shutting_down");
+        return send_error(h, c, chat || cmpl ? chat : -1, &e);
+    }
+    if (!chat && !cmpl) return tokens(h, c, cs, !strcmp(url, "/detokenize"));
+    /* Generation may take longer than --idle-timeout without a byte on the wire:
+     * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    cs->untimed = 1;
+    return completion(h, c, cs, chat);
+}
+
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF */
+    return MHD_YES;
+}
+
+/* First call of a request: its state, the in-flight count for drain (taken
+ * before the drain check, so serve_main waits for every request it let in),
+ * and the header size against --max-header. */
+static conn_state *request_begin(serve_http *h, struct MHD_Connection *c, const char *url, const char *method)
+{
+    conn_state *cs = calloc(1, sizeof *cs);
+    if (!cs) return NULL;
+    cs->t0 = serve_now();
+    snprintf(cs->method, sizeof cs->method, "%s", method);
+    snprintf(cs->path, sizeof cs->path, "%s", url);
+    if (!strcmp(method, "POST")) cs->counted = 1, __atomic_add_fetch(&h->inflight, 1, __ATOMIC_ACQ_REL);
+    size_t bytes = strlen(method) + strlen(url) + 12; /* request line: " HTTP/1.1\r\n" */
+    MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_bytes, &bytes);
+    cs->hdr_too_big = bytes > h->max_header;
+    return cs;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -255,39 +379,66 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     serve_http *h = cls;
     conn_state *cs = *con_cls;
     (void)version;
-    if (!cs) {
-        if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
-        *con_cls = cs;
-        return MHD_YES;
-    }
+    if (!cs) return (*con_cls = request_begin(h, c, url, method)) ? MHD_YES : MHD_NO;
     if (*upload_size) {
         if (cs->too_big || cs->body.n + *upload_size > h->max_body) cs->too_big = 1, serve_buf_free(&cs->body);
         else if (serve_buf_put(&cs->body, upload, *upload_size)) cs->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }
-    return route(h, c, url, method, cs);
+    cur = cs;
+    enum MHD_Result rc = route(h, c, url, method, cs);
+    cur = NULL;
+    return rc;
+}
+
+/* The access log line of a finished request (its job's numbers read under the sched mutex). */
+static void log_request(serve_http *h, conn_state *cs, enum MHD_RequestTerminationCode code)
+{
+    serve_access a = {.method = cs->method, .path = cs->path, .status = code == MHD_REQUEST_TERMINATED_COMPLETED_OK ? cs->status : 499,
+                      .prompt_tokens = -1, .ttft_s = -1, .duration_s = serve_now() - cs->t0};
+    if (!cs->status) a.status = 499; /* closed before any response: nginx's "client closed request" */
+    pthread_mutex_lock(serve_sched_mutex(h->sched));
+    if (cs->job) {
+        serve_job *j = cs->job;
+        a.id = j->id, a.prompt_tokens = (long long)j->req.n_prompt, a.cached_tokens = j->cached_tokens;
+        a.completion_tokens = 0;
+        for (int i = 0; i < j->req.n; i++) a.completion_tokens += j->out[i].n_gen;
+        if (j->out[0].t_first > 0) a.ttft_s = j->out[0].t_first - j->t_arrive;
+        serve_job_unref(j);
+        cs->job = NULL;
+    }
+    pthread_mutex_unlock(serve_sched_mutex(h->sched));
+    if (h->access_log) serve_access_log(&a);
 }
 
 static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code)
 {
     serve_http *h = cls;
     conn_state *cs = *con_cls;
-    (void)code;
-    if (cs && cs->untimed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_s); /* restarts the timer */
-    if (cs) serve_buf_free(&cs->body), free(cs);
+    if (!cs) return;
+    if (cs->untimed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_s); /* restarts the timer */
+    log_request(h, cs, code);
+    if (cs->counted) __atomic_sub_fetch(&h->inflight, 1, __ATOMIC_ACQ_REL);
+    serve_buf_free(&cs->body), free(cs);
     *con_cls = NULL;
 }
 
-int serve_http_start(serve_http *h, const struct sockaddr *addr, unsigned max_conn, unsigned idle_s, size_t max_header)
+int serve_http_start(serve_http *h, const struct sockaddr *addr, unsigned max_conn, unsigned idle_s)
 {
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    uint16_t port = ntohs(addr->sa_family == AF_INET6 ? ((const struct sockaddr_in6 *)addr)->sin6_port
+                                                      : ((const struct sockaddr_in *)addr)->sin_port);
     if (addr->sa_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->idle_s = idle_s;
-    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, addr,
-                                 MHD_OPTION_CONNECTION_LIMIT, max_conn, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
-                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, max_header, MHD_OPTION_NOTIFY_COMPLETED, on_done, h,
-                                 MHD_OPTION_END);
+    /* libmicrohttpd answers header blocks beyond its connection memory with its
+     * own HTML 431; give it room well above --max-header so request_begin
+     * answers in JSON, and only absurd header blocks reach that fallback. */
+    size_t pool = h->max_header * 4 + (256u << 10);
+    h->daemon = MHD_start_daemon(flags, port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, serve_mhd_log, NULL,
+                                 MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT, max_conn,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, idle_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_done, h, MHD_OPTION_END);
     if (!h->daemon) return -1;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : 0;

@@ -1,6 +1,9 @@
 /*
  * serve_main.c - `kipp-serve --model M`: arguments, model, scheduler, HTTP,
- * and a clean stop on SIGINT/SIGTERM (issue 9). Loopback by default.
+ * and a graceful drain on SIGINT/SIGTERM: new requests get 503 while the
+ * running ones finish (up to --shutdown-timeout), then the rest are ended
+ * with a proper final chunk or response before the process exits 0.
+ * Loopback by default.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -9,11 +12,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "server/serve_http.h"
 
+#ifndef KIPP_VERSION
+#define KIPP_VERSION "unknown"
+#define KIPP_GIT_SHA "unknown"
+#endif
+
 typedef struct {
-    const char *model, *backend, *host, *alias;
+    const char *model, *backend, *host, *alias, *api_key, *cors_origin;
+    int protect_ops, access_log;
+    long long shutdown_timeout; /* seconds running requests may take to finish after SIGTERM */
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
     int no_spec;              /* --no-spec */
@@ -34,11 +45,13 @@ static void usage(FILE *f)
             "  --backend NAME     cpu (default) or ref\n"
             "  --host ADDR        listen address, default 127.0.0.1 (loopback)\n"
             "  --port N           0..65535, default 8080 (0 = any free port, printed at start)\n"
-            "  --alias NAME       another accepted value of the request's \"model\"\n"
+            "  --alias NAME       the served model name: responses' \"model\", first in /v1/models; the\n"
+            "                     checkpoint id (and the file's base name) stay accepted\n"
             "  --threads N        backend threads, 0 = one per physical core (default)\n"
             "  --ctx N            tokens per choice (prompt + output), default min(8192, model context)\n"
             "  --max-batch N      active choices per step, 8..64, default 16\n"
-            "  --max-queue N      queued requests before 429, 1..4096, default 64\n"
+            "  --max-queue N      requests waiting for a batch slot before 429, 1..4096, default 64 (requests\n"
+            "                     that free slots will take at the next step do not count)\n"
             "  --step-tokens N    tokens one engine step evaluates, 16..8192, default 512: every decoding\n"
             "                     choice's tokens first, then prompt chunks oldest first (each prefilling\n"
             "                     choice gets up to 32 while the budget lasts, the rest lengthens them)\n"
@@ -53,6 +66,18 @@ static void usage(FILE *f)
             "  --kv-mib N         without the pool: KV budget of all live choices in MiB, default 4096;\n"
             "                     requests wait for room, and one that alone needs more is refused (400);\n"
             "                     needs --kv-pool-mib 0 (refused with the pool)\n"
+            "  --shutdown-timeout S  on SIGTERM/SIGINT: new requests get 503 and /health 503 while running\n"
+            "                     ones finish for up to S seconds (0..86400, default 30); the rest then end\n"
+            "                     with finish_reason \"length\" and the text so far; a second signal ends them\n"
+            "                     at once; exit status 0\n"
+            "  --api-key KEY      require \"Authorization: Bearer KEY\" or \"X-Api-Key: KEY\" (else 401);\n"
+            "                     /health and /metrics stay open unless --protect-ops (env KIPP_API_KEY too)\n"
+            "  --protect-ops      /health and /metrics need the API key as well\n"
+            "  --cors-origin ORIGIN  answer CORS preflights (OPTIONS, 204) and send\n"
+            "                     Access-Control-Allow-Origin: ORIGIN (\"*\" for any) on every response\n"
+            "  --access-log       one JSON line per request on stderr (id, method, path, status, tokens,\n"
+            "                     cached tokens, TTFT, duration)\n"
+            "  --version          print the version and exit\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
             "                     by default they use prompt-lookup speculative decoding (same tokens)\n");
 }
@@ -61,7 +86,8 @@ static int parse_args(int argc, char **argv, serve_opts *o)
 {
     *o = (serve_opts){.backend = "cpu", .host = "127.0.0.1", .port = 8080, .max_batch = 16, .max_queue = 64,
                       .max_body = 1 << 20, .max_header = 32768, .idle = 60, .max_conn = 128, .kv_mib = -1,
-                      .step_tokens = SERVE_STEP_TOKENS, .kv_pool_mib = -1};
+                      .step_tokens = SERVE_STEP_TOKENS, .kv_pool_mib = -1, .shutdown_timeout = 30,
+                      .api_key = getenv("KIPP_API_KEY")};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
         {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
@@ -69,17 +95,23 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
         {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
         {"--kv-pool-mib", &o->kv_pool_mib, 0, 1 << 24, ""}, {"--step-tokens", &o->step_tokens, 16, 8192, ""},
+        {"--shutdown-timeout", &o->shutdown_timeout, 0, 86400, ""},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help")) return usage(stdout), 1;
+        if (!strcmp(a, "--version")) return printf("kipp-serve %s (%s)\n", KIPP_VERSION, KIPP_GIT_SHA), 1;
         if (!strcmp(a, "--no-spec")) { o->no_spec = 1; continue; }
+        if (!strcmp(a, "--protect-ops")) { o->protect_ops = 1; continue; }
+        if (!strcmp(a, "--access-log")) { o->access_log = 1; continue; }
         if (i + 1 >= argc) return fprintf(stderr, "kipp-serve: %s needs a value (or is unknown; see --help)\n", a), 2;
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) { o->model = v; continue; }
         if (!strcmp(a, "--backend")) { o->backend = v; continue; }
         if (!strcmp(a, "--host")) { o->host = v; continue; }
         if (!strcmp(a, "--alias")) { o->alias = v; continue; }
+        if (!strcmp(a, "--api-key")) { o->api_key = v; continue; }
+        if (!strcmp(a, "--cors-origin")) { o->cors_origin = v; continue; }
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].flag)) k++;
         if (k == sizeof ints / sizeof ints[0]) return fprintf(stderr, "kipp-serve: unknown option '%s' (see --help)\n", a), 2;
@@ -98,6 +130,12 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                                "pool with --kv-pool-mib, or add --kv-pool-mib 0 to budget unpooled sessions with --kv-mib\n",
                        o->kv_mib, o->kv_pool_mib < 0 ? "by default" : "--kv-pool-mib given"), 2;
     if (o->kv_mib < 0) o->kv_mib = 4096;
+    if (o->api_key && !*o->api_key) return fprintf(stderr, "kipp-serve: --api-key is empty, expected a non-empty key\n"), 2;
+    if (o->protect_ops && !o->api_key) return fprintf(stderr, "kipp-serve: --protect-ops needs --api-key KEY\n"), 2;
+    if (o->alias && !*o->alias) return fprintf(stderr, "kipp-serve: --alias is empty, expected a model name\n"), 2;
+    if (o->cors_origin && (!*o->cors_origin || strpbrk(o->cors_origin, "\r\n ,")))
+        return fprintf(stderr, "kipp-serve: --cors-origin '%s' is invalid, expected one origin such as "
+                               "https://app.example.com, or *\n", o->cors_origin), 2;
     return 0;
 }
 
@@ -128,6 +166,37 @@ static char *base_name(const char *path)
     return s;
 }
 
+/* Wait up to secs for the signals in set; 1 when one arrived. */
+static int signal_within(const sigset_t *set, double secs)
+{
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    return sigtimedwait(set, NULL, &ts) > 0;
+}
+
+/* Drain (after the first SIGTERM/SIGINT): new requests already get 503; wait
+ * while requests run, up to the timeout or a second signal, then end the rest
+ * (serve_sched_end_all) and give their threads a moment to write the final
+ * chunk, [DONE] or the response before the daemon closes the connections. */
+static void drain(serve_http *h, const sigset_t *set, int sig, double timeout)
+{
+    __atomic_store_n(&h->draining, 1, __ATOMIC_RELEASE);
+    serve_log("signal %d: draining; new requests get 503; %d running or queued, waiting up to %.0f s (a second "
+              "signal ends them now)", sig, serve_sched_busy(h->sched), timeout);
+    double t0 = serve_now(), end = t0 + timeout;
+    int again = 0;
+    while (!again && serve_now() < end &&
+           (serve_sched_busy(h->sched) || __atomic_load_n(&h->inflight, __ATOMIC_ACQUIRE)))
+        again = signal_within(set, 0.05);
+    int left = serve_sched_busy(h->sched);
+    if (left) serve_log("%s: ending %d running or queued requests with finish_reason \"length\"",
+                        again ? "second signal" : "shutdown timeout", left);
+    serve_sched_end_all(h->sched);
+    /* Replies of ended jobs are complete in memory; their threads only write them out. */
+    for (double flush_end = serve_now() + 10; __atomic_load_n(&h->inflight, __ATOMIC_ACQUIRE) && serve_now() < flush_end;)
+        if (signal_within(set, 0.02)) break;
+    serve_log("drained in %.2f s, exiting", serve_now() - t0);
+}
+
 static int run(const serve_opts *o, kipp_model *m)
 {
     kipp_model_info info;
@@ -143,39 +212,39 @@ static int run(const serve_opts *o, kipp_model *m)
                            .kv_budget_blocks = ((uint64_t)o->kv_mib << 20) / block_bytes,
                            .pool_blocks = info.kv_pool_blocks, .no_spec = o->no_spec,
                            .step_tokens = (uint32_t)o->step_tokens};
-    serve_http h = {0};
+    serve_http h = {.max_body = (size_t)o->max_body, .max_header = (size_t)o->max_header, .started = time(NULL),
+                    .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
+                    .access_log = o->access_log, .canonical = info.checkpoint_id};
+    serve_metrics_get()->model_name = o->alias ? o->alias : info.checkpoint_id; /* before any thread reads it */
     h.sched = serve_sched_start(m, &so, err, sizeof err);
-    if (!h.sched) return fprintf(stderr, "kipp-serve: %s\n", err), 1;
+    if (!h.sched) return serve_log("%s", err), 1;
     char *base = base_name(o->model);
-    h.info = (serve_info){info.checkpoint_id, m, n_ctx};
+    h.info = (serve_info){o->alias ? o->alias : info.checkpoint_id, m, n_ctx};
     h.names[h.n_names++] = info.checkpoint_id;
     if (base) h.names[h.n_names++] = base;
     if (o->alias) h.names[h.n_names++] = o->alias;
-    h.max_body = (size_t)o->max_body;
-    h.started = time(NULL);
     sigset_t set;
     sigemptyset(&set), sigaddset(&set, SIGINT), sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* every thread started below inherits the mask */
     signal(SIGPIPE, SIG_IGN);
     int rc = 0;
-    if (serve_http_start(&h, (struct sockaddr *)&ss, (unsigned)o->max_conn, (unsigned)o->idle, (size_t)o->max_header)) {
-        fprintf(stderr, "kipp-serve: cannot listen on %s port %lld (in use, or not an address of this host)\n", o->host, o->port);
+    if (serve_http_start(&h, (struct sockaddr *)&ss, (unsigned)o->max_conn, (unsigned)o->idle)) {
+        serve_log("cannot listen on %s port %lld (in use, or not an address of this host)", o->host, o->port);
         rc = 1;
     } else {
         char kv[96];
         if (info.kv_pool_blocks) snprintf(kv, sizeof kv, "KV pool %u blocks", info.kv_pool_blocks);
         else snprintf(kv, sizeof kv, "no KV pool, KV budget %llu blocks (--kv-mib)", (unsigned long long)so.kv_budget_blocks);
         if (info.kv_pool_blocks && (uint64_t)info.kv_pool_blocks * 32 < n_ctx)
-            fprintf(stderr, "kipp-serve: note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a "
-                            "chat request without max_tokens reserves the rest of the context and will be refused: send "
-                            "max_tokens, or raise --kv-pool-mib\n", (unsigned long long)info.kv_pool_blocks * 32, n_ctx);
-        printf("kipp-serve: %s (%s backend, n_ctx %u, batch %lld, %s) listening on http://%s%s%s:%u\n",
-               info.checkpoint_id, info.backend, n_ctx, o->max_batch, kv, strchr(o->host, ':') ? "[" : "",
-               o->host, strchr(o->host, ':') ? "]" : "", h.port);
-        fflush(stdout);
+            serve_log("note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a "
+                      "chat request without max_tokens reserves the rest of the context and will be refused: send "
+                      "max_tokens, or raise --kv-pool-mib", (unsigned long long)info.kv_pool_blocks * 32, n_ctx);
+        serve_log_out("%s (%s backend, n_ctx %u, batch %lld, %s%s) listening on http://%s%s%s:%u", h.info.model_id,
+                      info.backend, n_ctx, o->max_batch, kv, o->api_key ? ", API key required" : "",
+                      strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", h.port);
         int sig = 0;
         sigwait(&set, &sig);
-        fprintf(stderr, "kipp-serve: signal %d, stopping\n", sig);
+        drain(&h, &set, sig, (double)o->shutdown_timeout);
     }
     serve_http_stop(&h);
     serve_sched_stop(h.sched);
@@ -195,7 +264,7 @@ int main(int argc, char **argv)
     if (o.kv_pool_mib ? kipp_model_open_pooled(o.model, o.backend, &mo, o.kv_pool_mib < 0 ? 0 : (uint64_t)o.kv_pool_mib, &m,
                                                err, sizeof err)
                       : kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err)) {
-        fprintf(stderr, "kipp-serve: %s\n", err);
+        serve_log("%s", err);
         return 1;
     }
     rc = run(&o, m);
