@@ -34,7 +34,8 @@ struct kipp_gen {
     int prompt_rows;
     uint32_t *hist;            /* [n_prompt + generated] prompt then output; the last is pending once decoding */
     size_t n_hist, cap_hist;
-    uint32_t n_prompt, n_done; /* prompt tokens, and how many the session holds */
+    uint32_t n_prompt, n_done; /* prompt tokens, and how many the session holds after the last advance */
+    uint32_t n_redo;           /* tokens held before the last kipp_gen_rebind: evaluated again with no rows */
     uint32_t n_gen;
     int finish;
     kipp_spec *spec;           /* NULL = one token per step */
@@ -184,6 +185,20 @@ void kipp_gen_destroy(kipp_gen *g)
 
 /* ---- next ---- */
 
+/* Tokens the session must hold before the next sample: the prompt, or once
+ * decoding every token but the pending one (fewer only after kipp_gen_rebind). */
+static uint32_t fill_target(const kipp_gen *g)
+{
+    return g->n_hist > g->n_prompt ? (uint32_t)g->n_hist - 1 : g->n_prompt;
+}
+
+/* Of the next count tokens, how many re-evaluate positions held before a rebind. */
+static uint32_t redo_count(const kipp_gen *g, uint32_t count)
+{
+    uint32_t redo = g->n_redo > g->n_done ? g->n_redo - g->n_done : 0;
+    return redo < count ? redo : count;
+}
+
 /* The drafter's item: pending token + draft; 0 tokens when it refuses (bad state only). */
 static uint32_t spec_item(kipp_gen *g)
 {
@@ -199,14 +214,16 @@ int kipp_gen_next(kipp_gen *g, uint32_t max_prefill, kipp_batch_item *it, char *
     g->pending = 0;
     if (g->finish) return 0;
     g->first = kipp_session_length(g->s);
-    if (g->n_done < g->n_prompt) {
+    uint32_t target = fill_target(g);
+    if (g->n_done < target) {
         if (max_prefill == 0)
             return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_next: max_prefill is 0 with %u prompt tokens left, "
-                            "expected at least 1", g->n_prompt - g->n_done);
-        uint32_t left = g->n_prompt - g->n_done;
+                            "expected at least 1", target - g->n_done);
+        uint32_t left = target - g->n_done;
         if (g->prompt_rows && max_prefill > KIPP_GEN_ROWS_CHUNK) max_prefill = KIPP_GEN_ROWS_CHUNK;
         g->count = left < max_prefill ? left : max_prefill;
-        g->rows = g->prompt_rows ? g->count : g->count == left;
+        /* rows only for prompt positions never evaluated before: a re-evaluated one already gave its row */
+        g->rows = g->n_hist > g->n_prompt ? 0 : g->prompt_rows ? g->count - redo_count(g, g->count) : g->count == left;
         g->spec_step = 0;
         it->tokens = g->hist + g->n_done;
     } else {
@@ -398,11 +415,20 @@ int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err,
     if (!g->pending) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_advance: no item is pending, expected a "
                                      "kipp_gen_next and its evaluation first");
     g->pending = 0;
-    if (g->spec_step) return spec_advance(g, seconds, ev, err, errlen);
-    if (g->n_done < g->n_prompt) {
+    if (g->spec_step) {
+        int rc = spec_advance(g, seconds, ev, err, errlen);
+        g->n_done = kipp_session_length(g->s); /* the pending token and the accepted drafts */
+        return rc;
+    }
+    uint32_t target = fill_target(g);
+    if (g->n_done < target) {
+        ev->n_refill = redo_count(g, g->count);
+        ev->n_prompt = g->n_hist > g->n_prompt ? 0 : g->count - ev->n_refill;
+        ev->n_refill = g->count - ev->n_prompt;
         g->n_done += g->count;
-        ev->n_prompt = g->count;
-        if (g->n_done < g->n_prompt) return 0;
+        if (g->n_done < target || g->n_hist > g->n_prompt) return 0; /* decoding resumes with the pending token */
+    } else {
+        g->n_done += g->count; /* the pending token */
     }
     kipp_sample_params p = params(g);
     uint32_t tok, row = g->rows - 1;
@@ -429,7 +455,31 @@ void kipp_gen_cancel(kipp_gen *g)
     if (!g->finish) finish(g, KIPP_FIN_CANCELLED, 0);
 }
 
-uint32_t kipp_gen_prompt_left(const kipp_gen *g) { return g ? g->n_prompt - g->n_done : 0; }
+const uint32_t *kipp_gen_tokens(const kipp_gen *g, uint32_t *n)
+{
+    if (n) *n = g ? fill_target(g) - (g->n_hist > g->n_prompt ? 0 : 1) : 0;
+    return g ? g->hist : NULL;
+}
+
+uint32_t kipp_gen_prompt_left(const kipp_gen *g) { return g && g->n_done < fill_target(g) ? fill_target(g) - g->n_done : 0; }
+
+int kipp_gen_rebind(kipp_gen *g, kipp_session *s, char *err, size_t errlen)
+{
+    if (!g || !s) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: NULL gen or session");
+    if (g->finish) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: the generation has finished");
+    uint32_t most, held = kipp_session_length(s);
+    kipp_gen_tokens(g, &most);
+    if (held > most)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: the session holds %u tokens, expected at most %u "
+                        "(a prefix of the generation's tokens)", held, most);
+    if (kipp_session_capacity(s) < fill_target(g) + 1)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: the session's capacity %u is below the %u tokens "
+                        "the generation holds", kipp_session_capacity(s), fill_target(g) + 1);
+    g->s = s, g->pending = 0;
+    if (g->n_done > g->n_redo) g->n_redo = g->n_done;
+    g->n_done = held;
+    return 0;
+}
 uint32_t kipp_gen_generated(const kipp_gen *g) { return g ? g->n_gen : 0; }
 int kipp_gen_finished(const kipp_gen *g) { return g ? g->finish : KIPP_FIN_NONE; }
 const kipp_spec *kipp_gen_spec(const kipp_gen *g) { return g ? g->spec : NULL; }

@@ -636,6 +636,7 @@ typedef struct {
 /** What one kipp_gen_advance did. Pointers are owned by the gen and valid until its next call. */
 typedef struct {
     uint32_t n_prompt;           /* prompt tokens this step evaluated */
+    uint32_t n_refill;           /* tokens this step evaluated again after kipp_gen_rebind (no rows for them) */
     uint32_t first_pos;          /* session position of the step's first evaluated token */
     const float *logits;         /* the step's rows, [n_rows][vocab_size]: prefill with prompt_rows, row q
                                   * predicts the token at first_pos + q + 1 */
@@ -696,7 +697,34 @@ void kipp_gen_text(const kipp_gen *g, const char **text, size_t *len, size_t *fi
  */
 void kipp_gen_cancel(kipp_gen *g);
 
-/** Prompt tokens not yet evaluated (0 once decoding). */
+/**
+ * Move g onto session s (not owned; it must outlive the gen), which holds a
+ * prefix of the gen's tokens (prompt, then reply) adopted with
+ * kipp_session_match_prefix, or nothing: a scheduler took g's old session to
+ * free KV (preemption, as vLLM recomputes). The gen re-evaluates the rest
+ * (counted by kipp_gen_prompt_left; events report the positions evaluated
+ * before as n_refill, with no rows and nothing sampled; prompt positions
+ * never evaluated before still get their rows), then goes on where it
+ * stopped: the same
+ * tokens, RNG, text and stops as if it had never moved, because the engine's
+ * KV is bitwise the same however a position was evaluated. The pending item,
+ * if any, is dropped. Errors: KIPP_EINVAL for NULL arguments, a finished gen,
+ * a session holding more than the gen's tokens, or too small a capacity.
+ */
+int kipp_gen_rebind(kipp_gen *g, kipp_session *s, char *err, size_t errlen);
+
+/**
+ * The gen's tokens, prompt then reply ([*n], owned by the gen, valid until
+ * its next kipp_gen_advance), for kipp_session_match_prefix before
+ * kipp_gen_rebind. *n is the most a session may hold when rebound: every
+ * token but the pending one while decoding, the prompt but its last token
+ * before the first sample (its row starts the reply).
+ */
+const uint32_t *kipp_gen_tokens(const kipp_gen *g, uint32_t *n);
+/**
+ * Tokens to evaluate before the next sample: the prompt's rest, plus after
+ * kipp_gen_rebind the positions to evaluate again (0 while decoding).
+ */
 uint32_t kipp_gen_prompt_left(const kipp_gen *g);
 /** Tokens emitted so far. */
 uint32_t kipp_gen_generated(const kipp_gen *g);

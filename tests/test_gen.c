@@ -295,6 +295,94 @@ static void test_errors(void)
     kipp_session_destroy(s);
 }
 
+/* One gen moved to a new session before steps at[0..n_at) (a scheduler's
+ * preemption): the new session holds the first keep_pct% of the tokens the gen
+ * allows (as kipp_session_match_prefix would adopt them), evaluated directly. */
+static void run_moved(const uint32_t *prompt, size_t n, const kipp_gen_options *o, uint32_t chunk, const int *at, int n_at,
+                      int keep_pct, run_out *r)
+{
+    kipp_session *s = NULL;
+    kipp_gen *g = NULL;
+    char err[256] = "";
+    memset(r, 0, sizeof *r);
+    CHECK(kipp_session_create(model, 256, &s, NULL, 0) == 0, "session");
+    CHECK(kipp_gen_create(model, s, prompt, n, o, &g, err, sizeof err) == 0, "gen: %s", err);
+    uint32_t refilled = 0;
+    for (int step = 0, a = 0; step < 4 * MAXG + 64 && !kipp_gen_finished(g); step++) {
+        if (a < n_at && at[a] == step) {
+            uint32_t most, keep;
+            const uint32_t *toks = kipp_gen_tokens(g, &most);
+            kipp_session *t = NULL;
+            keep = most * (uint32_t)keep_pct / 100;
+            CHECK(kipp_session_create(model, 256, &t, NULL, 0) == 0, "new session");
+            if (keep) CHECK(kipp_session_eval(t, toks, keep, NULL, NULL, 0) == 0, "adopt %u", keep);
+            uint32_t left = kipp_gen_prompt_left(g);
+            CHECK(kipp_gen_rebind(g, t, err, sizeof err) == 0, "rebind at step %d: %s", step, err);
+            CHECK(kipp_gen_prompt_left(g) == left + (uint32_t)kipp_session_length(s) - keep,
+                  "step %d: %u to evaluate after the move, expected %u", step, kipp_gen_prompt_left(g),
+                  left + kipp_session_length(s) - keep);
+            kipp_session_destroy(s);
+            s = t, a++;
+        }
+        kipp_batch_item it;
+        kipp_gen_event ev;
+        CHECK(kipp_gen_next(g, chunk, &it, err, sizeof err) == 0, "next: %s", err);
+        CHECK(kipp_eval_batch(model, &it, 1, err, sizeof err) == 0, "batch: %s", err);
+        CHECK(kipp_gen_advance(g, 0.001, &ev, err, sizeof err) == 0, "advance: %s", err);
+        CHECK(!ev.n_refill || (ev.n_rows == 0 || o->prompt_rows) , "a refill step gave %u rows", ev.n_rows);
+        refilled += ev.n_refill;
+        for (uint32_t q = 0; q < ev.n_tokens && r->n < MAXG + 1; q++) r->ids[r->n++] = ev.tokens[q];
+    }
+    CHECK(n_at == 0 || refilled > 0 || keep_pct == 100, "moved %d times, nothing evaluated again", n_at);
+    const char *p;
+    size_t len, fin;
+    kipp_gen_text(g, &p, &len, &fin);
+    r->finish = kipp_gen_finished(g);
+    r->text_len = len < sizeof r->text ? len : sizeof r->text;
+    memcpy(r->text, p, r->text_len);
+    kipp_gen_destroy(g);
+    kipp_session_destroy(s);
+}
+
+/* kipp_gen_rebind: moved mid-prompt, right after the first sample and late in
+ * the reply, onto empty or partly filled sessions, a gen gives the oracle's
+ * ids, text and finish (greedy with drafts, and seeded sampling). */
+static void test_rebind(void)
+{
+    uint32_t ids[256];
+    size_t n;
+    tokenize("Moving a gen, moving a gen, moving a gen between sessions changes no token of it.", ids, &n);
+    kipp_gen_options opts[2] = {greedy(40), seeded(40, 21)};
+    opts[0].spec = 1, opts[0].spec_opts.fixed_k = 1, opts[0].spec_opts.k_max = 4;
+    const int at[] = {1, 3, 9, 25};
+    const int keeps[] = {0, 50, 100};
+    for (int oi = 0; oi < 2; oi++) {
+        run_out want, got;
+        oracle(ids, n, 256, &opts[oi], &want);
+        for (int ki = 0; ki < 3; ki++) {
+            char what[64];
+            snprintf(what, sizeof what, "options %d keep %d%%", oi, keeps[ki]);
+            run_moved(ids, n, &opts[oi], 5, at, 4, keeps[ki], &got);
+            same(&got, &want, what);
+        }
+    }
+    kipp_session *s = NULL, *t = NULL;
+    kipp_gen *g = NULL;
+    char err[256] = "";
+    kipp_gen_options o = greedy(4);
+    CHECK(kipp_session_create(model, 64, &s, NULL, 0) == 0 && kipp_session_create(model, 64, &t, NULL, 0) == 0, "sessions");
+    CHECK(kipp_gen_create(model, s, ids, n, &o, &g, err, sizeof err) == 0, "gen: %s", err);
+    CHECK(kipp_session_eval(t, ids, (uint32_t)n, NULL, NULL, 0) == 0, "fill");
+    CHECK(kipp_gen_rebind(g, t, err, sizeof err) == KIPP_EINVAL && strstr(err, "at most"), "whole prompt held: '%s'", err);
+    CHECK(kipp_gen_rebind(g, NULL, err, sizeof err) == KIPP_EINVAL, "NULL session");
+    kipp_gen_cancel(g);
+    kipp_session_reset(t);
+    CHECK(kipp_gen_rebind(g, t, err, sizeof err) == KIPP_EINVAL && strstr(err, "finished"), "finished gen: '%s'", err);
+    kipp_gen_destroy(g);
+    kipp_session_destroy(s);
+    kipp_session_destroy(t);
+}
+
 int main(void)
 {
     const char *backends[] = {"ref", "cpu"};
@@ -311,6 +399,7 @@ int main(void)
         RUN(test_batched_and_spec);
         RUN(test_finishes);
         RUN(test_prompt_rows);
+        RUN(test_rebind);
         if (b == 0) RUN(test_errors);
         kipp_model_close(model);
     }
