@@ -98,6 +98,9 @@ static void vllm_metrics(serve_buf *b, const serve_metrics *m)
         m->running_requests);
     put(b, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"%s\"} %d\n", model, m->queue_depth);
+    put(b, "# HELP vllm:num_preemptions_total Cumulative number of preemptions from the engine.\n"
+           "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{model_name=\"%s\"} %llu\n", model,
+        (unsigned long long)m->preemptions);
     put(b, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
            "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"%s\"} %.17g\n", model, perc);
     put(b, "# HELP vllm:gpu_cache_usage_perc KV-cache usage (the older name of vllm:kv_cache_usage_perc).\n"
@@ -128,6 +131,11 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_prompt_tokens_cached_total", "Prompt tokens adopted from the KV pool instead of prefilled.", "counter",
           (double)m->prompt_tokens_cached);
     if (m->pooled) pool_metrics(&b, &m->pool);
+    gauge(&b, "kipp_preemptions_total", "Choices whose session was taken to free KV blocks (recomputed later).", "counter",
+          (double)m->preemptions);
+    gauge(&b, "kipp_recomputed_tokens_total", "Positions evaluated again after a preemption.", "counter",
+          (double)m->recomputed_tokens);
+    gauge(&b, "kipp_preempted_choices", "Preempted choices waiting to resume.", "gauge", m->preempted_choices);
     gauge(&b, "kipp_spec_steps_total", "Speculative decode steps (one verification each) of greedy choices.", "counter",
           (double)m->spec_steps);
     gauge(&b, "kipp_spec_drafted_tokens_total", "Draft tokens verified.", "counter", (double)m->spec_drafted);

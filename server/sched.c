@@ -2,11 +2,15 @@
  * sched.c - the continuous-batching scheduler (seed 000 phase 5). One thread
  * owns the engine: every session and every generation step. Each step:
  *   1. frees the choices of cancelled jobs (client gone) at once;
- *   2. admits queued jobs, in order, while the total choice count fits
- *      max_choices (a job is admitted whole: all n choices); on a pooled
- *      model each choice first adopts the longest published prefix of its
- *      prompt (kipp_session_match_prefix), and the job is admitted only when
- *      the pool can hold the worst case of every choice (pool_fits);
+ *   2. resumes preempted choices, oldest first, then admits queued jobs, in
+ *      order, while the total choice count fits max_choices (a job is
+ *      admitted whole: all n choices). On a pooled model (the default) each
+ *      choice first adopts the longest published prefix of its prompt
+ *      (kipp_session_match_prefix), and KV is reserved as sequences grow, as
+ *      vLLM does: a job or a resumed choice comes in when the pool can hold
+ *      every resident choice's tokens plus SERVE_RESERVE positions each
+ *      (pool_fits), not their worst case; unpooled, each job's worst case
+ *      (prompt + max_tokens) counts against --kv-mib;
  *   3. fills the step's token budget (--step-tokens): every decoding choice's
  *      item first (its pending token, plus a prompt-lookup draft for greedy
  *      choices), then prefill chunks in admission order: each prefilling
@@ -14,6 +18,12 @@
  *      always gets one chunk), and what is left lengthens the chunks, oldest
  *      first. A lone prompt prefills in budget-sized chunks; a decode never
  *      waits behind a prefill; a new request starts within one step;
+ *      Pooled, when the planned step needs more blocks than the pool can
+ *      hand out, the youngest resident choice is preempted: its session is
+ *      destroyed (publishing its full blocks, so its prefix may be adopted
+ *      back), its kipp_gen is kept, and it resumes before any new job with
+ *      kipp_gen_rebind, re-evaluating what the pool no longer holds. The
+ *      oldest choice is never preempted, so every request finishes;
  *   4. evaluates all items with one kipp_eval_batch (weights read once per
  *      step), with no lock held, and advances each choice's kipp_gen
  *      (sampling, speculative acceptance, detokenizing, stop strings);
@@ -21,7 +31,8 @@
  * Request state (serve_job) is shared with the HTTP threads under `mu`; they
  * never touch the engine but to tokenize (serve_prepare, under `tok`). Each
  * choice has its own session, so results equal isolated evaluation, and a
- * fixed seed gives the same tokens alone or batched.
+ * fixed seed gives the same tokens alone, batched or preempted and resumed
+ * (the KV of a position is bitwise the same however it was evaluated).
  */
 #include <math.h>
 #include <stdio.h>
@@ -35,8 +46,9 @@ typedef struct {
     serve_job *job;
     int idx;
     uint64_t seq;             /* admission order: prefill chunks go oldest first */
-    kipp_session *s;
+    kipp_session *s;          /* NULL while preempted: g is never stepped until kipp_gen_rebind */
     kipp_gen *g;              /* sampling, history, stops, detokenizer, drafter */
+    uint32_t held;            /* positions its session held when preempted (echo rows were given for these) */
     int echo;                 /* 1: prompt rows get logits (echo + logprobs) */
     kipp_batch_item it;       /* this step's item; token_count 0 = none */
     size_t text_pos;          /* bytes of the gen's text before its next token (logprob offsets) */
@@ -164,6 +176,45 @@ static int budget_fail(const serve_sched *s, const serve_job *j, uint64_t budget
     return -1;
 }
 
+/* Pooled: positions a new choice reserves at admission (its prompt and a step budget). */
+static size_t admit_positions(const serve_req *r)
+{
+    return r->n_prompt + (r->max_tokens < SERVE_RESERVE ? (size_t)r->max_tokens : SERVE_RESERVE);
+}
+
+/* Pooled admission rule at submission: one choice alone must fit the pool
+ * with its worst case, so the oldest choice can always finish (a generation
+ * budget the client did not send is cut to the pool instead, ending in
+ * finish_reason "length"); all n choices must fit with their admission
+ * reservation. Otherwise the 400 names the field to change. */
+static int pool_check(const serve_sched *s, serve_job *j, serve_error *e)
+{
+    serve_req *r = &j->req;
+    uint64_t total = s->o.pool_blocks, pos = total * 32;
+    const char *param;
+    char gen[160], hint[160];
+    if (r->n_prompt + 1 > pos) {
+        param = r->chat ? "messages" : "prompt";
+        snprintf(hint, sizeof hint, "shorten the prompt");
+    } else if (r->n_prompt + (size_t)r->max_tokens > pos && r->max_tokens_asked >= 0) {
+        param = r->max_tokens_field;
+        snprintf(hint, sizeof hint, "send %s <= %llu", r->max_tokens_field, (unsigned long long)(pos - r->n_prompt));
+    } else {
+        if (r->n_prompt + (size_t)r->max_tokens > pos) r->max_tokens = (int64_t)(pos - r->n_prompt); /* nobody asked for more */
+        uint64_t each = blocks_of((uint32_t)admit_positions(r));
+        if ((uint64_t)r->n * each <= total) return 0;
+        param = "n", snprintf(hint, sizeof hint, "lower n to at most %llu with this prompt", (unsigned long long)(total / each));
+    }
+    gen_text(r, gen, sizeof gen);
+    serve_fail(e, 400, "invalid_request_error", param,
+               "n %d x (%zu prompt + %s) positions do not fit the KV pool of %llu blocks of 32 (--kv-pool-mib): one "
+               "choice must fit it whole, and all n together with their prompt and %d more positions; %s, or start "
+               "kipp-serve with a larger --kv-pool-mib", r->n, r->n_prompt, gen, (unsigned long long)total, SERVE_RESERVE,
+               hint);
+    snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
+    return -1;
+}
+
 /* Queued requests that would still wait after the scheduler's next admission
  * (mu held): those that do not fit the free batch slots, in FIFO order. The
  * queue limit counts these only: a job queued a moment before admission while
@@ -183,8 +234,8 @@ static int waiting_jobs(const serve_sched *s, int n_new, int *new_waits)
 
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
-    uint64_t budget = s->o.pool_blocks ? s->o.pool_blocks : s->o.kv_budget_blocks;
-    if (job_blocks(j) > budget) return budget_fail(s, j, budget, e);
+    if (s->o.pool_blocks ? pool_check(s, j, e) : job_blocks(j) > s->o.kv_budget_blocks ? budget_fail(s, j, s->o.kv_budget_blocks, e) : 0)
+        return -1;
     pthread_mutex_lock(&s->mu);
     int new_waits, q = waiting_jobs(s, j->req.n, &new_waits);
     if (new_waits && q >= s->o.max_queue) {
@@ -303,17 +354,81 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
     return 0;
 }
 
-/* Pool room for the worst case (issue 10): every active choice - the new
- * job's included, after their prefix adoption - may still grow to its whole
- * budget, n_prompt + max_tokens positions; admitted work must fit what the
+/* Pool blocks resident choice c reserves: those it lacks for the tokens it
+ * must hold before its next sample, plus SERVE_RESERVE positions to grow. */
+static uint64_t reserve(const sched_choice *c)
+{
+    uint64_t want = (uint64_t)kipp_session_length(c->s) + kipp_gen_prompt_left(c->g) + SERVE_RESERVE;
+    uint32_t cap = kipp_session_capacity(c->s);
+    return kipp_session_pool_need(c->s, want < cap ? (uint32_t)want : cap);
+}
+
+/* Pool room for every resident choice's reservation - a new job's or a
+ * resumed choice's included, after their prefix adoption - within what the
  * pool can still hand out (free + unreferenced published blocks). */
 static int pool_fits(serve_sched *s)
 {
     kipp_pool_stats st;
     kipp_model_pool_stats(s->m, &st);
     uint64_t need = 0;
-    for (int k = 0; k < s->n_act; k++) need += kipp_session_pool_need(s->act[k]->s, kipp_session_capacity(s->act[k]->s));
+    for (int k = 0; k < s->n_act; k++)
+        if (s->act[k]->s) need += reserve(s->act[k]);
     return need <= st.blocks_available;
+}
+
+/* Preempt choice c (mu held): destroy its session, which publishes its full
+ * blocks (its prefix stays adoptable until evicted), and keep its gen. */
+static void preempt(serve_sched *s, sched_choice *c)
+{
+    serve_metrics *mt = serve_metrics_get();
+    c->held = kipp_session_length(c->s);
+    kipp_session_destroy(c->s);
+    c->s = NULL, c->it.token_count = 0;
+    mt->preemptions++;
+    (void)s;
+}
+
+/* The slot of the oldest preempted choice, or -1. */
+static int oldest_preempted(const serve_sched *s)
+{
+    int o = -1;
+    for (int k = 0; k < s->n_act; k++)
+        if (!s->act[k]->s && (o < 0 || s->act[k]->seq < s->act[o]->seq)) o = k;
+    return o;
+}
+
+/* Resume preempted choices, oldest first, while the pool holds their
+ * reservation (mu held): a new session adopts the longest published prefix
+ * of the gen's tokens (an echo choice no further than it had evaluated, as
+ * only those positions gave their rows) and kipp_gen_rebind re-evaluates the
+ * rest. Returns 1 when no preempted choice is left waiting. */
+static int resume(serve_sched *s)
+{
+    for (int k; (k = oldest_preempted(s)) >= 0;) {
+        sched_choice *c = s->act[k];
+        const serve_req *r = &c->job->req;
+        char err[256] = "";
+        uint32_t most;
+        const uint32_t *toks = kipp_gen_tokens(c->g, &most);
+        kipp_session *t = NULL;
+        if (c->echo && most > c->held) most = c->held;
+        int rc = kipp_session_create(s->m, (uint32_t)(r->n_prompt + (size_t)r->max_tokens), &t, err, sizeof err);
+        int got = rc ? rc : kipp_session_match_prefix(t, toks, most, err, sizeof err);
+        rc = got < 0 ? got : kipp_gen_rebind(c->g, t, err, sizeof err);
+        if (rc) {
+            kipp_session_destroy(t);
+            snprintf(c->job->error, sizeof c->job->error, "cannot resume a preempted choice: %s", err);
+            choice_finish(s, k, FIN_ERROR);
+            continue;
+        }
+        c->s = t;
+        if (!pool_fits(s)) {
+            kipp_session_destroy(t); /* the gen is rebound again when there is room */
+            c->s = NULL;
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* Take job j's choices back out of the active set without finishing them (it
@@ -341,13 +456,15 @@ static void pool_snapshot(serve_sched *s)
 
 /* Admit queued jobs in FIFO order while their choices fit the batch and their
  * sessions the KV budget (mu held); a job that does not fit waits at the head.
- * Pooled: the head's choices are created (adopting prefixes) and kept only if
+ * Pooled: preempted choices resume first, and no job is admitted while one
+ * waits; the head's choices are created (adopting prefixes) and kept only if
  * pool_fits; otherwise they are dropped again and the job waits until some
  * choice finishes. */
 static void admit(serve_sched *s)
 {
     serve_metrics *mt = serve_metrics_get();
-    while (s->head && s->n_act + s->head->req.n <= s->o.max_choices &&
+    int resumed = !s->o.pool_blocks || resume(s);
+    while (resumed && s->head && s->n_act + s->head->req.n <= s->o.max_choices &&
            (s->o.pool_blocks || mt->kv_blocks + job_blocks(s->head) <= s->o.kv_budget_blocks)) {
         serve_job *j = s->head;
         if (!j->cancelled && j == s->blocked && s->n_finished == s->blocked_at) break; /* no room freed since */
@@ -420,16 +537,18 @@ int serve_sched_busy(serve_sched *s)
     return n;
 }
 
-/* Requests with at least one active choice, for the router gauges (mu held). */
+/* Requests with at least one active choice, for the router gauges, and the preempted choices (mu held). */
 static void count_running(serve_sched *s)
 {
-    int n = 0;
+    int n = 0, pre = 0;
     for (int k = 0; k < s->n_act; k++) {
+        pre += !s->act[k]->s;
         int seen = 0;
         for (int q = 0; q < k && !seen; q++) seen = s->act[q]->job == s->act[k]->job;
         n += !seen;
     }
     serve_metrics_get()->running_requests = n;
+    serve_metrics_get()->preempted_choices = pre;
 }
 
 /* ---- one step ---- */
@@ -478,7 +597,7 @@ static int prefill_order(serve_sched *s, sched_choice **pre)
     int n = 0;
     for (int k = 0; k < s->n_act; k++) {
         sched_choice *c = s->act[k];
-        if (!kipp_gen_prompt_left(c->g)) continue;
+        if (!c->s || !kipp_gen_prompt_left(c->g)) continue;
         int q = n++;
         while (q > 0 && pre[q - 1]->seq > c->seq) pre[q] = pre[q - 1], q--;
         pre[q] = c;
@@ -496,7 +615,7 @@ static int plan(serve_sched *s, kipp_batch_item *items)
     for (int k = 0; k < s->n_act; k++) {
         sched_choice *c = s->act[k];
         c->it.token_count = 0;
-        if (kipp_gen_prompt_left(c->g) || kipp_gen_next(c->g, 1, &c->it, NULL, 0)) continue;
+        if (!c->s || kipp_gen_prompt_left(c->g) || kipp_gen_next(c->g, 1, &c->it, NULL, 0)) continue;
         used += c->it.token_count;
     }
     for (int p = 0; p < n_pre; p++) { /* a chunk each, while the budget lasts; the oldest always */
@@ -518,13 +637,40 @@ static int plan(serve_sched *s, kipp_batch_item *items)
     return n;
 }
 
+/* Pool blocks the planned step takes (mu held): each resident choice's growth by its item. */
+static uint64_t step_need(const serve_sched *s)
+{
+    uint64_t need = 0;
+    for (int k = 0; k < s->n_act; k++) {
+        const sched_choice *c = s->act[k];
+        if (c->s && c->it.token_count) need += kipp_session_pool_need(c->s, kipp_session_length(c->s) + c->it.token_count);
+    }
+    return need;
+}
+
+/* plan, and on a pooled model preempt the youngest resident choice until the
+ * step fits what the pool can hand out (mu held). The oldest is never
+ * preempted: submission checked that one choice alone fits the pool. */
+static int plan_fitting(serve_sched *s, kipp_batch_item *items)
+{
+    for (;;) {
+        int n = plan(s, items), young = -1, resident = 0;
+        kipp_pool_stats st;
+        if (!s->o.pool_blocks || kipp_model_pool_stats(s->m, &st) || step_need(s) <= st.blocks_available) return n;
+        for (int k = 0; k < s->n_act; k++)
+            if (s->act[k]->s) resident++, young = young < 0 || s->act[k]->seq > s->act[young]->seq ? k : young;
+        if (resident < 2) return n; /* cannot happen (see above); the evaluation would report the pool exhausted */
+        preempt(s, s->act[young]);
+    }
+}
+
 /* Echo logprobs of the prompt rows this step evaluated. */
 static void echo_rows(sched_choice *c, const kipp_gen_event *ev, uint32_t V)
 {
     serve_job *j = c->job;
     const serve_req *r = &j->req;
     for (uint32_t q = 0; c->echo && j->prompt_top && q < ev->n_rows && ev->n_prompt; q++) {
-        uint32_t pos = ev->first_pos + q + 1; /* row q predicts the token at pos */
+        uint32_t pos = ev->first_pos + ev->n_refill + q + 1; /* row q predicts the token at pos */
         if (pos < r->n_prompt) logprob_of(ev->logits + (size_t)q * V, V, r->prompt_ids[pos], r->top_logprobs, &j->prompt_top[pos]);
     }
 }
@@ -552,6 +698,7 @@ static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, do
         if (r->logprobs && push_lp(o, &rec)) return FIN_ERROR;
     }
     mt->generated_tokens += ev->n_tokens;
+    mt->recomputed_tokens += ev->n_refill;
     if (publish_text(c)) return FIN_ERROR;
     switch (kipp_gen_finished(c->g)) {
     case KIPP_FIN_NONE: return FIN_NONE;
@@ -585,7 +732,7 @@ static int advance(serve_sched *s, sched_choice *c, double secs, double now)
 static void step(serve_sched *s)
 {
     kipp_batch_item items[64];
-    int n = plan(s, items);
+    int n = plan_fitting(s, items);
     pthread_mutex_unlock(&s->mu);
     char err[256] = "";
     double t0 = serve_now();

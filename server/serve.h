@@ -31,6 +31,7 @@
 #define SERVE_MAX_MSGS 256     /* chat messages per request */
 #define SERVE_CHUNK 32         /* prefill chunk every prefilling choice gets per step while the budget lasts */
 #define SERVE_STEP_TOKENS 512  /* default token budget of one step (--step-tokens) */
+#define SERVE_RESERVE 16       /* pooled: KV positions a choice reserves beyond its prompt (admission, resumption) */
 #define SERVE_MAX_TOOLS 128    /* tools per request (OpenAI allows 128) */
 #define SERVE_MAX_PARALLEL 8   /* tool calls one constrained reply may make with parallel_tool_calls */
 
@@ -344,6 +345,9 @@ typedef struct {
     int pooled;               /* 1: pool holds the scheduler's latest snapshot of the KV pool */
     kipp_pool_stats pool;     /* KV pool counters (kipp_model_pool_stats) */
     uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted; /* speculative decoding (issue 11) */
+    uint64_t preemptions;     /* choices whose session was taken to free KV (pooled) */
+    uint64_t recomputed_tokens; /* positions evaluated again after a preemption */
+    int preempted_choices;    /* choices waiting to resume */
 } serve_metrics;
 
 /** The process-wide metrics (guarded by the sched mutex). */

@@ -59,10 +59,11 @@ static void usage(FILE *f)
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
             "  --max-connections N  default 128\n"
-            "  --kv-pool-mib N    shared KV pool in MiB (cpu and ref backends), default one full model\n"
-            "                     context; every choice adopts the longest cached prompt prefix, finished\n"
-            "                     choices publish theirs, and requests wait in the queue until the pool can\n"
-            "                     hold them (one that alone needs more is refused, 400). 0 disables the pool\n"
+            "  --kv-pool-mib N    shared KV pool in MiB (cpu and ref backends), default half the available\n"
+            "                     memory at start, at most --max-batch full contexts, at least one; every\n"
+            "                     choice adopts the longest cached prompt prefix, finished choices publish\n"
+            "                     theirs; KV is taken as sequences grow, and when the pool runs out the\n"
+            "                     youngest choice is preempted and later recomputed. 0 disables the pool\n"
             "  --kv-mib N         without the pool: KV budget of all live choices in MiB, default 4096;\n"
             "                     requests wait for room, and one that alone needs more is refused (400);\n"
             "                     needs --kv-pool-mib 0 (refused with the pool)\n"
@@ -197,6 +198,37 @@ static void drain(serve_http *h, const sigset_t *set, int sig, double timeout)
     serve_log("drained in %.2f s, exiting", serve_now() - t0);
 }
 
+/* MemAvailable from /proc/meminfo in bytes, 0 when unreadable. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kib << 10;
+}
+
+/* The default KV pool (no --kv-pool-mib): half the available memory, at most
+ * max_batch contexts of n_ctx (more could never be referenced at once; the
+ * rest would only cache), at least one context so any single request fits. */
+static int default_pool(const serve_opts *o, kipp_model *m, uint32_t n_ctx, char *why, size_t cap)
+{
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    uint64_t per_ctx = (uint64_t)n_ctx * info.kv_bytes_per_token, avail = mem_available();
+    uint64_t bytes = avail / 2, most = per_ctx * (uint64_t)o->max_batch;
+    const char *rule = "half of the available memory";
+    if (bytes > most) bytes = most, rule = "--max-batch full contexts";
+    if (bytes < per_ctx) bytes = per_ctx, rule = "one full context";
+    snprintf(why, cap, "%s; %.1f GiB available", rule, (double)avail / (1 << 30));
+    char err[256];
+    if (kipp_model_enable_pool(m, (bytes + (1 << 20) - 1) >> 20, err, sizeof err))
+        return serve_log("cannot make the default KV pool (%s): %s", why, err), 1;
+    return 0;
+}
+
 static int run(const serve_opts *o, kipp_model *m)
 {
     kipp_model_info info;
@@ -204,6 +236,9 @@ static int run(const serve_opts *o, kipp_model *m)
     uint32_t n_ctx = o->ctx ? (uint32_t)o->ctx : (info.context_length < 8192 ? info.context_length : 8192);
     if (n_ctx > info.context_length)
         return fprintf(stderr, "kipp-serve: --ctx %u is above the model's context length %u\n", n_ctx, info.context_length), 2;
+    char pool_why[128] = "--kv-pool-mib";
+    if (o->kv_pool_mib < 0 && default_pool(o, m, n_ctx, pool_why, sizeof pool_why)) return 1;
+    kipp_model_get_info(m, &info);
     struct sockaddr_storage ss;
     if (make_addr(o, &ss)) return 2;
     char err[256] = "";
@@ -232,13 +267,15 @@ static int run(const serve_opts *o, kipp_model *m)
         serve_log("cannot listen on %s port %lld (in use, or not an address of this host)", o->host, o->port);
         rc = 1;
     } else {
-        char kv[96];
-        if (info.kv_pool_blocks) snprintf(kv, sizeof kv, "KV pool %u blocks", info.kv_pool_blocks);
+        char kv[256];
+        if (info.kv_pool_blocks)
+            snprintf(kv, sizeof kv, "KV pool %u blocks, %.2f GiB: %s", info.kv_pool_blocks,
+                     (double)info.kv_pool_blocks * (double)block_bytes / (1 << 30), pool_why);
         else snprintf(kv, sizeof kv, "no KV pool, KV budget %llu blocks (--kv-mib)", (unsigned long long)so.kv_budget_blocks);
         if (info.kv_pool_blocks && (uint64_t)info.kv_pool_blocks * 32 < n_ctx)
-            serve_log("note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a "
-                      "chat request without max_tokens reserves the rest of the context and will be refused: send "
-                      "max_tokens, or raise --kv-pool-mib", (unsigned long long)info.kv_pool_blocks * 32, n_ctx);
+            serve_log("note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a reply "
+                      "without max_tokens ends there (finish_reason \"length\"), and a larger max_tokens is refused: "
+                      "raise --kv-pool-mib", (unsigned long long)info.kv_pool_blocks * 32, n_ctx);
         serve_log_out("%s (%s backend, n_ctx %u, batch %lld, %s%s) listening on http://%s%s%s:%u", h.info.model_id,
                       info.backend, n_ctx, o->max_batch, kv, o->api_key ? ", API key required" : "",
                       strchr(o->host, ':') ? "[" : "", o->host, strchr(o->host, ':') ? "]" : "", h.port);
@@ -260,8 +297,9 @@ int main(int argc, char **argv)
     kipp_model_options mo = {(int)o.threads};
     kipp_model *m = NULL;
     char err[512];
-    /* Pooled by default (seed 000: the server uses pooled models on CPU); --kv-pool-mib 0 opts out. */
-    if (o.kv_pool_mib ? kipp_model_open_pooled(o.model, o.backend, &mo, o.kv_pool_mib < 0 ? 0 : (uint64_t)o.kv_pool_mib, &m,
+    /* Pooled by default (seed 000: the server uses pooled models on CPU): --kv-pool-mib N sizes the pool
+     * here, without it run() sizes it from memory and the context; --kv-pool-mib 0 opts out. */
+    if (o.kv_pool_mib > 0 ? kipp_model_open_pooled(o.model, o.backend, &mo, (uint64_t)o.kv_pool_mib, &m,
                                                err, sizeof err)
                       : kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err)) {
         serve_log("%s", err);

@@ -35,6 +35,7 @@ class Server:
             self.proc.kill()
             raise RuntimeError(f"kipp-serve did not start: {line!r} {self.proc.stderr.read()}")
         self.port = int(m.group(1))
+        self.banner = line  # kept for tests of what it says (the KV pool's size and rule)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,13 +1,15 @@
 """test_serve_pool.py - kipp-serve on a pooled model (issue 10, seed 000
 "Cross-session prefix sharing"): every choice adopts the longest published
 prefix of its prompt, usage reports it as prompt_tokens_details.cached_tokens,
-/metrics exposes the pool, and under pool pressure requests wait in the FIFO
-and still reproduce their isolated outputs. The oracle for outputs is the
+/metrics exposes the pool, and under pool pressure the youngest choice is
+preempted and recomputed, and every request still reproduces its isolated
+output. The oracle for outputs is the
 same request on an unpooled server (--kv-pool-mib 0).
 """
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 
@@ -15,6 +17,7 @@ from serve_harness import Server, concurrent_equals_alone
 
 prom = pytest.importorskip("prometheus_client.parser")
 
+NO_EOS = {"151643": -100, "151645": -100}  # <|endoftext|>, <|im_end|>: the reply runs to its budget
 LONG = "The pool keeps every full block of this prompt for the next request. " * 8
 
 
@@ -51,55 +54,90 @@ def test_prefix_reuse_matches_unpooled(synthetic_gguf):
         assert other["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64
         assert s.wait_idle()
         text = s.metrics()
-        assert _metric(text, "kipp_kv_pool_blocks", state="total") == 4096 // 32  # one full context by default
+        # the default pool: --max-batch (16) contexts of --ctx 512, below half the available memory here
+        assert _metric(text, "kipp_kv_pool_blocks", state="total") == 16 * 512 // 32
         assert _metric(text, "kipp_kv_pool_blocks", state="published") >= (n - 1) // 32
         assert _metric(text, "kipp_kv_pool_blocks", state="referenced") == 0
         assert _metric(text, "kipp_kv_pool_hits_total") >= (n - 1) // 32 + 2
         assert _metric(text, "kipp_prompt_tokens_cached_total") == (n - 1) // 32 * 32 + other["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert re.search(r"^kipp_kv_pool_evictions_total 0$", text, re.M)
+    assert "KV pool 256 blocks, 0.06 GiB: --max-batch full contexts;" in s.banner, s.banner
 
 
-def test_pool_pressure_waits_in_fifo(synthetic_gguf):
-    """--kv-pool-mib 1 on the tiny model (8 KiB per position) is a pool of 4 blocks:
-    a request that alone needs more is a 400; requests that fit one at a time wait
-    in the queue (admission reserves their worst case) and reproduce their
-    isolated outputs; the pool evicts published blocks to make room."""
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "1") as s:
-        st, r = s.post("/v1/completions", {"prompt": "x", "max_tokens": 100, "n": 2})
-        assert st == 400 and r["error"]["code"] == "kv_budget_exceeded" and "--kv-pool-mib" in r["error"]["message"]
-        concurrent_equals_alone(s, 90)
+def _post_all(s: Server, bodies: list) -> list:
+    out = [None] * len(bodies)
+
+    def go(k):
+        out[k] = s.post("/v1/completions", bodies[k])
+
+    ts = [threading.Thread(target=go, args=(k,)) for k in range(len(bodies))]
+    [t.start() for t in ts]
+    [t.join(timeout=300) for t in ts]
+    return out
+
+
+def test_preemption_reproduces_isolated_outputs(synthetic_gguf):
+    """--kv-pool-mib 1 on the tiny model (8 KiB per position) is a pool of 4 blocks,
+    128 positions. Requests of up to ~100 positions each are admitted together (KV is
+    reserved as sequences grow, not for their worst case), the pool runs out, the
+    youngest choice is preempted and recomputed later (issue 35 item 2). Every output
+    equals the same request on an unpooled server: seeded sampling, n=2 choices,
+    greedy with speculative drafts, and echo with prompt logprobs."""
+    bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 90, "temperature": 0.7, "seed": k} for k in range(3)]
+    bodies += [{"prompt": "x", "max_tokens": 100, "n": 2, "temperature": 0.9, "seed": 7},
+               {"prompt": "one two three one two three one two three", "max_tokens": 90, "temperature": 0},
+               {"prompt": "echo this prompt back with its logprobs", "max_tokens": 60, "echo": True, "logprobs": 2,
+                "temperature": 0.5, "seed": 3}]
+    tiny = synthetic_gguf("synthetic-tiny")
+    with Server(tiny, "--ctx", "512", "--kv-pool-mib", "0") as plain:
+        want = [plain.post("/v1/completions", b) for b in bodies]
+    assert all(st == 200 for st, _ in want), want
+    with Server(tiny, "--ctx", "512", "--kv-pool-mib", "1") as s:
+        got = _post_all(s, bodies)
+        for b, (_, w), (st, g) in zip(bodies, want, got):
+            assert st == 200, g
+            for wc, gc in zip(w["choices"], g["choices"]):
+                assert (gc["text"], gc["finish_reason"]) == (wc["text"], wc["finish_reason"]), b
+                assert gc["logprobs"] == wc["logprobs"], b
+            assert g["usage"]["completion_tokens"] == w["usage"]["completion_tokens"]
+        assert s.wait_idle()
         text = s.metrics()
         assert _metric(text, "kipp_kv_pool_blocks", state="total") == 4
-        assert _metric(text, "kipp_kv_pool_evictions_total") > 0
+        assert _metric(text, "kipp_preemptions_total") > 0, "the workload was meant to run out of pool blocks"
+        assert _metric(text, "vllm:num_preemptions_total", model_name="synthetic-tiny") == _metric(text, "kipp_preemptions_total")
+        assert _metric(text, "kipp_recomputed_tokens_total") > 0
+        assert _metric(text, "kipp_preempted_choices") == 0
+        assert _metric(text, "kipp_kv_pool_blocks", state="referenced") == 0
 
 
 def test_pool_refusal_names_the_budget_the_client_set(synthetic_gguf):
-    """A chat with no max_tokens reserves the rest of the context; when that alone
-    exceeds the pool, the 400 says so (it used to name a max_tokens the client never
-    sent) and gives the largest max_tokens that fits, which then succeeds."""
+    """With a pool smaller than one context, a reply the client set no budget for
+    ends where the pool does (finish_reason length), never a 400 for want of
+    max_tokens; an explicit max_tokens that one choice cannot fit, too many choices,
+    or a prompt that cannot fit is a 400 naming the field to change."""
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "1") as s:
         msgs = [{"role": "user", "content": "hello there"}]
-        st, r = s.post("/v1/chat/completions", {"messages": msgs})
-        assert st == 400 and r["error"]["code"] == "kv_budget_exceeded", r
-        msg = r["error"]["message"]
-        m = re.search(r"n 1 x \((\d+) prompt \+ (\d+) generated \(no max_tokens was sent, so the rest of the context\)\)", msg)
-        assert m, msg
-        n_prompt, gen = int(m.group(1)), int(m.group(2))
-        assert n_prompt + gen == 512
-        fit = re.search(r"send max_tokens <= (\d+)", msg)
-        assert fit and int(fit.group(1)) == 4 * 32 - n_prompt, msg
-        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": int(fit.group(1))})
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "temperature": 0, "logit_bias": NO_EOS})
+        n_prompt = r["usage"]["prompt_tokens"]
+        assert st == 200 and r["choices"][0]["finish_reason"] == "length", r
+        assert r["usage"]["completion_tokens"] == 4 * 32 - n_prompt, r
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4 * 32 - n_prompt})
         assert st == 200 and r["usage"]["prompt_tokens"] == n_prompt, r
         st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 1000})
         assert st == 400 and r["error"]["param"] == "max_completion_tokens", r
-        assert f"{512 - n_prompt} generated (max_completion_tokens 1000, cut to the rest of the context)" in r["error"]["message"], r
+        assert r["error"]["code"] == "kv_budget_exceeded", r
+        msg = r["error"]["message"]
+        assert f"{512 - n_prompt} generated (max_completion_tokens 1000, cut to the rest of the context)" in msg, msg
+        assert f"send max_completion_tokens <= {4 * 32 - n_prompt}," in msg, msg
         # too many choices for the pool whatever max_tokens: n is the field to change
         st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "n": 5})
         assert st == 400 and r["error"]["param"] == "n" and "lower n to at most 4 with this prompt" in r["error"]["message"], r
-        # completions without max_tokens: the default 16, named as such
-        st, r = s.post("/v1/completions", {"prompt": [5] * 120})
-        assert st == 400 and "16 generated (no max_tokens was sent: the completions default 16)" in r["error"]["message"], r
-        assert "send max_tokens <= 8," in r["error"]["message"], r
+        # n=2 with no max_tokens: both choices run (one may be preempted), none is refused
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "n": 2, "temperature": 0.8, "seed": 1})
+        assert st == 200 and len(r["choices"]) == 2, r
+        # completions without max_tokens: the default 16, cut to the pool
+        st, r = s.post("/v1/completions", {"prompt": [5] * 120, "temperature": 0, "logit_bias": NO_EOS})
+        assert st == 200 and r["usage"]["completion_tokens"] == 8 and r["choices"][0]["finish_reason"] == "length", r
         # a prompt that cannot fit with even one generated token: the prompt is the field
         st, r = s.post("/v1/completions", {"prompt": [5] * 200, "max_tokens": 1})
         assert st == 400 and r["error"]["param"] == "prompt" and "shorten the prompt" in r["error"]["message"], r
