@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 
@@ -158,3 +159,26 @@ def test_kv_mib_needs_the_pool_off(synthetic_gguf, args, ok):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--kv-mib" in r.stderr and "--kv-pool-mib 0" in r.stderr, r.stderr
+
+
+def test_open_ended_chat_does_not_hold_up_short_requests(synthetic_gguf):
+    """A chat with no max_tokens used to reserve the rest of the context, so with a
+    one-context pool a concurrent 5-token request waited for it to finish. With KV
+    taken as sequences grow, the short request is admitted at once and ends while
+    the long reply is still streaming."""
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--kv-pool-mib", "4") as s:
+        order = []
+        long_body = {"messages": [{"role": "user", "content": "talk"}], "logit_bias": NO_EOS, "temperature": 0}
+
+        def long_req():
+            st, r = s.post("/v1/chat/completions", long_body)
+            order.append(("long", st, r["choices"][0]["finish_reason"] if st == 200 else r))
+
+        t = threading.Thread(target=long_req)
+        t.start()
+        while s.gauge("kipp_generation_tokens_total") < 1:  # the long reply is decoding
+            time.sleep(0.01)
+        st, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 5, "temperature": 0})
+        order.append(("short", st, r["usage"]["completion_tokens"]))
+        t.join(timeout=300)
+        assert order == [("short", 200, 5), ("long", 200, "length")], order
