@@ -48,6 +48,8 @@ static const opt_def OPTS[] = {
                             "      needs deterministic sampling (temperature 0, the default, or top-k 1)"},
     {"--spec-k", "N", C_GEN, "with --spec: longest draft, 1..16 tokens; default 8"},
     {"--spec-fixed", NULL, C_GEN, "with --spec: always draft up to --spec-k (no adaptive gate)"},
+    {"--system", "TEXT", C_CHAT, "a system message opening the conversation; it is always kept when the\n"
+                                 "      oldest turns are dropped to fit --ctx"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
     {"--temperature", "T", C_SAMPLE, "finite, >= 0; default 0 = greedy"},
     {"--top-p", "P", C_SAMPLE, "nucleus mass in (0, 1]; default 1 (off)"},
@@ -201,6 +203,7 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--prompt")) o->prompt = v;
     else if (!strcmp(f, "--backend")) o->backend = v;
     else if (!strcmp(f, "--out")) o->out = v;
+    else if (!strcmp(f, "--system")) o->system = v;
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else return parse_int_opt(cmd, f, v, o);
     return 0;

@@ -30,6 +30,7 @@ typedef struct {
     const char *threads_arg;  /* --threads as written; NULL when not given */
     int show_ids;             /* --show-ids: print generated ids to stderr */
     int no_reuse;             /* --no-cache-reuse (chat): re-prefill every turn; a test oracle */
+    const char *system;       /* --system TEXT (chat): the system message; NULL = none */
     int spec;                 /* --spec (generate): prompt-lookup speculative decoding, greedy only */
     uint32_t spec_k;          /* --spec-k N: longest draft, 1..16; default 8 */
     int spec_fixed;           /* --spec-fixed: no adaptive gate, always draft up to --spec-k */

@@ -284,7 +284,7 @@ OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed"},
-    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse",
+    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help"},
