@@ -316,7 +316,12 @@ int cmd_chat(int argc, char **argv)
         return 2;
     }
     /* cli_gen_open rejected a --ctx above the context length; only the default is capped. */
-    uint32_t cap = o.ctx ? (uint32_t)o.ctx : DEFAULT_CHAT_CTX;
+    uint64_t want = 0;
+    if (cli_gen_ctx("chat", m, &o, &want)) {
+        kipp_model_close(m);
+        return 1;
+    }
+    uint32_t cap = want ? (uint32_t)want : DEFAULT_CHAT_CTX;
     if (cap > info.context_length) cap = info.context_length;
     kipp_session *s = NULL;
     char err[512];

@@ -396,7 +396,7 @@ def test_repeat_penalty_range_ends_run(value):
     ("--max-tokens", "99999999999", "1073741824"),
     ("--top-k", "99999999999", "1073741824"),
     ("--seed", "-1", "--seed '-1'"),
-    ("--ctx", "0", "--ctx '0'"),
+    ("--ctx", "-1", "--ctx '-1'"),  # 0 is valid: the planner's context
     ("--logit-bias", "5=1e39", "--logit-bias '5=1e39'"),
     ("--logit-bias", "5=100.5", "[-100, 100]"),
 ])
