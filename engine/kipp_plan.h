@@ -48,7 +48,8 @@ typedef struct {
     double prefill_flops_per_token;/* FLOPs per token of a 512-token prefill */
     double decode_eff;             /* share of ram_read_gbps Kipp's decode reaches */
     double prefill_eff;            /* share of peak_gflops Kipp's prefill reaches (> 1 where a BF16/int8 dot wins) */
-    char eff_source[160];          /* the results file the shares come from, or "assumed" */
+    char decode_source[160];       /* "results/FILE (model row)" the decode share comes from, or "assumed" */
+    char prefill_source[160];      /* the same for the prefill share */
     double decode_tps, prefill_tps;/* predicted tokens per second */
     char rationale[640];           /* the arithmetic above, as one paragraph */
 } kipp_plan_format;

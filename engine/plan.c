@@ -8,7 +8,8 @@
  * the read bandwidth over the bytes per token; prefill does 2 FLOPs per weight
  * per token, so its rate is the FP32 FMA peak over the FLOPs per token. Each is
  * multiplied by the share of that roofline Kipp's own kernels reached on this
- * CPU and level, taken from the newest model benchmark in results/ (the same
+ * CPU and level, taken from the newest model benchmark in results/ that ran
+ * on a quiet machine (else the newest at all; the same
  * byte and FLOP counts as bench/bench_model.c, so the shares carry over); the
  * shares assumed without one are the bench's targets, stated as assumed.
  *
@@ -63,6 +64,7 @@ typedef struct {
     double decode, prefill;  /* < 0: not found */
     char decode_src[160], prefill_src[160];
     char decode_date[32], prefill_date[32];
+    int decode_quiet, prefill_quiet; /* the chosen row's run started on a quiet machine */
 } shares;
 
 static double num(const json_t *o, const char *k)
@@ -87,16 +89,20 @@ static double row_share(const json_t *r, int prefill)
     return !strcmp(ref, "bf16_gflops_all") ? num(r, "fp32_peak_share") : -1;
 }
 
-/* Take row r of file `name` (dated date) for format/model when it is newer, or as new and of the same model. */
-static void consider(shares *sh, const json_t *r, const char *name, const char *date, const char *model_id, int prefill)
+/* Take row r of file `name` (dated date; quiet: its run started with a load average below half the cores) when
+ * it ranks higher: a quiet run first (a loaded one measures the neighbours as much as Kipp), then the newest,
+ * then the same model. */
+static void consider(shares *sh, const json_t *r, const char *name, const char *date, int quiet, const char *model_id,
+                     int prefill)
 {
     double s = row_share(r, prefill);
     if (s <= 0) return;
     double *dst = prefill ? &sh->prefill : &sh->decode;
+    int *q = prefill ? &sh->prefill_quiet : &sh->decode_quiet;
     char *src = prefill ? sh->prefill_src : sh->decode_src, *d = prefill ? sh->prefill_date : sh->decode_date;
     int cmp = strcmp(date, d), same = !strcmp(str(r, "model"), model_id);
-    if (*dst > 0 && (cmp < 0 || (cmp == 0 && !same))) return;
-    *dst = s;
+    if (*dst > 0 && (quiet < *q || (quiet == *q && (cmp < 0 || (cmp == 0 && !same))))) return;
+    *dst = s, *q = quiet;
     snprintf(src, sizeof sh->decode_src, "results/%s (%s %s)", name, str(r, "model"), str(r, "name"));
     snprintf(d, sizeof sh->decode_date, "%s", date);
 }
@@ -118,12 +124,14 @@ static void find_shares(const char *dir, const kipp_machine *mc, const char *for
         const json_t *cpu = json_object_get(o, "cpu"), *cfg = json_object_get(o, "config");
         if (o && !strcmp(str(o, "schema"), "kipp.bench.v1") && !strcmp(str(cpu, "cpu_id"), mc->cpu_id) &&
             !strcmp(str(cfg, "isa"), mc->isa)) {
+            double load = num(cfg, "load_avg_1min_at_start"); /* absent (older runs): counted as quiet */
+            int quiet = load < 0.5 * mc->physical_cores;
             const json_t *rows = json_object_get(o, "results");
             for (size_t i = 0; i < json_array_size(rows); i++) {
                 const json_t *r = json_array_get(rows, i);
                 if (strcmp(str(r, "format"), format)) continue;
-                if (!strcmp(str(r, "name"), "tg128")) consider(sh, r, e->d_name, str(o, "date"), model_id, 0);
-                if (!strcmp(str(r, "name"), "pp512")) consider(sh, r, e->d_name, str(o, "date"), model_id, 1);
+                if (!strcmp(str(r, "name"), "tg128")) consider(sh, r, e->d_name, str(o, "date"), quiet, model_id, 0);
+                if (!strcmp(str(r, "name"), "pp512")) consider(sh, r, e->d_name, str(o, "date"), quiet, model_id, 1);
             }
         }
         json_decref(o);
@@ -191,8 +199,8 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     find_shares(results_dir, mc, f->scheme, in->checkpoint_id, &sh);
     o->decode_eff = sh.decode > 0 ? sh.decode : ASSUMED_DECODE_EFF;
     o->prefill_eff = sh.prefill > 0 ? sh.prefill : ASSUMED_PREFILL_EFF;
-    snprintf(o->eff_source, sizeof o->eff_source, "%s", sh.decode > 0 ? sh.decode_src : sh.prefill > 0 ? sh.prefill_src
-                                                                                                        : "assumed");
+    snprintf(o->decode_source, sizeof o->decode_source, "%s", sh.decode > 0 ? sh.decode_src : "assumed");
+    snprintf(o->prefill_source, sizeof o->prefill_source, "%s", sh.prefill > 0 ? sh.prefill_src : "assumed");
     double ram = mc->ram_read_gbps * 1e9 * o->decode_eff;
     o->decode_tps = ram > 0 ? ram / o->decode_bytes_per_token : 0;
     double stream_note_bytes = 0;
@@ -212,18 +220,10 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
                  stream_note_bytes * 1e-9, p->layers_streamed, mc->disk_read_gbps);
     snprintf(o->rationale, sizeof o->rationale,
              "decode: %.3g GB read per token%s over %.1f GB/s RAM read x %.0f%% = %.1f tok/s; prefill: %.3g "
-             "GFLOP per token over %.0f GFLOP/s FP32 peak x %.0f%% = %.1f tok/s; shares: %s%s",
+             "GFLOP per token over %.0f GFLOP/s FP32 peak x %.0f%% = %.1f tok/s; decode share: %s; prefill share: %s",
              o->decode_bytes_per_token * 1e-9, stream, mc->ram_read_gbps, 100 * o->decode_eff, o->decode_tps,
              o->prefill_flops_per_token * 1e-9, mc->peak_gflops, 100 * o->prefill_eff, o->prefill_tps,
-             sh.decode > 0 ? "" : sh.prefill > 0 ? "decode assumed, " : "",
-             sh.decode > 0 ? sh.decode_src : sh.prefill > 0 ? sh.prefill_src : "assumed");
-    if (sh.decode > 0 && sh.prefill > 0 && strcmp(sh.decode_src, sh.prefill_src)) {
-        size_t l = strlen(o->rationale);
-        snprintf(o->rationale + l, sizeof o->rationale - l, " and %s", sh.prefill_src);
-    } else if (sh.decode > 0 && sh.prefill <= 0) {
-        size_t l = strlen(o->rationale);
-        snprintf(o->rationale + l, sizeof o->rationale - l, " (prefill assumed)");
-    }
+             sh.decode > 0 ? sh.decode_src : "assumed", sh.prefill > 0 ? sh.prefill_src : "assumed");
 }
 
 int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
@@ -251,11 +251,12 @@ char *kipp_plan_json(const kipp_plan *p)
     json_t *fm = json_array();
     for (size_t i = 0; fm && i < p->n_formats; i++) {
         const kipp_plan_format *f = &p->formats[i];
-        json_array_append_new(fm, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:s, s:f, s:f, s:s}", "format", f->format,
+        json_array_append_new(fm, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:s}", "format", f->format,
                                             "weight_bytes", f->weight_bytes, "decode_bytes_per_token",
                                             f->decode_bytes_per_token, "prefill_flops_per_token",
                                             f->prefill_flops_per_token, "decode_share", f->decode_eff, "prefill_share",
-                                            f->prefill_eff, "share_source", f->eff_source, "decode_tok_s",
+                                            f->prefill_eff, "decode_share_source", f->decode_source,
+                                            "prefill_share_source", f->prefill_source, "decode_tok_s",
                                             f->decode_tps, "prefill_tok_s", f->prefill_tps, "rationale", f->rationale));
     }
     json_t *mj = json_pack("{s:s, s:s, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:I, s:b}", "cpu_id", m->cpu_id, "isa",

@@ -126,8 +126,10 @@ def test_kv_context_and_residency(p, cfg):
     assert p["ctx"] == want
 
 
-def newest_shares(cpu_id: str, isa: str, fmt: str):
-    """(decode share, prefill share vs the FP32 peak) of the newest tg128/pp512 rows, as the README says."""
+def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
+    """(decode share, prefill share vs the FP32 peak) of the tg128/pp512 rows the README says the plan takes:
+    from a run that started quiet (load average below half the cores, or not recorded), else any; the newest;
+    the same model on a tie."""
     best = {"tg128": None, "pp512": None}
     for f in (REPO_ROOT / "results").glob("*-cpu-*.json"):
         d = json.loads(f.read_text())
@@ -146,7 +148,9 @@ def newest_shares(cpu_id: str, isa: str, fmt: str):
                     if ref == "bf16_gflops_all" else None
             if not s or s <= 0:
                 continue
-            key = (d["date"], r["model"] == "synthetic-tiny")
+            load = d["config"].get("load_avg_1min_at_start")
+            quiet = load is None or load < 0.5 * cores
+            key = (quiet, d["date"], r["model"] == "synthetic-tiny")
             if best[r["name"]] is None or key > best[r["name"]][0]:
                 best[r["name"]] = (key, s)
     return tuple(b[1] if b else None for b in best.values())
@@ -160,11 +164,11 @@ def test_predictions_follow_the_stated_arithmetic(p, cfg):
         assert f["weight_bytes"] == pytest.approx(weights, rel=1e-9)
         assert f["decode_bytes_per_token"] == pytest.approx(decode_b, rel=1e-9)
         assert f["prefill_flops_per_token"] == pytest.approx(prefill_f, rel=1e-9)
-        d_share, p_share = newest_shares(m["cpu_id"], m["isa"], f["format"])
+        d_share, p_share = newest_shares(m["cpu_id"], m["isa"], f["format"], m["physical_cores"])
         assert f["decode_share"] == pytest.approx(d_share if d_share else 0.80, rel=1e-6), f
         assert f["prefill_share"] == pytest.approx(p_share if p_share else 0.50, rel=1e-6), f
-        if not d_share and not p_share:
-            assert f["share_source"] == "assumed"
+        assert (f["decode_share_source"] == "assumed") == (d_share is None)
+        assert (f["prefill_share_source"] == "assumed") == (p_share is None)
         assert f["decode_tok_s"] == pytest.approx(m["ram_read_gbps"] * 1e9 * f["decode_share"] / decode_b, rel=1e-6)
         assert f["prefill_tok_s"] == pytest.approx(m["peak_gflops"] * 1e9 * f["prefill_share"] / prefill_f, rel=1e-6)
         assert f"{f['decode_tok_s']:.1f} tok/s" in f["rationale"] and f"{f['prefill_tok_s']:.1f} tok/s" in f["rationale"]

@@ -153,7 +153,7 @@ def attach_prediction(results: Path, gguf: Path, quant: str, plan: dict) -> None
                   "pred_target_met": met,
                   "plan": {k: plan["machine"][k] for k in ("ram_read_gbps", "peak_gflops", "disk_read_gbps")}
                   | {"share": fmt["decode_share" if key == "decode_tok_s" else "prefill_share"],
-                     "share_source": fmt["share_source"]}})
+                     "share_source": fmt["decode_share_source" if key == "decode_tok_s" else "prefill_share_source"]}})
         changed = True
         print(f"  plan   {r['name']:<6} predicted {pred:9.2f} tok/s, measured {meas:9.2f}: pred/meas "
               f"{ratio if ratio is not None else float('nan'):.3f} (target |pred/meas - 1| <= {target:.0%}: "
