@@ -201,3 +201,57 @@ def test_cli_chat_drops_oldest_turns_like_the_rule(synthetic_gguf, count):
     assert got_prompts == want_prompts, r.stderr
     assert got_drops == want_drops, r.stderr
     assert f"which do not fit the {ctx}-token context" in r.stderr
+
+
+EDGE = [
+    # a reply before the first user message: it belongs to the oldest turn and goes with it
+    [{"role": "system", "content": "be brief"}, {"role": "assistant", "content": " ".join(WORDS * 4)}]
+    + [m for k in range(3) for m in ({"role": "user", "content": " ".join(WORDS[k:] * 2)},
+                                     {"role": "assistant", "content": " ".join(WORDS[:k + 5] * 2)})]
+    + [{"role": "user", "content": "last"}],
+    # no system message: nothing is kept at the head
+    [m for k in range(6) for m in ({"role": "user", "content": " ".join(WORDS[k:] * 2)},
+                                   {"role": "assistant", "content": " ".join(WORDS[:k + 5])})]
+    + [{"role": "user", "content": "last"}],
+    # a system message later in the conversation is part of its turn
+    [{"role": "system", "content": "rules"}, {"role": "user", "content": " ".join(WORDS * 3)},
+     {"role": "system", "content": "more rules " * 20}, {"role": "assistant", "content": "ok"},
+     {"role": "user", "content": " ".join(WORDS * 2)}, {"role": "assistant", "content": "fine"},
+     {"role": "user", "content": "last"}],
+    # the system message alone
+    [{"role": "system", "content": "only a system prompt"}],
+]
+
+
+@pytest.mark.parametrize("case", range(len(EDGE)))
+@pytest.mark.parametrize("max_tokens", [None, 32, 120])
+def test_server_edge_shapes(srv, count, case, max_tokens):
+    msgs = EDGE[case]
+    dropped = fit(msgs, count, N_CTX, max_tokens)
+    head = 1 if msgs[0]["role"] == "system" else 0
+    kept = msgs[:head] + msgs[head + dropped:]
+    body = {"messages": msgs, "temperature": 0, "logit_bias": {str(IM_END): 100}}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    st, r = srv.post(CH, body)
+    assert st == 200, r
+    assert r["usage"]["truncated_messages"] == dropped and r["usage"]["prompt_tokens"] == count(kept), r["usage"]
+
+
+def test_server_pool_reuses_the_kept_system_prefix(synthetic_gguf, count):
+    """The system message stays at the head, so the KV pool's published blocks of it
+    serve the next, differently cut, request (prompt_tokens_details.cached_tokens)."""
+    system = {"role": "system", "content": " ".join(WORDS * 4)}
+    turns = [m for k in range(10) for m in ({"role": "user", "content": " ".join(WORDS[k:k + 10])},
+                                            {"role": "assistant", "content": " ".join(WORDS[k + 2:k + 12])})]
+    a = [system] + turns[:12] + [{"role": "user", "content": "first"}]
+    b = [system] + turns + [{"role": "user", "content": "second"}]
+    n_sys = count([system]) - 3  # the render ends with "<|im_start|>assistant\n": 3 tokens of no system text
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
+        for msgs, expect_cut in ((a, True), (b, True)):
+            st, r = s.post(CH, {"messages": msgs, "max_tokens": 8, "temperature": 0})
+            assert st == 200, r
+            assert (r["usage"]["truncated_messages"] > 0) == expect_cut
+            assert s.wait_idle()
+        assert fit(b, count, N_CTX, 8) != fit(a, count, N_CTX, 8)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_sys // 32 * 32 >= 32, r["usage"]
