@@ -19,8 +19,8 @@ typedef struct {
     char isa[16];                 /* kernel level the cpu backend uses: "ref", "avx2", "avx512", "avx512_bf16" */
     int physical_cores;           /* hwloc cores (PUs when hwloc finds no core level) */
     int logical_cpus;             /* hwloc PUs */
-    uint64_t ram_total_bytes;     /* /proc/meminfo MemTotal, capped by the cgroup's memory.max */
-    uint64_t ram_available_bytes; /* MemAvailable, capped by the cgroup's memory.max - memory.current */
+    uint64_t ram_total_bytes;     /* /proc/meminfo MemTotal, capped by the memory cgroup's limit (v2 or v1) */
+    uint64_t ram_available_bytes; /* MemAvailable, capped by the memory cgroup's limit - usage */
     double ram_read_gbps;         /* all-core streaming read, 1e9 B/s (median of 3 passes over a buffer >> LLC) */
     double peak_gflops;           /* FP32 FMA peak, all physical cores, at isa's vector width; 0 for "ref" */
     double disk_read_gbps;        /* sequential read of the model file, 1e9 B/s; 0 when it could not be read */

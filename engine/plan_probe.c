@@ -6,8 +6,9 @@
  * (kernels/cpu/probe.h), so the planner's bandwidth and peak are on the same
  * scale as the profiles that results/ quote Kipp's shares against. Threads are
  * plain pthreads, one per physical core: a probe runs once, before any backend
- * pool exists. The memory limits of a cgroup v2 (memory.max, memory.current)
- * cap the /proc/meminfo figures, so a container's plan sees its own budget.
+ * pool exists. The memory limits of the process's cgroup (v2 memory.max and
+ * memory.current, or v1's limit and usage) cap the /proc/meminfo figures, so a
+ * container's plan sees its own budget.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -56,24 +57,28 @@ static uint64_t meminfo_kib(const char *key)
     return v;
 }
 
-/* A cgroup v2 file of this process's group as a number; UINT64_MAX for "max" or when absent. */
+/* The file `file` of this process's memory cgroup as a number: v2 ("0::<path>", files memory.max and
+ * memory.current) or, on a v1/hybrid host, the memory controller's line ("N:memory:<path>", v1 names
+ * memory.limit_in_bytes and memory.usage_in_bytes). UINT64_MAX for "max", an unlimited v1 value, or when absent. */
 static uint64_t cgroup_value(const char *file)
 {
-    char path[1100] = "/sys/fs/cgroup", rel[520] = "", line[512];
+    char path[1100] = "", rel[520] = "", line[512];
+    int v1 = 0;
     FILE *f = fopen("/proc/self/cgroup", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "0::", 3)) { /* the v2 hierarchy */
-            snprintf(rel, sizeof rel, "%s", line + 3);
-            rel[strcspn(rel, "\n")] = 0;
-        }
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        const char *mem = strstr(line, ":memory:");
+        if (mem) snprintf(rel, sizeof rel, "%s", mem + 8), v1 = 1;
+        else if (!v1 && !strncmp(line, "0::", 3)) snprintf(rel, sizeof rel, "%s", line + 3);
+    }
     if (f) fclose(f);
-    size_t l = strlen(path);
-    snprintf(path + l, sizeof path - l, "%s/%s", strcmp(rel, "/") ? rel : "", file);
+    const char *name = !v1 ? file : !strcmp(file, "memory.max") ? "memory.limit_in_bytes" : "memory.usage_in_bytes";
+    snprintf(path, sizeof path, "/sys/fs/cgroup%s%s/%s", v1 ? "/memory" : "", strcmp(rel, "/") ? rel : "", name);
     f = fopen(path, "r");
     uint64_t v = UINT64_MAX;
     if (f && fgets(line, sizeof line, f) && strncmp(line, "max", 3)) v = strtoull(line, NULL, 10);
     if (f) fclose(f);
-    return v;
+    return v >= (1ull << 62) ? UINT64_MAX : v; /* v1 writes "no limit" as a huge page-rounded number */
 }
 
 /** RAM total and available in bytes, cgroup-capped; KIPP_EIO when /proc/meminfo has no MemTotal. */
