@@ -22,7 +22,7 @@
  * prompt (kipp_session_match_prefix) - a repeated system prompt or first
  * message is not prefilled again (issue 10).
  *
- * A conversation that no longer fits the session with room for --max-tokens
+ * A conversation that no longer fits the session with room for --max-tokens (at most half the session)
  * loses its oldest turns (kipp_chat_tokenize_fit, the server's rule): the
  * --system message stays, the dropped messages leave the conversation for good
  * (so the next turns keep reusing the KV of what is left) and stderr says how
@@ -140,7 +140,9 @@ static int prepare_conversation(kipp_model *m, kipp_session *s, chat_state *c, c
     if (dropped) {
         chat_drop(c, head, dropped);
         fprintf(stderr, "kipp chat: the conversation does not fit the %u-token context with %u tokens for the "
-                        "reply; dropped the %zu oldest messages, %zu kept\n", cap, o->max_tokens, dropped, c->n_msgs);
+                        "reply; dropped the %zu oldest messages, %zu kept\n", cap,
+                o->max_tokens < cap / KIPP_CHAT_FIT_RESERVE_MAX_DIV ? o->max_tokens : cap / KIPP_CHAT_FIT_RESERVE_MAX_DIV,
+                dropped, c->n_msgs);
     }
     /* Keep at least one token to evaluate: its logits start the reply. */
     size_t keep = o->no_reuse ? 0 : common_prefix(c->held, c->n_held, *ids, *n);

@@ -57,7 +57,8 @@ int kipp_chat_tokenize_fit(const kipp_model *model, const kipp_chat_message *msg
     if (n_ctx == 0) {
         return kipp_err(err, errlen, KIPP_EINVAL, "n_ctx is 0, expected a context of at least 1 token");
     }
-    uint64_t need_free = reserve < 0 ? n_ctx / KIPP_CHAT_FIT_RESERVE_DIV : (uint64_t)reserve;
+    uint64_t cap = n_ctx / KIPP_CHAT_FIT_RESERVE_MAX_DIV;
+    uint64_t need_free = reserve < 0 ? n_ctx / KIPP_CHAT_FIT_RESERVE_DIV : (uint64_t)reserve < cap ? (uint64_t)reserve : cap;
     fit_ctx c = {.model = model, .msgs = msgs, .n = n, .opts = opts,
                  .head = n > 0 && msgs[0].role == KIPP_ROLE_SYSTEM};
     /* Turn starts after the head: the head index itself (the oldest turn) and every user message. */

@@ -288,6 +288,9 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
 
 /** The answer's reserve when a caller gives none: n_ctx / KIPP_CHAT_FIT_RESERVE_DIV tokens (a quarter). */
 #define KIPP_CHAT_FIT_RESERVE_DIV 4
+/** A reserve the caller gives counts up to n_ctx / KIPP_CHAT_FIT_RESERVE_MAX_DIV (half the context): a huge
+ * max_tokens, often meant as "no limit", must not push every earlier turn out. */
+#define KIPP_CHAT_FIT_RESERVE_MAX_DIV 2
 
 /**
  * kipp_chat_tokenize for a context of n_ctx tokens: when the whole conversation
@@ -296,7 +299,8 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
  * that fit (engine/chat_fit.c). A turn starts at a user message and runs to the
  * next one, so an assistant's tool_calls message and its tool responses always
  * stay together; messages between the system message and the first user message
- * form the oldest turn. reserve < 0 means n_ctx / KIPP_CHAT_FIT_RESERVE_DIV.
+ * form the oldest turn. reserve < 0 means n_ctx / KIPP_CHAT_FIT_RESERVE_DIV; a
+ * reserve above n_ctx / KIPP_CHAT_FIT_RESERVE_MAX_DIV counts as that.
  *
  * The kept conversation is the system message (if any) plus msgs[h + *n_dropped
  * .. n), h = 1 with a system message else 0, with the smallest *n_dropped (a turn

@@ -159,7 +159,7 @@ int serve_tools_grammar(kipp_model *m, serve_req *r, serve_error *e);
  * Turn r's prompt into token ids against the model: tokenize the string prompt
  * (markers allowed: raw completion), check sent ids, or render + tokenize chat
  * fitted to n_ctx (kipp_chat_tokenize_fit: the oldest turns are dropped so that
- * the prompt leaves max_tokens, or n_ctx / 4 when not sent, free; the count goes
+ * the prompt leaves max_tokens (at most n_ctx / 2), or n_ctx / 4 when not sent, free; the count goes
  * to r->truncated_messages). Checks the prompt against n_ctx (400 naming
  * n_prompt_tokens and n_ctx), bounds logit_bias ids, and clamps max_tokens to
  * the context. Caller holds the tokenizer lock. 0 or -1 with e filled.

@@ -4,7 +4,8 @@ kipp-serve chat requests (with the official `openai` client) and `kipp chat`.
 The rule, written out here independently of engine/chat_fit.c (`fit` below):
 keep the system message (messages[0] when it is one) and the newest turns, a
 turn starting at a user message, dropping the oldest turns until the prompt
-plus the answer's reserve (max_tokens, or n_ctx // 4 when absent) fits n_ctx;
+plus the answer's reserve (max_tokens but at most n_ctx // 2, or n_ctx // 4 when
+absent) fits n_ctx;
 when even the newest turn alone does not, keep it and let the length check
 decide. This model scans linearly from the oldest cut (the engine bisects).
 
@@ -56,7 +57,7 @@ def count():
 
 def fit(msgs, n_tokens, n_ctx, max_tokens):
     """The rule: messages dropped after the system message (a turn boundary)."""
-    reserve = n_ctx // 4 if max_tokens is None else max_tokens
+    reserve = n_ctx // 4 if max_tokens is None else min(max_tokens, n_ctx // 2)
     head = 1 if msgs and msgs[0]["role"] == "system" else 0
     starts = [i for i in range(head, len(msgs)) if i == head or msgs[i]["role"] == "user"]
     for s in starts:
@@ -104,7 +105,7 @@ def test_server_keeps_system_and_newest_turns(srv, count, seed):
     usage.truncated_messages is the number dropped; 400 context_length_exceeded
     when even the system message and the last turn leave no token free."""
     msgs = conversation(seed)
-    max_tokens = [None, 1, 16, 64, 200][seed % 5]
+    max_tokens = [None, 1, 16, 64, 200, 100000][seed % 6]
     dropped = fit(msgs, count, N_CTX, max_tokens)
     head = 1 if msgs[0]["role"] == "system" else 0
     kept = msgs[:head] + msgs[head + dropped:]
@@ -128,7 +129,7 @@ def test_sizes_cover_every_outcome(count):
     seen = {}
     for seed in range(SEEDS):
         msgs = conversation(seed)
-        mt = [None, 1, 16, 64, 200][seed % 5]
+        mt = [None, 1, 16, 64, 200, 100000][seed % 6]
         d = fit(msgs, count, N_CTX, mt)
         head = 1 if msgs[0]["role"] == "system" else 0
         k = "refused" if count(msgs[:head] + msgs[head + d:]) >= N_CTX else "cut" if d else "whole"
