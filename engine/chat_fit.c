@@ -53,10 +53,11 @@ int kipp_chat_tokenize_fit(const kipp_model *model, const kipp_chat_message *msg
                            const kipp_chat_options *opts, uint32_t n_ctx, int64_t reserve, size_t *n_dropped,
                            uint32_t **ids, size_t *n_ids, char **text, size_t *text_len, char *err, size_t errlen)
 {
+    if (!n_dropped || !ids || !n_ids)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_chat_tokenize_fit: n_dropped, ids or n_ids is NULL, "
+                                                  "expected pointers");
     *n_dropped = 0;
-    if (n_ctx == 0) {
-        return kipp_err(err, errlen, KIPP_EINVAL, "n_ctx is 0, expected a context of at least 1 token");
-    }
+    if (n_ctx == 0) return kipp_err(err, errlen, KIPP_EINVAL, "n_ctx is 0, expected a context of at least 1 token");
     uint64_t cap = n_ctx / KIPP_CHAT_FIT_RESERVE_MAX_DIV;
     uint64_t need_free = reserve < 0 ? n_ctx / KIPP_CHAT_FIT_RESERVE_DIV : (uint64_t)reserve < cap ? (uint64_t)reserve : cap;
     fit_ctx c = {.model = model, .msgs = msgs, .n = n, .opts = opts,

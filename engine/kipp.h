@@ -308,7 +308,8 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
  * not, that minimal conversation is returned and the caller decides (its ids may
  * reach n_ctx: the server answers context_length_exceeded). *ids, *text and
  * *text_len are as kipp_chat_tokenize's, for the kept conversation.
- * Errors: KIPP_EINVAL for n_ctx 0, those of kipp_chat_tokenize, KIPP_ENOMEM.
+ * Errors: KIPP_EINVAL for n_ctx 0 or a NULL n_dropped/ids/n_ids, those of
+ * kipp_chat_tokenize, KIPP_ENOMEM.
  */
 int kipp_chat_tokenize_fit(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
                            const kipp_chat_options *opts, uint32_t n_ctx, int64_t reserve, size_t *n_dropped,
