@@ -115,7 +115,8 @@ $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 
 # The levels this CPU lacks: their sources once more against SIMDe's portable
 # AVX-512 (libsimde-dev), linked into kcheck_emu in place of the native ones.
-EMU_LEVEL_SRC := $(wildcard kernels/cpu/*_avx512.c kernels/cpu/*_avx512bf16.c)
+# (the machine probes are not kernels to check: they stay native)
+EMU_LEVEL_SRC := $(filter-out kernels/cpu/probe_%,$(wildcard kernels/cpu/*_avx512.c kernels/cpu/*_avx512bf16.c))
 $(BUILD)/emu512/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX2) -Wno-psabi -DKIPP_SIMDE_EMU -c $< -o $@
@@ -124,7 +125,7 @@ $(BUILD)/bin/kcheck_emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(EMU_LEVEL_SRC) $(K
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx2.o $(BUILD)/bench/profile_avx512.o $(BUILD)/bench/profile_avx512bf16.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx512bf16.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 

@@ -14,6 +14,8 @@
 #define KIPP_BENCH_HARNESS_H
 
 #include <jansson.h>
+
+#include "kernels/common.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,16 +90,7 @@ const char *kipp_host_name(void);
  */
 const char *kipp_profile_key(void);
 
-/** "model name" of /proc/cpuinfo (cached; "unknown" when unreadable). Hostnames
- * here are all `vm` while the CPUs differ, so results and profiles carry this. */
-const char *kipp_cpu_model(void);
-
-/** "<vendor>-f<cpu family>m<model>" of /proc/cpuinfo's first processor, e.g.
- * "amd-f26m2" (Zen 5), "amd-f25m17" (Zen 4), "intel-f6m85" (Skylake-SP);
- * "cpu-unknown" when those lines are missing (non-x86). Decimal, as
- * /proc/cpuinfo prints them; cached, static storage. Tags profile and result
- * file names (kipp_profile_key, kipp_result_write). */
-const char *kipp_cpu_id(void);
+/* kipp_cpu_model and kipp_cpu_id moved to kernels/common.h (the planner uses them too). */
 
 /** {"model", "cpu_id", "avx2", "avx512", "avx512_bf16", "avx512_vnni", "best_level"}: new reference. */
 json_t *kipp_cpu_json(void);

@@ -8,10 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Stream-read bytes [p, p+n) (n % 256 == 0) and return a checksum so the
- * loads cannot be dropped. Four independent 32/64-byte loads per step. */
-uint64_t kipp_prof_read_avx2(const void *p, size_t n);
-uint64_t kipp_prof_read_avx512(const void *p, size_t n);
+/* The read and FP32 FMA loops live in kernels/cpu/probe.h, shared with the planner. */
+#include "kernels/cpu/probe.h"
 
 /* Register-only loops: iters x 30 independent FMA (or vdpbf16ps) chains (12
  * for ymm FMA, whose 16 registers must also hold the operands); return a
@@ -20,13 +18,9 @@ uint64_t kipp_prof_read_avx512(const void *p, size_t n);
  *   fma_avx512: iters * 30 * 16 lanes * 2
  *   bf16_avx512: iters * 30 * 16 lanes * 2 pairs * 2
  *   int8_avx512: iters * 16 chains * 16 lanes * 4 byte products * 2 (ops, as FLOPs count) */
-float kipp_prof_fma_avx2(long iters, float seed);
-float kipp_prof_fma_avx512(long iters, float seed);
 float kipp_prof_bf16_avx512(long iters, float seed);
 float kipp_prof_int8_avx512(long iters, float seed);
 
-#define KIPP_PROF_FMA_AVX2_FLOPS (12.0 * 8 * 2)
-#define KIPP_PROF_FMA_AVX512_FLOPS (30.0 * 16 * 2)
 #define KIPP_PROF_BF16_AVX512_FLOPS (30.0 * 16 * 2 * 2)
 #define KIPP_PROF_INT8_AVX512_OPS (16.0 * 16 * 4 * 2)
 

@@ -12,6 +12,7 @@ KIPP_CMD(cmd_generate);
 KIPP_CMD(cmd_chat);
 KIPP_CMD(cmd_logits);
 KIPP_CMD(cmd_render);
+KIPP_CMD(cmd_plan);
 
 /**
  * Print "kipp CMD: <message>" and a newline to stderr, the formatted message

@@ -22,6 +22,12 @@
  * prompt (kipp_session_match_prefix) - a repeated system prompt or first
  * message is not prefilled again (issue 10).
  *
+ * A conversation that no longer fits the session with room for --max-tokens (at most half the session)
+ * loses its oldest turns (kipp_chat_tokenize_fit, the server's rule): the
+ * --system message stays, the dropped messages leave the conversation for good
+ * (so the next turns keep reusing the KV of what is left) and stderr says how
+ * many. When even the system message and the new line do not fit, the turn fails.
+ *
  * --no-cache-reuse re-evaluates the whole conversation every turn, without a
  * pool; the tests use it as the oracle that KV reuse must reproduce exactly.
  *
@@ -84,6 +90,21 @@ static int chat_push(chat_state *c, kipp_role role, const char *content, size_t 
     return 0;
 }
 
+/* Remove msgs[from .. from + k): the oldest turns, cut to fit the context. */
+static void chat_drop(chat_state *c, size_t from, size_t k)
+{
+    for (size_t i = from; i < from + k; i++) free((char *)c->msgs[i].content);
+    memmove(c->msgs + from, c->msgs + from + k, (c->n_msgs - from - k) * sizeof *c->msgs);
+    c->n_msgs -= k;
+}
+
+/* A fresh conversation: only the --system message, when one was given. */
+static int chat_start(chat_state *c, const cli_gen_opts *o)
+{
+    chat_clear(c);
+    return o->system ? chat_push(c, KIPP_ROLE_SYSTEM, o->system, strlen(o->system)) : 0;
+}
+
 static void chat_pop(chat_state *c)
 {
     if (c->n_msgs) free((char *)c->msgs[--c->n_msgs].content);
@@ -101,11 +122,28 @@ static size_t common_prefix(const uint32_t *a, size_t na, const uint32_t *b, siz
 static int prepare_conversation(kipp_model *m, kipp_session *s, chat_state *c, const cli_gen_opts *o,
                                 uint32_t **ids, size_t *n, size_t *reused, char *err, size_t errlen)
 {
-    kipp_chat_options co = {1, o->think, NULL};
-    /* Only the template's markers become control tokens: a typed "<|im_start|>" stays text. */
-    int rc = kipp_chat_tokenize(m, c->msgs, c->n_msgs, &co, ids, n, NULL, NULL, err, errlen);
+    kipp_chat_options co = {.add_generation_prompt = 1, .enable_thinking = o->think};
+    /* Only the template's markers become control tokens: a typed "<|im_start|>" stays text. The oldest turns
+     * go when the conversation and --max-tokens do not fit the session. */
+    uint32_t cap = kipp_session_capacity(s);
+    size_t dropped = 0, head = c->n_msgs && c->msgs[0].role == KIPP_ROLE_SYSTEM;
+    int rc = kipp_chat_tokenize_fit(m, c->msgs, c->n_msgs, &co, cap, o->max_tokens, &dropped, ids, n, NULL, NULL,
+                                    err, errlen);
     if (!rc && *n == 0) rc = KIPP_EINVAL;
+    if (!rc && *n >= cap) {
+        snprintf(err, errlen, "this message%s and the template make %zu prompt tokens, which do not fit the "
+                 "%u-token context (--ctx) with room for the reply; expected a shorter message",
+                 head ? ", the system message" : "", *n, cap);
+        rc = KIPP_ERANGE;
+    }
     if (rc) return rc;
+    if (dropped) {
+        chat_drop(c, head, dropped);
+        fprintf(stderr, "kipp chat: the conversation does not fit the %u-token context with %u tokens for the "
+                        "reply; dropped the %zu oldest messages, %zu kept\n", cap,
+                o->max_tokens < cap / KIPP_CHAT_FIT_RESERVE_MAX_DIV ? o->max_tokens : cap / KIPP_CHAT_FIT_RESERVE_MAX_DIV,
+                dropped, c->n_msgs);
+    }
     /* Keep at least one token to evaluate: its logits start the reply. */
     size_t keep = o->no_reuse ? 0 : common_prefix(c->held, c->n_held, *ids, *n);
     if (keep == *n) keep--;
@@ -221,6 +259,7 @@ static line_kind classify(const char *line, size_t len, const char **msg, size_t
 static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o)
 {
     chat_state c = {0};
+    if (chat_start(&c, o)) return 1;
     kipp_rng rng;
     kipp_rng_seed(&rng, o->seed);
     char *buf = NULL;
@@ -240,7 +279,7 @@ static int chat_loop(kipp_model *m, kipp_session *s, const cli_gen_opts *o)
         line_kind k = classify(line, len, &msg, &msg_len);
         if (k == LINE_EXIT) break;
         if (k == LINE_RESET) {
-            chat_clear(&c);
+            if (chat_start(&c, o)) failed = 1;
             kipp_session_reset(s);
             fprintf(stderr, "kipp chat: conversation reset\n");
         } else if (k == LINE_BAD) {
@@ -279,7 +318,12 @@ int cmd_chat(int argc, char **argv)
         return 2;
     }
     /* cli_gen_open rejected a --ctx above the context length; only the default is capped. */
-    uint32_t cap = o.ctx ? (uint32_t)o.ctx : DEFAULT_CHAT_CTX;
+    uint64_t want = 0;
+    if (cli_gen_ctx("chat", m, &o, &want)) {
+        kipp_model_close(m);
+        return 1;
+    }
+    uint32_t cap = want ? (uint32_t)want : DEFAULT_CHAT_CTX;
     if (cap > info.context_length) cap = info.context_length;
     kipp_session *s = NULL;
     char err[512];

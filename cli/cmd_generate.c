@@ -62,6 +62,22 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
     return rc;
 }
 
+int cli_gen_ctx(const char *cmd, kipp_model *m, const cli_gen_opts *o, uint64_t *ctx)
+{
+    *ctx = o->ctx;
+    if (!o->ctx_plan) return 0;
+    uint32_t c = 0;
+    char err[512] = "";
+    if (kipp_plan_context(m, &c, err, sizeof err)) {
+        cli_errorf(cmd, "--ctx 0: %s", err);
+        return 1;
+    }
+    fprintf(stderr, "kipp %s: --ctx 0: the plan picks a %u-token context (its KV fits a quarter of the usable RAM)\n",
+            cmd, c);
+    *ctx = c;
+    return 0;
+}
+
 const char *cli_gen_hint(int rc)
 {
     return rc == KIPP_ENUMERIC ? " (non-finite values: the model file's weights may be corrupt or out of range)" : "";
@@ -292,7 +308,9 @@ static void print_ids(const uint32_t *ids, size_t n)
 static int run_generate(const cli_gen_opts *o, kipp_model *m, const uint32_t *ids, size_t n)
 {
     kipp_session *s = NULL;
-    if (session_for("generate", m, o->ctx, (uint64_t)n + o->max_tokens, &s)) return 1;
+    uint64_t ctx = 0;
+    if (cli_gen_ctx("generate", m, o, &ctx) || session_for("generate", m, ctx, (uint64_t)n + o->max_tokens, &s))
+        return 1;
     uint32_t *gen = NULL;
     size_t n_gen = 0;
     char err[512] = "";

@@ -40,7 +40,8 @@ static const opt_def OPTS[] = {
     {"--chat", NULL, C_GEN | C_LOGITS, "render the prompt as one user turn of the chat template"},
     {"--no-think", NULL, C_ALL, "hybrid templates: disable thinking (generate/logits: needs --chat)"},
     {"--max-tokens", "N", C_SAMPLE, "tokens generated per reply, 1..1073741824 (2^30); default 128"},
-    {"--ctx", "N", C_SAMPLE, "session capacity in tokens, 1..the model's context length; default\n"
+    {"--ctx", "N", C_SAMPLE, "session capacity in tokens, 1..the model's context length, or 0: the context\n"
+                             "      `kipp plan` picks (KV in a quarter of the usable RAM); default\n"
                              "      generate: prompt + max-tokens, chat: 8192 (both capped at the context\n"
                              "      length); generation stops with a note when the context is full"},
     {"--show-ids", NULL, C_GEN, "print the generated token ids to stderr"},
@@ -48,6 +49,8 @@ static const opt_def OPTS[] = {
                             "      needs deterministic sampling (temperature 0, the default, or top-k 1)"},
     {"--spec-k", "N", C_GEN, "with --spec: longest draft, 1..16 tokens; default 8"},
     {"--spec-fixed", NULL, C_GEN, "with --spec: always draft up to --spec-k (no adaptive gate)"},
+    {"--system", "TEXT", C_CHAT, "a system message opening the conversation; it is always kept when the\n"
+                                 "      oldest turns are dropped to fit --ctx"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
     {"--temperature", "T", C_SAMPLE, "finite, >= 0; default 0 = greedy"},
     {"--top-p", "P", C_SAMPLE, "nucleus mass in (0, 1]; default 1 (off)"},
@@ -178,8 +181,9 @@ static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_
         o->threads_arg = v;
     } else if (!strcmp(f, "--ctx")) {
         /* The upper bound is the model's context length, checked once it is open. */
-        if (parse_u64(v, UINT32_MAX, &o->ctx) || o->ctx == 0)
-            return bad_arg(cmd, f, v, "an integer >= 1 and at most the model's context length (tokens)");
+        if (parse_u64(v, UINT32_MAX, &o->ctx))
+            return bad_arg(cmd, f, v, "an integer: 0 (the planner's context) or 1..the model's context length (tokens)");
+        o->ctx_plan = o->ctx == 0;
         o->ctx_arg = v;
     } else {
         fprintf(stderr, "kipp %s: internal error: option %s has no parser\n", cmd, f);
@@ -201,6 +205,7 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--prompt")) o->prompt = v;
     else if (!strcmp(f, "--backend")) o->backend = v;
     else if (!strcmp(f, "--out")) o->out = v;
+    else if (!strcmp(f, "--system")) o->system = v;
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else return parse_int_opt(cmd, f, v, o);
     return 0;

@@ -30,11 +30,13 @@ typedef struct {
     const char *threads_arg;  /* --threads as written; NULL when not given */
     int show_ids;             /* --show-ids: print generated ids to stderr */
     int no_reuse;             /* --no-cache-reuse (chat): re-prefill every turn; a test oracle */
+    const char *system;       /* --system TEXT (chat): the system message; NULL = none */
     int spec;                 /* --spec (generate): prompt-lookup speculative decoding, greedy only */
     uint32_t spec_k;          /* --spec-k N: longest draft, 1..16; default 8 */
     int spec_fixed;           /* --spec-fixed: no adaptive gate, always draft up to --spec-k */
     uint32_t max_tokens;      /* --max-tokens N: generated tokens per reply; default 128 */
     uint64_t ctx;             /* --ctx N: session capacity (generate, chat); 0 = default */
+    int ctx_plan;             /* --ctx 0: the planner's context (kipp_plan_context) */
     const char *ctx_arg;      /* --ctx as written, for messages */
     uint64_t seed;            /* --seed S; default 0 */
     kipp_sample_params sp;    /* --temperature/--top-p/--top-k/--min-p/--repeat-penalty/... */
@@ -58,6 +60,13 @@ int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o);
  * returns the exit status (1, or 2 for a bad backend or argument).
  */
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out);
+
+/**
+ * The session capacity --ctx asks for: o->ctx, 0 for the command's default, or
+ * with --ctx 0 the planner's context for this machine (kipp_plan_context; a
+ * stderr line says what it picked). Returns 0, or 1 after printing the error.
+ */
+int cli_gen_ctx(const char *cmd, kipp_model *m, const cli_gen_opts *o, uint64_t *ctx);
 
 /**
  * Tokenize text[len] (special tokens matched; NUL bytes are text) into a

@@ -31,6 +31,7 @@ static const struct {
     {"generate", cmd_generate, "generate --model F --prompt T [--chat] [--max-tokens N] ..."},
     {"chat", cmd_chat, "chat --model F                   interactive multi-turn chat"},
     {"logits", cmd_logits, "logits --model F --prompt T --out F.f32"},
+    {"plan", cmd_plan, "plan --model F [--json] [--results DIR]  measure this machine, predict tok/s, pick a context"},
     {"render", cmd_render, "render --model F --messages F.json  the rendered chat prompt and its tokens"},
 };
 

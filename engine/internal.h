@@ -136,4 +136,8 @@ size_t kipp_stop_scan(const char *const *stop, size_t n_stop, const char *text, 
 void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs);
 void kipp_spec_gate_observe(kipp_spec *sp, uint32_t drafted, uint32_t accepted);
 
+/** RAM total and available in bytes from /proc/meminfo, capped by this process's memory cgroup (v2 or v1) limit and
+ * memory.max - memory.current (engine/plan_probe.c). KIPP_EIO when /proc/meminfo has no MemTotal. */
+int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen);
+
 #endif

@@ -286,6 +286,35 @@ int kipp_chat_tokenize(const kipp_model *model, const kipp_chat_message *msgs, s
                        const kipp_chat_options *opts, uint32_t **ids, size_t *n_ids, char **text, size_t *text_len,
                        char *err, size_t errlen);
 
+/** The answer's reserve when a caller gives none: n_ctx / KIPP_CHAT_FIT_RESERVE_DIV tokens (a quarter). */
+#define KIPP_CHAT_FIT_RESERVE_DIV 4
+/** A reserve the caller gives counts up to n_ctx / KIPP_CHAT_FIT_RESERVE_MAX_DIV (half the context): a huge
+ * max_tokens, often meant as "no limit", must not push every earlier turn out. */
+#define KIPP_CHAT_FIT_RESERVE_MAX_DIV 2
+
+/**
+ * kipp_chat_tokenize for a context of n_ctx tokens: when the whole conversation
+ * plus `reserve` tokens for the answer does not fit, drop the oldest turns and
+ * keep the system message (msgs[0] when its role is system) and the newest turns
+ * that fit (engine/chat_fit.c). A turn starts at a user message and runs to the
+ * next one, so an assistant's tool_calls message and its tool responses always
+ * stay together; messages between the system message and the first user message
+ * form the oldest turn. reserve < 0 means n_ctx / KIPP_CHAT_FIT_RESERVE_DIV; a
+ * reserve above n_ctx / KIPP_CHAT_FIT_RESERVE_MAX_DIV counts as that.
+ *
+ * The kept conversation is the system message (if any) plus msgs[h + *n_dropped
+ * .. n), h = 1 with a system message else 0, with the smallest *n_dropped (a turn
+ * boundary) whose ids + reserve <= n_ctx; when even the newest turn alone does
+ * not, that minimal conversation is returned and the caller decides (its ids may
+ * reach n_ctx: the server answers context_length_exceeded). *ids, *text and
+ * *text_len are as kipp_chat_tokenize's, for the kept conversation.
+ * Errors: KIPP_EINVAL for n_ctx 0 or a NULL n_dropped/ids/n_ids, those of
+ * kipp_chat_tokenize, KIPP_ENOMEM.
+ */
+int kipp_chat_tokenize_fit(const kipp_model *model, const kipp_chat_message *msgs, size_t n,
+                           const kipp_chat_options *opts, uint32_t n_ctx, int64_t reserve, size_t *n_dropped,
+                           uint32_t **ids, size_t *n_ids, char **text, size_t *text_len, char *err, size_t errlen);
+
 /**
  * Re-write JSON text (len bytes, any JSON value) as Python's
  * json.dumps(value, ensure_ascii=False) writes it, which is what the chat
@@ -738,4 +767,8 @@ void kipp_gen_rng(const kipp_gen *g, kipp_rng *rng);
 #ifdef __cplusplus
 }
 #endif
+
+/* The planner (kipp plan, --ctx 0): a separate header to keep this one readable. */
+#include "engine/kipp_plan.h"
+
 #endif

@@ -2,6 +2,9 @@
 #include "kernels/common.h"
 
 #include <cpuid.h>
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,4 +137,58 @@ kipp_isa kipp_isa_select(const char **note)
         return best;
     }
     return (kipp_isa)want;
+}
+
+/* ---- CPU identity (/proc/cpuinfo) ---- */
+
+static char cpu_model_buf[256];
+static char cpu_id_buf[64];
+static pthread_once_t cpu_model_once = PTHREAD_ONCE_INIT;
+
+/* The value after "key<spaces>:" of a /proc/cpuinfo line, or NULL when the
+ * line is another key ("model" must not match "model name"). */
+static const char *cpuinfo_value(const char *line, const char *key)
+{
+    size_t n = strlen(key);
+    if (strncmp(line, key, n)) return NULL;
+    const char *v = line + n;
+    while (*v == ' ' || *v == '\t') v++;
+    if (*v != ':') return NULL;
+    for (v++; *v == ' ' || *v == '\t'; v++) {}
+    return v;
+}
+
+/* The first processor's "model name", and "vendor_id", "cpu family" and
+ * "model" as "<vendor>-f<family>m<model>" (x86 Linux; the model name alone
+ * reads "AMD EPYC" on both the Zen 4 and the Zen 5 machines here). */
+static void read_cpu_model(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512], vendor[32] = "", family[16] = "", model[16] = "";
+    const char *v;
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0]) break; /* end of the first processor's block */
+        if ((v = cpuinfo_value(line, "model name"))) snprintf(cpu_model_buf, sizeof cpu_model_buf, "%s", v);
+        else if ((v = cpuinfo_value(line, "vendor_id"))) snprintf(vendor, sizeof vendor, "%s", v);
+        else if ((v = cpuinfo_value(line, "cpu family"))) snprintf(family, sizeof family, "%s", v);
+        else if ((v = cpuinfo_value(line, "model"))) snprintf(model, sizeof model, "%s", v);
+    }
+    if (f) fclose(f);
+    const char *ven = !strcmp(vendor, "AuthenticAMD") ? "amd" : !strcmp(vendor, "GenuineIntel") ? "intel" : "cpu";
+    if (family[0] && model[0]) snprintf(cpu_id_buf, sizeof cpu_id_buf, "%s-f%sm%s", ven, family, model);
+    for (char *c = cpu_id_buf; *c; c++) /* keep file names plain */
+        if (!isalnum((unsigned char)*c) && *c != '-') *c = '_';
+}
+
+const char *kipp_cpu_id(void)
+{
+    pthread_once(&cpu_model_once, read_cpu_model);
+    return cpu_id_buf[0] ? cpu_id_buf : "cpu-unknown";
+}
+
+const char *kipp_cpu_model(void)
+{
+    pthread_once(&cpu_model_once, read_cpu_model);
+    return cpu_model_buf[0] ? cpu_model_buf : "unknown";
 }

@@ -57,6 +57,17 @@ typedef struct {
     int bf16_dot_fast;
 } kipp_cpu_features;
 
+/** "model name" of /proc/cpuinfo (cached; "unknown" when unreadable). Hostnames
+ * here are all `vm` while the CPUs differ, so results and profiles carry this. */
+const char *kipp_cpu_model(void);
+
+/** "<vendor>-f<cpu family>m<model>" of /proc/cpuinfo's first processor, e.g.
+ * "amd-f26m2" (Zen 5), "amd-f25m17" (Zen 4), "intel-f6m85" (Skylake-SP);
+ * "cpu-unknown" when those lines are missing (non-x86). Decimal, as
+ * /proc/cpuinfo prints them; cached, static storage. Tags profile and result
+ * file names (bench) and picks this CPU's results for the planner (engine/plan.c). */
+const char *kipp_cpu_id(void);
+
 /** Features of this CPU (cached after the first call). */
 const kipp_cpu_features *kipp_cpu_get(void);
 

@@ -1,6 +1,7 @@
 /*
  * api_prepare.c - a parsed request against the model: prompt -> token ids,
- * context and vocabulary checks, max_tokens clamp (issue 9 items 2, 4 and 7).
+ * context and vocabulary checks, max_tokens clamp (issue 9 items 2, 4 and 7),
+ * chat fitted to the context (issue 37 item 3).
  *
  * Completions prompts are raw text: marker text in them is matched, as
  * llama-server and vLLM do. Chat messages go through kipp_chat_tokenize, so
@@ -26,7 +27,7 @@ static int tokenize_prompt(kipp_model *m, serve_req *r, serve_error *e)
     return 0;
 }
 
-static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r, serve_error *e)
+static int chat_prompt(kipp_model *m, const kipp_model_info *info, uint32_t n_ctx, serve_req *r, serve_error *e)
 {
     if (!info->has_chat) {
         serve_fail(e, 400, "invalid_request_error", "messages",
@@ -48,7 +49,10 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, serve_req *r,
                             .tools_json = serve_tools_active(r) ? r->tools_json : NULL};
     char *text = NULL, err[256] = "";
     size_t tl = 0; /* the text may hold NUL bytes: its length from the renderer, never strlen */
-    int rc = kipp_chat_tokenize(m, cm, r->n_msgs, &co, &r->prompt_ids, &r->n_prompt, &text, &tl, err, sizeof err);
+    /* Too long a conversation loses its oldest turns, keeping the system message and room for the answer: the
+     * max_tokens asked for, or the engine's default share when none was sent (issue 37 item 3). */
+    int rc = kipp_chat_tokenize_fit(m, cm, r->n_msgs, &co, n_ctx, r->max_tokens_asked, &r->truncated_messages,
+                                    &r->prompt_ids, &r->n_prompt, &text, &tl, err, sizeof err);
     free(cm);
     if (rc) return BAD("messages", "messages cannot be rendered: %s", err);
     r->starts_in_reasoning = tl >= 8 && !strcmp(text + tl - 8, "<think>\n");
@@ -73,7 +77,7 @@ int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
-    if (r->chat ? chat_prompt(m, &info, r, e) : r->prompt_is_ids ? 0 : tokenize_prompt(m, r, e)) return -1;
+    if (r->chat ? chat_prompt(m, &info, n_ctx, r, e) : r->prompt_is_ids ? 0 : tokenize_prompt(m, r, e)) return -1;
     if (r->n_prompt == 0) return BAD(r->chat ? "messages" : "prompt", "the prompt gives 0 tokens, expected at least 1");
     for (size_t i = 0; i < r->n_prompt; i++)
         if (r->prompt_ids[i] >= info.vocab_size)
@@ -82,9 +86,14 @@ int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
         if (r->bias[i].token >= info.vocab_size)
             return BAD("logit_bias", "logit_bias token %u is out of range, expected 0..%u", r->bias[i].token, info.vocab_size - 1);
     if (r->n_prompt >= n_ctx) {
-        BAD(r->chat ? "messages" : "prompt",
-            "the prompt has %zu tokens (n_prompt_tokens) but the context holds %u (n_ctx), and at least one token "
-            "must be generated; shorten the prompt", r->n_prompt, n_ctx);
+        if (r->chat)
+            BAD("messages",
+                "the system message and the last turn alone have %zu tokens (n_prompt_tokens) but the context holds "
+                "%u (n_ctx), and at least one token must be generated; shorten them", r->n_prompt, n_ctx);
+        else
+            BAD("prompt",
+                "the prompt has %zu tokens (n_prompt_tokens) but the context holds %u (n_ctx), and at least one "
+                "token must be generated; shorten the prompt", r->n_prompt, n_ctx);
         snprintf(e->code, sizeof e->code, "context_length_exceeded");
         return -1;
     }

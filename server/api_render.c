@@ -70,9 +70,12 @@ static json_t *usage(const serve_job *j)
 {
     uint64_t gen = 0;
     for (int i = 0; i < j->req.n; i++) gen += j->out[i].n_gen;
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)j->req.n_prompt, "completion_tokens",
-                     (json_int_t)gen, "total_tokens", (json_int_t)(j->req.n_prompt + gen), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)j->cached_tokens);
+    json_t *u = json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)j->req.n_prompt, "completion_tokens",
+                          (json_int_t)gen, "total_tokens", (json_int_t)(j->req.n_prompt + gen), "prompt_tokens_details",
+                          "cached_tokens", (json_int_t)j->cached_tokens);
+    /* chat: how many of the oldest messages were left out to fit the context (0 when none) */
+    if (u && j->req.chat) json_object_set_new(u, "truncated_messages", json_integer((json_int_t)j->req.truncated_messages));
+    return u;
 }
 
 /* llama.cpp-style timings: prompt and predicted counts, ms, per-token ms, tok/s. */

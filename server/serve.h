@@ -85,6 +85,7 @@ typedef struct {
     int enable_thinking;      /* chat_template_kwargs.enable_thinking; default 1 */
     int starts_in_reasoning;  /* set by prepare: the rendered prompt ends inside <think> */
     int thinking;             /* set by prepare: split reasoning_content from content */
+    size_t truncated_messages; /* set by prepare: oldest messages dropped to fit n_ctx (usage.truncated_messages) */
     /* generation */
     int n;                    /* choices, 1..8 */
     int64_t max_tokens;       /* -1 = until the context is full; prepare cuts it to the room left */
@@ -158,7 +159,9 @@ int serve_tools_grammar(kipp_model *m, serve_req *r, serve_error *e);
 /**
  * Turn r's prompt into token ids against the model: tokenize the string prompt
  * (markers allowed: raw completion), check sent ids, or render + tokenize chat
- * (kipp_chat_tokenize). Checks the prompt against n_ctx (400 naming
+ * fitted to n_ctx (kipp_chat_tokenize_fit: the oldest turns are dropped so that
+ * the prompt leaves max_tokens (at most n_ctx / 2), or n_ctx / 4 when not sent, free; the count goes
+ * to r->truncated_messages). Checks the prompt against n_ctx (400 naming
  * n_prompt_tokens and n_ctx), bounds logit_bias ids, and clamps max_tokens to
  * the context. Caller holds the tokenizer lock. 0 or -1 with e filled.
  */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "server/serve_http.h"
 
@@ -48,7 +49,8 @@ static void usage(FILE *f)
             "  --alias NAME       the served model name: responses' \"model\", first in /v1/models; the\n"
             "                     checkpoint id (and the file's base name) stay accepted\n"
             "  --threads N        backend threads, 0 = one per physical core (default)\n"
-            "  --ctx N            tokens per choice (prompt + output), default min(8192, model context)\n"
+            "  --ctx N            tokens per choice (prompt + output), default min(8192, model context);\n"
+            "                     0: measure this machine, print the plan (`kipp plan`) and use its context\n"
             "  --max-batch N      active choices per step, 8..64, default 16\n"
             "  --max-queue N      requests waiting for a batch slot before 429, 1..4096, default 64 (requests\n"
             "                     that free slots will take at the next step do not count)\n"
@@ -87,11 +89,11 @@ static int parse_args(int argc, char **argv, serve_opts *o)
 {
     *o = (serve_opts){.backend = "cpu", .host = "127.0.0.1", .port = 8080, .max_batch = 16, .max_queue = 64,
                       .max_body = 1 << 20, .max_header = 32768, .idle = 60, .max_conn = 128, .kv_mib = -1,
-                      .step_tokens = SERVE_STEP_TOKENS, .kv_pool_mib = -1, .shutdown_timeout = 30,
+                      .step_tokens = SERVE_STEP_TOKENS, .kv_pool_mib = -1, .shutdown_timeout = 30, .ctx = -1,
                       .api_key = getenv("KIPP_API_KEY")};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
-        {"--ctx", &o->ctx, 1, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
+        {"--ctx", &o->ctx, 0, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
         {"--max-queue", &o->max_queue, 1, 4096, ""}, {"--max-body", &o->max_body, 64, 1LL << 30, ""},
         {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
         {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
@@ -229,11 +231,36 @@ static int default_pool(const serve_opts *o, kipp_model *m, uint32_t n_ctx, char
     return 0;
 }
 
+/* --ctx 0: measure this machine, print the plan (`kipp plan`'s text) and take its context. Shares come from
+ * results/ beside the build directory (build/kipp-serve -> results/). 0, or 1 after printing why not. */
+static int plan_ctx(const serve_opts *o, kipp_model *m, uint32_t *n_ctx)
+{
+    char exe[4096] = "", dir[4200] = "", err[512] = "";
+    ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (l > 0) {
+        exe[l] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0, snprintf(dir, sizeof dir, "%s/../results", exe);
+    }
+    kipp_machine mc;
+    kipp_plan p;
+    int rc = kipp_machine_measure(o->model, &mc, err, sizeof err);
+    if (!rc) rc = kipp_plan_make(m, &mc, dir[0] ? dir : NULL, &p, err, sizeof err);
+    if (!rc && p.ctx == 0) rc = KIPP_ERANGE, snprintf(err, sizeof err, "not even 32 positions of KV fit a quarter of the usable RAM");
+    if (rc) return fprintf(stderr, "kipp-serve: --ctx 0: %s\n", err), 1;
+    char *text = kipp_plan_text(&p);
+    if (text) fprintf(stderr, "kipp-serve: plan (--ctx 0)\n%s", text);
+    free(text);
+    *n_ctx = p.ctx;
+    return 0;
+}
+
 static int run(const serve_opts *o, kipp_model *m)
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
-    uint32_t n_ctx = o->ctx ? (uint32_t)o->ctx : (info.context_length < 8192 ? info.context_length : 8192);
+    uint32_t n_ctx = o->ctx > 0 ? (uint32_t)o->ctx : (info.context_length < 8192 ? info.context_length : 8192);
+    if (o->ctx == 0 && plan_ctx(o, m, &n_ctx)) return 1;
     if (n_ctx > info.context_length)
         return fprintf(stderr, "kipp-serve: --ctx %u is above the model's context length %u\n", n_ctx, info.context_length), 2;
     char pool_why[128] = "--kv-pool-mib";

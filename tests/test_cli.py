@@ -284,7 +284,7 @@ OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed"},
-    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse",
+    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help"},
@@ -396,7 +396,7 @@ def test_repeat_penalty_range_ends_run(value):
     ("--max-tokens", "99999999999", "1073741824"),
     ("--top-k", "99999999999", "1073741824"),
     ("--seed", "-1", "--seed '-1'"),
-    ("--ctx", "0", "--ctx '0'"),
+    ("--ctx", "-1", "--ctx '-1'"),  # 0 is valid: the planner's context
     ("--logit-bias", "5=1e39", "--logit-bias '5=1e39'"),
     ("--logit-bias", "5=100.5", "[-100, 100]"),
 ])

@@ -1,7 +1,7 @@
-/* profile_avx2.c - AVX2 read-bandwidth and FP32 FMA peak loops (bench/profile.h). */
+/* probe_avx2.c - AVX2 read-bandwidth and FP32 FMA peak loops (kernels/cpu/probe.h). */
 #include <immintrin.h>
 
-#include "bench/profile.h"
+#include "kernels/cpu/probe.h"
 
 uint64_t kipp_prof_read_avx2(const void *p, size_t n)
 {

@@ -1,10 +1,10 @@
-/* profile_avx512.c - AVX-512 F read-bandwidth and FP32 FMA peak loops (the BF16
- * dot is in profile_avx512bf16.c) with 30 independent accumulators (bench/profile.h;
+/* probe_avx512.c - AVX-512 F read-bandwidth and FP32 FMA peak loops (the BF16
+ * dot is in bench/profile_avx512bf16.c) with 30 independent accumulators (kernels/cpu/probe.h;
  * the team's reference numbers measure peaks the same way). */
 #include <immintrin.h>
 #include <string.h>
 
-#include "bench/profile.h"
+#include "kernels/cpu/probe.h"
 
 uint64_t kipp_prof_read_avx512(const void *p, size_t n)
 {

@@ -1,0 +1,82 @@
+/*
+ * cmd_plan.c - `kipp plan --model FILE [--json] [--results DIR]`: measure this
+ * machine and print the planner's prediction for the model (issue 37 item 1).
+ *
+ * The file's read speed is measured before the model is mapped, so no page of
+ * it is pinned by this process while the sample is read. The model is opened
+ * with backend "none": planning needs the shape and the file, not a prepared
+ * copy. Kipp's measured shares come from results/ of the source tree beside
+ * the binary (build/kipp -> results/), or from --results DIR.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "engine/kipp.h"
+
+static int usage(FILE *f)
+{
+    fprintf(f, "usage: kipp plan --model FILE.gguf [--json] [--results DIR]\n"
+               "  measures cores, ISA level, RAM, RAM read bandwidth, the FP32 peak and the model file's\n"
+               "  read speed, then prints resident vs streamed layers, the context whose KV fits a quarter\n"
+               "  of the usable RAM and predicted decode/prefill tok/s per weight format, with the arithmetic.\n"
+               "  --json     print the plan as JSON (schema kipp.plan.v1)\n"
+               "  --results  where the model benchmarks are (default: results/ beside the build directory)\n");
+    return f == stdout ? 0 : 2;
+}
+
+/* <dir of the binary>/../results, or "" when /proc/self/exe cannot be read. */
+static void default_results(char *out, size_t n)
+{
+    char exe[PATH_MAX];
+    ssize_t l = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    out[0] = 0;
+    if (l <= 0) return;
+    exe[l] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    *slash = 0;
+    snprintf(out, n, "%s/../results", exe);
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    const char *model = NULL, *results = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results")) && i + 1 < argc)
+            *(argv[i][2] == 'm' ? &model : &results) = argv[i + 1], i++;
+        else {
+            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json or --results DIR", argv[i]);
+            return usage(stderr);
+        }
+    }
+    if (!model) return cli_missing("plan", "--model", "a .gguf path");
+    char dir[PATH_MAX + 16], err[512] = "";
+    if (!results) default_results(dir, sizeof dir), results = dir;
+    kipp_machine mc;
+    int rc = kipp_machine_measure(model, &mc, err, sizeof err);
+    kipp_model *m = NULL;
+    if (!rc) rc = kipp_model_open(model, "none", NULL, &m, err, sizeof err);
+    kipp_plan p;
+    if (!rc) rc = kipp_plan_make(m, &mc, results, &p, err, sizeof err);
+    kipp_model_close(m);
+    if (rc) {
+        cli_errorf("plan", "%s", err[0] ? err : kipp_strerror(rc));
+        return 1;
+    }
+    char *s = json ? kipp_plan_json(&p) : kipp_plan_text(&p);
+    if (!s) {
+        cli_errorf("plan", "out of memory");
+        return 1;
+    }
+    fputs(s, stdout);
+    if (json) fputc('\n', stdout);
+    free(s);
+    return 0;
+}

@@ -1,0 +1,98 @@
+/*
+ * kipp_plan.h - public API of the planner (engine/plan_probe.c, engine/plan.c):
+ * measure this machine, predict tok/s per weight format, pick a context.
+ * Included by kipp.h; part of the engine's public API.
+ */
+#ifndef KIPP_PLAN_H
+#define KIPP_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kipp_model kipp_model;
+
+/* ---- planner (engine/plan_probe.c, engine/plan.c; issue 37 item 1, seed 002 "Planner") ---- */
+
+/** What kipp_machine_measure found on this machine, now. Plain values: copy freely. */
+typedef struct {
+    char cpu_id[64];              /* "<vendor>-f<family>m<model>" of /proc/cpuinfo (kernels/common.h kipp_cpu_id) */
+    char isa[16];                 /* kernel level the cpu backend uses: "ref", "avx2", "avx512", "avx512_bf16" */
+    int physical_cores;           /* hwloc cores (PUs when hwloc finds no core level) */
+    int logical_cpus;             /* hwloc PUs */
+    uint64_t ram_total_bytes;     /* /proc/meminfo MemTotal, capped by the memory cgroup's limit (v2 or v1) */
+    uint64_t ram_available_bytes; /* MemAvailable, capped by the memory cgroup's limit - usage */
+    double ram_read_gbps;         /* all-core streaming read, 1e9 B/s (median of 3 passes over a buffer >> LLC) */
+    double peak_gflops;           /* FP32 FMA peak, all physical cores, at isa's vector width; 0 for "ref" */
+    double disk_read_gbps;        /* sequential read of the model file, 1e9 B/s; 0 when it could not be read */
+    uint64_t disk_sample_bytes;   /* bytes of the file read for disk_read_gbps (bounded sample) */
+    int disk_direct;              /* 1: O_DIRECT (page cache bypassed); 0: posix_fadvise DONTNEED before reading */
+} kipp_machine;
+
+/**
+ * Measure this machine for the planner: topology (hwloc), ISA level, RAM
+ * (/proc/meminfo and cgroup v2 limits), all-core RAM read bandwidth, the FP32
+ * FMA peak and, when model_path is non-NULL, the sequential read speed of that
+ * file over a bounded sample (at most 256 MiB or about 1 s). Takes about a
+ * second or two; allocates and frees a 256 MiB buffer. Errors: KIPP_EIO when
+ * /proc/meminfo cannot be read, KIPP_ENOMEM. A model file that cannot be read
+ * is not an error: disk_read_gbps stays 0.
+ */
+int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, size_t errlen);
+
+#define KIPP_PLAN_MAX_FORMATS 3
+/** The planner's prediction for one weight format of the model's shape. */
+typedef struct {
+    char format[16];               /* kipp.quant.scheme: "bf16", "q8_0", "affine4_gs32" */
+    double weight_bytes;           /* every tensor in this format, bytes (norms, embedding and head stay BF16) */
+    double decode_bytes_per_token; /* weights + KV read by one decode step at a short context, bytes */
+    double prefill_flops_per_token;/* FLOPs per token of a 512-token prefill */
+    double decode_eff;             /* share of ram_read_gbps Kipp's decode reaches */
+    double prefill_eff;            /* share of peak_gflops Kipp's prefill reaches (> 1 where a BF16/int8 dot wins) */
+    char decode_source[160];       /* "results/FILE (model row)" the decode share comes from, or "assumed" */
+    char prefill_source[160];      /* the same for the prefill share */
+    double decode_tps, prefill_tps;/* predicted tokens per second */
+    char rationale[640];           /* the arithmetic above, as one paragraph */
+} kipp_plan_format;
+
+/** A plan: the machine, the model's needs and the predictions (kipp_plan_make). */
+typedef struct {
+    kipp_machine machine;
+    char model_id[64];             /* registry id */
+    char file_format[16];          /* the opened file's scheme */
+    uint64_t kv_bytes_per_token;   /* all layers, K and V */
+    uint64_t usable_ram_bytes;     /* ram_available_bytes minus the resident weights (0 when they do not fit) */
+    uint32_t ctx;                  /* tokens: KV of ctx fits usable_ram_bytes / 4; multiple of 32, <= context_length */
+    uint32_t context_length;       /* the model's trained context */
+    uint32_t n_layer, layers_resident, layers_streamed; /* resident + streamed == n_layer */
+    int streamed;                  /* 1: file weights > 0.75 x available RAM: layers are read from disk per token */
+    size_t n_formats;
+    kipp_plan_format formats[KIPP_PLAN_MAX_FORMATS];
+} kipp_plan;
+
+/**
+ * Plan for an open model (any backend, "none" included) on the measured
+ * machine: resident vs streamed layers (streamed when the file's weights exceed
+ * 0.75 x available RAM), the context whose KV fits a quarter of the usable RAM,
+ * and per format the predicted decode tok/s (bytes per token over the read
+ * bandwidth, times Kipp's measured share) and prefill tok/s (FLOPs per token
+ * over the peak, times the share). Shares come from the newest model benchmark (results/DATE-HOST-CPUID-cpu-SHA.json)
+ * of this cpu_id and ISA level in results_dir (NULL: none, assumed shares).
+ * Errors: KIPP_EINVAL for NULL arguments.
+ */
+int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
+                   char *err, size_t errlen);
+
+/**
+ * The context kipp_plan_make would pick for this model, from RAM figures only
+ * (no bandwidth probes): what `--ctx 0` uses. Errors: KIPP_EIO when
+ * /proc/meminfo cannot be read, KIPP_ERANGE when not even 32 positions fit.
+ */
+int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t errlen);
+
+/** The plan as JSON text (schema "kipp.plan.v1"); malloc'd, the caller frees; NULL when out of memory. */
+char *kipp_plan_json(const kipp_plan *p);
+
+/** The plan as human-readable lines, rationale included; malloc'd, the caller frees; NULL when out of memory. */
+char *kipp_plan_text(const kipp_plan *p);
+
+#endif

@@ -1,0 +1,272 @@
+/*
+ * plan_probe.c - kipp_machine_measure: what the planner needs to know about
+ * this machine, measured at start (issue 37 item 1, seed 002 "Planner").
+ *
+ * The RAM read and FP32 FMA loops are the ones `make profile` uses
+ * (kernels/cpu/probe.h), so the planner's bandwidth and peak are on the same
+ * scale as the profiles that results/ quote Kipp's shares against. Threads are
+ * plain pthreads, one per physical core: a probe runs once, before any backend
+ * pool exists. The memory limits of the process's cgroup (v2 memory.max and
+ * memory.current, or v1's limit and usage) cap the /proc/meminfo figures, so a
+ * container's plan sees its own budget.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <hwloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/backend_util.h"
+#include "engine/internal.h"
+#include "engine/kipp.h"
+#include "kernels/common.h"
+#include "kernels/cpu/probe.h"
+
+#define RAM_PROBE_BYTES (256u << 20)   /* >> any LLC here, small next to RAM */
+#define DISK_SAMPLE_MAX (256ull << 20) /* bytes of the model file read at most */
+#define DISK_SAMPLE_SEC 1.0            /* ... or this long, whichever comes first */
+#define DISK_CHUNK (4u << 20)
+#define MAX_PROBE_THREADS 256
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- RAM: /proc/meminfo, capped by cgroup v2 ---- */
+
+static uint64_t meminfo_kib(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    uint64_t v = 0;
+    size_t n = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') {
+            v = strtoull(line + n + 1, NULL, 10);
+            break;
+        }
+    if (f) fclose(f);
+    return v;
+}
+
+/* The file `file` of this process's memory cgroup as a number: v2 ("0::<path>", files memory.max and
+ * memory.current) or, on a v1/hybrid host, the memory controller's line ("N:memory:<path>", v1 names
+ * memory.limit_in_bytes and memory.usage_in_bytes). UINT64_MAX for "max", an unlimited v1 value, or when absent. */
+static uint64_t cgroup_value(const char *file)
+{
+    char path[1100] = "", rel[520] = "", line[512];
+    int v1 = 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        const char *mem = strstr(line, ":memory:");
+        if (mem) snprintf(rel, sizeof rel, "%s", mem + 8), v1 = 1;
+        else if (!v1 && !strncmp(line, "0::", 3)) snprintf(rel, sizeof rel, "%s", line + 3);
+    }
+    if (f) fclose(f);
+    const char *name = !v1 ? file : !strcmp(file, "memory.max") ? "memory.limit_in_bytes" : "memory.usage_in_bytes";
+    snprintf(path, sizeof path, "/sys/fs/cgroup%s%s/%s", v1 ? "/memory" : "", strcmp(rel, "/") ? rel : "", name);
+    f = fopen(path, "r");
+    uint64_t v = UINT64_MAX;
+    if (f && fgets(line, sizeof line, f) && strncmp(line, "max", 3)) v = strtoull(line, NULL, 10);
+    if (f) fclose(f);
+    return v >= (1ull << 62) ? UINT64_MAX : v; /* v1 writes "no limit" as a huge page-rounded number */
+}
+
+/** RAM total and available in bytes, cgroup-capped; KIPP_EIO when /proc/meminfo has no MemTotal. */
+int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen)
+{
+    uint64_t t = meminfo_kib("MemTotal") * 1024, a = meminfo_kib("MemAvailable") * 1024;
+    if (!t) return kipp_err(err, errlen, KIPP_EIO, "cannot read MemTotal from /proc/meminfo");
+    uint64_t max = cgroup_value("memory.max"), cur = cgroup_value("memory.current");
+    if (max != UINT64_MAX) {
+        if (max < t) t = max;
+        uint64_t room = cur != UINT64_MAX && cur < max ? max - cur : 0;
+        if (room < a) a = room;
+    }
+    *total = t, *avail = a;
+    return 0;
+}
+
+/* ---- RAM read bandwidth and FP32 peak: one pthread per physical core ---- */
+
+typedef struct {
+    const unsigned char *buf;
+    size_t bytes;            /* this thread's slice */
+    int use512;
+    long iters;              /* peak: loop iterations */
+    pthread_barrier_t *bar;
+    double t0, t1;
+    volatile uint64_t sink;
+    volatile float fsink;
+} probe_job;
+
+static void *read_thread(void *arg)
+{
+    probe_job *j = arg;
+    pthread_barrier_wait(j->bar);
+    j->t0 = now_s();
+    j->sink ^= j->use512 ? kipp_prof_read_avx512(j->buf, j->bytes) : kipp_prof_read_avx2(j->buf, j->bytes);
+    j->t1 = now_s();
+    return NULL;
+}
+
+static void *peak_thread(void *arg)
+{
+    probe_job *j = arg;
+    pthread_barrier_wait(j->bar);
+    j->t0 = now_s();
+    j->fsink += j->use512 ? kipp_prof_fma_avx512(j->iters, (float)j->t0) : kipp_prof_fma_avx2(j->iters, (float)j->t0);
+    j->t1 = now_s();
+    return NULL;
+}
+
+/* Run fn on n threads at once; the wall time from the first start to the last end, s. */
+static double run_team(int n, probe_job *jobs, void *(*fn)(void *))
+{
+    pthread_t th[MAX_PROBE_THREADS];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    int started = 0;
+    for (int i = 0; i < n; i++) {
+        jobs[i].bar = &bar;
+        if (pthread_create(&th[i], NULL, fn, &jobs[i])) break;
+        started++;
+    }
+    if (started < n) { /* cannot happen with a few threads; the barrier would never open */
+        for (int i = started; i < n; i++) pthread_barrier_wait(&bar);
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    double t0 = jobs[0].t0, t1 = jobs[0].t1;
+    for (int i = 1; i < started; i++) {
+        if (jobs[i].t0 < t0) t0 = jobs[i].t0;
+        if (jobs[i].t1 > t1) t1 = jobs[i].t1;
+    }
+    return t1 - t0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double ram_read_gbps(int n, int use512)
+{
+    unsigned char *buf = kipp_aligned_alloc(RAM_PROBE_BYTES);
+    if (!buf) return 0;
+    memset(buf, 1, RAM_PROBE_BYTES); /* fault every page in before timing */
+    probe_job jobs[MAX_PROBE_THREADS];
+    size_t per = (RAM_PROBE_BYTES / (size_t)n) & ~(size_t)255;
+    double g[3];
+    for (int r = 0; r < 3; r++) {
+        for (int i = 0; i < n; i++) jobs[i] = (probe_job){.buf = buf + per * (size_t)i, .bytes = per, .use512 = use512};
+        double dt = run_team(n, jobs, read_thread);
+        g[r] = dt > 0 ? (double)per * n / dt * 1e-9 : 0;
+    }
+    kipp_aligned_free(buf);
+    qsort(g, 3, sizeof *g, cmp_double);
+    return g[1];
+}
+
+static double peak_gflops(int n, int use512)
+{
+    probe_job jobs[MAX_PROBE_THREADS];
+    double flops = use512 ? KIPP_PROF_FMA_AVX512_FLOPS : KIPP_PROF_FMA_AVX2_FLOPS, best = 0;
+    long iters = 100000;
+    for (int i = 0; i < n; i++) jobs[i] = (probe_job){.iters = iters, .use512 = use512};
+    double dt = run_team(n, jobs, peak_thread); /* size the runs to about 0.1 s each */
+    iters = (long)(iters * (0.1 / (dt > 1e-6 ? dt : 1e-6)));
+    if (iters < 1000) iters = 1000;
+    for (int r = 0; r < 3; r++) { /* the fastest run: a peak is what the core can do, not what it did */
+        for (int i = 0; i < n; i++) jobs[i] = (probe_job){.iters = iters, .use512 = use512};
+        dt = run_team(n, jobs, peak_thread);
+        double g = dt > 0 ? (double)iters * flops * n / dt * 1e-9 : 0;
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+/* ---- the model file's sequential read speed ---- */
+
+static double disk_gbps(const char *path, uint64_t *sampled, int *direct)
+{
+    *sampled = 0, *direct = 1;
+    int fd = open(path, O_RDONLY | O_DIRECT);
+    if (fd < 0) {
+        *direct = 0;
+        fd = open(path, O_RDONLY);
+    }
+    if (fd < 0) return 0;
+    struct stat st;
+    unsigned char *buf = kipp_aligned_alloc(DISK_CHUNK);
+    if (fstat(fd, &st) || !buf) {
+        close(fd);
+        kipp_aligned_free(buf);
+        return 0;
+    }
+    uint64_t size = (uint64_t)st.st_size, want = size < DISK_SAMPLE_MAX ? size : DISK_SAMPLE_MAX;
+    /* Without O_DIRECT: drop the sample's cached pages first, so the read comes from the device (pages
+     * mapped by a running process stay; `kipp plan` measures before it maps the model). */
+    if (!*direct) posix_fadvise(fd, 0, (off_t)want, POSIX_FADV_DONTNEED);
+    double t0 = now_s();
+    uint64_t off = 0;
+    while (off < want && now_s() - t0 < DISK_SAMPLE_SEC) {
+        size_t n = want - off < DISK_CHUNK ? (size_t)(want - off) : DISK_CHUNK;
+        ssize_t got = pread(fd, buf, *direct ? (n + 4095) & ~(size_t)4095 : n, (off_t)off);
+        if (got < 0 && *direct && errno == EINVAL && off == 0) { /* the file system refuses O_DIRECT */
+            close(fd);
+            fd = open(path, O_RDONLY);
+            if (fd < 0) break;
+            *direct = 0;
+            posix_fadvise(fd, 0, (off_t)want, POSIX_FADV_DONTNEED);
+            t0 = now_s();
+            continue;
+        }
+        if (got <= 0) break;
+        off += (uint64_t)got;
+    }
+    double dt = now_s() - t0;
+    if (fd >= 0) close(fd);
+    kipp_aligned_free(buf);
+    *sampled = off;
+    return off && dt > 0 ? (double)off / dt * 1e-9 : 0;
+}
+
+int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, size_t errlen)
+{
+    if (!out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_machine_measure: out is NULL, expected a kipp_machine");
+    *out = (kipp_machine){0};
+    snprintf(out->cpu_id, sizeof out->cpu_id, "%s", kipp_cpu_id());
+    kipp_isa isa = kipp_isa_select(NULL);
+    snprintf(out->isa, sizeof out->isa, "%s", kipp_isa_name(isa));
+    hwloc_topology_t t;
+    if (hwloc_topology_init(&t) == 0 && hwloc_topology_load(t) == 0) {
+        out->physical_cores = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE);
+        out->logical_cpus = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
+        hwloc_topology_destroy(t);
+    }
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (out->logical_cpus <= 0) out->logical_cpus = online > 0 ? (int)online : 1;
+    if (out->physical_cores <= 0) out->physical_cores = out->logical_cpus;
+    int rc = kipp_plan_ram(&out->ram_total_bytes, &out->ram_available_bytes, err, errlen);
+    if (rc) return rc;
+    if (model_path) out->disk_read_gbps = disk_gbps(model_path, &out->disk_sample_bytes, &out->disk_direct);
+    int n = out->physical_cores < MAX_PROBE_THREADS ? out->physical_cores : MAX_PROBE_THREADS;
+    if (isa == KIPP_ISA_REF) return 0; /* no vector loops to run: bandwidth and peak stay 0 */
+    int use512 = isa >= KIPP_ISA_AVX512;
+    out->ram_read_gbps = ram_read_gbps(n, use512);
+    out->peak_gflops = peak_gflops(n, use512);
+    if (out->ram_read_gbps <= 0) return kipp_err(err, errlen, KIPP_ENOMEM, "no memory for the %u MiB read probe",
+                                                 RAM_PROBE_BYTES >> 20);
+    return 0;
+}
