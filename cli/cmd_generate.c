@@ -33,7 +33,7 @@ double cli_now(void)
 
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
 {
-    kipp_model_options mo = {o->threads};
+    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora};
     char err[512];
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
