@@ -237,3 +237,37 @@ def test_converter_refusals(tmp_path, adapter):
     with pytest.raises(conv.ConvertError, match="layer 2"):
         conv.plan(reg.by_id("synthetic-tiny"),
                   {"base_model.model.model.layers.2.mlp.up_proj.lora_A.weight": np.ones((RANK, 256), np.float32)}, RANK)
+
+
+# ------------------------------------------------------------ other front ends
+
+def test_serve_and_generate_share_the_merge(adapter):
+    """kipp-serve --lora and kipp generate --lora give the same greedy text; scale 0 serves the file's text."""
+    from serve_harness import Server
+    model = gguf("synthetic-tiny.gguf")
+    body = {"model": "synthetic-tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+
+    def served(*args: str) -> str:
+        with Server(model, *args) as s:
+            st, r = s.post("/v1/completions", body)
+            assert st == 200, r
+            return r["choices"][0]["text"]
+
+    base, zero, merged = served(), served("--lora", f"{adapter[1]}:0"), served("--lora", str(adapter[1]))
+    assert zero == base and merged != base
+    g = kipp("generate", "--model", str(model), "--prompt", PROMPT, "--max-tokens", "12", "--threads", "2",
+             "--lora", str(adapter[1]))
+    assert g.returncode == 0, g.stderr
+    assert g.stdout.rstrip("\n") == merged
+
+
+def test_bench_and_serve_refuse_a_bad_adapter(tmp_path):
+    bad = write_adapter(tmp_path / "bad.gguf", q_pair(), arch="llama")
+    from serve_harness import SERVE
+    r = subprocess.run([str(SERVE), "--model", str(gguf("synthetic-tiny.gguf")), "--port", "0", "--lora", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "general.architecture" in r.stderr, r.stderr
+    r = subprocess.run([str(REPO_ROOT / "build" / "kipp-bench"), "--model", str(gguf("synthetic-tiny.gguf")),
+                        "--bench", "tg128", "--reps", "1", "--warmup", "0", "--out", str(tmp_path),
+                        "--lora", str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "general.architecture" in r.stderr, r.stderr
