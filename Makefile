@@ -46,12 +46,12 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-spec bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-lora bench-spec bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(@D)
@@ -143,6 +143,14 @@ $(VENV_PY):
 
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
+
+# LoRA merge time at the 0.6B and 1.7B shapes, all seven projections (results/*-lora-*.json, issue 38).
+$(BUILD)/bin/bench_lora: $(BUILD)/bench/bench_lora.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+bench-lora: $(BUILD)/bin/bench_lora
+	$(BUILD)/bin/bench_lora $(LORA_ARGS)
 
 # Speculative decoding against plain greedy, interleaved (bench/bench_spec.c, issue 11).
 $(BUILD)/kipp-bench-spec: $(BUILD)/bench/bench_spec.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
