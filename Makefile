@@ -176,7 +176,13 @@ models-test: | $(VENV_PY)
 	@for m in $(ALL_TEST_MODELS); do f=$(BUILD)/models/$$m.gguf; \
 	  if [ -e $$f ] && ! (cd $(BUILD)/models && sha256sum --status -c $$m.gguf.sha256 2>/dev/null); then \
 	    echo "models-test: $$f does not match its recorded sha256: rebuilding it"; rm -f $$f; fi; done
-	@$(MAKE) --no-print-directory $(ALL_TEST_MODELS:%=$(BUILD)/models/%.gguf)
+	@$(MAKE) --no-print-directory $(ALL_TEST_MODELS:%=$(BUILD)/models/%.gguf) $(BUILD)/models/synthetic-tiny-lora.gguf
+
+# A seeded synthetic PEFT adapter for synthetic-tiny and its GGUF (README's --lora examples).
+$(BUILD)/models/synthetic-tiny-lora.gguf: tools/make_lora.py tools/convert_lora_to_gguf.py
+	@mkdir -p $(@D)
+	$(PYTHON) tools/make_lora.py --checkpoint synthetic-tiny --out $(BUILD)/models/synthetic-tiny-lora --seed 1
+	$(PYTHON) tools/convert_lora_to_gguf.py --checkpoint synthetic-tiny --input $(BUILD)/models/synthetic-tiny-lora --out $@
 
 $(BUILD)/models/%-q8_0.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
 	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant q8_0 --quiet
