@@ -282,6 +282,11 @@ int main(int argc, char **argv)
         serve_log("%s", err);
         return 1;
     }
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    if (info.n_lora)
+        serve_log("merged %u LoRA adapter(s) into %u tensors (%.1f MiB private RAM) in %.0f ms", info.n_lora,
+                  info.lora_tensors, info.lora_bytes / 1048576.0, info.lora_merge_ms);
     rc = run(&o, m);
     kipp_model_close(m);
     return rc;
