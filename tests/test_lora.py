@@ -271,3 +271,30 @@ def test_bench_and_serve_refuse_a_bad_adapter(tmp_path):
                         "--bench", "tg128", "--reps", "1", "--warmup", "0", "--out", str(tmp_path),
                         "--lora", str(bad)], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "general.architecture" in r.stderr, r.stderr
+
+
+def test_tied_embedding_adapter_changes_the_lookup_only(tmp_path):
+    """An embed_tokens adapter on the tied synthetic-tiny: the oracle adds the delta to the
+    input lookup and keeps the file's matrix as the head (llama.cpp and PEFT semantics)."""
+    peft, out = tmp_path / "peft", tmp_path / "e.gguf"
+    assert make_lora.main(["--checkpoint", "synthetic-tiny", "--out", str(peft), "--rank", "4", "--seed", "3",
+                           "--targets", "q", "--embed", "--std", "0.1"]) == 0
+    assert conv.main(["--checkpoint", "synthetic-tiny", "--input", str(peft), "--out", str(out)]) == 0
+    model = gguf("synthetic-tiny.gguf")
+    ids = json.loads(kipp("tokenize", "--model", str(model), "--text", PROMPT).stdout)
+    meta, w = np_forward.load_weights(model)
+    t = conv.read_safetensors(peft / "adapter_model.safetensors")
+    a = t["base_model.model.model.embed_tokens.lora_embedding_A"].astype(np.float64)  # [r][vocab]
+    b = t["base_model.model.model.embed_tokens.lora_embedding_B"].astype(np.float64)  # [d][r]
+    head = w["token_embd.weight"].copy()
+    w["token_embd.weight"] = (w["token_embd.weight"] + 16.0 / 4 * (b @ a).T).astype(np.float32)
+    for name, d in peft_deltas(peft, 1.0).items():
+        w[name] = (w[name].astype(np.float64) + d).astype(np.float32)
+    meta["kipp.tied_embeddings"], w["output.weight"] = False, head  # the head stays the file's
+    ref = np_forward.forward(meta, w, ids, [len(ids) - 1])[0]
+    w["output.weight"] = w["token_embd.weight"]  # what a merge that also changed the head would give
+    wrong = np_forward.forward(meta, w, ids, [len(ids) - 1])[0]
+    got = np.frombuffer(logits(tmp_path, model, "--lora", str(out)), dtype=np.float32)
+    e, e_wrong = nmse(got, ref), nmse(got, wrong)
+    print(f"tied embedding adapter: NMSE vs lookup-only oracle {e:.3g}, vs head-changed oracle {e_wrong:.3g}")
+    assert e <= NMSE_BOUND and e_wrong > 100 * NMSE_BOUND
