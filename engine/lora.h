@@ -49,7 +49,8 @@ typedef struct {
  * .lora_a/.lora_b pair whose base is a 2-D tensor of m, shapes as llama.cpp
  * checks them, rank > 0, factor types F32/F16/BF16, finite values). Errors:
  * KIPP_EIO, KIPP_EFORMAT (naming the tensor or key and the expectation),
- * KIPP_ENUMERIC, KIPP_EINVAL (non-finite scale), KIPP_ENOMEM. Release *out
+ * KIPP_ENUMERIC, KIPP_EINVAL (non-finite scale), KIPP_ENOTSUP (an activated
+ * LoRA: adapter.alora.*), KIPP_ENOMEM. Release *out
  * with kipp_lora_close.
  */
 int kipp_lora_open(const char *path, float scale, const kipp_model *m, kipp_lora **out, char *err,
