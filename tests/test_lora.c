@@ -197,6 +197,7 @@ static void test_zero_delta_copies_bytes(void)
         merge1(fmts[i], src, dst, p, q, 3, KIPP_LORA_STOCHASTIC, 2, &st);
         CHECK(!memcmp(src, dst, bytes), "format %u: zero delta changed bytes", fmts[i]);
         CHECK(st.grid == 0 && st.refit == 0, "format %u: zero delta counted as merged", fmts[i]);
+        free(src), free(dst);
     }
 }
 
