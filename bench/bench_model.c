@@ -708,6 +708,15 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
 out:
     if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
+    for (size_t i = first; !rc && c.info.n_lora && i < json_array_size(results); i++) { /* the merge, timed in the open */
+        json_t *r = json_array_get(results, i);
+        json_object_set_new(r, "lora_merge_ms", json_real(c.info.lora_merge_ms));
+        json_object_set_new(r, "lora_tensors", json_integer(c.info.lora_tensors));
+        json_object_set_new(r, "lora_private_bytes", json_real((double)c.info.lora_bytes));
+    }
+    if (!rc && c.info.n_lora)
+        printf("  lora: %u adapter(s) merged into %u tensors (%.1f MiB private) in %.0f ms at load\n", c.info.n_lora,
+               c.info.lora_tensors, c.info.lora_bytes / 1048576.0, c.info.lora_merge_ms);
     kipp_session_destroy(s);
     kipp_model_close(m);
     free(ids);
