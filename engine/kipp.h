@@ -155,7 +155,8 @@ typedef struct {
     uint32_t kv_pool_blocks;     /* 32-position blocks of the shared KV pool; 0 = not pooled */
     uint32_t n_lora;             /* adapters merged at open (kipp_model_options.lora) */
     uint32_t lora_tensors;       /* weight tensors they changed (each merged once) */
-    uint64_t lora_bytes;         /* private RAM holding the merged tensors, bytes */
+    uint64_t lora_bytes;         /* private RAM the merged tensors still hold, bytes (a backend that repacks
+                                  * the projections lets the engine free their merged copies) */
     double lora_merge_ms;        /* wall time of the merge (load + validate + merge), ms */
 } kipp_model_info;
 

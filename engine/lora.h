@@ -128,6 +128,13 @@ int kipp_lora_apply(kipp_model *m, const kipp_lora_spec *specs, uint32_t n, cons
  */
 int kipp_lora_apply_open(kipp_model *m, const kipp_model_options *opts, char *err, size_t errlen);
 
+/**
+ * After a backend with packs_weights has prepared m: free the merged copies it
+ * no longer reads (every target but token_embd) and set their views' data to
+ * NULL, so m->lora_bytes counts only what stays resident.
+ */
+void kipp_lora_release_packed(kipp_model *m);
+
 /** Free m's merged tensors (kipp_model_close; the views must be dead). */
 void kipp_lora_release(kipp_model *m);
 

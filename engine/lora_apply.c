@@ -229,3 +229,23 @@ void kipp_lora_release(kipp_model *m)
     m->lora_bufs = NULL;
     m->lora_tensors = 0;
 }
+
+void kipp_lora_release_packed(kipp_model *m)
+{
+    enum { PER_LAYER = sizeof(kipp_qwen3_layer) / sizeof(kipp_tensor_view) };
+    kipp_qwen3_weights *w = &m->view.w;
+    for (uint32_t i = 0; m->lora_bufs && i < m->lora_tensors; i++) {
+        void *b = m->lora_bufs[i];
+        if (!b || b == w->token_embd.data) continue; /* the embedding lookup still reads it */
+        uint64_t freed = 0;
+        if (w->output.data == b) w->output.data = NULL, freed = w->output.nbytes;
+        for (uint32_t l = 0; l < m->view.dims.n_layer; l++) {
+            kipp_tensor_view *v = (kipp_tensor_view *)&m->layers[l];
+            for (unsigned j = 0; j < PER_LAYER; j++)
+                if (v[j].data == b) v[j].data = NULL, freed = v[j].nbytes;
+        }
+        kipp_aligned_free(b);
+        m->lora_bufs[i] = NULL;
+        m->lora_bytes -= freed;
+    }
+}

@@ -712,6 +712,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
         kipp_model_close(m);
         return rc;
     }
+    if (ops->packs_weights) kipp_lora_release_packed(m); /* merged copies the backend has repacked */
     *out = m;
     return KIPP_OK;
 }

@@ -333,6 +333,42 @@ static void test_tied_embedding_changes_lookup_only(void)
     unlink(path);
 }
 
+/* Through kipp_model_open: the cpu backend repacks the projections, so their merged copies
+ * are freed after it prepared (the embedding's stays: the lookup reads it); ref keeps all. */
+static void test_open_releases_what_the_backend_repacked(void)
+{
+    char path[64], emb[64], model[512], err[512] = "";
+    snprintf(model, sizeof model, "%s/synthetic-tiny-q8_0.gguf", th_models_dir());
+    write_adapter(path, "blk.0.attn_v.weight", 256, 4, 4, 1024);
+    write_adapter(emb, "token_embd.weight", 4, 151936, 4, 256);
+    kipp_lora_spec specs[2] = {{.path = path, .scale = 1.0f}, {.path = emb, .scale = 1.0f}};
+    const char *backends[2] = {"cpu", "ref"};
+    for (int b = 0; b < 2; b++) {
+        kipp_model_options o = {.n_threads = 1, .lora = specs, .n_lora = 2};
+        kipp_model *m = NULL;
+        int rc = kipp_model_open(model, backends[b], &o, &m, err, sizeof err);
+        CHECK(rc == 0, "%s: %s", backends[b], err);
+        if (rc) continue;
+        kipp_model_info info;
+        kipp_model_get_info(m, &info);
+        uint64_t v_bytes = 1024ull * 256 / 32 * 34, e_bytes = 151936ull * 256 * 2;
+        uint64_t want = b == 0 ? e_bytes : e_bytes + v_bytes;
+        CHECK(info.n_lora == 2 && info.lora_tensors == 2 && info.lora_bytes == want,
+              "%s: %u adapters, %u tensors, %llu bytes held; expected 2, 2, %llu", backends[b], info.n_lora,
+              info.lora_tensors, (unsigned long long)info.lora_bytes, (unsigned long long)want);
+        kipp_session *s = NULL;
+        float *logits = malloc(151936 * sizeof *logits);
+        uint32_t tok = 785;
+        rc = kipp_session_create(m, 64, &s, err, sizeof err);
+        if (!rc) rc = kipp_session_eval(s, &tok, 1, logits, err, sizeof err);
+        CHECK(rc == 0, "%s: eval after the release: %s", backends[b], err);
+        kipp_session_destroy(s);
+        free(logits);
+        kipp_model_close(m);
+    }
+    unlink(path), unlink(emb);
+}
+
 int main(void)
 {
     RUN(test_q8_0_unbiased);
@@ -343,5 +379,6 @@ int main(void)
     RUN(test_threads_do_not_change_bytes);
     RUN(test_model_merge_and_memory);
     RUN(test_tied_embedding_changes_lookup_only);
+    RUN(test_open_releases_what_the_backend_repacked);
     return th_finish();
 }
