@@ -190,7 +190,9 @@ static int merge_plan(kipp_model *m, const target_plan *tp, uint32_t n, const ki
 int kipp_lora_apply(kipp_model *m, const kipp_lora_spec *specs, uint32_t n, const kipp_lora_apply_opts *o,
                     char *err, size_t errlen)
 {
-    if (!m || (n && !specs) || !o) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_lora_apply: NULL argument");
+    if (n && !specs)
+        return kipp_err(err, errlen, KIPP_EINVAL, "n_lora is %u but lora is NULL; expected %u adapter specs", n, n);
+    if (!m || !o) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_lora_apply: NULL model or options");
     if (m->lora_bufs) return kipp_err(err, errlen, KIPP_EINVAL, "the model already has merged adapters; expected one apply");
     if (n == 0) return KIPP_OK;
     double t0 = now_ms();

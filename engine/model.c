@@ -685,9 +685,6 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     if (opts && opts->n_threads < 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_threads is %d, expected 0 (auto) or more",
                         opts->n_threads);
-    if (opts && opts->n_lora && !opts->lora)
-        return kipp_err(err, errlen, KIPP_EINVAL, "n_lora is %u but lora is NULL; expected %u adapter specs",
-                        opts->n_lora, opts->n_lora);
     kipp_model *m;
     int rc = kipp_model_load(path, &m, err, errlen);
     if (rc) return rc;
