@@ -298,3 +298,27 @@ def test_tied_embedding_adapter_changes_the_lookup_only(tmp_path):
     e, e_wrong = nmse(got, ref), nmse(got, wrong)
     print(f"tied embedding adapter: NMSE vs lookup-only oracle {e:.3g}, vs head-changed oracle {e_wrong:.3g}")
     assert e <= NMSE_BOUND and e_wrong > 100 * NMSE_BOUND
+
+
+def test_corrupted_adapters_are_refused_not_crashed(tmp_path):
+    """Seeded byte corruptions of a valid adapter (header, directory, data): every run ends in
+    a merge or a refusal with a message, never a signal."""
+    good = write_adapter(tmp_path / "good.gguf", q_pair(r=2))
+    raw = bytearray(good.read_bytes())
+    rng = np.random.Generator(np.random.PCG64(38))
+    data_start = len(raw) - 4 * 2 * (256 + 2048)
+    refused = 0
+    for i in range(40):
+        b = bytearray(raw)
+        hi = data_start if i % 4 else len(raw)  # mostly the header and directory, where the parsing is
+        for pos in rng.integers(0, hi, size=int(rng.integers(1, 4))):
+            b[pos] = int(rng.integers(0, 256))
+        p = tmp_path / f"c{i}.gguf"
+        p.write_bytes(bytes(b))
+        r = kipp("logits", "--model", str(gguf("synthetic-tiny.gguf")), "--prompt", "hi", "--out",
+                 str(tmp_path / "x.f32"), "--backend", "ref", "--threads", "1", "--lora", f"{p}:0.01")
+        assert r.returncode in (0, 1), f"corruption {i}: exit {r.returncode}\n{r.stderr}"
+        if r.returncode:
+            refused += 1
+            assert "LoRA adapter" in r.stderr and str(p) in r.stderr, r.stderr
+    assert refused > 0
