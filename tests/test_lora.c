@@ -248,8 +248,10 @@ static void put_u64(FILE *f, uint64_t v) { put(f, &v, 8); }
 static void put_str(FILE *f, const char *s) { put_u64(f, strlen(s)), put(f, s, strlen(s)); }
 static void put_kv_str(FILE *f, const char *k, const char *v) { put_str(f, k), put_u32(f, KIPP_GGUF_STRING), put_str(f, v); }
 
-/* A one-target F32 adapter GGUF (GGUF dims a [a0, a1], b [b0, b1]) in a temp file; the path in out. */
-static void write_adapter(char *out, const char *target, uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1)
+/* A one-target F32 adapter GGUF (GGUF dims a [a0, a1], b [b0, b1], alpha 4, values
+ * uniform in +-amp/2) in a temp file; the path in out; the values in a_out/b_out when non-NULL. */
+static void write_adapter_vals(char *out, const char *target, uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1,
+                               float amp, float *a_out, float *b_out)
 {
     strcpy(out, "/tmp/kipp_test_lora_XXXXXX");
     int fd = mkstemp(out);
@@ -270,15 +272,22 @@ static void write_adapter(char *out, const char *target, uint64_t a0, uint64_t a
     long pos = ftell(f);
     for (long i = pos; i % 32; i++) fputc(0, f);
     for (uint64_t i = 0; i < a0 * a1; i++) {
-        float v = (float)(urand() - 0.5) * 0.02f;
+        float v = (float)(urand() - 0.5) * amp;
+        if (a_out) a_out[i] = v;
         put(f, &v, 4);
     }
     for (uint64_t i = abytes; i < boff; i++) fputc(0, f);
     for (uint64_t i = 0; i < b0 * b1; i++) {
-        float v = (float)(urand() - 0.5) * 0.02f;
+        float v = (float)(urand() - 0.5) * amp;
+        if (b_out) b_out[i] = v;
         put(f, &v, 4);
     }
     fclose(f);
+}
+
+static void write_adapter(char *out, const char *target, uint64_t a0, uint64_t a1, uint64_t b0, uint64_t b1)
+{
+    write_adapter_vals(out, target, a0, a1, b0, b1, 0.02f, NULL, NULL);
 }
 
 static kipp_model *load(const char *name)
@@ -333,6 +342,53 @@ static void test_tied_embedding_changes_lookup_only(void)
     unlink(path);
 }
 
+/* Retained fraction of a small adapter on a model tensor (synthetic-tiny-q8_0 blk.1.ffn_up,
+ * [512][256]): sum((merged - file) * delta) / sum(delta^2), delta = alpha/r * B.A in double. */
+static double model_retained(kipp_lora_rounding rnd, double *delta_steps)
+{
+    enum { N_OUT = 512, N_IN = 256, R = 4 };
+    static float a[R * N_IN], b[N_OUT * R];
+    kipp_model *m = load("synthetic-tiny-q8_0.gguf");
+    if (!m) return NAN;
+    char path[64], err[512] = "";
+    rs = 0x5eed; /* the same factors for both roundings */
+    write_adapter_vals(path, "blk.1.ffn_up.weight", N_IN, R, R, N_OUT, 0.012f, a, b);
+    const uint8_t *file = m->layers[1].w_up.data;
+    kipp_lora_spec spec = {.path = path, .scale = 1.0f};
+    kipp_lora_apply_opts o = {.n_threads = 2, .rounding = rnd};
+    int rc = kipp_lora_apply(m, &spec, 1, &o, err, sizeof err);
+    CHECK(rc == 0, "apply: %s", err);
+    const uint8_t *merged = m->layers[1].w_up.data;
+    double num = 0, den = 0, steps = 0;
+    for (size_t r = 0; !rc && r < N_OUT; r++)
+        for (size_t c = 0; c < N_IN; c++) {
+            double dl = 0;
+            for (int k = 0; k < R; k++) dl += (double)b[r * R + k] * a[(size_t)k * N_IN + c];
+            dl *= 4.0 / R; /* alpha / r */
+            const uint8_t *fb = file + 34 * (r * (N_IN / 32) + c / 32), *mb = merged + 34 * (r * (N_IN / 32) + c / 32);
+            uint16_t fd, md;
+            memcpy(&fd, fb, 2), memcpy(&md, mb, 2);
+            double w = kipp_f16_to_f32(fd) * (int8_t)fb[2 + c % 32], w2 = kipp_f16_to_f32(md) * (int8_t)mb[2 + c % 32];
+            num += (w2 - w) * dl;
+            den += dl * dl;
+            steps += fabs(dl) / kipp_f16_to_f32(fd);
+        }
+    *delta_steps = steps / (N_OUT * N_IN);
+    kipp_model_close(m);
+    unlink(path);
+    return num / den;
+}
+
+static void test_model_retained_fraction(void)
+{
+    double s1, s2, rn = model_retained(KIPP_LORA_NEAREST, &s1), rst = model_retained(KIPP_LORA_STOCHASTIC, &s2);
+    printf("  synthetic-tiny-q8_0 blk.1.ffn_up, adapter |delta| %.3f steps on average: retained nearest %.3f, "
+           "stochastic %.3f\n", s1, rn, rst);
+    CHECK(s1 < 0.5 && s1 == s2, "the fixture is not a small adapter: mean |delta| %.3f steps", s1);
+    CHECK(fabs(rst - 1.0) < 0.15, "stochastic rounding kept %.3f of a small adapter, expected 1 +- 0.15", rst);
+    CHECK(rn < 0.5 * rst, "nearest rounding kept %.3f, not well below stochastic %.3f", rn, rst);
+}
+
 /* Through kipp_model_open: the cpu backend repacks the projections, so their merged copies
  * are freed after it prepared (the embedding's stays: the lookup reads it); ref keeps all. */
 static void test_open_releases_what_the_backend_repacked(void)
@@ -380,5 +436,6 @@ int main(void)
     RUN(test_model_merge_and_memory);
     RUN(test_tied_embedding_changes_lookup_only);
     RUN(test_open_releases_what_the_backend_repacked);
+    RUN(test_model_retained_fraction);
     return th_finish();
 }
