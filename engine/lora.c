@@ -98,8 +98,7 @@ static int factor_type_ok(uint32_t t)
     return t == KIPP_TTYPE_F32 || t == KIPP_TTYPE_F16 || t == KIPP_TTYPE_BF16;
 }
 
-/* Element i of a factor stored as F32, F16 or BF16. */
-static float factor_at(const void *p, uint32_t type, size_t i)
+float kipp_lora_factor_at(const void *p, uint32_t type, size_t i)
 {
     if (type == KIPP_TTYPE_F32) {
         float f;
@@ -168,9 +167,9 @@ static int check_finite(const kipp_gguf_tensor *t, char *err, size_t errlen)
 {
     size_t n = (size_t)(t->dims[0] * t->dims[1]);
     for (size_t i = 0; i < n; i++)
-        if (!isfinite(factor_at(t->data, t->type, i)))
+        if (!isfinite(kipp_lora_factor_at(t->data, t->type, i)))
             return kipp_err(err, errlen, KIPP_ENUMERIC, "tensor '%.*s' holds %g at element %zu, expected finite values",
-                            SHOW(t->name), (double)factor_at(t->data, t->type, i), i);
+                            SHOW(t->name), (double)kipp_lora_factor_at(t->data, t->type, i), i);
     return KIPP_OK;
 }
 

@@ -60,6 +60,9 @@ int kipp_lora_open(const char *path, float scale, const kipp_model *m, kipp_lora
 int kipp_lora_open_image(const void *buf, size_t size, float scale, const kipp_model *m, kipp_lora **out,
                          char *err, size_t errlen);
 
+/** Element i of a factor stored as F32, F16 or BF16 (type: GGUF id), as FP32; p may be unaligned. */
+float kipp_lora_factor_at(const void *p, uint32_t type, size_t i);
+
 /** Release an adapter; NULL is accepted. */
 void kipp_lora_close(kipp_lora *a);
 

@@ -35,19 +35,6 @@ static uint64_t mem_available(void)
     return (uint64_t)kb * 1024u;
 }
 
-/* Element i of a factor (F32, F16 or BF16) as FP32. */
-static float fac(const void *p, uint32_t type, size_t i)
-{
-    if (type == KIPP_TTYPE_F32) {
-        float f;
-        memcpy(&f, (const char *)p + 4 * i, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)p + 2 * i, 2);
-    return type == KIPP_TTYPE_F16 ? kipp_f16_to_f32(h) : kipp_bf16_to_f32(h);
-}
-
 /* The FP32 term of one pair on its [rows][cols] target: p [rows][r] (factor folded in), q [r][cols].
  * Ordinary: p = factor*b, q = a. token_embd: p = factor*a (one row per token), q = b transposed. */
 static int make_term(const kipp_lora_pair *pr, uint64_t rows, uint64_t cols, kipp_lora_term *t)
@@ -60,10 +47,11 @@ static int make_term(const kipp_lora_pair *pr, uint64_t rows, uint64_t cols, kip
     }
     const void *ps = pr->embed ? pr->a : pr->b;
     uint32_t pt = pr->embed ? pr->a_type : pr->b_type;
-    for (size_t i = 0; i < rows * r; i++) p[i] = pr->factor * fac(ps, pt, i);
+    for (size_t i = 0; i < rows * r; i++) p[i] = pr->factor * kipp_lora_factor_at(ps, pt, i);
     for (uint32_t k = 0; k < r; k++)
         for (uint64_t j = 0; j < cols; j++)
-            q[(size_t)k * cols + j] = pr->embed ? fac(pr->b, pr->b_type, j * r + k) : fac(pr->a, pr->a_type, (size_t)k * cols + j);
+            q[(size_t)k * cols + j] = pr->embed ? kipp_lora_factor_at(pr->b, pr->b_type, j * r + k)
+                                                : kipp_lora_factor_at(pr->a, pr->a_type, (size_t)k * cols + j);
     *t = (kipp_lora_term){.p = p, .q = q, .r = r};
     return KIPP_OK;
 }
