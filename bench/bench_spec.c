@@ -311,7 +311,7 @@ static int parse_args(int argc, char **argv, options *o)
 
 static int open_model(bench_ctx *b, const options *o, char *err, size_t errlen)
 {
-    kipp_model_options mo = {o->threads};
+    kipp_model_options mo = {.n_threads = o->threads};
     int rc = kipp_model_open(o->model, o->backend, &mo, &b->m, err, errlen);
     if (rc) return rc;
     kipp_model_get_info(b->m, &b->info);

@@ -33,7 +33,7 @@ double cli_now(void)
 
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
 {
-    kipp_model_options mo = {o->threads};
+    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora};
     char err[512];
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
@@ -43,6 +43,9 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
     }
     kipp_model_info info;
     kipp_model_get_info(*out, &info);
+    if (info.n_lora)
+        fprintf(stderr, "kipp %s: merged %u LoRA adapter(s) into %u tensors (%.1f MiB private RAM) in %.0f ms\n", cmd,
+                info.n_lora, info.lora_tensors, info.lora_bytes / 1048576.0, info.lora_merge_ms);
     rc = 0;
     for (size_t i = 0; i < o->sp.n_logit_bias && !rc; i++)
         if (o->bias[i].token >= info.vocab_size) {

@@ -61,6 +61,8 @@ static const opt_def OPTS[] = {
     {"--frequency-penalty", "F", C_SAMPLE, "in [-2, 2]; default 0"},
     {"--presence-penalty", "F", C_SAMPLE, "in [-2, 2]; default 0"},
     {"--logit-bias", "ID=BIAS", C_SAMPLE, "add BIAS in [-100, 100] to token ID's logit; repeatable, at most 64"},
+    {"--lora", "PATH[:SCALE]", C_ALL, "merge a LoRA adapter GGUF into the weights at load, scaled (default 1);\n"
+                                     "      repeatable, at most 8 (their deltas add up)"},
     {"--help", NULL, C_ALL, "print this help and exit"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -160,6 +162,19 @@ static int parse_bias(const char *cmd, const char *v, cli_gen_opts *o)
     return 0;
 }
 
+/* "--lora PATH[:SCALE]": one adapter merged at open (kipp_lora_parse_arg). */
+static int parse_lora(const char *cmd, const char *v, cli_gen_opts *o)
+{
+    char err[256];
+    if (o->n_lora >= CLI_MAX_LORA) return bad_arg(cmd, "--lora", v, "at most 8 adapters");
+    if (kipp_lora_parse_arg(v, &o->lora[o->n_lora], o->lora_path[o->n_lora], CLI_LORA_PATH, err, sizeof err)) {
+        cli_errorf(cmd, "%s", err);
+        return 2;
+    }
+    o->n_lora++;
+    return 0;
+}
+
 static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_opts *o)
 {
     uint64_t u = 0;
@@ -207,6 +222,7 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--out")) o->out = v;
     else if (!strcmp(f, "--system")) o->system = v;
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
+    else if (!strcmp(f, "--lora")) return parse_lora(cmd, v, o);
     else return parse_int_opt(cmd, f, v, o);
     return 0;
 }

@@ -16,6 +16,8 @@
 #define CLI_MAX_BIAS 64 /* --logit-bias entries */
 #define CLI_MAX_THREADS 1024 /* --threads upper bound; the cpu thread pool's own limit (cpu_threadpool.c) */
 #define CLI_DEFAULT_MAX_TOKENS 128u
+#define CLI_MAX_LORA 8 /* --lora entries */
+#define CLI_LORA_PATH 4096 /* bytes of one --lora path */
 #define CLI_HELP_SHOWN (-1) /* cli_gen_parse printed --help: exit 0 */
 
 /** Options common to the three commands; filled by cli_gen_parse. */
@@ -42,6 +44,9 @@ typedef struct {
     kipp_sample_params sp;    /* --temperature/--top-p/--top-k/--min-p/--repeat-penalty/... */
     kipp_logit_bias bias[CLI_MAX_BIAS]; /* --logit-bias ID=B, repeatable; sp.logit_bias points here */
     const char *bias_arg[CLI_MAX_BIAS]; /* each --logit-bias as written */
+    kipp_lora_spec lora[CLI_MAX_LORA];  /* --lora PATH[:SCALE], repeatable; paths in lora_path */
+    char lora_path[CLI_MAX_LORA][CLI_LORA_PATH];
+    uint32_t n_lora;
 } cli_gen_opts;
 
 /**

@@ -118,6 +118,14 @@ typedef struct {
                                  char *err, size_t errlen);
     /** Copy slab block src to dst (K and V of every layer): copy-on-truncate of a shared block. */
     void (*pool_copy_block)(void *backend_model, uint32_t src, uint32_t dst);
+    /**
+     * 1 when model_create copies the seven per-layer projections and the output
+     * head into the backend's own layout and never reads those views afterwards
+     * (only token_embd and the norms stay read through the view); the engine
+     * may then free private copies behind them (LoRA-merged tensors). 0: every
+     * view must stay valid for the model's life.
+     */
+    int packs_weights;
 } kipp_backend_ops;
 
 /** Backends known to the engine (engine/backends.c); NULL when name is unknown. */

@@ -34,6 +34,11 @@ struct kipp_model {
     struct kipp_kv_pool *pool;     /* pooled models: block bookkeeping of the backend's KV slab; else NULL */
     uint32_t n_sessions;           /* live sessions (a pool can only be enabled at 0) */
     struct kipp_vocab_index *gvi;  /* constrained output's vocabulary index, built on first use (grammar_vocab.c) */
+    void **lora_bufs;              /* [lora_tensors] merged tensors (kipp_aligned_alloc), owned; views point here */
+    uint32_t n_lora;               /* adapters merged at open */
+    uint32_t lora_tensors;         /* tensors replaced by merged copies */
+    uint64_t lora_bytes;           /* bytes of lora_bufs */
+    double lora_merge_ms;          /* wall time of kipp_lora_apply, ms */
 };
 
 /**

@@ -36,9 +36,33 @@ const char *kipp_strerror(int code);
 typedef struct kipp_model kipp_model;
 typedef struct kipp_session kipp_session;
 
+/**
+ * One LoRA adapter to merge at open (issue 38): a llama.cpp-layout adapter
+ * GGUF (general.type "adapter", adapter.type "lora", .lora_a/.lora_b pairs;
+ * tools/convert_lora_to_gguf.py writes one from a PEFT directory) and the
+ * factor its delta is multiplied by (1 = as trained, 0 = the file unchanged).
+ */
+typedef struct {
+    const char *path; /* adapter GGUF; read at open, not kept */
+    float scale;      /* finite; delta = scale * alpha / r * B.A */
+} kipp_lora_spec;
+
+/**
+ * Parse a --lora argument "PATH[:SCALE]" into *out (out->path points into arg).
+ * The text after the last ':' is the scale when it parses as a finite number,
+ * else the whole argument is the path and the scale is 1. KIPP_EINVAL (empty
+ * path, empty or non-finite scale after ':'), with a sentence in err.
+ */
+int kipp_lora_parse_arg(const char *arg, kipp_lora_spec *out, char *path_buf, size_t path_cap,
+                        char *err, size_t errlen);
+
 /** Options for kipp_model_open; zero-initialise for defaults. */
 typedef struct {
     int n_threads; /* worker threads for the backend; 0 = one per physical core */
+    /* LoRA adapters merged into the weights at open, before the backend packs
+     * them: [n_lora] specs, in order (their deltas add up). NULL/0 = none. */
+    const kipp_lora_spec *lora;
+    uint32_t n_lora;
 } kipp_model_options;
 
 /**
@@ -48,8 +72,13 @@ typedef struct {
  * Backend "none" opens without a backend: info, tensor table, tokenizer and
  * chat work, sessions are refused (KIPP_EBACKEND); `kipp inspect` and
  * `kipp tokenize` use it on files they only read. opts may be NULL. On success *out owns the mapping; release with
- * kipp_model_close. Errors: KIPP_EIO, KIPP_EFORMAT (with the loader's reason),
- * KIPP_EBACKEND (unknown backend name), KIPP_ENOMEM.
+ * kipp_model_close. opts->lora adapters are validated against the model and
+ * merged into private copies of their target tensors before the backend sees
+ * the weights (engine/lora.c). Errors: KIPP_EIO, KIPP_EFORMAT (with the
+ * loader's reason, or the adapter's: naming the tensor and the expectation),
+ * KIPP_EBACKEND (unknown backend name), KIPP_EINVAL (a bad scale),
+ * KIPP_ENUMERIC (non-finite adapter values), KIPP_ENOMEM (also: the merged
+ * copies do not fit the available RAM, with the numbers).
  */
 int kipp_model_open(const char *path, const char *backend, const kipp_model_options *opts,
                     kipp_model **out, char *err, size_t errlen);
@@ -124,6 +153,11 @@ typedef struct {
     uint64_t n_tensors;          /* entries of the tensor table (kipp_model_tensor) */
     uint64_t data_offset;        /* file offset of the tensor data section */
     uint32_t kv_pool_blocks;     /* 32-position blocks of the shared KV pool; 0 = not pooled */
+    uint32_t n_lora;             /* adapters merged at open (kipp_model_options.lora) */
+    uint32_t lora_tensors;       /* weight tensors they changed (each merged once) */
+    uint64_t lora_bytes;         /* private RAM the merged tensors still hold, bytes (a backend that repacks
+                                  * the projections lets the engine free their merged copies) */
+    double lora_merge_ms;        /* wall time of the merge (load + validate + merge), ms */
 } kipp_model_info;
 
 /** Fill *info for an open model. Never fails for a valid model. */

@@ -22,6 +22,7 @@
 #include "engine/internal.h"
 #include "engine/grammar_impl.h"
 #include "engine/kv_pool.h"
+#include "engine/lora.h"
 #include "kernels/formats.h"
 
 #define KIPP_FORMAT_VERSION 1u
@@ -687,6 +688,11 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     kipp_model *m;
     int rc = kipp_model_load(path, &m, err, errlen);
     if (rc) return rc;
+    /* Before the backend packs the weights: it then sees ordinary (merged) tensors. */
+    if (opts && opts->n_lora && (rc = kipp_lora_apply_open(m, opts, err, errlen))) {
+        kipp_model_close(m);
+        return rc;
+    }
     if (!ops) { /* "none": read-only use of the file, no weights touched */
         *out = m;
         return KIPP_OK;
@@ -703,6 +709,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
         kipp_model_close(m);
         return rc;
     }
+    if (ops->packs_weights) kipp_lora_release_packed(m); /* merged copies the backend has repacked */
     *out = m;
     return KIPP_OK;
 }
@@ -717,6 +724,7 @@ void kipp_model_close(kipp_model *m)
     free(m->tok_added_ids);
     free(m->tok_strs);
     free(m->layers);
+    kipp_lora_release(m);
     kipp_gguf_free(&m->gguf);
     if (m->map) munmap(m->map, m->map_size);
     free(m);
@@ -751,6 +759,10 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->n_tensors = m->gguf.n_tensors;
     info->data_offset = m->gguf.data_offset;
     info->kv_pool_blocks = m->pool ? kipp_kv_pool_total(m->pool) : 0;
+    info->n_lora = m->n_lora;
+    info->lora_tensors = m->lora_tensors;
+    info->lora_bytes = m->lora_bytes;
+    info->lora_merge_ms = m->lora_merge_ms;
 }
 
 int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)

@@ -22,6 +22,8 @@
 #define KIPP_GIT_SHA "unknown"
 #endif
 
+#define SERVE_MAX_LORA 8 /* --lora entries */
+
 typedef struct {
     const char *model, *backend, *host, *alias, *api_key, *cors_origin;
     int protect_ops, access_log;
@@ -29,6 +31,9 @@ typedef struct {
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
     int no_spec;              /* --no-spec */
+    kipp_lora_spec lora[SERVE_MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
+    char lora_path[SERVE_MAX_LORA][4096];
+    uint32_t n_lora;
 } serve_opts;
 
 typedef struct {
@@ -49,6 +54,8 @@ static void usage(FILE *f)
             "  --alias NAME       the served model name: responses' \"model\", first in /v1/models; the\n"
             "                     checkpoint id (and the file's base name) stay accepted\n"
             "  --threads N        backend threads, 0 = one per physical core (default)\n"
+            "  --lora PATH[:SCALE]  merge a LoRA adapter GGUF into the weights at load, scaled (default 1);\n"
+            "                     repeatable, at most 8 (their deltas add up)\n"
             "  --ctx N            tokens per choice (prompt + output), default min(8192, model context);\n"
             "                     0: measure this machine, print the plan (`kipp plan`) and use its context\n"
             "  --max-batch N      active choices per step, 8..64, default 16\n"
@@ -115,6 +122,14 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!strcmp(a, "--alias")) { o->alias = v; continue; }
         if (!strcmp(a, "--api-key")) { o->api_key = v; continue; }
         if (!strcmp(a, "--cors-origin")) { o->cors_origin = v; continue; }
+        if (!strcmp(a, "--lora")) {
+            char err[256];
+            if (o->n_lora >= SERVE_MAX_LORA) return fprintf(stderr, "kipp-serve: --lora '%s': at most 8 adapters\n", v), 2;
+            if (kipp_lora_parse_arg(v, &o->lora[o->n_lora], o->lora_path[o->n_lora], sizeof o->lora_path[0], err, sizeof err))
+                return fprintf(stderr, "kipp-serve: %s\n", err), 2;
+            o->n_lora++;
+            continue;
+        }
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].flag)) k++;
         if (k == sizeof ints / sizeof ints[0]) return fprintf(stderr, "kipp-serve: unknown option '%s' (see --help)\n", a), 2;
@@ -321,7 +336,7 @@ int main(int argc, char **argv)
     serve_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
-    kipp_model_options mo = {(int)o.threads};
+    kipp_model_options mo = {.n_threads = (int)o.threads, .lora = o.lora, .n_lora = o.n_lora};
     kipp_model *m = NULL;
     char err[512];
     /* Pooled by default (seed 000: the server uses pooled models on CPU): --kv-pool-mib N sizes the pool
@@ -332,6 +347,11 @@ int main(int argc, char **argv)
         serve_log("%s", err);
         return 1;
     }
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    if (info.n_lora)
+        serve_log("merged %u LoRA adapter(s) into %u tensors (%.1f MiB private RAM) in %.0f ms", info.n_lora,
+                  info.lora_tensors, info.lora_bytes / 1048576.0, info.lora_merge_ms);
     rc = run(&o, m);
     kipp_model_close(m);
     return rc;

@@ -283,11 +283,11 @@ TINY = ["--model", str(REPO_ROOT / "build" / "models" / "synthetic-tiny.gguf"), 
 OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
-                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed"},
+                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
-             "--presence-penalty", "--logit-bias", "--help"},
-    "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help"},
+             "--presence-penalty", "--logit-bias", "--help", "--lora"},
+    "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora"},
 }
 ALL_OPTS = set().union(*OWN.values())
 

@@ -35,7 +35,7 @@ static int tm_open(tm *t, const char *file, int n_threads, const char *what)
 {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s", th_models_dir(), file);
-    kipp_model_options o = {n_threads};
+    kipp_model_options o = {.n_threads = n_threads};
     int rc = kipp_model_open(path, "cpu", &o, &t->m, err, sizeof err);
     CHECK(rc == 0, "open %s: %s", path, err);
     if (rc) return rc;

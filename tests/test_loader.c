@@ -268,7 +268,7 @@ static void test_open_backends(void)
     int rc = kipp_model_open(tmp, "nope", NULL, &m, err, sizeof err);
     CHECK(rc == KIPP_EBACKEND && m == NULL, "unknown backend: rc %d", rc);
     CHECK(strstr(err, "'nope'") && strstr(err, "ref") && strstr(err, "cpu"), "message: %s", err);
-    kipp_model_options o = {-1};
+    kipp_model_options o = {.n_threads = -1};
     rc = kipp_model_open(tmp, "cpu", &o, &m, err, sizeof err);
     CHECK(rc == KIPP_EINVAL && strstr(err, "n_threads is -1"), "negative threads: %d %s", rc, err);
     rc = kipp_model_open(tmp, NULL, NULL, &m, err, sizeof err); /* NULL = "cpu" */

@@ -568,4 +568,5 @@ const kipp_backend_ops cpu_backend_ops = {
     .pool_create = cpu_pool_create,
     .session_create_pooled = cpu_session_create_pooled,
     .pool_copy_block = cpu_pool_copy_block,
+    .packs_weights = 1, /* pack_weights: projections and head repacked; forward reads embd and norms only */
 };
