@@ -100,9 +100,9 @@ FORCE:
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-# kipp-serve (server/): HTTP via libmicrohttpd, over the public engine API only.
+# kipp-serve (server/): HTTP via libmicrohttpd, KV events via libzmq (--kv-events), over the public engine API only.
 $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
-	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd $(LDLIBS) -o $@
+	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
 
 # test_serve_text checks the server's text view: link those server objects too.
 $(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_tools.o
