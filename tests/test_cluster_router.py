@@ -59,3 +59,27 @@ def test_router_forwards_exactly_and_routes_by_prefix(synthetic_gguf):
             assert r["status"] == 200 and r["done"] and not r["error"], r
         alive = [f for f in reps.pool_figures() if f["alive"]]
         assert len(alive) == 1 and alive[0]["requests_ok"] >= 3
+
+
+def test_router_extension_fields_only_at_kipps_behaviour(synthetic_gguf):
+    """The fields vllm-router adds to forwarded bodies (seen on the wire: it
+    re-serialises every request) are accepted at their defaults, which are what
+    Kipp does, and refused by name at any other value."""
+    comp = {"no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False}
+    chat = {**comp, "continue_final_message": False, "separate_reasoning": True, "stream_reasoning": True,
+            "include_reasoning": True}
+    with Replicas(synthetic_gguf("synthetic-tiny"), 1, *ARGS) as reps:
+        port = reps.servers[0].port
+        plain = http_json(port, "POST", "/v1/completions", _body(0, 0))[1]
+        st, got = http_json(port, "POST", "/v1/completions", {**_body(0, 0), **comp})
+        assert st == 200 and got["choices"][0]["text"] == plain["choices"][0]["text"], got
+        msgs = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        st, got = http_json(port, "POST", "/v1/chat/completions", {**msgs, **chat})
+        assert st == 200, got
+        for k, v in {**comp, "include_reasoning": True}.items():
+            path = "/v1/chat/completions" if k == "include_reasoning" else "/v1/completions"
+            base = msgs if k == "include_reasoning" else _body(0, 0)
+            st, got = http_json(port, "POST", path, {**base, k: not v})
+            assert st == 400 and got["error"]["param"] == k and f"expected {str(v).lower()}" in got["error"]["message"], got
+        st, got = http_json(port, "POST", "/v1/completions", {**_body(0, 0), "include_reasoning": True})
+        assert st == 400 and "not supported by /v1/completions" in got["error"]["message"], got
