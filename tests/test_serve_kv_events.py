@@ -21,6 +21,7 @@ import subprocess
 import time
 
 import msgpack
+import msgspec
 import xxhash
 import zmq
 
@@ -58,6 +59,7 @@ class Subscriber:
         self.seqs: list[int] = []
         self.events: list[list] = []
         self.index: dict[int, tuple[int | None, list[int]]] = {}
+        self.payloads: list[bytes] = []
         self.removed = 0
         self.cleared = 0
 
@@ -82,6 +84,7 @@ class Subscriber:
             topic, seq, payload = frames
             assert topic == b"" and len(seq) == 8
             self.seqs.append(int.from_bytes(seq, "big"))
+            self.payloads.append(payload)
             self._apply(msgpack.unpackb(payload, raw=False))
 
     def _apply(self, batch) -> None:
@@ -207,6 +210,83 @@ def test_kv_events_stored_match_prompts_and_predict_reuse(synthetic_gguf):
             assert len(sub.index) == published, (len(sub.index), published)
         finally:
             sub.close()
+
+
+# KVEventBatch as vLLM declares it with msgspec (vllm/distributed/kv_events.py):
+# array_like structs, events tagged by class name. The "v0" types are the first
+# release's shape (no medium, no data_parallel_rank), the "v1" types the later one.
+class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class _StoredV0(_Event, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+
+
+class _RemovedV0(_Event, tag="BlockRemoved"):
+    block_hashes: list[int]
+
+
+class _StoredV1(_StoredV0, tag="BlockStored"):
+    medium: str | None
+
+
+class _RemovedV1(_RemovedV0, tag="BlockRemoved"):
+    medium: str | None
+
+
+class _Cleared(_Event, tag="AllBlocksCleared"):
+    pass
+
+
+class _BatchV0(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[_StoredV0 | _RemovedV0 | _Cleared]
+
+
+class _BatchV1(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[_StoredV1 | _RemovedV1 | _Cleared]
+    data_parallel_rank: int | None = None
+
+
+def test_kv_events_decode_with_vllms_msgspec_types(synthetic_gguf):
+    """Every payload decodes with the msgspec types vLLM's own subscriber uses,
+    in both shapes vLLM has shipped, to the same events msgpack saw."""
+    port = _free_port()
+    sub = None
+    try:
+        with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "256", "--kv-pool-mib", "3",
+                    "--kv-events", f"tcp://*:{port}") as s:
+            sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=False)
+            sub.settle()
+            for k in range(5):  # 3 blocks each into a 12-block pool: stores, then evictions
+                _complete(s, _prompt(20 + k, 100))
+                sub.pump()
+        sub.pump(quiet=1.5)
+    finally:
+        if sub:
+            sub.close()
+    kinds = {ev[0] for ev in sub.events}
+    assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}, kinds
+    tags = {_StoredV0: "BlockStored", _StoredV1: "BlockStored", _RemovedV0: "BlockRemoved", _RemovedV1: "BlockRemoved",
+            _Cleared: "AllBlocksCleared"}
+    for medium, typ in ((True, _BatchV1), (False, _BatchV0)):
+        n = 0
+        for raw in sub.payloads:
+            batch = msgspec.msgpack.decode(raw, type=typ)
+            assert not medium or batch.data_parallel_rank == 0
+            for ev in batch.events:
+                assert tags[type(ev)] == sub.events[n][0]
+                if tags[type(ev)] == "BlockStored":
+                    assert ev.block_hashes == sub.events[n][1] and ev.token_ids == sub.events[n][3] and ev.block_size == 32
+                    assert not medium or ev.medium == "CPU"
+                n += 1
+        assert n == len(sub.events)
 
 
 def test_kv_events_removed_on_eviction_and_cleared_at_exit(synthetic_gguf):
