@@ -26,6 +26,7 @@ typedef struct {
 
 struct serve_kv_events {
     void *zctx, *pub;           /* ZeroMQ context and PUB socket (only the thread sends) */
+    int map_form;               /* SERVE_KV_EVENTS_MAP: structs as maps (newer vLLM), else arrays */
     pthread_t th;
     pthread_mutex_t mu;         /* guards the fields below */
     pthread_cond_t cv;
@@ -84,6 +85,8 @@ static void mp_array(mp_buf *b, uint32_t n)
     else mp_tagged(b, 0xdd, n, 4);
 }
 
+static void mp_map(mp_buf *b, uint32_t n) { mp_tagged(b, (uint8_t)(0x80 | n), 0, 0); /* n < 16 here */ }
+
 static void mp_nil(mp_buf *b) { mp_tagged(b, 0xc0, 0, 0); }
 
 static void mp_str(mp_buf *b, const char *s)
@@ -116,42 +119,64 @@ static size_t run_end(const kipp_kv_event *ev, size_t n, size_t i)
     return j;
 }
 
-int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, uint8_t **out, size_t *out_len)
+/* An event struct of n fields: a map (msgspec's "type" tag first) or an
+ * array (the tag as its first element). */
+static void st_begin(mp_buf *b, int map_form, const char *tag, uint32_t n)
 {
+    if (map_form) mp_map(b, n + 1), mp_str(b, "type");
+    else mp_array(b, n + 1);
+    mp_str(b, tag);
+}
+
+/* The next field's name (maps only). */
+static void st_key(mp_buf *b, int map_form, const char *name)
+{
+    if (map_form) mp_str(b, name);
+}
+
+int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, int format, uint8_t **out, size_t *out_len)
+{
+    int mf = format == SERVE_KV_EVENTS_MAP;
     size_t n_runs = 0;
     for (size_t i = 0; i < n; i = run_end(ev, n, i)) n_runs++;
     mp_buf b = {0};
-    mp_array(&b, 3);
+    mp_array(&b, 3); /* the batch is array_like in both shapes */
     mp_f64(&b, ts);
     mp_array(&b, (uint32_t)n_runs);
     for (size_t i = 0, j; i < n; i = j) {
         j = run_end(ev, n, i);
         if (ev[i].kind == KIPP_KV_EVENT_STORED) {
-            mp_array(&b, 8);
-            mp_str(&b, "BlockStored");
+            st_begin(&b, mf, "BlockStored", 7);
+            st_key(&b, mf, "block_hashes");
             mp_array(&b, (uint32_t)(j - i));
             for (size_t k = i; k < j; k++) mp_uint(&b, ev[k].hash);
+            st_key(&b, mf, "parent_block_hash");
             if (ev[i].has_parent) mp_uint(&b, ev[i].parent_hash);
             else mp_nil(&b);
+            st_key(&b, mf, "token_ids");
             mp_array(&b, (uint32_t)((j - i) * ev[i].block_tokens));
             for (size_t k = i; k < j; k++)
                 for (uint32_t t = 0; t < ev[k].block_tokens; t++) mp_uint(&b, ev[k].token_ids[t]);
+            st_key(&b, mf, "block_size");
             mp_uint(&b, ev[i].block_tokens);
-            mp_nil(&b);        /* lora_id: no adapters */
-            mp_str(&b, "CPU"); /* medium */
-            mp_nil(&b);        /* lora_name: newer vLLM decoders want it, older ones ignore trailing fields */
+            st_key(&b, mf, "lora_id");
+            mp_nil(&b); /* no adapters */
+            st_key(&b, mf, "medium");
+            mp_str(&b, "CPU");
+            st_key(&b, mf, "lora_name");
+            mp_nil(&b); /* newer vLLM decoders want it, older ones ignore trailing fields */
         } else if (ev[i].kind == KIPP_KV_EVENT_REMOVED) {
-            mp_array(&b, 3);
-            mp_str(&b, "BlockRemoved");
+            st_begin(&b, mf, "BlockRemoved", 2);
+            st_key(&b, mf, "block_hashes");
             mp_array(&b, (uint32_t)(j - i));
             for (size_t k = i; k < j; k++) mp_uint(&b, ev[k].hash);
+            st_key(&b, mf, "medium");
             mp_str(&b, "CPU");
         } else {
-            mp_array(&b, 1);
-            mp_str(&b, "AllBlocksCleared");
+            st_begin(&b, mf, "AllBlocksCleared", 0);
         }
     }
-    mp_uint(&b, 0); /* data_parallel_rank: one engine per replica */
+    mp_uint(&b, 0); /* one engine per replica */
     if (b.oom) {
         free(b.p);
         return -1;
@@ -200,7 +225,9 @@ static void send_batch(serve_kv_events *k, kv_item *items, size_t n, uint64_t se
             ev[i] = items[i].ev;
             if (ev[i].kind == KIPP_KV_EVENT_STORED) ev[i].token_ids = items[i].ids;
         }
-        if (serve_kv_events_encode(ev, n, wall_seconds(), &payload, &len)) payload = NULL;
+        if (serve_kv_events_encode(ev, n, wall_seconds(), k->map_form ? SERVE_KV_EVENTS_MAP : SERVE_KV_EVENTS_ARRAY,
+                                   &payload, &len))
+            payload = NULL;
     }
     free(ev);
     if (!payload) {
@@ -293,11 +320,12 @@ void serve_kv_events_on_event(void *ctx, const kipp_kv_event *ev)
     pthread_mutex_unlock(&k->mu);
 }
 
-serve_kv_events *serve_kv_events_start(const char *ep, char *err, size_t errlen)
+serve_kv_events *serve_kv_events_start(const char *ep, int format, char *err, size_t errlen)
 {
     if (serve_kv_events_check(ep, err, errlen)) return NULL;
     serve_kv_events *k = calloc(1, sizeof *k);
     if (!k) return snprintf(err, errlen, "out of memory for the KV event publisher"), NULL;
+    k->map_form = format == SERVE_KV_EVENTS_MAP;
     k->zctx = zmq_ctx_new();
     k->pub = k->zctx ? zmq_socket(k->zctx, ZMQ_PUB) : NULL;
     int bind = strchr(ep, '*') || strstr(ep, "::"); /* vLLM's rule: wildcards bind, anything else connects */

@@ -13,6 +13,11 @@
  *   ["BlockStored", [hash...], parent_hash | nil, [token id...], 32, nil (lora_id), "CPU", nil (lora_name)]
  *   ["BlockRemoved", [hash...], "CPU"]
  *   ["AllBlocksCleared"]
+ * That is vLLM's shape through its array_like releases, which llm-d's indexer
+ * decodes. Later vLLM encodes the events as maps tagged by a "type" key
+ * ({"type": "BlockStored", "block_hashes": ..., "medium": "CPU", ...}) in the
+ * same array batch, which is what vllm-router's kv_aware index decodes;
+ * --kv-events-format map selects that shape.
  * Consecutive stored blocks of one chain become one BlockStored (its token
  * ids are the blocks' ids in order), as vLLM sends a request's new blocks.
  * Hashes are Kipp's 64-bit chain hashes (kipp_kv_event), sent as integers,
@@ -33,6 +38,9 @@
 
 typedef struct serve_kv_events serve_kv_events;
 
+/** How structs are encoded: msgspec array_like (vLLM's first releases) or maps (newer vLLM). */
+enum { SERVE_KV_EVENTS_ARRAY = 0, SERVE_KV_EVENTS_MAP = 1 };
+
 /**
  * Check a --kv-events endpoint: "tcp://HOST:PORT" with HOST "*", an address
  * or a name, and PORT 1..65535. 0, or -1 with err naming the value and what
@@ -45,9 +53,9 @@ int serve_kv_events_check(const char *endpoint, char *err, size_t errlen);
  * endpoint whose host is "*" or an IPv6 wildcard ("::") is bound (subscribers
  * connect to this replica); any other is connected to (a subscriber that binds,
  * as llm-d's indexer does). NULL with err filled on a bad endpoint or a socket
- * error.
+ * error. format: SERVE_KV_EVENTS_ARRAY or SERVE_KV_EVENTS_MAP.
  */
-serve_kv_events *serve_kv_events_start(const char *endpoint, char *err, size_t errlen);
+serve_kv_events *serve_kv_events_start(const char *endpoint, int format, char *err, size_t errlen);
 
 /** The kipp_kv_event_fn to register with ctx = the publisher: queues a copy of ev. */
 void serve_kv_events_on_event(void *ctx, const kipp_kv_event *ev);
@@ -59,9 +67,10 @@ void serve_kv_events_on_event(void *ctx, const kipp_kv_event *ev);
 void serve_kv_events_stop(serve_kv_events *k);
 
 /**
- * Encode events ev[n] as one KVEventBatch payload at time ts into a malloc'd
- * buffer (*out, *out_len). 0, or -1 when out of memory. Exposed for tests.
+ * Encode events ev[n] as one KVEventBatch payload at time ts in format
+ * (SERVE_KV_EVENTS_*) into a malloc'd buffer (*out, *out_len). 0, or -1 when
+ * out of memory.
  */
-int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, uint8_t **out, size_t *out_len);
+int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, int format, uint8_t **out, size_t *out_len);
 
 #endif

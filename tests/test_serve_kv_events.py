@@ -27,6 +27,8 @@ import zmq
 
 from serve_harness import SERVE, Server
 
+FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"),
+          "BlockRemoved": ("block_hashes", "medium"), "AllBlocksCleared": ()}  # vLLM's field order
 ROOT_HASH = 0x4B495050  # chain seed of a prompt's first block (engine/kv_pool.h)
 BLOCK = 32
 
@@ -94,6 +96,10 @@ class Subscriber:
         assert isinstance(ts, float) and abs(ts - time.time()) < 60 and rank == 0
         assert events, "a batch is sent only when there are events"
         for ev in events:
+            if isinstance(ev, dict):  # --kv-events-format map: the same fields by name
+                order = FIELDS.get(ev.get("type"))
+                assert order is not None and set(ev) == {"type", *order}, ev
+                ev = [ev["type"], *(ev[k] for k in order)]
             self.events.append(ev)
             tag = ev[0]
             if tag == "BlockStored":
@@ -165,6 +171,9 @@ def test_kv_events_bad_endpoint_is_refused(synthetic_gguf):
                     ("tcp://*:port", "1..65535"), ("tcp://localhost", "no HOST:PORT")):
         r = subprocess.run([str(SERVE), "--model", model, "--kv-events", ep], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and f"--kv-events '{ep}' is invalid" in r.stderr and why in r.stderr, r.stderr
+    r = subprocess.run([str(SERVE), "--model", model, "--kv-events", "tcp://*:5557", "--kv-events-format", "json"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--kv-events-format 'json' is invalid, expected array or map" in r.stderr, r.stderr
     r = subprocess.run([str(SERVE), "--model", model, "--kv-events", "tcp://*:5557", "--kv-pool-mib", "0"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--kv-pool-mib 0" in r.stderr, r.stderr
@@ -243,6 +252,39 @@ class _Cleared(_Event, tag="AllBlocksCleared"):
     pass
 
 
+# The later shape, which vllm-router's kv_aware index decodes: the same batch,
+# the events as maps tagged by "type" (--kv-events-format map).
+class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class _StoredMap(_MapEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    group_idx: int | None = None
+
+
+class _RemovedMap(_MapEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class _ClearedMap(_MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _BatchMap(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[_StoredMap | _RemovedMap | _ClearedMap]
+    data_parallel_rank: int | None = None
+
+
 class _BatchV0(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list[_StoredV0 | _RemovedV0 | _Cleared]
@@ -254,14 +296,14 @@ class _BatchV1(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-def test_kv_events_decode_with_vllms_msgspec_types(synthetic_gguf):
-    """Every payload decodes with the msgspec types vLLM's own subscriber uses,
-    in both shapes vLLM has shipped, to the same events msgpack saw."""
+def _run_small_pool(synthetic_gguf, *extra: str) -> Subscriber:
+    """Five 3-block prompts into a 12-block pool (stores, then evictions), then
+    exit (all cleared); the subscriber with everything it received."""
     port = _free_port()
     sub = None
     try:
         with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "256", "--kv-pool-mib", "3",
-                    "--kv-events", f"tcp://*:{port}") as s:
+                    "--kv-events", f"tcp://*:{port}", *extra) as s:
             sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=False)
             sub.settle()
             for k in range(5):  # 3 blocks each into a 12-block pool: stores, then evictions
@@ -271,6 +313,13 @@ def test_kv_events_decode_with_vllms_msgspec_types(synthetic_gguf):
     finally:
         if sub:
             sub.close()
+    return sub
+
+
+def test_kv_events_decode_with_vllms_msgspec_types(synthetic_gguf):
+    """Every payload decodes with the msgspec types vLLM's own subscriber uses,
+    in both array shapes vLLM has shipped, to the same events msgpack saw."""
+    sub = _run_small_pool(synthetic_gguf)
     kinds = {ev[0] for ev in sub.events}
     assert kinds == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}, kinds
     tags = {_StoredV0: "BlockStored", _StoredV1: "BlockStored", _RemovedV0: "BlockRemoved", _RemovedV1: "BlockRemoved",
@@ -319,3 +368,20 @@ def test_kv_events_removed_on_eviction_and_cleared_at_exit(synthetic_gguf):
         assert sub.seqs == list(range(len(sub.seqs))), f"sequence numbers have a gap: {sub.seqs}"
     finally:
         sub.close()
+
+
+def test_kv_events_map_format_decodes_as_tagged_maps(synthetic_gguf):
+    """--kv-events-format map: the same events, each a map tagged by "type", in
+    the same array batch (what vllm-router's kv_aware index decodes)."""
+    arr = _run_small_pool(synthetic_gguf)
+    sub = _run_small_pool(synthetic_gguf, "--kv-events-format", "map")
+    got = []
+    for raw in sub.payloads:
+        batch = msgspec.msgpack.decode(raw, type=_BatchMap)
+        assert batch.data_parallel_rank == 0
+        plain = msgpack.unpackb(raw)
+        assert isinstance(plain, list) and all(isinstance(e, dict) and e["type"] for e in plain[1])
+        got += [(type(e).__name__, getattr(e, "block_hashes", None), getattr(e, "token_ids", None)) for e in batch.events]
+    names = {"_StoredMap": "BlockStored", "_RemovedMap": "BlockRemoved", "_ClearedMap": "AllBlocksCleared"}
+    want = [(e[0], e[1] if len(e) > 1 else None, e[3] if e[0] == "BlockStored" else None) for e in arr.events]
+    assert [(names[n], h, t) for n, h, t in got] == want, "the same prompts give the same events in either format"
