@@ -157,18 +157,27 @@ def fault_round(gguf: Path, args, pool_mib: int) -> dict:
               "in_flight_at_kill": [r for r in res if r["start"] <= t_kill < r["end"]],
               "started_after_kill": [r for r in res if r["start"] > t_kill]}
 
+    def what(r) -> str:
+        if r["status"] is None:
+            return f"no connection: {r['error']}"[:200]
+        if r["status"] != 200:
+            return f"HTTP {r['status']}: {r['error']}"[:200]
+        return f"stream cut off after {len(r['text'])} characters (finish {r['finish']}, [DONE] {r['done']})" + \
+            (f": {r['error']}"[:120] if r["error"] else "")
+
     def seen(rs):
         return {"requests": len(rs), "answered": sum(ok(r) for r in rs),
                 "refused": sum(1 for r in rs if r["status"] not in (None, 200)),
                 "cut_off": sum(1 for r in rs if r["status"] == 200 and not ok(r)),
                 "no_connection": sum(1 for r in rs if r["status"] is None),
-                "errors": sorted({str(r["error"] or r["status"])[:160] for r in rs if not ok(r)})}
+                "errors": sorted({what(r) for r in rs if not ok(r)})}
 
-    after = sorted((r for r in phases["started_after_kill"]), key=lambda r: r["start"])
-    first_ok_after = next((r["end"] - t_kill for r in after if ok(r)), None)
+    failed_after = [r["start"] - t_kill for r in phases["started_after_kill"] if not ok(r)]
     return {"killed_replica": args.replicas - 1, "killed_after_requests": kill_at, "wall_s": wall,
             "phases": {k: seen(v) for k, v in phases.items()},
-            "first_answer_after_kill_s": first_ok_after, "replicas": figs}
+            # how long after the kill the router still sent new requests to the dead replica
+            "last_failed_start_after_kill_s": max(failed_after) if failed_after else None,
+            "replicas": figs}
 
 
 def git_sha() -> str:
