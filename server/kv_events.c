@@ -189,9 +189,9 @@ int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, int for
 
 int serve_kv_events_check(const char *ep, char *err, size_t errlen)
 {
-    const char *why = NULL;
+    const char *why = NULL, *host = NULL, *colon = NULL;
     if (strncmp(ep, "tcp://", 6)) why = "it does not start with tcp://";
-    const char *host = ep + 6, *colon = why ? NULL : strrchr(host, ':');
+    else host = ep + 6, colon = strrchr(host, ':');
     if (!why && (!colon || colon == host)) why = "it has no HOST:PORT after tcp://";
     if (!why && strpbrk(host, " \t\r\n/")) why = "the host has a space or a slash";
     if (!why) {
