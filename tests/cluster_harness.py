@@ -64,11 +64,26 @@ def http_json(port: int, method: str, path: str, body: dict | None = None, timeo
         c.close()
 
 
-class Replicas:
-    """N kipp-serve processes (serve_harness.Server), each on its own free port."""
+def core_sets(n: int) -> list[list[int]]:
+    """The CPUs this process may use, split into n disjoint runs (empty lists
+    when there are fewer CPUs than replicas)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    k = len(cpus) // n
+    return [cpus[i * k:(i + 1) * k] for i in range(n)] if k else [[] for _ in range(n)]
 
-    def __init__(self, model: Path, n: int, *args: str):
+
+class Replicas:
+    """N kipp-serve processes (serve_harness.Server), each on its own free port.
+    With pin=True each runs under taskset on its own share of the CPUs, so the
+    replicas' pinned workers do not pile onto the same cores (the cpu
+    backend pins inside the affinity it starts with)."""
+
+    def __init__(self, model: Path, n: int, *args: str, pin: bool = False):
         self.servers = [Server(model, *args) for _ in range(n)]
+        self.cores = core_sets(n) if pin else [[] for _ in range(n)]
+        for s, cores in zip(self.servers, self.cores):
+            if cores:
+                s.cmd = ["taskset", "-c", ",".join(map(str, cores)), *s.cmd]
 
     def __enter__(self) -> "Replicas":
         try:
@@ -212,5 +227,5 @@ def tenant_prompt(tenant: int, user: int, prefix_words: int = 300) -> str:
 
 
 def env_threads(n_replicas: int) -> int:
-    """Backend threads per replica: the physical cores split between the replicas."""
-    return max(1, (os.cpu_count() or 2) // n_replicas)
+    """Backend threads per replica: its share of the CPUs (core_sets)."""
+    return max(1, len(core_sets(n_replicas)[0]))

@@ -35,7 +35,7 @@ def test_router_forwards_exactly_and_routes_by_prefix(synthetic_gguf):
             st, body = http_json(ref.servers[0].port, "POST", "/v1/completions", _body(t, u))
             assert st == 200, body
             want[(t, u)] = body["choices"][0]["text"]
-    with Replicas(model, 2, *ARGS) as reps, Router(reps.urls, "cache_aware") as router:
+    with Replicas(model, 2, *ARGS, pin=True) as reps, Router(reps.urls, "cache_aware") as router:
         seen = {}
         for t, u in plan:
             r = stream_completion(router.port, _body(t, u))

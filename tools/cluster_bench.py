@@ -12,7 +12,8 @@ question after the prefix; the requests are shuffled with a fixed seed and
 sent by --concurrency clients through the router as streamed
 /v1/completions (temperature 0, EOS suppressed, --max-tokens each).
 
-Every policy run starts fresh replicas (empty KV pools). Each replica's pool
+Every policy run starts fresh replicas (empty KV pools), each under taskset on
+its own share of the CPUs (config.replica_cpus). Each replica's pool
 is sized (--pool-share) to hold only part of all tenants' prefixes plus the
 running requests, as on a real machine where the pool is the scarce thing:
 that is where routing decides how much prefill is repeated. Per run the row
@@ -47,7 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
-from cluster_harness import Replicas, Router, env_threads, http_json, stream_completion, tenant_prompt  # noqa: E402
+from cluster_harness import (Replicas, Router, core_sets, env_threads, http_json, stream_completion,  # noqa: E402
+                             tenant_prompt)
 import bench_models  # noqa: E402  (profile_rel, ensure_model)
 import machine  # noqa: E402  (cpu_facts, host_tag)
 
@@ -128,7 +130,8 @@ def size_pool(gguf: Path, args) -> tuple[int, dict]:
 
 
 def policy_round(gguf: Path, args, policy: str, pool_mib: int) -> dict:
-    with Replicas(gguf, args.replicas, *server_args(args, pool_mib)) as reps, Router(reps.urls, policy) as router:
+    with Replicas(gguf, args.replicas, *server_args(args, pool_mib), pin=True) as reps, \
+            Router(reps.urls, policy) as router:
         res, wall = run_load(router.port, args, plan(args))
         figs = reps.pool_figures()
     good = [r for r in res if ok(r)]
@@ -145,7 +148,8 @@ def policy_round(gguf: Path, args, policy: str, pool_mib: int) -> dict:
 def fault_round(gguf: Path, args, pool_mib: int) -> dict:
     reqs = plan(args)
     kill_at, killed = max(1, len(reqs) // 3), {}
-    with Replicas(gguf, args.replicas, *server_args(args, pool_mib)) as reps, Router(reps.urls, "cache_aware") as router:
+    with Replicas(gguf, args.replicas, *server_args(args, pool_mib), pin=True) as reps, \
+            Router(reps.urls, "cache_aware") as router:
         def on_done(n):
             if n == kill_at and not killed:
                 killed["t"] = time.time()
@@ -248,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                         "median": share, "min": share, "max": share, "reps": 1, **f})
         print(f"cluster_bench.py: fault run: {json.dumps(f['phases'])}", flush=True)
     version = metadata.version("vllm-router")
-    config = {"backend": "cpu", "replicas": args.replicas, "threads_per_replica": args.threads, "cpu": cpu["model"],
+    config = {"backend": "cpu", "replicas": args.replicas, "threads_per_replica": args.threads,
+              "replica_cpus": [",".join(map(str, c)) or "all" for c in core_sets(args.replicas)], "cpu": cpu["model"],
               "isa_flags": cpu["flags"], "router": f"vllm-router {version}",
               "router_args": ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"],
               "kipp_serve_args": list(server_args(args, pool_mib)), "pool": pool_facts, "rounds": args.reps,
