@@ -21,7 +21,9 @@ records aggregate tok/s (completion tokens over the wall time of the whole
 load), TTFT p50/p99 as the clients saw it, the clients' hit rate (cached over
 prompt tokens from usage) and each replica's own figures from /metrics
 (requests, prompt and cached tokens, hit rate, pool hits/misses/evictions).
---reps rounds alternate which policy goes first; the row keeps the median,
+--kv-aware adds vllm-router's kv_aware policy, fed by the replicas' own
+KV events (kipp-serve --kv-events ... --kv-events-format map). --reps rounds
+alternate the order of the policies; the row keeps the median,
 min and max of tok/s and each round's figures.
 
 The fault run (cache_aware) kills one replica with SIGKILL once a third of the
@@ -48,8 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
-from cluster_harness import (Replicas, Router, core_sets, env_threads, http_json, stream_completion,  # noqa: E402
-                             tenant_prompt)
+from cluster_harness import (Replicas, Router, core_sets, env_threads, free_port, http_json,  # noqa: E402
+                             stream_completion, tenant_prompt)
 import bench_models  # noqa: E402  (profile_rel, ensure_model)
 import machine  # noqa: E402  (cpu_facts, host_tag)
 
@@ -130,10 +132,19 @@ def size_pool(gguf: Path, args) -> tuple[int, dict]:
 
 
 def policy_round(gguf: Path, args, policy: str, pool_mib: int) -> dict:
-    with Replicas(gguf, args.replicas, *server_args(args, pool_mib), pin=True) as reps, \
-            Router(reps.urls, policy) as router:
-        res, wall = run_load(router.port, args, plan(args))
-        figs = reps.pool_figures()
+    reps = Replicas(gguf, args.replicas, *server_args(args, pool_mib), pin=True)
+    events = [free_port() for _ in reps.servers] if policy == "kv_aware" else []
+    for s, port in zip(reps.servers, events):  # kv_aware: the router indexes each replica's KV events
+        s.cmd += ["--kv-events", f"tcp://*:{port}", "--kv-events-format", "map"]
+    with reps:
+        extra = []
+        for url, port in zip(reps.urls, events):
+            extra += ["--kv-event-source", f"{url}=tcp://127.0.0.1:{port}"]
+        if events:
+            extra += ["--kv-event-block-size", "32", "--kv-event-model", gguf.stem]
+        with Router(reps.urls, policy, *extra) as router:
+            res, wall = run_load(router.port, args, plan(args))
+            figs = reps.pool_figures()
     good = [r for r in res if ok(r)]
     toks = sum(r["usage"]["completion_tokens"] for r in good if r["usage"])
     prompt = sum(r["usage"]["prompt_tokens"] for r in good if r["usage"])
@@ -205,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=35)
     ap.add_argument("--no-fault", dest="fault", action="store_false")
+    ap.add_argument("--kv-aware", action="store_true",
+                    help="also run vllm-router's kv_aware policy on the replicas' --kv-events (format map)")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     args = ap.parse_args(argv)
     for name in ("replicas", "tenants", "users", "concurrency", "reps", "prefix_words", "max_tokens"):
@@ -223,16 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     pool_mib, pool_facts = size_pool(gguf, args)
     print(f"cluster_bench.py: {args.replicas} replicas x {args.threads} threads, pool {pool_mib} MiB each {pool_facts}",
           flush=True)
-    got: dict[str, list[dict]] = {p: [] for p in POLICIES}
+    policies = POLICIES + (("kv_aware",) if args.kv_aware else ())
+    got: dict[str, list[dict]] = {p: [] for p in policies}
     for r in range(args.reps):
-        for policy in (POLICIES if r % 2 == 0 else POLICIES[::-1]):
+        for policy in (policies if r % 2 == 0 else policies[::-1]):
             one = policy_round(gguf, args, policy, pool_mib)
             print(f"cluster_bench.py: round {r + 1} {policy}: {one['tok_s']:.1f} tok/s, TTFT p50 {one['ttft_ms_p50']:.0f} ms "
                   f"p99 {one['ttft_ms_p99']:.0f} ms, hit rate {one['hit_rate']:.2f}, {one['ok']}/{one['requests']} ok",
                   flush=True)
             got[policy].append(one)
     results = []
-    for policy in POLICIES:
+    for policy in policies:
         rounds = got[policy]
         tps = [x["tok_s"] for x in rounds]
         results.append({"name": f"cluster_{policy}", "model": mid, "unit": "tok/s", "policy": policy,
@@ -241,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
                         "ttft_ms_p99": statistics.median(x["ttft_ms_p99"] for x in rounds),
                         "hit_rate": statistics.median(x["hit_rate"] for x in rounds),
                         "replicas": rounds[-1]["replicas"], "rounds": rounds})
-    rr, ca = results
-    ca["vs_round_robin"] = {"tok_s": ca["median"] / rr["median"], "ttft_ms_p50": ca["ttft_ms_p50"] / rr["ttft_ms_p50"],
-                            "ttft_ms_p99": ca["ttft_ms_p99"] / rr["ttft_ms_p99"]}
+    rr = results[0]
+    for row in results[1:]:
+        row["vs_round_robin"] = {"tok_s": row["median"] / rr["median"],
+                                 "ttft_ms_p50": row["ttft_ms_p50"] / rr["ttft_ms_p50"],
+                                 "ttft_ms_p99": row["ttft_ms_p99"] / rr["ttft_ms_p99"]}
     if args.fault:
         f = fault_round(gguf, args, pool_mib)
         after = f["phases"]["started_after_kill"]
@@ -257,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
               "isa_flags": cpu["flags"], "router": f"vllm-router {version}",
               "router_args": ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"],
               "kipp_serve_args": list(server_args(args, pool_mib)), "pool": pool_facts, "rounds": args.reps,
-              "order": "alternating: round_robin first in odd-numbered rounds; fresh replicas for every run",
+              "order": "alternating: the policies in order in odd-numbered rounds, reversed in even ones; fresh replicas "
+                       "for every run",
+              "policies": list(policies),
               "workload": {"tenants": args.tenants, "users_per_tenant": args.users, "prefix_words": args.prefix_words,
                            "max_tokens": args.max_tokens, "concurrency": args.concurrency, "temperature": 0,
                            "logit_bias": NO_EOS, "seed": args.seed, "endpoint": "/v1/completions, streamed"},
