@@ -83,3 +83,42 @@ def test_router_extension_fields_only_at_kipps_behaviour(synthetic_gguf):
             assert st == 400 and got["error"]["param"] == k and f"expected {str(v).lower()}" in got["error"]["message"], got
         st, got = http_json(port, "POST", "/v1/completions", {**_body(0, 0), "include_reasoning": True})
         assert st == 400 and "not supported by /v1/completions" in got["error"]["message"], got
+
+
+def _kv_aware_run(model, fmt: str, want: dict) -> str:
+    """Two replicas publishing --kv-events in fmt behind vllm-router's kv_aware
+    policy; every answer checked against want; returns the router's log."""
+    from cluster_harness import free_port
+    reps = Replicas(model, 2, *ARGS, pin=True)
+    ports = [free_port() for _ in reps.servers]
+    for s, p in zip(reps.servers, ports):
+        s.cmd += ["--kv-events", f"tcp://*:{p}", "--kv-events-format", fmt]
+    with reps:
+        extra = [a for url, p in zip(reps.urls, ports) for a in ("--kv-event-source", f"{url}=tcp://127.0.0.1:{p}")]
+        router = Router(reps.urls, "kv_aware", *extra, "--kv-event-block-size", "32", "--kv-event-model", "synthetic-tiny",
+                        "--log-level", "info")
+        with router:
+            time.sleep(1)  # the router's subscribers connect
+            for k, text in want.items():
+                r = stream_completion(router.port, _body(*k))
+                assert r["status"] == 200 and r["done"] and r["text"] == text, (k, r)
+            time.sleep(1)
+        assert sum(f["requests_ok"] for f in reps.pool_figures()) == len(want)
+    return router.log.decode("utf-8", "replace")
+
+
+def test_kv_aware_router_decodes_kipp_kv_events(synthetic_gguf):
+    """vllm-router's kv_aware policy subscribes to each replica's KV events and
+    logs every batch it cannot decode: with --kv-events-format map there must be
+    none, and the array shape (which it does not take) shows that the check
+    sees a failure."""
+    model = synthetic_gguf("synthetic-tiny")
+    plan = [(t, u) for u in range(2) for t in range(2)]
+    with Replicas(model, 1, *ARGS) as ref:
+        want = {k: http_json(ref.servers[0].port, "POST", "/v1/completions", _body(*k))[1]["choices"][0]["text"]
+                for k in plan}
+    log = _kv_aware_run(model, "map", want)
+    assert log.count("kv_index subscriber for") == 2, log[-3000:]
+    assert "decode batch" not in log, f"vllm-router could not decode kipp-serve's KV events: {log[-2000:]}"
+    log = _kv_aware_run(model, "array", want)
+    assert "decode batch" in log, "the array shape is expected to be refused by this router's decoder"
