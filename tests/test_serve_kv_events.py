@@ -179,6 +179,16 @@ def test_kv_events_bad_endpoint_is_refused(synthetic_gguf):
     assert r.returncode == 2 and "--kv-pool-mib 0" in r.stderr, r.stderr
 
 
+def test_kv_events_endpoint_in_use_is_named(synthetic_gguf):
+    port = _free_port()
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", port))
+        held.listen()
+        r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--port", "0",
+                            "--kv-events", f"tcp://*:{port}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"--kv-events 'tcp://*:{port}': cannot bind the ZeroMQ PUB socket" in r.stderr, r.stderr
+
+
 def test_kv_events_stored_match_prompts_and_predict_reuse(synthetic_gguf):
     """Bind mode (tcp://*:PORT, the subscriber connects): stored events carry the
     prompts' blocks, chain through their parents, and predict cached_tokens."""
