@@ -17,6 +17,7 @@
 
 #define KV_EVENT_MAX_BLOCK 64        /* token ids one queued event can hold; the engine's blocks are 32 */
 #define KV_EVENT_MAX_QUEUED (1 << 20) /* events waiting for the thread before new ones are dropped (and counted) */
+#define KV_REPLAY_BATCHES 4096       /* sent batches kept for replay requests */
 
 /** One queued event with its own copy of the token ids. */
 typedef struct {
@@ -24,8 +25,18 @@ typedef struct {
     uint32_t ids[KV_EVENT_MAX_BLOCK];
 } kv_item;
 
+/** A sent batch kept for replay. */
+typedef struct {
+    uint64_t seq;
+    uint8_t *payload;
+    size_t len;
+} kv_sent;
+
 struct serve_kv_events {
     void *zctx, *pub;           /* ZeroMQ context and PUB socket (only the thread sends) */
+    void *replay;               /* ROUTER socket answering replay requests, or NULL */
+    kv_sent *ring;              /* [KV_REPLAY_BATCHES] last batches sent (replay only), by seq % size */
+    uint64_t n_sent;            /* batches sent; the ring holds seq max(0, n_sent - size) .. n_sent - 1 */
     int map_form;               /* SERVE_KV_EVENTS_MAP: structs as maps (newer vLLM), else arrays */
     pthread_t th;
     pthread_mutex_t mu;         /* guards the fields below */
@@ -187,7 +198,9 @@ int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, int for
 
 /* ---- endpoint ---- */
 
-int serve_kv_events_check(const char *ep, char *err, size_t errlen)
+int serve_kv_events_check(const char *ep, char *err, size_t errlen) { return serve_kv_events_check_flag("--kv-events", ep, err, errlen); }
+
+int serve_kv_events_check_flag(const char *flag, const char *ep, char *err, size_t errlen)
 {
     const char *why = NULL, *host = NULL, *colon = NULL;
     if (strncmp(ep, "tcp://", 6)) why = "it does not start with tcp://";
@@ -201,8 +214,8 @@ int serve_kv_events_check(const char *ep, char *err, size_t errlen)
         if (errno || !colon[1] || *end || port < 1 || port > 65535) why = "the port is not an integer in 1..65535";
     }
     if (!why) return 0;
-    snprintf(err, errlen, "--kv-events '%s' is invalid: %s; expected tcp://HOST:PORT, such as tcp://*:5557 (bind here) "
-                          "or tcp://indexer.example:5557 (connect to a subscriber that binds)", ep, why);
+    snprintf(err, errlen, "%s '%s' is invalid: %s; expected tcp://HOST:PORT, such as tcp://*:5557 (bind here) "
+                          "or tcp://indexer.example:5557 (connect to a subscriber that binds)", flag, ep, why);
     return -1;
 }
 
@@ -240,7 +253,55 @@ static void send_batch(serve_kv_events *k, kv_item *items, size_t n, uint64_t se
     if (zmq_send(k->pub, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(k->pub, seq_be, 8, ZMQ_SNDMORE) < 0 ||
         zmq_send(k->pub, payload, len, 0) < 0)
         serve_log("kv-events: sending batch %llu failed: %s", (unsigned long long)seq, zmq_strerror(zmq_errno()));
-    free(payload);
+    if (!k->ring) {
+        free(payload);
+        return;
+    }
+    kv_sent *slot = &k->ring[seq % KV_REPLAY_BATCHES];
+    free(slot->payload);
+    *slot = (kv_sent){.seq = seq, .payload = payload, .len = len};
+    k->n_sent = seq + 1;
+}
+
+/* Answer the replay requests waiting on the ROUTER socket, as vLLM's
+ * publisher does: a request is [identity, "", start seq (8 bytes big-endian)];
+ * the answer is one [identity, "", seq, payload] per kept batch from start on,
+ * then [identity, "", -1 (8 bytes), ""]. Runs on the publishing thread, which
+ * alone touches the ring. */
+static void serve_replay(serve_kv_events *k)
+{
+    for (;;) {
+        uint8_t id[256], frame[16];
+        int idn = zmq_recv(k->replay, id, sizeof id, ZMQ_DONTWAIT), n_frames = 1, last = -1, ok = idn > 0 && idn <= (int)sizeof id;
+        if (idn < 0) return;
+        int more = 0;
+        size_t ml = sizeof more;
+        zmq_getsockopt(k->replay, ZMQ_RCVMORE, &more, &ml);
+        while (more) { /* the rest of this request; a malformed one is read to its end and ignored */
+            last = zmq_recv(k->replay, frame, sizeof frame, 0);
+            n_frames++;
+            ok &= n_frames != 2 || last == 0;
+            zmq_getsockopt(k->replay, ZMQ_RCVMORE, &more, &ml);
+        }
+        if (!ok || n_frames != 3 || last != 8) {
+            serve_log("kv-events: ignoring a replay request of %d frames; expected identity, empty, 8-byte start seq",
+                      n_frames);
+            continue;
+        }
+        uint64_t start = 0;
+        for (int i = 0; i < 8; i++) start = start << 8 | frame[i];
+        uint64_t first = k->n_sent > KV_REPLAY_BATCHES ? k->n_sent - KV_REPLAY_BATCHES : 0;
+        uint8_t seq_be[8];
+        for (uint64_t q = start > first ? start : first; q < k->n_sent; q++) {
+            const kv_sent *b = &k->ring[q % KV_REPLAY_BATCHES];
+            for (int i = 0; i < 8; i++) seq_be[i] = (uint8_t)(b->seq >> (56 - 8 * i));
+            zmq_send(k->replay, id, (size_t)idn, ZMQ_SNDMORE), zmq_send(k->replay, "", 0, ZMQ_SNDMORE);
+            zmq_send(k->replay, seq_be, 8, ZMQ_SNDMORE), zmq_send(k->replay, b->payload, b->len, 0);
+        }
+        memset(seq_be, 0xff, sizeof seq_be); /* -1: the end of the replay */
+        zmq_send(k->replay, id, (size_t)idn, ZMQ_SNDMORE), zmq_send(k->replay, "", 0, ZMQ_SNDMORE);
+        zmq_send(k->replay, seq_be, 8, ZMQ_SNDMORE), zmq_send(k->replay, "", 0, 0);
+    }
 }
 
 /* Wait on k->cv (k->mu held) for a signal, or ms milliseconds at most. */
@@ -270,6 +331,12 @@ static void *publisher_main(void *arg)
             int zev;
             size_t zlen = sizeof zev;
             zmq_getsockopt(k->pub, ZMQ_EVENTS, &zev, &zlen);
+            if (k->replay) {
+                pthread_mutex_unlock(&k->mu);
+                serve_replay(k);
+                pthread_mutex_lock(&k->mu);
+                if (k->n_q || k->stop) break;
+            }
             wait_ms(k, 50);
         }
         if (!k->n_q) break; /* stopping and nothing left */
@@ -320,33 +387,47 @@ void serve_kv_events_on_event(void *ctx, const kipp_kv_event *ev)
     pthread_mutex_unlock(&k->mu);
 }
 
-serve_kv_events *serve_kv_events_start(const char *ep, int format, char *err, size_t errlen)
+serve_kv_events *serve_kv_events_start(const serve_kv_events_opts *o, char *err, size_t errlen)
 {
+    const char *ep = o->endpoint;
     if (serve_kv_events_check(ep, err, errlen)) return NULL;
+    if (o->replay && serve_kv_events_check_flag("--kv-events-replay", o->replay, err, errlen)) return NULL;
     serve_kv_events *k = calloc(1, sizeof *k);
     if (!k) return snprintf(err, errlen, "out of memory for the KV event publisher"), NULL;
-    k->map_form = format == SERVE_KV_EVENTS_MAP;
+    k->map_form = o->format == SERVE_KV_EVENTS_MAP;
     k->zctx = zmq_ctx_new();
     k->pub = k->zctx ? zmq_socket(k->zctx, ZMQ_PUB) : NULL;
     int bind = strchr(ep, '*') || strstr(ep, "::"); /* vLLM's rule: wildcards bind, anything else connects */
     if (!k->pub || (bind ? zmq_bind(k->pub, ep) : zmq_connect(k->pub, ep))) {
         snprintf(err, errlen, "--kv-events '%s': cannot %s the ZeroMQ PUB socket: %s", ep, bind ? "bind" : "connect",
                  zmq_strerror(zmq_errno()));
-        if (k->pub) zmq_close(k->pub);
-        if (k->zctx) zmq_ctx_term(k->zctx);
-        free(k);
-        return NULL;
+        goto fail;
+    }
+    if (o->replay) { /* always bound, as vLLM binds its replay endpoint */
+        k->ring = calloc(KV_REPLAY_BATCHES, sizeof *k->ring);
+        k->replay = k->ring ? zmq_socket(k->zctx, ZMQ_ROUTER) : NULL;
+        if (!k->replay || zmq_bind(k->replay, o->replay)) {
+            snprintf(err, errlen, "--kv-events-replay '%s': cannot bind the ZeroMQ ROUTER socket: %s", o->replay,
+                     k->ring ? zmq_strerror(zmq_errno()) : "out of memory");
+            goto fail;
+        }
     }
     pthread_mutex_init(&k->mu, NULL);
     pthread_cond_init(&k->cv, NULL);
     if (pthread_create(&k->th, NULL, publisher_main, k)) {
         snprintf(err, errlen, "cannot start the KV event publisher thread");
-        zmq_close(k->pub);
-        zmq_ctx_term(k->zctx);
-        free(k);
-        return NULL;
+        pthread_mutex_destroy(&k->mu);
+        pthread_cond_destroy(&k->cv);
+        goto fail;
     }
     return k;
+fail:
+    if (k->replay) zmq_close(k->replay);
+    if (k->pub) zmq_close(k->pub);
+    if (k->zctx) zmq_ctx_term(k->zctx);
+    free(k->ring);
+    free(k);
+    return NULL;
 }
 
 void serve_kv_events_stop(serve_kv_events *k)
@@ -361,7 +442,11 @@ void serve_kv_events_stop(serve_kv_events *k)
     int linger_ms = 1000; /* let the last batches (the final AllBlocksCleared) reach connected subscribers */
     zmq_setsockopt(k->pub, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
     zmq_close(k->pub);
+    if (k->replay) zmq_setsockopt(k->replay, ZMQ_LINGER, &linger_ms, sizeof linger_ms), zmq_close(k->replay);
     zmq_ctx_term(k->zctx);
+    if (k->ring)
+        for (size_t i = 0; i < KV_REPLAY_BATCHES; i++) free(k->ring[i].payload);
+    free(k->ring);
     pthread_mutex_destroy(&k->mu);
     pthread_cond_destroy(&k->cv);
     free(k->q);

@@ -47,15 +47,28 @@ enum { SERVE_KV_EVENTS_ARRAY = 0, SERVE_KV_EVENTS_MAP = 1 };
  * was expected.
  */
 int serve_kv_events_check(const char *endpoint, char *err, size_t errlen);
+/** serve_kv_events_check for the option flag (its name starts the message). */
+int serve_kv_events_check_flag(const char *flag, const char *endpoint, char *err, size_t errlen);
+
+/** What serve_kv_events_start opens. */
+typedef struct {
+    const char *endpoint; /* --kv-events: the PUB socket */
+    const char *replay;   /* --kv-events-replay: a ROUTER socket for replay requests, or NULL */
+    int format;           /* SERVE_KV_EVENTS_ARRAY or SERVE_KV_EVENTS_MAP */
+} serve_kv_events_opts;
 
 /**
  * Open the PUB socket and start the publishing thread. As vLLM does, an
  * endpoint whose host is "*" or an IPv6 wildcard ("::") is bound (subscribers
  * connect to this replica); any other is connected to (a subscriber that binds,
  * as llm-d's indexer does). NULL with err filled on a bad endpoint or a socket
- * error. format: SERVE_KV_EVENTS_ARRAY or SERVE_KV_EVENTS_MAP.
+ * error. With a replay endpoint the last batches sent are kept, and a
+ * subscriber that saw a gap in the sequence numbers can ask for them again
+ * as vLLM's replay protocol does (send [""] + the first missing seq as 8 bytes
+ * big-endian from a REQ or DEALER socket; the answer is [seq, payload] per
+ * batch, then [-1, ""]).
  */
-serve_kv_events *serve_kv_events_start(const char *endpoint, int format, char *err, size_t errlen);
+serve_kv_events *serve_kv_events_start(const serve_kv_events_opts *opts, char *err, size_t errlen);
 
 /** The kipp_kv_event_fn to register with ctx = the publisher: queues a copy of ev. */
 void serve_kv_events_on_event(void *ctx, const kipp_kv_event *ev);

@@ -395,3 +395,44 @@ def test_kv_events_map_format_decodes_as_tagged_maps(synthetic_gguf):
     names = {"_StoredMap": "BlockStored", "_RemovedMap": "BlockRemoved", "_ClearedMap": "AllBlocksCleared"}
     want = [(e[0], e[1] if len(e) > 1 else None, e[3] if e[0] == "BlockStored" else None) for e in arr.events]
     assert [(names[n], h, t) for n, h, t in got] == want, "the same prompts give the same events in either format"
+
+
+def test_kv_events_replay_resends_missed_batches(synthetic_gguf):
+    """--kv-events-replay: a subscriber that missed batches asks for them from a
+    start seq (vLLM's replay protocol) and gets exactly the bytes published,
+    then the end marker (seq -1)."""
+    port, rport = _free_port(), _free_port()
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "256", "--kv-pool-mib", "3",
+                "--kv-events", f"tcp://*:{port}", "--kv-events-replay", f"tcp://*:{rport}") as s:
+        sub = Subscriber(f"tcp://127.0.0.1:{port}", bind=False)
+        ctx = zmq.Context()
+        replay = ctx.socket(zmq.DEALER)
+        try:
+            sub.settle()
+            for k in range(5):
+                _complete(s, _prompt(30 + k, 100))
+                sub.pump()
+            assert len(sub.payloads) >= 5 and sub.seqs == list(range(len(sub.seqs)))
+            replay.connect(f"tcp://127.0.0.1:{rport}")
+            for start in (0, 3, len(sub.seqs)):
+                replay.send_multipart([b"", start.to_bytes(8, "big")])
+                got = []
+                while True:
+                    assert replay.poll(10000), "no replay answer"
+                    empty, seq, payload = replay.recv_multipart()
+                    assert empty == b""
+                    if seq == (-1).to_bytes(8, "big", signed=True):
+                        assert payload == b""
+                        break
+                    got.append((int.from_bytes(seq, "big"), payload))
+                assert got == list(zip(sub.seqs, sub.payloads))[start:], f"replay from {start}"
+        finally:
+            replay.close(linger=0)
+            ctx.term()
+            sub.close()
+    r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--kv-events-replay", "tcp://*:5558"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--kv-events-replay needs --kv-events" in r.stderr, r.stderr
+    r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--kv-events", "tcp://*:5557",
+                        "--kv-events-replay", "udp://x:1"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--kv-events-replay 'udp://x:1' is invalid" in r.stderr, r.stderr
