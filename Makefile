@@ -46,7 +46,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-lora bench-spec bench-peers bench-serve bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -100,9 +100,9 @@ FORCE:
 $(BUILD)/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-# kipp-serve (server/): HTTP via libmicrohttpd, over the public engine API only.
+# kipp-serve (server/): HTTP via libmicrohttpd, KV events via libzmq (--kv-events), over the public engine API only.
 $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
-	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd $(LDLIBS) -o $@
+	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
 
 # test_serve_text checks the server's text view: link those server objects too.
 $(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_tools.o
@@ -241,6 +241,11 @@ bench-serve: $(BUILD)/kipp-serve $(BUILD)/bin/bench_grammar models-test
 	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(SERVE_ARGS)
 	$(BUILD)/bin/bench_grammar --model $(BUILD)/models/synthetic-tiny.gguf
 
+# N kipp-serve replicas behind vllm-router: round-robin vs cache-aware on a shared-prefix multi-tenant load,
+# plus a replica killed mid-load (tools/cluster_bench.py) -> results/<date>-<host>-<cpu id>-cluster-<sha>.json
+bench-cluster: $(BUILD)/kipp-serve
+	$(PYTHON) tools/cluster_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(CLUSTER_ARGS)
+
 profile: $(BUILD)/bin/kipp_profile
 	$(BUILD)/bin/kipp_profile --out profiles
 
@@ -308,6 +313,7 @@ help:
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"
 	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
+	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
 	@echo "make bench-serve [MODEL=synthetic-0.6b] [SERVE_ARGS=...]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"

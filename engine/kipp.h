@@ -129,6 +129,48 @@ typedef struct {
  */
 int kipp_model_pool_stats(const kipp_model *model, kipp_pool_stats *out);
 
+/** What happened to a KV pool block (kipp_kv_event). */
+typedef enum {
+    KIPP_KV_EVENT_STORED = 1,  /* a block was published: findable by its chain hash from now on */
+    KIPP_KV_EVENT_REMOVED = 2, /* a published block was evicted: no longer findable */
+    KIPP_KV_EVENT_CLEARED = 3, /* every published block was dropped (kipp_model_pool_clear) */
+} kipp_kv_event_kind;
+
+/**
+ * One KV pool block event, in the terms a prefix-aware router indexes
+ * (vLLM's BlockStored / BlockRemoved / AllBlocksCleared). A block's hash
+ * chains through its parent's: XXH3_64 of its token ids (uint32
+ * little-endian) seeded with the parent's hash, 0x4b495050 for a first block.
+ */
+typedef struct {
+    kipp_kv_event_kind kind;
+    uint64_t hash;             /* STORED, REMOVED: the block's chain hash */
+    int has_parent;            /* STORED, REMOVED: 0 for the first block of a prompt */
+    uint64_t parent_hash;      /* when has_parent: the chain hash of the block before it */
+    const uint32_t *token_ids; /* STORED: [block_tokens] ids, valid only during the call; else NULL */
+    uint32_t block_tokens;     /* positions per block: 32 */
+} kipp_kv_event;
+
+/** Receives KV pool events (kipp_model_set_kv_listener). */
+typedef void (*kipp_kv_event_fn)(void *ctx, const kipp_kv_event *event);
+
+/**
+ * Call fn(ctx, event) for every block stored, evicted or cleared in the
+ * model's KV pool from now on (fn NULL stops). fn runs on the thread that is
+ * calling into the model (evaluating, destroying a session), inside that call:
+ * it must be quick and must not call the model. Errors: KIPP_EINVAL for a NULL
+ * model, KIPP_ENOTSUP when the model is not pooled.
+ */
+int kipp_model_set_kv_listener(kipp_model *model, kipp_kv_event_fn fn, void *ctx);
+
+/**
+ * Drop every published block of the model's KV pool (one KIPP_KV_EVENT_CLEARED
+ * event), as when the cache is reset or the replica leaves. Errors: KIPP_EINVAL
+ * for a NULL model or while any session maps pool blocks, KIPP_ENOTSUP when
+ * the model is not pooled.
+ */
+int kipp_model_pool_clear(kipp_model *model, char *err, size_t errlen);
+
 /** Close a model opened by kipp_model_open; NULL is accepted. Sessions must be destroyed first. */
 void kipp_model_close(kipp_model *model);
 

@@ -27,7 +27,24 @@ struct kipp_kv_pool {
     uint32_t free_head, lru_head, lru_tail;
     uint32_t n_free, n_private, n_published, n_lru; /* n_lru = unreferenced published */
     uint64_t hits, misses, evictions;
+    kipp_kv_event_fn listener; /* block events go here when set (kipp_model_set_kv_listener) */
+    void *listener_ctx;
 };
+
+/* Tell the listener that block b was stored (became findable) or removed
+ * (no longer findable); b's hash, parent and ids are still in place. */
+static void notify(const kipp_kv_pool *p, kipp_kv_event_kind kind, uint32_t b)
+{
+    if (!p->listener) return;
+    uint32_t par = p->parent[b];
+    kipp_kv_event ev = {.kind = kind,
+                        .hash = p->hash[b],
+                        .has_parent = par != KIPP_POOL_NONE,
+                        .parent_hash = par != KIPP_POOL_NONE ? p->hash[par] : 0,
+                        .token_ids = kind == KIPP_KV_EVENT_STORED ? p->ids + (size_t)b * KIPP_KV_BLOCK : NULL,
+                        .block_tokens = KIPP_KV_BLOCK};
+    p->listener(p->listener_ctx, &ev);
+}
 
 uint64_t kipp_kv_pool_hash(uint64_t parent_hash, const uint32_t *ids)
 {
@@ -132,6 +149,7 @@ static uint32_t evict_one(kipp_kv_pool *p)
     KIPP_ASSERT(p->state[b] == KIPP_BLOCK_PUBLISHED && p->refs[b] == 0);
     lru_remove(p, b);
     index_remove(p, b);
+    notify(p, KIPP_KV_EVENT_REMOVED, b);
     if (p->parent[b] != KIPP_POOL_NONE) p->n_child[p->parent[b]]--;
     p->n_published--;
     p->evictions++;
@@ -199,6 +217,7 @@ uint32_t kipp_kv_pool_publish(kipp_kv_pool *p, uint32_t b, uint64_t h, uint32_t 
     p->next[b] = *head;
     *head = b;
     lru_push_tail(p, b);
+    notify(p, KIPP_KV_EVENT_STORED, b);
     return b;
 }
 
@@ -224,6 +243,33 @@ void kipp_kv_pool_stats(const kipp_kv_pool *p, kipp_pool_stats *out)
                              .hits = p->hits,
                              .misses = p->misses,
                              .evictions = p->evictions};
+}
+
+void kipp_kv_pool_set_listener(kipp_kv_pool *p, kipp_kv_event_fn fn, void *ctx)
+{
+    p->listener = fn;
+    p->listener_ctx = ctx;
+}
+
+int kipp_kv_pool_clear(kipp_kv_pool *p, char *err, size_t errlen)
+{
+    if (p->n_private || p->n_lru != p->n_published)
+        return kipp_err(err, errlen, KIPP_EINVAL,
+                        "the KV pool cannot be cleared while sessions use it: %u blocks private and %u published blocks "
+                        "referenced, expected 0 and 0 (destroy the sessions first)", p->n_private, p->n_published - p->n_lru);
+    for (uint32_t b = 0; b < p->n; b++) {
+        if (p->state[b] != KIPP_BLOCK_PUBLISHED) continue;
+        p->state[b] = KIPP_BLOCK_FREE;
+        p->next[b] = p->free_head;
+        p->free_head = b;
+        p->n_child[b] = 0;
+    }
+    for (uint32_t i = 0; i < p->n_bucket; i++) p->bucket[i] = KIPP_POOL_NONE;
+    p->n_free += p->n_published;
+    p->n_published = p->n_lru = 0;
+    p->lru_head = p->lru_tail = KIPP_POOL_NONE;
+    if (p->listener) p->listener(p->listener_ctx, &(kipp_kv_event){.kind = KIPP_KV_EVENT_CLEARED, .block_tokens = KIPP_KV_BLOCK});
+    return 0;
 }
 
 int kipp_kv_pool_state(const kipp_kv_pool *p, uint32_t b) { return b < p->n ? p->state[b] : -1; }

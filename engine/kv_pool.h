@@ -83,6 +83,19 @@ uint32_t kipp_kv_pool_total(const kipp_kv_pool *p);
 /** Fill the public statistics. */
 void kipp_kv_pool_stats(const kipp_kv_pool *p, kipp_pool_stats *out);
 
+/**
+ * Report block events (stored / removed / all cleared) to fn(ctx, event), or
+ * stop reporting with fn NULL. fn runs synchronously on the thread changing
+ * the pool, inside the pool call, and must not call back into the model.
+ */
+void kipp_kv_pool_set_listener(kipp_kv_pool *p, kipp_kv_event_fn fn, void *ctx);
+
+/**
+ * Free every published block, reporting one "all cleared" event. Refused
+ * (KIPP_EINVAL, nothing changes) while any block is private or referenced.
+ */
+int kipp_kv_pool_clear(kipp_kv_pool *p, char *err, size_t errlen);
+
 /** Test hooks: the state, reference count and parent of block b. */
 int kipp_kv_pool_state(const kipp_kv_pool *p, uint32_t b);
 uint32_t kipp_kv_pool_refs(const kipp_kv_pool *p, uint32_t b);

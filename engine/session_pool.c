@@ -81,6 +81,21 @@ int kipp_model_pool_stats(const kipp_model *m, kipp_pool_stats *out)
     return 0;
 }
 
+int kipp_model_set_kv_listener(kipp_model *m, kipp_kv_event_fn fn, void *ctx)
+{
+    if (!m) return KIPP_EINVAL;
+    if (!m->pool) return KIPP_ENOTSUP;
+    kipp_kv_pool_set_listener(m->pool, fn, ctx);
+    return 0;
+}
+
+int kipp_model_pool_clear(kipp_model *m, char *err, size_t errlen)
+{
+    if (!m) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_model_pool_clear: model is NULL");
+    if (!m->pool) return kipp_err(err, errlen, KIPP_ENOTSUP, "kipp_model_pool_clear: the model has no KV pool");
+    return kipp_kv_pool_clear(m->pool, err, errlen);
+}
+
 /* ---- session lifetime ---- */
 
 int kipp_pool_session_create(kipp_session *s, char *err, size_t errlen)

@@ -370,6 +370,38 @@ static int parse_response_format(serve_req *r, const json_t *v, serve_error *e)
     return parse_json_schema(r, js, e);
 }
 
+/* Fields that vllm-router and sglang-router add to every request they
+ * forward (they re-serialise the body with their own defaults). Each is
+ * accepted only at the value that is Kipp's behaviour anyway; any other value
+ * would ask for a feature Kipp does not have, so it stays a 400. */
+static const struct {
+    const char *name;
+    int value; /* the boolean accepted */
+    int where; /* 0 both endpoints, 1 completions, 2 chat */
+} ROUTER_FIELDS[] = {
+    {.name = "no_stop_trim", .value = 0},          {.name = "ignore_eos", .value = 0},
+    {.name = "skip_special_tokens", .value = 1},   {.name = "return_hidden_states", .value = 0},
+    {.name = "continue_final_message", .value = 0, .where = 2}, {.name = "separate_reasoning", .value = 1, .where = 2},
+    {.name = "stream_reasoning", .value = 1, .where = 2},       {.name = "include_reasoning", .value = 1, .where = 2},
+};
+
+/* 1 when k is a router field (handled: 0 or -1 in *rc), else 0. */
+static int router_field(const serve_req *r, const char *k, const json_t *v, int *rc, serve_error *e)
+{
+    for (size_t i = 0; i < sizeof ROUTER_FIELDS / sizeof ROUTER_FIELDS[0]; i++) {
+        if (strcmp(k, ROUTER_FIELDS[i].name) || (ROUTER_FIELDS[i].where && ROUTER_FIELDS[i].where != (r->chat ? 2 : 1)))
+            continue;
+        int want = ROUTER_FIELDS[i].value;
+        *rc = json_is_boolean(v) && json_is_true(v) == want
+                  ? 0
+                  : BAD(k, "%s is %s, expected %s: Kipp accepts this field (routers send it) only at the value that "
+                           "matches what it does", k, json_is_boolean(v) ? (json_is_true(v) ? "true" : "false") : type_name(v),
+                        want ? "true" : "false");
+        return 1;
+    }
+    return 0;
+}
+
 /* One top-level field (non-null). */
 static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error *e)
 {
@@ -407,6 +439,8 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
     if (r->chat && (!strcmp(k, "tools") || !strcmp(k, "tool_choice") || !strcmp(k, "parallel_tool_calls")))
         return 0; /* checked together once the messages are in: serve_parse_tools */
     if (!strcmp(k, "response_format")) return parse_response_format(r, v, e);
+    int rc;
+    if (router_field(r, k, v, &rc, e)) return rc;
     return BAD(k, "field '%.60s' is not supported by %s", k, r->chat ? "/v1/chat/completions" : "/v1/completions");
 }
 

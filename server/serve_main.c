@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/kv_events.h"
 #include "server/serve_http.h"
 
 #ifndef KIPP_VERSION
@@ -26,6 +27,9 @@
 
 typedef struct {
     const char *model, *backend, *host, *alias, *api_key, *cors_origin;
+    const char *kv_events; /* --kv-events endpoint, NULL = off */
+    const char *kv_events_format; /* --kv-events-format: "array" (default) or "map" */
+    const char *kv_events_replay; /* --kv-events-replay endpoint, NULL = none */
     int protect_ops, access_log;
     long long shutdown_timeout; /* seconds running requests may take to finish after SIGTERM */
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
@@ -85,6 +89,13 @@ static void usage(FILE *f)
             "  --protect-ops      /health and /metrics need the API key as well\n"
             "  --cors-origin ORIGIN  answer CORS preflights (OPTIONS, 204) and send\n"
             "                     Access-Control-Allow-Origin: ORIGIN (\"*\" for any) on every response\n"
+            "  --kv-events tcp://HOST:PORT  publish KV pool events (block stored / removed / all cleared) in\n"
+            "                     vLLM's KV-events format (msgpack over ZeroMQ PUB) for prefix-aware routers;\n"
+            "                     host * binds here (tcp://*:5557), any other host is connected to; off by default\n"
+            "  --kv-events-replay tcp://HOST:PORT  also bind a ROUTER socket that resends the last batches to\n"
+            "                     a subscriber that missed some (vLLM's replay protocol)\n"
+            "  --kv-events-format array|map  msgspec structs as arrays (vLLM's array_like releases, llm-d;\n"
+            "                     the default) or as tagged maps (newer vLLM, vllm-router's kv_aware policy)\n"
             "  --access-log       one JSON line per request on stderr (id, method, path, status, tokens,\n"
             "                     cached tokens, TTFT, duration)\n"
             "  --version          print the version and exit\n"
@@ -130,6 +141,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             o->n_lora++;
             continue;
         }
+        if (!strcmp(a, "--kv-events")) { o->kv_events = v; continue; }
+        if (!strcmp(a, "--kv-events-format")) { o->kv_events_format = v; continue; }
+        if (!strcmp(a, "--kv-events-replay")) { o->kv_events_replay = v; continue; }
         size_t k = 0;
         while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].flag)) k++;
         if (k == sizeof ints / sizeof ints[0]) return fprintf(stderr, "kipp-serve: unknown option '%s' (see --help)\n", a), 2;
@@ -154,6 +168,18 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     if (o->cors_origin && (!*o->cors_origin || strpbrk(o->cors_origin, "\r\n ,")))
         return fprintf(stderr, "kipp-serve: --cors-origin '%s' is invalid, expected one origin such as "
                                "https://app.example.com, or *\n", o->cors_origin), 2;
+    char err[320];
+    if (o->kv_events && serve_kv_events_check(o->kv_events, err, sizeof err)) return fprintf(stderr, "kipp-serve: %s\n", err), 2;
+    if (o->kv_events_format && strcmp(o->kv_events_format, "array") && strcmp(o->kv_events_format, "map"))
+        return fprintf(stderr, "kipp-serve: --kv-events-format '%s' is invalid, expected array or map\n", o->kv_events_format), 2;
+    if ((o->kv_events_format || o->kv_events_replay) && !o->kv_events)
+        return fprintf(stderr, "kipp-serve: %s needs --kv-events tcp://HOST:PORT\n",
+                       o->kv_events_format ? "--kv-events-format" : "--kv-events-replay"), 2;
+    if (o->kv_events_replay && serve_kv_events_check_flag("--kv-events-replay", o->kv_events_replay, err, sizeof err))
+        return fprintf(stderr, "kipp-serve: %s\n", err), 2;
+    if (o->kv_events && o->kv_pool_mib == 0)
+        return fprintf(stderr, "kipp-serve: --kv-events publishes the KV pool's blocks, and --kv-pool-mib 0 turns the pool "
+                               "off; drop one of them\n"), 2;
     return 0;
 }
 
@@ -293,8 +319,22 @@ static int run(const serve_opts *o, kipp_model *m)
                     .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
                     .access_log = o->access_log, .canonical = info.checkpoint_id};
     serve_metrics_get()->model_name = o->alias ? o->alias : info.checkpoint_id; /* before any thread reads it */
+    serve_kv_events *kev = NULL;
+    if (o->kv_events) { /* before the scheduler: every block the pool ever stores is reported */
+        serve_kv_events_opts ko = {
+            .endpoint = o->kv_events,
+            .replay = o->kv_events_replay,
+            .format = o->kv_events_format && !strcmp(o->kv_events_format, "map") ? SERVE_KV_EVENTS_MAP : SERVE_KV_EVENTS_ARRAY,
+        };
+        if (!(kev = serve_kv_events_start(&ko, err, sizeof err))) return serve_log("%s", err), 1;
+        kipp_model_set_kv_listener(m, serve_kv_events_on_event, kev);
+    }
     h.sched = serve_sched_start(m, &so, err, sizeof err);
-    if (!h.sched) return serve_log("%s", err), 1;
+    if (!h.sched) {
+        kipp_model_set_kv_listener(m, NULL, NULL);
+        serve_kv_events_stop(kev);
+        return serve_log("%s", err), 1;
+    }
     char *base = base_name(o->model);
     h.info = (serve_info){o->alias ? o->alias : info.checkpoint_id, m, n_ctx};
     h.names[h.n_names++] = info.checkpoint_id;
@@ -327,6 +367,12 @@ static int run(const serve_opts *o, kipp_model *m)
     }
     serve_http_stop(&h);
     serve_sched_stop(h.sched);
+    if (kev) {
+        /* The replica's cache goes away with it: say so, so a router forgets its blocks. */
+        if (kipp_model_pool_clear(m, err, sizeof err)) serve_log("kv-events: %s", err);
+        kipp_model_set_kv_listener(m, NULL, NULL);
+        serve_kv_events_stop(kev);
+    }
     free(base);
     return rc;
 }

@@ -16,6 +16,14 @@
  * fresh unpooled evaluation of the session's whole history, bitwise (the ref
  * backend does not depend on how tokens are grouped into calls). A referenced
  * block that was evicted and rewritten would fail that comparison.
+ *
+ * The pool's block events (kipp_model_set_kv_listener, what kipp-serve
+ * --kv-events publishes) are mirrored as a router would index them: a stored
+ * block must be new, its parent indexed and its hash the chain hash of its
+ * ids; a removed block must be indexed and have no indexed child; after every
+ * operation the index holds exactly the model's published prefixes. At the
+ * end, kipp_model_pool_clear is refused while a session maps blocks, then
+ * empties the pool and the index with one "all cleared" event.
  */
 #include <string.h>
 
@@ -53,6 +61,47 @@ static uint32_t m_free = POOL;
 static uint64_t m_clock, m_evict, m_hits, m_misses, m_enomem;
 static uint32_t templ[3][MAX_CAP];
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+/* The index a subscriber to the pool's events keeps. */
+typedef struct {
+    uint64_t hash, parent;
+    int has_parent;
+    uint32_t ids[B];
+} ev_block;
+static ev_block ix[MAX_ENT];
+static int n_ix, n_cleared;
+
+static int ix_find(uint64_t h)
+{
+    for (int i = 0; i < n_ix; i++)
+        if (ix[i].hash == h) return i;
+    return -1;
+}
+
+static void on_event(void *ctx, const kipp_kv_event *ev)
+{
+    (void)ctx;
+    if (ev->kind == KIPP_KV_EVENT_STORED) {
+        uint64_t want = kipp_kv_pool_hash(ev->has_parent ? ev->parent_hash : KIPP_POOL_ROOT_HASH, ev->token_ids);
+        CHECK(ev->block_tokens == B && ev->hash == want && ix_find(ev->hash) < 0 && n_ix < MAX_ENT &&
+                  (!ev->has_parent || ix_find(ev->parent_hash) >= 0),
+              "stored event: hash %llx (chain hash %llx), already indexed %d, parent indexed %d",
+              (unsigned long long)ev->hash, (unsigned long long)want, ix_find(ev->hash) >= 0,
+              ev->has_parent ? ix_find(ev->parent_hash) >= 0 : 1);
+        if (n_ix >= MAX_ENT) return;
+        ix[n_ix] = (ev_block){.hash = ev->hash, .parent = ev->parent_hash, .has_parent = ev->has_parent};
+        memcpy(ix[n_ix++].ids, ev->token_ids, sizeof ix[0].ids);
+    } else if (ev->kind == KIPP_KV_EVENT_REMOVED) {
+        int i = ix_find(ev->hash), child = 0;
+        for (int j = 0; j < n_ix; j++) child |= ix[j].has_parent && ix[j].parent == ev->hash;
+        CHECK(i >= 0 && !child, "removed event: hash %llx indexed %d, an indexed child names it %d",
+              (unsigned long long)ev->hash, i >= 0, child);
+        if (i >= 0) ix[i] = ix[--n_ix];
+    } else {
+        CHECK(ev->kind == KIPP_KV_EVENT_CLEARED, "unknown event kind %d", (int)ev->kind);
+        n_ix = 0, n_cleared++;
+    }
+}
 
 static uint32_t rnd(uint32_t n)
 {
@@ -139,8 +188,25 @@ static void m_release(slot *x)
 }
 
 /* Compare everything observable with the model. */
+/* The event index holds exactly the model's published prefixes. */
+static void check_index(int op)
+{
+    int pub = 0;
+    for (int e = 0; e < MAX_ENT; e++) {
+        if (!ent[e].live) continue;
+        pub++;
+        uint64_t h = KIPP_POOL_ROOT_HASH;
+        for (uint32_t b = 0; b < ent[e].nb; b++) h = kipp_kv_pool_hash(h, ent[e].toks + b * B);
+        int i = ix_find(h);
+        CHECK(i >= 0 && !memcmp(ix[i].ids, ent[e].toks + (ent[e].nb - 1) * B, sizeof ix[i].ids),
+              "op %d: published prefix of %u blocks is %s in the event index", op, ent[e].nb, i < 0 ? "missing" : "wrong");
+    }
+    CHECK(n_ix == pub, "op %d: the event index holds %d blocks, the pool publishes %d", op, n_ix, pub);
+}
+
 static void check_state(int op)
 {
+    check_index(op);
     kipp_pool_stats st;
     kipp_model_pool_stats(&pf->model, &st);
     uint32_t priv = 0, pub = 0, refd = 0;
@@ -289,9 +355,23 @@ static void test_random_ops(void)
     CHECK(m_evict > 30 && m_hits > 30 && m_enomem > 10,
           "the run should exercise eviction, adoption and exhaustion (evictions %llu, hits %llu, exhausted %llu)",
           (unsigned long long)m_evict, (unsigned long long)m_hits, (unsigned long long)m_enomem);
+    int mapped = 0;
+    for (int i = 0; i < MAX_S; i++) mapped |= sl[i].s && sl[i].n_alloc;
+    CHECK(mapped, "the run ends with sessions mapping blocks (the seeded sequence does), so the refusal below is tested");
+    {
+        char err[256] = "";
+        CHECK(kipp_model_pool_clear(&pf->model, err, sizeof err) == KIPP_EINVAL && strstr(err, "cannot be cleared"),
+              "clearing while sessions map blocks must be refused: %s", err);
+    }
     for (int i = 0; i < MAX_S; i++)
         if (sl[i].s) m_release(&sl[i]), kipp_session_destroy(sl[i].s), sl[i].s = NULL;
     check_state(N_OPS);
+    char err[256] = "";
+    CHECK(kipp_model_pool_clear(&pf->model, err, sizeof err) == 0, "clear with no session: %s", err);
+    for (int e = 0; e < MAX_ENT; e++) ent[e].live = 0;
+    m_free = POOL;
+    CHECK(n_cleared == 1 && n_ix == 0, "one all-cleared event empties the index: %d events, %d left", n_cleared, n_ix);
+    check_state(N_OPS + 1);
 }
 
 int main(void)
@@ -305,6 +385,7 @@ int main(void)
         fprintf(stderr, "fixture: %s\n", err);
         return 1;
     }
+    kipp_model_set_kv_listener(&pf->model, on_event, NULL);
     for (uint32_t t = 0; t < 3; t++) { /* three prompts sharing their first 40 tokens */
         fx_tokens(templ[t], MAX_CAP, 40 + t);
         if (t) memcpy(templ[t], templ[0], 40 * sizeof(uint32_t));

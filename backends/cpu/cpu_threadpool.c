@@ -115,25 +115,43 @@ static void *worker_main(void *varg)
     return NULL;
 }
 
-/* Count physical cores and keep one single-PU cpuset per core. */
+/* Count the physical cores this thread may run on and keep one single-PU
+ * cpuset per core. Only cores inside the creating thread's CPU affinity count
+ * (taskset, numactl --cpunodebind), so replicas started on disjoint core sets
+ * pin to their own cores instead of all to the machine's first ones. */
 static int topo_init(kipp_cpu_pool *p, char *err, size_t errlen)
 {
     if (hwloc_topology_init(&p->topo) != 0 || hwloc_topology_load(p->topo) != 0)
         return kipp_err(err, errlen, KIPP_EBACKEND, "hwloc could not load the CPU topology; expected a readable /sys or /proc");
-    int n = hwloc_get_nbobjs_by_type(p->topo, HWLOC_OBJ_CORE);
-    if (n <= 0) n = hwloc_get_nbobjs_by_type(p->topo, HWLOC_OBJ_PU); /* no core level: count PUs */
-    if (n <= 0) n = 1;
+    hwloc_obj_type_t t = hwloc_get_nbobjs_by_type(p->topo, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
+    int n_all = hwloc_get_nbobjs_by_type(p->topo, t);
+    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    if (!allowed) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the affinity cpuset");
+    int n = 0;
+    if (hwloc_get_cpubind(p->topo, allowed, HWLOC_CPUBIND_THREAD) == 0)
+        for (int i = 0; i < n_all; i++) n += hwloc_bitmap_intersects(hwloc_get_obj_by_type(p->topo, t, (unsigned)i)->cpuset, allowed);
+    int all = n == 0; /* affinity unknown or outside every core: use them all */
+    if (all) n = n_all > 0 ? n_all : 1;
     p->n_cores = n;
     p->pu_sets = calloc((size_t)n, sizeof *p->pu_sets);
     p->saved = hwloc_bitmap_alloc();
-    if (!p->pu_sets || !p->saved) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %d core cpusets", n);
-    hwloc_obj_type_t t = hwloc_get_nbobjs_by_type(p->topo, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
-    for (int i = 0; i < n; i++) {
-        hwloc_obj_t o = hwloc_get_obj_by_type(p->topo, t, (unsigned)i);
-        p->pu_sets[i] = o ? hwloc_bitmap_dup(o->cpuset) : hwloc_bitmap_alloc();
-        if (!p->pu_sets[i]) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for core %d cpuset", i);
-        if (o) hwloc_bitmap_singlify(p->pu_sets[i]); /* first PU only: never an SMT sibling */
+    if (!p->pu_sets || !p->saved) {
+        hwloc_bitmap_free(allowed);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %d core cpusets", n);
     }
+    for (int i = 0, k = 0; k < n; i++) {
+        hwloc_obj_t o = i < n_all ? hwloc_get_obj_by_type(p->topo, t, (unsigned)i) : NULL;
+        if (o && !all && !hwloc_bitmap_intersects(o->cpuset, allowed)) continue;
+        p->pu_sets[k] = o ? hwloc_bitmap_dup(o->cpuset) : hwloc_bitmap_alloc();
+        if (!p->pu_sets[k]) {
+            hwloc_bitmap_free(allowed);
+            return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for core %d cpuset", k);
+        }
+        if (o && !all) hwloc_bitmap_and(p->pu_sets[k], p->pu_sets[k], allowed);
+        if (o) hwloc_bitmap_singlify(p->pu_sets[k]); /* first PU only: never an SMT sibling */
+        k++;
+    }
+    hwloc_bitmap_free(allowed);
     return 0;
 }
 
