@@ -208,7 +208,7 @@ static int pool_check(const serve_sched *s, serve_job *j, serve_error *e)
     gen_text(r, gen, sizeof gen);
     serve_fail(e, 400, "invalid_request_error", param,
                "n %d x (%zu prompt + %s) positions do not fit the KV pool of %llu blocks of 32 (--kv-pool-mib): one "
-               "choice must fit it whole, and all n together with their prompt and %d more positions; %s, or start "
+               "choice must fit it whole, and all n together with their prompt and up to %d more positions; %s, or start "
                "kipp-serve with a larger --kv-pool-mib", r->n, r->n_prompt, gen, (unsigned long long)total, SERVE_RESERVE,
                hint);
     snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
@@ -223,6 +223,8 @@ static int pool_check(const serve_sched *s, serve_job *j, serve_error *e)
 static int waiting_jobs(const serve_sched *s, int n_new, int *new_waits)
 {
     int slots = s->o.max_choices - s->n_act, waiting = 0;
+    for (int k = 0; k < s->n_act; k++)
+        if (!s->act[k]->s) slots = 0; /* nothing is admitted while a preempted choice waits to resume */
     for (const serve_job *q = s->head; q; q = q->next) {
         if (q->cancelled) continue;
         if (!waiting && q->req.n <= slots && q != s->blocked) slots -= q->req.n;
@@ -356,9 +358,11 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
 
 /* Pool blocks resident choice c reserves: those it lacks for the tokens it
  * must hold before its next sample, plus SERVE_RESERVE positions to grow. */
+_Static_assert(SERVE_RESERVE >= KIPP_SPEC_K_MAX, "a speculative step must fit a choice's reservation");
 static uint64_t reserve(const sched_choice *c)
 {
-    uint64_t want = (uint64_t)kipp_session_length(c->s) + kipp_gen_prompt_left(c->g) + SERVE_RESERVE;
+    /* + 1: the pending token, so a speculative item (1 + up to KIPP_SPEC_K_MAX drafts) fits the reservation */
+    uint64_t want = (uint64_t)kipp_session_length(c->s) + kipp_gen_prompt_left(c->g) + 1 + SERVE_RESERVE;
     uint32_t cap = kipp_session_capacity(c->s);
     return kipp_session_pool_need(c->s, want < cap ? (uint32_t)want : cap);
 }

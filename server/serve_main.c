@@ -260,7 +260,7 @@ static int default_pool(const serve_opts *o, kipp_model *m, uint32_t n_ctx, char
 {
     kipp_model_info info;
     kipp_model_get_info(m, &info);
-    uint64_t per_ctx = (uint64_t)n_ctx * info.kv_bytes_per_token, avail = mem_available();
+    uint64_t per_ctx = ((uint64_t)n_ctx + 31) / 32 * 32 * info.kv_bytes_per_token, avail = mem_available(); /* whole blocks */
     uint64_t bytes = avail / 2, most = per_ctx * (uint64_t)o->max_batch;
     const char *rule = "half of the available memory";
     if (bytes > most) bytes = most, rule = "--max-batch full contexts";

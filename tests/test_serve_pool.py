@@ -182,3 +182,11 @@ def test_open_ended_chat_does_not_hold_up_short_requests(synthetic_gguf):
         order.append(("short", st, r["usage"]["completion_tokens"]))
         t.join(timeout=300)
         assert order == [("short", 200, 5), ("long", 200, "length")], order
+
+
+def test_default_pool_holds_whole_contexts(synthetic_gguf):
+    """The default pool holds --max-batch contexts in whole 32-position blocks, also
+    when --ctx is not a multiple of 32 (500 positions take 16 blocks)."""
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "500", "--max-batch", "8") as s:
+        assert _metric(s.metrics(), "kipp_kv_pool_blocks", state="total") == 8 * 16
+    assert "KV pool 128 blocks" in s.banner and "--max-batch full contexts" in s.banner, s.banner
