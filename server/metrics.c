@@ -97,7 +97,8 @@ static void vllm_metrics(serve_buf *b, const serve_metrics *m)
            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"%s\"} %d\n", model,
         m->running_requests);
     put(b, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
-           "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"%s\"} %d\n", model, m->queue_depth);
+           "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"%s\"} %d\n", model,
+        m->queue_depth + m->preempted_requests);
     put(b, "# HELP vllm:num_preemptions_total Cumulative number of preemptions from the engine.\n"
            "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{model_name=\"%s\"} %llu\n", model,
         (unsigned long long)m->preemptions);

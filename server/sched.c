@@ -72,6 +72,8 @@ struct serve_sched {
     serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
     uint64_t blocked_at;      /* n_finished at that refusal */
     int end_all;              /* drain: end every running and queued job at the next step boundary */
+    int resume_waits;         /* the oldest preempted choice did not fit at resume_at */
+    uint64_t resume_at;       /* n_finished + preemptions then: room can only have grown when this moves */
 };
 
 double serve_now(void)
@@ -408,6 +410,9 @@ static int oldest_preempted(const serve_sched *s)
  * rest. Returns 1 when no preempted choice is left waiting. */
 static int resume(serve_sched *s)
 {
+    uint64_t moves = s->n_finished + serve_metrics_get()->preemptions;
+    if (s->resume_waits && moves == s->resume_at) return 0; /* nothing freed since it did not fit */
+    s->resume_waits = 0;
     for (int k; (k = oldest_preempted(s)) >= 0;) {
         sched_choice *c = s->act[k];
         const serve_req *r = &c->job->req;
@@ -429,6 +434,7 @@ static int resume(serve_sched *s)
         if (!pool_fits(s)) {
             kipp_session_destroy(t); /* the gen is rebound again when there is room */
             c->s = NULL;
+            s->resume_waits = 1, s->resume_at = moves;
             return 0;
         }
     }
@@ -541,59 +547,26 @@ int serve_sched_busy(serve_sched *s)
     return n;
 }
 
-/* Requests with at least one active choice, for the router gauges, and the preempted choices (mu held). */
+/* Requests with a resident choice, and those whose choices are all preempted
+ * (waiting, as vLLM counts them), for the router gauges; the preempted
+ * choices (mu held). */
 static void count_running(serve_sched *s)
 {
-    int n = 0, pre = 0;
+    int n = 0, pre = 0, pre_jobs = 0;
     for (int k = 0; k < s->n_act; k++) {
         pre += !s->act[k]->s;
-        int seen = 0;
+        int seen = 0, resident = 0;
         for (int q = 0; q < k && !seen; q++) seen = s->act[q]->job == s->act[k]->job;
-        n += !seen;
+        if (seen) continue;
+        for (int q = k; q < s->n_act; q++) resident |= s->act[q]->job == s->act[k]->job && s->act[q]->s;
+        n += resident, pre_jobs += !resident;
     }
     serve_metrics_get()->running_requests = n;
+    serve_metrics_get()->preempted_requests = pre_jobs;
     serve_metrics_get()->preempted_choices = pre;
 }
 
 /* ---- one step ---- */
-
-/* log-sum-exp of row[V], for log-probabilities of the raw logits. */
-static double lse(const float *row, uint32_t V)
-{
-    float mx = row[0];
-    for (uint32_t i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
-    double sum = 0;
-    for (uint32_t i = 0; i < V; i++) sum += exp((double)row[i] - mx);
-    return mx + log(sum);
-}
-
-/* Fill rec with token id's log-probability and the n_top best alternatives. */
-static void logprob_of(const float *row, uint32_t V, uint32_t id, int n_top, serve_lp *rec)
-{
-    double z = lse(row, V);
-    rec->id = id;
-    rec->logprob = (float)(row[id] - z);
-    rec->n_top = 0;
-    for (uint32_t i = 0; n_top > 0 && i < V; i++) { /* one pass, insertion into a sorted top list */
-        if (rec->n_top == n_top && row[i] <= row[rec->top_ids[n_top - 1]]) continue;
-        int q = rec->n_top < n_top ? rec->n_top++ : n_top - 1;
-        while (q > 0 && row[rec->top_ids[q - 1]] < row[i]) rec->top_ids[q] = rec->top_ids[q - 1], q--;
-        rec->top_ids[q] = i;
-    }
-    for (int t = 0; t < rec->n_top; t++) rec->top_lp[t] = (float)(row[rec->top_ids[t]] - z);
-}
-
-static int push_lp(serve_choice_out *o, const serve_lp *rec)
-{
-    if (o->n_lp == o->cap_lp) {
-        size_t cap = o->cap_lp ? o->cap_lp * 2 : 16;
-        serve_lp *p = realloc(o->lp, cap * sizeof *p);
-        if (!p) return -1;
-        o->lp = p, o->cap_lp = cap;
-    }
-    o->lp[o->n_lp++] = *rec;
-    return 0;
-}
 
 /* Insertion sort of prefilling choices by admission order (at most 64). */
 static int prefill_order(serve_sched *s, sched_choice **pre)
@@ -675,7 +648,7 @@ static void echo_rows(sched_choice *c, const kipp_gen_event *ev, uint32_t V)
     const serve_req *r = &j->req;
     for (uint32_t q = 0; c->echo && j->prompt_top && q < ev->n_rows && ev->n_prompt; q++) {
         uint32_t pos = ev->first_pos + ev->n_refill + q + 1; /* row q predicts the token at pos */
-        if (pos < r->n_prompt) logprob_of(ev->logits + (size_t)q * V, V, r->prompt_ids[pos], r->top_logprobs, &j->prompt_top[pos]);
+        if (pos < r->n_prompt) serve_logprob_of(ev->logits + (size_t)q * V, V, r->prompt_ids[pos], r->top_logprobs, &j->prompt_top[pos]);
     }
 }
 
@@ -696,10 +669,10 @@ static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, do
     if (sampled) o->t_last = now;
     for (uint32_t i = 0; i < ev->n_tokens; i++) {
         serve_lp rec = {0};
-        if (r->logprobs) logprob_of(ev->logits + (size_t)ev->token_row[i] * V, V, ev->tokens[i], r->top_logprobs, &rec);
+        if (r->logprobs) serve_logprob_of(ev->logits + (size_t)ev->token_row[i] * V, V, ev->tokens[i], r->top_logprobs, &rec);
         rec.text_off = (uint32_t)c->text_pos, rec.text_len = ev->token_bytes[i];
         c->text_pos += ev->token_bytes[i];
-        if (r->logprobs && push_lp(o, &rec)) return FIN_ERROR;
+        if (r->logprobs && serve_push_lp(o, &rec)) return FIN_ERROR;
     }
     mt->generated_tokens += ev->n_tokens;
     mt->recomputed_tokens += ev->n_refill;

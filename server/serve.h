@@ -324,6 +324,16 @@ serve_job *serve_job_new(serve_req *req);
 /** Drop a reference (sched mutex held); frees at zero. */
 void serve_job_unref(serve_job *job);
 
+/* ---- logprobs (logprobs.c) ---- */
+
+/**
+ * Fill rec with token id's log-probability under row[V] (raw logits, FP32)
+ * and the n_top most likely tokens with theirs, best first.
+ */
+void serve_logprob_of(const float *row, uint32_t V, uint32_t id, int n_top, serve_lp *rec);
+/** Append rec to o's logprob list (sched mutex held); -1 when out of memory. */
+int serve_push_lp(serve_choice_out *o, const serve_lp *rec);
+
 /* ---- metrics (metrics.c) ---- */
 
 /** Histogram with fixed upper bounds (seconds). */
@@ -351,6 +361,7 @@ typedef struct {
     uint64_t preemptions;     /* choices whose session was taken to free KV (pooled) */
     uint64_t recomputed_tokens; /* positions evaluated again after a preemption */
     int preempted_choices;    /* choices waiting to resume */
+    int preempted_requests;   /* requests whose choices are all preempted (counted as waiting for vllm:*) */
 } serve_metrics;
 
 /** The process-wide metrics (guarded by the sched mutex). */
