@@ -289,7 +289,41 @@ NVCC := $(shell command -v nvcc 2>/dev/null)
 # The CUDA kernel units and their check over the shared case table
 # (kernels/cuda/check/kcheck_cuda.cu); running the check needs a GPU.
 KCASE_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(filter-out %/kcheck.c,$(KCHECK_SRC)))
-cuda: $(BUILD)/libkipp_kernels.a $(KCASE_OBJ)
+# The CUDA backend (backends/cuda) and the binaries built with it:
+# build/cuda/{kipp,kipp-serve,kipp-bench} (the CPU build's sources with
+# -DKIPP_WITH_CUDA on engine/backends.c, which adds "cuda" to the backend
+# list) and build/cuda/kipp-cuda-gate (the model gates, tools/cuda_check.sh).
+# Host code is linked by nvcc against the static CUDA runtime.
+NVCC_ARCH ?= -arch=sm_90
+NVCCFLAGS ?= -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-Werror
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_CPPFLAGS := -DKIPP_WITH_CUDA -I$(CUDA_HOME)/include
+CUDA_OBJ := $(BUILD)/cuda/obj/engine/backends.o \
+            $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(wildcard backends/cuda/*.c)) \
+            $(patsubst %.cu,$(BUILD)/cuda/obj/%.o,$(wildcard backends/cuda/*.cu kernels/cuda/*.cu))
+CUDA_BIN := $(BUILD)/cuda/kipp $(BUILD)/cuda/kipp-serve $(BUILD)/cuda/kipp-bench $(BUILD)/cuda/kipp-cuda-gate
+
+$(BUILD)/cuda/obj/%.o: %.cu $(wildcard kernels/cuda/*.h backends/cuda/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/cuda/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CUDA_CPPFLAGS) $(ALLCFLAGS) -c $< -o $@
+
+$(BUILD)/cuda/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
+	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
+
+$(BUILD)/cuda/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
+	$(NVCC) $(NVCC_ARCH) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
+
+$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
+	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
+
+$(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a
+	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
+
+cuda: $(BUILD)/libkipp_kernels.a $(KCASE_OBJ) $(if $(NVCC),$(CUDA_BIN))
 ifeq ($(NVCC),)
 	@echo "make cuda: nvcc not found; the CUDA backend is skipped on this machine" && false
 else
@@ -325,7 +359,7 @@ help:
 	@echo "make profile    hardware profile -> profiles/<host>-<level>-<cpu id>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
 	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"
-	@echo "make cuda       compile the CUDA kernel units (kernels/cuda) where nvcc exists"
+	@echo "make cuda       where nvcc exists: the CUDA kernels and build/cuda/{kipp,kipp-serve,kipp-bench,kcheck_cuda} (--backend cuda)"
 	@echo "make clean      remove build/ and build-asan/ (keeps .venv/)"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
