@@ -3,7 +3,7 @@
  * (issue 40 item 4), through the public engine API only.
  *
  *   kipp-cuda-gate --model F.gguf [--model ...] [--prompt N] [--decode N]
- *                  [--batch B] [--long N] [--nmse X] [--json FILE]
+ *                  [--batch B] [--long N] [--nmse X] [--json FILE] [--oracle ref]
  *
  * For each model, the "cuda" backend against the "ref" oracle, row by row:
  *   isolated  one session: a prompt of N tokens with logits for every row,
@@ -12,8 +12,9 @@
  *             kipp_eval_batch (rows interleaved), then --decode steps of B
  *             one-token items per call (the CUDA graph path); ref evaluates
  *             each session alone;
- *   pooled    the batched phase again on a model opened with a KV pool (the
- *             kipp-serve path: block tables index the shared slab);
+ *   pooled    the batched phase on a model opened with a KV pool, in the same
+ *             steps against the same ref rows (the kipp-serve path: block
+ *             tables index the shared slab);
  *   long      (--long N > 0) one prefill of N tokens, more than one round
  *             of the backend, logits for its last 4 rows.
  * A row passes when its argmax equals the ref's and its NMSE
@@ -35,7 +36,7 @@ typedef struct {
     int n_models;
     uint32_t prompt, decode, batch, long_n;
     double nmse_max;
-    const char *json;
+    const char *json, *oracle;
 } opts;
 
 typedef struct {
@@ -147,13 +148,14 @@ out:
     return ok;
 }
 
-/* B sessions: cuda in one kipp_eval_batch per step, ref per session alone. */
-static int phase_batched(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts *o, stats *st)
+/* B sessions: each cuda model (mc[0] unpooled, mc[1] pooled) in one
+ * kipp_eval_batch per step, ref per session alone; st[k] for mc[k]. */
+static int phase_batched(kipp_model *mr, kipp_model *const mc[2], uint32_t vocab, const opts *o, stats st[2])
 {
     char err[512] = "";
     int ok = 0;
     uint32_t B = o->batch, len[MAX_BATCH], cap = o->prompt + 8 + o->decode + 1;
-    kipp_session *sr[MAX_BATCH] = {0}, *sc[MAX_BATCH] = {0};
+    kipp_session *sr[MAX_BATCH] = {0}, *sc[2][MAX_BATCH] = {{0}};
     uint32_t *ids[MAX_BATCH] = {0};
     float *lr[MAX_BATCH] = {0}, *lc[MAX_BATCH] = {0};
     kipp_batch_item items[MAX_BATCH];
@@ -167,31 +169,30 @@ static int phase_batched(kipp_model *mr, kipp_model *mc, uint32_t vocab, const o
         if (!ids[j] || !lr[j] || !lc[j]) goto out;
         for (uint32_t i = 0; i < len[j]; i++) ids[j][i] = next_id(vocab);
         TRY(kipp_session_create(mr, cap, &sr[j], err, sizeof err));
-        TRY(kipp_session_create(mc, cap, &sc[j], err, sizeof err));
+        for (int k = 0; k < 2; k++) TRY(kipp_session_create(mc[k], cap, &sc[k][j], err, sizeof err));
         TRY(kipp_session_eval_n(sr[j], ids[j], len[j], len[j], lr[j], err, sizeof err));
-        items[j] = (kipp_batch_item){sc[j], ids[j], len[j], len[j], lc[j]};
     }
-    TRY(kipp_eval_batch(mc, items, B, err, sizeof err));
-    for (uint32_t j = 0; j < B; j++) {
-        compare_rows(lc[j], lr[j], len[j], vocab, st);
-        tok[j] = argmax(lr[j] + (size_t)(len[j] - 1) * vocab, vocab);
+    for (int k = 0; k < 2; k++) {
+        for (uint32_t j = 0; j < B; j++) items[j] = (kipp_batch_item){sc[k][j], ids[j], len[j], len[j], lc[j]};
+        TRY(kipp_eval_batch(mc[k], items, B, err, sizeof err));
+        for (uint32_t j = 0; j < B; j++) compare_rows(lc[j], lr[j], len[j], vocab, &st[k]);
     }
+    for (uint32_t j = 0; j < B; j++) tok[j] = argmax(lr[j] + (size_t)(len[j] - 1) * vocab, vocab);
     for (uint32_t s = 0; s < o->decode; s++) {
-        for (uint32_t j = 0; j < B; j++) {
-            TRY(kipp_session_eval_n(sr[j], &tok[j], 1, 1, lr[j], err, sizeof err));
-            items[j] = (kipp_batch_item){sc[j], &tok[j], 1, 1, lc[j]};
+        for (uint32_t j = 0; j < B; j++) TRY(kipp_session_eval_n(sr[j], &tok[j], 1, 1, lr[j], err, sizeof err));
+        for (int k = 0; k < 2; k++) {
+            for (uint32_t j = 0; j < B; j++) items[j] = (kipp_batch_item){sc[k][j], &tok[j], 1, 1, lc[j]};
+            TRY(kipp_eval_batch(mc[k], items, B, err, sizeof err));
+            for (uint32_t j = 0; j < B; j++) compare_rows(lc[j], lr[j], 1, vocab, &st[k]);
         }
-        TRY(kipp_eval_batch(mc, items, B, err, sizeof err));
-        for (uint32_t j = 0; j < B; j++) {
-            compare_rows(lc[j], lr[j], 1, vocab, st);
-            tok[j] = argmax(lr[j], vocab);
-        }
+        for (uint32_t j = 0; j < B; j++) tok[j] = argmax(lr[j], vocab);
     }
     ok = 1;
 out:
     for (uint32_t j = 0; j < B; j++) {
         kipp_session_destroy(sr[j]);
-        kipp_session_destroy(sc[j]);
+        kipp_session_destroy(sc[0][j]);
+        kipp_session_destroy(sc[1][j]);
         free(ids[j]);
         free(lr[j]);
         free(lc[j]);
@@ -228,13 +229,14 @@ out:
 static int usage(void)
 {
     fprintf(stderr, "usage: kipp-cuda-gate --model F.gguf [--model ...] [--prompt N (default 24)] [--decode N (8)]\n"
-                    "                      [--batch B (1..8, default 3)] [--long N (0)] [--nmse X (1e-4)] [--json FILE]\n");
+                    "                      [--batch B (1..8, default 3)] [--long N (0)] [--nmse X (1e-4)] [--json FILE]\n"
+                    "                      [--oracle ref|cpu (the backend cuda is compared with, default ref)]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    opts o = {.prompt = 24, .decode = 8, .batch = 3, .nmse_max = 1e-4};
+    opts o = {.prompt = 24, .decode = 8, .batch = 3, .nmse_max = 1e-4, .oracle = "ref"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage();
@@ -245,6 +247,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--long")) o.long_n = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--nmse")) o.nmse_max = strtod(v, NULL);
         else if (!strcmp(a, "--json")) o.json = v;
+        else if (!strcmp(a, "--oracle")) o.oracle = v;
         else return usage();
         i++;
     }
@@ -261,7 +264,7 @@ int main(int argc, char **argv)
         kipp_model *mr = NULL, *mc = NULL, *mp = NULL;
         const char *path = o.models[k];
         printf("%s\n", path);
-        int rc = kipp_model_open(path, "ref", NULL, &mr, err, sizeof err);
+        int rc = kipp_model_open(path, o.oracle, NULL, &mr, err, sizeof err);
         if (!rc) rc = kipp_model_open(path, "cuda", NULL, &mc, err, sizeof err);
         if (!rc) rc = kipp_model_open_pooled(path, "cuda", NULL, 256, &mp, err, sizeof err);
         if (rc) {
@@ -271,13 +274,13 @@ int main(int argc, char **argv)
             kipp_model_info info;
             kipp_model_get_info(mr, &info);
             uint32_t V = info.vocab_size;
-            stats si = {0}, sb = {0}, sp = {0}, sl = {0};
+            stats si = {0}, sb[2] = {{0}}, sl = {0};
+            kipp_model *const both[2] = {mc, mp};
             int ok = phase_isolated(mr, mc, V, &o, &si);
             all_ok &= report(path, "isolated", &si, &o, js, &first) && ok;
-            ok = phase_batched(mr, mc, V, &o, &sb);
-            all_ok &= report(path, "batched", &sb, &o, js, &first) && ok;
-            ok = phase_batched(mr, mp, V, &o, &sp);
-            all_ok &= report(path, "pooled", &sp, &o, js, &first) && ok;
+            ok = phase_batched(mr, both, V, &o, sb);
+            all_ok &= report(path, "batched", &sb[0], &o, js, &first) && ok;
+            all_ok &= report(path, "pooled", &sb[1], &o, js, &first) && ok;
             if (o.long_n) {
                 ok = phase_long(mr, mc, V, &o, &sl);
                 all_ok &= report(path, "long", &sl, &o, js, &first) && ok;
