@@ -289,6 +289,16 @@ NVCC := $(shell command -v nvcc 2>/dev/null)
 # The CUDA kernel units and their check over the shared case table
 # (kernels/cuda/check/kcheck_cuda.cu); running the check needs a GPU.
 KCASE_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(filter-out %/kcheck.c,$(KCHECK_SRC)))
+# The CUDA kernel units (kernels/cuda/*.cu, sm_90, warnings are errors) and
+# build/cuda/kcheck_cuda: each unit against its CPU *_ref over the shared case
+# table plus the CUDA-only cases; running it needs a GPU (exit 2 without one).
+KCUDA_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/cuda/k/%.o,$(wildcard kernels/cuda/*.cu))
+KCUDA_FLAGS := -O2 -arch=sm_90 -I. -Xcompiler -Wall,-Wextra,-Werror
+$(BUILD)/cuda/k/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h)
+	@mkdir -p $(@D)
+	$(NVCC) $(KCUDA_FLAGS) -c $< -o $@
+$(BUILD)/cuda/kcheck_cuda: $(BUILD)/cuda/k/check/kcheck_cuda.o $(KCUDA_OBJ) $(KCASE_OBJ) $(BUILD)/libkipp_kernels.a
+	$(NVCC) -arch=sm_90 $^ -lm -lpthread -o $@
 # The CUDA backend (backends/cuda) and the binaries built with it:
 # build/cuda/{kipp,kipp-serve,kipp-bench} (the CPU build's sources with
 # -DKIPP_WITH_CUDA on engine/backends.c, which adds "cuda" to the backend
@@ -328,10 +338,7 @@ ifeq ($(NVCC),)
 	@echo "make cuda: nvcc not found; the CUDA backend is skipped on this machine" && false
 else
 	@mkdir -p $(BUILD)/cuda
-	$(NVCC) -O2 -I. -c kernels/cuda/matvec_bf16.cu -o $(BUILD)/cuda/matvec_bf16.o
-	$(NVCC) -O2 -I. -c kernels/cuda/check/kcheck_cuda.cu -o $(BUILD)/cuda/kcheck_cuda.o
-	$(NVCC) $(BUILD)/cuda/kcheck_cuda.o $(BUILD)/cuda/matvec_bf16.o $(KCASE_OBJ) \
-	  $(BUILD)/libkipp_kernels.a -lm -lpthread -o $(BUILD)/cuda/kcheck_cuda
+	$(MAKE) --no-print-directory $(BUILD)/cuda/kcheck_cuda
 endif
 
 clean:
