@@ -97,6 +97,16 @@ KC_HD float kc_q4_1_weight(const uint8_t *blk, uint32_t i)
     return kc_q4_1_d(blk) * (float)kc_q4_1_q(blk, i) + kc_q4_1_m(blk);
 }
 
+/**
+ * The kernels read a Q4_1 block's 16 nibble bytes as 4 little-endian words:
+ * word k holds file bytes 4k..4k+3, so the code of column 16 h + 4 k + b
+ * (h = 0 the low nibbles, columns 0..15; h = 1 the high ones, 16..31) is
+ * nibble h of byte b of word k.
+ */
+KC_HD uint32_t kc_q4_1_word_code(uint32_t word, uint32_t h, uint32_t b) { return (word >> (8u * b + 4u * h)) & 15u; }
+/** The kernels read a Q8_0 block's codes as little-endian u16 pairs: pair i holds q[2i] (e = 0) and q[2i+1] (e = 1). */
+KC_HD int kc_q8_0_pair_code(uint16_t pair, uint32_t e) { return (int)(int8_t)(uint8_t)(pair >> (8u * e)); }
+
 /** Byte offset of row r's block b in a [rows][cols] file-layout quantized matrix. */
 KC_HD size_t kc_qblock_off(size_t r, size_t b, size_t cols, uint32_t block_bytes)
 {

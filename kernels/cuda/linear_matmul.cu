@@ -115,7 +115,7 @@ kc_matmul_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uint3
 #pragma unroll
                     for (uint32_t i = 0; i < 8u; i++) {
                         const uint16_t v = __ldg(q2 + i);
-                        packed[i] = mm_code((int8_t)(v & 0xffu)) | mm_code((int8_t)(v >> 8)) << 16;
+                        packed[i] = mm_code(kc_q8_0_pair_code(v, 0)) | mm_code(kc_q8_0_pair_code(v, 1)) << 16;
                     }
                 } else {
                     const uint8_t *blk = w + kc_qblock_off(o, kt, in, KC_Q4_1_BYTES);
@@ -124,9 +124,10 @@ kc_matmul_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uint3
                     m = kc_q4_1_m(blk);
 #pragma unroll
                     for (uint32_t k = 0; k < 4u; k++) {
-                        const uint32_t v = __ldg(nw + k) >> (4u * h); /* h = 1: the high nibbles, q[16..31] */
-                        packed[2 * k] = mm_code((int)(v & 15u)) | mm_code((int)((v >> 8) & 15u)) << 16;
-                        packed[2 * k + 1] = mm_code((int)((v >> 16) & 15u)) | mm_code((int)((v >> 24) & 15u)) << 16;
+                        const uint32_t v = __ldg(nw + k); /* codes of columns 16h + 4k .. 16h + 4k + 3 */
+                        packed[2 * k] = mm_code((int)kc_q4_1_word_code(v, h, 0)) | mm_code((int)kc_q4_1_word_code(v, h, 1)) << 16;
+                        packed[2 * k + 1] =
+                            mm_code((int)kc_q4_1_word_code(v, h, 2)) | mm_code((int)kc_q4_1_word_code(v, h, 3)) << 16;
                     }
                 }
             } else {

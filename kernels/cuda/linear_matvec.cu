@@ -142,8 +142,8 @@ kc_matvec_q_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uin
 #pragma unroll
                 for (uint32_t i = 0; i < KC_QBLOCK / 2u; i++) {
                     const uint16_t v = q2[i];
-                    qf[2 * i] = (float)(int8_t)(v & 0xffu);
-                    qf[2 * i + 1] = (float)(int8_t)(v >> 8);
+                    qf[2 * i] = (float)kc_q8_0_pair_code(v, 0);
+                    qf[2 * i + 1] = (float)kc_q8_0_pair_code(v, 1);
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++) {
@@ -165,9 +165,8 @@ kc_matvec_q_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uin
                     const uint32_t v = nw[k];
 #pragma unroll
                     for (uint32_t b = 0; b < 4u; b++) {
-                        const uint32_t byte = (v >> (8u * b)) & 0xffu; /* file byte 4k + b */
-                        qf[4 * k + b] = (float)(byte & 15u);      /* q[4k + b] */
-                        qf[16 + 4 * k + b] = (float)(byte >> 4);  /* q[4k + b + 16] */
+                        qf[4 * k + b] = (float)kc_q4_1_word_code(v, 0, b);      /* q[4k + b] */
+                        qf[16 + 4 * k + b] = (float)kc_q4_1_word_code(v, 1, b); /* q[16 + 4k + b] */
                     }
                 }
 #pragma unroll
