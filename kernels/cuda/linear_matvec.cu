@@ -8,14 +8,14 @@
  *
  * Shape: one warp per output row, 4 warps (128 threads) per block, the token
  * rows R a template argument so the accumulators stay in registers.
- *   bf16: each lane loads 16 bytes (8 weights) at a time, 4 loads in flight
- *         per lane before any arithmetic, 2 KiB per warp: a 1024-column row
- *         is one step.
+ *   bf16: each lane loads 16 bytes (8 weights) at a time, 8 loads in flight
+ *         per lane before any arithmetic, 4 KiB per warp: a row of up to
+ *         2048 columns is one step.
  *   Q8_0 / Q4_1: the 34- and 20-byte blocks are only 2- or 4-byte aligned,
- *         so the warp copies 32 blocks (1088 / 640 bytes) of its row into
+ *         so the warp copies 64 blocks (2176 / 1280 bytes) of its row into
  *         its own shared-memory stage with 16-byte loads (when the row and
  *         group are 16-byte aligned: Q8_0 with in % 256 == 0, Q4_1 with
- *         in % 128 == 0; else 2-byte loads) and then lane b decodes block b
+ *         in % 128 == 0; else 2-byte loads) and then lane b decodes blocks b, b + 32
  *         against 32 activations of each row: y += d * sum(q x) for Q8_0,
  *         y += d * sum(q x) + m * sum(x) for Q4_1 (kcuda_math.h decode).
  * Activations are read through the read-only cache (every warp of the block
@@ -31,8 +31,9 @@
 
 #define MV_WARPS 4u
 #define MV_THREADS (MV_WARPS * 32u)
-#define MV_LOADS 4u /* 16-byte bf16 weight loads in flight per lane */
-#define MV_GROUP 32u /* quantized blocks staged per warp step: one per lane */
+#define MV_LOADS 8u /* 16-byte bf16 weight loads in flight per lane: a 2048-column row at once */
+#define MV_GROUP 64u /* quantized blocks staged per warp step: two per lane */
+#define MV_PIECES 5u /* 16-byte pieces per lane that cover a staged group */
 
 enum { MV_BF16 = 0, MV_Q8_0 = 1, MV_Q4_1 = 2 };
 
@@ -84,7 +85,7 @@ kc_matvec_bf16_kernel(const uint16_t *w, const float *x, float *y, uint32_t out,
     }
 }
 
-static_assert(MV_GROUP * KC_Q8_0_BYTES <= 3u * 32u * 16u, "a staged group is at most 3 pieces of 16 bytes per lane");
+static_assert(MV_GROUP * KC_Q8_0_BYTES <= MV_PIECES * 32u * 16u, "a staged group is at most MV_PIECES pieces per lane");
 
 /* Copy nbytes (even) from global src to the warp's stage dst (16-byte aligned). */
 __device__ __forceinline__ void mv_stage(uint8_t *dst, const uint8_t *src, uint32_t nbytes, uint32_t lane)
@@ -94,14 +95,14 @@ __device__ __forceinline__ void mv_stage(uint8_t *dst, const uint8_t *src, uint3
         const uint32_t n16 = nbytes / 16u;
         const uint4 *s4 = (const uint4 *)src;
         uint4 *d4 = (uint4 *)dst;
-        uint4 v[3]; /* up to 68 pieces (Q8_0): 3 per lane, all issued before the stores */
+        uint4 v[MV_PIECES]; /* up to 136 pieces (Q8_0): all issued before the stores */
 #pragma unroll
-        for (uint32_t u = 0; u < 3u; u++) {
+        for (uint32_t u = 0; u < MV_PIECES; u++) {
             const uint32_t i = u * 32u + lane;
             if (i < n16) v[u] = __ldcs(s4 + i);
         }
 #pragma unroll
-        for (uint32_t u = 0; u < 3u; u++) {
+        for (uint32_t u = 0; u < MV_PIECES; u++) {
             const uint32_t i = u * 32u + lane;
             if (i < n16) d4[i] = v[u];
         }
@@ -132,9 +133,9 @@ kc_matvec_q_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uin
         __syncwarp(); /* the previous group is decoded */
         mv_stage(st, wr + (size_t)g * BB, nblk * BB, lane);
         __syncwarp();
-        if (lane < nblk) {
-            const uint8_t *blk = st + lane * BB;
-            const size_t col0 = (size_t)(g + lane) * KC_QBLOCK;
+        for (uint32_t bi = lane; bi < nblk; bi += 32u) { /* blocks lane and lane + 32 of the group */
+            const uint8_t *blk = st + bi * BB;
+            const size_t col0 = (size_t)(g + bi) * KC_QBLOCK;
             if (FMT == MV_Q8_0) {
                 const float d = kc_q8_0_d(blk);
                 const uint16_t *q2 = (const uint16_t *)(blk + 2); /* 2-byte aligned: BB and the stage are even */
