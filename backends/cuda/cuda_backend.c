@@ -17,8 +17,10 @@
  *     row carries its position and block table (kc_rows), and only the rows
  *     that need logits are gathered, normed and sent through the head.
  *   - A decode step (every item one token, at most CU_GRAPH_MAX items) runs
- *     as a CUDA graph captured once per batch size: its per-row metadata sits
- *     in fixed device buffers that are refreshed before each launch.
+ *     as a CUDA graph captured once per batch size (at its second step; the
+ *     first runs eagerly): its per-row metadata sits in fixed device buffers
+ *     that are refreshed before each launch. KIPP_CUDA_GRAPHS=0 disables them;
+ *     a failed capture disables them for the model and says why in describe.
  *   - Every CUDA failure becomes a sentence in err (no device, out of device
  *     memory with the numbers, unsupported dtype), never an abort.
  *
@@ -92,6 +94,7 @@ typedef struct {
     size_t n_ranges, cap_ranges;
     /* decode graphs by batch size */
     cudaGraphExec_t graph[CU_GRAPH_MAX + 1];
+    uint8_t ran[CU_GRAPH_MAX + 1]; /* batch size ran eagerly once: its kernels are loaded, capture is safe */
     int graphs_off;
     char graph_note[256]; /* why graphs were turned off, for describe */
     /* a device error that leaves the context unusable: every later eval reports it */
@@ -752,7 +755,9 @@ static int eval_decode(cu_model *m, kipp_eval_item *items, uint32_t n, char *err
     cudaError_t e = upload_meta(m, n, nbt, 0);
     if (e) return report_cuda(m, e, what, err, errlen);
     int rc = 0;
-    if (!m->graphs_off && !m->graph[n]) {
+    /* The first step of a size runs eagerly (module loading, lazy init inside
+     * the kernel units happen outside capture); the second captures. */
+    if (!m->graphs_off && !m->graph[n] && m->ran[n]) {
         rc = capture_decode(m, n, &what);
         if (rc) { /* graphs off from now on; this step runs eagerly below */
             snprintf(m->graph_note, sizeof m->graph_note, "capture of %u rows failed at %s: %s", n, what,
@@ -773,6 +778,7 @@ static int eval_decode(cu_model *m, kipp_eval_item *items, uint32_t n, char *err
     if (!rc) what = "copying logits to the host", rc = (int)copy_logits(m, m->ldst, n);
     e = cudaStreamSynchronize(m->st);
     if (!rc && e) rc = (int)e, what = "the decode step";
+    if (!rc) m->ran[n] = 1;
     return rc ? report_cuda(m, (cudaError_t)rc, what, err, errlen) : 0;
 }
 
