@@ -12,8 +12,8 @@
  * that lane j reading row j is conflict-free), lane j scores position j for
  * every query head, the warp takes the page max and the softmax weights
  * (online softmax, FP32, expf), and then walks the page's V rows with each
- * lane owning 4 of the 128 dims (8-byte coalesced loads), the weights
- * broadcast by shuffle. Positions past the row's length are never read.
+ * lane owning 4 of the 128 dims (8-byte coalesced loads, 8 rows in flight
+ * per lane), the weights broadcast by shuffle. Positions past the row's length are never read.
  * The 4 warp states merge in shared memory at the end (Milakov & Gimelshein's
  * merge, as k_attn_merge). When few rows run (decode), the row's page range is
  * split across kc_attn_n_split blocks (kcuda_math.h) that write partial
@@ -33,6 +33,7 @@
 #define AT_WARPS 4u
 #define AT_THREADS (AT_WARPS * 32u) /* == KC_HEAD_DIM: thread t owns dim t in staging and merge */
 #define AT_GMAX 8u                  /* query heads per block (a larger group is cut into subgroups) */
+#define AT_VBATCH 8u                /* V rows loaded ahead per lane */
 #define AT_KROW 65u                 /* 32-bit words per staged K row: 64 (128 bf16) + 1 pad */
 
 static_assert(AT_THREADS == KC_HEAD_DIM, "one thread per head dim in the staging and the merge");
@@ -131,15 +132,24 @@ kc_attn_kernel(const float *q, const uint16_t *kcache, const uint16_t *vcache, k
             m[g] = m_new;
             s[g] = e; /* this lane's softmax weight for head g */
         }
-        for (uint32_t j = 0; j < nvalid; j++) {
-            const uint2 v2 = *(const uint2 *)(vbase + (size_t)j * row_stride + lane * 4u);
-            const float v0 = __uint_as_float(v2.x << 16), v1 = __uint_as_float(v2.x & 0xffff0000u);
-            const float v2f = __uint_as_float(v2.y << 16), v3 = __uint_as_float(v2.y & 0xffff0000u);
+        for (uint32_t j0 = 0; j0 < nvalid; j0 += AT_VBATCH) { /* AT_VBATCH V rows in flight per lane */
+            uint2 vv[AT_VBATCH];
 #pragma unroll
-            for (uint32_t g = 0; g < AT_GMAX; g++) {
-                const float e = __shfl_sync(0xffffffffu, s[g], j); /* every lane joins, g < gn or not */
-                if (g < gn) {
-                    acc[g][0] += e * v0; acc[g][1] += e * v1; acc[g][2] += e * v2f; acc[g][3] += e * v3;
+            for (uint32_t u = 0; u < AT_VBATCH; u++)
+                vv[u] = j0 + u < nvalid ? *(const uint2 *)(vbase + (size_t)(j0 + u) * row_stride + lane * 4u)
+                                        : make_uint2(0u, 0u); /* rows past the length are never read */
+#pragma unroll
+            for (uint32_t u = 0; u < AT_VBATCH; u++) {
+                const uint32_t j = j0 + u;
+                if (j >= nvalid) break; /* uniform across the warp */
+                const float v0 = __uint_as_float(vv[u].x << 16), v1 = __uint_as_float(vv[u].x & 0xffff0000u);
+                const float v2f = __uint_as_float(vv[u].y << 16), v3 = __uint_as_float(vv[u].y & 0xffff0000u);
+#pragma unroll
+                for (uint32_t g = 0; g < AT_GMAX; g++) {
+                    const float e = __shfl_sync(0xffffffffu, s[g], j); /* every lane joins, g < gn or not */
+                    if (g < gn) {
+                        acc[g][0] += e * v0; acc[g][1] += e * v1; acc[g][2] += e * v2f; acc[g][3] += e * v3;
+                    }
                 }
             }
         }
