@@ -120,31 +120,31 @@ if timeout 180 "$BIN/kcheck_cuda" > "$OUT/kcheck.log" 2>&1; then say "kcheck_cud
 else tail -n 30 "$OUT/kcheck.log"; fail "kcheck_cuda (kcheck.log)"; fi
 
 # ---- model gates ----
-GATE_ARGS=(--nmse 1e-4)
+# gate FILE... : one kipp-cuda-gate process per model, in parallel (the ref
+# oracle is one CPU thread each), $GATE_FLAGS for all; logs and JSON per model.
+gate() {
+    local pids=() f i=0
+    for f in "$@"; do
+        timeout 240 "$BIN/kipp-cuda-gate" --nmse 1e-4 $GATE_FLAGS --model "$M/$f.gguf" \
+            --json "$OUT/gate-$f.json" > "$OUT/gate-$f.log" 2>&1 &
+        pids+=($!)
+    done
+    for f in "$@"; do
+        if wait "${pids[$i]}"; then say "gates $f: pass"; else fail "gates $f (gate-$f.log in logs.tar.gz)"; fi
+        grep -Ev '^    row' "$OUT/gate-$f.log" | head -n 20 | tee -a "$LOG"
+        i=$((i + 1))
+    done
+}
+
 if wait $P_TINY; then
-    say "gates: tiny models"
-    if timeout 150 "$BIN/kipp-cuda-gate" "${GATE_ARGS[@]}" --prompt 40 --decode 8 --batch 4 --long 700 \
-        --model "$M/synthetic-tiny.gguf" --model "$M/synthetic-tiny-q8_0.gguf" \
-        --model "$M/synthetic-tiny-affine4_gs32.gguf" --model "$M/synthetic-tiny-untied.gguf" \
-        --json "$OUT/gate-tiny.json" > "$OUT/gate-tiny.log" 2>&1; then say "gates tiny: pass"
-    else fail "gates tiny (gate-tiny.log)"; fi
-    cat "$OUT/gate-tiny.log" | grep -Ev '^    row' | tee -a "$LOG"
+    say "gates: tiny models (bf16, q8_0, affine4_gs32, untied), with a prefill longer than one round"
+    GATE_FLAGS="--prompt 40 --decode 8 --batch 4 --long 700" \
+        gate synthetic-tiny synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32 synthetic-tiny-untied
 else tail -n 20 "$OUT/models-tiny.log"; fail "making the tiny checkpoints (models-tiny.log)"; fi
 
 if wait $P_06; then
-    say "gates: synthetic-0.6b in bf16, q8_0, affine4_gs32 (one process each, ref on the CPU)"
-    pids=()
-    for f in synthetic-0.6b synthetic-0.6b-q8_0 synthetic-0.6b-affine4_gs32; do
-        timeout 240 "$BIN/kipp-cuda-gate" "${GATE_ARGS[@]}" --prompt 12 --decode 4 --batch 2 \
-            --model "$M/$f.gguf" --json "$OUT/gate-$f.json" > "$OUT/gate-$f.log" 2>&1 &
-        pids+=($!)
-    done
-    i=0
-    for f in synthetic-0.6b synthetic-0.6b-q8_0 synthetic-0.6b-affine4_gs32; do
-        if wait "${pids[$i]}"; then say "gates $f: pass"; else fail "gates $f (gate-$f.log)"; fi
-        grep -Ev '^    row' "$OUT/gate-$f.log" | tee -a "$LOG"
-        i=$((i + 1))
-    done
+    say "gates: synthetic-0.6b in bf16, q8_0, affine4_gs32"
+    GATE_FLAGS="--prompt 12 --decode 4 --batch 2" gate synthetic-0.6b synthetic-0.6b-q8_0 synthetic-0.6b-affine4_gs32
 else tail -n 20 "$OUT/models-0.6b.log"; fail "making synthetic-0.6b (models-0.6b.log)"; fi
 
 # ---- benchmarks: nothing else on the GPU now ----
