@@ -26,8 +26,10 @@
 #   - kipp-bench --backend cuda: pp512, tg128, tg4k, batch8 on synthetic-0.6b
 #     and synthetic-1.7b (bf16), with the share of the HBM roofline added;
 #   - writes under $OUT (or ./cuda-check-out): check.log, summary.txt,
-#     gates.json, bench-raw.json, cuda-bench.json (kipp.bench.v1 plus device
-#     and hbm_* fields), logs.tar.gz (every log), build.log when it built.
+#     gates.json, the benchmark results under kipp-bench's own file name
+#     (<date>-<host>-<cpu>-cuda-<sha>.json: kipp.bench.v1 plus device, hbm_peak_gbps
+#     and per-row hbm_share; ready for results/), logs.tar.gz (every log),
+#     build.log when it built there.
 # Exit status: 0 only when the build, every kernel check and every gate pass
 # (the speed targets are reported, not gated).
 set -uo pipefail
@@ -159,9 +161,10 @@ if [ ${#BENCH_MODELS[@]} -gt 0 ]; then
     else tail -n 30 "$OUT/bench.log"; fail "kipp-bench (bench.log)"; fi
     raw=$(ls /tmp/kipp-bench-out/*.json 2>/dev/null | head -n1)
     if [ -n "$raw" ]; then
-        cp "$raw" "$OUT/bench-raw.json"
         # The HBM roofline: nominal peak of the card (H200 4.8 TB/s, H100 SXM 3.35 TB/s).
-        GPU="$GPU" "$PY" - "$raw" "$OUT/cuda-bench.json" <<'PYEOF' | tee -a "$LOG"
+        # Written under kipp-bench's own name (<date>-<host>-<cpu>-cuda-<sha>.json), ready for results/.
+        BENCH_JSON=$(basename "$raw")
+        GPU="$GPU" "$PY" - "$raw" "$OUT/$BENCH_JSON" <<'PYEOF' | tee -a "$LOG"
 import json, os, sys
 doc = json.load(open(sys.argv[1]))
 gpu = os.environ.get("GPU", "")
@@ -196,7 +199,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "gate-*.json"))):
         gates[os.path.basename(f)[5:-5]] = {"error": str(e)}
 json.dump({"schema": "kipp.cuda_gates.v1", "gates": gates}, open(sys.argv[2], "w"), indent=1)
 PYEOF
-for f in cuda-bench.json bench-raw.json; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done
+[ -n "${BENCH_JSON:-}" ] && [ -f "$OUT/$BENCH_JSON" ] && cp "$OUT/$BENCH_JSON" "$FINAL/"
 {
     echo "cuda_check: $GPU, $(( $(date +%s) - T0 )) s"
     for f in "$OUT"/gate-*.log; do [ -f "$f" ] && grep -E '^(  [a-z]+ +[0-9]+ rows|GATE|  open)' "$f" | sed "s|^|$(basename "$f" .log): |"; done
