@@ -79,6 +79,25 @@ static double nmse_or_fail(int ok, const float *a, const float *ref, size_t n)
     return ok ? kc_nmse(a, ref, n) : 1e30;
 }
 
+/* Mean device time of reps launches of f (after one warm-up), in microseconds; -1 on error. Only
+ * informative (the pass/fail lines do not depend on it): printed as "time ..." for a few cases so
+ * that a device run also shows what the units achieve. */
+template <typename F> static double time_us(F f, int reps)
+{
+    cudaEvent_t a, b;
+    if (cudaEventCreate(&a) != cudaSuccess) return -1;
+    if (cudaEventCreate(&b) != cudaSuccess) { cudaEventDestroy(a); return -1; }
+    float ms = -1;
+    int rc = f();
+    cudaEventRecord(a, 0);
+    for (int i = 0; i < reps && !rc; i++) rc = f();
+    cudaEventRecord(b, 0);
+    if (!rc && cudaEventSynchronize(b) == cudaSuccess) cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return rc || ms < 0 ? -1.0 : 1000.0 * ms / reps;
+}
+
 /* ---- linear ---- */
 
 typedef struct {
@@ -119,7 +138,8 @@ static uint32_t fmt_dtype(k_fmt f) { return k_fmt_get(f)->file->gguf_type; }
 
 enum { PATH_DISPATCH, PATH_MATVEC, PATH_MATMUL };
 
-static void check_linear(const char *label, k_fmt f, size_t out, size_t in, size_t n_rows, int path, double tol)
+static void check_linear(const char *label, k_fmt f, size_t out, size_t in, size_t n_rows, int path, double tol,
+                         int reps = 0)
 {
     const k_fmt_info *fi = k_fmt_get(f);
     size_t wbytes = k_fmt_file_bytes(fi, out, in);
@@ -148,6 +168,12 @@ static void check_linear(const char *label, k_fmt f, size_t out, size_t in, size
     snprintf(name, sizeof name, "%s %s %zux%zu rows %zu [%s]", label, fmt_name(f), out, in, n_rows,
              path == PATH_MATVEC ? "matvec" : path == PATH_MATMUL ? "matmul" : "kc_linear");
     report(name, nmse_or_fail(ok, y, ref, n_rows * out), tol);
+    if (ok && reps > 0) {
+        uint32_t dt = fmt_dtype(f), o = (uint32_t)out, i = (uint32_t)in, n = (uint32_t)n_rows;
+        double us = time_us([&] { return kc_linear(dw, dt, o, i, dx, n, dy, 0); }, reps);
+        printf("time %s: %.1f us, weights %.0f GB/s, %.1f TFLOP/s\n", name, us, (double)wbytes / us * 1e-3,
+               2.0 * (double)out * in * n_rows / us * 1e-6);
+    }
     cudaFree(dw); cudaFree(dx); cudaFree(dy);
     kipp_aligned_free(wf); kipp_aligned_free(x); kipp_aligned_free(ref); kipp_aligned_free(y);
     free(w);
@@ -184,7 +210,12 @@ static void linear_cases(void)
         check_linear("cuda matvec", f, 1, 32, 1, PATH_MATVEC, FP32ACT);      /* one block */
         check_linear("cuda matvec", f, 3, 9728, 4, PATH_MATVEC, FP32ACT);    /* 4B d_ff: 304 blocks, 10 groups */
     }
-    check_linear("cuda head", K_FMT_BF16, 151936, 1024, 8, PATH_MATVEC, FP32ACT); /* multi-row logits */
+    check_linear("cuda head", K_FMT_BF16, 151936, 1024, 8, PATH_MATVEC, FP32ACT, 20); /* multi-row logits */
+    check_linear("cuda head", K_FMT_BF16, 151936, 1024, 1, PATH_MATVEC, FP32ACT, 20);  /* decode: HBM-bound */
+    for (size_t fi = 0; fi < 3; fi++) { /* timed: decode past L2, and the pp512 projections */
+        check_linear("cuda time", fmts[fi], 65536, 2048, 1, PATH_MATVEC, FP32ACT, 20);
+        check_linear("cuda time", fmts[fi], 6144, 1024, 512, PATH_MATMUL, FP32ACT, 20);
+    }
 }
 
 /* ---- format-free ops ---- */
@@ -478,6 +509,11 @@ static void check_attn(const char *label, const attn_spec *sp, uint32_t group, i
     snprintf(name, sizeof name, "%s attention rows %u seqs %u group %u (splits %u)", label, R, sp->n_seq, group,
              kc_attn_n_split(R, KIPP_N_KV_HEAD, n_q));
     report(name, e_at, ORDER);
+    if (e_at <= ORDER && (R == 1 || R >= 512)) {
+        double us = time_us([&] { return kc_attention((const float *)d_q, (const uint16_t *)d_kc, (const uint16_t *)d_vc,
+                                                       rows, R, n_q, KIPP_N_KV_HEAD, (float *)d_y, 0); }, 20);
+        printf("time %s: %.1f us\n", name, us);
+    }
 done:;
     void *dv[] = {d_kc, d_vc, d_k, d_v, d_q, d_y, d_pos, d_off, d_bt};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) cudaFree(dv[i]);
