@@ -20,7 +20,9 @@
  * each warp 32 x 32 (2 x 4 fragments of 16 x 8), k in steps of 32 (one quant
  * block): all threads stage the W tile (bf16 codes) and x tile (hi, lo) in
  * shared memory with rows padded to 40 halves (20 words: the fragment loads
- * of 8 groups x 4 lanes hit 32 distinct banks), barrier, MMAs, barrier.
+ * of 8 groups x 4 lanes hit 32 distinct banks), barrier, issue the next
+ * step's global loads into registers (mm_load), MMAs, barrier: the loads of
+ * step k + 1 are in flight while step k multiplies.
  * Rows and tokens past the ends are staged as zeros and never stored.
  */
 #include <cuda_runtime.h>
@@ -50,6 +52,111 @@ __device__ __forceinline__ void mm_mma(float c[4], const uint32_t a[4], uint32_t
 /* bf16 bits of a small integer code (|v| <= 255: exact). */
 __device__ __forceinline__ uint32_t mm_code(int v) { return __float_as_uint((float)v) >> 16; }
 
+/* One thread's share of a k step's global reads, held in registers so the next step's loads are in
+ * flight while this step's MMAs run (register prefetch, one shared stage). */
+typedef struct {
+    float4 x[4]; /* 4 of the x tile's 512 float4: token (it * 128 + tid) / 8, piece tid % 8 */
+    uint4 w[2];  /* bf16: 2 of the W tile's 256 pieces; Q8_0: 16 int8 codes; Q4_1: w[0] = 4 nibble words */
+    uint32_t dm; /* quantized: the block's fp16 d | fp16 m << 16 (0 past the last row) */
+} mm_raw;
+
+template <int FMT>
+__device__ __forceinline__ void mm_load(const uint8_t *w, const float *x, uint32_t o0, uint32_t t0, uint32_t kt,
+                                        uint32_t out, uint32_t in, uint32_t n_rows, uint32_t tid, mm_raw &r)
+{
+    const uint32_t k0 = kt * MM_BK;
+#pragma unroll
+    for (uint32_t it = 0; it < 4u; it++) { /* 64 tokens x 32 floats = 512 float4; 8 threads per token */
+        const uint32_t idx = it * MM_THREADS + tid, t = idx / 8u, part = idx % 8u, tok = t0 + t;
+        r.x[it] = tok < n_rows ? __ldg((const float4 *)(x + (size_t)tok * in + k0) + part)
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (FMT == MM_BF16) {
+#pragma unroll
+        for (uint32_t it = 0; it < 2u; it++) { /* 64 rows x 64 bytes = 256 pieces of 16 bytes, 4 per row */
+            const uint32_t idx = it * MM_THREADS + tid, row = idx / 4u, part = idx % 4u, o = o0 + row;
+            r.w[it] = o < out ? __ldg((const uint4 *)(w + ((size_t)o * in + k0) * 2u) + part) : make_uint4(0, 0, 0, 0);
+        }
+        r.dm = 0;
+        return;
+    }
+    const uint32_t row = tid / 2u, h = tid % 2u, o = o0 + row; /* two threads per row: half h of the codes */
+    r.w[0] = r.w[1] = make_uint4(0, 0, 0, 0);
+    r.dm = 0;
+    if (o >= out) return;
+    if (FMT == MM_Q8_0) {
+        const uint8_t *blk = w + kc_qblock_off(o, kt, in, KC_Q8_0_BYTES);
+        const uint16_t *q2 = (const uint16_t *)(blk + 2u + 16u * h); /* 2-byte aligned: pairs of codes */
+        uint32_t p[8];
+#pragma unroll
+        for (uint32_t i = 0; i < 8u; i++) p[i] = __ldg(q2 + i);
+        r.w[0] = make_uint4(p[0] | p[1] << 16, p[2] | p[3] << 16, p[4] | p[5] << 16, p[6] | p[7] << 16);
+        r.dm = __ldg((const uint16_t *)blk);
+    } else {
+        const uint8_t *blk = w + kc_qblock_off(o, kt, in, KC_Q4_1_BYTES);
+        r.w[0] = make_uint4(__ldg((const uint32_t *)(blk + 4u)), __ldg((const uint32_t *)(blk + 8u)),
+                            __ldg((const uint32_t *)(blk + 12u)), __ldg((const uint32_t *)(blk + 16u)));
+        r.dm = __ldg((const uint32_t *)blk); /* d | m << 16 (4-byte aligned block) */
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ void mm_store(const mm_raw &r, uint16_t (*ws)[MM_LD], uint16_t (*xh)[MM_LD],
+                                         uint16_t (*xl)[MM_LD], float *dsc, float *msc, float *xsum, uint32_t tid)
+{
+#pragma unroll
+    for (uint32_t it = 0; it < 4u; it++) {
+        const uint32_t idx = it * MM_THREADS + tid, t = idx / 8u, part = idx % 8u;
+        const float4 v = r.x[it];
+        uint16_t h0, h1, h2, h3, l0, l1, l2, l3;
+        kc_split_bf16(v.x, &h0, &l0);
+        kc_split_bf16(v.y, &h1, &l1);
+        kc_split_bf16(v.z, &h2, &l2);
+        kc_split_bf16(v.w, &h3, &l3);
+        *(uint2 *)&xh[t][part * 4u] = make_uint2(h0 | (uint32_t)h1 << 16, h2 | (uint32_t)h3 << 16);
+        *(uint2 *)&xl[t][part * 4u] = make_uint2(l0 | (uint32_t)l1 << 16, l2 | (uint32_t)l3 << 16);
+        if (FMT == MM_Q4_1) { /* block sum of x per token: the 8 threads of a token are 8 adjacent lanes */
+            float sx = v.x + v.y + v.z + v.w;
+            sx += __shfl_xor_sync(0xffffffffu, sx, 1);
+            sx += __shfl_xor_sync(0xffffffffu, sx, 2);
+            sx += __shfl_xor_sync(0xffffffffu, sx, 4);
+            if (part == 0) xsum[t] = sx;
+        }
+    }
+    if (FMT == MM_BF16) {
+#pragma unroll
+        for (uint32_t it = 0; it < 2u; it++) {
+            const uint32_t idx = it * MM_THREADS + tid, row = idx / 4u, part = idx % 4u;
+            *(uint4 *)&ws[row][part * 8u] = r.w[it];
+        }
+        return;
+    }
+    const uint32_t row = tid / 2u, h = tid % 2u;
+    const uint32_t wd[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
+    uint32_t packed[8]; /* 16 codes as bf16, 2 per word: columns 16h .. 16h + 15 */
+    if (FMT == MM_Q8_0) {
+#pragma unroll
+        for (uint32_t i = 0; i < 8u; i++) { /* pair i: codes 16h + 2i, 16h + 2i + 1 */
+            const uint16_t pair = (uint16_t)(wd[i / 2u] >> (16u * (i % 2u)));
+            packed[i] = mm_code(kc_q8_0_pair_code(pair, 0)) | mm_code(kc_q8_0_pair_code(pair, 1)) << 16;
+        }
+    } else {
+#pragma unroll
+        for (uint32_t k = 0; k < 4u; k++) { /* word k: codes of columns 16h + 4k .. 16h + 4k + 3 */
+            packed[2 * k] = mm_code((int)kc_q4_1_word_code(wd[k], h, 0)) | mm_code((int)kc_q4_1_word_code(wd[k], h, 1)) << 16;
+            packed[2 * k + 1] =
+                mm_code((int)kc_q4_1_word_code(wd[k], h, 2)) | mm_code((int)kc_q4_1_word_code(wd[k], h, 3)) << 16;
+        }
+    }
+    uint4 *dst = (uint4 *)&ws[row][16u * h];
+    dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    if (h == 0) {
+        dsc[row] = kc_f16_to_f32((uint16_t)(r.dm & 0xffffu));
+        msc[row] = FMT == MM_Q4_1 ? kc_f16_to_f32((uint16_t)(r.dm >> 16)) : 0.0f;
+    }
+}
+
 template <int FMT>
 __global__ void __launch_bounds__(MM_THREADS)
 kc_matmul_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uint32_t in, uint32_t n_rows)
@@ -70,76 +177,12 @@ kc_matmul_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uint3
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
+    mm_raw raw;
+    mm_load<FMT>(w, x, o0, t0, 0, out, in, n_rows, tid, raw);
     for (uint32_t kt = 0; kt < nkt; kt++) {
-        const uint32_t k0 = kt * MM_BK;
-        /* ---- stage x: 64 tokens x 32 floats = 512 float4, 4 per thread; 8 threads per token ---- */
-#pragma unroll
-        for (uint32_t it = 0; it < 4u; it++) {
-            const uint32_t idx = it * MM_THREADS + tid, t = idx / 8u, part = idx % 8u;
-            const uint32_t tok = t0 + t;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (tok < n_rows) v = __ldg((const float4 *)(x + (size_t)tok * in + k0) + part);
-            uint16_t h0, h1, h2, h3, l0, l1, l2, l3;
-            kc_split_bf16(v.x, &h0, &l0);
-            kc_split_bf16(v.y, &h1, &l1);
-            kc_split_bf16(v.z, &h2, &l2);
-            kc_split_bf16(v.w, &h3, &l3);
-            *(uint2 *)&xh[t][part * 4u] = make_uint2(h0 | (uint32_t)h1 << 16, h2 | (uint32_t)h3 << 16);
-            *(uint2 *)&xl[t][part * 4u] = make_uint2(l0 | (uint32_t)l1 << 16, l2 | (uint32_t)l3 << 16);
-            if (FMT == MM_Q4_1) { /* block sum of x per token: the 8 threads of a token are 8 adjacent lanes */
-                float sx = v.x + v.y + v.z + v.w;
-                sx += __shfl_xor_sync(0xffffffffu, sx, 1);
-                sx += __shfl_xor_sync(0xffffffffu, sx, 2);
-                sx += __shfl_xor_sync(0xffffffffu, sx, 4);
-                if (part == 0) xsum[t] = sx;
-            }
-        }
-        /* ---- stage W: 64 rows x 32 k as bf16 (weights or integer codes) ---- */
-        if (FMT == MM_BF16) {
-#pragma unroll
-            for (uint32_t it = 0; it < 2u; it++) { /* 256 pieces of 16 bytes, 4 per row */
-                const uint32_t idx = it * MM_THREADS + tid, row = idx / 4u, part = idx % 4u, o = o0 + row;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (o < out) v = __ldg((const uint4 *)(w + ((size_t)o * in + k0) * 2u) + part);
-                *(uint4 *)&ws[row][part * 8u] = v;
-            }
-        } else { /* two threads per row: half h of the block's 32 codes */
-            const uint32_t row = tid / 2u, h = tid % 2u, o = o0 + row;
-            uint32_t packed[8]; /* 16 codes, 2 per word */
-            float d = 0.0f, m = 0.0f;
-            if (o < out) {
-                if (FMT == MM_Q8_0) {
-                    const uint8_t *blk = w + kc_qblock_off(o, kt, in, KC_Q8_0_BYTES);
-                    const uint16_t *q2 = (const uint16_t *)(blk + 2u + 16u * h); /* 2-byte aligned */
-                    d = kc_q8_0_d(blk);
-#pragma unroll
-                    for (uint32_t i = 0; i < 8u; i++) {
-                        const uint16_t v = __ldg(q2 + i);
-                        packed[i] = mm_code(kc_q8_0_pair_code(v, 0)) | mm_code(kc_q8_0_pair_code(v, 1)) << 16;
-                    }
-                } else {
-                    const uint8_t *blk = w + kc_qblock_off(o, kt, in, KC_Q4_1_BYTES);
-                    const uint32_t *nw = (const uint32_t *)(blk + 4u); /* 4-byte aligned */
-                    d = kc_q4_1_d(blk);
-                    m = kc_q4_1_m(blk);
-#pragma unroll
-                    for (uint32_t k = 0; k < 4u; k++) {
-                        const uint32_t v = __ldg(nw + k); /* codes of columns 16h + 4k .. 16h + 4k + 3 */
-                        packed[2 * k] = mm_code((int)kc_q4_1_word_code(v, h, 0)) | mm_code((int)kc_q4_1_word_code(v, h, 1)) << 16;
-                        packed[2 * k + 1] =
-                            mm_code((int)kc_q4_1_word_code(v, h, 2)) | mm_code((int)kc_q4_1_word_code(v, h, 3)) << 16;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (uint32_t i = 0; i < 8u; i++) packed[i] = 0;
-            }
-            uint4 *dst = (uint4 *)&ws[row][16u * h];
-            dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-            if (h == 0) { dsc[row] = d; msc[row] = m; }
-        }
+        mm_store<FMT>(raw, ws, xh, xl, dsc, msc, xsum, tid); /* the previous step's readers passed the barrier */
         __syncthreads();
+        if (kt + 1u < nkt) mm_load<FMT>(w, x, o0, t0, kt + 1u, out, in, n_rows, tid, raw); /* in flight over the MMAs */
 
         /* ---- MMAs: 2 k16 steps x (2 x 4 fragments) x (hi, lo) ---- */
         float tmp[2][4][4];
