@@ -314,7 +314,8 @@ CUDA_CPPFLAGS := -DKIPP_WITH_CUDA -I$(CUDA_HOME)/include
 CUDA_OBJ := $(BUILD)/cuda/obj/engine/backends.o \
             $(patsubst %.c,$(BUILD)/cuda/obj/%.o,$(wildcard backends/cuda/*.c)) \
             $(patsubst %.cu,$(BUILD)/cuda/obj/%.o,$(wildcard backends/cuda/*.cu)) $(KCUDA_OBJ)
-CUDA_BIN := $(BUILD)/cuda/kipp $(BUILD)/cuda/kipp-serve $(BUILD)/cuda/kipp-bench $(BUILD)/cuda/kipp-cuda-gate
+CUDA_BIN := $(BUILD)/cuda/kipp $(BUILD)/cuda/kipp-serve $(BUILD)/cuda/kipp-bench $(BUILD)/cuda/kipp-cuda-gate \
+            $(BUILD)/cuda/kipp-cuda-gate-mock
 
 $(BUILD)/cuda/obj/%.o: %.cu $(wildcard kernels/cuda/*.h backends/cuda/*.h)
 	@mkdir -p $(@D)
@@ -335,6 +336,13 @@ $(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe
 
 $(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
+
+# The gates with the CUDA runtime and kernel units replaced by host-memory
+# stand-ins over the ref kernels (backends/cuda/mock): the backend's host logic,
+# checked bitwise against the ref backend without a GPU (tests/test_cuda_build.py).
+$(BUILD)/cuda/kipp-cuda-gate-mock: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $(BUILD)/cuda/obj/engine/backends.o \
+    $(BUILD)/cuda/obj/backends/cuda/cuda_backend.o $(BUILD)/cuda/obj/backends/cuda/mock/cuda_mock.o $(BUILD)/libkipp.a
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 cuda: $(BUILD)/libkipp_kernels.a $(KCASE_OBJ) $(if $(NVCC),$(CUDA_BIN))
 ifeq ($(NVCC),)

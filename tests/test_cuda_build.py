@@ -75,3 +75,30 @@ def test_cuda_build_fails_cleanly_without_a_device(name):
     assert rc > 0, f"{name} exited {rc} (a signal when negative): {out}"
     assert "no CUDA device available" in out, out
     assert "Segmentation" not in out and "Aborted" not in out, out
+
+
+@pytest.mark.parametrize("model,extra", [
+    ("synthetic-tiny", ["--long", "600"]),            # tied head; a prefill of two backend rounds
+    ("synthetic-tiny-untied-q8_0", []),                # untied head, quantized projections (converted into tmp_path)
+])
+def test_cuda_backend_host_logic_matches_ref_bitwise(model, extra, tmp_path):
+    """build/cuda/kipp-cuda-gate-mock: the CUDA backend's host code (interleaved
+    rounds, KV arena and block tables, pooled slab, logits rows, decode graphs
+    captured and replayed) over host-memory stand-ins that run the ref kernels,
+    so every logit must equal the ref backend's exactly (NMSE 0)."""
+    gate = CUDA_BIN / "kipp-cuda-gate-mock"
+    if not gate.exists():
+        pytest.skip("build/cuda/kipp-cuda-gate-mock not built (no nvcc/CUDA headers, or make cuda not run)")
+    path = Path(models_dir()) / f"{model}.gguf"
+    if not path.exists():
+        path = tmp_path / f"{model}.gguf"
+        base = model.removesuffix("-q8_0")
+        src = Path(models_dir()) / base
+        if not src.is_dir():
+            pytest.skip(f"{src} missing: run make models-test")
+        py = REPO_ROOT / ".venv" / "bin" / "python"
+        subprocess.run([str(py), "tools/convert_to_gguf.py", "--checkpoint", base, "--input", str(src),
+                        "--out", str(path), "--quant", "q8_0", "--quiet"], check=True, cwd=REPO_ROOT, timeout=300)
+    rc, out = run(gate, "--model", path, "--prompt", "20", "--decode", "4", "--batch", "3", "--nmse", "0", *extra,
+                  timeout=600)
+    assert rc == 0 and "GATE PASS" in out, out
