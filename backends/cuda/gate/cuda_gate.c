@@ -15,6 +15,8 @@
  *   pooled    the batched phase on a model opened with a KV pool, in the same
  *             steps against the same ref rows (the kipp-serve path: block
  *             tables index the shared slab);
+ *   grown     a session prefilled, then a larger one created (the backend's
+ *             KV arena grows under the first), then both decode in one batch;
  *   long      (--long N > 0) one prefill of N tokens, more than one round
  *             of the backend, logits for its last 4 rows.
  * A row passes when its argmax equals the ref's and its NMSE
@@ -200,6 +202,55 @@ out:
     return ok;
 }
 
+/* A session prefilled, then a larger one created (the CUDA backend grows its
+ * KV arena, copying the first session's KV), then both decode in one batch. */
+static int phase_grow(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts *o, stats *st)
+{
+    char err[512] = "";
+    int ok = 0;
+    uint32_t cap[2] = {o->prompt + o->decode + 1, 8 * (o->prompt + o->decode + 1) + 512}; /* > 2x the arena so far */
+    kipp_session *sr[2] = {0}, *sc[2] = {0};
+    uint32_t *ids = malloc(o->prompt * sizeof *ids), tok[2];
+    float *lr[2] = {0}, *lc[2] = {0};
+    kipp_batch_item items[2];
+    if (!ids) goto out;
+    for (int j = 0; j < 2; j++) {
+        lr[j] = malloc((size_t)o->prompt * vocab * sizeof(float));
+        lc[j] = malloc((size_t)o->prompt * vocab * sizeof(float));
+        if (!lr[j] || !lc[j]) goto out;
+    }
+    for (int j = 0; j < 2; j++) {
+        for (uint32_t i = 0; i < o->prompt; i++) ids[i] = next_id(vocab);
+        TRY(kipp_session_create(mr, cap[j], &sr[j], err, sizeof err));
+        TRY(kipp_session_create(mc, cap[j], &sc[j], err, sizeof err));
+        TRY(kipp_session_eval_n(sr[j], ids, o->prompt, 1, lr[j], err, sizeof err));
+        TRY(kipp_session_eval_n(sc[j], ids, o->prompt, 1, lc[j], err, sizeof err));
+        compare_rows(lc[j], lr[j], 1, vocab, st);
+        tok[j] = argmax(lr[j], vocab);
+    }
+    for (uint32_t s = 0; s < o->decode; s++) {
+        for (int j = 0; j < 2; j++) {
+            TRY(kipp_session_eval_n(sr[j], &tok[j], 1, 1, lr[j], err, sizeof err));
+            items[j] = (kipp_batch_item){sc[j], &tok[j], 1, 1, lc[j]};
+        }
+        TRY(kipp_eval_batch(mc, items, 2, err, sizeof err));
+        for (int j = 0; j < 2; j++) {
+            compare_rows(lc[j], lr[j], 1, vocab, st);
+            tok[j] = argmax(lr[j], vocab);
+        }
+    }
+    ok = 1;
+out:
+    for (int j = 0; j < 2; j++) {
+        kipp_session_destroy(sr[j]);
+        kipp_session_destroy(sc[j]);
+        free(lr[j]);
+        free(lc[j]);
+    }
+    free(ids);
+    return ok;
+}
+
 /* One prefill longer than a backend round; logits for the last 4 rows. */
 static int phase_long(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts *o, stats *st)
 {
@@ -281,6 +332,9 @@ int main(int argc, char **argv)
             ok = phase_batched(mr, both, V, &o, sb);
             all_ok &= report(path, "batched", &sb[0], &o, js, &first) && ok;
             all_ok &= report(path, "pooled", &sb[1], &o, js, &first) && ok;
+            stats sg = {0};
+            ok = phase_grow(mr, mc, V, &o, &sg);
+            all_ok &= report(path, "grown", &sg, &o, js, &first) && ok;
             if (o.long_n) {
                 ok = phase_long(mr, mc, V, &o, &sl);
                 all_ok &= report(path, "long", &sl, &o, js, &first) && ok;
