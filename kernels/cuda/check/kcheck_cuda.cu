@@ -7,7 +7,8 @@
  * mixed-sequence kc_rows with non-identity block tables, the split
  * long-context attention and prefill attention. One line per case
  * ("PASS|FAIL <case> nmse <e> (bound <b>)"), then "RESULT <passed> <failed>";
- * exit 1 on any failure, 2 with a sentence when there is no CUDA device.
+ * exit 1 on any failure (or when no case ran), 2 with a sentence on a usage
+ * error (an unknown argument or --op) or when there is no CUDA device.
  *
  * Bounds: table rows keep their own (kcase_table.c says why). The CUDA-only
  * linear cases use 1e-9 for every format, since the CUDA units read FP32
@@ -42,6 +43,16 @@ static const char *g_only; /* --op filter */
 
 static int want(const char *op) { return !g_only || !strcmp(g_only, op); }
 
+/* the --op values: any other one would run no case and print RESULT 0 0 with exit 0 */
+static const char *const g_ops[] = {"linear", "rmsnorm", "head_rmsnorm", "rope", "swiglu", "add", "embed", "kv_write",
+                                    "attention"};
+static int known_op(const char *op)
+{
+    for (size_t i = 0; i < sizeof g_ops / sizeof g_ops[0]; i++)
+        if (!strcmp(g_ops[i], op)) return 1;
+    return 0;
+}
+
 static void report(const char *name, double e, double tol)
 {
     int ok = e <= tol; /* NaN fails */
@@ -57,6 +68,14 @@ static void *dev_dup(const void *h, size_t n)
     void *d = NULL;
     if (cudaMalloc(&d, n ? n : 1) != cudaSuccess) return NULL;
     if (h && cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) { cudaFree(d); return NULL; }
+    return d;
+}
+
+/* A device output buffer of n bytes filled with NaN (0xff bytes), so an element the kernel never writes fails. */
+static void *dev_nan(size_t n)
+{
+    void *d = dev_dup(NULL, n);
+    if (d && cudaMemset(d, 0xff, n ? n : 1) != cudaSuccess) { cudaFree(d); return NULL; }
     return d;
 }
 
@@ -154,8 +173,8 @@ static void check_linear(const char *label, k_fmt f, size_t out, size_t in, size
         linear_ref_mt(fi, w, x, ref, out, in, n_rows);
         dw = dev_dup(w, wbytes);
         dx = (float *)dev_dup(x, n_rows * in * 4);
-        dy = (float *)dev_dup(NULL, n_rows * out * 4);
-        ok = dw && dx && dy && cudaMemset(dy, 0xff, n_rows * out * 4) == cudaSuccess; /* NaN: unwritten outputs fail */
+        dy = (float *)dev_nan(n_rows * out * 4); /* NaN: unwritten outputs fail */
+        ok = dw && dx && dy;
     }
     if (ok) {
         uint32_t dt = fmt_dtype(f), o = (uint32_t)out, i = (uint32_t)in, n = (uint32_t)n_rows;
@@ -230,7 +249,7 @@ static void check_rmsnorm(const char *label, size_t rows, size_t dim, int inplac
     if (ok) {
         k_rmsnorm_f32_ref(x, w, ref, rows, dim, 1e-6f);
         dx = (float *)dev_dup(x, rows * dim * 4);
-        dy = inplace ? dx : (float *)dev_dup(NULL, rows * dim * 4);
+        dy = inplace ? dx : (float *)dev_nan(rows * dim * 4);
         dw = (uint16_t *)dev_dup(w, dim * 2);
         ok = dx && dy && dw && launched(kc_rmsnorm(dw, dx, dy, (uint32_t)rows, (uint32_t)dim, 1e-6f, 0)) &&
              dev_get(y, dy, rows * dim * 4);
@@ -308,7 +327,7 @@ static void check_swiglu_add(const char *op, size_t n, double tol)
         else { memcpy(ref, a, n * 4); k_add_f32_ref(ref, b, n); }
         da = (float *)dev_dup(a, n * 4);
         db = (float *)dev_dup(b, n * 4);
-        dy = sw ? (float *)dev_dup(NULL, n * 4) : da;
+        dy = sw ? (float *)dev_nan(n * 4) : da;
         ok = da && db && dy && launched(sw ? kc_swiglu(da, db, dy, n, 0) : kc_add(da, db, n, 0)) &&
              dev_get(y, dy, n * 4);
     }
@@ -332,7 +351,7 @@ static void check_embed(const char *label, size_t d, size_t vocab, const uint32_
         for (size_t r = 0; r < n_rows; r++) k_embed_bf16_ref(t, tok[r], ref + r * d, d);
         dt = dev_dup(t, vocab * d * 2);
         dtok = dev_dup(tok, n_rows * 4);
-        dy = (float *)dev_dup(NULL, n_rows * d * 4);
+        dy = (float *)dev_nan(n_rows * d * 4);
         ok = dt && dtok && dy &&
              launched(kc_embed(dt, KIPP_TTYPE_BF16, (const uint32_t *)dtok, (uint32_t)n_rows, (uint32_t)d, dy, 0)) &&
              dev_get(y, dy, n_rows * d * 4);
@@ -481,7 +500,7 @@ static void check_attn(const char *label, const attn_spec *sp, uint32_t group, i
         d_k = dev_dup(k, (size_t)R * KV_ROW * 4);
         d_v = dev_dup(v, (size_t)R * KV_ROW * 4);
         d_q = dev_dup(q, (size_t)R * n_q * KIPP_HEAD_DIM * 4);
-        d_y = dev_dup(NULL, (size_t)R * n_q * KIPP_HEAD_DIM * 4);
+        d_y = dev_nan((size_t)R * n_q * KIPP_HEAD_DIM * 4);
         d_pos = dev_dup(sp->pos, R * 4);
         d_off = dev_dup(rbt, R * 4);
         d_bt = dev_dup(bt, (n_log + 1) * 4);
@@ -590,9 +609,11 @@ static void attn_cases(void)
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--op") && i + 1 < argc) { g_only = argv[++i]; continue; }
-        fprintf(stderr, "kcheck_cuda: unknown argument '%s'; usage: kcheck_cuda [--op linear|rmsnorm|head_rmsnorm|"
-                        "rope|swiglu|add|embed|kv_write|attention]\n", argv[i]);
+        if (!strcmp(argv[i], "--op") && i + 1 < argc && known_op(argv[i + 1])) { g_only = argv[++i]; continue; }
+        const int bad_op = !strcmp(argv[i], "--op") && i + 1 < argc;
+        fprintf(stderr, "kcheck_cuda: unknown %s '%s'; usage: kcheck_cuda [--op linear|rmsnorm|head_rmsnorm|"
+                        "rope|swiglu|add|embed|kv_write|attention]\n", bad_op ? "op" : "argument",
+                bad_op ? argv[i + 1] : argv[i]);
         return 2;
     }
     int n = 0;
@@ -607,5 +628,5 @@ int main(int argc, char **argv)
     attn_cases();
     linear_cases();
     printf("RESULT %d %d\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return g_fail || !g_pass ? 1 : 0; /* a run that checked nothing is no pass */
 }
