@@ -211,7 +211,8 @@ extern "C" int kc_attention(const float *q, const uint16_t *k_cache, const uint1
                             uint32_t n_rows, uint32_t n_q_head, uint32_t n_kv_head, float *out, cudaStream_t s)
 {
     if (n_rows == 0) return 0;
-    if (n_kv_head == 0 || n_q_head == 0 || n_q_head % n_kv_head || n_rows > 65535u)
+    if (n_kv_head == 0 || n_q_head == 0 || n_q_head % n_kv_head || n_rows > 65535u ||
+        (((uintptr_t)k_cache | (uintptr_t)v_cache) & 15u)) /* the K rows are staged with 16-byte loads */
         return (int)cudaErrorInvalidValue;
     const uint32_t group = n_q_head / n_kv_head, n_sub = (group + AT_GMAX - 1u) / AT_GMAX;
     if ((uint64_t)n_kv_head * n_sub > 65535u) return (int)cudaErrorInvalidValue;

@@ -185,6 +185,7 @@ __global__ void kc_kv_write_kernel(uint16_t *kc, uint16_t *vc, const float *k, c
     for (uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; t < n; t += (uint64_t)gridDim.x * blockDim.x) {
         const uint64_t r = t / kv_dim;
         const uint32_t i = (uint32_t)(t % kv_dim);
+        if (rows.pos[r] < 0) continue; /* no position, no KV (kc_attention reads none for it either) */
         const size_t slot = kc_kv_slot(rows.bt, rows.bt_off[r], (uint32_t)rows.pos[r]);
         const size_t dst = slot * kv_dim + i;
         kc[dst] = kc_f32_to_bf16(k[t]);

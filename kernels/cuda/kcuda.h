@@ -74,7 +74,8 @@ int kc_add(float *x, const float *y, size_t n, cudaStream_t s);
 
 /**
  * Paged KV write: row r's k and v ([n_rows][kv_dim] f32, kv_dim = n_kv_head *
- * 128) rounded to bf16 into the layer's caches at its slot (see top).
+ * 128) rounded to bf16 into the layer's caches at its slot (see top). A row
+ * with pos < 0 writes nothing (and kc_attention gives it a zero output).
  */
 int kc_kv_write(uint16_t *k_cache, uint16_t *v_cache, const float *k, const float *v,
                 kc_rows rows, uint32_t n_rows, uint32_t kv_dim, cudaStream_t s);
@@ -84,7 +85,8 @@ int kc_kv_write(uint16_t *k_cache, uint16_t *v_cache, const float *k, const floa
  * [n_q_head][128] f32, after RoPE) attend positions 0..pos[r] of the row's
  * sequence, query head h reading KV head h / (n_q_head / n_kv_head), scale
  * 1/sqrt(128), online softmax in FP32 (k_flash_gqa_bf16_ref). The rows' own K
- * and V must already be written. out [n_rows][n_q_head][128] f32.
+ * and V must already be written. out [n_rows][n_q_head][128] f32. k_cache and
+ * v_cache 16-byte aligned (else cudaErrorInvalidValue).
  */
 int kc_attention(const float *q, const uint16_t *k_cache, const uint16_t *v_cache, kc_rows rows,
                  uint32_t n_rows, uint32_t n_q_head, uint32_t n_kv_head, float *out,
