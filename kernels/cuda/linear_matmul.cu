@@ -178,7 +178,7 @@ kc_matmul_kernel(const uint8_t *w, const float *x, float *y, uint32_t out, uint3
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
     mm_raw raw;
-    mm_load<FMT>(w, x, o0, t0, 0, out, in, n_rows, tid, raw);
+    if (nkt) mm_load<FMT>(w, x, o0, t0, 0, out, in, n_rows, tid, raw); /* in == 0: no k step, y = 0 */
     for (uint32_t kt = 0; kt < nkt; kt++) {
         mm_store<FMT>(raw, ws, xh, xl, dsc, msc, xsum, tid); /* the previous step's readers passed the barrier */
         __syncthreads();
