@@ -218,6 +218,27 @@ static void test_mma_maps(void)
         for (int j = 0; j < 8; j++) bad += seen_b[i][j] != 1 || seen_c[i][j] != 1;
     }
     CHECK(!bad, "%d fragment map violations", bad);
+    /* A bijection can still be the transpose: each map against the PTX ISA's own formulas ("Matrix
+     * Fragments for mma.m16n8k16 with floating point type", .f16/.bf16 A and B, .f32 C), written as
+     * the ISA writes them: groupID = laneid >> 2, threadID_in_group = laneid % 4. */
+    int bad_isa = 0;
+    for (uint32_t lane = 0; lane < 32; lane++) {
+        const uint32_t gid = lane >> 2, tig = lane % 4;
+        for (uint32_t i = 0; i < 8; i++) {
+            uint32_t r, c;
+            kc_mma_a_rc(lane, i, &r, &c);
+            bad_isa += r != ((i < 2 || (4 <= i && i < 6)) ? gid : gid + 8);
+            bad_isa += c != (i < 4 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8);
+        }
+        for (uint32_t i = 0; i < 4; i++) {
+            uint32_t k, n, r, c;
+            kc_mma_b_kn(lane, i, &k, &n);
+            bad_isa += k != (i < 2 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8) || n != gid;
+            kc_mma_c_rc(lane, i, &r, &c);
+            bad_isa += r != (i < 2 ? gid : gid + 8) || c != tig * 2 + (i & 1);
+        }
+    }
+    CHECK(!bad_isa, "%d fragment coordinates differ from the PTX ISA formulas", bad_isa);
 }
 
 int main(void)
