@@ -50,11 +50,16 @@
 typedef struct {
     const void *p;
     uint32_t dtype, rows, cols;
+    size_t bytes;
 } cu_w;
 
 typedef struct {
     const uint16_t *attn_norm, *q_norm, *k_norm, *ffn_norm;
     cu_w wq, wk, wv, wo, gate, up, down;
+    /* Q|K|V and Gate|Up adjacent in the arena in one dtype: a one-row step
+     * runs each group as one matvec (rows are independent, so the results are
+     * those of the separate launches) and fewer graph nodes. */
+    int qkv_fused, gu_fused;
 } cu_layer;
 
 /** A private session's range of arena blocks. */
@@ -96,6 +101,7 @@ typedef struct {
     cudaGraphExec_t graph[CU_GRAPH_MAX + 1];
     uint8_t ran[CU_GRAPH_MAX + 1]; /* batch size ran eagerly once: its kernels are loaded, capture is safe */
     int graphs_off;
+    int fuse; /* one-row steps launch Q|K|V and Gate|Up as one matvec each (KIPP_CUDA_FUSE=0: off) */
     char graph_note[256]; /* why graphs were turned off, for describe */
     /* a device error that leaves the context unusable: every later eval reports it */
     char broken[256];
@@ -252,7 +258,13 @@ static const void *put(cu_upload *u, const kipp_tensor_view *t)
 
 static cu_w put_w(cu_upload *u, const kipp_tensor_view *t)
 {
-    return (cu_w){put(u, t), t->dtype, (uint32_t)t->rows, (uint32_t)t->cols};
+    return (cu_w){put(u, t), t->dtype, (uint32_t)t->rows, (uint32_t)t->cols, (size_t)t->nbytes};
+}
+
+/* b starts where a ends (no alignment padding between them), same dtype and width. */
+static int adjacent(const cu_w *a, const cu_w *b)
+{
+    return a->dtype == b->dtype && a->cols == b->cols && (const char *)a->p + a->bytes == (const char *)b->p;
 }
 
 static void upload_all(cu_model *m, const kipp_model_view *mv, cu_upload *u)
@@ -275,6 +287,8 @@ static void upload_all(cu_model *m, const kipp_model_view *mv, cu_upload *u)
         L->gate = put_w(u, &S->w_gate);
         L->up = put_w(u, &S->w_up);
         L->down = put_w(u, &S->w_down);
+        L->qkv_fused = u->base && adjacent(&L->wq, &L->wk) && adjacent(&L->wk, &L->wv);
+        L->gu_fused = u->base && adjacent(&L->gate, &L->up);
     }
 }
 
@@ -327,6 +341,7 @@ static int cu_model_create(const kipp_model_view *mv, void **backend_model, char
     m->dev_total = prop.totalGlobalMem;
     m->graphs_off = getenv("KIPP_CUDA_GRAPHS") && !strcmp(getenv("KIPP_CUDA_GRAPHS"), "0");
     if (m->graphs_off) snprintf(m->graph_note, sizeof m->graph_note, "KIPP_CUDA_GRAPHS=0");
+    m->fuse = !(getenv("KIPP_CUDA_FUSE") && !strcmp(getenv("KIPP_CUDA_FUSE"), "0"));
     m->L = calloc(m->d.n_layer, sizeof *m->L);
     m->ldst = calloc(CU_ROUND, sizeof *m->ldst);
     m->bt_cap = (size_t)CU_ROUND * m->max_blocks;
@@ -430,11 +445,13 @@ static void cu_describe(void *bm, char *out, size_t outlen)
              "cuda: device %d %s (sm_%d%d, %d SMs, %.0f MiB)\n"
              "cuda: weights resident %.0f MiB (embedding %s, head %s, layer-0 projections %s), scratch %.0f MiB\n"
              "cuda: rounds of up to %u token rows, items interleaved; logits rows through the head %u at a time\n"
-             "cuda: decode graphs for batches of 1..%u rows: %s%s%s\n",
+             "cuda: decode graphs for batches of 1..%u rows: %s%s%s\n"
+             "cuda: one-row steps: Q|K|V and Gate|Up as one matvec each: %s\n",
              m->device, m->dev_name, m->cc_major, m->cc_minor, m->n_sm, CU_MIB(m->dev_total), CU_MIB(m->wbytes),
              dtype_name(m->embd.dtype), dtype_name(m->out.dtype), dtype_name(m->L[0].wq.dtype),
              CU_MIB(m->scratch_bytes), CU_ROUND, CU_HEAD_ROWS, CU_GRAPH_MAX, m->graphs_off ? "off" : "on",
-             m->graph_note[0] ? ", " : "", m->graph_note);
+             m->graph_note[0] ? ", " : "", m->graph_note,
+             !m->fuse ? "off (KIPP_CUDA_FUSE=0)" : m->L[0].qkv_fused && m->L[0].gu_fused ? "on" : "off (weights not adjacent)");
 }
 
 /* ---------------------------------------------------------------- KV arena */
@@ -657,22 +674,41 @@ static int forward_layers(cu_model *m, uint32_t n, const char **what)
     for (uint32_t l = 0; l < d->n_layer && !rc; l++) {
         const cu_layer *L = &m->L[l];
         uint16_t *kc = m->kc + l * layer_elems, *vc = m->vc + l * layer_elems;
+        /* One row: Q|K|V land adjacent in q ([A | 1024 | 1024]), so one launch
+         * projects them and one RoPE covers the query and key heads. */
+        int qkv1 = n == 1 && L->qkv_fused && m->fuse, gu1 = n == 1 && L->gu_fused && m->fuse;
+        float *k = qkv1 ? m->q + m->A : m->k, *v = qkv1 ? m->q + m->A + CU_KV_WIDTH : m->v;
+        float *up = gu1 ? m->gate + F : m->up;
         CK(kc_rmsnorm(L->attn_norm, m->x, m->xn, n, (uint32_t)D, d->rms_eps, st), "kc_rmsnorm (attn_norm)");
-        CK(kc_linear(L->wq.p, L->wq.dtype, L->wq.rows, L->wq.cols, m->xn, n, m->q, st), "kc_linear (attn_q)");
-        CK(kc_linear(L->wk.p, L->wk.dtype, L->wk.rows, L->wk.cols, m->xn, n, m->k, st), "kc_linear (attn_k)");
-        CK(kc_linear(L->wv.p, L->wv.dtype, L->wv.rows, L->wv.cols, m->xn, n, m->v, st), "kc_linear (attn_v)");
+        if (qkv1) {
+            CK(kc_linear(L->wq.p, L->wq.dtype, L->wq.rows + L->wk.rows + L->wv.rows, L->wq.cols, m->xn, 1, m->q, st),
+               "kc_linear (attn_q|k|v)");
+        } else {
+            CK(kc_linear(L->wq.p, L->wq.dtype, L->wq.rows, L->wq.cols, m->xn, n, m->q, st), "kc_linear (attn_q)");
+            CK(kc_linear(L->wk.p, L->wk.dtype, L->wk.rows, L->wk.cols, m->xn, n, k, st), "kc_linear (attn_k)");
+            CK(kc_linear(L->wv.p, L->wv.dtype, L->wv.rows, L->wv.cols, m->xn, n, v, st), "kc_linear (attn_v)");
+        }
         CK(kc_head_rmsnorm(L->q_norm, m->q, n, d->n_q_head, KIPP_HEAD_DIM, d->rms_eps, st), "kc_head_rmsnorm (q)");
-        CK(kc_head_rmsnorm(L->k_norm, m->k, n, KIPP_N_KV_HEAD, KIPP_HEAD_DIM, d->rms_eps, st), "kc_head_rmsnorm (k)");
-        CK(kc_rope(m->q, m->pos_d, m->rope, n, d->n_q_head, st), "kc_rope (q)");
-        CK(kc_rope(m->k, m->pos_d, m->rope, n, KIPP_N_KV_HEAD, st), "kc_rope (k)");
-        CK(kc_kv_write(kc, vc, m->k, m->v, rows, n, CU_KV_WIDTH, st), "kc_kv_write");
+        CK(kc_head_rmsnorm(L->k_norm, k, n, KIPP_N_KV_HEAD, KIPP_HEAD_DIM, d->rms_eps, st), "kc_head_rmsnorm (k)");
+        if (qkv1) {
+            CK(kc_rope(m->q, m->pos_d, m->rope, 1, d->n_q_head + KIPP_N_KV_HEAD, st), "kc_rope (q|k)");
+        } else {
+            CK(kc_rope(m->q, m->pos_d, m->rope, n, d->n_q_head, st), "kc_rope (q)");
+            CK(kc_rope(k, m->pos_d, m->rope, n, KIPP_N_KV_HEAD, st), "kc_rope (k)");
+        }
+        CK(kc_kv_write(kc, vc, k, v, rows, n, CU_KV_WIDTH, st), "kc_kv_write");
         CK(kc_attention(m->q, kc, vc, rows, n, d->n_q_head, KIPP_N_KV_HEAD, m->att, st), "kc_attention");
         CK(kc_linear(L->wo.p, L->wo.dtype, L->wo.rows, L->wo.cols, m->att, n, m->tmp, st), "kc_linear (attn_output)");
         CK(kc_add(m->x, m->tmp, n * D, st), "kc_add (attention residual)");
         CK(kc_rmsnorm(L->ffn_norm, m->x, m->xn, n, (uint32_t)D, d->rms_eps, st), "kc_rmsnorm (ffn_norm)");
-        CK(kc_linear(L->gate.p, L->gate.dtype, L->gate.rows, L->gate.cols, m->xn, n, m->gate, st), "kc_linear (ffn_gate)");
-        CK(kc_linear(L->up.p, L->up.dtype, L->up.rows, L->up.cols, m->xn, n, m->up, st), "kc_linear (ffn_up)");
-        CK(kc_swiglu(m->gate, m->up, m->gate, n * F, st), "kc_swiglu");
+        if (gu1) {
+            CK(kc_linear(L->gate.p, L->gate.dtype, L->gate.rows + L->up.rows, L->gate.cols, m->xn, 1, m->gate, st),
+               "kc_linear (ffn_gate|up)");
+        } else {
+            CK(kc_linear(L->gate.p, L->gate.dtype, L->gate.rows, L->gate.cols, m->xn, n, m->gate, st), "kc_linear (ffn_gate)");
+            CK(kc_linear(L->up.p, L->up.dtype, L->up.rows, L->up.cols, m->xn, n, up, st), "kc_linear (ffn_up)");
+        }
+        CK(kc_swiglu(m->gate, up, m->gate, n * F, st), "kc_swiglu");
         CK(kc_linear(L->down.p, L->down.dtype, L->down.rows, L->down.cols, m->gate, n, m->tmp, st), "kc_linear (ffn_down)");
         CK(kc_add(m->x, m->tmp, n * D, st), "kc_add (ffn residual)");
     }
