@@ -21,6 +21,10 @@
  *     first runs eagerly): its per-row metadata sits in fixed device buffers
  *     that are refreshed before each launch. KIPP_CUDA_GRAPHS=0 disables them;
  *     a failed capture disables them for the model and says why in describe.
+ *   - Fewer launches per layer (decode of small models is launch-bound): the
+ *     residual add and the next RMSNorm are one kernel (kb_add_rmsnorm,
+ *     backends/cuda/cuda_util.cu), and a one-row step projects Q|K|V and
+ *     Gate|Up with one matvec each and ropes Q|K in one launch.
  *   - Every CUDA failure becomes a sentence in err (no device, out of device
  *     memory with the numbers, unsupported dtype), never an abort.
  *
@@ -679,7 +683,8 @@ static int forward_layers(cu_model *m, uint32_t n, const char **what)
         int qkv1 = n == 1 && L->qkv_fused && m->fuse, gu1 = n == 1 && L->gu_fused && m->fuse;
         float *k = qkv1 ? m->q + m->A : m->k, *v = qkv1 ? m->q + m->A + CU_KV_WIDTH : m->v;
         float *up = gu1 ? m->gate + F : m->up;
-        CK(kc_rmsnorm(L->attn_norm, m->x, m->xn, n, (uint32_t)D, d->rms_eps, st), "kc_rmsnorm (attn_norm)");
+        /* Layer l > 0 starts from the previous layer's fused residual add + attn_norm. */
+        if (l == 0) CK(kc_rmsnorm(L->attn_norm, m->x, m->xn, n, (uint32_t)D, d->rms_eps, st), "kc_rmsnorm (attn_norm)");
         if (qkv1) {
             CK(kc_linear(L->wq.p, L->wq.dtype, L->wq.rows + L->wk.rows + L->wv.rows, L->wq.cols, m->xn, 1, m->q, st),
                "kc_linear (attn_q|k|v)");
@@ -699,8 +704,8 @@ static int forward_layers(cu_model *m, uint32_t n, const char **what)
         CK(kc_kv_write(kc, vc, k, v, rows, n, CU_KV_WIDTH, st), "kc_kv_write");
         CK(kc_attention(m->q, kc, vc, rows, n, d->n_q_head, KIPP_N_KV_HEAD, m->att, st), "kc_attention");
         CK(kc_linear(L->wo.p, L->wo.dtype, L->wo.rows, L->wo.cols, m->att, n, m->tmp, st), "kc_linear (attn_output)");
-        CK(kc_add(m->x, m->tmp, n * D, st), "kc_add (attention residual)");
-        CK(kc_rmsnorm(L->ffn_norm, m->x, m->xn, n, (uint32_t)D, d->rms_eps, st), "kc_rmsnorm (ffn_norm)");
+        CK(kb_add_rmsnorm(m->x, m->tmp, L->ffn_norm, m->xn, n, (uint32_t)D, d->rms_eps, st),
+           "kb_add_rmsnorm (attention residual, ffn_norm)");
         if (gu1) {
             CK(kc_linear(L->gate.p, L->gate.dtype, L->gate.rows + L->up.rows, L->gate.cols, m->xn, 1, m->gate, st),
                "kc_linear (ffn_gate|up)");
@@ -710,7 +715,11 @@ static int forward_layers(cu_model *m, uint32_t n, const char **what)
         }
         CK(kc_swiglu(m->gate, up, m->gate, n * F, st), "kc_swiglu");
         CK(kc_linear(L->down.p, L->down.dtype, L->down.rows, L->down.cols, m->gate, n, m->tmp, st), "kc_linear (ffn_down)");
-        CK(kc_add(m->x, m->tmp, n * D, st), "kc_add (ffn residual)");
+        if (l + 1 < d->n_layer)
+            CK(kb_add_rmsnorm(m->x, m->tmp, m->L[l + 1].attn_norm, m->xn, n, (uint32_t)D, d->rms_eps, st),
+               "kb_add_rmsnorm (ffn residual, next attn_norm)");
+        else
+            CK(kc_add(m->x, m->tmp, n * D, st), "kc_add (ffn residual)"); /* the head norms only its rows */
     }
     return rc;
 }

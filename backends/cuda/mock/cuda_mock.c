@@ -372,3 +372,18 @@ int kb_gather_rows(const float *x, const int32_t *idx, uint32_t n, uint32_t widt
     gather_args a = {x, idx, n, width, out};
     return run_or_record(gather_run, &a, sizeof a);
 }
+
+typedef struct { float *x; const float *y; const uint16_t *w; float *xn; size_t n, dim; float eps; } add_rmsnorm_args;
+static void add_rmsnorm_run(const void *p)
+{
+    const add_rmsnorm_args *a = p;
+    k_add_f32_ref(a->x, a->y, a->n * a->dim);
+    k_rmsnorm_f32_ref(a->x, (const kipp_bf16 *)a->w, a->xn, a->n, a->dim, a->eps);
+}
+int kb_add_rmsnorm(float *x, const float *y, const uint16_t *w, float *xn, uint32_t n_rows, uint32_t dim, float eps,
+                   cudaStream_t s)
+{
+    (void)s;
+    add_rmsnorm_args a = {x, y, w, xn, n_rows, dim, eps};
+    return run_or_record(add_rmsnorm_run, &a, sizeof a);
+}
