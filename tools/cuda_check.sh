@@ -127,7 +127,7 @@ else tail -n 30 "$OUT/kcheck.log"; fail "kcheck_cuda (kcheck.log)"; fi
 gate() {
     local pids=() f i=0
     for f in "$@"; do
-        timeout 240 "$BIN/kipp-cuda-gate" --nmse 1e-4 $GATE_FLAGS --model "$M/$f.gguf" \
+        timeout 300 "$BIN/kipp-cuda-gate" --nmse 1e-4 $GATE_FLAGS --model "$M/$f.gguf" \
             --json "$OUT/gate-$f.json" > "$OUT/gate-$f.log" 2>&1 &
         pids+=($!)
     done
@@ -146,7 +146,7 @@ else tail -n 20 "$OUT/models-tiny.log"; fail "making the tiny checkpoints (model
 
 if wait $P_06; then
     say "gates: synthetic-0.6b in bf16, q8_0, affine4_gs32"
-    GATE_FLAGS="--prompt 12 --decode 4 --batch 2" gate synthetic-0.6b synthetic-0.6b-q8_0 synthetic-0.6b-affine4_gs32
+    GATE_FLAGS="--prompt 8 --decode 3 --batch 2" gate synthetic-0.6b synthetic-0.6b-q8_0 synthetic-0.6b-affine4_gs32
 else tail -n 20 "$OUT/models-0.6b.log"; fail "making synthetic-0.6b (models-0.6b.log)"; fi
 
 # ---- benchmarks: nothing else on the GPU now ----
