@@ -77,6 +77,15 @@ def test_cuda_build_fails_cleanly_without_a_device(name):
     assert "Segmentation" not in out and "Aborted" not in out, out
 
 
+def test_cuda_build_runs_the_cpu_backend_without_a_device():
+    """The CUDA build is the CPU build plus a backend: --backend cpu needs no GPU or driver."""
+    if not (CUDA_BIN / "kipp").exists():
+        pytest.skip("build/cuda not built (no nvcc on this machine, or make cuda not run)")
+    rc, out = run(CUDA_BIN / "kipp", "generate", "--model", tiny(), "--prompt", "Hello", "--max-tokens", "2",
+                  "--backend", "cpu")
+    assert rc == 0 and "backend cpu" in out, out
+
+
 @pytest.mark.parametrize("model,extra", [
     ("synthetic-tiny", ["--long", "600"]),            # tied head; a prefill of two backend rounds
     ("synthetic-tiny-untied-q8_0", []),                # untied head, quantized projections (converted into tmp_path)

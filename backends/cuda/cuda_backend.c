@@ -91,6 +91,9 @@ typedef struct {
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits;
     size_t scratch_bytes;
     /* per-row metadata: device, and pinned host staging */
+    /* One device block and its pinned mirror, [tok | pos | bt_off | lidx]
+     * (CU_ROUND each) then bt (bt_cap): a step uploads it in one copy. */
+    void *meta_d, *meta_h;
     uint32_t *tok_d, *bt_d, *tok_h, *bt_h;
     int32_t *pos_d, *btoff_d, *lidx_d, *pos_h, *btoff_h, *lidx_h;
     size_t bt_cap;  /* entries of bt_d / bt_h */
@@ -160,10 +163,10 @@ static void cu_model_destroy(void *bm)
     if (m->st) cudaStreamSynchronize(m->st);
     destroy_graphs(m);
     void *dev[] = {m->warena, m->rope, m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up,
-                   m->xl, m->logits, m->tok_d, m->bt_d, m->pos_d, m->btoff_d, m->lidx_d, m->kc, m->vc};
+                   m->xl, m->logits, m->meta_d, m->kc, m->vc};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) cudaFree(dev[i]);
-    void *host[] = {m->tok_h, m->bt_h, m->pos_h, m->btoff_h, m->lidx_h};
+    void *host[] = {m->meta_h};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         if (host[i]) cudaFreeHost(host[i]);
     if (m->st) cudaStreamDestroy(m->st);
@@ -399,16 +402,20 @@ static int cu_model_create(const kipp_model_view *mv, void **backend_model, char
     if (!e) e = dalloc((void **)&m->gate, CU_ROUND * F * sizeof(float), &tot);
     if (!e) e = dalloc((void **)&m->up, CU_ROUND * F * sizeof(float), &tot);
     if (!e) e = dalloc((void **)&m->logits, CU_HEAD_ROWS * V * sizeof(float), &tot);
-    if (!e) e = dalloc((void **)&m->tok_d, CU_ROUND * sizeof(uint32_t), &tot);
-    if (!e) e = dalloc((void **)&m->pos_d, CU_ROUND * sizeof(int32_t), &tot);
-    if (!e) e = dalloc((void **)&m->btoff_d, CU_ROUND * sizeof(int32_t), &tot);
-    if (!e) e = dalloc((void **)&m->lidx_d, CU_ROUND * sizeof(int32_t), &tot);
-    if (!e) e = dalloc((void **)&m->bt_d, m->bt_cap * sizeof(uint32_t), &tot);
-    if (!e) what = "allocating pinned host staging", e = cudaMallocHost((void **)&m->tok_h, CU_ROUND * sizeof(uint32_t));
-    if (!e) e = cudaMallocHost((void **)&m->pos_h, CU_ROUND * sizeof(int32_t));
-    if (!e) e = cudaMallocHost((void **)&m->btoff_h, CU_ROUND * sizeof(int32_t));
-    if (!e) e = cudaMallocHost((void **)&m->lidx_h, CU_ROUND * sizeof(int32_t));
-    if (!e) e = cudaMallocHost((void **)&m->bt_h, m->bt_cap * sizeof(uint32_t));
+    if (!e) e = dalloc(&m->meta_d, meta, &tot);
+    if (!e) what = "allocating pinned host staging", e = cudaMallocHost(&m->meta_h, meta);
+    if (!e) {
+        m->tok_d = m->meta_d;
+        m->pos_d = (int32_t *)(m->tok_d + CU_ROUND);
+        m->btoff_d = m->pos_d + CU_ROUND;
+        m->lidx_d = m->btoff_d + CU_ROUND;
+        m->bt_d = (uint32_t *)(m->lidx_d + CU_ROUND);
+        m->tok_h = m->meta_h;
+        m->pos_h = (int32_t *)(m->tok_h + CU_ROUND);
+        m->btoff_h = m->pos_h + CU_ROUND;
+        m->lidx_h = m->btoff_h + CU_ROUND;
+        m->bt_h = (uint32_t *)(m->lidx_h + CU_ROUND);
+    }
     if (!e) {
         /* RoPE: the host table, so angles round exactly as on the CPU (kcuda.h kc_rope). */
         what = "uploading the RoPE table";
@@ -744,12 +751,11 @@ static int32_t put_bt(cu_model *m, const kipp_eval_item *it, uint32_t last_pos, 
 
 static cudaError_t upload_meta(cu_model *m, uint32_t rows, size_t nbt, uint32_t nl)
 {
-    cudaError_t e = cudaMemcpyAsync(m->tok_d, m->tok_h, rows * sizeof(uint32_t), cudaMemcpyHostToDevice, m->st);
-    if (!e) e = cudaMemcpyAsync(m->pos_d, m->pos_h, rows * sizeof(int32_t), cudaMemcpyHostToDevice, m->st);
-    if (!e) e = cudaMemcpyAsync(m->btoff_d, m->btoff_h, rows * sizeof(int32_t), cudaMemcpyHostToDevice, m->st);
-    if (!e) e = cudaMemcpyAsync(m->bt_d, m->bt_h, nbt * sizeof(uint32_t), cudaMemcpyHostToDevice, m->st);
-    if (!e && nl) e = cudaMemcpyAsync(m->lidx_d, m->lidx_h, nl * sizeof(int32_t), cudaMemcpyHostToDevice, m->st);
-    return e;
+    /* One copy of the fixed head (8 KiB, rows and nl <= CU_ROUND) and the bt entries in use. */
+    (void)rows;
+    (void)nl;
+    size_t bytes = 4 * CU_ROUND * sizeof(int32_t) + nbt * sizeof(uint32_t);
+    return cudaMemcpyAsync(m->meta_d, m->meta_h, bytes, cudaMemcpyHostToDevice, m->st);
 }
 
 /* Copy logits rows [0, n) of the device buffer to their host destinations (NULL: not wanted). */
