@@ -37,6 +37,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CARRY=.cuda-carry
 PY=${PYTHON:-python3}
+# What the binaries are built from (the device copy of the tree may have no .git).
+src_hash() {
+    find backends kernels engine cli bench server \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -print0 |
+        LC_ALL=C sort -z | xargs -0 cat | sha256sum | cut -c1-16
+}
 
 if [ "${1:-}" = "--pack" ]; then
     set -e
@@ -53,14 +58,15 @@ if [ "${1:-}" = "--pack" ]; then
         while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
     git rev-parse --short=12 HEAD > "$CARRY/BUILD_SHA"
     git diff --quiet HEAD -- || echo dirty >> "$CARRY/BUILD_SHA"
+    src_hash > "$CARRY/SRC_HASH"
     du -sh "$CARRY"
     echo "cuda_check --pack: now run tools/cuda_check.sh on the device with carry=[\"$CARRY\"]"
     exit 0
 fi
 
 # The run tool brings back at most 8 files from $OUT: the work goes to $W and
-# $OUT gets check.log (written as it runs), summary.txt, gates.json,
-# cuda-bench.json, bench-raw.json and logs.tar.gz (every log) at the end.
+# $OUT gets check.log (written as it runs), summary.txt, gates.json, the
+# benchmark results (kipp-bench's file name) and logs.tar.gz (every log) at the end.
 FINAL=${OUT:-$ROOT/cuda-check-out}
 W=/tmp/cuda-check-work
 rm -rf "$W"; mkdir -p "$FINAL" "$W"
@@ -85,6 +91,9 @@ if [ -x "$CARRY/bin/kipp" ]; then
     BIN=$ROOT/$CARRY/bin
     export LD_LIBRARY_PATH=$ROOT/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     say "binaries: carried from --pack at $(tr '\n' ' ' < "$CARRY/BUILD_SHA")"
+    if [ "$(cat "$CARRY/SRC_HASH" 2>/dev/null)" != "$(src_hash)" ]; then
+        fail "the carried binaries were built from other sources than this tree: run tools/cuda_check.sh --pack again"
+    fi
     if ldd "$BIN"/* | grep -q 'not found'; then ldd "$BIN"/* | grep 'not found' | tee -a "$LOG"; fail "carried binaries miss shared libraries"; fi
 else
     say "binaries: make cuda here"
