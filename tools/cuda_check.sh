@@ -8,7 +8,8 @@
 #   1. here (any machine with nvcc):   tools/cuda_check.sh --pack
 #      runs `make cuda`, then copies the stripped build/cuda binaries and the
 #      shared libraries they need (beyond glibc and libstdc++) into .cuda-carry/
-#      (git-ignored, about 20 MiB), with the commit they were built from.
+#      (git-ignored; one xz bundle, about 6 MiB), with the commit and a hash of
+#      the sources they were built from.
 #   2. on the device, through the run tool:
 #      run(command="tools/cuda_check.sh", carry=[".cuda-carry"], kind="nvidia-h200", timeout_s=540)
 #      Without .cuda-carry it builds there with `make cuda` (needs those libraries).
@@ -47,15 +48,19 @@ if [ "${1:-}" = "--pack" ]; then
     set -e
     command -v nvcc >/dev/null || { echo "cuda_check --pack: nvcc not found: nothing to build"; exit 1; }
     nice make -j"${JOBS:-2}" cuda
-    rm -rf "$CARRY"; mkdir -p "$CARRY/bin" "$CARRY/lib"
-    for b in kipp kipp-bench kipp-cuda-gate kcheck_cuda; do
+    rm -rf "$CARRY"; mkdir -p "$CARRY"
+    stage=$(mktemp -d); mkdir -p "$stage/bin" "$stage/lib"
+    for b in kipp kipp-bench kipp-serve kipp-cuda-gate kcheck_cuda; do
         [ -x build/cuda/$b ] || { echo "cuda_check --pack: build/cuda/$b missing after make cuda"; exit 1; }
-        strip --strip-debug -o "$CARRY/bin/$b" build/cuda/$b
+        strip --strip-debug -o "$stage/bin/$b" build/cuda/$b
     done
     # Every shared library outside glibc and the C++ runtime, which the device image has.
-    for b in "$CARRY"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+    for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
         grep -Ev '/(libc|libm|libpthread|libdl|librt|libresolv|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
-        while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
+        while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+    # Compressed: the working tree and the carry travel within 64 MiB together.
+    tar -C "$stage" -cJf "$CARRY/bundle.tar.xz" bin lib
+    rm -rf "$stage"
     git rev-parse --short=12 HEAD > "$CARRY/BUILD_SHA"
     git diff --quiet HEAD -- || echo dirty >> "$CARRY/BUILD_SHA"
     src_hash > "$CARRY/SRC_HASH"
@@ -87,9 +92,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
 
 # ---- binaries: carried (--pack) or built here ----
-if [ -x "$CARRY/bin/kipp" ]; then
-    BIN=$ROOT/$CARRY/bin
-    export LD_LIBRARY_PATH=$ROOT/$CARRY/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ -f "$CARRY/bundle.tar.xz" ]; then
+    rm -rf /tmp/kipp-carry; mkdir -p /tmp/kipp-carry
+    tar -C /tmp/kipp-carry -xJf "$CARRY/bundle.tar.xz" 2>/dev/null ||  # no xz there: Python's lzma
+        "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+            "$CARRY/bundle.tar.xz" /tmp/kipp-carry || fail "unpacking $CARRY/bundle.tar.xz"
+    BIN=/tmp/kipp-carry/bin
+    export LD_LIBRARY_PATH=/tmp/kipp-carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     say "binaries: carried from --pack at $(tr '\n' ' ' < "$CARRY/BUILD_SHA")"
     if [ "$(cat "$CARRY/SRC_HASH" 2>/dev/null)" != "$(src_hash)" ]; then
         fail "the carried binaries were built from other sources than this tree: run tools/cuda_check.sh --pack again"
@@ -161,6 +170,43 @@ if wait $P_06; then
     say "gates: synthetic-0.6b in bf16, q8_0, affine4_gs32"
     GATE_FLAGS="--prompt 8 --decode 3 --batch 2" gate synthetic-0.6b synthetic-0.6b-q8_0 synthetic-0.6b-affine4_gs32
 else tail -n 20 "$OUT/models-0.6b.log"; fail "making synthetic-0.6b (models-0.6b.log)"; fi
+
+# ---- kipp-serve --backend cuda: two greedy requests on the tiny model, pooled KV ----
+if [ -f "$M/synthetic-tiny.gguf" ] && [ -x "$BIN/kipp-serve" ]; then
+    say "kipp-serve --backend cuda: /v1/completions on synthetic-tiny"
+    "$BIN/kipp-serve" --model "$M/synthetic-tiny.gguf" --backend cuda --port 18431 --kv-pool-mib 256 \
+        > "$OUT/serve.log" 2>&1 &
+    SP=$!
+    if SERVE_PID=$SP timeout 90 "$PY" - > "$OUT/serve-client.log" 2>&1 <<'PYEOF'; then say "kipp-serve: pass"; else fail "kipp-serve --backend cuda (serve.log, serve-client.log)"; fi
+import json, os, time, urllib.request
+base = "http://127.0.0.1:18431"
+def alive():
+    try:
+        return open(f"/proc/{os.environ['SERVE_PID']}/stat").read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+for _ in range(120):
+    if not alive():
+        raise SystemExit("kipp-serve exited (serve.log)")
+    try:
+        if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
+            break
+    except OSError:
+        time.sleep(0.5)
+else:
+    raise SystemExit("kipp-serve did not become healthy")
+texts = []
+for prompt in ("Hello there", "Hello there"):
+    req = urllib.request.Request(base + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"prompt": prompt, "max_tokens": 12, "temperature": 0}).encode())
+    r = json.load(urllib.request.urlopen(req, timeout=60))
+    texts.append(r["choices"][0]["text"])
+    print(json.dumps(r)[:400])
+assert texts[0] == texts[1], texts  # greedy, the same prompt: the same text
+PYEOF
+    kill "$SP" 2>/dev/null; wait "$SP" 2>/dev/null
+    tail -n 5 "$OUT/serve-client.log" | tee -a "$LOG"
+fi
 
 # ---- benchmarks: nothing else on the GPU now ----
 BENCH_MODELS=()
