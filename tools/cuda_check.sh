@@ -8,7 +8,7 @@
 #   1. here (any machine with nvcc):   tools/cuda_check.sh --pack
 #      runs `make cuda`, then copies the stripped build/cuda binaries and the
 #      shared libraries they need (beyond glibc and libstdc++) into .cuda-carry/
-#      (git-ignored; one xz bundle, about 6 MiB), with the commit and a hash of
+#      (git-ignored; one xz bundle, about 5 MiB), with the commit and a hash of
 #      the sources they were built from.
 #   2. on the device, through the run tool:
 #      run(command="tools/cuda_check.sh", carry=[".cuda-carry"], kind="nvidia-h200", timeout_s=540)
@@ -21,9 +21,11 @@
 #   - runs every kernel check (build/cuda/kcheck_cuda) meanwhile;
 #   - the model gates (kipp-cuda-gate): argmax equal to the ref backend and
 #     full-logit NMSE <= 1e-4 for every prefill row and every decode position,
-#     isolated, batched (one kipp_eval_batch, decode graphs) and pooled; tiny
+#     isolated, batched (one kipp_eval_batch, decode graphs), pooled and with
+#     the KV arena grown under a live session; tiny
 #     models (plus a prefill longer than one backend round) and the 0.6B shape
 #     in bf16, q8_0 and affine4_gs32;
+#   - kipp-serve --backend cuda on the tiny model: two greedy /v1/completions;
 #   - kipp-bench --backend cuda: pp512, tg128, tg4k, batch8 on synthetic-0.6b
 #     and synthetic-1.7b (bf16), with the share of the HBM roofline added;
 #   - writes under $OUT (or ./cuda-check-out): check.log, summary.txt,
@@ -31,7 +33,10 @@
 #     (<date>-<host>-<cpu>-cuda-<sha>.json: kipp.bench.v1 plus device, hbm_peak_gbps
 #     and per-row hbm_share; ready for results/), logs.tar.gz (every log),
 #     build.log when it built there.
-# Exit status: 0 only when the build, every kernel check and every gate pass
+# Expected time on an H200: 4-6 minutes (the scalar ref oracle on the 0.6B
+# shape and making the 1.7B checkpoint are the long parts); BUDGET (470 s)
+# bounds it. Exit status: 0 only when the build, every kernel check, every gate
+# and the kipp-serve check pass, and every benchmark ran
 # (the speed targets are reported, not gated).
 set -uo pipefail
 cd "$(dirname "$0")/.."
