@@ -727,7 +727,7 @@ out:
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref]\n"
+            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref|cuda]\n"
             "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n");

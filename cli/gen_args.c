@@ -34,7 +34,8 @@ static const opt_def OPTS[] = {
     {"--model", "FILE.gguf", C_ALL, "the model file (required)"},
     {"--prompt", "TEXT", C_GEN | C_LOGITS, "the prompt text (required)"},
     {"--out", "FILE.f32", C_LOGITS, "where the final row's logits go, little-endian float32 (required)"},
-    {"--backend", "ref|cpu", C_ALL, "compute backend; default cpu (ref: scalar FP32 oracle, single-threaded)"},
+    {"--backend", "ref|cpu|cuda", C_ALL, "compute backend; default cpu (ref: scalar FP32 oracle, single-threaded; "
+                                          "cuda: NVIDIA GPU, in the build/cuda binaries of `make cuda`)"},
     {"--threads", "N", C_ALL, "cpu worker threads, 0..1024; default 0 = one per physical core;\n"
                               "      ref is single-threaded and accepts only 1"},
     {"--chat", NULL, C_GEN | C_LOGITS, "render the prompt as one user turn of the chat template"},

@@ -679,9 +679,12 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     *out = NULL;
     const char *name = backend ? backend : "cpu";
     const kipp_backend_ops *ops = kipp_backend_find(name);
-    if (!ops && strcmp(name, "none") != 0)
-        return kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s', expected one of: %s, %s, none",
-                        name, ref_backend_ops.name, cpu_backend_ops.name);
+    if (!ops && strcmp(name, "none") != 0) {
+        const char *why = kipp_backend_missing(name);
+        if (why) return kipp_err(err, errlen, KIPP_EBACKEND, "backend '%s': %s", name, why);
+        return kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s', expected one of: %s", name,
+                        kipp_backend_names());
+    }
     if (opts && opts->n_threads < 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_threads is %d, expected 0 (auto) or more",
                         opts->n_threads);

@@ -52,7 +52,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kipp-serve --model FILE.gguf [options]\n"
             "  --model FILE       the model (required)\n"
-            "  --backend NAME     cpu (default) or ref\n"
+            "  --backend NAME     cpu (default), ref, or cuda (the build/cuda binaries of `make cuda`)\n"
             "  --host ADDR        listen address, default 127.0.0.1 (loopback)\n"
             "  --port N           0..65535, default 8080 (0 = any free port, printed at start)\n"
             "  --alias NAME       the served model name: responses' \"model\", first in /v1/models; the\n"
@@ -72,7 +72,7 @@ static void usage(FILE *f)
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
             "  --max-connections N  default 128\n"
-            "  --kv-pool-mib N    shared KV pool in MiB (cpu and ref backends), default half the available\n"
+            "  --kv-pool-mib N    shared KV pool in MiB (on cuda: device memory), default half the available\n"
             "                     memory at start, at most --max-batch full contexts, at least one; every\n"
             "                     choice adopts the longest cached prompt prefix, finished choices publish\n"
             "                     theirs; KV is taken as sequences grow, and when the pool runs out the\n"

@@ -1,0 +1,937 @@
+/*
+ * cuda_backend.c - the "cuda" backend (seed 000, phase 4 "CUDA"; issue 40):
+ * the Qwen3 forward of backends/cpu/ref_backend.c composed from the kernel
+ * units of kernels/cuda/kcuda.h, behind the same kipp_backend_ops contract.
+ *
+ *   - Weights are uploaded once at model_create into one device allocation
+ *     and never read through the views again (packs_weights = 1).
+ *   - KV lives in device memory in the engine's paged layout, one arena per
+ *     model ([layer][block*32+i][8][128] bf16 K and V), so one kernel launch
+ *     addresses every sequence of a batch: a private session owns a range of
+ *     arena blocks (its block table entries are offset by the range start),
+ *     a pooled model's arena is the slab and block tables index it directly.
+ *     The arena grows (copy to a larger one) when a new private session does
+ *     not fit; pooled slabs are fixed.
+ *   - eval interleaves the rows of all items into rounds of up to CU_ROUND
+ *     token rows, so a step reads the weights once for every sequence; each
+ *     row carries its position and block table (kc_rows), and only the rows
+ *     that need logits are gathered, normed and sent through the head.
+ *   - A decode step (every item one token, at most CU_GRAPH_MAX items) runs
+ *     as a CUDA graph captured once per batch size (at its second step; the
+ *     first runs eagerly): its per-row metadata sits in fixed device buffers
+ *     that are refreshed before each launch. KIPP_CUDA_GRAPHS=0 disables them;
+ *     a failed capture disables them for the model and says why in describe.
+ *   - Fewer launches per layer (decode of small models is launch-bound): the
+ *     residual add and the next RMSNorm are one kernel (kb_add_rmsnorm,
+ *     backends/cuda/cuda_util.cu), and a one-row step projects Q|K|V and
+ *     Gate|Up with one matvec each and ropes Q|K in one launch.
+ *   - Every CUDA failure becomes a sentence in err (no device, out of device
+ *     memory with the numbers, unsupported dtype), never an abort.
+ *
+ * The engine serialises calls on one model (as for the other backends); the
+ * backend uses one stream and synchronises before eval returns.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/cuda_util.h"
+#include "engine/backend.h"
+#include "engine/kipp.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/kcuda.h"
+
+#define CU_ROUND 512u                                   /* token rows per forward round */
+#define CU_HEAD_ROWS 64u                                /* logits rows per head launch */
+#define CU_GRAPH_MAX 64u                                /* decode batches of 1..64 rows run as graphs */
+#define CU_KV_WIDTH (KIPP_N_KV_HEAD * KIPP_HEAD_DIM)    /* 1024 */
+#define CU_BLOCK_ELEMS ((size_t)KIPP_KV_BLOCK * CU_KV_WIDTH) /* bf16 per layer-block of K (or V) */
+#define CU_MIB(b) ((double)(b) / (1024.0 * 1024.0))
+
+/** A weight resident on the device. */
+typedef struct {
+    const void *p;
+    uint32_t dtype, rows, cols;
+    size_t bytes;
+} cu_w;
+
+typedef struct {
+    const uint16_t *attn_norm, *q_norm, *k_norm, *ffn_norm;
+    cu_w wq, wk, wv, wo, gate, up, down;
+    /* Q|K|V and Gate|Up adjacent in the arena in one dtype: a one-row step
+     * runs each group as one matvec (rows are independent, so the results are
+     * those of the separate launches) and fewer graph nodes. */
+    int qkv_fused, gu_fused;
+} cu_layer;
+
+/** A private session's range of arena blocks. */
+typedef struct {
+    uint32_t start, len;
+} cu_range;
+
+typedef struct {
+    kipp_dims d;
+    uint32_t A;           /* n_q_head * 128 */
+    uint32_t max_blocks;  /* ceil(context_length / 32): a session's largest block table */
+    int device;
+    char dev_name[256];
+    int cc_major, cc_minor, n_sm;
+    size_t dev_total;
+    cudaStream_t st;
+    /* weights */
+    void *warena;
+    size_t wbytes;
+    cu_layer *L;
+    cu_w embd, out;
+    const uint16_t *out_norm;
+    float *rope; /* [max_blocks * 32][128] cos/sin, k_rope_table */
+    /* activations, CU_ROUND rows each */
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *xl, *logits;
+    size_t scratch_bytes;
+    /* per-row metadata: device, and pinned host staging */
+    /* One device block and its pinned mirror, [tok | pos | bt_off | lidx]
+     * (CU_ROUND each) then bt (bt_cap): a step uploads it in one copy. */
+    void *meta_d, *meta_h;
+    uint32_t *tok_d, *bt_d, *tok_h, *bt_h;
+    int32_t *pos_d, *btoff_d, *lidx_d, *pos_h, *btoff_h, *lidx_h;
+    size_t bt_cap;  /* entries of bt_d / bt_h */
+    float **ldst;   /* [CU_ROUND] host destination of each logits row of a round */
+    /* KV arena */
+    uint16_t *kc, *vc;
+    uint32_t kv_blocks;
+    int pooled;
+    cu_range *ranges;
+    size_t n_ranges, cap_ranges;
+    /* decode graphs by batch size */
+    cudaGraphExec_t graph[CU_GRAPH_MAX + 1];
+    uint8_t ran[CU_GRAPH_MAX + 1]; /* batch size ran eagerly once: its kernels are loaded, capture is safe */
+    int graphs_off;
+    int fuse; /* one-row steps launch Q|K|V and Gate|Up as one matvec each (KIPP_CUDA_FUSE=0: off) */
+    char graph_note[256]; /* why graphs were turned off, for describe */
+    /* a device error that leaves the context unusable: every later eval reports it */
+    char broken[256];
+} cu_model;
+
+typedef struct {
+    cu_model *m;
+    uint32_t n_blocks; /* logical blocks (capacity / 32) */
+    uint32_t base;     /* first arena block of a private session; 0 when pooled */
+    int pooled;
+} cu_session;
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, const char *a, const char *b)
+{
+    if (err && errlen) snprintf(err, errlen, fmt, a, b);
+    return code;
+}
+
+/* A sticky error (illegal address, launch failure, ...) poisons the context:
+ * remember it so later calls report it instead of computing garbage. */
+static int report_cuda(cu_model *m, cudaError_t e, const char *what, char *err, size_t errlen)
+{
+    int sticky = e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure ||
+                 e == cudaErrorIllegalInstruction || e == cudaErrorMisalignedAddress ||
+                 e == cudaErrorHardwareStackError || e == cudaErrorInvalidPc ||
+                 e == cudaErrorAssert || e == cudaErrorECCUncorrectable;
+    if (err && errlen)
+        snprintf(err, errlen, "cuda backend: %s failed: %s (%s)%s", what, cudaGetErrorString(e), cudaGetErrorName(e),
+                 sticky ? "; the device context is unusable, reopen the model" : "");
+    if (m && sticky && !m->broken[0])
+        snprintf(m->broken, sizeof m->broken, "%s failed earlier: %s", what, cudaGetErrorName(e));
+    (void)cudaGetLastError(); /* clear a non-sticky error */
+    return e == cudaErrorMemoryAllocation ? KIPP_ENOMEM : KIPP_EBACKEND;
+}
+
+/* ---------------------------------------------------------------- model */
+
+static void destroy_graphs(cu_model *m)
+{
+    for (uint32_t i = 0; i <= CU_GRAPH_MAX; i++)
+        if (m->graph[i]) {
+            cudaGraphExecDestroy(m->graph[i]);
+            m->graph[i] = NULL;
+        }
+}
+
+static void cu_model_destroy(void *bm)
+{
+    cu_model *m = bm;
+    if (!m) return;
+    cudaSetDevice(m->device);
+    if (m->st) cudaStreamSynchronize(m->st);
+    destroy_graphs(m);
+    void *dev[] = {m->warena, m->rope, m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up,
+                   m->xl, m->logits, m->meta_d, m->kc, m->vc};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    void *host[] = {m->meta_h};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        if (host[i]) cudaFreeHost(host[i]);
+    if (m->st) cudaStreamDestroy(m->st);
+    free(m->ldst);
+    free(m->ranges);
+    free(m->L);
+    free(m);
+}
+
+static const char *dtype_name(uint32_t t)
+{
+    switch (t) {
+    case KIPP_DTYPE_BF16: return "bf16";
+    case KIPP_DTYPE_Q8_0: return "q8_0";
+    case KIPP_DTYPE_Q4_1: return "affine4_gs32 (Q4_1)";
+    case KIPP_DTYPE_F32: return "f32";
+    default: return "unknown";
+    }
+}
+
+/* Shapes as ref_backend.c check_view, dtypes as the CUDA kernels take them. */
+static int check_tensor(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols, int weight,
+                        char *err, size_t errlen)
+{
+    int ok_type = t->dtype == KIPP_DTYPE_BF16 ||
+                  (weight && (t->dtype == KIPP_DTYPE_Q8_0 || t->dtype == KIPP_DTYPE_Q4_1));
+    if (!t->data || t->rows != rows || t->cols != cols) {
+        if (err)
+            snprintf(err, errlen, "cuda backend: tensor %s is [%llu][%llu] (data %s), expected [%llu][%llu]", name,
+                     (unsigned long long)t->rows, (unsigned long long)t->cols, t->data ? "set" : "NULL",
+                     (unsigned long long)rows, (unsigned long long)cols);
+        return KIPP_EFORMAT;
+    }
+    if (!ok_type) {
+        if (err)
+            snprintf(err, errlen,
+                     "cuda backend: tensor %s has dtype %u (%s), which the CUDA kernels do not take; expected %s",
+                     name, t->dtype, dtype_name(t->dtype),
+                     weight ? "bf16, q8_0 or affine4_gs32 (Q4_1)" : "bf16");
+        return KIPP_ENOTSUP;
+    }
+    return 0;
+}
+
+static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
+{
+    const kipp_dims *d = &mv->dims;
+    if (d->head_dim != KIPP_HEAD_DIM || d->n_kv_head != KIPP_N_KV_HEAD || d->n_q_head == 0 ||
+        d->n_q_head % KIPP_N_KV_HEAD || d->d_model == 0 || d->d_model % 32 || d->d_ff == 0 || d->d_ff % 32 ||
+        d->n_layer == 0 || d->vocab_size == 0 || d->context_length == 0 || !mv->w.layers) {
+        if (err)
+            snprintf(err, errlen,
+                     "cuda backend: dims d_model %u, n_layer %u, n_q_head %u, n_kv_head %u, head_dim %u, d_ff %u, "
+                     "vocab %u are not a Qwen3 shape (expected 8 KV heads of 128, n_q_head a multiple of 8, "
+                     "widths multiples of 32, layers present)",
+                     d->d_model, d->n_layer, d->n_q_head, d->n_kv_head, d->head_dim, d->d_ff, d->vocab_size);
+        return KIPP_EFORMAT;
+    }
+    uint64_t A = (uint64_t)d->n_q_head * KIPP_HEAD_DIM, D = d->d_model, F = d->d_ff;
+    int rc = check_tensor(&mv->w.token_embd, "token_embd", d->vocab_size, D, 0, err, errlen);
+    if (!rc) rc = check_tensor(&mv->w.output_norm, "output_norm", 1, D, 0, err, errlen);
+    if (!rc) rc = check_tensor(&mv->w.output, "output", d->vocab_size, D, 1, err, errlen);
+    for (uint32_t i = 0; !rc && i < d->n_layer; i++) {
+        const kipp_qwen3_layer *L = &mv->w.layers[i];
+        rc = check_tensor(&L->attn_norm, "attn_norm", 1, D, 0, err, errlen);
+        if (!rc) rc = check_tensor(&L->wq, "attn_q", A, D, 1, err, errlen);
+        if (!rc) rc = check_tensor(&L->wk, "attn_k", CU_KV_WIDTH, D, 1, err, errlen);
+        if (!rc) rc = check_tensor(&L->wv, "attn_v", CU_KV_WIDTH, D, 1, err, errlen);
+        if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, KIPP_HEAD_DIM, 0, err, errlen);
+        if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, KIPP_HEAD_DIM, 0, err, errlen);
+        if (!rc) rc = check_tensor(&L->wo, "attn_output", D, A, 1, err, errlen);
+        if (!rc) rc = check_tensor(&L->ffn_norm, "ffn_norm", 1, D, 0, err, errlen);
+        if (!rc) rc = check_tensor(&L->w_gate, "ffn_gate", F, D, 1, err, errlen);
+        if (!rc) rc = check_tensor(&L->w_up, "ffn_up", F, D, 1, err, errlen);
+        if (!rc) rc = check_tensor(&L->w_down, "ffn_down", D, F, 1, err, errlen);
+    }
+    return rc;
+}
+
+/* The weight arena: every tensor at a 256-byte aligned offset. Pass 1 (base
+ * NULL) only sizes it; pass 2 records device pointers and copies. */
+typedef struct {
+    char *base;
+    size_t off;
+    cudaError_t e;
+} cu_upload;
+
+static const void *put(cu_upload *u, const kipp_tensor_view *t)
+{
+    size_t at = u->off;
+    u->off += (t->nbytes + 255) & ~(size_t)255;
+    if (!u->base) return NULL;
+    if (u->e == cudaSuccess) u->e = cudaMemcpy(u->base + at, t->data, t->nbytes, cudaMemcpyHostToDevice);
+    return u->base + at;
+}
+
+static cu_w put_w(cu_upload *u, const kipp_tensor_view *t)
+{
+    return (cu_w){put(u, t), t->dtype, (uint32_t)t->rows, (uint32_t)t->cols, (size_t)t->nbytes};
+}
+
+/* b starts where a ends (no alignment padding between them), same dtype and width. */
+static int adjacent(const cu_w *a, const cu_w *b)
+{
+    return a->dtype == b->dtype && a->cols == b->cols && (const char *)a->p + a->bytes == (const char *)b->p;
+}
+
+static void upload_all(cu_model *m, const kipp_model_view *mv, cu_upload *u)
+{
+    const kipp_qwen3_weights *w = &mv->w;
+    m->embd = put_w(u, &w->token_embd);
+    m->out_norm = put(u, &w->output_norm);
+    m->out = w->output.data == w->token_embd.data ? m->embd : put_w(u, &w->output); /* tied: one copy */
+    for (uint32_t l = 0; l < m->d.n_layer; l++) {
+        const kipp_qwen3_layer *S = &w->layers[l];
+        cu_layer *L = &m->L[l];
+        L->attn_norm = put(u, &S->attn_norm);
+        L->q_norm = put(u, &S->q_norm);
+        L->k_norm = put(u, &S->k_norm);
+        L->ffn_norm = put(u, &S->ffn_norm);
+        L->wq = put_w(u, &S->wq);
+        L->wk = put_w(u, &S->wk);
+        L->wv = put_w(u, &S->wv);
+        L->wo = put_w(u, &S->wo);
+        L->gate = put_w(u, &S->w_gate);
+        L->up = put_w(u, &S->w_up);
+        L->down = put_w(u, &S->w_down);
+        L->qkv_fused = u->base && adjacent(&L->wq, &L->wk) && adjacent(&L->wk, &L->wv);
+        L->gu_fused = u->base && adjacent(&L->gate, &L->up);
+    }
+}
+
+static cudaError_t dalloc(void **p, size_t bytes, size_t *total)
+{
+    *total += bytes;
+    return cudaMalloc(p, bytes);
+}
+
+static int cu_model_create(const kipp_model_view *mv, void **backend_model, char *err, size_t errlen)
+{
+    *backend_model = NULL;
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        if (err)
+            snprintf(err, errlen,
+                     "cuda backend: no CUDA device available (cudaGetDeviceCount: %s); this machine has no "
+                     "usable NVIDIA GPU or driver, use --backend cpu",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        (void)cudaGetLastError();
+        return KIPP_EBACKEND;
+    }
+    int rc = check_view(mv, err, errlen);
+    if (rc) return rc;
+    cu_model *m = calloc(1, sizeof *m);
+    if (!m) return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory%s%s", "", "");
+    m->d = mv->dims;
+    m->A = m->d.n_q_head * KIPP_HEAD_DIM;
+    m->max_blocks = (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK;
+    const char *dev_env = getenv("KIPP_CUDA_DEVICE");
+    m->device = dev_env ? atoi(dev_env) : 0;
+    if (m->device < 0 || m->device >= n_dev) {
+        if (err)
+            snprintf(err, errlen, "cuda backend: KIPP_CUDA_DEVICE=%s, expected 0..%d (%d device%s)", dev_env,
+                     n_dev - 1, n_dev, n_dev == 1 ? "" : "s");
+        free(m);
+        return KIPP_EINVAL;
+    }
+    struct cudaDeviceProp prop;
+    if ((e = cudaSetDevice(m->device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, m->device)) != cudaSuccess) {
+        rc = report_cuda(NULL, e, "selecting the device", err, errlen);
+        free(m);
+        return rc;
+    }
+    snprintf(m->dev_name, sizeof m->dev_name, "%s", prop.name);
+    m->cc_major = prop.major;
+    m->cc_minor = prop.minor;
+    m->n_sm = prop.multiProcessorCount;
+    m->dev_total = prop.totalGlobalMem;
+    m->graphs_off = getenv("KIPP_CUDA_GRAPHS") && !strcmp(getenv("KIPP_CUDA_GRAPHS"), "0");
+    if (m->graphs_off) snprintf(m->graph_note, sizeof m->graph_note, "KIPP_CUDA_GRAPHS=0");
+    m->fuse = !(getenv("KIPP_CUDA_FUSE") && !strcmp(getenv("KIPP_CUDA_FUSE"), "0"));
+    m->L = calloc(m->d.n_layer, sizeof *m->L);
+    m->ldst = calloc(CU_ROUND, sizeof *m->ldst);
+    m->bt_cap = (size_t)CU_ROUND * m->max_blocks;
+    if (!m->L || !m->ldst) {
+        cu_model_destroy(m);
+        return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory%s%s", "", "");
+    }
+
+    /* What it needs, against what the device has free, before allocating. */
+    cu_upload u = {0};
+    upload_all(m, mv, &u);
+    size_t D = m->d.d_model, F = m->d.d_ff, A = m->A, V = m->d.vocab_size;
+    size_t n_pos = (size_t)m->max_blocks * KIPP_KV_BLOCK;
+    size_t act = ((3 * D + 2 * A + 2 * CU_KV_WIDTH + 2 * F + D) * CU_ROUND + CU_HEAD_ROWS * V) * sizeof(float);
+    size_t meta = 4 * CU_ROUND * sizeof(int32_t) + m->bt_cap * sizeof(uint32_t);
+    size_t need = u.off + act + meta + n_pos * KIPP_HEAD_DIM * sizeof(float);
+    size_t free_b = 0, total_b = 0;
+    if ((e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
+        rc = report_cuda(NULL, e, "cudaMemGetInfo", err, errlen);
+        cu_model_destroy(m);
+        return rc;
+    }
+    if (need > free_b) {
+        if (err)
+            snprintf(err, errlen,
+                     "cuda backend: out of device memory: the model needs %.0f MiB (weights %.0f MiB, activations "
+                     "and tables %.0f MiB) but %s (device %d) has %.0f MiB free of %.0f MiB",
+                     CU_MIB(need), CU_MIB(u.off), CU_MIB(need - u.off), m->dev_name, m->device, CU_MIB(free_b),
+                     CU_MIB(total_b));
+        cu_model_destroy(m);
+        return KIPP_ENOMEM;
+    }
+    size_t tot = 0;
+    const char *what = "cudaStreamCreate";
+    e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
+    if (!e) what = "allocating the weights", e = dalloc(&m->warena, u.off, &tot);
+    if (!e) {
+        what = "uploading the weights";
+        m->wbytes = u.off;
+        u = (cu_upload){.base = m->warena};
+        upload_all(m, mv, &u);
+        e = u.e;
+    }
+    float **act_bufs[] = {&m->x, &m->xn, &m->tmp, &m->xl};
+    for (size_t i = 0; !e && i < sizeof act_bufs / sizeof act_bufs[0]; i++)
+        what = "allocating activations", e = dalloc((void **)act_bufs[i], CU_ROUND * D * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->q, CU_ROUND * A * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->att, CU_ROUND * A * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->k, CU_ROUND * CU_KV_WIDTH * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->v, CU_ROUND * CU_KV_WIDTH * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->gate, CU_ROUND * F * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->up, CU_ROUND * F * sizeof(float), &tot);
+    if (!e) e = dalloc((void **)&m->logits, CU_HEAD_ROWS * V * sizeof(float), &tot);
+    if (!e) e = dalloc(&m->meta_d, meta, &tot);
+    if (!e) what = "allocating pinned host staging", e = cudaMallocHost(&m->meta_h, meta);
+    if (!e) {
+        m->tok_d = m->meta_d;
+        m->pos_d = (int32_t *)(m->tok_d + CU_ROUND);
+        m->btoff_d = m->pos_d + CU_ROUND;
+        m->lidx_d = m->btoff_d + CU_ROUND;
+        m->bt_d = (uint32_t *)(m->lidx_d + CU_ROUND);
+        m->tok_h = m->meta_h;
+        m->pos_h = (int32_t *)(m->tok_h + CU_ROUND);
+        m->btoff_h = m->pos_h + CU_ROUND;
+        m->lidx_h = m->btoff_h + CU_ROUND;
+        m->bt_h = (uint32_t *)(m->lidx_h + CU_ROUND);
+    }
+    if (!e) {
+        /* RoPE: the host table, so angles round exactly as on the CPU (kcuda.h kc_rope). */
+        what = "uploading the RoPE table";
+        float *cs = malloc(n_pos * KIPP_HEAD_DIM * sizeof(float));
+        if (!cs) {
+            cu_model_destroy(m);
+            return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory for the RoPE table%s%s", "", "");
+        }
+        k_rope_table(cs, n_pos, m->d.rope_theta);
+        e = dalloc((void **)&m->rope, n_pos * KIPP_HEAD_DIM * sizeof(float), &tot);
+        if (!e) e = cudaMemcpy(m->rope, cs, n_pos * KIPP_HEAD_DIM * sizeof(float), cudaMemcpyHostToDevice);
+        free(cs);
+    }
+    if (e) {
+        if (e == cudaErrorMemoryAllocation && err) {
+            size_t fb = 0, tb = 0;
+            (void)cudaGetLastError();
+            cudaMemGetInfo(&fb, &tb);
+            snprintf(err, errlen,
+                     "cuda backend: out of device memory %s: the model needs %.0f MiB (weights %.0f MiB), %.0f MiB "
+                     "were allocated, %s (device %d) has %.0f MiB free of %.0f MiB",
+                     what, CU_MIB(need), CU_MIB(u.off), CU_MIB(tot), m->dev_name, m->device, CU_MIB(fb), CU_MIB(tb));
+            rc = KIPP_ENOMEM;
+        } else
+            rc = report_cuda(NULL, e, what, err, errlen);
+        cu_model_destroy(m);
+        return rc;
+    }
+    m->scratch_bytes = tot - m->wbytes;
+    *backend_model = m;
+    return 0;
+}
+
+static void cu_describe(void *bm, char *out, size_t outlen)
+{
+    cu_model *m = bm;
+    snprintf(out, outlen,
+             "cuda: device %d %s (sm_%d%d, %d SMs, %.0f MiB)\n"
+             "cuda: weights resident %.0f MiB (embedding %s, head %s, layer-0 projections %s), scratch %.0f MiB\n"
+             "cuda: rounds of up to %u token rows, items interleaved; logits rows through the head %u at a time\n"
+             "cuda: decode graphs for batches of 1..%u rows: %s%s%s\n"
+             "cuda: one-row steps: Q|K|V and Gate|Up as one matvec each: %s\n",
+             m->device, m->dev_name, m->cc_major, m->cc_minor, m->n_sm, CU_MIB(m->dev_total), CU_MIB(m->wbytes),
+             dtype_name(m->embd.dtype), dtype_name(m->out.dtype), dtype_name(m->L[0].wq.dtype),
+             CU_MIB(m->scratch_bytes), CU_ROUND, CU_HEAD_ROWS, CU_GRAPH_MAX, m->graphs_off ? "off" : "on",
+             m->graph_note[0] ? ", " : "", m->graph_note,
+             !m->fuse ? "off (KIPP_CUDA_FUSE=0)" : m->L[0].qkv_fused && m->L[0].gu_fused ? "on" : "off (weights not adjacent)");
+}
+
+/* ---------------------------------------------------------------- KV arena */
+
+static size_t arena_bytes(const cu_model *m, uint32_t blocks)
+{
+    return (size_t)m->d.n_layer * blocks * CU_BLOCK_ELEMS * sizeof(uint16_t);
+}
+
+static int arena_err(cu_model *m, uint32_t blocks, const char *what, char *err, size_t errlen)
+{
+    size_t fb = 0, tb = 0;
+    (void)cudaGetLastError();
+    cudaMemGetInfo(&fb, &tb);
+    if (err)
+        snprintf(err, errlen,
+                 "cuda backend: out of device memory %s: K and V of %u blocks of 32 positions need %.0f MiB, %s "
+                 "(device %d) has %.0f MiB free of %.0f MiB (weights %.0f MiB, KV arena now %u blocks)",
+                 what, blocks, CU_MIB(2 * arena_bytes(m, blocks)), m->dev_name, m->device, CU_MIB(fb), CU_MIB(tb),
+                 CU_MIB(m->wbytes), m->kv_blocks);
+    return KIPP_ENOMEM;
+}
+
+/* Resize the arena to blocks (> kv_blocks), keeping every layer's existing
+ * blocks; the new tail is zeroed. Graphs hold the old pointers: dropped. */
+static int arena_grow(cu_model *m, uint32_t blocks, char *err, size_t errlen)
+{
+    uint16_t *k = NULL, *v = NULL;
+    size_t bytes = arena_bytes(m, blocks);
+    cudaError_t e = cudaMalloc((void **)&k, bytes);
+    if (!e) e = cudaMalloc((void **)&v, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        if (k) cudaFree(k);
+        return arena_err(m, blocks, "for the KV cache", err, errlen);
+    }
+    if (!e) e = cudaMemsetAsync(k, 0, bytes, m->st);
+    if (!e) e = cudaMemsetAsync(v, 0, bytes, m->st);
+    if (!e && m->kv_blocks) {
+        size_t old_pitch = (size_t)m->kv_blocks * CU_BLOCK_ELEMS * sizeof(uint16_t);
+        size_t new_pitch = (size_t)blocks * CU_BLOCK_ELEMS * sizeof(uint16_t);
+        e = cudaMemcpy2DAsync(k, new_pitch, m->kc, old_pitch, old_pitch, m->d.n_layer, cudaMemcpyDeviceToDevice, m->st);
+        if (!e) e = cudaMemcpy2DAsync(v, new_pitch, m->vc, old_pitch, old_pitch, m->d.n_layer, cudaMemcpyDeviceToDevice, m->st);
+    }
+    if (!e) e = cudaStreamSynchronize(m->st);
+    if (e) {
+        if (k) cudaFree(k);
+        if (v) cudaFree(v);
+        return report_cuda(m, e, "growing the KV arena", err, errlen);
+    }
+    destroy_graphs(m);
+    if (m->kc) cudaFree(m->kc);
+    if (m->vc) cudaFree(m->vc);
+    m->kc = k;
+    m->vc = v;
+    m->kv_blocks = blocks;
+    return 0;
+}
+
+/* First fit among the private ranges (sorted by start); grow the arena when none fits. */
+static int range_alloc(cu_model *m, uint32_t len, uint32_t *start, char *err, size_t errlen)
+{
+    uint32_t at = 0;
+    size_t i = 0;
+    for (; i < m->n_ranges; i++) {
+        if (m->ranges[i].start - at >= len) break;
+        at = m->ranges[i].start + m->ranges[i].len;
+    }
+    if (i == m->n_ranges && m->kv_blocks - at < len) {
+        uint64_t want = (uint64_t)at + len, dbl = 2 * (uint64_t)m->kv_blocks;
+        uint64_t limit = 0xffffffffu / 2;
+        if (want > limit)
+            return fail(err, errlen, KIPP_ERANGE, "cuda backend: the KV arena would exceed 2^31 blocks%s%s", "", "");
+        int rc = arena_grow(m, (uint32_t)(dbl > want && dbl <= limit ? dbl : want), err, errlen);
+        if (rc == KIPP_ENOMEM && dbl > want) rc = arena_grow(m, (uint32_t)want, err, errlen);
+        if (rc) return rc;
+    }
+    if (m->n_ranges == m->cap_ranges) {
+        size_t cap = m->cap_ranges ? 2 * m->cap_ranges : 16;
+        cu_range *r = realloc(m->ranges, cap * sizeof *r);
+        if (!r) return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory%s%s", "", "");
+        m->ranges = r;
+        m->cap_ranges = cap;
+    }
+    memmove(m->ranges + i + 1, m->ranges + i, (m->n_ranges - i) * sizeof *m->ranges);
+    m->ranges[i] = (cu_range){at, len};
+    m->n_ranges++;
+    *start = at;
+    return 0;
+}
+
+static void range_free(cu_model *m, uint32_t start)
+{
+    for (size_t i = 0; i < m->n_ranges; i++)
+        if (m->ranges[i].start == start) {
+            memmove(m->ranges + i, m->ranges + i + 1, (m->n_ranges - i - 1) * sizeof *m->ranges);
+            m->n_ranges--;
+            return;
+        }
+}
+
+static int session_new(cu_model *m, uint32_t n_blocks, int pooled, void **backend_session, char *err, size_t errlen)
+{
+    *backend_session = NULL;
+    if (n_blocks == 0 || n_blocks > m->max_blocks) {
+        if (err)
+            snprintf(err, errlen, "cuda backend: %u KV blocks requested, expected 1..ceil(%u/32)", n_blocks,
+                     m->d.context_length);
+        return KIPP_ERANGE;
+    }
+    cu_session *s = calloc(1, sizeof *s);
+    if (!s) return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory%s%s", "", "");
+    *s = (cu_session){m, n_blocks, 0, pooled};
+    cudaSetDevice(m->device);
+    if (!pooled) {
+        int rc = range_alloc(m, n_blocks, &s->base, err, errlen);
+        if (rc) {
+            free(s);
+            return rc;
+        }
+    }
+    *backend_session = s;
+    return 0;
+}
+
+static int cu_session_create(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
+{
+    cu_model *m = bm;
+    if (m->pooled) {
+        *backend_session = NULL;
+        return fail(err, errlen, KIPP_EINVAL, "cuda backend: the model has a KV pool; sessions must be pooled%s%s", "", "");
+    }
+    return session_new(m, n_blocks, 0, backend_session, err, errlen);
+}
+
+static void cu_session_destroy(void *bs)
+{
+    cu_session *s = bs;
+    if (!s) return;
+    if (!s->pooled) range_free(s->m, s->base);
+    free(s);
+}
+
+static int cu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
+{
+    cu_model *m = bm;
+    if (m->pooled || m->n_ranges || n_blocks == 0) {
+        if (err)
+            snprintf(err, errlen,
+                     "cuda backend: KV pool of %u blocks refused (existing pool: %u blocks, %zu private sessions); "
+                     "expected one pool of >= 1 block before any session",
+                     n_blocks, m->pooled ? m->kv_blocks : 0, m->n_ranges);
+        return KIPP_EINVAL;
+    }
+    cudaSetDevice(m->device);
+    if (m->kc) { /* an arena left by private sessions that are all gone */
+        destroy_graphs(m);
+        cudaFree(m->kc);
+        cudaFree(m->vc);
+        m->kc = m->vc = NULL;
+        m->kv_blocks = 0;
+    }
+    int rc = arena_grow(m, n_blocks, err, errlen);
+    if (rc == KIPP_ENOMEM && err) {
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "%s; ask for a smaller pool (kipp-serve --kv-pool-mib)", err);
+        snprintf(err, errlen, "%s", tmp);
+    }
+    if (!rc) m->pooled = 1;
+    return rc;
+}
+
+static int cu_session_create_pooled(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
+{
+    cu_model *m = bm;
+    if (!m->pooled) {
+        *backend_session = NULL;
+        return fail(err, errlen, KIPP_EINVAL, "cuda backend: pooled session requested but the model has no KV pool%s%s", "", "");
+    }
+    return session_new(m, n_blocks, 1, backend_session, err, errlen);
+}
+
+static void cu_pool_copy_block(void *bm, uint32_t src, uint32_t dst)
+{
+    cu_model *m = bm;
+    if (!m->pooled || src >= m->kv_blocks || dst >= m->kv_blocks || src == dst || m->broken[0]) return;
+    cudaSetDevice(m->device);
+    size_t blk = CU_BLOCK_ELEMS * sizeof(uint16_t), pitch = (size_t)m->kv_blocks * blk;
+    cudaError_t e = cudaMemcpy2DAsync((char *)m->kc + dst * blk, pitch, (char *)m->kc + src * blk, pitch, blk,
+                                      m->d.n_layer, cudaMemcpyDeviceToDevice, m->st);
+    if (!e) e = cudaMemcpy2DAsync((char *)m->vc + dst * blk, pitch, (char *)m->vc + src * blk, pitch, blk,
+                                  m->d.n_layer, cudaMemcpyDeviceToDevice, m->st);
+    if (!e) e = cudaStreamSynchronize(m->st);
+    if (e) { /* no error channel here: the next eval reports it */
+        snprintf(m->broken, sizeof m->broken, "copying KV block %u to %u failed earlier: %s", src, dst,
+                 cudaGetErrorName(e));
+        (void)cudaGetLastError();
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* The first failing launch names the step. */
+#define CK(call, name)                          \
+    do {                                        \
+        if (!rc && (rc = (call)) != 0) *what = (name); \
+    } while (0)
+
+/* The decoder layers over n rows whose tokens, positions and block tables
+ * are in tok_d/pos_d/btoff_d/bt_d; x holds each row's output. Launches only:
+ * legal inside stream capture. */
+static int forward_layers(cu_model *m, uint32_t n, const char **what)
+{
+    const kipp_dims *d = &m->d;
+    cudaStream_t st = m->st;
+    size_t D = d->d_model, F = d->d_ff;
+    kc_rows rows = {m->pos_d, m->btoff_d, m->bt_d};
+    size_t layer_elems = (size_t)m->kv_blocks * CU_BLOCK_ELEMS;
+    int rc = 0;
+    CK(kc_embed(m->embd.p, m->embd.dtype, m->tok_d, n, (uint32_t)D, m->x, st), "kc_embed");
+    for (uint32_t l = 0; l < d->n_layer && !rc; l++) {
+        const cu_layer *L = &m->L[l];
+        uint16_t *kc = m->kc + l * layer_elems, *vc = m->vc + l * layer_elems;
+        /* One row: Q|K|V land adjacent in q ([A | 1024 | 1024]), so one launch
+         * projects them and one RoPE covers the query and key heads. */
+        int qkv1 = n == 1 && L->qkv_fused && m->fuse, gu1 = n == 1 && L->gu_fused && m->fuse;
+        float *k = qkv1 ? m->q + m->A : m->k, *v = qkv1 ? m->q + m->A + CU_KV_WIDTH : m->v;
+        float *up = gu1 ? m->gate + F : m->up;
+        /* Layer l > 0 starts from the previous layer's fused residual add + attn_norm. */
+        if (l == 0) CK(kc_rmsnorm(L->attn_norm, m->x, m->xn, n, (uint32_t)D, d->rms_eps, st), "kc_rmsnorm (attn_norm)");
+        if (qkv1) {
+            CK(kc_linear(L->wq.p, L->wq.dtype, L->wq.rows + L->wk.rows + L->wv.rows, L->wq.cols, m->xn, 1, m->q, st),
+               "kc_linear (attn_q|k|v)");
+        } else {
+            CK(kc_linear(L->wq.p, L->wq.dtype, L->wq.rows, L->wq.cols, m->xn, n, m->q, st), "kc_linear (attn_q)");
+            CK(kc_linear(L->wk.p, L->wk.dtype, L->wk.rows, L->wk.cols, m->xn, n, k, st), "kc_linear (attn_k)");
+            CK(kc_linear(L->wv.p, L->wv.dtype, L->wv.rows, L->wv.cols, m->xn, n, v, st), "kc_linear (attn_v)");
+        }
+        CK(kc_head_rmsnorm(L->q_norm, m->q, n, d->n_q_head, KIPP_HEAD_DIM, d->rms_eps, st), "kc_head_rmsnorm (q)");
+        CK(kc_head_rmsnorm(L->k_norm, k, n, KIPP_N_KV_HEAD, KIPP_HEAD_DIM, d->rms_eps, st), "kc_head_rmsnorm (k)");
+        if (qkv1) {
+            CK(kc_rope(m->q, m->pos_d, m->rope, 1, d->n_q_head + KIPP_N_KV_HEAD, st), "kc_rope (q|k)");
+        } else {
+            CK(kc_rope(m->q, m->pos_d, m->rope, n, d->n_q_head, st), "kc_rope (q)");
+            CK(kc_rope(k, m->pos_d, m->rope, n, KIPP_N_KV_HEAD, st), "kc_rope (k)");
+        }
+        CK(kc_kv_write(kc, vc, k, v, rows, n, CU_KV_WIDTH, st), "kc_kv_write");
+        CK(kc_attention(m->q, kc, vc, rows, n, d->n_q_head, KIPP_N_KV_HEAD, m->att, st), "kc_attention");
+        CK(kc_linear(L->wo.p, L->wo.dtype, L->wo.rows, L->wo.cols, m->att, n, m->tmp, st), "kc_linear (attn_output)");
+        CK(kb_add_rmsnorm(m->x, m->tmp, L->ffn_norm, m->xn, n, (uint32_t)D, d->rms_eps, st),
+           "kb_add_rmsnorm (attention residual, ffn_norm)");
+        if (gu1) {
+            CK(kc_linear(L->gate.p, L->gate.dtype, L->gate.rows + L->up.rows, L->gate.cols, m->xn, 1, m->gate, st),
+               "kc_linear (ffn_gate|up)");
+        } else {
+            CK(kc_linear(L->gate.p, L->gate.dtype, L->gate.rows, L->gate.cols, m->xn, n, m->gate, st), "kc_linear (ffn_gate)");
+            CK(kc_linear(L->up.p, L->up.dtype, L->up.rows, L->up.cols, m->xn, n, up, st), "kc_linear (ffn_up)");
+        }
+        CK(kc_swiglu(m->gate, up, m->gate, n * F, st), "kc_swiglu");
+        CK(kc_linear(L->down.p, L->down.dtype, L->down.rows, L->down.cols, m->gate, n, m->tmp, st), "kc_linear (ffn_down)");
+        if (l + 1 < d->n_layer)
+            CK(kb_add_rmsnorm(m->x, m->tmp, m->L[l + 1].attn_norm, m->xn, n, (uint32_t)D, d->rms_eps, st),
+               "kb_add_rmsnorm (ffn residual, next attn_norm)");
+        else
+            CK(kc_add(m->x, m->tmp, n * D, st), "kc_add (ffn residual)"); /* the head norms only its rows */
+    }
+    return rc;
+}
+
+/* Final RMSNorm of the n rows of src into xl, then the head: logits [n][vocab] (n <= CU_HEAD_ROWS). */
+static int head_rows(cu_model *m, const float *src, uint32_t n, const char **what)
+{
+    int rc = 0;
+    CK(kc_rmsnorm(m->out_norm, src, m->xl, n, m->d.d_model, m->d.rms_eps, m->st), "kc_rmsnorm (output_norm)");
+    CK(kc_linear(m->out.p, m->out.dtype, m->out.rows, m->out.cols, m->xl, n, m->logits, m->st), "kc_linear (output)");
+    return rc;
+}
+
+/* The block table of an item's positions [0, last_pos] into bt_h at *nbt, as arena blocks. */
+static int32_t put_bt(cu_model *m, const kipp_eval_item *it, uint32_t last_pos, size_t *nbt)
+{
+    const cu_session *s = it->session;
+    int32_t off = (int32_t)*nbt;
+    for (uint32_t b = 0; b <= last_pos / KIPP_KV_BLOCK; b++) m->bt_h[(*nbt)++] = s->base + it->block_table[b];
+    return off;
+}
+
+static cudaError_t upload_meta(cu_model *m, uint32_t rows, size_t nbt, uint32_t nl)
+{
+    /* One copy of the fixed head (8 KiB, rows and nl <= CU_ROUND) and the bt entries in use. */
+    (void)rows;
+    (void)nl;
+    size_t bytes = 4 * CU_ROUND * sizeof(int32_t) + nbt * sizeof(uint32_t);
+    return cudaMemcpyAsync(m->meta_d, m->meta_h, bytes, cudaMemcpyHostToDevice, m->st);
+}
+
+/* Copy logits rows [0, n) of the device buffer to their host destinations (NULL: not wanted). */
+static cudaError_t copy_logits(cu_model *m, float *const *dst, uint32_t n)
+{
+    size_t V = m->d.vocab_size;
+    cudaError_t e = cudaSuccess;
+    for (uint32_t j = 0; j < n && !e; j++)
+        if (dst[j]) e = cudaMemcpyAsync(dst[j], m->logits + j * V, V * sizeof(float), cudaMemcpyDeviceToHost, m->st);
+    return e;
+}
+
+/* Capture the decode step of n rows (layers + head over every row) as a graph. */
+static int capture_decode(cu_model *m, uint32_t n, const char **what)
+{
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal);
+    if (e) {
+        *what = "cudaStreamBeginCapture";
+        return (int)e;
+    }
+    int rc = forward_layers(m, n, what);
+    if (!rc) rc = head_rows(m, m->x, n, what);
+    e = cudaStreamEndCapture(m->st, &g); /* ends capture mode even after a failed launch */
+    if (!rc && e) rc = (int)e, *what = "cudaStreamEndCapture";
+    if (!rc) {
+        e = cudaGraphInstantiate(&exec, g, 0);
+        if (e) rc = (int)e, *what = "cudaGraphInstantiate";
+    }
+    if (g) cudaGraphDestroy(g);
+    if (!rc) m->graph[n] = exec;
+    return rc;
+}
+
+/* Every item one token: one row each, run as the graph of that batch size. */
+static int eval_decode(cu_model *m, kipp_eval_item *items, uint32_t n, char *err, size_t errlen)
+{
+    size_t nbt = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const kipp_eval_item *it = &items[i];
+        m->tok_h[i] = it->tokens[0];
+        m->pos_h[i] = (int32_t)it->start_position;
+        m->btoff_h[i] = put_bt(m, it, it->start_position, &nbt);
+        m->ldst[i] = it->logits_count ? it->logits : NULL;
+    }
+    const char *what = "uploading the batch metadata";
+    cudaError_t e = upload_meta(m, n, nbt, 0);
+    if (e) return report_cuda(m, e, what, err, errlen);
+    int rc = 0;
+    /* The first step of a size runs eagerly (module loading, lazy init inside
+     * the kernel units happen outside capture); the second captures. */
+    if (!m->graphs_off && !m->graph[n] && m->ran[n]) {
+        rc = capture_decode(m, n, &what);
+        if (rc) { /* graphs off from now on; this step runs eagerly below */
+            snprintf(m->graph_note, sizeof m->graph_note, "capture of %u rows failed at %s: %s", n, what,
+                     cudaGetErrorName((cudaError_t)rc));
+            m->graphs_off = 1;
+            destroy_graphs(m);
+            (void)cudaGetLastError();
+            rc = 0;
+        }
+    }
+    if (!m->graphs_off && m->graph[n]) {
+        what = "cudaGraphLaunch (decode)";
+        rc = (int)cudaGraphLaunch(m->graph[n], m->st);
+    } else {
+        rc = forward_layers(m, n, &what);
+        if (!rc) rc = head_rows(m, m->x, n, &what);
+    }
+    if (!rc) what = "copying logits to the host", rc = (int)copy_logits(m, m->ldst, n);
+    e = cudaStreamSynchronize(m->st);
+    if (!rc && e) rc = (int)e, what = "the decode step";
+    if (!rc) m->ran[n] = 1;
+    return rc ? report_cuda(m, (cudaError_t)rc, what, err, errlen) : 0;
+}
+
+/* Items' rows interleaved into rounds of up to CU_ROUND rows; each round runs
+ * the layers over all its rows, then the head over the rows that need logits. */
+static int eval_rounds(cu_model *m, kipp_eval_item *items, size_t n_items, char *err, size_t errlen)
+{
+    size_t D = m->d.d_model, V = m->d.vocab_size;
+    size_t cur = 0;
+    uint32_t done = 0; /* tokens of items[cur] in earlier rounds */
+    while (cur < n_items) {
+        uint32_t rows = 0, nl = 0;
+        size_t nbt = 0;
+        while (cur < n_items && rows < CU_ROUND) {
+            const kipp_eval_item *it = &items[cur];
+            uint32_t take = it->token_count - done;
+            if (take > CU_ROUND - rows) take = CU_ROUND - rows;
+            uint32_t p0 = it->start_position + done;
+            int32_t off = put_bt(m, it, p0 + take - 1, &nbt);
+            uint32_t first_logit = it->token_count - it->logits_count;
+            for (uint32_t t = 0; t < take; t++, rows++) {
+                m->tok_h[rows] = it->tokens[done + t];
+                m->pos_h[rows] = (int32_t)(p0 + t);
+                m->btoff_h[rows] = off;
+                if (done + t >= first_logit) {
+                    m->lidx_h[nl] = (int32_t)rows;
+                    m->ldst[nl++] = it->logits + (size_t)(done + t - first_logit) * V;
+                }
+            }
+            done += take;
+            if (done == it->token_count) cur++, done = 0;
+        }
+        const char *what = "uploading the batch metadata";
+        int rc = (int)upload_meta(m, rows, nbt, nl);
+        if (!rc) rc = forward_layers(m, rows, &what);
+        if (!rc && nl) {
+            what = "kb_gather_rows";
+            rc = kb_gather_rows(m->x, m->lidx_d, nl, (uint32_t)D, m->tmp, m->st);
+        }
+        for (uint32_t h0 = 0; !rc && h0 < nl; h0 += CU_HEAD_ROWS) {
+            uint32_t hn = nl - h0 < CU_HEAD_ROWS ? nl - h0 : CU_HEAD_ROWS;
+            rc = head_rows(m, m->tmp + (size_t)h0 * D, hn, &what);
+            if (!rc) what = "copying logits to the host", rc = (int)copy_logits(m, m->ldst + h0, hn);
+        }
+        /* The pinned staging is refilled by the next round: wait for this one. */
+        cudaError_t e = cudaStreamSynchronize(m->st);
+        if (!rc && e) rc = (int)e, what = "a forward round";
+        if (rc) return report_cuda(m, (cudaError_t)rc, what, err, errlen);
+    }
+    return 0;
+}
+
+/* The engine validated positions, capacity and token ids (backend.h); these
+ * checks guard what would otherwise address memory out of bounds. */
+static int cu_eval(void *bm, kipp_eval_item *items, size_t item_count, char *err, size_t errlen)
+{
+    cu_model *m = bm;
+    if (item_count == 0) return 0;
+    if (m->broken[0]) {
+        if (err) snprintf(err, errlen, "cuda backend: %s; the device context is unusable, reopen the model", m->broken);
+        return KIPP_EBACKEND;
+    }
+    int decode = item_count <= CU_GRAPH_MAX;
+    for (size_t i = 0; i < item_count; i++) {
+        const kipp_eval_item *it = &items[i];
+        const cu_session *s = it->session;
+        uint32_t n_pos = s ? s->n_blocks * KIPP_KV_BLOCK : 0;
+        if (!s || s->m != m || !it->tokens || !it->block_table || it->token_count == 0 ||
+            it->logits_count > it->token_count || (it->logits_count && !it->logits) ||
+            (uint64_t)it->start_position + it->token_count > n_pos) {
+            if (err)
+                snprintf(err, errlen,
+                         "cuda backend: item %zu (start %u, %u tokens, %u logits rows) does not fit a session of %u "
+                         "positions or lacks tokens/block table/logits",
+                         i, it->start_position, it->token_count, it->logits_count, n_pos);
+            return KIPP_EINVAL;
+        }
+        uint32_t limit = s->pooled ? m->kv_blocks : s->n_blocks;
+        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / KIPP_KV_BLOCK; b++)
+            if (it->block_table[b] >= limit) {
+                if (err)
+                    snprintf(err, errlen, "cuda backend: item %zu block_table[%u] = %u, expected < %u blocks", i, b,
+                             it->block_table[b], limit);
+                return KIPP_ERANGE;
+            }
+        if (it->token_count != 1) decode = 0;
+    }
+    cudaSetDevice(m->device);
+    return decode ? eval_decode(m, items, (uint32_t)item_count, err, errlen)
+                  : eval_rounds(m, items, item_count, err, errlen);
+}
+
+const kipp_backend_ops cuda_backend_ops = {
+    .name = "cuda",
+    .model_create = cu_model_create,
+    .model_destroy = cu_model_destroy,
+    .session_create = cu_session_create,
+    .session_destroy = cu_session_destroy,
+    .eval = cu_eval,
+    .describe = cu_describe,
+    .pool_create = cu_pool_create,
+    .session_create_pooled = cu_session_create_pooled,
+    .pool_copy_block = cu_pool_copy_block,
+    .packs_weights = 1,
+};
