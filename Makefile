@@ -341,7 +341,8 @@ $(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $
 # stand-ins over the ref kernels (backends/cuda/mock): the backend's host logic,
 # checked bitwise against the ref backend without a GPU (tests/test_cuda_build.py).
 $(BUILD)/cuda/kipp-cuda-gate-mock: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $(BUILD)/cuda/obj/engine/backends.o \
-    $(BUILD)/cuda/obj/backends/cuda/cuda_backend.o $(BUILD)/cuda/obj/backends/cuda/mock/cuda_mock.o $(BUILD)/libkipp.a
+    $(BUILD)/cuda/obj/backends/cuda/cuda_backend.o $(BUILD)/cuda/obj/backends/cuda/cuda_forward.o \
+    $(BUILD)/cuda/obj/backends/cuda/mock/cuda_mock.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 cuda: $(BUILD)/libkipp_kernels.a $(KCASE_OBJ) $(if $(NVCC),$(CUDA_BIN))
