@@ -49,22 +49,53 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 
 /* ---- the Q8 activation quantizer (kernels.h k_act_q8_block), AVX2 only ---- */
 #if KV_W == 8
+/* The largest of 8 int32 lanes. */
+static inline uint32_t q8_hmax(__m256i m)
+{
+    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
 void k_quant_q8_avx2(const float *x, void *xqv, size_t n)
 {
     k_act_q8_block *xq = xqv;
     const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (size_t b = 0; b < n / 32; b++) {
-        __m256i v[4];
-        for (int i = 0; i < 4; i++) v[i] = _mm256_castps_si256(_mm256_loadu_ps(x + 32 * b + 8 * (size_t)i));
-        __m256i m = _mm256_max_epi32(_mm256_max_epi32(_mm256_and_si256(v[0], absmask), _mm256_and_si256(v[1], absmask)),
-                                     _mm256_max_epi32(_mm256_and_si256(v[2], absmask), _mm256_and_si256(v[3], absmask)));
-        __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-        h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        uint32_t bits = (uint32_t)_mm_cvtsi128_si32(h);
-        float amax;
+        const float *xb = x + 32 * b;
+        __m256i v[4], a[4];
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_castps_si256(_mm256_loadu_ps(xb + 8 * (size_t)i));
+            a[i] = _mm256_and_si256(v[i], absmask);
+        }
+        uint32_t bits = q8_hmax(_mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3])));
+        /* k_q8_outlier: the first lane holding the largest |x|, against the largest of the
+         * other lanes (the largest itself when it occurs twice). */
+        __m256i top = _mm256_set1_epi32((int)bits), eq[4];
+        uint32_t mask = 0;
+        for (int i = 0; i < 4; i++) {
+            eq[i] = _mm256_cmpeq_epi32(a[i], top);
+            mask |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(eq[i])) << (8 * i);
+        }
+        uint32_t bits2 = __builtin_popcount(mask) > 1
+                             ? bits
+                             : q8_hmax(_mm256_max_epi32(_mm256_max_epi32(_mm256_andnot_si256(eq[0], a[0]),
+                                                                          _mm256_andnot_si256(eq[1], a[1])),
+                                                        _mm256_max_epi32(_mm256_andnot_si256(eq[2], a[2]),
+                                                                         _mm256_andnot_si256(eq[3], a[3]))));
+        float amax, a2;
         memcpy(&amax, &bits, 4);
+        memcpy(&a2, &bits2, 4);
+        int io = bits < 0x7f800000u && amax > K_Q8_OUTLIER_RATIO * a2 ? __builtin_ctz(mask) : -1;
+        xq[b].io = io;
+        xq[b].xo = io >= 0 ? xb[io] : 0.0f;
+        if (io >= 0) { /* drop the outlier's lane: the rest quantize against the second largest */
+            for (int i = 0; i < 4; i++) v[i] = _mm256_andnot_si256(eq[i], v[i]);
+            bits = bits2;
+            memcpy(&amax, &bits, 4);
+        }
         __m256 id = _mm256_set1_ps(amax > 1e-30f && amax < __builtin_inff() ? 127.0f / amax : 0.0f);
         __m256i q[4];
         for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(v[i]), id));
