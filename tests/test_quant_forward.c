@@ -264,15 +264,12 @@ static void test_encoder_matches_converter(void)
  * affine4_gs32: the cpu backend against the ref backend on the same file (the
  * ref backend dequantizes into an FP32 matvec: the oracle on the same
  * dequantized weights), the prefill row and OUTLIER_DECODE greedy steps (the
- * ref backend's argmax fed to both). The issue's bound, NMSE <= 5e-4 with an
- * identical argmax, holds on every prefill row; on the decode rows it holds
- * for the median, while 2-5 of 18 decode rows per format (positions where
- * this random model is sensitive: BF16 activations on the BF16 file reach
- * 2-7e-4 there) sit at 6e-4..8e-2 with one argmax flip per format. Those rows
- * are bounded at OUTLIER_DECODE_ROW_MAX and at most one flip. Without the Q8
- * outliers (k_act_q8_block) the same rows give prefill 1.1e-3..6.4e-3,
- * decode median ~2e-3 and a worst row of 0.36 (docs/FORMAT.md "Int8
- * activations on outlier weights"). */
+ * ref backend's argmax fed to both). Gated: the issue's bound, NMSE <= 5e-4
+ * with an identical argmax, on every prefill row and on the median decode
+ * row; every decode row <= OUTLIER_DECODE_ROW_MAX and at most one decode
+ * argmax flip per format, since a few decode rows of this random model miss
+ * the per-row bound (measurements, before and after the Q8 outliers of
+ * k_act_q8_block: docs/FORMAT.md "Int8 activations on outlier weights"). */
 #define OUTLIER_NMSE_MAX 5e-4
 #define OUTLIER_DECODE_ROW_MAX 0.1
 #define OUTLIER_DECODE 6

@@ -144,10 +144,13 @@ typedef struct {
     int32_t io;    /* its index in the block, -1 when none */
 } k_act_q8_block;
 
-/** A Q8 block's outlier is more than this many times the block's second largest |x|. */
-#ifndef K_Q8_OUTLIER_RATIO /* a build may set it (-DK_Q8_OUTLIER_RATIO=1e30f: no outliers, the old path) */
-#define K_Q8_OUTLIER_RATIO 3.0f
-#endif
+/** A Q8 block's outlier is more than K_Q8_OUTLIER_RATIO = 2^K_Q8_OUTLIER_LOG2 times the
+ *  block's second largest |x| (a power of two: the AVX2 quantizer tests it on the bits). */
+#define K_Q8_OUTLIER_LOG2 2
+#define K_Q8_OUTLIER_RATIO ((float)(1u << K_Q8_OUTLIER_LOG2))
+
+/** Panels ahead that outlier_fix prefetches while it walks one column. */
+#define K_FIX_PF 8
 
 /** The index of the outlier of 32 values x (k_act_q8_block), or -1. */
 static inline int k_q8_outlier(const float *x)

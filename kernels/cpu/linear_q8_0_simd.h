@@ -66,38 +66,53 @@ void k_quant_q8_avx2(const float *x, void *xqv, size_t n)
     for (size_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
         __m256i v[4], a[4];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             v[i] = _mm256_castps_si256(_mm256_loadu_ps(xb + 8 * (size_t)i));
             a[i] = _mm256_and_si256(v[i], absmask);
         }
-        uint32_t bits = q8_hmax(_mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3])));
-        /* k_q8_outlier: the first lane holding the largest |x|, against the largest of the
-         * other lanes (the largest itself when it occurs twice). */
-        __m256i top = _mm256_set1_epi32((int)bits), eq[4];
-        uint32_t mask = 0;
-        for (int i = 0; i < 4; i++) {
-            eq[i] = _mm256_cmpeq_epi32(a[i], top);
-            mask |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(eq[i])) << (8 * i);
-        }
-        uint32_t bits2 = __builtin_popcount(mask) > 1
-                             ? bits
-                             : q8_hmax(_mm256_max_epi32(_mm256_max_epi32(_mm256_andnot_si256(eq[0], a[0]),
-                                                                          _mm256_andnot_si256(eq[1], a[1])),
-                                                        _mm256_max_epi32(_mm256_andnot_si256(eq[2], a[2]),
-                                                                         _mm256_andnot_si256(eq[3], a[3]))));
-        float amax, a2;
+        __m256i mx = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));
+        uint32_t bits = q8_hmax(mx);
+        float amax;
         memcpy(&amax, &bits, 4);
-        memcpy(&a2, &bits2, 4);
-        int io = bits < 0x7f800000u && amax > K_Q8_OUTLIER_RATIO * a2 ? __builtin_ctz(mask) : -1;
+        int io = -1;
+        /* k_q8_outlier. Fast no: two lanes of mx (maxima of distinct values) at or above
+         * amax / 2^K_Q8_OUTLIER_LOG2, exact on the bits while amax's exponent allows. */
+        uint32_t thr = bits - ((uint32_t)K_Q8_OUTLIER_LOG2 << 23);
+        int two = bits >= ((uint32_t)(K_Q8_OUTLIER_LOG2 + 1) << 23) &&
+                  __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
+                      _mm256_cmpgt_epi32(mx, _mm256_set1_epi32((int)thr - 1))))) >= 2;
+        if (bits < 0x7f800000u && !two) {
+            /* the first lane holding the largest |x|, against the largest of the other
+             * lanes (the largest itself when it occurs twice) */
+            __m256i top = _mm256_set1_epi32((int)bits), eq[4];
+            uint32_t mask = 0;
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                eq[i] = _mm256_cmpeq_epi32(a[i], top);
+                mask |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(eq[i])) << (8 * i);
+            }
+            uint32_t bits2 = __builtin_popcount(mask) > 1
+                                 ? bits
+                                 : q8_hmax(_mm256_max_epi32(_mm256_max_epi32(_mm256_andnot_si256(eq[0], a[0]),
+                                                                              _mm256_andnot_si256(eq[1], a[1])),
+                                                            _mm256_max_epi32(_mm256_andnot_si256(eq[2], a[2]),
+                                                                             _mm256_andnot_si256(eq[3], a[3]))));
+            float a2;
+            memcpy(&a2, &bits2, 4);
+            if (amax > K_Q8_OUTLIER_RATIO * a2) { /* drop the outlier's lane: the rest take the second largest */
+                io = __builtin_ctz(mask);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) v[i] = _mm256_andnot_si256(eq[i], v[i]);
+                bits = bits2;
+                memcpy(&amax, &bits, 4);
+            }
+        }
         xq[b].io = io;
         xq[b].xo = io >= 0 ? xb[io] : 0.0f;
-        if (io >= 0) { /* drop the outlier's lane: the rest quantize against the second largest */
-            for (int i = 0; i < 4; i++) v[i] = _mm256_andnot_si256(eq[i], v[i]);
-            bits = bits2;
-            memcpy(&amax, &bits, 4);
-        }
         __m256 id = _mm256_set1_ps(amax > 1e-30f && amax < __builtin_inff() ? 127.0f / amax : 0.0f);
         __m256i q[4];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(v[i]), id));
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         p = _mm256_permutevar8x32_epi32(p, perm);

@@ -125,13 +125,18 @@ static void q4_1_outlier_fix(const void *wp, const void *xav, float *y, size_t r
             if (xq[b].io < 0) continue;
             unsigned c = (unsigned)xq[b].io;
             float xo = xq[b].xo;
-            for (size_t r = r0; r < r1; r++) {
-                const uint8_t *pb = (const uint8_t *)wp + ((r / 16) * nb + b) * K_Q4P_BLOCK;
-                float dw, mw;
-                memcpy(&dw, pb + 4 * (r % 16), 4);
-                memcpy(&mw, pb + 64 + 4 * (r % 16), 4);
-                float w = dw * (float)packed_q(pb, r, c) + mw;
-                yt[r] += w * xo;
+            for (size_t P = r0 / 16; P < r1 / 16; P++) { /* one column: two lines per panel, prefetched ahead */
+                const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * K_Q4P_BLOCK;
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK);
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK + 64);
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK + 128 + (c / 4 % 4) * 64);
+                for (unsigned i = 0; i < 16; i++) {
+                    float dw, mw;
+                    memcpy(&dw, pb + 4 * i, 4);
+                    memcpy(&mw, pb + 64 + 4 * i, 4);
+                    float w = dw * (float)packed_q(pb, i, c) + mw;
+                    yt[16 * P + i] += w * xo;
+                }
             }
         }
     }
