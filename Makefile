@@ -168,7 +168,10 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe.o $(
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
 # Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
 QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
-ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS)
+# Loud rows and heavy-tailed projections (tools/make_checkpoint.py "outliers", own seed), quantized:
+# the int8-activation fidelity gate of tests/test_quant_forward.c (issue 36 item 3).
+OUTLIER_TEST_MODELS := synthetic-tiny-outliers synthetic-tiny-outliers-q8_0 synthetic-tiny-outliers-affine4_gs32
+ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS)
 
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by

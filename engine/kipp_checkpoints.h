@@ -91,6 +91,7 @@ typedef struct {
   /* Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes. */ \
   {"synthetic-tiny",        "synthetic/qwen3-tiny",        KIPP_SYNTH_REV "1", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,  256, 2, 16, 8, 128,   512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", KIPP_SYNTH_REV "2", 1, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,      384, 3,  8, 8, 128,   640, KIPP_VOCAB_SIZE, 4096, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
+  {"synthetic-tiny-outliers", "synthetic/qwen3-tiny-outliers", KIPP_SYNTH_REV "7", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 256, 4, 16, 8, 128, 768, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-0.6b", "synthetic/qwen3-0.6b-shape", KIPP_SYNTH_REV "3", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-1.7b", "synthetic/qwen3-1.7b-shape", KIPP_SYNTH_REV "4", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-4b",   "synthetic/qwen3-4b-shape",   KIPP_SYNTH_REV "5", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \

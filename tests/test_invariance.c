@@ -203,6 +203,15 @@ static void test_affine4(void)
     for (int isa = KIPP_ISA_AVX2; isa <= (int)kipp_isa_cpu_max(); isa++) paths(MODELS[2], (kipp_isa)isa);
 }
 
+/* The integer formats on loud-row, heavy-tailed weights (synthetic-tiny-outliers), where the
+ * Q8 activation blocks carry FP32 outliers (kernels.h k_act_q8_block, the formats'
+ * outlier_fix): the best level this CPU has. */
+static void test_outliers(void)
+{
+    paths("synthetic-tiny-outliers-q8_0.gguf", kipp_isa_cpu_max());
+    paths("synthetic-tiny-outliers-affine4_gs32.gguf", kipp_isa_cpu_max());
+}
+
 int main(void)
 {
     printf("levels on this CPU: up to %s (the others: kcheck_emu's rowinv and flash rows)\n",
@@ -210,6 +219,7 @@ int main(void)
     RUN(test_bf16);
     RUN(test_q8_0);
     RUN(test_affine4);
+    RUN(test_outliers);
     unsetenv("KIPP_ISA");
     return th_finish();
 }

@@ -110,6 +110,8 @@ class Checkpoint:
     revision_status: str = PINNED_UNVERIFIED
     weight_shards: Optional[int] = None   # 1 = single model.safetensors; None = unknown
     files: dict[str, FileFact] = field(default_factory=dict)  # recorded file facts
+    weights: str = "gaussian"   # synthetic only: "gaussian", or "outliers" (loud rows and heavy
+                                # tails in the projections, tools/make_checkpoint.py)
 
     @property
     def attn_width(self) -> int:
@@ -148,7 +150,7 @@ class Checkpoint:
     def registry_json(self) -> dict:
         """The dict `kipp registry --json` prints for this entry (same keys, same order)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("revision_status", "weight_shards", "files")}
+             if f.name not in ("revision_status", "weight_shards", "files", "weights")}
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["kv_bytes_per_token"] = self.kv_bytes_per_token
         d["revision_status"] = self.revision_status
@@ -175,12 +177,12 @@ def _real(id_: str, repo: str, rev: str, variant: str, chat: str, d: int, L: int
 
 
 def _synth(id_: str, repo: str, seed: int, variant: str, chat: str, d: int, L: int, nq: int,
-           ff: int, ctx: int, tied: bool) -> Checkpoint:
+           ff: int, ctx: int, tied: bool, weights: str = "gaussian") -> Checkpoint:
     """Build a synthetic entry (tools/make_checkpoint.py writes it; never downloaded)."""
     eos = 151643 if variant == "base" else 151645
     return Checkpoint(id_, repo, f"{SYNTH_REV_PREFIX}{seed}", True, variant, chat, d, L, nq,
                       N_KV_HEAD, HEAD_DIM, ff, VOCAB_SIZE, ctx, 1e6, tied, eos,
-                      STOP_BASE if variant == "base" else STOP_CHAT, SYNTHETIC, None, {})
+                      STOP_BASE if variant == "base" else STOP_CHAT, SYNTHETIC, None, {}, weights)
 
 
 # Same order as KIPP_CHECKPOINT_TABLE. Sources: data/qwen3/qwen3-registry.md.
@@ -216,6 +218,9 @@ CHECKPOINTS: tuple[Checkpoint, ...] = (
     # Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes.
     _synth("synthetic-tiny", "synthetic/qwen3-tiny", 1, "instruct", "hybrid", 256, 2, 16, 512, 4096, True),
     _synth("synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", 2, "base", "none", 384, 3, 8, 640, 4096, False),
+    # Loud rows and heavy-tailed projections (the int8-activation fidelity gate, issue 36 item 3).
+    _synth("synthetic-tiny-outliers", "synthetic/qwen3-tiny-outliers", 7, "instruct", "hybrid", 256, 4, 16, 768,
+           4096, True, "outliers"),
     _synth("synthetic-0.6b", "synthetic/qwen3-0.6b-shape", 3, "instruct", "hybrid", 1024, 28, 16, 3072, 40960, True),
     _synth("synthetic-1.7b", "synthetic/qwen3-1.7b-shape", 4, "instruct", "hybrid", 2048, 28, 16, 6144, 40960, True),
     _synth("synthetic-4b", "synthetic/qwen3-4b-shape", 5, "instruct", "hybrid", 2560, 36, 32, 9728, 40960, True),

@@ -24,6 +24,15 @@ would be the gap between the two largest of 151,936 Gaussians (median ~0.14
 std, 14% of positions under 0.1); the tail raises the median margin to ~0.5 std
 while the argmax still varies with the input.
 
+Outlier entries (registry weights="outliers", e.g. synthetic-tiny-outliers): every
+projection is "heavy" instead of "normal": the same bell value times an element tail
+factor (1 + 2v^16)/rms (v a second per-element uniform; up to 3x, rms-renormalised)
+and a row factor 1 + 60w^256 (w a per-row uniform: ~1.6% of rows louder than 2x, up
+to 61x, not renormalised). Loud output rows put a few outlier channels into the
+activations the next projection reads (massive activations, as trained checkpoints
+have), heavy tails widen every row. Gaussian entries never take this path, so their
+bytes are unchanged.
+
 Real checkpoints are not generated: tools/download_model.sh fetches them.
 """
 from __future__ import annotations
@@ -55,6 +64,8 @@ _MIX2 = 0x94D049BB133111EB
 _IH_STD = math.sqrt((2 ** 32 - 1) / 3)  # std of the centred sum of four uniform 16-bit lanes
 _ROW_FLAG = 1 << 39                   # counter bit that separates per-row draws from elements
 _HEAD_RMS = math.sqrt(1 + 6 / 9 + 9 / 17)  # sqrt(E[(1 + 3u^8)^2]) for u ~ U[0,1)
+_ELEM_FLAG = 1 << 38                  # counter bit of the per-element tail draws ("heavy")
+_TAIL_A, _LOUD_A, _LOUD_K = 2.0, 60.0, 8  # "heavy": element tail 1 + _TAIL_A v^16, loud rows 1 + _LOUD_A w^(2^_LOUD_K)
 
 
 class UserError(Exception):
@@ -67,8 +78,8 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     index: int          # position in state-dict order; part of the generator counter
-    kind: str           # "normal" (Irwin-Hall, mean 0), "head" (normal, per-row tail scale)
-                        # or "norm" (uniform [0.8, 1.2])
+    kind: str           # "normal" (Irwin-Hall, mean 0), "head" (normal, per-row tail scale),
+                        # "heavy" (normal, element tail and loud rows) or "norm" (uniform [0.8, 1.2])
     std: float          # target std for "normal"
 
     @property
@@ -134,6 +145,8 @@ def generate(spec: TensorSpec, seed: int, start: int, count: int) -> np.ndarray:
         vals = centred.astype(np.float32) * np.float32(spec.std / _IH_STD)
         if spec.kind == "head":
             vals *= _row_scales(spec, seed, start, count)
+        elif spec.kind == "heavy":
+            vals *= _heavy_scales(spec, seed, start, count)
     return f32_to_bf16(vals)
 
 
@@ -151,6 +164,28 @@ def _row_scales(spec: TensorSpec, seed: int, start: int, count: int) -> np.ndarr
     return r[rows]
 
 
+def _pow2k(u: np.ndarray, k: int) -> np.ndarray:
+    """u^(2^k) by k squarings in float32 (no libm)."""
+    for _ in range(k):
+        u = u * u
+    return u
+
+
+def _heavy_scales(spec: TensorSpec, seed: int, start: int, count: int) -> np.ndarray:
+    """Per-element factor (1 + a v^16)/rms * (1 + b w^(2^k)) of a "heavy" tensor: [count] float32."""
+    h = hash_block(seed, spec.index, _ELEM_FLAG + start, count)
+    v = (h >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    tail_rms = math.sqrt(1 + 2 * _TAIL_A / 17 + _TAIL_A * _TAIL_A / 33)  # sqrt(E[(1 + a v^16)^2])
+    f = (np.float32(1.0) + np.float32(_TAIL_A) * _pow2k(v, 4)) * np.float32(1.0 / tail_rms)
+    cols = spec.shape[1]
+    row0, row1 = start // cols, (start + count - 1) // cols
+    hr = hash_block(seed, spec.index, _ROW_FLAG + row0, row1 - row0 + 1)
+    w = (hr >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    r = np.float32(1.0) + np.float32(_LOUD_A) * _pow2k(w, _LOUD_K)
+    rows = np.arange(start, start + count, dtype=np.int64) // cols - row0
+    return f * r[rows]
+
+
 def tensor_specs(c: reg.Checkpoint) -> list[TensorSpec]:
     """All weights in transformers' state-dict order (which also decides sharding)."""
     d, a, kv, ff = c.d_model, c.attn_width, c.n_kv_head * c.head_dim, c.d_ff
@@ -159,7 +194,9 @@ def tensor_specs(c: reg.Checkpoint) -> list[TensorSpec]:
     sd, sa, sf = 1.0 / math.sqrt(d), 1.0 / math.sqrt(a), 1.0 / math.sqrt(ff)
     out: list[TensorSpec] = []
 
-    def add(name: str, shape: tuple[int, ...], kind: str = "normal", std: float = 0.0) -> None:
+    proj = "heavy" if c.weights == "outliers" else "normal"
+
+    def add(name: str, shape: tuple[int, ...], kind: str = proj, std: float = 0.0) -> None:
         out.append(TensorSpec(name, shape, len(out), kind, std))
 
     add("model.embed_tokens.weight", (c.vocab_size, d), "head" if c.tied_embeddings else "normal", head_std)

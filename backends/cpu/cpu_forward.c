@@ -11,23 +11,23 @@
 #include "backends/cpu/cpu_internal.h"
 #include "engine/backend_util.h"
 
-/* The activation format w reads (kernels.h "activation formats"): the same
- * for decode and prefill, so a row's arithmetic does not depend on the path. */
-static k_act act_of(const k_weight *w) { return k_fmt_get(w->fmt)->act; }
-
 /* y[n][rows] = x[n][cols] W^T for this worker's share of W's rows, through
  * the row of W's format: matvec for one row (decode, bandwidth-bound), the
- * tiled matmul for more (prefill); each reads its activation format, x itself
- * when that is F32, else the copy kipp_cpu_act left in xa. */
+ * tiled matmul for more (prefill); each reads its activation format (the same
+ * for decode and prefill, so a row's arithmetic does not depend on the path),
+ * x itself when that is F32, else the copy kipp_cpu_act left in xa, then the
+ * format's outlier_fix adds the Q8 blocks' FP32 outliers. */
 static void linear(const cpu_model *m, const k_weight *w, const float *x, float *y, uint32_t n,
                    int ith, int nth)
 {
     const k_fmt_kernels *k = &m->k->fmt[w->fmt];
-    const void *in = act_of(w) == K_ACT_F32 ? (const void *)x : m->xa;
+    const k_fmt_info *fi = k_fmt_get(w->fmt);
+    const void *in = fi->act == K_ACT_F32 ? (const void *)x : m->xa;
     if (n == 1)
         k->matvec(w->data, in, y, w->rows, w->cols, ith, nth);
     else
         k->matmul(w->data, in, y, w->rows, w->cols, n, 0, ith, nth);
+    if (fi->outlier_fix) fi->outlier_fix(w->data, in, y, w->rows, w->cols, n, ith, nth);
 }
 
 static void my_rows(size_t n, int ith, int nth, size_t *r0, size_t *r1)

@@ -119,23 +119,56 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
  */
 #define K_ACT_LIST(X)  \
     X(F32, f32, 1, 4)  \
-    X(Q8, q8, 32, 40)  \
+    X(Q8, q8, 32, 48)  \
     X(BF16, bf16, 32, 64)
 
 /**
- * One Q8 activation block: x[i] ~= d * q[i] for 32 consecutive values.
+ * One Q8 activation block: x[i] ~= d * q[i] for 32 consecutive values, except
+ * one outlier kept in FP32. Outlier (k_q8_outlier): the block's largest |x[i]|
+ * (bit patterns, first index on ties) when it is finite and more than
+ * K_Q8_OUTLIER_RATIO times the second largest; then io = its index, xo = x[io],
+ * and the quantization below sees x[io] as 0; else io = -1, xo = 0. Then
  * amax = max |x[i]| (taken on the bit patterns, so NaN and Inf order
  * deterministically); id = 127 / amax when 1e-30 < amax < Inf, else 0;
  * q[i] = x86 cvtps2dq(x[i] * id) (RNE; NaN or out of range -> INT32_MIN),
  * saturated to int8; d = amax / 127; sum = sum of q[i]. Finite inputs give
  * q in [-127, 127]. sum serves the unsigned-offset VNNI dot and the affine
- * (q4_1) min term.
+ * (q4_1) min term. The integer dot kernels read q, d and sum only; the
+ * format's outlier_fix (k_fmt_info) adds W[r][32b + io] * xo after them.
  */
 typedef struct {
     int8_t q[32];
     float d;
     int32_t sum;
+    float xo;      /* the outlier's value (0 when io < 0) */
+    int32_t io;    /* its index in the block, -1 when none */
 } k_act_q8_block;
+
+/** A Q8 block's outlier is more than K_Q8_OUTLIER_RATIO = 2^K_Q8_OUTLIER_LOG2 times the
+ *  block's second largest |x| (a power of two: the AVX2 quantizer tests it on the bits). */
+#define K_Q8_OUTLIER_LOG2 2
+#define K_Q8_OUTLIER_RATIO ((float)(1u << K_Q8_OUTLIER_LOG2))
+
+/** Panels ahead that outlier_fix prefetches while it walks one column. */
+#define K_FIX_PF 8
+
+/** The index of the outlier of 32 values x (k_act_q8_block), or -1. */
+static inline int k_q8_outlier(const float *x)
+{
+    uint32_t a1 = 0, a2 = 0;
+    int i1 = -1;
+    for (int i = 0; i < 32; i++) {
+        uint32_t u;
+        __builtin_memcpy(&u, &x[i], 4);
+        u &= 0x7fffffffu;
+        if (u > a1) a2 = a1, a1 = u, i1 = i;
+        else if (u > a2) a2 = u;
+    }
+    float f1, f2;
+    __builtin_memcpy(&f1, &a1, 4);
+    __builtin_memcpy(&f2, &a2, 4);
+    return a1 < 0x7f800000u && f1 > K_Q8_OUTLIER_RATIO * f2 ? i1 : -1;
+}
 
 #define K_ACT_ENUM(ID, name, block, bytes) K_ACT_##ID,
 typedef enum { K_ACT_LIST(K_ACT_ENUM) K_ACT_COUNT } k_act;
@@ -258,6 +291,13 @@ typedef struct {
     k_linear_ref_fn linear_ref;
     /** FP32 weights w [rows][cols] -> the file layout (what the converter writes), for checks. */
     void (*from_f32)(const float *w, void *out, size_t rows, size_t cols);
+    /** Q8-activation formats (NULL otherwise): after matvec or matmul over xa [n_tok] rows of Q8
+     *  blocks, y[t][r] += w(r, 32b + io) * xo for every block b of token t that holds an outlier
+     *  (k_act_q8_block), blocks in column order, w(r, c) the dequantized weight in FP32; rows
+     *  [r0, r1) of k_split_rows(rows, ith, nth, 16), the rows the matvec and matmul give thread ith.
+     *  Scalar and level-independent: the same bits after the matvec and the matmul (row invariance). */
+    void (*outlier_fix)(const void *wp, const void *xa, float *y, size_t rows, size_t cols, size_t n_tok,
+                        int ith, int nth);
 } k_fmt_info;
 
 /** Bytes of a [rows][cols] weight of format fi in the file. */

@@ -49,24 +49,70 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 
 /* ---- the Q8 activation quantizer (kernels.h k_act_q8_block), AVX2 only ---- */
 #if KV_W == 8
+/* The largest of 8 int32 lanes. */
+static inline uint32_t q8_hmax(__m256i m)
+{
+    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return (uint32_t)_mm_cvtsi128_si32(h);
+}
+
 void k_quant_q8_avx2(const float *x, void *xqv, size_t n)
 {
     k_act_q8_block *xq = xqv;
     const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (size_t b = 0; b < n / 32; b++) {
-        __m256i v[4];
-        for (int i = 0; i < 4; i++) v[i] = _mm256_castps_si256(_mm256_loadu_ps(x + 32 * b + 8 * (size_t)i));
-        __m256i m = _mm256_max_epi32(_mm256_max_epi32(_mm256_and_si256(v[0], absmask), _mm256_and_si256(v[1], absmask)),
-                                     _mm256_max_epi32(_mm256_and_si256(v[2], absmask), _mm256_and_si256(v[3], absmask)));
-        __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-        h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-        h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        uint32_t bits = (uint32_t)_mm_cvtsi128_si32(h);
+        const float *xb = x + 32 * b;
+        __m256i v[4], a[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_castps_si256(_mm256_loadu_ps(xb + 8 * (size_t)i));
+            a[i] = _mm256_and_si256(v[i], absmask);
+        }
+        __m256i mx = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));
+        uint32_t bits = q8_hmax(mx);
         float amax;
         memcpy(&amax, &bits, 4);
+        int io = -1;
+        /* k_q8_outlier. Fast no: two lanes of mx (maxima of distinct values) at or above
+         * amax / 2^K_Q8_OUTLIER_LOG2, exact on the bits while amax's exponent allows. */
+        uint32_t thr = bits - ((uint32_t)K_Q8_OUTLIER_LOG2 << 23);
+        int two = bits >= ((uint32_t)(K_Q8_OUTLIER_LOG2 + 1) << 23) &&
+                  __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
+                      _mm256_cmpgt_epi32(mx, _mm256_set1_epi32((int)thr - 1))))) >= 2;
+        if (bits < 0x7f800000u && !two) {
+            /* the first lane holding the largest |x|, against the largest of the other
+             * lanes (the largest itself when it occurs twice) */
+            __m256i top = _mm256_set1_epi32((int)bits), eq[4];
+            uint32_t mask = 0;
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                eq[i] = _mm256_cmpeq_epi32(a[i], top);
+                mask |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(eq[i])) << (8 * i);
+            }
+            uint32_t bits2 = __builtin_popcount(mask) > 1
+                                 ? bits
+                                 : q8_hmax(_mm256_max_epi32(_mm256_max_epi32(_mm256_andnot_si256(eq[0], a[0]),
+                                                                              _mm256_andnot_si256(eq[1], a[1])),
+                                                            _mm256_max_epi32(_mm256_andnot_si256(eq[2], a[2]),
+                                                                             _mm256_andnot_si256(eq[3], a[3]))));
+            float a2;
+            memcpy(&a2, &bits2, 4);
+            if (amax > K_Q8_OUTLIER_RATIO * a2) { /* drop the outlier's lane: the rest take the second largest */
+                io = __builtin_ctz(mask);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) v[i] = _mm256_andnot_si256(eq[i], v[i]);
+                bits = bits2;
+                memcpy(&amax, &bits, 4);
+            }
+        }
+        xq[b].io = io;
+        xq[b].xo = io >= 0 ? xb[io] : 0.0f;
         __m256 id = _mm256_set1_ps(amax > 1e-30f && amax < __builtin_inff() ? 127.0f / amax : 0.0f);
         __m256i q[4];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(v[i]), id));
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         p = _mm256_permutevar8x32_epi32(p, perm);

@@ -62,9 +62,12 @@ static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
+static void q4_1_outlier_fix(const void *wp, const void *xav, float *y, size_t rows, size_t cols, size_t n_tok,
+                             int ith, int nth);
+
 const k_fmt_info k_fmt_info_q4_1 = {.name = "q4_1", .file = &kipp_fmts[KIPP_FMT_Q4_1], .row_align = 16,
     .col_align = 32, .packed_bytes = q4_1_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q4_1_ref,
-    .from_f32 = q4_1_from_f32};
+    .from_f32 = q4_1_from_f32, .outlier_fix = q4_1_outlier_fix};
 
 /* The oracle: w = d * q + m dequantized per block inside an FP32 matvec, FP32
  * activations, FP32 accumulation in column order. */
@@ -106,6 +109,37 @@ static unsigned packed_q(const uint8_t *pb, size_t r, unsigned c)
     unsigned j = c / 4, k = c % 4;
     uint8_t b = pb[128 + ((j % 4) * 16 + r % 16) * 4 + k];
     return j < 4 ? b & 15u : b >> 4;
+}
+
+/* outlier_fix over the packed layout "q4p16": w(r, c) = d_w * q + m_w, as the oracle. */
+static void q4_1_outlier_fix(const void *wp, const void *xav, float *y, size_t rows, size_t cols, size_t n_tok,
+                             int ith, int nth)
+{
+    const size_t nb = cols / QK;
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t t = 0; t < n_tok; t++) {
+        const k_act_q8_block *xq = (const k_act_q8_block *)xav + t * nb;
+        float *yt = y + t * rows;
+        for (size_t b = 0; b < nb; b++) {
+            if (xq[b].io < 0) continue;
+            unsigned c = (unsigned)xq[b].io;
+            float xo = xq[b].xo;
+            for (size_t P = r0 / 16; P < r1 / 16; P++) { /* one column: two lines per panel, prefetched ahead */
+                const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * K_Q4P_BLOCK;
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK);
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK + 64);
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK + 128 + (c / 4 % 4) * 64);
+                for (unsigned i = 0; i < 16; i++) {
+                    float dw, mw;
+                    memcpy(&dw, pb + 4 * i, 4);
+                    memcpy(&mw, pb + 64 + 4 * i, 4);
+                    float w = dw * (float)packed_q(pb, i, c) + mw;
+                    yt[16 * P + i] += w * xo;
+                }
+            }
+        }
+    }
 }
 
 static float q4_row_dot(const void *wpv, size_t r, size_t cols, const void *xv)

@@ -52,9 +52,38 @@ static void q8_0_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
+/* outlier_fix over the packed layout "q8p16": w(r, c) = d_w * q. */
+static void q8_0_outlier_fix(const void *wp, const void *xav, float *y, size_t rows, size_t cols, size_t n_tok,
+                             int ith, int nth)
+{
+    const size_t nb = cols / QK;
+    size_t r0, r1;
+    k_split_rows(rows, ith, nth, 16, &r0, &r1);
+    for (size_t t = 0; t < n_tok; t++) {
+        const k_act_q8_block *xq = (const k_act_q8_block *)xav + t * nb;
+        float *yt = y + t * rows;
+        for (size_t b = 0; b < nb; b++) {
+            if (xq[b].io < 0) continue;
+            unsigned c = (unsigned)xq[b].io;
+            float xo = xq[b].xo;
+            for (size_t P = r0 / 16; P < r1 / 16; P++) { /* one column: two lines per panel, prefetched ahead */
+                const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * K_Q8P_BLOCK;
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q8P_BLOCK);
+                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q8P_BLOCK + 64 + (c / 4) * 64);
+                for (unsigned i = 0; i < 16; i++) {
+                    float dw;
+                    memcpy(&dw, pb + 4 * i, 4);
+                    float w = dw * (float)(int8_t)pb[64 + ((c / 4) * 16 + i) * 4 + c % 4];
+                    yt[16 * P + i] += w * xo;
+                }
+            }
+        }
+    }
+}
+
 const k_fmt_info k_fmt_info_q8_0 = {.name = "q8_0", .file = &kipp_fmts[KIPP_FMT_Q8_0], .row_align = 16,
     .col_align = 32, .packed_bytes = q8_0_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q8_0_ref,
-    .from_f32 = q8_0_from_f32};
+    .from_f32 = q8_0_from_f32, .outlier_fix = q8_0_outlier_fix};
 
 /* The oracle: dequantize each block inside the matvec (seed 000 "The CPU
  * reference dequantizes per block inside a type-dispatched matvec"), FP32
@@ -100,6 +129,15 @@ void k_quant_q8_ref(const float *x, void *xqv, size_t n)
     k_act_q8_block *xq = xqv;
     for (size_t b = 0; b < n / QK; b++) {
         const float *xb = x + b * QK;
+        float tmp[QK];
+        int io = k_q8_outlier(xb);
+        xq[b].io = io;
+        xq[b].xo = io >= 0 ? xb[io] : 0.0f;
+        if (io >= 0) {
+            memcpy(tmp, xb, sizeof tmp);
+            tmp[io] = 0.0f;
+            xb = tmp;
+        }
         uint32_t amax_bits = 0;
         for (unsigned i = 0; i < QK; i++) {
             uint32_t u;

@@ -4,8 +4,9 @@
  * activations: the kernel's own error), matmul_f32 (activation quantization
  * plus matmul against the FP32 oracle over the file layout: what the format
  * costs in accuracy), rowinv (row invariance: each row of the level's matmul
- * equals the level's matvec on that row, bit for bit) and act (the activation
- * quantizers, bit-exact).
+ * equals the level's matvec on that row, bit for bit), matmul_outl (matmul_f32
+ * with one outlier per Q8 block: the format's outlier_fix) and act (the
+ * activation quantizers, bit-exact).
  *
  * NMSE bounds (kcase_table.c) and why: FP32 sums in another order carry a
  * relative rounding of ~2^-24 * sqrt(cols) per partial, NMSE ~1e-11 at cols
@@ -113,8 +114,11 @@ static void *matvec_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
 static void matvec_run(void *p, int ith, int nth)
 {
     lin_state *s = p;
-    for (size_t i = 0; i < s->copies; i++)
+    for (size_t i = 0; i < s->copies; i++) {
         s->k->fmt[s->c->fmt].matvec(s->wp + i * s->wp_bytes, s->xa, s->y + i * s->rows, s->rows, s->cols, ith, nth);
+        if (s->fi->outlier_fix)
+            s->fi->outlier_fix(s->wp + i * s->wp_bytes, s->xa, s->y + i * s->rows, s->rows, s->cols, 1, ith, nth);
+    }
 }
 
 static double matvec_bytes(const kcase *c)
@@ -181,6 +185,22 @@ static void matmul_f32_run(void *p, int ith, int nth)
      * share; not a benchmark row (kcase_table.c), where threads overlap */
     if (ith == 0) act_quantize(s->k, a, s->x, s->xa, s->n_tok * s->cols);
     s->k->fmt[s->c->fmt].matmul(s->wp, s->xa, s->y, s->rows, s->cols, s->n_tok, 0, ith, nth);
+    if (s->fi->outlier_fix) s->fi->outlier_fix(s->wp, s->xa, s->y, s->rows, s->cols, s->n_tok, ith, nth);
+}
+
+/* ---- matmul_outl: s = rows cols n_tok; matmul_f32 on activations where
+ * every 32-block has one value 50x the others' range (k_act_q8_block's
+ * outlier): the quantizer keeps it in FP32 and the format's outlier_fix adds
+ * it back, so the bound is matmul_f32's; without the fix the NMSE is ~1 ---- */
+
+static void *matmul_outl_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
+{
+    const k_fmt_info *fi = k_fmt_get((k_fmt)c->fmt);
+    lin_state *s = lin_setup(c, k, 1, row_tokens(c, mode), fi->act);
+    if (!s) return NULL;
+    for (size_t b = 0; b < s->n_tok * s->cols / 32; b++) s->x[32 * b + (b * 7) % 32] *= 50.0f;
+    if (mode == KC_CHECK) fi->linear_ref(s->w, s->x, s->ref, s->rows, s->cols, s->n_tok, 0, 1);
+    return s;
 }
 
 /* ---- rowinv: s = rows cols n_tok; the matmul's rows against the same
@@ -272,6 +292,10 @@ static void *act_setup(const kcase *c, const k_cpu_ops *k, kc_mode mode)
     const float special[] = {0.0f, -0.0f, 1e-40f, -3e-39f, 1.0f / 0.0f, -1.0f / 0.0f, 0.0f / 0.0f,
                              1.00390625f, 1.01171875f, 3.4e38f, -1e-45f};
     memcpy(s->x, special, sizeof special < s->n * 4 ? sizeof special : s->n * 4);
+    if (s->a == K_ACT_Q8 && s->n >= 128) { /* Q8 outliers (k_act_q8_block): a tie of two, then one per third block */
+        s->x[64] = s->x[65] = 1e6f;
+        for (size_t b = 3; b < s->n / 32; b += 3) s->x[32 * b + (b * 5) % 32] *= 100.0f;
+    }
     if (mode == KC_CHECK) k_cpu_ops_table(KIPP_ISA_REF, NULL)->act[s->a](s->x, s->ref, s->n);
     return s;
 }
@@ -295,6 +319,7 @@ static double act_bytes(const kcase *c) { return (double)c->s[0] * 4 + (double)k
 const kcase_kind kcase_kind_matvec = {"matvec", "rows cols copies(bench)", matvec_setup, matvec_run, lin_error, lin_release, matvec_bytes, matvec_flops, "memory"};
 const kcase_kind kcase_kind_matmul = {"matmul", "rows cols n_tok accumulate", matmul_setup, matmul_run, lin_error, lin_release, matmul_bytes, matmul_flops, "compute"};
 const kcase_kind kcase_kind_matmul_f32 = {"matmul_f32", "rows cols n_tok", matmul_f32_setup, matmul_f32_run, lin_error, lin_release, matmul_bytes, matmul_flops, "compute"};
+const kcase_kind kcase_kind_matmul_outl = {"matmul_outl", "rows cols n_tok", matmul_outl_setup, matmul_f32_run, lin_error, lin_release, matmul_bytes, matmul_flops, "compute"};
 const kcase_kind kcase_kind_rowinv = {"rowinv", "rows cols n_tok", rowinv_setup, matmul_run, rowinv_error, lin_release, matmul_bytes, matmul_flops, "compute"};
 const kcase_kind kcase_kind_pack = {"pack", "rows cols", pack_setup, pack_run, pack_error, lin_release, pack_bytes, no_flops, "memory"};
 const kcase_kind kcase_kind_act = {"act", "n act_format", act_setup, act_run, act_error, act_release, act_bytes, no_flops, "memory"};

@@ -86,6 +86,8 @@ const kcase kcase_rows[] = {
     {"matmul", K_FMT_Q8_0, {1024, 3072, 512, 0}, ORDER, 2, 1}, /* 0.6B down, pp512 */
     {"matmul_f32", K_FMT_Q8_0, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
     {"matmul_f32", K_FMT_Q8_0, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
+    {"matmul_outl", K_FMT_Q8_0, {1024, 1024, 7, 0}, Q8ACT, 2, 0}, /* one FP32 outlier per block (outlier_fix) */
+    {"matmul_outl", K_FMT_Q8_0, {3072, 1024, 13, 0}, Q8ACT, 3, 0},
     {"pack", K_FMT_Q8_0, {48, 96, 0, 0}, EXACT, 2, 0},
     {"pack", K_FMT_Q8_0, {3072, 1024, 0, 0}, EXACT, 3, 0},
     {"act", -1, {4128, K_ACT_Q8, 0, 0}, EXACT, 2, 0},
@@ -107,6 +109,8 @@ const kcase kcase_rows[] = {
     {"matmul", K_FMT_Q4_1, {1024, 3072, 512, 0}, ORDER, 2, 1},
     {"matmul_f32", K_FMT_Q4_1, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
     {"matmul_f32", K_FMT_Q4_1, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
+    {"matmul_outl", K_FMT_Q4_1, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
+    {"matmul_outl", K_FMT_Q4_1, {3072, 1024, 13, 0}, Q8ACT, 3, 0},
     {"pack", K_FMT_Q4_1, {48, 96, 0, 0}, EXACT, 2, 0},
     {"pack", K_FMT_Q4_1, {3072, 1024, 0, 0}, EXACT, 3, 0},
     /* bf16 weights read by vdpbf16ps with BF16 activations (bf16dot): matvec and
@@ -202,13 +206,15 @@ const kcase kcase_rows[] = {
     {NULL, 0, {0, 0, 0, 0}, 0, 0, 0},
 };
 
-extern const kcase_kind kcase_kind_matvec, kcase_kind_matmul, kcase_kind_matmul_f32, kcase_kind_rowinv, kcase_kind_pack,
+extern const kcase_kind kcase_kind_matvec, kcase_kind_matmul, kcase_kind_matmul_f32, kcase_kind_matmul_outl,
+    kcase_kind_rowinv, kcase_kind_pack,
     kcase_kind_act, kcase_kind_rmsnorm, kcase_kind_rope, kcase_kind_swiglu, kcase_kind_add,
     kcase_kind_embed, kcase_kind_kv_write, kcase_kind_flash_gqa, kcase_kind_flash_rows,
     kcase_kind_flash_gqa_dot, kcase_kind_flash_rows_dot;
 
 static const kcase_kind *const kinds[] = {
-    &kcase_kind_matvec, &kcase_kind_matmul, &kcase_kind_matmul_f32, &kcase_kind_rowinv, &kcase_kind_pack, &kcase_kind_act,
+    &kcase_kind_matvec, &kcase_kind_matmul, &kcase_kind_matmul_f32, &kcase_kind_matmul_outl, &kcase_kind_rowinv,
+    &kcase_kind_pack, &kcase_kind_act,
     &kcase_kind_rmsnorm, &kcase_kind_rope, &kcase_kind_swiglu, &kcase_kind_add, &kcase_kind_embed,
     &kcase_kind_kv_write, &kcase_kind_flash_gqa, &kcase_kind_flash_rows, &kcase_kind_flash_gqa_dot,
     &kcase_kind_flash_rows_dot,
