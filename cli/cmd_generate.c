@@ -33,7 +33,8 @@ double cli_now(void)
 
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
 {
-    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora};
+    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora, .stream = o->stream,
+                             .no_prefetch = o->no_prefetch};
     char err[512];
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);

@@ -70,6 +70,10 @@ typedef struct {
     kipp_qwen3_weights w;
     const char *checkpoint_id;
     int n_threads;          /* requested workers; 0 = one per physical core */
+    int stream;             /* 1: weights exceed the RAM budget (engine/model.c decides): keep no
+                               prepared copy, read the projections and head through the mapping
+                               per token (seed 002 "Layer streaming"); 0: the backend's normal way */
+    int prefetch;           /* with stream: 1 = madvise(MADV_WILLNEED) one layer ahead, 0 = none */
 } kipp_model_view;
 
 /**
