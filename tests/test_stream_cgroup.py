@@ -8,7 +8,7 @@ none of them Kipp's streaming code:
   - the kernel: the resident run (`--stream off`) in the same cgroup is killed
     by the OOM killer (the packed copy is anonymous memory: the limit really is
     below what the model needs), and the cgroup's own counters show it hit the
-    limit during the streamed run (v1 memory.failcnt / v2 memory.events max);
+  limit during the streamed run (v1 memory.max_usage_in_bytes; v2 memory.events max or memory.peak);
   - the unconstrained resident run: the streamed run's final logits (`kipp
     logits`) are bitwise equal to it, and its greedy tokens (`kipp generate
     --show-ids`) are the same, with and without prefetch.
@@ -103,14 +103,20 @@ class Cgroup:
 
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout, preexec_fn=enter)
 
-    def limit_hits(self) -> int:
+    def reset_peak(self):
+        if not self.v2:
+            (self.dir / "memory.max_usage_in_bytes").write_text("0")
+
+    def reached_limit(self, limit: int) -> bool:
+        """The cgroup's usage reached its limit since reset_peak (v1 max_usage_in_bytes; v2 events max or memory.peak)."""
         if self.v2:
             for line in (self.dir / "memory.events").read_text().splitlines():
                 k, v = line.split()
-                if k == "max":
-                    return int(v)
-            return 0
-        return int((self.dir / "memory.failcnt").read_text())
+                if k == "max" and int(v) > 0:
+                    return True
+            peak = self.dir / "memory.peak"
+            return peak.exists() and int(peak.read_text()) >= limit - (4 << 20)
+        return int((self.dir / "memory.max_usage_in_bytes").read_text()) >= limit - (4 << 20)
 
     def remove(self):
         if self.dir:
@@ -168,12 +174,12 @@ def test_streamed_run_under_a_limit_below_the_weights(cgroup, tmp_path):
 
     # default flags: the engine sees the cgroup's limit and streams on its own
     drop_cache(tiny())
-    hits0 = cgroup.limit_hits()
+    cgroup.reset_peak()
     r, got = logits(tmp_path, "auto", cgroup.run)
     assert r.returncode == 0, f"streamed run under a {LIMIT} B limit failed (rc {r.returncode}): {r.stderr}"
     assert "streamed from the file" in r.stderr, r.stderr
     assert got == ref, "streamed logits under the limit differ from the unconstrained resident run"
-    assert cgroup.limit_hits() > hits0, "the run never reached the cgroup's limit: it did not test streaming under pressure"
+    assert cgroup.reached_limit(LIMIT), "the run never reached the cgroup's limit: it did not test streaming under pressure"
 
     for extra in ([], ["--no-prefetch"]):
         drop_cache(tiny())
