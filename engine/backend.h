@@ -74,6 +74,8 @@ typedef struct {
                                prepared copy, read the projections and head through the mapping
                                per token (seed 002 "Layer streaming"); 0: the backend's normal way */
     int prefetch;           /* with stream: 1 = madvise(MADV_WILLNEED) one layer ahead, 0 = none */
+    uint64_t stream_budget; /* with stream: bytes of the file the page cache may keep (0.75 x available
+                               RAM at open; UINT64_MAX when unknown): the rest is dropped behind use */
 } kipp_model_view;
 
 /**

@@ -30,9 +30,10 @@ int kipp_stream_resolve(kipp_model *m, const kipp_model_options *opts, char *err
         return kipp_err(err, errlen, KIPP_EINVAL, "KIPP_STREAM=%s is not a stream mode; expected auto, on or off", env);
     m->view.prefetch = !(opts && opts->no_prefetch) && !(pf && !strcmp(pf, "0"));
     m->view.stream = mode == KIPP_STREAM_ON;
-    if (mode != KIPP_STREAM_AUTO) return 0;
     uint64_t total, avail;
-    if (kipp_plan_ram(&total, &avail, NULL, 0)) return 0; /* no /proc/meminfo: stay resident, as before */
+    int known = kipp_plan_ram(&total, &avail, NULL, 0) == 0;
+    m->view.stream_budget = known ? (uint64_t)(STREAM_SHARE * (double)avail) : UINT64_MAX;
+    if (mode != KIPP_STREAM_AUTO || !known) return 0; /* no /proc/meminfo: stay resident, as before */
     if ((double)m->weight_bytes <= STREAM_SHARE * (double)avail) return 0;
     m->view.stream = 1;
     fprintf(stderr, "kipp: the weights (%.2f GB) exceed 0.75 x available RAM (%.2f GB): layers are streamed from the file%s\n",

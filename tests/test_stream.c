@@ -75,8 +75,8 @@ static int run(const char *file, int stream, int no_prefetch, outs *o)
     if (!rc) rc = kipp_session_eval_n(s, ids, N_TOK, N_TOK, o->pre, err, sizeof err);
     if (!rc) rc = kipp_session_create(m, N_TOK, &a, err, sizeof err);
     if (!rc) rc = kipp_session_create(m, N_TOK, &b, err, sizeof err);
-    if (!rc) rc = kipp_session_eval(a, ids, 20, NULL, err, sizeof err);
-    kipp_batch_item items[2] = {{a, ids + 20, 10, 10, o->bat}, {b, ids + 5, 2, 2, o->bat + 10 * V}};
+    if (!rc) rc = kipp_session_eval(a, ids, 12, NULL, err, sizeof err);
+    kipp_batch_item items[2] = {{a, ids + 12, 10, 10, o->bat}, {b, ids + 5, 2, 2, o->bat + 10 * V}};
     if (!rc) rc = kipp_eval_batch(m, items, 2, err, sizeof err);
     CHECK(rc == 0, "%s (stream %d): %s", file, stream, err);
     kipp_session_destroy(s), kipp_session_destroy(a), kipp_session_destroy(b);

@@ -17,8 +17,17 @@
  * of segment s+1 (after the last layer the head, after the head layer 0),
  * computed from the tensor table at create. madvise of a file range starts
  * readahead and may block while it submits the reads, hence the thread.
- * Optionally (KIPP_STREAM_EVICT=cold) it also marks the segment behind as
- * cold (MADV_COLD), so reclaim under a memory limit takes it first.
+ *
+ * Residency: a cyclic read of more bytes than the page cache holds is LRU's
+ * worst case (each page is evicted just before its next use, so every byte
+ * would come from the disk). So at create the segments are split by the
+ * engine's budget (kipp_model_view.stream_budget, 0.75 x available RAM): the
+ * head, then layers from 0, are kept while they fit with two segments of
+ * room (the running one and the prefetched one); the others are dropped from
+ * the page cache right behind their use (MADV_PAGEOUT, on the same thread),
+ * so the kept ones are never under pressure and stay resident: per token
+ * only the dropped segments come from the disk, as `kipp plan` predicts
+ * (resident vs streamed layers). KIPP_STREAM_DROP=0 turns the dropping off.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -55,11 +64,13 @@ struct cpu_stream {
     byte_range *ranges;      /* [n_seg][STREAM_MAX_RANGES] */
     uint32_t *n_ranges;      /* [n_seg] */
     uint64_t *seg_bytes;     /* [n_seg] file bytes of each segment */
-    int prefetch, evict;     /* prefetch thread running; KIPP_STREAM_EVICT=cold */
+    uint8_t *keep;           /* [n_seg] 1: kept in the page cache, 0: dropped behind use */
+    uint64_t kept_bytes;     /* file bytes of the kept segments */
+    int thread, prefetch, drop; /* helper thread running; WILLNEED ahead; PAGEOUT behind */
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int want, behind, quit;  /* next segment to prefetch (-1 none), segment to mark cold (-1), stop */
+    int want, behind, quit;  /* next segment to prefetch (-1 none), segment to drop (-1), stop */
     unsigned long hints;     /* prefetches issued */
 };
 
@@ -117,10 +128,12 @@ static void *prefetch_main(void *arg)
         int want = st->want, behind = st->behind;
         st->want = st->behind = -1;
         pthread_mutex_unlock(&st->mu);
-        if (want >= 0) advise_seg(st, (uint32_t)want, MADV_WILLNEED), st->hints++;
-#ifdef MADV_COLD
-        if (behind >= 0) advise_seg(st, (uint32_t)behind, MADV_COLD);
+#ifdef MADV_PAGEOUT
+        if (behind >= 0) advise_seg(st, (uint32_t)behind, MADV_PAGEOUT); /* first: room for what comes */
+#else
+        (void)behind;
 #endif
+        if (want >= 0) advise_seg(st, (uint32_t)want, MADV_WILLNEED), st->hints++;
         pthread_mutex_lock(&st->mu);
     }
     pthread_mutex_unlock(&st->mu);
@@ -130,10 +143,12 @@ static void *prefetch_main(void *arg)
 void kipp_cpu_stream_begin(const cpu_model *m, uint32_t seg, uint32_t next)
 {
     struct cpu_stream *st = m->st;
-    if (!st->prefetch) return;
+    uint32_t prev = (seg + st->n_seg - 1) % st->n_seg;
+    int drop = st->drop && !st->keep[prev];
+    if (!st->thread || (!st->prefetch && !drop)) return;
     pthread_mutex_lock(&st->mu);
-    st->want = (int)next;
-    if (st->evict) st->behind = (int)((seg + st->n_seg - 1) % st->n_seg);
+    if (st->prefetch) st->want = (int)next;
+    if (drop) st->behind = (int)prev;
     pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
 }
@@ -218,15 +233,26 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
         st->tmp[i] = kipp_aligned_alloc((size_t)KIPP_CPU_ROUND_TOKENS * STREAM_MM_ROWS * sizeof(float));
         if (!st->buf[i] || !st->tmp[i]) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %d x %zu bytes of streaming slices", m->nth, need);
     }
-    const char *ev = getenv("KIPP_STREAM_EVICT");
-    st->evict = ev && !strcmp(ev, "cold");
-    if (v->prefetch) {
+    /* what the page cache keeps: the head, then layers from 0, while they fit beside two segments */
+    st->keep = calloc(st->n_seg, 1);
+    if (!st->keep) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the streaming tables");
+    uint64_t window = 0;
+    for (uint32_t s = 0; s < st->n_seg; s++) window = st->seg_bytes[s] > window ? st->seg_bytes[s] : window;
+    window *= 2;
+    for (uint32_t i = 0; i < st->n_seg; i++) {
+        uint32_t s = i == 0 ? d->n_layer : i - 1;
+        if (st->kept_bytes + st->seg_bytes[s] + window <= v->stream_budget) st->keep[s] = 1, st->kept_bytes += st->seg_bytes[s];
+    }
+    const char *dr = getenv("KIPP_STREAM_DROP");
+    st->drop = !(dr && !strcmp(dr, "0"));
+    st->prefetch = v->prefetch;
+    if (st->prefetch || st->drop) {
         pthread_mutex_init(&st->mu, NULL);
         pthread_cond_init(&st->cv, NULL);
         if (pthread_create(&st->th, NULL, prefetch_main, st) != 0)
-            return kipp_err(err, errlen, KIPP_ENOMEM, "cannot start the streaming prefetch thread");
-        st->prefetch = 1;
-        kipp_cpu_stream_begin(m, d->n_layer, 0); /* layer 0 for the first token */
+            return kipp_err(err, errlen, KIPP_ENOMEM, "cannot start the streaming helper thread");
+        st->thread = 1;
+        if (st->prefetch) kipp_cpu_stream_begin(m, d->n_layer, 0); /* layer 0 for the first token */
     }
     return 0;
 }
@@ -234,7 +260,7 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
 void kipp_cpu_stream_destroy(struct cpu_stream *st)
 {
     if (!st) return;
-    if (st->prefetch) {
+    if (st->thread) {
         pthread_mutex_lock(&st->mu);
         st->quit = 1;
         pthread_cond_signal(&st->cv);
@@ -253,6 +279,7 @@ void kipp_cpu_stream_destroy(struct cpu_stream *st)
     free(st->ranges);
     free(st->n_ranges);
     free(st->seg_bytes);
+    free(st->keep);
     free(st);
 }
 
@@ -260,13 +287,15 @@ void kipp_cpu_stream_describe(const cpu_model *m, char *out, size_t outlen)
 {
     const struct cpu_stream *st = m->st;
     uint64_t total = 0;
-    for (uint32_t s = 0; s < st->n_seg; s++) total += st->seg_bytes[s];
+    uint32_t kept_layers = 0;
+    for (uint32_t s = 0; s < st->n_seg; s++) total += st->seg_bytes[s], kept_layers += s < m->d.n_layer && st->keep[s];
     snprintf(out, outlen,
              "prepared weights: none (streamed: the weights exceed the RAM budget or KIPP_STREAM/--stream asked; "
              "every projection and the head are read through the file mapping per token, %.3g GB in %u segments "
              "(layers, head), packed %u rows (decode) or %u rows (prefill) at a time into %d x %zu-byte worker slices; "
-             "prefetch: %s%s)\n",
+             "page cache keeps %.3g GB (%s%u of %u layers), %s; prefetch: %s)\n",
              (double)total * 1e-9, st->n_seg, STREAM_MV_ROWS, STREAM_MM_ROWS, m->nth, st->buf_bytes,
-             st->prefetch ? "madvise(MADV_WILLNEED) one segment ahead on a helper thread" : "off",
-             st->evict ? ", segment behind marked MADV_COLD" : "");
+             (double)st->kept_bytes * 1e-9, st->keep[m->d.n_layer] ? "head, " : "", kept_layers, m->d.n_layer,
+             st->drop ? "the rest dropped behind use (MADV_PAGEOUT)" : "nothing dropped (KIPP_STREAM_DROP=0)",
+             st->prefetch ? "madvise(MADV_WILLNEED) one segment ahead on a helper thread" : "off");
 }
