@@ -22,8 +22,8 @@
  * worst case (each page is evicted just before its next use, so every byte
  * would come from the disk). So at create the segments are split by the
  * engine's budget (kipp_model_view.stream_budget, 0.75 x available RAM): the
- * head, then layers from 0, are kept while they fit with two segments of
- * room (the running one and the prefetched one); the others are dropped from
+ * head, then layers from 0, are kept while they fit (the planner's rule,
+ * engine/plan.c resident_bytes); the others are dropped from
  * the page cache right behind their use (MADV_PAGEOUT, on the same thread),
  * so the kept ones are never under pressure and stay resident: per token
  * only the dropped segments come from the disk, as `kipp plan` predicts
@@ -233,15 +233,15 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
         st->tmp[i] = kipp_aligned_alloc((size_t)KIPP_CPU_ROUND_TOKENS * STREAM_MM_ROWS * sizeof(float));
         if (!st->buf[i] || !st->tmp[i]) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %d x %zu bytes of streaming slices", m->nth, need);
     }
-    /* what the page cache keeps: the head, then layers from 0, while they fit beside two segments */
+    /* what the page cache keeps: the head, then layers from 0, while they fit the budget (engine/plan.c
+     * resident_bytes, the rule `kipp plan` predicts with); the running and the prefetched segment live
+     * in the other quarter of the available RAM */
     st->keep = calloc(st->n_seg, 1);
     if (!st->keep) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the streaming tables");
-    uint64_t window = 0;
-    for (uint32_t s = 0; s < st->n_seg; s++) window = st->seg_bytes[s] > window ? st->seg_bytes[s] : window;
-    window *= 2;
     for (uint32_t i = 0; i < st->n_seg; i++) {
         uint32_t s = i == 0 ? d->n_layer : i - 1;
-        if (st->kept_bytes + st->seg_bytes[s] + window <= v->stream_budget) st->keep[s] = 1, st->kept_bytes += st->seg_bytes[s];
+        if (st->kept_bytes + st->seg_bytes[s] > v->stream_budget) break;
+        st->keep[s] = 1, st->kept_bytes += st->seg_bytes[s];
     }
     const char *dr = getenv("KIPP_STREAM_DROP");
     st->drop = !(dr && !strcmp(dr, "0"));
