@@ -91,3 +91,13 @@ def test_resident_run_does_not_fit_the_limit(cgroup, tmp_path):
     drop_cache(tiny())
     r, _ = logits(tmp_path, "off", cgroup.run, "--stream", "off")
     assert r.returncode != 0, "the resident run fit under the limit: the limit does not test streaming"
+
+
+def test_stream_flag_values():
+    """--stream takes auto, on or off; anything else is refused by name, exit status 2."""
+    r = plain([str(KIPP), "logits", "--model", str(tiny()), "--prompt", "x", "--out", "/dev/null", "--stream",
+               "sometimes"])
+    assert r.returncode == 2 and "--stream" in r.stderr and "sometimes" in r.stderr, r.stderr
+    r = plain([str(KIPP), "generate", "--model", str(tiny()), "--prompt", "x", "--max-tokens", "2", "--stream", "on",
+               "--no-prefetch"])
+    assert r.returncode == 0, r.stderr
