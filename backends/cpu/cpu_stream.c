@@ -153,10 +153,13 @@ void kipp_cpu_stream_begin(const cpu_model *m, uint32_t seg, uint32_t next)
     pthread_mutex_unlock(&st->mu);
 }
 
-/* Add tensor view t to segment s's ranges: page-aligned, merged with a range it touches. */
-static void add_range(struct cpu_stream *st, uint32_t s, const kipp_tensor_view *t)
+/* Add tensor view t to segment s's ranges: page-aligned, merged with a range it touches. Only
+ * views into the file mapping v: a LoRA-merged tensor lives in anonymous memory, which
+ * MADV_PAGEOUT would push to swap. */
+static void add_range(struct cpu_stream *st, uint32_t s, const kipp_tensor_view *t, const kipp_model_view *v)
 {
-    const uintptr_t pg = 4096;
+    const uintptr_t pg = 4096, m0 = (uintptr_t)v->map, m1 = m0 + v->map_size;
+    if ((uintptr_t)t->data < m0 || (uintptr_t)t->data + t->nbytes > m1) return;
     uintptr_t a = (uintptr_t)t->data / pg * pg, e = ((uintptr_t)t->data + t->nbytes + pg - 1) / pg * pg;
     byte_range *r = &st->ranges[(size_t)s * STREAM_MAX_RANGES];
     st->seg_bytes[s] += t->nbytes;
@@ -218,15 +221,15 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
         }
         const kipp_tensor_view *all[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->q_norm, &L->k_norm,
                                          &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) add_range(st, l, all[i]);
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) add_range(st, l, all[i], v);
     }
     const kipp_tensor_view *head[1] = {&v->w.output};
     k_fmt hf = (k_fmt)k_fmt_from_gguf(v->w.output.dtype);
     set_weight(&m->head, &st->fw[(size_t)d->n_layer * 4], hf, head, 1);
     size_t hb = k_fmt_get(hf)->packed_bytes(STREAM_MM_ROWS, m->head.cols);
     need = hb > need ? hb : need;
-    add_range(st, d->n_layer, &v->w.output);
-    add_range(st, d->n_layer, &v->w.output_norm);
+    add_range(st, d->n_layer, &v->w.output, v);
+    add_range(st, d->n_layer, &v->w.output_norm, v);
     st->buf_bytes = need;
     for (int i = 0; i < m->nth; i++) {
         st->buf[i] = kipp_aligned_alloc(need);
