@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import socket
 import statistics
@@ -39,10 +40,10 @@ PROMPT = "Explain in one paragraph why the sky is blue"
 TIMING = re.compile(r"prefill ([0-9.]+) tok/s, decode ([0-9.]+) tok/s, TTFT ([0-9.]+) ms")
 
 
-def gen(run, model: Path, tokens: int, threads: int, *extra: str) -> dict:
+def gen(run, model: Path, tokens: int, threads: int, *extra: str, env: dict | None = None) -> dict:
     args = [str(KIPP), "generate", "--model", str(model), "--prompt", PROMPT, "--max-tokens", str(tokens),
             "--show-ids", "--threads", str(threads), *extra]
-    r = run(args)
+    r = run(args, env) if env else run(args)
     m = TIMING.search(r.stderr)
     ids = [l for l in r.stderr.splitlines() if l.startswith("ids:")]
     if r.returncode != 0 or not m:
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-resident", action="store_true", help="skip the unconstrained resident run")
+    ap.add_argument("--drop-ab", action="store_true",
+                    help="add a third variant: prefetch with KIPP_STREAM_DROP=0 (nothing dropped behind use)")
     ap.add_argument("--out", default=str(ROOT / "results"))
     a = ap.parse_args(argv)
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_stream: no memory cgroup: {cg.reason}", file=sys.stderr)
         return 1
     plain = lambda args: subprocess.run(args, capture_output=True, text=True, timeout=3600)  # noqa: E731
-    inside = lambda args: cg.run(args, timeout=3600)  # noqa: E731
+    inside = lambda args, env=None: cg.run(args, timeout=3600, env=env)  # noqa: E731
     try:
         pr = inside([str(KIPP), "plan", "--model", str(gguf), "--json"])
         plan = json.loads(pr.stdout) if pr.returncode == 0 else None
@@ -86,12 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_stream: {gguf.name} {size / 1e9:.2f} GB under a {limit / 1e9:.2f} GB "
               f"{'v2' if cg.v2 else 'v1'} cgroup; plan: streamed={plan and plan['streamed']} "
               f"predicted decode {pred} tok/s; load {bench_models.load_avg()}", flush=True)
-        runs: dict[str, list[dict]] = {"prefetch": [], "no_prefetch": []}
+        variants = [("prefetch", (), None), ("no_prefetch", ("--no-prefetch",), None)]
+        if a.drop_ab:
+            variants.append(("prefetch_no_drop", (), {**os.environ, "KIPP_STREAM_DROP": "0"}))
+        runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
         for rep in range(a.reps):  # interleaved A/B, cold page cache each
-            for name, extra in (("prefetch", ()), ("no_prefetch", ("--no-prefetch",))):
+            for name, extra, env in variants:
                 drop_cache(gguf)
                 cg.reset_peak()
-                r = gen(inside, gguf, a.tokens, a.threads, *extra)
+                r = gen(inside, gguf, a.tokens, a.threads, *extra, env=env)
                 r["reached_limit"] = cg.reached_limit(limit)
                 runs[name].append(r)
                 print(f"  rep {rep} {name}: decode {r['decode']:.3f} tok/s, prefill {r['prefill']:.2f} tok/s, "
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({
             "name": f"{a.model} tg{a.tokens} streamed under {limit / 1e9:.2f} GB, {name.replace('_', ' ')}",
             "unit": "tok/s", **d, "tok_s": d["median"], "model": a.model, "format": "bf16",
-            "test": f"tg{a.tokens}_streamed", "prefetch": name == "prefetch",
+            "test": f"tg{a.tokens}_streamed", "prefetch": name != "no_prefetch", "drop_behind": name != "prefetch_no_drop",
             "prefill_tok_s": stats([r["prefill"] for r in rs]), "ttft_ms": stats([r["ttft_ms"] for r in rs]),
             "limit_bytes": limit, "file_bytes": size, "cgroup": "v2" if cg.v2 else "v1",
             "streamed": all(r["streamed"] for r in rs), "reached_limit": all(r["reached_limit"] for r in rs),
