@@ -63,6 +63,10 @@ static int run(const char *file, int stream, int no_prefetch, outs *o)
     int rc = kipp_model_open(path, "cpu", &mo, &m, err, sizeof err);
     CHECK(rc == 0, "open %s (stream %d): %s", path, stream, err);
     if (rc) return rc;
+    char desc[8192] = "";
+    kipp_model_describe(m, desc, sizeof desc);
+    CHECK((strstr(desc, "prepared weights: none (streamed") != NULL) == (stream == KIPP_STREAM_ON),
+          "%s opened with stream %d, but describe says: %s", file, stream, desc);
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     size_t V = o->V = info.vocab_size;
