@@ -129,7 +129,8 @@ typedef struct {
      * head into the backend's own layout and never reads those views afterwards
      * (only token_embd and the norms stay read through the view); the engine
      * may then free private copies behind them (LoRA-merged tensors). 0: every
-     * view must stay valid for the model's life.
+     * view must stay valid for the model's life. A streamed model (view.stream)
+     * reads the views per token whatever this says: the engine then keeps them.
      */
     int packs_weights;
 } kipp_backend_ops;
