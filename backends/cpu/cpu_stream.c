@@ -34,6 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "backends/cpu/cpu_internal.h"
 #include "engine/backend_util.h"
@@ -121,6 +124,10 @@ static void advise_seg(struct cpu_stream *st, uint32_t s, int advice)
 static void *prefetch_main(void *arg)
 {
     struct cpu_stream *st = arg;
+    /* Lowest priority for this thread only (Linux: a thread id is a PRIO_PROCESS target): its
+     * madvise calls allocate and submit, and must not take a core from the pool's workers,
+     * whose barriers wait on the slowest (make bench-stream, 2 cores: see README). */
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     pthread_mutex_lock(&st->mu);
     for (;;) {
         while (!st->quit && st->want < 0 && st->behind < 0) pthread_cond_wait(&st->cv, &st->mu);
