@@ -46,7 +46,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -268,6 +268,11 @@ bench: all
 	$(PYTHON) tools/bench_models.py --reuse-profile --backend $(BACKEND) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
 	$(PYTHON) tools/report.py --readme README.md
 
+# A model larger than its memory limit (issue 37 item 2): the 4B shape streamed inside a memory
+# cgroup at half its size, with and without prefetch, interleaved (tools/bench_stream.py).
+bench-stream: $(BUILD)/kipp | $(VENV_PY)
+	$(PYTHON) tools/bench_stream.py $(if $(MODEL),--model $(MODEL)) $(STREAM_ARGS)
+
 # Kipp and llama.cpp side by side, interleaved, same weights and threads (tools/bench_peers.py).
 bench-peers: $(BUILD)/kipp-bench
 	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL)) $(PEERS_ARGS)
@@ -372,6 +377,7 @@ help:
 	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
 	@echo "make bench-serve [MODEL=synthetic-0.6b] [SERVE_ARGS=...]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
+	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"

@@ -33,7 +33,8 @@ double cli_now(void)
 
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
 {
-    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora};
+    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora, .stream = o->stream,
+                             .no_prefetch = o->no_prefetch};
     char err[512];
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
@@ -222,6 +223,8 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
     kipp_model_info info;
     kipp_model_get_info(m, &info);
     double dec = st->t_decode > 0 ? st->n_decode_tokens / st->t_decode : 0.0;
+    double pre = st->t_prefill > 0 ? (double)n_prompt / st->t_prefill : 0.0;
+#define RATE_PREC(r) ((r) < 10 ? 3 : 1) /* streamed models run below 1 tok/s: keep three decimals there */
     char spec[256] = "";
     if (st->spec_on) {
         const kipp_spec_stats ss = st->spec_stats;
@@ -231,11 +234,11 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
                  (unsigned long long)ss.steps);
     }
     fprintf(stderr,
-            "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.1f tok/s, decode %.1f tok/s, "
+            "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.*f tok/s, decode %.*f tok/s, "
             "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu%s\n",
             cmd, n_prompt, st->n_generated,
             st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
-            st->t_prefill > 0 ? (double)n_prompt / st->t_prefill : 0.0, dec, st->t_first * 1e3,
+            RATE_PREC(pre), pre, RATE_PREC(dec), dec, st->t_first * 1e3,
             (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed, spec);
     if (st->full)
         fprintf(stderr, "kipp %s: stopped early: the session's context of %u tokens is full (--ctx, at most %u)\n",

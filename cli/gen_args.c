@@ -64,6 +64,10 @@ static const opt_def OPTS[] = {
     {"--logit-bias", "ID=BIAS", C_SAMPLE, "add BIAS in [-100, 100] to token ID's logit; repeatable, at most 64"},
     {"--lora", "PATH[:SCALE]", C_ALL, "merge a LoRA adapter GGUF into the weights at load, scaled (default 1);\n"
                                      "      repeatable, at most 8 (their deltas add up)"},
+    {"--stream", "auto|on|off", C_ALL, "read the weights through the file mapping per token instead of a packed\n"
+                                      "      copy (models larger than RAM); default auto: when they exceed 0.75 x\n"
+                                      "      available RAM (`kipp plan` says which), else KIPP_STREAM"},
+    {"--no-prefetch", NULL, C_ALL, "streamed: no one-layer-ahead madvise(MADV_WILLNEED) prefetch thread"},
     {"--help", NULL, C_ALL, "print this help and exit"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -224,13 +228,19 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--system")) o->system = v;
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else if (!strcmp(f, "--lora")) return parse_lora(cmd, v, o);
-    else return parse_int_opt(cmd, f, v, o);
+    else if (!strcmp(f, "--stream")) {
+        if (!strcmp(v, "auto")) o->stream = KIPP_STREAM_AUTO;
+        else if (!strcmp(v, "on")) o->stream = KIPP_STREAM_ON;
+        else if (!strcmp(v, "off")) o->stream = KIPP_STREAM_OFF;
+        else return bad_arg(cmd, f, v, "auto, on or off");
+    } else return parse_int_opt(cmd, f, v, o);
     return 0;
 }
 
 static void set_switch(const char *f, cli_gen_opts *o)
 {
     if (!strcmp(f, "--chat")) o->chat = 1;
+    else if (!strcmp(f, "--no-prefetch")) o->no_prefetch = 1;
     else if (!strcmp(f, "--no-think")) o->think = 0;
     else if (!strcmp(f, "--show-ids")) o->show_ids = 1;
     else if (!strcmp(f, "--no-cache-reuse")) o->no_reuse = 1;

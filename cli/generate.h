@@ -47,6 +47,8 @@ typedef struct {
     kipp_lora_spec lora[CLI_MAX_LORA];  /* --lora PATH[:SCALE], repeatable; paths in lora_path */
     char lora_path[CLI_MAX_LORA][CLI_LORA_PATH];
     uint32_t n_lora;
+    int stream;               /* --stream auto|on|off: KIPP_STREAM_* */
+    int no_prefetch;          /* --no-prefetch */
 } cli_gen_opts;
 
 /**

@@ -70,6 +70,12 @@ typedef struct {
     kipp_qwen3_weights w;
     const char *checkpoint_id;
     int n_threads;          /* requested workers; 0 = one per physical core */
+    int stream;             /* 1: weights exceed the RAM budget (engine/model.c decides): keep no
+                               prepared copy, read the projections and head through the mapping
+                               per token (seed 002 "Layer streaming"); 0: the backend's normal way */
+    int prefetch;           /* with stream: 1 = madvise(MADV_WILLNEED) one layer ahead, 0 = none */
+    uint64_t stream_budget; /* with stream: bytes of the file the page cache may keep (0.75 x available
+                               RAM at open; UINT64_MAX when unknown): the rest is dropped behind use */
 } kipp_model_view;
 
 /**
@@ -123,7 +129,8 @@ typedef struct {
      * head into the backend's own layout and never reads those views afterwards
      * (only token_embd and the norms stay read through the view); the engine
      * may then free private copies behind them (LoRA-merged tensors). 0: every
-     * view must stay valid for the model's life.
+     * view must stay valid for the model's life. A streamed model (view.stream)
+     * reads the views per token whatever this says: the engine then keeps them.
      */
     int packs_weights;
 } kipp_backend_ops;

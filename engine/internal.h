@@ -145,4 +145,13 @@ void kipp_spec_gate_observe(kipp_spec *sp, uint32_t drafted, uint32_t accepted);
  * memory.max - memory.current (engine/plan_probe.c). KIPP_EIO when /proc/meminfo has no MemTotal. */
 int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen);
 
+/**
+ * Decide layer streaming for m (engine/stream_mode.c): opts->stream (or, when
+ * AUTO, the environment's KIPP_STREAM), else streamed when m's weight bytes
+ * exceed 0.75 x available RAM (kipp_plan_ram). Fills m->view.stream and
+ * m->view.prefetch (opts->no_prefetch, KIPP_PREFETCH=0) and says so on stderr
+ * when it streams. KIPP_EINVAL for a bad opts->stream or KIPP_STREAM value.
+ */
+int kipp_stream_resolve(kipp_model *m, const kipp_model_options *opts, char *err, size_t errlen);
+
 #endif

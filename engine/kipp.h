@@ -63,7 +63,19 @@ typedef struct {
      * them: [n_lora] specs, in order (their deltas add up). NULL/0 = none. */
     const kipp_lora_spec *lora;
     uint32_t n_lora;
+    /* Layer streaming (seed 002 "Layer streaming", issue 37 item 2): KIPP_STREAM_AUTO
+     * streams when the file's weights exceed 0.75 x available RAM (MemAvailable,
+     * capped by the memory cgroup's limit minus usage, v2 or v1), as `kipp plan`
+     * says; ON and OFF force it. AUTO defers to the environment variable
+     * KIPP_STREAM=auto|on|off when set. A streamed cpu model keeps no packed
+     * copy: each projection is read through the mapping per token. */
+    int stream;      /* KIPP_STREAM_* */
+    int no_prefetch; /* streamed: 1 = no prefetch thread (also KIPP_PREFETCH=0) */
 } kipp_model_options;
+
+#define KIPP_STREAM_AUTO 0
+#define KIPP_STREAM_ON 1
+#define KIPP_STREAM_OFF 2
 
 /**
  * Open a Kipp GGUF artifact (docs/FORMAT.md) read-only via mmap, validate it

@@ -33,7 +33,8 @@ typedef struct {
  * (/proc/meminfo and cgroup v2 limits), all-core RAM read bandwidth, the FP32
  * FMA peak and, when model_path is non-NULL, the sequential read speed of that
  * file over a bounded sample (at most 256 MiB or about 1 s). Takes about a
- * second or two; allocates and frees a 256 MiB buffer. Errors: KIPP_EIO when
+ * second or two; allocates and frees a 256 MiB buffer (a quarter of the available RAM
+ * when that is less, at least 8 MiB). Errors: KIPP_EIO when
  * /proc/meminfo cannot be read, KIPP_ENOMEM. A model file that cannot be read
  * is not an error: disk_read_gbps stays 0.
  */

@@ -700,10 +700,11 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
         *out = m;
         return KIPP_OK;
     }
+    if ((rc = kipp_stream_resolve(m, opts, err, errlen))) return kipp_model_close(m), rc;
     /* A dense model reads every weight for every token: start readahead now, while
      * the backend prepares. Not in kipp_model_load, which `kipp inspect` uses on
-     * multi-GB files it only needs the header of. Advisory: failure is harmless. */
-    (void)madvise(m->map, m->map_size, MADV_WILLNEED);
+     * multi-GB files it only needs the header of; not when streamed. Advisory. */
+    if (!m->view.stream) (void)madvise(m->map, m->map_size, MADV_WILLNEED);
     m->ops = ops;
     m->view.n_threads = opts ? opts->n_threads : 0;
     rc = ops->model_create(&m->view, &m->bm, err, errlen);
@@ -712,7 +713,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
         kipp_model_close(m);
         return rc;
     }
-    if (ops->packs_weights) kipp_lora_release_packed(m); /* merged copies the backend has repacked */
+    if (ops->packs_weights && !m->view.stream) kipp_lora_release_packed(m); /* merged copies the backend has repacked */
     *out = m;
     return KIPP_OK;
 }

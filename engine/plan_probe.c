@@ -160,13 +160,21 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double ram_read_gbps(int n, int use512)
+/* The probe buffer: RAM_PROBE_BYTES, or a quarter of the available RAM where that is less (a memory
+ * cgroup far below the model, as when layers are streamed: the probe must not be what gets killed). */
+static size_t probe_bytes(uint64_t avail)
 {
-    unsigned char *buf = kipp_aligned_alloc(RAM_PROBE_BYTES);
+    uint64_t q = avail / 4 & ~(uint64_t)((1u << 20) - 1);
+    return q >= RAM_PROBE_BYTES ? RAM_PROBE_BYTES : q > (8u << 20) ? (size_t)q : (8u << 20);
+}
+
+static double ram_read_gbps(int n, int use512, size_t bytes)
+{
+    unsigned char *buf = kipp_aligned_alloc(bytes);
     if (!buf) return 0;
-    memset(buf, 1, RAM_PROBE_BYTES); /* fault every page in before timing */
+    memset(buf, 1, bytes); /* fault every page in before timing */
     probe_job jobs[MAX_PROBE_THREADS];
-    size_t per = (RAM_PROBE_BYTES / (size_t)n) & ~(size_t)255;
+    size_t per = (bytes / (size_t)n) & ~(size_t)255;
     double g[3];
     for (int r = 0; r < 3; r++) {
         for (int i = 0; i < n; i++) jobs[i] = (probe_job){.buf = buf + per * (size_t)i, .bytes = per, .use512 = use512};
@@ -264,9 +272,9 @@ int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, s
     int n = out->physical_cores < MAX_PROBE_THREADS ? out->physical_cores : MAX_PROBE_THREADS;
     if (isa == KIPP_ISA_REF) return 0; /* no vector loops to run: bandwidth and peak stay 0 */
     int use512 = isa >= KIPP_ISA_AVX512;
-    out->ram_read_gbps = ram_read_gbps(n, use512);
+    out->ram_read_gbps = ram_read_gbps(n, use512, probe_bytes(out->ram_available_bytes));
     out->peak_gflops = peak_gflops(n, use512);
-    if (out->ram_read_gbps <= 0) return kipp_err(err, errlen, KIPP_ENOMEM, "no memory for the %u MiB read probe",
-                                                 RAM_PROBE_BYTES >> 20);
+    if (out->ram_read_gbps <= 0) return kipp_err(err, errlen, KIPP_ENOMEM, "no memory for the %zu MiB read probe",
+                                                 probe_bytes(out->ram_available_bytes) >> 20);
     return 0;
 }

@@ -35,6 +35,7 @@ typedef struct {
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
     int no_spec;              /* --no-spec */
+    int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
     kipp_lora_spec lora[SERVE_MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
     char lora_path[SERVE_MAX_LORA][4096];
     uint32_t n_lora;
@@ -99,6 +100,9 @@ static void usage(FILE *f)
             "  --access-log       one JSON line per request on stderr (id, method, path, status, tokens,\n"
             "                     cached tokens, TTFT, duration)\n"
             "  --version          print the version and exit\n"
+            "  --stream auto|on|off  read the weights through the file mapping per token, no packed copy\n"
+            "                     (models larger than RAM); default auto: when they exceed 0.75 x available RAM\n"
+            "  --no-prefetch      streamed: no one-layer-ahead madvise(MADV_WILLNEED) prefetch thread\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
             "                     by default they use prompt-lookup speculative decoding (same tokens)\n");
 }
@@ -125,6 +129,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!strcmp(a, "--no-spec")) { o->no_spec = 1; continue; }
         if (!strcmp(a, "--protect-ops")) { o->protect_ops = 1; continue; }
         if (!strcmp(a, "--access-log")) { o->access_log = 1; continue; }
+        if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; continue; }
         if (i + 1 >= argc) return fprintf(stderr, "kipp-serve: %s needs a value (or is unknown; see --help)\n", a), 2;
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) { o->model = v; continue; }
@@ -139,6 +144,11 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             if (kipp_lora_parse_arg(v, &o->lora[o->n_lora], o->lora_path[o->n_lora], sizeof o->lora_path[0], err, sizeof err))
                 return fprintf(stderr, "kipp-serve: %s\n", err), 2;
             o->n_lora++;
+            continue;
+        }
+        if (!strcmp(a, "--stream")) {
+            o->stream = !strcmp(v, "auto") ? KIPP_STREAM_AUTO : !strcmp(v, "on") ? KIPP_STREAM_ON : !strcmp(v, "off") ? KIPP_STREAM_OFF : -1;
+            if (o->stream < 0) return fprintf(stderr, "kipp-serve: --stream '%s' is invalid, expected auto, on or off\n", v), 2;
             continue;
         }
         if (!strcmp(a, "--kv-events")) { o->kv_events = v; continue; }
@@ -382,7 +392,8 @@ int main(int argc, char **argv)
     serve_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
-    kipp_model_options mo = {.n_threads = (int)o.threads, .lora = o.lora, .n_lora = o.n_lora};
+    kipp_model_options mo = {.n_threads = (int)o.threads, .lora = o.lora, .n_lora = o.n_lora, .stream = o.stream,
+                             .no_prefetch = o.no_prefetch};
     kipp_model *m = NULL;
     char err[512];
     /* Pooled by default (seed 000: the server uses pooled models on CPU): --kv-pool-mib N sizes the pool

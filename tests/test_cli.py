@@ -283,11 +283,13 @@ TINY = ["--model", str(REPO_ROOT / "build" / "models" / "synthetic-tiny.gguf"), 
 OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
-                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora"},
+                 "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora",
+                 "--stream", "--no-prefetch"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
-             "--presence-penalty", "--logit-bias", "--help", "--lora"},
-    "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora"},
+             "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch"},
+    "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora",
+               "--stream", "--no-prefetch"},
 }
 ALL_OPTS = set().union(*OWN.values())
 

@@ -332,7 +332,9 @@ static int cpu_model_create(const kipp_model_view *v, void **out, char *err, siz
     m->nth = kipp_cpu_pool_size(m->pool);
     m->A = (size_t)m->d.n_q_head * KIPP_HEAD_DIM;
     m->QKV = m->A + 2 * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
-    if (pack_weights(m)) {
+    if (v->stream) {
+        if ((rc = kipp_cpu_stream_create(m, v, err, errlen))) { cpu_model_destroy(m); return rc; }
+    } else if (pack_weights(m)) {
         cpu_model_destroy(m);
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the packed weight copy of the %u-layer model", v->dims.n_layer);
     }
@@ -351,6 +353,7 @@ static void cpu_model_destroy(void *bm)
     cpu_model *m = bm;
     if (!m) return;
     kipp_cpu_pool_destroy(m->pool);
+    kipp_cpu_stream_destroy(m->st);
     kipp_kv_store_free(&m->slab);
     float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->att1, m->lane_ml, m->rope};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kipp_aligned_free(f[i]);
@@ -551,8 +554,9 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
         "k_flash_gqa_%s in %u-token query tiles (prefill), k_flash_rows_%s per page of each lane (decode), "
         "two walks per query (even and odd pages, merged) in %u-position chunks either way%s\n", att, m->tile_tokens, att,
         K_ATTN_CHUNK, *att == 'd' ? "; q and the softmax weights rounded to BF16 for vdpbf16ps" : "");
-    PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend; "
-        "the file pages it replaces are released after packing)\n", m->prepared_bytes);
+    if (m->st && o < outlen) kipp_cpu_stream_describe(m, out + o, outlen - o), o += strlen(out + o);
+    else PUT("prepared weights: %zu bytes (packed copy of every projection and the head in its format's layout, owned by the backend; "
+             "the file pages it replaces are released after packing)\n", m->prepared_bytes);
     PUT("round: %u tokens; scratch %zu bytes\n", KIPP_CPU_ROUND_TOKENS, m->scratch_bytes);
 #undef PUT
 }

@@ -8,6 +8,8 @@
  * are split by token rows, and fused where the same worker owns the row, so a
  * layer needs eight barriers.
  */
+#include <string.h>
+
 #include "backends/cpu/cpu_internal.h"
 #include "engine/backend_util.h"
 
@@ -23,6 +25,10 @@ static void linear(const cpu_model *m, const k_weight *w, const float *x, float 
     const k_fmt_kernels *k = &m->k->fmt[w->fmt];
     const k_fmt_info *fi = k_fmt_get(w->fmt);
     const void *in = fi->act == K_ACT_F32 ? (const void *)x : m->xa;
+    if (m->st) { /* file layout, streamed; the slices apply outlier_fix themselves */
+        kipp_cpu_stream_linear(m, w, 0, w->rows, in, y, w->rows, n, ith, nth);
+        return;
+    }
     if (n == 1)
         k->matvec(w->data, in, y, w->rows, w->cols, ith, nth);
     else
@@ -117,6 +123,8 @@ static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int it
     kipp_cpu_pool *pool = m->pool;
     const cpu_layer *P = &m->lw[l];
     uint32_t n = r->n_rows;
+    if (m->st && ith == 0) /* prefetch what runs next: layer l+1, after the last the head (or layer 0 without logits) */
+        kipp_cpu_stream_begin(m, l, l + 1 < m->d.n_layer ? l + 1 : r->n_logits ? m->d.n_layer : 0);
     linear(m, &P->qkv, m->xn, m->qkv, n, ith, nth);                   /* step 2 */
     if (ith == 0) atomic_store(&r->attn_next, 0);
     kipp_cpu_pool_barrier(pool);
@@ -163,6 +171,7 @@ static void head(cpu_round *r, int ith, int nth)
     cpu_model *m = r->m;
     size_t V = m->d.vocab_size, D = m->d.d_model, B = KIPP_CPU_HEAD_BLOCK, v0, v1;
     uint32_t nl = r->n_logits;
+    if (m->st && ith == 0) kipp_cpu_stream_begin(m, m->d.n_layer, 0); /* the head runs: layer 0 next */
     if (r->head_direct) {
         linear(m, &m->head, m->xn, m->ldst[0], nl, ith, nth);
         return;
@@ -171,6 +180,12 @@ static void head(cpu_round *r, int ith, int nth)
     k_split_rows(V, ith, nth, B, &v0, &v1);
     for (size_t vb = v0; vb < v1; vb += B) {
         size_t nb = v1 - vb < B ? v1 - vb : B; /* vocab % 16 == 0, so nb stays whole panels */
+        if (m->st) {
+            kipp_cpu_stream_linear(m, &m->head, vb, vb + nb, k_fmt_get(m->head.fmt)->act == K_ACT_F32 ? (const void *)m->xn : m->xa,
+                                   stage, nb, nl, 0, 1);
+            for (uint32_t j = 0; j < nl; j++) memcpy(m->ldst[j] + vb, stage + (size_t)j * nb, nb * sizeof(float));
+            continue;
+        }
         k_weight blk = m->head; /* rows [vb, vb + nb): whole packed panels (vocab and B are multiples of 16) */
         blk.data = (const char *)m->head.data + k_fmt_get(blk.fmt)->packed_bytes(vb, D);
         blk.rows = nb;

@@ -110,6 +110,7 @@ typedef struct cpu_model {
     float **ldst;              /* [R] destination logits row of each */
     size_t scratch_bytes;      /* all round scratch above plus the RoPE table */
     kipp_kv_store slab;        /* pooled models: the shared KV slab (zeroed store when not pooled) */
+    struct cpu_stream *st;     /* streamed model (cpu_stream.c): lw and head data point to file weights; else NULL */
 } cpu_model;
 
 /** One round: rows [0, n_rows) drawn from items, consumed by every worker. */
@@ -140,6 +141,28 @@ static inline void kipp_cpu_act(const cpu_model *m, const k_weight *w, const flo
     k_act a = k_fmt_get(w->fmt)->act;
     if (a != K_ACT_F32) m->k->act[a](src, (char *)m->xa + k_act_row_bytes(a, dst), cnt);
 }
+
+/* ---- streaming (cpu_stream.c; seed 002 "Layer streaming") ----
+ * A streamed model has no packed copy: lw[l] and head keep their format and
+ * shape, but their data points to a cpu_file_weight (the file's row-major
+ * parts), which kipp_cpu_stream_linear packs slice by slice into per-worker
+ * buffers and hands to the format's own matvec/matmul, so every output row
+ * runs the resident path's arithmetic (bitwise-equal logits). */
+
+/** Create m->st for view v: file weights, worker buffers, prefetch thread; fills m->lw and m->head. */
+int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, size_t errlen);
+void kipp_cpu_stream_destroy(struct cpu_stream *st);
+/**
+ * Rows [rb, re) of a streamed weight w (w->data a cpu_file_weight) against the
+ * activations in (the format's act, n rows): y[t*ldy + r - rb], this worker's
+ * share of the rows. The resident linear's result, bit for bit.
+ */
+void kipp_cpu_stream_linear(const cpu_model *m, const k_weight *w, size_t rb, size_t re, const void *in, float *y,
+                            size_t ldy, uint32_t n, int ith, int nth);
+/** Worker 0, as segment seg starts (layer l = l, head = n_layer): prefetch segment next. */
+void kipp_cpu_stream_begin(const cpu_model *m, uint32_t seg, uint32_t next);
+/** One describe paragraph of the streamed model. */
+void kipp_cpu_stream_describe(const cpu_model *m, char *out, size_t outlen);
 
 /** Attention of layer `layer` for every row of the round: att = softmax(qK^T)V (all workers). */
 void kipp_cpu_attention(cpu_round *r, uint32_t layer, int ith, int nth);
