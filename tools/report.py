@@ -434,8 +434,13 @@ def quant_peers_table(docs: list[dict]) -> str:
             newest_doc[cpu_key(d)] = d
     if not newest_doc:
         return ""
-    out = ["| model | bench | Kipp format (head) | llama.cpp type (head) | CPU (level) | Kipp tok/s | llama.cpp tok/s | "
-           "Kipp / llama.cpp | run | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | bench | Kipp format (head) | llama.cpp type (head) | CPU (level) | Kipp tok/s (min-max) | "
+           "llama.cpp tok/s (min-max) | Kipp / llama.cpp | run | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def fig(x: dict) -> str:  # median, and the spread over the rounds where recorded
+        spread = f" ({x['min']:.2f}-{x['max']:.2f})" if _num(x.get("min")) and _num(x.get("max")) else ""
+        return f"{x['median']:.2f}{spread}"
+
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
     fmt_order = {"q8_0": 0, "affine4_gs32": 1}
     for d in sorted(newest_doc.values(), key=lambda x: str(x.get("date", "")), reverse=True):
@@ -449,8 +454,8 @@ def quant_peers_table(docs: list[dict]) -> str:
                                  str(r["peer_format"]), r.get("kipp_head") != "bf16", r.get("peer_head") != "default"))
         for r in rows:
             out.append(f"| {r['model']} | {r['name']} | {r['format']} ({r.get('kipp_head', 'bf16')} head) | "
-                       f"{r['peer_format']} ({r['peer_head']} head) | {cpu_of(d)} | {r['kipp']['median']:.2f} | "
-                       f"{r['llama_cpp']['median']:.2f} | **{r['ratio']:.2f}x** | {run} | `{d['_file']}` |")
+                       f"{r['peer_format']} ({r['peer_head']} head) | {cpu_of(d)} | {fig(r['kipp'])} | "
+                       f"{fig(r['llama_cpp'])} | **{r['ratio']:.2f}x** | {run} | `{d['_file']}` |")
     note = ("\nQuantized peer cells: `make bench-peers PEERS_ARGS=--formats=bf16,q8_0,affine4_gs32` "
             "(tools/bench_peers.py), one run, every engine configuration once per round, Kipp and llama.cpp "
             "alternating; medians over the rounds. *default head*: llama-quantize's choice (Q6_K for the tied "
