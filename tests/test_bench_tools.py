@@ -357,7 +357,7 @@ def test_quant_peer_cells(tmp_path: Path) -> None:
     q = [ln for ln in text.splitlines() if ln.startswith("| synthetic-0.6b | tg128 |")]
     assert len(q) == 5, q
     assert "| affine4_gs32 (affine4_gs32 head) | Q4_0 (default head) |" in text and "**1.15x**" in text
-    assert "3 rounds, load 5.0/6.0; reduced" in q[0]
+    assert "3 rounds, load 5.0/6.0; marked (note below)" in q[0] and "Marked run `" in text and ": reduced" in text
 
 
 def serve_round(tok_s: float, ttft: float, itl: float, prompt: int = 114) -> dict:

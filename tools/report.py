@@ -350,6 +350,7 @@ def readme_table(docs: list[dict]) -> str:
     entries = list(models.items()) + list(peers.items())  # ((model, bench, format, cpu), (result, doc))
     covered = {k[:3] for k, (_, d) in entries if cpu_known(d)}
     keys = {k for k, (_, d) in entries if cpu_known(d) or k[:3] not in covered}
+    marked: dict[str, str] = {}
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s (bench run) | share of this machine's roofline (bench run) | llama.cpp tok/s (peers run) | Kipp / llama.cpp (peers run: Kipp's figure in it) | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3, "batch1": 4, "batch4": 5, "batch8": 6, "batch16": 7}
@@ -366,11 +367,16 @@ def readme_table(docs: list[dict]) -> str:
         share = fmt_share(m[0]) if m else "-"
         llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run on this CPU"
         ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
+        pnote = p[1].get("config", {}).get("note") if p and isinstance(p[1].get("config"), dict) else None
+        if pnote:  # a run its writer marked (reduced, loaded machine): say so where the ratio stands
+            ratio += " (marked run: see its note below)"
+            marked[p[1]["_file"]] = pnote
         files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
         rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpu_of((m or p)[1])} | {kipp} | {share} | {llama} | {ratio} | {files} |")
     note = ("\nEach row's llama.cpp figure comes from the newest peers run on the CPU that row names; "
             "\"not run on this CPU\" means no peers run of that row exists there yet (or the row's\n"
             "file records no CPU id: results from before it was recorded pair with nothing).\n")
+    note += "".join(f"\nMarked run `{f}`: {n}\n" for f, n in sorted(marked.items()))
     return "\n".join(rows) + "\n" + note
 
 
@@ -443,12 +449,14 @@ def quant_peers_table(docs: list[dict]) -> str:
 
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
     fmt_order = {"q8_0": 0, "affine4_gs32": 1}
+    notes: list[str] = []
     for d in sorted(newest_doc.values(), key=lambda x: str(x.get("date", "")), reverse=True):
         cfg = d.get("config", {}) if isinstance(d.get("config"), dict) else {}
         load = [cfg.get(k) for k in ("load_avg_1min_at_start", "load_avg_1min_at_end")]
         run = f"{cfg.get('rounds', '?')} rounds, load {'/'.join(f'{x:.1f}' for x in load if _num(x)) or '?'}"
         if cfg.get("note"):
-            run += f"; {cfg['note']}"
+            run += "; marked (note below)"
+            notes.append(f"\nMarked run `{d['_file']}`: {cfg['note']}\n")
         rows = [r for r in d["results"] if "peer_format" in r]
         rows.sort(key=lambda r: (str(r["model"]), fmt_order.get(r["format"], 9), order.get(r["name"], 9),
                                  str(r["peer_format"]), r.get("kipp_head") != "bf16", r.get("peer_head") != "default"))
@@ -461,7 +469,7 @@ def quant_peers_table(docs: list[dict]) -> str:
             "alternating; medians over the rounds. *default head*: llama-quantize's choice (Q6_K for the tied "
             "head of Q4_0/Q4_1, Q8_0 for Q8_0); *bf16 head*: `--token-embedding-type bf16 --output-tensor-type bf16`, "
             "the same bytes per token as Kipp's BF16 head; Kipp's quantized head is `--quant-head` (docs/FORMAT.md).\n")
-    return "\n".join(out) + "\n" + note
+    return "\n".join(out) + "\n" + note + "".join(notes)
 
 
 def rewrite_readme(path: Path, docs: list[dict]) -> None:
