@@ -171,7 +171,9 @@ QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 # Loud rows and heavy-tailed projections (tools/make_checkpoint.py "outliers", own seed), quantized:
 # the int8-activation fidelity gate of tests/test_quant_forward.c (issue 36 item 3).
 OUTLIER_TEST_MODELS := synthetic-tiny-outliers synthetic-tiny-outliers-q8_0 synthetic-tiny-outliers-affine4_gs32
-ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS)
+# The opt-in quantized head (--quant-head, issue 36), gated against the files above.
+HEAD_TEST_MODELS := synthetic-tiny-q8_0-head_q8_0 synthetic-tiny-affine4_gs32-head_affine4_gs32 synthetic-tiny-untied-head_q8_0
+ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS)
 
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by
@@ -195,6 +197,19 @@ $(BUILD)/models/%-q8_0.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
 $(BUILD)/models/%-affine4_gs32.gguf: $(BUILD)/models/%.gguf tools/quant_blocks.py
 	$(PYTHON) tools/convert_to_gguf.py --checkpoint $* --input $(BUILD)/models/$* --out $@ --quant affine4_gs32 --quiet
 	cd $(BUILD)/models && sha256sum $*-affine4_gs32.gguf > $*-affine4_gs32.gguf.sha256
+
+# <checkpoint>[-<scheme>]-head_<format>.gguf: the same conversion with --quant-head <format>.
+$(BUILD)/models/synthetic-tiny-q8_0-head_q8_0.gguf: $(BUILD)/models/synthetic-tiny.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny --input $(BUILD)/models/synthetic-tiny --out $@ --quant q8_0 --quant-head q8_0 --quiet
+	cd $(@D) && sha256sum $(@F) > $(@F).sha256
+
+$(BUILD)/models/synthetic-tiny-affine4_gs32-head_affine4_gs32.gguf: $(BUILD)/models/synthetic-tiny.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny --input $(BUILD)/models/synthetic-tiny --out $@ --quant affine4_gs32 --quant-head affine4_gs32 --quiet
+	cd $(@D) && sha256sum $(@F) > $(@F).sha256
+
+$(BUILD)/models/synthetic-tiny-untied-head_q8_0.gguf: $(BUILD)/models/synthetic-tiny-untied.gguf tools/quant_blocks.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny-untied --input $(BUILD)/models/synthetic-tiny-untied --out $@ --quant-head q8_0 --quiet
+	cd $(@D) && sha256sum $(@F) > $(@F).sha256
 
 $(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py tools/safe_io.py
 	@mkdir -p $(@D)

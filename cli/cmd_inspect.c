@@ -34,6 +34,7 @@ static void print_header(const kipp_model *m)
     print_str("source          ", in.repository, "@");
     print_str("", in.revision, "\n");
     print_str("quant scheme    ", in.quant, "\n");
+    if (strcmp(in.quant_head, "bf16")) print_str("quant head      ", in.quant_head, " (kipp.quant.head)\n");
     printf("variant         %s chat template\n", in.has_chat ? "with" : "without");
     printf("d_model         %u\n", in.d_model);
     printf("n_layer         %u\n", in.n_layer);
@@ -43,7 +44,9 @@ static void print_header(const kipp_model *m)
     printf("vocab           %u\n", in.vocab_size);
     printf("context         %u tokens\n", in.context_length);
     printf("rope_theta      %g\n", (double)in.rope_theta);
-    printf("embeddings      %s\n", in.tied_embeddings ? "tied (output = token_embd)" : "untied");
+    printf("embeddings      %s\n", !in.tied_embeddings ? "untied"
+                                   : strcmp(in.quant_head, "bf16") ? "tied (output.weight: the embedding, quantized)"
+                                                                   : "tied (output = token_embd)");
     printf("stop ids        ");
     for (uint32_t i = 0; i < in.n_stop; i++) printf("%s%u", i ? ", " : "", in.stop_ids[i]);
     printf("\nKV bytes/token  %llu\n", (unsigned long long)in.kv_bytes_per_token);

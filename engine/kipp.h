@@ -193,6 +193,7 @@ typedef struct {
     const char *revision;       /* pinned revision */
     const char *backend;        /* backend name */
     const char *quant;          /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" */
+    const char *quant_head;     /* kipp.quant.head (issue 36): "q8_0" or "affine4_gs32"; "bf16" when absent */
     int has_chat;               /* 1: chat template present (instruct/thinking) */
     int tied_embeddings;
     uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;

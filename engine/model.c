@@ -41,39 +41,41 @@ typedef struct {
     const char *key;
     uint32_t type;
     uint32_t arr_type; /* element type when type == ARRAY */
+    int optional;      /* 1: may be absent (kipp.quant.head) */
 } key_spec;
 
 static const key_spec keys[] = {
-    {"general.architecture", KIPP_GGUF_STRING, 0},
-    {"general.alignment", KIPP_GGUF_U32, 0},
-    {"general.name", KIPP_GGUF_STRING, 0},
-    {"kipp.format_version", KIPP_GGUF_U32, 0},
-    {"kipp.checkpoint.id", KIPP_GGUF_STRING, 0},
-    {"kipp.source.repository", KIPP_GGUF_STRING, 0},
-    {"kipp.source.revision", KIPP_GGUF_STRING, 0},
-    {"kipp.quant.scheme", KIPP_GGUF_STRING, 0},
-    {"kipp.variant", KIPP_GGUF_STRING, 0},
-    {"kipp.chat_template", KIPP_GGUF_STRING, 0},
-    {"kipp.d_model", KIPP_GGUF_U32, 0},
-    {"kipp.n_layer", KIPP_GGUF_U32, 0},
-    {"kipp.n_q_head", KIPP_GGUF_U32, 0},
-    {"kipp.n_kv_head", KIPP_GGUF_U32, 0},
-    {"kipp.head_dim", KIPP_GGUF_U32, 0},
-    {"kipp.d_ff", KIPP_GGUF_U32, 0},
-    {"kipp.vocab_size", KIPP_GGUF_U32, 0},
-    {"kipp.context_length", KIPP_GGUF_U32, 0},
-    {"kipp.rope_theta", KIPP_GGUF_F32, 0},
-    {"kipp.rms_norm_eps", KIPP_GGUF_F32, 0},
-    {"kipp.tied_embeddings", KIPP_GGUF_BOOL, 0},
-    {"kipp.bos_token_id", KIPP_GGUF_U32, 0},
-    {"kipp.eos_token_id", KIPP_GGUF_U32, 0},
-    {"kipp.stop_token_ids", KIPP_GGUF_ARRAY, KIPP_GGUF_U32},
-    {"kipp.tokenizer.tokens", KIPP_GGUF_ARRAY, KIPP_GGUF_STRING},
-    {"kipp.tokenizer.merges", KIPP_GGUF_ARRAY, KIPP_GGUF_STRING},
-    {"kipp.tokenizer.added_ids", KIPP_GGUF_ARRAY, KIPP_GGUF_U32},
-    {"kipp.tokenizer.added_special", KIPP_GGUF_ARRAY, KIPP_GGUF_BOOL},
-    {"kipp.tokenizer.pre_regex", KIPP_GGUF_STRING, 0},
-    {"kipp.tokenizer.normalizer", KIPP_GGUF_STRING, 0},
+    {"general.architecture", KIPP_GGUF_STRING, 0, 0},
+    {"general.alignment", KIPP_GGUF_U32, 0, 0},
+    {"general.name", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.format_version", KIPP_GGUF_U32, 0, 0},
+    {"kipp.checkpoint.id", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.source.repository", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.source.revision", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.quant.scheme", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.quant.head", KIPP_GGUF_STRING, 0, 1}, /* issue 36: absent = BF16 head */
+    {"kipp.variant", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.chat_template", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.d_model", KIPP_GGUF_U32, 0, 0},
+    {"kipp.n_layer", KIPP_GGUF_U32, 0, 0},
+    {"kipp.n_q_head", KIPP_GGUF_U32, 0, 0},
+    {"kipp.n_kv_head", KIPP_GGUF_U32, 0, 0},
+    {"kipp.head_dim", KIPP_GGUF_U32, 0, 0},
+    {"kipp.d_ff", KIPP_GGUF_U32, 0, 0},
+    {"kipp.vocab_size", KIPP_GGUF_U32, 0, 0},
+    {"kipp.context_length", KIPP_GGUF_U32, 0, 0},
+    {"kipp.rope_theta", KIPP_GGUF_F32, 0, 0},
+    {"kipp.rms_norm_eps", KIPP_GGUF_F32, 0, 0},
+    {"kipp.tied_embeddings", KIPP_GGUF_BOOL, 0, 0},
+    {"kipp.bos_token_id", KIPP_GGUF_U32, 0, 0},
+    {"kipp.eos_token_id", KIPP_GGUF_U32, 0, 0},
+    {"kipp.stop_token_ids", KIPP_GGUF_ARRAY, KIPP_GGUF_U32, 0},
+    {"kipp.tokenizer.tokens", KIPP_GGUF_ARRAY, KIPP_GGUF_STRING, 0},
+    {"kipp.tokenizer.merges", KIPP_GGUF_ARRAY, KIPP_GGUF_STRING, 0},
+    {"kipp.tokenizer.added_ids", KIPP_GGUF_ARRAY, KIPP_GGUF_U32, 0},
+    {"kipp.tokenizer.added_special", KIPP_GGUF_ARRAY, KIPP_GGUF_BOOL, 0},
+    {"kipp.tokenizer.pre_regex", KIPP_GGUF_STRING, 0, 0},
+    {"kipp.tokenizer.normalizer", KIPP_GGUF_STRING, 0, 0},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -117,7 +119,7 @@ static int check_key_set(const kipp_gguf *g, char *err, size_t errlen)
         if (rc) return rc;
     }
     for (size_t k = 0; k < N_KEYS; k++)
-        if (!seen[k])
+        if (!seen[k] && !keys[k].optional)
             return kipp_err(err, errlen, KIPP_EFORMAT,
                             "missing metadata key '%s' (GGUF type %s) required by docs/FORMAT.md",
                             keys[k].key, type_name(keys[k].type));
@@ -263,6 +265,31 @@ static int check_scheme(const kipp_gguf *g, const quant_scheme **out, char *err,
     return kipp_err(err, errlen, KIPP_EFORMAT, "kipp.quant.scheme is '%.*s', expected one of %s", SHOW(s), known);
 }
 
+/* kipp.quant.head (issue 36, docs/FORMAT.md "Quantized head"): absent means the
+ * seed's BF16 head (*out = NULL); present, it names a quantized format of
+ * kernels/formats.h, which output.weight must then have. "bf16" is refused:
+ * a BF16 head is written without the key, so each head has one spelling. */
+static int check_head_scheme(const kipp_gguf *g, const quant_scheme **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const kipp_gguf_kv *kv = kipp_gguf_find(g, "kipp.quant.head");
+    if (!kv) return KIPP_OK;
+    kipp_str s = kv->v.s;
+    const quant_scheme *f = kipp_fmt_by_scheme(s.ptr, (size_t)s.len);
+    if (f && f->block > 1) {
+        *out = f;
+        return KIPP_OK;
+    }
+    char known[128] = "";
+    for (size_t i = 0; i < KIPP_FMT_COUNT; i++)
+        if (kipp_fmts[i].block > 1)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", known[0] ? ", " : "",
+                     kipp_fmts[i].scheme);
+    return kipp_err(err, errlen, KIPP_EFORMAT,
+                    "kipp.quant.head is '%.*s', expected one of %s (a BF16 head is written without the key)",
+                    SHOW(s), known);
+}
+
 /* ----------------------------------------------------------------- tensors */
 
 static const char *const layer_names[KIPP_LAYER_TENSORS] = {
@@ -278,10 +305,17 @@ static const size_t layer_fields[KIPP_LAYER_TENSORS] = {
     offsetof(kipp_qwen3_layer, w_gate),    offsetof(kipp_qwen3_layer, w_up),
     offsetof(kipp_qwen3_layer, w_down)};
 
-/** Tensors the entry requires: 1 + 11*n_layer + 1 (+1 untied). */
-static uint64_t expected_count(const kipp_checkpoint *c)
+/* The file has its own output.weight: untied, or a quantized head (issue 36),
+ * which a tied checkpoint stores as a separate tensor after output_norm. */
+static int has_output(const kipp_checkpoint *c, const quant_scheme *head)
 {
-    return 2u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer + (c->tied_embeddings ? 0u : 1u);
+    return !c->tied_embeddings || head != NULL;
+}
+
+/** Tensors the entry requires: 1 + 11*n_layer + 1 (+1 untied or quantized head). */
+static uint64_t expected_count(const kipp_checkpoint *c, const quant_scheme *head)
+{
+    return 2u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer + (has_output(c, head) ? 1u : 0u);
 }
 
 /* Name of expected directory slot idx (FORMAT.md order). */
@@ -334,7 +368,7 @@ static int64_t layer_slot(const kipp_checkpoint *c, const char *s)
 }
 
 /* Expected slot of a tensor name, or -1 when the entry has no such tensor. */
-static int64_t tensor_slot(const kipp_checkpoint *c, kipp_str name)
+static int64_t tensor_slot(const kipp_checkpoint *c, const quant_scheme *head, kipp_str name)
 {
     char s[96];
     if (name.len >= sizeof s || memchr(name.ptr, 0, name.len)) return -1;
@@ -343,26 +377,26 @@ static int64_t tensor_slot(const kipp_checkpoint *c, kipp_str name)
     uint64_t last_layer = 1u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer;
     if (!strcmp(s, "token_embd.weight")) return 0;
     if (!strcmp(s, "output_norm.weight")) return (int64_t)last_layer;
-    if (!strcmp(s, "output.weight")) return c->tied_embeddings ? -1 : (int64_t)last_layer + 1;
+    if (!strcmp(s, "output.weight")) return has_output(c, head) ? (int64_t)last_layer + 1 : -1;
     return layer_slot(c, s);
 }
 
 /* Names: no unknown, no duplicate, none missing, FORMAT.md order. slot_of[i] = slot of file tensor i. */
-static int check_tensor_names(const kipp_gguf *g, const kipp_checkpoint *c, char *err,
-                              size_t errlen)
+static int check_tensor_names(const kipp_gguf *g, const kipp_checkpoint *c, const quant_scheme *head,
+                              char *err, size_t errlen)
 {
-    const uint64_t n = expected_count(c);
+    const uint64_t n = expected_count(c, head);
     uint8_t *seen = calloc(n, 1);
     if (!seen) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory checking tensor names");
     int rc = KIPP_OK;
     char want[96];
     for (uint64_t i = 0; i < g->n_tensors && !rc; i++) {
-        int64_t s = tensor_slot(c, g->tensors[i].name);
+        int64_t s = tensor_slot(c, head, g->tensors[i].name);
         if (s < 0)
             rc = kipp_err(err, errlen, KIPP_EFORMAT,
-                          "unknown tensor '%.*s': checkpoint '%s' (%s, %u layers) has no such tensor",
+                          "unknown tensor '%.*s': checkpoint '%s' (%s, %u layers%s) has no such tensor",
                           SHOW(g->tensors[i].name), c->id, c->tied_embeddings ? "tied" : "untied",
-                          c->n_layer);
+                          c->n_layer, c->tied_embeddings ? ", no kipp.quant.head" : "");
         else if (seen[s]++)
             rc = kipp_err(err, errlen, KIPP_EFORMAT, "duplicate tensor '%.*s' in the directory",
                           SHOW(g->tensors[i].name));
@@ -377,7 +411,7 @@ static int check_tensor_names(const kipp_gguf *g, const kipp_checkpoint *c, char
         }
     free(seen);
     for (uint64_t i = 0; i < g->n_tensors && !rc; i++)
-        if (tensor_slot(c, g->tensors[i].name) != (int64_t)i) {
+        if (tensor_slot(c, head, g->tensors[i].name) != (int64_t)i) {
             slot_name(c, i, want, sizeof want);
             rc = kipp_err(err, errlen, KIPP_EFORMAT,
                           "tensor '%.*s' is at directory index %llu where '%s' belongs "
@@ -394,18 +428,27 @@ static int slot_quantizable(const kipp_checkpoint *c, uint64_t idx)
     return idx > 0 && idx < last_layer && kipp_quantizable(layer_names[(idx - 1) % KIPP_LAYER_TENSORS]);
 }
 
-/* The type the scheme gives slot i, its block rule and its exact byte size. */
+/* The type the scheme gives slot i, its block rule and its exact byte size;
+ * the head slot (output.weight) has kipp.quant.head's type when that is set. */
 static int check_tensor_type(const kipp_gguf_tensor *t, const kipp_checkpoint *c, uint64_t i,
-                             const quant_scheme *q, char *err, size_t errlen)
+                             const quant_scheme *q, const quant_scheme *head, char *err, size_t errlen)
 {
-    int proj = slot_quantizable(c, i);
+    int is_head = head && i == 2u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer;
+    if (is_head) q = head;
+    int proj = slot_quantizable(c, i) || is_head;
     uint32_t want = proj ? q->gguf_type : KIPP_DTYPE_BF16;
     if (t->type != want) {
+        if (is_head)
+            return kipp_err(err, errlen, KIPP_EFORMAT,
+                            "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), but kipp.quant.head is %s, "
+                            "which stores the output head as %s (%u)", SHOW(t->name), kipp_gguf_type_name(t->type),
+                            t->type, head->scheme, kipp_gguf_type_name(want), want);
         if (!proj && t->type != KIPP_DTYPE_BF16)
             return kipp_err(err, errlen, KIPP_EFORMAT,
                             "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), expected BF16 (30): "
-                            "norms, the token embedding and the output head stay BF16 under every "
-                            "scheme (kipp.quant.scheme is %s)", SHOW(t->name), kipp_gguf_type_name(t->type),
+                            "norms, the token embedding and the output head stay BF16 under every scheme "
+                            "(kipp.quant.scheme is %s; only kipp.quant.head quantizes the head)", SHOW(t->name),
+                            kipp_gguf_type_name(t->type),
                             t->type, q->scheme);
         return kipp_err(err, errlen, KIPP_EFORMAT,
                         "dtype mismatch: tensor '%.*s' has GGUF type %s (%u), but kipp.quant.scheme "
@@ -431,13 +474,13 @@ static int check_tensor_type(const kipp_gguf_tensor *t, const kipp_checkpoint *c
 
 /* dtype and shape of file tensor i (already known to sit in slot i). */
 static int check_tensor_shape(const kipp_gguf_tensor *t, const kipp_checkpoint *c, uint64_t i,
-                              const quant_scheme *q, char *err, size_t errlen)
+                              const quant_scheme *q, const quant_scheme *head, char *err, size_t errlen)
 {
     uint64_t rows, cols;
     slot_shape(c, i, &rows, &cols);
     uint32_t want_dims = rows ? 2u : 1u;
     if (t->n_dims == want_dims && t->dims[0] == cols && (!rows || t->dims[1] == rows))
-        return check_tensor_type(t, c, i, q, err, errlen);
+        return check_tensor_type(t, c, i, q, head, err, errlen);
     char got[96];
     int n = 0;
     for (uint32_t d = t->n_dims; d-- > 0 && n < (int)sizeof got - 24;)
@@ -479,11 +522,11 @@ static int check_tensor_layout(const kipp_gguf *g, size_t size, char *err, size_
 }
 
 static int check_tensors(const kipp_gguf *g, const kipp_checkpoint *c, const quant_scheme *q,
-                         size_t size, char *err, size_t errlen)
+                         const quant_scheme *head, size_t size, char *err, size_t errlen)
 {
-    int rc = check_tensor_names(g, c, err, errlen);
+    int rc = check_tensor_names(g, c, head, err, errlen);
     for (uint64_t i = 0; i < g->n_tensors && !rc; i++)
-        rc = check_tensor_shape(&g->tensors[i], c, i, q, err, errlen);
+        rc = check_tensor_shape(&g->tensors[i], c, i, q, head, err, errlen);
     return rc ? rc : check_tensor_layout(g, size, err, errlen);
 }
 
@@ -527,7 +570,8 @@ static kipp_tensor_view view_of(const kipp_gguf_tensor *t)
     return v;
 }
 
-/* Weight views into the mapping (no copies); output aliases token_embd when tied. */
+/* Weight views into the mapping (no copies); output aliases token_embd when tied
+ * and the file has no output.weight of its own (no kipp.quant.head). */
 static int bind_weights(kipp_model *m, char *err, size_t errlen)
 {
     const kipp_checkpoint *c = m->ckpt;
@@ -544,7 +588,7 @@ static int bind_weights(kipp_model *m, char *err, size_t errlen)
     w->layers = m->layers;
     uint64_t last = 1u + (uint64_t)KIPP_LAYER_TENSORS * c->n_layer;
     w->output_norm = view_of(&t[last]);
-    w->output = c->tied_embeddings ? w->token_embd : view_of(&t[last + 1]);
+    w->output = m->gguf.n_tensors > last + 1 ? view_of(&t[last + 1]) : w->token_embd;
     m->weight_bytes = 0;
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++) m->weight_bytes += t[i].nbytes;
     kipp_dims *d = &m->view.dims;
@@ -560,15 +604,17 @@ static int model_bind(kipp_model *m, const void *buf, size_t size, char *err, si
 {
     int rc = kipp_gguf_parse(buf, size, &m->gguf, err, errlen);
     if (rc) return rc;
-    const quant_scheme *q = NULL;
+    const quant_scheme *q = NULL, *head = NULL;
     if ((rc = check_key_set(&m->gguf, err, errlen)) ||
         (rc = match_registry(&m->gguf, &m->ckpt, err, errlen)) ||
         (rc = check_values(&m->gguf, m->ckpt, err, errlen)) ||
         (rc = check_scheme(&m->gguf, &q, err, errlen)) ||
-        (rc = check_tensors(&m->gguf, m->ckpt, q, size, err, errlen)) ||
+        (rc = check_head_scheme(&m->gguf, &head, err, errlen)) ||
+        (rc = check_tensors(&m->gguf, m->ckpt, q, head, size, err, errlen)) ||
         (rc = check_tokenizer(&m->gguf, err, errlen)))
         return rc;
     m->quant = q->scheme;
+    m->quant_head = head ? head->scheme : "bf16";
     m->view.map = buf;
     m->view.map_size = size;
     return bind_weights(m, err, errlen);
@@ -744,6 +790,7 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->revision = c->revision;
     info->backend = m->ops ? m->ops->name : "none";
     info->quant = m->quant; /* kipp.quant.scheme, validated by check_scheme */
+    info->quant_head = m->quant_head ? m->quant_head : "bf16"; /* kipp.quant.head, or "bf16" without it */
     info->has_chat = c->chat != KIPP_CHAT_NONE;
     info->tied_embeddings = c->tied_embeddings;
     info->d_model = c->d_model;

@@ -42,8 +42,8 @@
 typedef struct {
     double layer_params;     /* projection weights, all layers */
     double layer_bytes;      /* projections in the format + norms in BF16, all layers */
-    double head_bytes;       /* output head [vocab][d_model] BF16 */
-    double embd_bytes;       /* token embedding when untied, else 0 */
+    double head_bytes;       /* output head [vocab][d_model] in its format (BF16 unless kipp.quant.head) */
+    double embd_bytes;       /* token embedding when stored apart from the head (untied or quant head), else 0 */
     double attn_flops_per_pos;
 } shape_cost;
 
@@ -53,8 +53,13 @@ static void cost_of(const kipp_model_info *in, const kipp_fmt_facts *f, shape_co
     double F = in->d_ff, L = in->n_layer;
     c->layer_params = L * ((A + 2 * KV) * D + D * A + 3 * F * D);
     c->layer_bytes = c->layer_params * f->block_bytes / f->block + 2 * L * (2 * D + 2 * in->head_dim);
-    c->head_bytes = 2.0 * in->vocab_size * D;
-    c->embd_bytes = in->tied_embeddings ? 0 : 2.0 * in->vocab_size * D;
+    /* A --quant-head file (issue 36) reads its head in that format at every token and
+     * keeps the BF16 embedding as a separate tensor even when tied. */
+    const char *qh = in->quant_head ? in->quant_head : "bf16";
+    const kipp_fmt_facts *h = kipp_fmt_by_scheme(qh, strlen(qh));
+    int qhead = h && h->block > 1;
+    c->head_bytes = qhead ? (double)in->vocab_size * D * h->block_bytes / h->block : 2.0 * in->vocab_size * D;
+    c->embd_bytes = in->tied_embeddings && !qhead ? 0 : 2.0 * in->vocab_size * D;
     c->attn_flops_per_pos = L * 4 * A;
 }
 
@@ -194,7 +199,7 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     o->weight_bytes = c.layer_bytes + c.head_bytes + c.embd_bytes;
     o->decode_bytes_per_token = c.layer_bytes + c.head_bytes + 4.0 * in->d_model + TG_CONTEXT * in->kv_bytes_per_token;
     o->prefill_flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * (PP_TOKENS + 1) / 2 +
-                                 2 * c.head_bytes / 2 / PP_TOKENS;
+                                 2.0 * in->vocab_size * in->d_model / PP_TOKENS;
     shares sh;
     find_shares(results_dir, mc, f->scheme, in->checkpoint_id, &sh);
     o->decode_eff = sh.decode > 0 ? sh.decode : ASSUMED_DECODE_EFF;

@@ -27,8 +27,10 @@
     X(Q4_1, 3, "Q4_1", "affine4_gs32", 32, 20)
 
 /* The tensors of a layer that a scheme may quantize (the seven projections),
- * as GGUF names blk.<i>.<name>.weight; norms, the token embedding and the
- * output head stay BF16. */
+ * as GGUF names blk.<i>.<name>.weight; norms and the token embedding stay
+ * BF16, and so does the output head unless the file opts in with
+ * kipp.quant.head (any block format of this table; docs/FORMAT.md
+ * "Quantized head"). */
 #define KIPP_QUANTIZABLE_LIST(X) X(attn_q) X(attn_k) X(attn_v) X(attn_output) X(ffn_gate) X(ffn_up) X(ffn_down)
 
 /** GGUF type ids: KIPP_TTYPE_BF16 = 30, ... */

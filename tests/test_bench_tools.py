@@ -140,7 +140,9 @@ def test_bench_peers_rejects_unknown_names() -> None:
     for args, want in ((["--bench", "pp512,nope"], "'nope' is not a bench name"), (["--bench", "pp512,,tg128"], "'' is not a bench name"),
                        (["--bench", "pp512,pp512"], "names a bench twice"), (["--model", "qwen3-0.6b"], "--model 'qwen3-0.6b' is unknown"),
                        (["--model", "synthetic-0.6b,synthetic-0.6b"], "names a model twice"),
-                       (["--threads", "-1"], "--threads -1 is out of range"), (["--threads", "100000"], "out of range")):
+                       (["--threads", "-1"], "--threads -1 is out of range"), (["--threads", "100000"], "out of range"),
+                       (["--formats", "bf16,q4_0"], "expected a comma list of distinct bf16, q8_0, affine4_gs32"),
+                       (["--formats", "q8_0,q8_0"], "expected a comma list of distinct")):
         p = subprocess.run([sys.executable, str(ROOT / "tools/bench_peers.py"), *args], capture_output=True, text=True)
         assert p.returncode == 2 and want in p.stderr, p.stderr
 
@@ -321,6 +323,41 @@ def test_bench_peers_keeps_an_earlier_run_of_the_same_file(tmp_path: Path) -> No
         assert "not a peers document" in str(e)
     else:
         raise AssertionError("a malformed file was replaced")
+
+
+def quant_cell(bench: str, fmt: str, kh: str, pt: str, ph: str, ratio: float) -> dict:
+    return {"name": bench, "model": "synthetic-0.6b", "format": fmt, "kipp_head": kh, "peer_format": pt, "peer_head": ph,
+            "cell": "x", "unit": "tok/s", "kipp": {"median": ratio * 10}, "llama_cpp": {"median": 10.0}, "ratio": ratio}
+
+
+def test_quant_peer_cells(tmp_path: Path) -> None:
+    """Issue 36: the quantized cells (one per format, head and peer type) pass doc_problem,
+    stay out of the main table, fill their own README table, and a second run of the
+    same file keeps the cells it does not repeat."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_peers
+    cells = [quant_cell("tg128", "affine4_gs32", h, pt, ph, r) for h, pt, ph, r in
+             (("bf16", "Q4_0", "default", 0.8), ("bf16", "Q4_0", "bf16", 1.2), ("affine4_gs32", "Q4_0", "default", 1.15),
+              ("bf16", "Q4_1", "default", 1.0))]
+    doc = {**merge_doc([("synthetic-0.6b", "tg128")]), "cpu": {"model": "AMD EPYC ", "cpu_id": "amd-f26m2", "flags": ["avx2"]}}
+    doc["results"] += cells
+    doc["config"].update({"load_avg_1min_at_start": 5.0, "load_avg_1min_at_end": 6.0, "note": "reduced"})
+    out = bench_peers.write_result(doc, tmp_path)
+    again = {**doc, "results": [quant_cell("tg128", "q8_0", "q8_0", "Q8_0", "default", 1.3)]}
+    bench_peers.write_result(again, tmp_path)
+    assert len(json.loads(out.read_text())["results"]) == 6
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- perf-table:begin -->\n<!-- perf-table:end -->\n")
+    p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                        str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    text = readme.read_text()
+    main = [ln for ln in text.splitlines() if ln.startswith("| synthetic-0.6b | bf16 | tg128")]
+    assert len(main) == 1 and "**2.00x**" in main[0], main
+    q = [ln for ln in text.splitlines() if ln.startswith("| synthetic-0.6b | tg128 |")]
+    assert len(q) == 5, q
+    assert "| affine4_gs32 (affine4_gs32 head) | Q4_0 (default head) |" in text and "**1.15x**" in text
+    assert "3 rounds, load 5.0/6.0; marked (note below)" in q[0] and "Marked run `" in text and ": reduced" in text
 
 
 def serve_round(tok_s: float, ttft: float, itl: float, prompt: int = 114) -> dict:

@@ -341,6 +341,53 @@ def test_quantized_conversion_read_by_gguf(scheme, gtype, synthetic_dir, tmp_pat
     assert n_quant == 7 * reg.by_id("synthetic-tiny").n_layer == side["quantized_tensors"]
 
 
+@pytest.mark.parametrize("ckpt,scheme,head,gtype", [("synthetic-tiny", "q8_0", "q8_0", 8),
+                                                    ("synthetic-tiny", "affine4_gs32", "affine4_gs32", 3),
+                                                    ("synthetic-tiny-untied", "bf16", "q8_0", 8)])
+def test_quant_head_conversion(ckpt, scheme, head, gtype, synthetic_dir, tmp_path):
+    """Issue 36 --quant-head: kipp.quant.head follows kipp.quant.scheme; output.weight
+    (for a tied checkpoint: a separate copy of the embedding, after output_norm) has
+    the head's GGML type and dequantizes (gguf package) to the source head within
+    the block error; token_embd stays BF16 and byte-identical; the sidecar has the
+    head's NMSE. Every other tensor is as without the option."""
+    src = synthetic_dir(ckpt)
+    out = tmp_path / "h.gguf"
+    r = run_convert(src, out, "--quant", scheme, "--quant-head", head, id_=ckpt)
+    assert r.returncode == 0, r.stderr
+    rd = gguf.GGUFReader(out)
+    keys = [f.name for f in rd.fields.values() if not f.name.startswith("GGUF.")]
+    assert keys[keys.index("kipp.quant.scheme") + 1] == "kipp.quant.head"
+    assert field_value(rd, "kipp.quant.head") == head
+    c = reg.by_id(ckpt)
+    names = [t.name for t in rd.tensors]
+    assert names[-2:] == ["output_norm.weight", "output.weight"]
+    assert len(names) == 3 + 11 * c.n_layer
+    st = st_tensors(src)
+    by = {t.name: t for t in rd.tensors}
+    hf = "model.embed_tokens.weight" if c.tied_embeddings else "lm_head.weight"
+    shape, _, raw = st[hf]
+    assert int(by["output.weight"].tensor_type) == gtype
+    assert int(by["token_embd.weight"].tensor_type) == 30
+    assert bytes(by["token_embd.weight"].data.tobytes()) == st["model.embed_tokens.weight"][2]
+    w = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    deq = gguf.quants.dequantize(by["output.weight"].data, by["output.weight"].tensor_type).reshape(shape)
+    err = float(np.sum((w.astype(np.float64) - deq) ** 2) / np.sum(w.astype(np.float64) ** 2))
+    side = json.loads((tmp_path / "h.gguf.quant.json").read_text())
+    assert side["head"] == head and err == pytest.approx(side["head_nmse"], rel=1e-6)
+    assert err < (1e-4 if head == "q8_0" else 1e-2)
+    proj = 8 if scheme == "q8_0" else 3 if scheme == "affine4_gs32" else 30
+    for t in rd.tensors:
+        if t.name != "output.weight":
+            assert int(t.tensor_type) == (proj if cv.is_quantizable(t.name) else 30), t.name
+
+
+def test_quant_head_refused(synthetic_dir, tmp_path):
+    out = tmp_path / "x.gguf"
+    for bad in ("bf16", "q4_0"):
+        assert_refused(run_convert(synthetic_dir("synthetic-tiny"), out, "--quant-head", bad), out,
+                       f"--quant-head is '{bad}'; expected one of q8_0, affine4_gs32")
+
+
 def test_unknown_checkpoint_and_missing_input(tmp_path):
     out = tmp_path / "x.gguf"
     assert_refused(run_convert(tmp_path, out, id_="qwen3-99b"), out, "unknown checkpoint id 'qwen3-99b'")

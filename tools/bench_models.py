@@ -100,9 +100,15 @@ def run(cmd: list[object]) -> None:
 QUANTS = ("bf16", "q8_0", "affine4_gs32")
 
 
-def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16") -> Path:
-    """models/<id>.gguf (or <id>-<quant>.gguf), generated and converted when missing."""
-    gguf = models_dir / (f"{mid}.gguf" if quant == "bf16" else f"{mid}-{quant}.gguf")
+def model_file(mid: str, quant: str = "bf16", head: str | None = None) -> str:
+    """<id>[-<quant>][-head_<head>].gguf: the file name of one conversion."""
+    return mid + ("" if quant == "bf16" else f"-{quant}") + (f"-head_{head}" if head else "") + ".gguf"
+
+
+def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16", head: str | None = None) -> Path:
+    """models/<id>.gguf (or <id>-<quant>.gguf; head: converted with --quant-head, issue 36),
+    generated and converted when missing."""
+    gguf = models_dir / model_file(mid, quant, head)
     if gguf.exists():
         return gguf
     hf = models_dir / mid
@@ -112,7 +118,7 @@ def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16")
         run(["nice", py, "tools/make_checkpoint.py", "--checkpoint", mid, "--out", hf, "--quiet"])
     tmp = gguf.with_suffix(".gguf.part")
     run(["nice", py, "tools/convert_to_gguf.py", "--checkpoint", mid, "--input", hf, "--out", tmp, "--quiet",
-         "--quant", quant])
+         "--quant", quant, *(["--quant-head", head] if head else [])])
     tmp.rename(gguf)
     if not keep_hf:
         shutil.rmtree(hf)

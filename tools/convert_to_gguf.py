@@ -2,7 +2,8 @@
 """convert_to_gguf.py - BF16 safetensors checkpoint -> one Kipp GGUF file (docs/FORMAT.md).
 
 Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
-    convert_to_gguf.py --checkpoint ID --input DIR --out FILE [--quant bf16|q8_0|affine4_gs32] [--quiet]
+    convert_to_gguf.py --checkpoint ID --input DIR --out FILE [--quant bf16|q8_0|affine4_gs32]
+                       [--quant-head q8_0|affine4_gs32] [--quiet]
 
 1. config.json is validated against the registry entry (tools/checkpoints.py);
    every mismatch is refused naming the field, the expected and the found value.
@@ -19,7 +20,12 @@ Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
    (attn_q/k/v/output, ffn_gate/up/down) are quantized in 32-weight blocks
    (seed 000 "Weight quantization"; tools/quant_blocks.py holds the block
    encoders, the same arithmetic as the kernels' from_f32), every other tensor
-   stays BF16, and FILE.quant.json records each quantized tensor's NMSE. The file
+   stays BF16, and FILE.quant.json records each quantized tensor's NMSE.
+   --quant-head (issue 36, opt-in; docs/FORMAT.md "Quantized head") also
+   quantizes the output head, output.weight, into that format and writes
+   kipp.quant.head; a tied checkpoint then gets its own output.weight (the
+   embedding's weights, quantized) while token_embd stays BF16 for the lookup.
+   The file
    is written as FILE.part and renamed, so a failure never leaves a bad FILE.
    FILE's directory must already exist and FILE must not be a directory or
    other non-regular file; this is checked before any conversion work.
@@ -56,6 +62,8 @@ GGML_TYPE_BF16 = qb.GGML_TYPE_BF16
 QUANT_SCHEMES = {f.scheme: (None if f.gguf_type == GGML_TYPE_BF16 else f.gguf_type) for f in qb.FORMATS}
 # The seven per-layer projections a scheme may quantize (seed 000).
 QUANTIZABLE = qb.QUANTIZABLE
+# --quant-head formats (issue 36): every quantized scheme of the table.
+HEAD_SCHEMES = {s: t for s, t in QUANT_SCHEMES.items() if t is not None}
 
 
 class ConvertError(Exception):
@@ -271,8 +279,10 @@ def config_mismatches(cfg: dict, c: reg.Checkpoint) -> list[str]:
     return bad
 
 
-def gguf_tensor_plan(c: reg.Checkpoint) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(GGUF name, HF name, row-major shape) in the exact order of docs/FORMAT.md."""
+def gguf_tensor_plan(c: reg.Checkpoint, head_quant: bool = False) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(GGUF name, HF name, row-major shape) in the exact order of docs/FORMAT.md.
+    head_quant: a quantized head (--quant-head) is always its own output.weight, read
+    for a tied checkpoint from the embedding (which stays BF16 for the lookup)."""
     d, a, kv, ff, hd = c.d_model, c.attn_width, c.n_kv_head * c.head_dim, c.d_ff, c.head_dim
     plan = [("token_embd.weight", "model.embed_tokens.weight", (c.vocab_size, d))]
     for i in range(c.n_layer):
@@ -293,6 +303,8 @@ def gguf_tensor_plan(c: reg.Checkpoint) -> list[tuple[str, str, tuple[int, ...]]
     plan.append(("output_norm.weight", "model.norm.weight", (d,)))
     if not c.tied_embeddings:
         plan.append(("output.weight", "lm_head.weight", (c.vocab_size, d)))
+    elif head_quant:
+        plan.append(("output.weight", "model.embed_tokens.weight", (c.vocab_size, d)))
     return plan
 
 
@@ -310,9 +322,10 @@ def _same_bytes(a: SourceTensor, b: SourceTensor) -> Optional[int]:
     return None
 
 
-def select_tensors(src: dict[str, SourceTensor], c: reg.Checkpoint) -> list[tuple[str, SourceTensor]]:
+def select_tensors(src: dict[str, SourceTensor], c: reg.Checkpoint,
+                   head_quant: bool = False) -> list[tuple[str, SourceTensor]]:
     """Match the source tensors to the plan: refuse unknown, missing, non-BF16 or misshapen ones."""
-    plan = gguf_tensor_plan(c)
+    plan = gguf_tensor_plan(c, head_quant)
     wanted = {hf for _, hf, _ in plan}
     extra = set(src) - wanted
     if c.tied_embeddings and "lm_head.weight" in extra:
@@ -462,8 +475,10 @@ def _kv_array(key: str, etype: int, values: list) -> bytes:
     raise ValueError(f"unsupported array type {etype}")
 
 
-def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData) -> list[bytes]:
-    """All metadata entries, in the order of docs/FORMAT.md's table."""
+def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData, head: Optional[str] = None) -> list[bytes]:
+    """All metadata entries, in the order of docs/FORMAT.md's table; kipp.quant.head
+    follows kipp.quant.scheme only when the head is quantized (a BF16-head file is
+    byte-identical to one written before the option existed)."""
     return [
         _kv("general.architecture", T_STRING, "qwen3"),
         _kv("general.alignment", T_U32, ALIGNMENT),
@@ -473,6 +488,7 @@ def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData) -> list[byte
         _kv("kipp.source.repository", T_STRING, c.repository),
         _kv("kipp.source.revision", T_STRING, c.revision),
         _kv("kipp.quant.scheme", T_STRING, quant),
+        *([_kv("kipp.quant.head", T_STRING, head)] if head else []),
         _kv("kipp.variant", T_STRING, c.variant),
         _kv("kipp.chat_template", T_STRING, c.chat_template),
         _kv("kipp.d_model", T_U32, c.d_model),
@@ -508,8 +524,10 @@ def is_quantizable(gguf_name: str) -> bool:
     return len(parts) == 4 and parts[0] == "blk" and parts[2] in QUANTIZABLE
 
 
-def tensor_type(gguf_name: str, quant: str) -> int:
-    """GGML type of one tensor under a scheme."""
+def tensor_type(gguf_name: str, quant: str, head: Optional[str] = None) -> int:
+    """GGML type of one tensor under a scheme (and a --quant-head format)."""
+    if gguf_name == "output.weight" and head:
+        return QUANT_SCHEMES[head]
     qt = QUANT_SCHEMES[quant]
     return qt if qt is not None and is_quantizable(gguf_name) else GGML_TYPE_BF16
 
@@ -534,7 +552,7 @@ def _read_bf16(t: SourceTensor):
 
 
 def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTensor]], bar,
-               quant: str = "bf16", report: Optional[dict] = None) -> None:
+               quant: str = "bf16", report: Optional[dict] = None, head: Optional[str] = None) -> None:
     """Header, metadata, tensor directory, aligned data (docs/FORMAT.md, "Container").
     Quantized tensors are encoded per tensor; report[name] gets their NMSE."""
     f.write(b"GGUF" + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(meta)))
@@ -542,14 +560,14 @@ def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTe
         f.write(m)
     offset = 0
     for name, t in tensors:
-        gtype = tensor_type(name, quant)
+        gtype = tensor_type(name, quant, head)
         nbytes = tensor_bytes(gtype, t.shape)
         dims = tuple(reversed(t.shape))  # GGUF lists the fastest-varying dimension first
         f.write(_gstr(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, gtype, offset))
         offset += nbytes + _pad(nbytes)
     f.write(b"\0" * _pad(f.tell()))
     for name, t in tensors:
-        gtype = tensor_type(name, quant)
+        gtype = tensor_type(name, quant, head)
         if gtype != GGML_TYPE_BF16:
             w = _read_bf16(t)
             try:
@@ -593,10 +611,15 @@ def check_output_path(out: Path) -> None:
         raise ConvertError(f"--out {out} is {kind} (expected a .gguf file path to create or replace)")
 
 
-def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quiet: bool = True) -> int:
-    """Validate and convert; returns the number of tensors written. Raises ConvertError."""
+def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quiet: bool = True,
+            head: Optional[str] = None) -> int:
+    """Validate and convert; returns the number of tensors written. Raises ConvertError.
+    head: --quant-head, the output head's format (None: BF16, the seed's default)."""
     if quant not in QUANT_SCHEMES:
         raise ConvertError(f"--quant is '{quant}'; expected one of {', '.join(QUANT_SCHEMES)}")
+    if head is not None and HEAD_SCHEMES.get(head) is None:
+        raise ConvertError(f"--quant-head is '{head}'; expected one of {', '.join(HEAD_SCHEMES)} "
+                           "(omit it to keep the BF16 head)")
     if not indir.is_dir():
         raise ConvertError(f"input directory {indir} does not exist")
     check_output_path(out)
@@ -607,7 +630,7 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     bad = config_mismatches(_load_json(indir / "config.json"), c)
     if bad:
         raise ConvertError(f"config.json does not match registry entry {c.id}:\n  " + "\n  ".join(bad))
-    tensors = select_tensors(read_source_tensors(indir), c)
+    tensors = select_tensors(read_source_tensors(indir), c, head is not None)
     tok_cfg = _load_json(indir / "tokenizer_config.json")
     tk = build_tokenizer(_load_json(indir / "tokenizer.json"), tok_cfg)
     eos = tok_cfg.get("eos_token")
@@ -615,18 +638,18 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     if eos != tk.tokens[c.eos_token_id]:
         raise ConvertError(f"tokenizer_config.json eos_token is {eos!r}; expected "
                            f"{tk.tokens[c.eos_token_id]!r} (id {c.eos_token_id}) for {c.id}")
-    meta = gguf_metadata(c, quant, tk)
+    meta = gguf_metadata(c, quant, tk, head)
     bar = None
     if not quiet:
         from tqdm import tqdm
         bar = tqdm(total=sum(t.nbytes for _, t in tensors), unit="B", unit_scale=True,
-                   desc=f"{out.name} ({quant})")
+                   desc=f"{out.name} ({quant}{', head ' + head if head else ''})")
     report: dict = {}
     try:
         with atomic_output(out, input_files(indir)) as f:
-            write_gguf(f, meta, tensors, bar, quant, report)
-        if QUANT_SCHEMES[quant] is not None:
-            write_sidecar(out, c, quant, report)
+            write_gguf(f, meta, tensors, bar, quant, report, head)
+        if QUANT_SCHEMES[quant] is not None or head:
+            write_sidecar(out, c, quant, report, head)
     finally:
         if bar is not None:
             bar.close()
@@ -638,12 +661,16 @@ def input_files(indir: Path) -> list[Path]:
     return [p for p in indir.iterdir() if p.is_file()] if indir.is_dir() else []
 
 
-def write_sidecar(out: Path, c: reg.Checkpoint, quant: str, report: dict) -> None:
+def write_sidecar(out: Path, c: reg.Checkpoint, quant: str, report: dict, head: Optional[str] = None) -> None:
     """FILE.quant.json: scheme, GGML type and per-tensor quantization NMSE
-    (sum (w - deq(q(w)))^2 / sum w^2 over the BF16 source weights)."""
-    vals = [r["nmse"] for r in report.values()]
+    (sum (w - deq(q(w)))^2 / sum w^2 over the BF16 source weights); with
+    --quant-head also the head's format and NMSE (output.weight's entry)."""
+    vals = [r["nmse"] for n, r in report.items() if n != "output.weight"]  # the projections
+    qt = QUANT_SCHEMES[quant]
     doc = {"schema": "kipp-quant-v1", "checkpoint": c.id, "scheme": quant,
-           "gguf": out.name, "ggml_type": qb.TYPE_NAMES[QUANT_SCHEMES[quant]],
+           "gguf": out.name, "ggml_type": qb.TYPE_NAMES[qt if qt is not None else GGML_TYPE_BF16],
+           "head": head or "bf16",
+           "head_nmse": report["output.weight"]["nmse"] if head else 0.0,
            "quantized_tensors": len(report),
            "nmse_max": max(vals) if vals else 0.0,
            "nmse_mean": sum(vals) / len(vals) if vals else 0.0,
@@ -661,6 +688,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="output .gguf file (its directory must exist; an existing file is replaced)")
     ap.add_argument("--quant", default="bf16",
                     help=f"weight scheme: {', '.join(QUANT_SCHEMES)} (default bf16; the seven projections)")
+    ap.add_argument("--quant-head", default=None, metavar="FORMAT",
+                    help=f"also quantize the output head: {', '.join(HEAD_SCHEMES)} (opt-in; default: the "
+                    "head stays BF16. Tied checkpoints keep token_embd BF16 and gain a quantized output.weight; "
+                    "docs/FORMAT.md \"Quantized head\")")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
@@ -669,12 +700,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"convert_to_gguf: {e.args[0]}", file=sys.stderr)
         return 1
     try:
-        n = convert(c, args.input, args.out, args.quant, args.quiet)
+        n = convert(c, args.input, args.out, args.quant, args.quiet, args.quant_head)
     except (ConvertError, SameFileError, OSError) as e:
         print(f"convert_to_gguf: {term_escape(str(e))}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"convert_to_gguf: wrote {args.out} ({n} tensors, {c.id}, {args.quant})")
+        head = f", head {args.quant_head}" if args.quant_head else ""
+        print(f"convert_to_gguf: wrote {args.out} ({n} tensors, {c.id}, {args.quant}{head})")
     return 0
 
 

@@ -41,7 +41,8 @@ FORMATS = (
     Format("Q4_1", 3, "Q4_1", "affine4_gs32", 32, 20),
 )
 # The layer tensors a scheme may quantize (kernels/formats.h KIPP_QUANTIZABLE_LIST);
-# norms, the embedding and the output head always stay BF16.
+# norms and the embedding always stay BF16, the output head too unless converted
+# with --quant-head (docs/FORMAT.md "Quantized head").
 QUANTIZABLE = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 _BY_ID = {f.id: f for f in FORMATS}

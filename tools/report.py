@@ -83,10 +83,11 @@ def doc_problem(d: dict) -> str | None:
                 return f"results[{cells[cell]}] and results[{i}] are both {r.get('model')} {r['name']}"
             cells[cell] = i
         if d.get("kind") in ("model", "peers") and r.get("unit", "tok/s") == "tok/s":
-            cell = (r["model"], r["name"], r.get("format", "bf16"))
+            cell = (r["model"], r["name"], r.get("format", "bf16"), r.get("kipp_head", "bf16"), r.get("peer_format"),
+                    r.get("peer_head"))
             if cell in cells:  # newest() would keep the last one without a word
                 return (f"results[{cells[cell]}] and results[{i}] are both {' '.join(map(str, cell))}: "
-                        "one document holds one result per model, bench and format")
+                        "one document holds one result per model, bench and format (and peer format and heads)")
             cells[cell] = i
     return None
 
@@ -270,6 +271,8 @@ def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tup
             for r in d.get("results", []):
                 if r.get("unit", "tok/s") != "tok/s":
                     continue  # the table's columns are token rates
+                if "peer_format" in r:
+                    continue  # a quantized peer cell (issue 36): quant_peers_table
                 key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
                 out[key + (cpu_key(d),) if by_cpu else key] = (r, d)
     return out
@@ -347,6 +350,7 @@ def readme_table(docs: list[dict]) -> str:
     entries = list(models.items()) + list(peers.items())  # ((model, bench, format, cpu), (result, doc))
     covered = {k[:3] for k, (_, d) in entries if cpu_known(d)}
     keys = {k for k, (_, d) in entries if cpu_known(d) or k[:3] not in covered}
+    marked: dict[str, str] = {}
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s (bench run) | share of this machine's roofline (bench run) | llama.cpp tok/s (peers run) | Kipp / llama.cpp (peers run: Kipp's figure in it) | files |",
             "|---|---|---|---|---|---|---|---|---|"]
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3, "batch1": 4, "batch4": 5, "batch8": 6, "batch16": 7}
@@ -363,11 +367,16 @@ def readme_table(docs: list[dict]) -> str:
         share = fmt_share(m[0]) if m else "-"
         llama = f"{p[0]['llama_cpp']['median']:.2f}" if p else "not run on this CPU"
         ratio = f"**{p[0]['ratio']:.2f}x** (Kipp {p[0]['kipp']['median']:.2f})" if p else "-"
+        pnote = p[1].get("config", {}).get("note") if p and isinstance(p[1].get("config"), dict) else None
+        if pnote:  # a run its writer marked (reduced, loaded machine): say so where the ratio stands
+            ratio += " (marked run: see its note below)"
+            marked[p[1]["_file"]] = pnote
         files = ", ".join(f"`{x[1]['_file']}`" for x in (m, p) if x)
         rows.append(f"| {key[0]} | {key[2]} | {key[1]} | {cpu_of((m or p)[1])} | {kipp} | {share} | {llama} | {ratio} | {files} |")
     note = ("\nEach row's llama.cpp figure comes from the newest peers run on the CPU that row names; "
             "\"not run on this CPU\" means no peers run of that row exists there yet (or the row's\n"
             "file records no CPU id: results from before it was recorded pair with nothing).\n")
+    note += "".join(f"\nMarked run `{f}`: {n}\n" for f, n in sorted(marked.items()))
     return "\n".join(rows) + "\n" + note
 
 
@@ -420,6 +429,49 @@ def serve_table(docs: list[dict]) -> str:
     return "\n".join(out) + "\n" + note
 
 
+def quant_peers_table(docs: list[dict]) -> str:
+    """Markdown: the quantized peer cells (tools/bench_peers.py --formats, issue 36) of the
+    newest peers run that has them, per CPU: Kipp's format and head against llama.cpp's
+    type and head, both figures and the ratio from that one run, with its rounds and the
+    machine's load. Empty text when no run has them."""
+    newest_doc: dict[str, dict] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        if d.get("kind") == "peers" and any("peer_format" in r for r in d.get("results", [])):
+            newest_doc[cpu_key(d)] = d
+    if not newest_doc:
+        return ""
+    out = ["| model | bench | Kipp format (head) | llama.cpp type (head) | CPU (level) | Kipp tok/s (min-max) | "
+           "llama.cpp tok/s (min-max) | Kipp / llama.cpp | run | file |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def fig(x: dict) -> str:  # median, and the spread over the rounds where recorded
+        spread = f" ({x['min']:.2f}-{x['max']:.2f})" if _num(x.get("min")) and _num(x.get("max")) else ""
+        return f"{x['median']:.2f}{spread}"
+
+    order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
+    fmt_order = {"q8_0": 0, "affine4_gs32": 1}
+    notes: list[str] = []
+    for d in sorted(newest_doc.values(), key=lambda x: str(x.get("date", "")), reverse=True):
+        cfg = d.get("config", {}) if isinstance(d.get("config"), dict) else {}
+        load = [cfg.get(k) for k in ("load_avg_1min_at_start", "load_avg_1min_at_end")]
+        run = f"{cfg.get('rounds', '?')} rounds, load {'/'.join(f'{x:.1f}' for x in load if _num(x)) or '?'}"
+        if cfg.get("note"):
+            run += "; marked (note below)"
+            notes.append(f"\nMarked run `{d['_file']}`: {cfg['note']}\n")
+        rows = [r for r in d["results"] if "peer_format" in r]
+        rows.sort(key=lambda r: (str(r["model"]), fmt_order.get(r["format"], 9), order.get(r["name"], 9),
+                                 str(r["peer_format"]), r.get("kipp_head") != "bf16", r.get("peer_head") != "default"))
+        for r in rows:
+            out.append(f"| {r['model']} | {r['name']} | {r['format']} ({r.get('kipp_head', 'bf16')} head) | "
+                       f"{r['peer_format']} ({r['peer_head']} head) | {cpu_of(d)} | {fig(r['kipp'])} | "
+                       f"{fig(r['llama_cpp'])} | **{r['ratio']:.2f}x** | {run} | `{d['_file']}` |")
+    note = ("\nQuantized peer cells: `make bench-peers PEERS_ARGS=--formats=bf16,q8_0,affine4_gs32` "
+            "(tools/bench_peers.py), one run, every engine configuration once per round, Kipp and llama.cpp "
+            "alternating; medians over the rounds. *default head*: llama-quantize's choice (Q6_K for the tied "
+            "head of Q4_0/Q4_1, Q8_0 for Q8_0); *bf16 head*: `--token-embedding-type bf16 --output-tensor-type bf16`, "
+            "the same bytes per token as Kipp's BF16 head; Kipp's quantized head is `--quant-head` (docs/FORMAT.md).\n")
+    return "\n".join(out) + "\n" + note + "".join(notes)
+
+
 def rewrite_readme(path: Path, docs: list[dict]) -> None:
     """Replace the text between the perf-table markers in path; SystemExit when they are missing."""
     begin, end = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
@@ -428,8 +480,9 @@ def rewrite_readme(path: Path, docs: list[dict]) -> None:
         raise SystemExit(f"report.py: {path} has no {begin} ... {end} markers (in that order)")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    serve = serve_table(docs)
-    path.write_text(head + begin + "\n" + readme_table(docs) + ("\n" + serve if serve else "") + end + tail)
+    serve, quant = serve_table(docs), quant_peers_table(docs)
+    path.write_text(head + begin + "\n" + readme_table(docs) + ("\n" + quant if quant else "") +
+                    ("\n" + serve if serve else "") + end + tail)
 
 
 def main() -> int:
