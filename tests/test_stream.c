@@ -47,7 +47,7 @@ static void test_pack_pairs(void)
 typedef struct {
     float *dec;   /* [N_DEC][V] one-token decode steps */
     float *pre;   /* [N_TOK][V] one prefill, every row */
-    float *bat;   /* [12][V]: the batch's logits rows (a: 10 continuing at 12, b: 2 from 5) */
+    float *bat;   /* [12][V]: the batch's logits rows (b: 2 from 5, then a: 10 continuing at 12) */
     size_t V;
 } outs;
 
@@ -81,7 +81,10 @@ static int run(const char *file, int stream, int no_prefetch, outs *o)
     if (!rc) rc = kipp_session_create(m, N_TOK, &a, err, sizeof err);
     if (!rc) rc = kipp_session_create(m, N_TOK, &b, err, sizeof err);
     if (!rc) rc = kipp_session_eval(a, ids, 12, NULL, err, sizeof err);
-    kipp_batch_item items[2] = {{a, ids + 12, 10, 10, o->bat}, {b, ids + 5, 2, 2, o->bat + 10 * V}};
+    /* The round's rows go a then b, but b's logits come first in bat: the destinations are not
+     * consecutive, so the head takes its scattered path (every worker at once on its own vocabulary
+     * blocks, cpu_forward.c head), not the direct one that decode and prefill take. */
+    kipp_batch_item items[2] = {{a, ids + 12, 10, 10, o->bat + 2 * V}, {b, ids + 5, 2, 2, o->bat}};
     if (!rc) rc = kipp_eval_batch(m, items, 2, err, sizeof err);
     CHECK(rc == 0, "%s (stream %d): %s", file, stream, err);
     kipp_session_destroy(s), kipp_session_destroy(a), kipp_session_destroy(b);
@@ -124,8 +127,11 @@ static void test_streamed_equals_resident(void)
         compare("synthetic-tiny.gguf", "KIPP_BF16_ACT=bf16");
         unsetenv("KIPP_BF16_ACT");
     }
-    const char *files[] = {"synthetic-tiny-q8_0.gguf", "synthetic-tiny-affine4_gs32.gguf", "synthetic-tiny-untied.gguf"};
-    for (size_t i = 0; i < 3; i++) compare(files[i], kipp_isa_name(kipp_isa_cpu_max()));
+    /* the outlier checkpoint: Q8 blocks with FP32 outliers, which the streamed slices add back (outlier_fix);
+     * a quantized head (kipp.quant.head): the head streamed in q8_0 with Q8 activations */
+    const char *files[] = {"synthetic-tiny-q8_0.gguf", "synthetic-tiny-affine4_gs32.gguf", "synthetic-tiny-untied.gguf",
+                           "synthetic-tiny-outliers-q8_0.gguf", "synthetic-tiny-q8_0-head_q8_0.gguf"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) compare(files[i], kipp_isa_name(kipp_isa_cpu_max()));
 }
 
 /* KIPP_STREAM decides when the options say auto, and a bad value is refused by name. */

@@ -26,7 +26,7 @@ static void linear(const cpu_model *m, const k_weight *w, const float *x, float 
     const k_fmt_info *fi = k_fmt_get(w->fmt);
     const void *in = fi->act == K_ACT_F32 ? (const void *)x : m->xa;
     if (m->st) { /* file layout, streamed; the slices apply outlier_fix themselves */
-        kipp_cpu_stream_linear(m, w, 0, w->rows, in, y, w->rows, n, ith, nth);
+        kipp_cpu_stream_linear(m, w, 0, w->rows, in, y, w->rows, n, ith, nth, ith);
         return;
     }
     if (n == 1)
@@ -182,7 +182,7 @@ static void head(cpu_round *r, int ith, int nth)
         size_t nb = v1 - vb < B ? v1 - vb : B; /* vocab % 16 == 0, so nb stays whole panels */
         if (m->st) {
             kipp_cpu_stream_linear(m, &m->head, vb, vb + nb, k_fmt_get(m->head.fmt)->act == K_ACT_F32 ? (const void *)m->xn : m->xa,
-                                   stage, nb, nl, 0, 1);
+                                   stage, nb, nl, 0, 1, ith); /* this worker's rows and slice buffers */
             for (uint32_t j = 0; j < nl; j++) memcpy(m->ldst[j] + vb, stage + (size_t)j * nb, nb * sizeof(float));
             continue;
         }

@@ -154,11 +154,14 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
 void kipp_cpu_stream_destroy(struct cpu_stream *st);
 /**
  * Rows [rb, re) of a streamed weight w (w->data a cpu_file_weight) against the
- * activations in (the format's act, n rows): y[t*ldy + r - rb], this worker's
- * share of the rows. The resident linear's result, bit for bit.
+ * activations in (the format's act, n rows): y[t*ldy + r - rb], share ith of
+ * nth of the rows. The resident linear's result, bit for bit. wk: the calling
+ * pool worker, whose slice buffers it packs into; it differs from ith where
+ * the caller has split the rows itself and passes ith 0 of nth 1 (the head's
+ * scattered path: every worker at once, each on its own vocabulary blocks).
  */
 void kipp_cpu_stream_linear(const cpu_model *m, const k_weight *w, size_t rb, size_t re, const void *in, float *y,
-                            size_t ldy, uint32_t n, int ith, int nth);
+                            size_t ldy, uint32_t n, int ith, int nth, int wk);
 /** Worker 0, as segment seg starts (layer l = l, head = n_layer): prefetch segment next. */
 void kipp_cpu_stream_begin(const cpu_model *m, uint32_t seg, uint32_t next);
 /** One describe paragraph of the streamed model. */

@@ -83,14 +83,15 @@ static k_pack_fn packer(const cpu_model *m, k_fmt f)
 }
 
 void kipp_cpu_stream_linear(const cpu_model *m, const k_weight *w, size_t rb, size_t re, const void *in, float *y,
-                            size_t ldy, uint32_t n, int ith, int nth)
+                            size_t ldy, uint32_t n, int ith, int nth, int wk)
 {
     const cpu_file_weight *fw = w->data;
     const k_fmt_kernels *k = &m->k->fmt[w->fmt];
     const k_fmt_info *fi = k_fmt_get(w->fmt);
     k_pack_fn pack = packer(m, w->fmt);
-    char *buf = m->st->buf[ith];
-    float *tmp = m->st->tmp[ith];
+    KIPP_ASSERT(wk >= 0 && wk < m->st->nth);
+    char *buf = m->st->buf[wk]; /* the calling worker's own slices (not ith: the head's scattered path splits itself) */
+    float *tmp = m->st->tmp[wk];
     size_t s0, s1, cap = n == 1 ? STREAM_MV_ROWS : STREAM_MM_ROWS, cols = w->cols;
     k_split_rows(re - rb, ith, nth, 16, &s0, &s1);
     for (size_t r = rb + s0; r < rb + s1;) {
