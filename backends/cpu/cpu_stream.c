@@ -73,7 +73,9 @@ struct cpu_stream {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int want, behind, quit;  /* next segment to prefetch (-1 none), segment to drop (-1), stop */
+    int want, quit;          /* next segment to prefetch (-1 none), stop */
+    uint8_t *drop_pending;   /* [n_seg] 1: drop behind use requested, not yet done */
+    uint32_t n_pending;      /* entries of drop_pending set: a slow madvise never loses a request */
     unsigned long hints;     /* prefetches issued */
 };
 
@@ -133,10 +135,17 @@ static void *prefetch_main(void *arg)
     (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     pthread_mutex_lock(&st->mu);
     for (;;) {
-        while (!st->quit && st->want < 0 && st->behind < 0) pthread_cond_wait(&st->cv, &st->mu);
+        while (!st->quit && st->want < 0 && st->n_pending == 0) pthread_cond_wait(&st->cv, &st->mu);
         if (st->quit) break;
-        int want = st->want, behind = st->behind;
-        st->want = st->behind = -1;
+        int want = st->want, behind = -1;
+        st->want = -1;
+        for (uint32_t s = 0; st->n_pending && s < st->n_seg; s++) /* one drop per pass, oldest index first */
+            if (st->drop_pending[s]) {
+                st->drop_pending[s] = 0;
+                st->n_pending--;
+                behind = (int)s;
+                break;
+            }
         pthread_mutex_unlock(&st->mu);
 #ifdef MADV_PAGEOUT
         if (behind >= 0) advise_seg(st, (uint32_t)behind, MADV_PAGEOUT); /* first: room for what comes */
@@ -158,7 +167,7 @@ void kipp_cpu_stream_begin(const cpu_model *m, uint32_t seg, uint32_t next)
     if (!st->thread || (!st->prefetch && !drop)) return;
     pthread_mutex_lock(&st->mu);
     if (st->prefetch) st->want = (int)next;
-    if (drop) st->behind = (int)prev;
+    if (drop && !st->drop_pending[prev]) st->drop_pending[prev] = 1, st->n_pending++;
     pthread_cond_signal(&st->cv);
     pthread_mutex_unlock(&st->mu);
 }
@@ -168,7 +177,7 @@ void kipp_cpu_stream_begin(const cpu_model *m, uint32_t seg, uint32_t next)
  * MADV_PAGEOUT would push to swap. */
 static void add_range(struct cpu_stream *st, uint32_t s, const kipp_tensor_view *t, const kipp_model_view *v)
 {
-    const uintptr_t pg = 4096, m0 = (uintptr_t)v->map, m1 = m0 + v->map_size;
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), m0 = (uintptr_t)v->map, m1 = m0 + v->map_size;
     if ((uintptr_t)t->data < m0 || (uintptr_t)t->data + t->nbytes > m1) return;
     uintptr_t a = (uintptr_t)t->data / pg * pg, e = ((uintptr_t)t->data + t->nbytes + pg - 1) / pg * pg;
     byte_range *r = &st->ranges[(size_t)s * STREAM_MAX_RANGES];
@@ -203,7 +212,8 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
     if (!st) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the streaming state");
     m->st = st;
     st->n_seg = d->n_layer + 1;
-    st->want = st->behind = -1;
+    st->want = -1;
+    st->drop_pending = calloc(st->n_seg, sizeof *st->drop_pending);
     st->fw = calloc((size_t)d->n_layer * 4 + 1, sizeof *st->fw);
     st->ranges = calloc((size_t)st->n_seg * STREAM_MAX_RANGES, sizeof *st->ranges);
     st->n_ranges = calloc(st->n_seg, sizeof *st->n_ranges);
@@ -212,7 +222,7 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
     st->buf = calloc((size_t)m->nth, sizeof *st->buf);
     st->tmp = calloc((size_t)m->nth, sizeof *st->tmp);
     st->nth = m->nth;
-    if (!st->fw || !st->ranges || !st->n_ranges || !st->seg_bytes || !m->lw || !st->buf || !st->tmp)
+    if (!st->fw || !st->ranges || !st->n_ranges || !st->seg_bytes || !st->drop_pending || !m->lw || !st->buf || !st->tmp)
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the streaming tables");
     size_t need = 0;
     for (uint32_t l = 0; l < d->n_layer; l++) {
@@ -262,8 +272,11 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
     if (st->prefetch || st->drop) {
         pthread_mutex_init(&st->mu, NULL);
         pthread_cond_init(&st->cv, NULL);
-        if (pthread_create(&st->th, NULL, prefetch_main, st) != 0)
+        if (pthread_create(&st->th, NULL, prefetch_main, st) != 0) {
+            pthread_mutex_destroy(&st->mu);
+            pthread_cond_destroy(&st->cv);
             return kipp_err(err, errlen, KIPP_ENOMEM, "cannot start the streaming helper thread");
+        }
         st->thread = 1;
         if (st->prefetch) kipp_cpu_stream_begin(m, d->n_layer, 0); /* layer 0 for the first token */
     }
@@ -292,6 +305,7 @@ void kipp_cpu_stream_destroy(struct cpu_stream *st)
     free(st->ranges);
     free(st->n_ranges);
     free(st->seg_bytes);
+    free(st->drop_pending);
     free(st->keep);
     free(st);
 }
