@@ -10,6 +10,8 @@ VENV_PY  := .venv/bin/python
 PYTHON   ?= $(VENV_PY)
 export PYTHON
 BUILD    ?= build
+# nvcc where it exists (empty otherwise); set before any rule whose prerequisites test it
+NVCC     := $(shell command -v nvcc 2>/dev/null)
 BACKEND  ?= cpu
 MODEL    ?=
 SAN      ?=
@@ -312,7 +314,6 @@ demo:
 	$(MAKE) all
 	tools/demo.sh
 
-NVCC := $(shell command -v nvcc 2>/dev/null)
 # The CUDA kernel units and their check over the shared case table
 # (kernels/cuda/check/kcheck_cuda.cu); running the check needs a GPU.
 KCASE_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(filter-out %/kcheck.c,$(KCHECK_SRC)))

@@ -43,6 +43,16 @@ def has_gpu() -> bool:
         return False
 
 
+def need_cuda_build(what: Path) -> None:
+    """Where nvcc exists `make test` builds build/cuda, so a missing binary is a
+    build defect (fail); only a machine without nvcc skips."""
+    if what.exists():
+        return
+    if shutil.which("nvcc"):
+        pytest.fail(f"{what} missing although nvcc exists: `make test` must build the CUDA build (make cuda)")
+    pytest.skip(f"{what} not built: no nvcc on this machine")
+
+
 def commands(bindir: Path, model: Path):
     return {
         "kipp generate": [bindir / "kipp", "generate", "--model", model, "--prompt", "hi", "--max-tokens", "2",
@@ -65,8 +75,7 @@ def test_cpu_build_says_it_has_no_cuda(name):
 
 @pytest.mark.parametrize("name", ["kipp generate", "kipp-bench", "kipp-serve", "kipp-cuda-gate"])
 def test_cuda_build_fails_cleanly_without_a_device(name):
-    if not (CUDA_BIN / "kipp").exists():
-        pytest.skip("build/cuda not built (no nvcc on this machine, or make cuda not run)")
+    need_cuda_build(CUDA_BIN / "kipp")
     if has_gpu():
         pytest.skip("a GPU is present: tools/cuda_check.sh checks the CUDA build there")
     model = tiny()
@@ -79,8 +88,7 @@ def test_cuda_build_fails_cleanly_without_a_device(name):
 
 def test_cuda_build_runs_the_cpu_backend_without_a_device():
     """The CUDA build is the CPU build plus a backend: --backend cpu needs no GPU or driver."""
-    if not (CUDA_BIN / "kipp").exists():
-        pytest.skip("build/cuda not built (no nvcc on this machine, or make cuda not run)")
+    need_cuda_build(CUDA_BIN / "kipp")
     rc, out = run(CUDA_BIN / "kipp", "generate", "--model", tiny(), "--prompt", "Hello", "--max-tokens", "2",
                   "--backend", "cpu")
     assert rc == 0 and "backend cpu" in out, out
@@ -96,8 +104,7 @@ def test_cuda_backend_host_logic_matches_ref_bitwise(model, extra, tmp_path):
     captured and replayed) over host-memory stand-ins that run the ref kernels,
     so every logit must equal the ref backend's exactly (NMSE 0)."""
     gate = CUDA_BIN / "kipp-cuda-gate-mock"
-    if not gate.exists():
-        pytest.skip("build/cuda/kipp-cuda-gate-mock not built (no nvcc/CUDA headers, or make cuda not run)")
+    need_cuda_build(gate)
     path = Path(models_dir()) / f"{model}.gguf"
     if not path.exists():
         path = tmp_path / f"{model}.gguf"
