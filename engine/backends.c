@@ -1,4 +1,4 @@
-/* backends.c - the engine's list of backends; chosen by name at model open (ARCHITECTURE.md). */
+/* backends.c - the engine's list of backends; chosen by name at model open (docs/ARCHITECTURE.md). */
 #include <string.h>
 
 #include "engine/backend.h"

@@ -1,6 +1,6 @@
 /*
  * lora.h - LoRA adapters merged into the weights at open (issue 38; seed 002
- * "LoRA adapters (merge at load)"). Engine-private: the public entry is
+ * "LoRA adapters (merge at load, ABI 3)"). Engine-private: the public entry is
  * kipp_model_options.lora.
  *
  * engine/lora.c reads and validates a llama.cpp-layout adapter GGUF against an

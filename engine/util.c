@@ -1,4 +1,4 @@
-/* util.c - error formatting and release-build asserts (ARCHITECTURE.md, "Errors"). */
+/* util.c - error formatting and release-build asserts (docs/ARCHITECTURE.md, "Errors"). */
 #include <stdio.h>
 #include <stdlib.h>
 

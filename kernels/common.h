@@ -1,6 +1,6 @@
 /*
  * common.h - the only header kernels share: BF16/FP16 conversion, aligned
- * allocation, CPU feature flags (ARCHITECTURE.md, "Layers").
+ * allocation, CPU feature flags (docs/ARCHITECTURE.md, "Layers").
  */
 #ifndef KIPP_KERNELS_COMMON_H
 #define KIPP_KERNELS_COMMON_H
@@ -72,7 +72,7 @@ const char *kipp_cpu_id(void);
 const kipp_cpu_features *kipp_cpu_get(void);
 
 /**
- * Kernel ISA levels, each a superset of the one before (ARCHITECTURE.md "ISA
+ * Kernel ISA levels, each a superset of the one before (docs/ARCHITECTURE.md "ISA
  * dispatch"): avx2 = AVX2+FMA+F16C; avx512 = AVX-512 F/BW/VL/DQ (Skylake-SP and
  * later); avx512_bf16 = avx512 + AVX512_BF16 (vdpbf16ps; Zen 4/5, Sapphire
  * Rapids). KIPP_ISA=ref|avx2|avx512|avx512_bf16 forces one (capped by the CPU).

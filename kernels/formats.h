@@ -4,7 +4,7 @@
  * k_fmt_info) and engine/backend.h's KIPP_DTYPE_* all read this list, and the
  * Python tools mirror it (tools/quant_blocks.py FORMATS; tests/test_tooling.py
  * parses this file and compares row by row). A small shared header in the
- * sense of ARCHITECTURE.md "Layers", like qwen3_shape.h.
+ * sense of docs/ARCHITECTURE.md "Layers", like qwen3_shape.h.
  *
  * X(ID, gguf_type, type_name, scheme, block, block_bytes):
  *   gguf_type    the tensor type id in the GGUF file (GGML numbering)

@@ -1,6 +1,6 @@
 /*
  * qwen3_shape.h - the Qwen3 family's fixed shapes, shared by the engine, the
- * kernels and GPU code (ARCHITECTURE.md "Layers": the only model facts a
+ * kernels and GPU code (docs/ARCHITECTURE.md "Layers": the only model facts a
  * kernel may know without being told). Seed 000, "Checkpoint registry":
  * every dense Qwen3 has 8 KV heads of 128; the KV cache pages 32 positions.
  */

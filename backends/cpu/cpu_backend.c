@@ -109,7 +109,7 @@ static void *alloc_big(size_t bytes)
     return p;
 }
 
-/* Round scratch for KIPP_CPU_ROUND_TOKENS rows (ARCHITECTURE.md "Scratch"). */
+/* Round scratch for KIPP_CPU_ROUND_TOKENS rows (docs/ARCHITECTURE.md "Scratch"). */
 static int alloc_scratch(cpu_model *m)
 {
     const kipp_dims *d = &m->d;
@@ -228,7 +228,7 @@ static void pack_span(cpu_model *m, pack_job *jobs, size_t j0, size_t j1)
 }
 
 /* Repack every projection and the head once, on the pool, into each
- * format's packed layout (the prepared copy ARCHITECTURE.md "Ownership"
+ * format's packed layout (the prepared copy docs/ARCHITECTURE.md "Ownership"
  * allows; reported by describe), layer by layer. */
 static int pack_weights(cpu_model *m)
 {

@@ -1,5 +1,5 @@
 /*
- * cpu_threadpool.h - the cpu backend's persistent worker pool (ARCHITECTURE.md
+ * cpu_threadpool.h - the cpu backend's persistent worker pool (docs/ARCHITECTURE.md
  * "Threads"; seed 002 "Why it is fast on a CPU", item 5: one thread per
  * physical core, SMT siblings only add contention).
  *

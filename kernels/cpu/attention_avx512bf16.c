@@ -1,7 +1,7 @@
 /*
  * attention_avx512bf16.c - the BF16-dot flash GQA walks (kernels.h
  * "flash_gqa_dot"), written by hand because vdpbf16ps exists at this level
- * only (ARCHITECTURE.md "ISA dispatch").
+ * only (docs/ARCHITECTURE.md "ISA dispatch").
  *
  * The walk is attention_simd.h's (aligned K_ATTN_CHUNK chunks, the online
  * softmax updated once per chunk, the state continued across calls), with

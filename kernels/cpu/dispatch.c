@@ -1,5 +1,5 @@
 /*
- * dispatch.c - the CPU kernel table (ARCHITECTURE.md "ISA dispatch", "Weight
+ * dispatch.c - the CPU kernel table (docs/ARCHITECTURE.md "ISA dispatch", "Weight
  * formats"). Each level lists, with designated initializers, only the slots it
  * implements; k_cpu_ops_table merges them per slot from the asked level down
  * to ref, so every slot gets the best variant at or below that level and a

@@ -1,5 +1,5 @@
 /*
- * kernels.h - the CPU kernel table (ARCHITECTURE.md "Layers", "Weight
+ * kernels.h - the CPU kernel table (docs/ARCHITECTURE.md "Layers", "Weight
  * formats", "ISA dispatch").
  *
  * Kernels compute on plain pointers and sizes: no model, no session, no

@@ -3,7 +3,7 @@
  * formats"): bf16 weights in the packed layout [rows/16][cols/2][16][2]
  * against BF16 activations with vdpbf16ps (_mm512_dpbf16_ps: 16 lanes x one
  * k-pair, 64 FLOP per instruction). Written by hand because its instruction
- * exists at this level only (ARCHITECTURE.md "ISA dispatch").
+ * exists at this level only (docs/ARCHITECTURE.md "ISA dispatch").
  *
  * One 64-byte panel line is 16 rows x one k-pair, exactly the vdpbf16ps
  * operand; the activation pair (x[2k], x[2k+1]) is one 32-bit broadcast. So

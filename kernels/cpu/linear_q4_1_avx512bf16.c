@@ -1,7 +1,7 @@
 /*
  * linear_q4_1_avx512bf16.c - the q4_1 (affine4_gs32) prefill matmul on VNNI
  * (vpdpbusd): the one q4_1 tile whose instructions differ from
- * linear_q4_1_simd.h, written by hand (ARCHITECTURE.md "ISA dispatch"); the
+ * linear_q4_1_simd.h, written by hand (docs/ARCHITECTURE.md "ISA dispatch"); the
  * avx512_bf16 level includes VNNI and inherits every other q4_1 slot from
  * avx512. The nibbles are already the unsigned operand vpdpbusd wants, so per
  * 64-byte weight line (two k-quads of 16 rows) the tile pays a mask and a

@@ -2,7 +2,7 @@
  * linear_q8_0_avx512bf16.c - the q8_0 prefill matmul on VNNI (vpdpbusd,
  * _mm512_dpbusd_epi32: 64 int8 MACs per instruction): the one q8_0 tile whose
  * instructions differ from linear_q8_0_simd.h, so it is written by hand
- * (ARCHITECTURE.md "ISA dispatch"). The avx512_bf16 level includes VNNI (Zen
+ * (docs/ARCHITECTURE.md "ISA dispatch"). The avx512_bf16 level includes VNNI (Zen
  * 4/5, Sapphire Rapids); every other q8_0 slot is inherited from avx512.
  *
  * vpdpbusd multiplies unsigned by signed bytes. The weights are made unsigned

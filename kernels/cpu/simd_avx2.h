@@ -1,6 +1,6 @@
 /*
  * simd_avx2.h - the vector vocabulary of the shared kernel sources, for AVX2 +
- * FMA (ARCHITECTURE.md "ISA dispatch"). Included first by every *_avx2.c, which
+ * FMA (docs/ARCHITECTURE.md "ISA dispatch"). Included first by every *_avx2.c, which
  * is compiled with -mavx2 -mfma -mf16c; simd_avx512.h defines the same names
  * for 16 lanes. A kernel written once over these (elementwise_simd.h,
  * linear_simd.h, attention_simd.h) is compiled once per level, its names

@@ -1,5 +1,5 @@
 /*
- * kcase.h - the kernel case table (ARCHITECTURE.md "Kernel cases"): each row
+ * kcase.h - the kernel case table (docs/ARCHITECTURE.md "Kernel cases"): each row
  * is one kernel case (op, format, shape, tolerance, split, bench flag), and
  * the same row drives its check against the scalar oracle (`make test`) and
  * its benchmark on the backend's thread pool (`make bench`). The driver is
