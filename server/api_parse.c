@@ -1,6 +1,6 @@
 /*
  * api_parse.c - OpenAI request JSON -> serve_req, with every field checked
- * (issue 9 items 2 and 7). Unknown fields are refused by name rather than
+ * before any model work. Unknown fields are refused by name rather than
  * ignored; numbers are range-checked with the range in the message. No model
  * is needed here, so tests/fuzz_http.c drives this file alone.
  */

@@ -1,7 +1,7 @@
 /*
  * api_prepare.c - a parsed request against the model: prompt -> token ids,
- * context and vocabulary checks, max_tokens clamp (issue 9 items 2, 4 and 7),
- * chat fitted to the context (issue 37 item 3).
+ * context and vocabulary checks, max_tokens clamp, and a chat that is too
+ * long fitted to the context by dropping its oldest turns (engine/chat_fit.c).
  *
  * Completions prompts are raw text: marker text in them is matched, as
  * llama-server and vLLM do. Chat messages go through kipp_chat_tokenize, so
@@ -50,7 +50,7 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, uint32_t n_ct
     char *text = NULL, err[256] = "";
     size_t tl = 0; /* the text may hold NUL bytes: its length from the renderer, never strlen */
     /* Too long a conversation loses its oldest turns, keeping the system message and room for the answer: the
-     * max_tokens asked for, or the engine's default share when none was sent (issue 37 item 3). */
+     * max_tokens asked for, or the engine's default share when none was sent. */
     int rc = kipp_chat_tokenize_fit(m, cm, r->n_msgs, &co, n_ctx, r->max_tokens_asked, &r->truncated_messages,
                                     &r->prompt_ids, &r->n_prompt, &text, &tl, err, sizeof err);
     free(cm);

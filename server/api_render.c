@@ -1,6 +1,6 @@
 /*
  * api_render.c - job state -> OpenAI JSON: errors, non-streamed responses and
- * SSE chunks (issue 9 items 2, 3 and 7). Text comes from serve_text_view, so
+ * SSE chunks. Text comes from serve_text_view, so
  * streamed deltas and the non-streamed text are cut from the same bytes.
  * Callers hold the scheduler mutex; token texts need no engine lock.
  */

@@ -1,6 +1,6 @@
 /*
- * kv_events.h - KV pool events in vLLM's KV-events wire format (issue 35,
- * item 4): msgpack over a ZeroMQ PUB socket, so a prefix-aware router that
+ * kv_events.h - KV pool events in vLLM's KV-events wire format
+ * (`--kv-events`): msgpack over a ZeroMQ PUB socket, so a prefix-aware router that
  * subscribes to vLLM replicas (llm-d's KV cache indexer, the Gateway API
  * inference extension) can index a Kipp replica's prefix cache too.
  *

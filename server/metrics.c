@@ -1,8 +1,8 @@
 /*
  * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
  * counts, token counts, TTFT and inter-token latency histograms, queue depth,
- * active choices, KV blocks held (issue 9 item 2), and the KV pool's
- * occupancy and reuse counters (issue 10), and vLLM's router gauges beside
+ * active choices, KV blocks held, and the KV pool's
+ * occupancy and reuse counters, and vLLM's router gauges beside
  * them (vllm_metrics). All numbers are guarded by
  * the scheduler's mutex.
  */

@@ -1,6 +1,6 @@
 /*
  * serve.h - kipp-serve's internal types (seed 000 "Server and API surface",
- * phases 5-6; issue 9). Layers, each in its own files, calling downward only:
+ * phases 5-6). Layers, each in its own files, calling downward only:
  *
  *   serve_http.c     libmicrohttpd: connections, limits, routing, SSE writer
  *   api_parse.c      JSON body -> serve_req (validation; no model needed)
@@ -357,7 +357,7 @@ typedef struct {
     uint64_t prompt_tokens_cached; /* prompt tokens adopted from the KV pool instead of prefilled */
     int pooled;               /* 1: pool holds the scheduler's latest snapshot of the KV pool */
     kipp_pool_stats pool;     /* KV pool counters (kipp_model_pool_stats) */
-    uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted; /* speculative decoding (issue 11) */
+    uint64_t spec_steps, spec_drafted, spec_accepted, spec_emitted; /* speculative decoding (--spec) */
     uint64_t preemptions;     /* choices whose session was taken to free KV (pooled) */
     uint64_t recomputed_tokens; /* positions evaluated again after a preemption */
     int preempted_choices;    /* choices waiting to resume */

@@ -1,5 +1,5 @@
 /*
- * serve_http.c - the HTTP layer over libmicrohttpd (issue 9 items 1-3):
+ * serve_http.c - the HTTP layer over libmicrohttpd:
  * body/header/idle limits, routing, JSON responses and SSE streams. One MHD
  * thread per connection, so a handler may block while its job runs; while it
  * waits it polls the socket for a hang-up and cancels the job at once.

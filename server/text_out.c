@@ -1,5 +1,5 @@
 /*
- * text_out.c - what a choice may show of its raw output (issue 9 item 3).
+ * text_out.c - what a choice may show of its raw output.
  *
  * Raw output is the generation's text (kipp_gen_text: complete UTF-8 only,
  * already cut before a stop string, with the bytes that may still become one
