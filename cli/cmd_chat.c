@@ -1,6 +1,6 @@
 /*
  * cmd_chat.c - `kipp chat --model FILE`: interactive multi-turn chat for
- * instruct checkpoints (issue 4, item 7).
+ * instruct checkpoints.
  *
  * Reads one user message per stdin line, trimmed of surrounding whitespace;
  * blank lines are skipped. `/reset` clears the conversation, `/exit` or end of
@@ -20,7 +20,7 @@
  * session's capacity, so `/reset` publishes the conversation's full 32-token
  * blocks and the next conversation adopts the longest cached prefix of its
  * prompt (kipp_session_match_prefix) - a repeated system prompt or first
- * message is not prefilled again (issue 10).
+ * message is not prefilled again.
  *
  * A conversation that no longer fits the session with room for --max-tokens (at most half the session)
  * loses its oldest turns (kipp_chat_tokenize_fit, the server's rule): the

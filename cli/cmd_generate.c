@@ -1,6 +1,6 @@
 /*
  * cmd_generate.c - `kipp generate` and `kipp logits`, plus the model opening
- * and streaming loop they share with `kipp chat` (issue 4, item 7); the
+ * and streaming loop they share with `kipp chat`; the
  * argument parser is cli/gen_args.c.
  *
  * generate: tokenize (or chat-render) the prompt, prefill it in one session,

@@ -1,5 +1,5 @@
 /*
- * cmd_inspect.c - `kipp inspect FILE.gguf [--kernels]` (issue 2, item 7).
+ * cmd_inspect.c - `kipp inspect FILE.gguf [--kernels]`.
  *
  * Loads the artifact through the strict loader without a backend and prints
  * the matched checkpoint, its dimensions, the tensor table and the byte

@@ -1,6 +1,6 @@
 /*
  * cmd_plan.c - `kipp plan --model FILE [--json] [--results DIR]`: measure this
- * machine and print the planner's prediction for the model (issue 37 item 1).
+ * machine and print the planner's prediction for the model (seed 002 "Planner").
  *
  * The file's read speed is measured before the model is mapped, so no page of
  * it is pinned by this process while the sample is read. The model is opened

@@ -1,5 +1,5 @@
 /*
- * cmd_render.c - `kipp render` (issue 13): show the prompt a chat request
+ * cmd_render.c - `kipp render`: show the prompt a chat request
  * renders to, and its token ids with the control tokens marked, so a template
  * can be checked without writing C.
  *

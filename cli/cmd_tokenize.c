@@ -1,5 +1,5 @@
 /*
- * cmd_tokenize.c - `kipp tokenize` and `kipp detokenize` (issue 3, item 3).
+ * cmd_tokenize.c - `kipp tokenize` and `kipp detokenize`.
  *
  *   kipp tokenize --model FILE (--text T | --file F) [--special]
  *       prints the ids as a JSON array, e.g. [9707, 1879]
