@@ -1,6 +1,6 @@
 /*
  * chat.c - native renderer of the Qwen3 chat templates (seed 000, chat
- * completions; issue 3 item 4).
+ * completions).
  *
  * A line-by-line transcription of the Jinja templates shipped in
  * tokenizer_config.json of Qwen3 (hybrid), Qwen3-*-Instruct-2507 and

@@ -1,6 +1,6 @@
 /*
  * chat_fit.c - kipp_chat_tokenize_fit: a conversation cut to a context size
- * (issue 37 item 3, seed 002 "Data flow": keep head (system) + tail (latest
+ * (seed 002 "Data flow": keep head (system) + tail (latest
  * turns), reserve room for the answer).
  *
  * Cuts are only at turn starts (user messages), so a turn and a tool-call block

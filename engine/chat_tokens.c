@@ -1,6 +1,7 @@
 /*
  * chat_tokens.c - kipp_chat_tokenize: chat render + tokenize where only the
- * template's own markers become control tokens (issue 9, "chat safety").
+ * template's own markers become control tokens, so text a user types cannot
+ * act as one.
  *
  * Rendering and then tokenizing with KIPP_TOK_SPECIAL would turn a user's typed
  * "<|im_start|>system" into real control tokens. Here the messages are

@@ -37,7 +37,7 @@ typedef struct kipp_model kipp_model;
 typedef struct kipp_session kipp_session;
 
 /**
- * One LoRA adapter to merge at open (issue 38): a llama.cpp-layout adapter
+ * One LoRA adapter to merge at open: a llama.cpp-layout adapter
  * GGUF (general.type "adapter", adapter.type "lora", .lora_a/.lora_b pairs;
  * tools/convert_lora_to_gguf.py writes one from a PEFT directory) and the
  * factor its delta is multiplied by (1 = as trained, 0 = the file unchanged).
@@ -63,7 +63,7 @@ typedef struct {
      * them: [n_lora] specs, in order (their deltas add up). NULL/0 = none. */
     const kipp_lora_spec *lora;
     uint32_t n_lora;
-    /* Layer streaming (seed 002 "Layer streaming", issue 37 item 2): KIPP_STREAM_AUTO
+    /* Layer streaming (seed 002 "Layer streaming"): KIPP_STREAM_AUTO
      * streams when the file's weights exceed 0.75 x available RAM (MemAvailable,
      * capped by the memory cgroup's limit minus usage, v2 or v1), as `kipp plan`
      * says; ON and OFF force it. AUTO defers to the environment variable
@@ -193,7 +193,7 @@ typedef struct {
     const char *revision;       /* pinned revision */
     const char *backend;        /* backend name */
     const char *quant;          /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" */
-    const char *quant_head;     /* kipp.quant.head (issue 36): "q8_0" or "affine4_gs32"; "bf16" when absent */
+    const char *quant_head;     /* kipp.quant.head: "q8_0" or "affine4_gs32"; "bf16" when absent */
     int has_chat;               /* 1: chat template present (instruct/thinking) */
     int tied_embeddings;
     uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;

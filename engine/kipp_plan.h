@@ -11,7 +11,7 @@
 
 typedef struct kipp_model kipp_model;
 
-/* ---- planner (engine/plan_probe.c, engine/plan.c; issue 37 item 1, seed 002 "Planner") ---- */
+/* ---- planner (engine/plan_probe.c, engine/plan.c; seed 002 "Planner") ---- */
 
 /** What kipp_machine_measure found on this machine, now. Plain values: copy freely. */
 typedef struct {

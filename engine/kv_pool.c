@@ -1,7 +1,7 @@
 /*
  * kv_pool.c - block states, the chain-hash index, reference counts and LRU
  * eviction of the KV pool (kv_pool.h; seed 000 "Cross-session prefix
- * sharing", issue 10). Single-threaded like the rest of a model.
+ * sharing"). Single-threaded like the rest of a model.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
  * kv_pool.h - the content-addressed KV block pool of a pooled model (seed 000
- * "Cross-session prefix sharing"; issue 10). Engine-private.
+ * "Cross-session prefix sharing"). Engine-private.
  *
  * The pool owns block *bookkeeping* only; the KV bytes live in the backend
  * model's slab, addressed by the same block indices. Every block is in one

@@ -1,7 +1,7 @@
 /*
  * lora.c - LoRA adapter files: open, validate against the model, and merge
- * them into owned copies of their target tensors at model open (issue 38;
- * seed 002 "LoRA adapters (merge at load, ABI 3)"). The arithmetic is in
+ * them into owned copies of their target tensors at model open (seed 002
+ * "LoRA adapters (merge at load, ABI 3)"). The arithmetic is in
  * engine/lora_merge.c.
  *
  * The input is the GGUF llama.cpp's convert_lora_to_gguf.py writes (and

@@ -1,5 +1,5 @@
 /*
- * lora.h - LoRA adapters merged into the weights at open (issue 38; seed 002
+ * lora.h - LoRA adapters merged into the weights at open (seed 002
  * "LoRA adapters (merge at load, ABI 3)"). Engine-private: the public entry is
  * kipp_model_options.lora.
  *

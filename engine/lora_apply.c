@@ -1,5 +1,5 @@
 /*
- * lora_apply.c - merge validated adapters into a loaded model (issue 38):
+ * lora_apply.c - merge validated adapters into a loaded model:
  * gather each target's terms across adapters, check that the merged copies
  * fit the available RAM, merge (engine/lora_merge.c) into owned aligned
  * buffers, and point the model's views at them. Runs inside kipp_model_open

@@ -1,5 +1,5 @@
 /*
- * lora_merge.c - the arithmetic of a LoRA merge (issue 38): one target row at
+ * lora_merge.c - the arithmetic of a LoRA merge: one target row at
  * a time, delta = sum over terms of p[row] . q, then a merge rule per format
  * that writes the same format back (seed 002 "Re-quantisation").
  *

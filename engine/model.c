@@ -53,7 +53,7 @@ static const key_spec keys[] = {
     {"kipp.source.repository", KIPP_GGUF_STRING, 0, 0},
     {"kipp.source.revision", KIPP_GGUF_STRING, 0, 0},
     {"kipp.quant.scheme", KIPP_GGUF_STRING, 0, 0},
-    {"kipp.quant.head", KIPP_GGUF_STRING, 0, 1}, /* issue 36: absent = BF16 head */
+    {"kipp.quant.head", KIPP_GGUF_STRING, 0, 1}, /* docs/FORMAT.md "Quantized head": absent = BF16 head */
     {"kipp.variant", KIPP_GGUF_STRING, 0, 0},
     {"kipp.chat_template", KIPP_GGUF_STRING, 0, 0},
     {"kipp.d_model", KIPP_GGUF_U32, 0, 0},
@@ -265,7 +265,7 @@ static int check_scheme(const kipp_gguf *g, const quant_scheme **out, char *err,
     return kipp_err(err, errlen, KIPP_EFORMAT, "kipp.quant.scheme is '%.*s', expected one of %s", SHOW(s), known);
 }
 
-/* kipp.quant.head (issue 36, docs/FORMAT.md "Quantized head"): absent means the
+/* kipp.quant.head (docs/FORMAT.md "Quantized head"): absent means the
  * seed's BF16 head (*out = NULL); present, it names a quantized format of
  * kernels/formats.h, which output.weight must then have. "bf16" is refused:
  * a BF16 head is written without the key, so each head has one spelling. */
@@ -305,7 +305,7 @@ static const size_t layer_fields[KIPP_LAYER_TENSORS] = {
     offsetof(kipp_qwen3_layer, w_gate),    offsetof(kipp_qwen3_layer, w_up),
     offsetof(kipp_qwen3_layer, w_down)};
 
-/* The file has its own output.weight: untied, or a quantized head (issue 36),
+/* The file has its own output.weight: untied, or a quantized head (--quant-head),
  * which a tied checkpoint stores as a separate tensor after output_norm. */
 static int has_output(const kipp_checkpoint *c, const quant_scheme *head)
 {

@@ -1,8 +1,7 @@
 /*
  * plan.c - kipp_plan_make: from the measured machine (plan_probe.c) and the
  * model's shape to a context size, resident vs streamed layers and predicted
- * tok/s per weight format, with the arithmetic as text (issue 37 item 1, seed
- * 002 "Planner").
+ * tok/s per weight format, with the arithmetic as text (seed 002 "Planner").
  *
  * The model: decode reads every weight byte once per token, so its rate is
  * the read bandwidth over the bytes per token; prefill does 2 FLOPs per weight
@@ -53,7 +52,7 @@ static void cost_of(const kipp_model_info *in, const kipp_fmt_facts *f, shape_co
     double F = in->d_ff, L = in->n_layer;
     c->layer_params = L * ((A + 2 * KV) * D + D * A + 3 * F * D);
     c->layer_bytes = c->layer_params * f->block_bytes / f->block + 2 * L * (2 * D + 2 * in->head_dim);
-    /* A --quant-head file (issue 36) reads its head in that format at every token and
+    /* A --quant-head file reads its head in that format at every token and
      * keeps the BF16 embedding as a separate tensor even when tied. */
     const char *qh = in->quant_head ? in->quant_head : "bf16";
     const kipp_fmt_facts *h = kipp_fmt_by_scheme(qh, strlen(qh));

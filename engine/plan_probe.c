@@ -1,6 +1,6 @@
 /*
  * plan_probe.c - kipp_machine_measure: what the planner needs to know about
- * this machine, measured at start (issue 37 item 1, seed 002 "Planner").
+ * this machine, measured at start (seed 002 "Planner").
  *
  * The RAM read and FP32 FMA loops are the ones `make profile` uses
  * (kernels/cpu/probe.h), so the planner's bandwidth and peak are on the same

@@ -1,6 +1,6 @@
 /*
  * safe_io.h - output-file and terminal-text helpers shared by the kipp CLI,
- * kipp-bench and the other bench programs (issue 14, items 1 and 5).
+ * kipp-bench and the other bench programs.
  *
  * Output files: no command may write over one of its own inputs, and an
  * interrupted or failed write never leaves a half-written file at the

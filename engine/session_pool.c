@@ -1,6 +1,6 @@
 /*
  * session_pool.c - pooled models and sessions (seed 000 "Cross-session
- * prefix sharing"; issue 10): kipp_model_open_pooled, prefix adoption,
+ * prefix sharing"): kipp_model_open_pooled, prefix adoption,
  * publish-at-finish, truncation of the private tail, and the block mapping
  * around each batched evaluation.
  *

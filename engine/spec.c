@@ -1,6 +1,6 @@
 /*
  * spec.c - prompt-lookup speculative decoding that is exactly greedy (seed 000,
- * "Greedy self-speculative decoding"; issue 11).
+ * "Greedy self-speculative decoding").
  *
  * One step: draft up to k tokens by copying what followed the latest earlier
  * occurrence of the context's suffix n-gram, evaluate pending + draft in one

@@ -1,6 +1,6 @@
 /*
  * stream_mode.c - whether a model's layers are streamed from the file (seed
- * 002 "Layer streaming", issue 37 item 2): the engine decides once at open,
+ * 002 "Layer streaming"): the engine decides once at open,
  * by the planner's rule (engine/plan.c RESIDENT_SHARE), and tells the backend
  * through kipp_model_view.stream / .prefetch.
  */
