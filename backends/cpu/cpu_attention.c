@@ -6,7 +6,7 @@
  * one online-softmax walk per lane (the even and the odd pages of [0, pos],
  * kernels.h "Lanes") in aligned K_ATTN_CHUNK chunks, folded by k_attn_merge.
  * So a token's output is bitwise the same in decode, in a prefill tile, in a
- * batch with other sessions or on a reused prefix (issue 16 item 6). Nothing
+ * batch with other sessions or on a reused prefix (row invariance). Nothing
  * else is split: a split chosen per round would round differently.
  *
  * Prefill rounds run (query tile, KV head) units: a tile is up to
@@ -16,8 +16,8 @@
  * tokens that see them. Rounds of independent rows (decode) run (row, lane,
  * KV-head range) units through k_flash_rows_bf16, one call per page of the
  * lane, then merge after a barrier. Two workers on one row read alternate
- * whole pages in address order: 27-30 GB/s on a Zen 4 where splitting the
- * heads (each worker 1 KB of every 2 KB row) read 19-21. Units are claimed
+ * whole pages in address order, which reads faster than splitting the heads
+ * (each worker 1 KB of every 2 KB row; docs/PERFORMANCE.md has the figures). Units are claimed
  * from an atomic counter because causal rows have unequal lengths.
  */
 #include <math.h>

@@ -20,17 +20,17 @@ static void cpu_model_destroy(void *bm);
  * layer in plan_layer's order Q|K|V, O, Gate|Up, Down. BF16 activations
  * through vdpbf16ps double prefill's compute peak on AMD and cost one BF16 rounding
  * of the projection's input. Measured on the synthetic 0.6B shape, final-row
- * logits of a 38-token prompt against the ref backend (the FP32 oracle; issue
- * 16 item 7 asks <= 5e-5): all four through the dot 8.8e-5, Q|K|V alone 4.9e-5
+ * logits of a 38-token prompt against the ref backend (the FP32 oracle; the
+ * CPU contract asks <= 5e-5): all four through the dot 8.8e-5, Q|K|V alone 4.9e-5
  * (its error passes through QK-norm, RoPE and the softmax), O 1.5e-5,
  * Gate|Up 1.5e-5, Down 1.1e-5, all but Q|K|V 3.5e-5. So the default where the
  * CPU has a fast dot ("mixed") keeps Q|K|V (27% of the matmul FLOPs) on FP32
  * activations. Where the dot is slower than FP32 FMA (Intel cores:
  * kipp_cpu_features.bf16_dot_fast) the default is f32: faster and exact. A hi/lo BF16 split of Q|K|V's input (two dots per k-pair) was
- * tried: FP32 accuracy, but no faster than the FP32-FMA kernels (0.6B pp512
- * 227-230 vs 232-251 tok/s), so it was not kept. KIPP_BF16_ACT=f32 keeps FP32
+ * tried: FP32 accuracy, but no faster than the FP32-FMA kernels, so it was
+ * not kept. KIPP_BF16_ACT=f32 keeps FP32
  * activations everywhere (the arithmetic of every other level), =bf16 reads
- * all four through the dot (llama.cpp's precision; pp512 1.3-1.5x mixed).
+ * all four through the dot (llama.cpp's precision; faster prefill than mixed).
  * The output head reads FP32 either way: prefill runs it on one row per
  * sequence, so the dot would save nothing there. Decode and prefill read a
  * projection the same way, so row invariance holds in every mode. */
@@ -219,7 +219,7 @@ static void drop_pages(const void *p, size_t n)
 
 /* Pack jobs [j0, j1) on the pool, then release the file pages they read, so
  * the file and its packed copy are both resident for one layer at most
- * (issue 16 item 5: peak resident memory ~1x the GGUF, not 2x). */
+ * (peak resident memory ~1x the GGUF, not 2x). */
 static void pack_span(cpu_model *m, pack_job *jobs, size_t j0, size_t j1)
 {
     pack_task t = {m, jobs + j0, j1 - j0};

@@ -1,6 +1,6 @@
 /*
- * cpu_stream.c - models larger than RAM (seed 002 "Layer streaming", issue 37
- * item 2): the cpu backend's path when the engine sets kipp_model_view.stream.
+ * cpu_stream.c - models larger than RAM (seed 002 "Layer streaming"): the
+ * cpu backend's path when the engine sets kipp_model_view.stream.
  *
  * No packed copy is made. Each projection (and the output head) stays in the
  * file's row-major layout inside the read-only mapping; a linear call packs

@@ -1,5 +1,5 @@
 /*
- * cuda_backend.c - the "cuda" backend (seed 000, phase 4 "CUDA"; issue 40):
+ * cuda_backend.c - the "cuda" backend (seed 000, phase 4 "CUDA"):
  * the Qwen3 forward of backends/cpu/ref_backend.c composed from the kernel
  * units of kernels/cuda/kcuda.h, behind the same kipp_backend_ops contract.
  *

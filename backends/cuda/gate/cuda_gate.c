@@ -1,6 +1,6 @@
 /*
  * cuda_gate.c - `kipp-cuda-gate`: the model gates of the CUDA backend
- * (issue 40 item 4), through the public engine API only.
+ * (tools/cuda_check.sh runs it), through the public engine API only.
  *
  *   kipp-cuda-gate --model F.gguf [--model ...] [--prompt N] [--decode N]
  *                  [--batch B] [--long N] [--nmse X] [--json FILE] [--oracle ref]
