@@ -147,7 +147,7 @@ $(VENV_PY):
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
 
-# LoRA merge time at the 0.6B and 1.7B shapes, all seven projections (results/*-lora-*.json, issue 38).
+# LoRA merge time at the 0.6B and 1.7B shapes, all seven projections (results/*-lora-*.json).
 $(BUILD)/bin/bench_lora: $(BUILD)/bench/bench_lora.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
@@ -155,7 +155,7 @@ $(BUILD)/bin/bench_lora: $(BUILD)/bench/bench_lora.o $(BUILD)/bench/bench_harnes
 bench-lora: $(BUILD)/bin/bench_lora
 	$(BUILD)/bin/bench_lora $(LORA_ARGS)
 
-# Speculative decoding against plain greedy, interleaved (bench/bench_spec.c, issue 11).
+# Speculative decoding against plain greedy, interleaved (bench/bench_spec.c).
 $(BUILD)/kipp-bench-spec: $(BUILD)/bench/bench_spec.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
@@ -171,9 +171,9 @@ TEST_MODELS := synthetic-tiny synthetic-tiny-untied
 # Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
 QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 # Loud rows and heavy-tailed projections (tools/make_checkpoint.py "outliers", own seed), quantized:
-# the int8-activation fidelity gate of tests/test_quant_forward.c (issue 36 item 3).
+# the int8-activation fidelity gate of tests/test_quant_forward.c.
 OUTLIER_TEST_MODELS := synthetic-tiny-outliers synthetic-tiny-outliers-q8_0 synthetic-tiny-outliers-affine4_gs32
-# The opt-in quantized head (--quant-head, issue 36), gated against the files above.
+# The opt-in quantized head (--quant-head), gated against the files above.
 HEAD_TEST_MODELS := synthetic-tiny-q8_0-head_q8_0 synthetic-tiny-affine4_gs32-head_affine4_gs32 synthetic-tiny-untied-head_q8_0
 ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS)
 
@@ -286,7 +286,7 @@ bench: all
 	$(PYTHON) tools/bench_models.py --reuse-profile --backend $(BACKEND) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
 	$(PYTHON) tools/report.py --readme README.md
 
-# A model larger than its memory limit (issue 37 item 2): the 4B shape streamed inside a memory
+# A model larger than its memory limit: the 4B shape streamed inside a memory
 # cgroup at half its size, with and without prefetch, interleaved (tools/bench_stream.py).
 bench-stream: $(BUILD)/kipp | $(VENV_PY)
 	$(PYTHON) tools/bench_stream.py $(if $(MODEL),--model $(MODEL)) $(STREAM_ARGS)
