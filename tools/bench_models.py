@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_models.py - driver of `make bench BACKEND=cpu [MODEL=...]` (issue 5, items 5-6).
+"""bench_models.py - driver of `make bench BACKEND=cpu [MODEL=...]`.
 
 For each benchmark model (default: synthetic-0.6b, synthetic-1.7b, synthetic-4b,
 the real Qwen3 shapes with deterministic random weights) it:
@@ -13,11 +13,11 @@ the real Qwen3 shapes with deterministic random weights) it:
      own process, so one model's memory is released before the next loads.
 Before the first model it re-measures the machine profile (build/bin/kipp_profile
 -> profiles/<host>-<level>-<cpu id>.json) so the roofline shares compare rates measured in the
-same run, as the issue asks; --reuse-profile keeps an existing one. Before each
+same run (a profile from another load would skew them); --reuse-profile keeps an existing one. Before each
 benchmark it runs `kipp plan` on the file and, after it, writes the plan's
 predicted tok/s beside the measured median of the tg128 and pp512 rows
-(predicted_tok_s, pred_over_measured; issue 37 targets: decode within 15%,
-prefill within 25%).
+(predicted_tok_s, pred_over_measured; the planner's accuracy targets: decode
+within 15%, prefill within 25%).
 kipp-bench writes results/<YYYYMMDD>-<host>-<cpu id>-<backend>-<sha>.json (kipp.bench.v1,
 bench/README.md), replacing earlier results of the same (bench, model) in that
 file. Models run smallest first: the 4B shape needs ~8 GB for the packed
@@ -106,7 +106,7 @@ def model_file(mid: str, quant: str = "bf16", head: str | None = None) -> str:
 
 
 def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16", head: str | None = None) -> Path:
-    """models/<id>.gguf (or <id>-<quant>.gguf; head: converted with --quant-head, issue 36),
+    """models/<id>.gguf (or <id>-<quant>.gguf; head: converted with --quant-head),
     generated and converted when missing."""
     gguf = models_dir / model_file(mid, quant, head)
     if gguf.exists():
@@ -125,7 +125,7 @@ def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16",
     return gguf
 
 
-PLAN_ROWS = {"tg128": ("decode_tok_s", 0.15), "pp512": ("prefill_tok_s", 0.25)}  # issue 37: |pred/meas - 1| targets
+PLAN_ROWS = {"tg128": ("decode_tok_s", 0.15), "pp512": ("prefill_tok_s", 0.25)}  # the planner's |pred/meas - 1| targets
 
 
 def plan_of(gguf: Path, results: Path) -> dict | None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_peers.py - driver of `make bench-peers` (issue 16): Kipp and llama.cpp
+"""bench_peers.py - driver of `make bench-peers`: Kipp and llama.cpp
 side by side, on the same weights, the same thread count and the same
 machine, interleaved, so every claim is a ratio from one run.
 
@@ -19,7 +19,7 @@ machine, interleaved, so every claim is a ratio from one run.
 4. results/<YYYYMMDD>-<host>-<cpu id>-peers-<sha>.json (kipp.bench.v1, kind "peers"):
    per (model, bench) Kipp's and llama.cpp's median/min/max tok/s and the
    ratio Kipp / llama.cpp, with the CPU model and ISA flags.
-5. --formats (issue 36): besides bf16, the quantized cells. Kipp converts
+5. --formats: besides bf16, the quantized cells. Kipp converts
    the synthetic checkpoint with --quant q8_0 / affine4_gs32, each with the
    seed's BF16 head and with --quant-head of the same format; llama.cpp
    quantizes the BF16 peer file with its own llama-quantize into Q8_0 (for
@@ -27,7 +27,7 @@ machine, interleaved, so every claim is a ratio from one run.
    pick), each with its default head and with `--token-embedding-type bf16
    --output-tensor-type bf16` (head kept BF16, so the bytes per token match
    Kipp's BF16-head file). Per peer format three cells: Kipp BF16 head vs the
-   default quantization (the issue's baseline), Kipp BF16 head vs llama.cpp
+   default quantization (what a llama.cpp user gets), Kipp BF16 head vs llama.cpp
    BF16 head (same bytes), Kipp quantized head vs the default. Every engine
    configuration runs once per round, Kipp and llama.cpp alternating, the
    order reversed each round; a cell's ratio is the ratio of the medians.
@@ -209,7 +209,7 @@ SAME_RUN_KEYS = ("threads", "rounds", "peer")  # config keys two runs must share
 
 
 def cell_key(c: dict) -> tuple:
-    """What makes a cell one cell: model, bench and (issue 36) both sides' formats and heads."""
+    """What makes a cell one cell: model, bench and both sides' formats and heads."""
     return (c["model"], c["name"], c.get("format", "bf16"), c.get("kipp_head", "bf16"), c.get("peer_format"),
             c.get("peer_head"))
 
@@ -262,7 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="threads for both engines (0 = physical cores)")
     ap.add_argument("--models-dir", default=str(ROOT / "models"))
     ap.add_argument("--formats", default="bf16", help="comma list of bf16, q8_0, affine4_gs32 (affine4): the quantized "
-                    "cells (issue 36; default bf16)")
+                    "cells (default bf16)")
     ap.add_argument("--note", default=None, help="free text stored in the result's config (e.g. a reduced run on a loaded machine)")
     ap.add_argument("--build-only", action="store_true", help="build the peers and the peer GGUFs, run nothing")
     a = ap.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_stream.py - driver of `make bench-stream` (issue 37 item 2): a model larger than its memory limit.
+"""bench_stream.py - driver of `make bench-stream`: a model larger than its memory limit.
 
 It makes a memory cgroup (tools/memcg.py: v2 memory.max, else v1
 memory.limit_in_bytes) with a limit below the model file (default: half of it)

@@ -218,7 +218,7 @@ CHECKPOINTS: tuple[Checkpoint, ...] = (
     # Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes.
     _synth("synthetic-tiny", "synthetic/qwen3-tiny", 1, "instruct", "hybrid", 256, 2, 16, 512, 4096, True),
     _synth("synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", 2, "base", "none", 384, 3, 8, 640, 4096, False),
-    # Loud rows and heavy-tailed projections (the int8-activation fidelity gate, issue 36 item 3).
+    # Loud rows and heavy-tailed projections (the int8-activation fidelity gate of tests/test_quant_forward.c).
     _synth("synthetic-tiny-outliers", "synthetic/qwen3-tiny-outliers", 7, "instruct", "hybrid", 256, 4, 16, 768,
            4096, True, "outliers"),
     _synth("synthetic-0.6b", "synthetic/qwen3-0.6b-shape", 3, "instruct", "hybrid", 1024, 28, 16, 3072, 40960, True),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """cluster_bench.py - `make bench-cluster`: N kipp-serve replicas on loopback
-behind vllm-router (issue 35 item 5; tests/cluster_harness.py says why that
+behind vllm-router (tests/cluster_harness.py says why that
 router), a shared-prefix multi-tenant workload, round-robin against
 cache-aware routing, and a fault run that kills one replica mid-load.
 Writes results/<YYYYMMDD>-<host>-<cpu id>-cluster-<sha>.json (kipp.bench.v1,

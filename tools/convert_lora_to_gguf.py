@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""convert_lora_to_gguf.py - a PEFT LoRA directory -> llama.cpp-layout GGUF adapter (issue 38).
+"""convert_lora_to_gguf.py - a PEFT LoRA directory -> llama.cpp-layout GGUF adapter.
 
 Input: adapter_config.json + adapter_model.safetensors as `peft` saves them for
 Qwen3. Output: the GGUF that llama.cpp's convert_lora_to_gguf.py writes, which

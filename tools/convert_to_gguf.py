@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """convert_to_gguf.py - BF16 safetensors checkpoint -> one Kipp GGUF file (docs/FORMAT.md).
 
-Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
+Seed 000, "Conversion boundary" and "Strict GGUF subset".
     convert_to_gguf.py --checkpoint ID --input DIR --out FILE [--quant bf16|q8_0|affine4_gs32]
                        [--quant-head q8_0|affine4_gs32] [--quiet]
 
@@ -21,7 +21,7 @@ Issue 2, item 4; seed 000, "Conversion boundary" and "Strict GGUF subset".
    (seed 000 "Weight quantization"; tools/quant_blocks.py holds the block
    encoders, the same arithmetic as the kernels' from_f32), every other tensor
    stays BF16, and FILE.quant.json records each quantized tensor's NMSE.
-   --quant-head (issue 36, opt-in; docs/FORMAT.md "Quantized head") also
+   --quant-head (opt-in; docs/FORMAT.md "Quantized head") also
    quantizes the output head, output.weight, into that format and writes
    kipp.quant.head; a tied checkpoint then gets its own output.weight (the
    embedding's weights, quantized) while token_embd stays BF16 for the lookup.
@@ -62,7 +62,7 @@ GGML_TYPE_BF16 = qb.GGML_TYPE_BF16
 QUANT_SCHEMES = {f.scheme: (None if f.gguf_type == GGML_TYPE_BF16 else f.gguf_type) for f in qb.FORMATS}
 # The seven per-layer projections a scheme may quantize (seed 000).
 QUANTIZABLE = qb.QUANTIZABLE
-# --quant-head formats (issue 36): every quantized scheme of the table.
+# --quant-head formats: every quantized scheme of the table.
 HEAD_SCHEMES = {s: t for s, t in QUANT_SCHEMES.items() if t is not None}
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda_check.sh - the device check of the CUDA backend (issue 40 item 4): one
+# cuda_check.sh - the device check of the CUDA backend: one
 # script, under 8 minutes on one H200, for the `run` device tool.
 #
 # Two steps, because the device machine has no network and may lack the C
@@ -250,7 +250,7 @@ for r in doc.get("results", []):
     print(f"{r.get('name', '?'):8} {r.get('model', '?'):16} {r.get('median', 0):10.1f} {r.get('ms_per_token', 0):8.3f} "
           f"{gbps or 0:8.1f} {s}")
     if r.get("name") == "tg128" and "1.7b" in r.get("model", "") and share is not None:
-        print(f"  1.7B decode at {100 * share:.1f}% of HBM (issue 40 target: >= 80%): {'met' if share >= 0.8 else 'not met'}")
+        print(f"  1.7B decode at {100 * share:.1f}% of HBM (target: >= 80%): {'met' if share >= 0.8 else 'not met'}")
 json.dump(doc, open(sys.argv[2], "w"), indent=1)
 PYEOF
     fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# demo.sh - the body of `make demo` (issue 4, item 8): on a fresh clone, after
+# demo.sh - the body of `make demo`: on a fresh clone, after
 # tools/install_deps.sh and `make all` (the Makefile runs both first), write a
 # synthetic Qwen3 checkpoint in the Hugging Face layout, convert it to Kipp's
 # GGUF, inspect it, and generate text from a real prompt.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fuzz_seed.py - write a small seed corpus for tests/fuzz_gguf.c (issue 2, item 6).
+"""fuzz_seed.py - write a small seed corpus for tests/fuzz_gguf.c.
 
     tools/fuzz_seed.py --out DIR FILES.gguf...
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gen_vectors.py - golden vectors from Hugging Face transformers (issue 4, item 5).
+"""gen_vectors.py - golden vectors from Hugging Face transformers.
 
 Seed 000, Phase 1: "Tooling captures immutable token IDs, selected intermediate
 tensors, and full FP32 logits"; the CPU reference must match them with exact

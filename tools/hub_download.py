@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """hub_download.py - fetch a registry entry's pinned Hugging Face revision, verified.
 
-Issue 2, item 5; seed 000, "Conversion boundary". Called by tools/download_model.sh.
+Seed 000, "Conversion boundary". Called by tools/download_model.sh.
 
 Flow, against HF_ENDPOINT (default https://huggingface.co):
   GET {endpoint}/api/models/{repo}/revision/{rev}  -> siblings (the file list)

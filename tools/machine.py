@@ -1,4 +1,4 @@
-"""machine.py - what a result document records of the CPU it ran on (issue 16, item 1).
+"""machine.py - what a result document records of the CPU it ran on.
 
 Every machine here has the hostname `vm`, and the Zen 4 and Zen 5 machines both
 report the model name "AMD EPYC" and the same best ISA level, so neither the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_lora.py - a tiny synthetic PEFT LoRA adapter for a registry checkpoint (issue 38).
+"""make_lora.py - a tiny synthetic PEFT LoRA adapter for a registry checkpoint.
 
 Writes what `peft` saves for a Qwen3 LoraConfig: adapter_config.json and
 adapter_model.safetensors with PEFT's tensor names,

@@ -1,5 +1,5 @@
 """memcg.py - a child memory cgroup of this process's own, made for one test or benchmark run
-(tests/test_stream_cgroup.py, tools/bench_stream.py; issue 37 item 2).
+(tests/test_stream_cgroup.py, tools/bench_stream.py).
 
 cgroup v2 `memory.max` where this process's v2 cgroup offers the memory
 controller, else cgroup v1 `memory.limit_in_bytes` under the v1 memory

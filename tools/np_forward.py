@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""np_forward.py - an FP32 numpy Qwen3 forward over a GGUF's dequantized weights (issue 15).
+"""np_forward.py - an FP32 numpy Qwen3 forward over a GGUF's dequantized weights.
 
 The independent oracle of the quantized gates: torch is not installed here,
 so this is a transcription of Hugging Face's Qwen3 forward

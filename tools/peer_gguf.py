@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """peer_gguf.py - the same weights for llama.cpp: rewrite a Kipp GGUF as a
-llama.cpp-layout GGUF with the `gguf` package (issue 16, "Give the peers the
-same weights").
+llama.cpp-layout GGUF with the `gguf` package, so both engines are measured
+on the same weights.
 
 llama.cpp does not load Kipp's artifact directly: Kipp keeps its hyper-
 parameters and tokenizer under `kipp.*` keys (docs/FORMAT.md), while

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""report.py - draw results/report.png from results/*.json (issue 5, item 5).
+"""report.py - draw results/report.png from results/*.json.
 
 Reads only kipp.bench.v1 documents (bench/README.md); any other JSON under
 results/ is skipped with a note. Two panels:
@@ -74,7 +74,7 @@ def doc_problem(d: dict) -> str | None:
                     return f"results[{i}] ({r['name']} {r['model']}).{k}.median is missing or not a number"
             if not _num(r.get("ratio")):
                 return f"results[{i}] ({r['name']} {r['model']}).ratio is {r.get('ratio')!r}, expected a number"
-        if d.get("kind") == "serve" and isinstance(r.get("kipp"), dict):  # the side-by-side rows (issue 33)
+        if d.get("kind") == "serve" and isinstance(r.get("kipp"), dict):  # the side-by-side rows (tools/serve_bench.py)
             why = serve_row_problem(r)
             if why:
                 return f"results[{i}] ({r['name']}).{why}"
@@ -258,7 +258,7 @@ def plot_peers(ax, docs: list[dict]) -> int:
 
 
 TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80,
-           # batched decode (issue 33 item 3; its target names B = 8): share of B * read BW / bytes per step
+           # batched decode (the target is stated for B = 8): share of B * read BW / bytes per step
            "batch1": 0.70, "batch4": 0.70, "batch8": 0.70, "batch16": 0.70}
 
 
@@ -272,7 +272,7 @@ def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tup
                 if r.get("unit", "tok/s") != "tok/s":
                     continue  # the table's columns are token rates
                 if "peer_format" in r:
-                    continue  # a quantized peer cell (issue 36): quant_peers_table
+                    continue  # a quantized peer cell: quant_peers_table
                 key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
                 out[key + (cpu_key(d),) if by_cpu else key] = (r, d)
     return out
@@ -430,7 +430,7 @@ def serve_table(docs: list[dict]) -> str:
 
 
 def quant_peers_table(docs: list[dict]) -> str:
-    """Markdown: the quantized peer cells (tools/bench_peers.py --formats, issue 36) of the
+    """Markdown: the quantized peer cells (tools/bench_peers.py --formats) of the
     newest peers run that has them, per CPU: Kipp's format and head against llama.cpp's
     type and head, both figures and the ratio from that one run, with its rounds and the
     machine's load. Empty text when no run has them."""

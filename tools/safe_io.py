@@ -1,4 +1,4 @@
-"""safe_io.py - output files and name lists for the Python tools (issue 14, items 1 and 3).
+"""safe_io.py - output files and name lists for the Python tools.
 
 The Python side of engine/safe_io.h: no tool writes over one of its own inputs
 (compared by (st_dev, st_ino), so another spelling, a hard link or a symlink of

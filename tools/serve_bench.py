@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """serve_bench.py - `make bench-serve`: kipp-serve and llama-server side by side
-(issue 33 item 5), throughput and latency with 1, 4, 8 and 16 concurrent
+- throughput and latency with 1, 4, 8 and 16 concurrent
 streams of a ~110-token prompt and 64 generated tokens each, loopback only.
 Writes results/<YYYYMMDD>-<host>-<cpu id>-serve-<sha>.json (kipp.bench.v1,
 kind "serve", bench/README.md).
@@ -20,7 +20,7 @@ Per level, both servers' aggregate tok/s, TTFT p50/p99 and ITL p50/p99 are
 taken per round, the median over rounds is recorded, and the ratios
 kipp / llama-server beside them. serve_prefill512 is one non-streamed request
 of a ~512-token prompt and max_tokens 1 per round and server: prompt tokens
-over its latency (the issue's "prefill within 15% of pp512"; compared with the
+over its latency (the target: prefill within 15% of pp512; compared with the
 newest kipp-bench pp512 of this model and CPU under results/ when one exists).
 
 The peer is llama-server from build/peers/<version>/bin (`make bench-peers`
@@ -31,7 +31,7 @@ runs it; --no-peers runs kipp-serve alone; when the peer is absent the script
 says why, records it in config.peers and runs kipp-serve alone (--peers given
 explicitly then stops instead).
 
-The prefix-sharing rows (issue 10, --prefix, on by default) run a pooled
+The prefix-sharing rows (--prefix, on by default) run a pooled
 server with a shared ~1,000-token system prompt: one cold request on an
 empty pool, then 8 concurrent clients with different ~20-token user turns,
 then one more warm request alone. They record cold and warm TTFT, the
@@ -72,7 +72,7 @@ NO_EOS = {"151643": -100, "151645": -100}
 KIPP, LLAMA = "kipp", "llama_server"
 LLAMA_SLOTS = 16
 METRICS = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
-TARGET_PREFILL_VS_PP512 = 0.85  # issue 33: the server's prefill within 15% of pp512
+TARGET_PREFILL_VS_PP512 = 0.85  # target: the server's prefill within 15% of pp512
 _request_no = itertools.count(1)  # every request's prompt starts with its own number
 
 
