@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""serve_bench.py - `make bench-serve`: kipp-serve and llama-server side by side
-- throughput and latency with 1, 4, 8 and 16 concurrent
+"""serve_bench.py - `make bench-serve`: kipp-serve and llama-server side by side:
+throughput and latency with 1, 4, 8 and 16 concurrent
 streams of a ~110-token prompt and 64 generated tokens each, loopback only.
 Writes results/<YYYYMMDD>-<host>-<cpu id>-serve-<sha>.json (kipp.bench.v1,
 kind "serve", bench/README.md).
