@@ -1,5 +1,5 @@
 """cluster_harness.py - N kipp-serve replicas on loopback behind vllm-router
-(issue 35 item 5), for tests/test_cluster_router.py and tools/cluster_bench.py.
+for tests/test_cluster_router.py and tools/cluster_bench.py.
 
 vllm-router is the PyPI package of the vLLM project's Rust load balancer (a
 fork of sglang-router): `vllm-router --worker-urls ... --policy P`. It is used

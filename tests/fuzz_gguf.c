@@ -1,5 +1,5 @@
 /*
- * fuzz_gguf.c - libFuzzer target for the loader (issue 2, item 6): `make fuzz`.
+ * fuzz_gguf.c - libFuzzer target for the loader: `make fuzz`.
  *
  * Each input is parsed as a GGUF container (engine/gguf.c) and then run
  * through the full Kipp subset validation (kipp_model_validate_image in

@@ -1,5 +1,5 @@
 """serve_harness.py - start build/kipp-serve on a free loopback port for a test,
-plus small HTTP helpers and a strict SSE parser (issue 9 tests).
+plus small HTTP helpers and a strict SSE parser, for the kipp-serve tests.
 
 The server is started with --port 0 and prints the port it bound; only
 127.0.0.1 is ever contacted. Every loop here is bounded by a deadline.

@@ -1,4 +1,4 @@
-"""Tests of the benchmark tooling (issue 5, item 5): tools/report.py reads only
+"""Tests of the benchmark tooling: tools/report.py reads only
 kipp.bench.v1 documents and draws results/report.png; tools/bench_models.py
 refuses models that are not benchmark shapes before doing any work."""
 from __future__ import annotations
@@ -331,7 +331,7 @@ def quant_cell(bench: str, fmt: str, kh: str, pt: str, ph: str, ratio: float) ->
 
 
 def test_quant_peer_cells(tmp_path: Path) -> None:
-    """Issue 36: the quantized cells (one per format, head and peer type) pass doc_problem,
+    """The quantized cells (one per format, head and peer type) pass doc_problem,
     stay out of the main table, fill their own README table, and a second run of the
     same file keeps the cells it does not repeat."""
     sys.path.insert(0, str(ROOT / "tools"))
@@ -366,7 +366,7 @@ def serve_round(tok_s: float, ttft: float, itl: float, prompt: int = 114) -> dic
 
 
 def test_serve_bench_round_figures_and_medians_over_rounds() -> None:
-    """serve_bench.py (issue 33 item 5): a round's aggregate tok/s is every stream's tokens over
+    """serve_bench.py: a round's aggregate tok/s is every stream's tokens over
     the wall time from the first request to the last answer; TTFT and ITL percentiles are in ms;
     each server's figure at a level is the median over the rounds of each round's figure."""
     sys.path.insert(0, str(ROOT / "tools"))

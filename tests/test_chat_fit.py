@@ -1,4 +1,4 @@
-"""test_chat_fit.py - chat context fitting (issue 37 item 3) in both front ends:
+"""test_chat_fit.py - chat context fitting (oldest turns dropped) in both front ends:
 kipp-serve chat requests (with the official `openai` client) and `kipp chat`.
 
 The rule, written out here independently of engine/chat_fit.c (`fit` below):

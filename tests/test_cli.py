@@ -1,4 +1,4 @@
-"""test_cli.py - `kipp generate`, `kipp chat` and `kipp logits` driven as processes (issue 4, item 7).
+"""test_cli.py - `kipp generate`, `kipp chat` and `kipp logits` driven as processes.
 
 Oracles: the transformers golden vectors in tests/vectors (written by
 tools/gen_vectors.py from the same synthetic checkpoints: their sha256s are
@@ -173,7 +173,7 @@ def test_chat_reuses_kv_and_matches_full_recompute():
 
 @pytest.mark.parametrize("name", ["synthetic-tiny", "synthetic-tiny-q8_0", "synthetic-tiny-affine4_gs32"])
 def test_chat_cache_reuse_is_invariant_on_cpu(name):
-    """Issue 16 item 6, as a new user found it: the fast backend's greedy
+    """Row invariance, as a new user would meet it: the fast backend's greedy
     replies with KV reuse equal re-evaluating the conversation every turn
     (decode and prefill round a row alike)."""
     args = ["chat", "--model", str(gguf(name)), "--backend", "cpu", "--max-tokens", "16"]
@@ -187,7 +187,7 @@ def test_chat_cache_reuse_is_invariant_on_cpu(name):
 
 def test_chat_pool_across_reset_matches_full_recompute():
     """/reset publishes the conversation's full 32-token blocks to the model's KV
-    pool; the next conversation adopts its longest cached prefix (issue 10)."""
+    pool; the next conversation adopts its longest cached prefix."""
     long_turn = "Tell me about the pool that keeps every full block of this long message. " * 5
     convo = f"{long_turn}\nAnd then?\n/reset\n{long_turn}\n/exit\n"
     r = chat(stdin=convo)
@@ -468,7 +468,7 @@ def test_chat_exits_1_when_a_turn_fails():
     assert "do not fit" in r.stderr and "turn dropped" in r.stderr
 
 
-# ---- --spec: prompt-lookup speculative decoding (issue 11) ----
+# ---- --spec: prompt-lookup speculative decoding ----
 SPEC_LINE = re.compile(r"spec k (\d+): acceptance ([\d.]+)% \(drafted (\d+), accepted (\d+), emitted (\d+) in (\d+) forwards\)")
 COPY_PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
 

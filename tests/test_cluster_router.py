@@ -1,5 +1,5 @@
-"""test_cluster_router.py - kipp-serve replicas behind vllm-router (issue 35,
-item 5), sized for CI: two synthetic-tiny replicas, two tenants, a few
+"""test_cluster_router.py - kipp-serve replicas behind vllm-router,
+sized for CI: two synthetic-tiny replicas, two tenants, a few
 requests. `make bench-cluster` is the full-size run (tools/cluster_bench.py).
 
 Oracles:

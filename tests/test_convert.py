@@ -345,7 +345,7 @@ def test_quantized_conversion_read_by_gguf(scheme, gtype, synthetic_dir, tmp_pat
                                                     ("synthetic-tiny", "affine4_gs32", "affine4_gs32", 3),
                                                     ("synthetic-tiny-untied", "bf16", "q8_0", 8)])
 def test_quant_head_conversion(ckpt, scheme, head, gtype, synthetic_dir, tmp_path):
-    """Issue 36 --quant-head: kipp.quant.head follows kipp.quant.scheme; output.weight
+    """--quant-head: kipp.quant.head follows kipp.quant.scheme; output.weight
     (for a tied checkpoint: a separate copy of the embedding, after output_norm) has
     the head's GGML type and dequantizes (gguf package) to the source head within
     the block error; token_embd stays BF16 and byte-identical; the sidecar has the

@@ -1,10 +1,10 @@
 /*
- * test_cpu_backend.c - correctness gate of the fast cpu backend (issue 5,
- * item 3): against the scalar reference backend ("ref", the oracle) it must
- * match within NMSE <= 1e-6 (issue 16 item 7; was 1e-4) with an identical
+ * test_cpu_backend.c - correctness gate of the fast cpu backend: against
+ * the scalar reference backend ("ref", the oracle) it must
+ * match within NMSE <= 1e-6 with an identical
  * argmax, for prefill and every decode step, on every ISA path this CPU has;
  * batched items must equal isolated evaluation and multi-row logits
- * per-position evaluation bitwise (issue 16 item 6), and a
+ * per-position evaluation bitwise (row invariance), and a
  * scrambled block table must give bitwise the same logits as the identity.
  *
  * Models are random-weight Qwen3 shapes built in memory (group sizes 1, 2
@@ -25,9 +25,8 @@
  * summation order and a ~2-ulp polynomial exp (FP32 activations, no BF16
  * rounding): measured 1.8e-9 on these shapes on AVX2 and 5.7e-8 through
  * `kipp logits` on synthetic-tiny-untied (small random-head logits), bound
- * 1e-6. With the ref backend's <= 2e-9 against an FP64 oracle (issue 16),
- * that keeps the fast backend far inside the CPU contract's 5e-5 (issue 16
- * item 7). Against the
+ * 1e-6. With the ref backend's <= 2e-9 against an FP64 oracle,
+ * that keeps the fast backend far inside the CPU contract's 5e-5. Against the
  * transformers vectors (HF runs BF16 activations) the bound is 1e-4. */
 #define NMSE_REF_MAX 1e-6
 #define NMSE_HF_MAX 1e-4

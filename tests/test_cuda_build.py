@@ -1,4 +1,4 @@
-"""test_cuda_build.py - the CUDA build as CI sees it (issue 40 item 3).
+"""test_cuda_build.py - the CUDA build as CI sees it.
 
 CI machines have no GPU. `make test` compiles the CUDA build (build/cuda) where
 nvcc exists; these tests check that without a device every CUDA binary fails

@@ -1,4 +1,4 @@
-"""test_hardening.py - regression tests for issue 14 ("what a new user hit"), one group per defect.
+"""test_hardening.py - regression tests for what a new user hit, one group per defect.
 
 1. no command writes over its own input (by device and inode), outputs appear whole
    (temporary file + rename), and `make models-test` trusts content, not time stamps;
@@ -227,7 +227,7 @@ def test_kipp_bench_decode_share_is_the_median_of_per_rep_shares(tmp_path):
 
 
 def test_kipp_bench_batch_rows_bookkeeping(tmp_path):
-    """The batched-decode rows (issue 33 item 3): --bench batch4 runs that row alone; it counts
+    """The batched-decode rows: --bench batch4 runs that row alone; it counts
     B tokens per kipp_eval_batch step over 32 steps, one weight read per step plus each
     sequence's own KV and embedding row, and its share equals its tok/s over the
     one-read-per-step limit B * read GB/s / bytes per step. Bookkeeping only: no rate is judged."""

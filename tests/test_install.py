@@ -1,4 +1,4 @@
-"""test_install.py - tools/install_deps.sh (issue 14, item 8).
+"""test_install.py - tools/install_deps.sh.
 
 Another process holding the apt/dpkg lock must not make the install fail: with
 nothing missing the script does not need apt at all and returns at once; with a

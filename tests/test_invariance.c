@@ -1,5 +1,5 @@
 /*
- * test_invariance.c - the cache and batch invariance gate (issue 16 item 6):
+ * test_invariance.c - the cache and batch invariance gate:
  * on the fast cpu backend a token's logits must not depend on whether it was
  * computed in prefill, in decode, in a batch with other sessions, on a reused
  * (truncated and re-extended) prefix, or with another worker count. Bitwise,

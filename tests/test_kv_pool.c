@@ -1,5 +1,5 @@
 /*
- * test_kv_pool.c - the pooled KV gates of issue 10 (seed 000 "Cross-session
+ * test_kv_pool.c - the pooled KV gates (seed 000 "Cross-session
  * prefix sharing": the --pooled-cpu gate's cases), on the ref and cpu
  * backends over the in-memory fixture model.
  *

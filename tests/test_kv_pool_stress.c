@@ -1,7 +1,7 @@
 /*
  * test_kv_pool_stress.c - randomized operations on a small pooled model,
- * checked after every step against a model of the expected state (issue 10
- * gate "eviction never frees a referenced block").
+ * checked after every step against a model of the expected state (the
+ * invariant: eviction never frees a referenced block).
  *
  * Thousands of random open / match / eval / truncate / reset (publish) /
  * destroy operations run on a ref-backend fixture with a 12-block pool and up

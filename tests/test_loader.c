@@ -5,7 +5,7 @@
  * Positive tests compare the bound views and kipp_model_info against two
  * independent oracles: the registry entry (dimensions) and the raw file bytes
  * (tensor data at the directory's offsets). Rejection tests apply one minimal
- * corruption each to the tied tiny model, as in issue 2 item 6, and check both
+ * corruption each to the tied tiny model, and check both
  * the error code and a substring of the message naming the bad value. The
  * ~90 MB image is read once; each corruption is patched into it and into one
  * temp file copy with pwrite, checked through kipp_model_load (file) and
@@ -346,7 +346,7 @@ static void test_reject_non_regular(void)
     rmdir(d);
 }
 
-/* ---- rejections: one test per reason (issue 2, item 6) ---- */
+/* ---- rejections: one test per reason ---- */
 
 static void test_reject_magic(void) { patch(0, "GGUX", 4); expect_reject("bad magic 47 47 55 58", "magic"); }
 static void test_reject_version(void) { patch_u32(4, 2); expect_reject("GGUF version 2, expected 3", "version"); }

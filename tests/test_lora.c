@@ -1,5 +1,5 @@
 /*
- * test_lora.c - the quantized LoRA merge (issue 38; engine/lora_merge.c) and
+ * test_lora.c - the quantized LoRA merge (engine/lora_merge.c) and
  * the merge's bookkeeping on a loaded model (engine/lora_apply.c).
  *
  * Oracles are computed here, independently of the merge: each element's

@@ -1,4 +1,4 @@
-"""test_lora.py - LoRA adapters merged at load (issue 38), end to end.
+"""test_lora.py - LoRA adapters merged at load, end to end.
 
 A synthetic PEFT adapter (tools/make_lora.py) goes the path a trained one
 takes: tools/convert_lora_to_gguf.py, then `kipp logits --lora`. Gates:
@@ -34,7 +34,7 @@ import checkpoints as reg
 KIPP = REPO_ROOT / "build" / "kipp"
 PROMPT = "The quick brown fox jumps over the lazy dog"
 RANK, ALPHA, STD = 8, 16.0, 0.05
-NMSE_BOUND = 5e-5  # issue 38: BF16 merge against the oracle
+NMSE_BOUND = 5e-5  # BF16 merge against the oracle: the CPU contract's bound
 
 
 def gguf(name: str) -> Path:

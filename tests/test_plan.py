@@ -1,4 +1,4 @@
-"""test_plan.py - `kipp plan` and `--ctx 0` (issue 37 item 1).
+"""test_plan.py - `kipp plan` and `--ctx 0`.
 
 Oracles, none of them the planner's code:
   - the machine: /proc/cpuinfo (core ids per package), os.cpu_count, /proc/meminfo;

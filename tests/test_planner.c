@@ -1,6 +1,6 @@
 /*
  * test_planner.c - kipp_plan_make's arithmetic on a machine given as numbers
- * (issue 37 item 1): residency and streaming, the context, and the predicted
+ * (seed 002 "Planner"): residency and streaming, the context, and the predicted
  * rates with and without streamed layers. The oracle is the README's rule
  * written out here from the model's dimensions (kipp_model_get_info), not the
  * planner's code; no measurement runs, so the figures are exact.

@@ -1,5 +1,5 @@
 /*
- * test_quant_forward.c - the quantized-artifact gates of issue 15 (seed 000
+ * test_quant_forward.c - the quantized-artifact gates (seed 000
  * "Weight quantization": "Quantized artifacts gate as ordinary artifacts").
  *
  * For every file in tests/vectors/quant/MANIFEST.json (written by
@@ -11,7 +11,7 @@
  *     DECODE_ROWS greedy steps through the KV cache (the cpu backend's
  *     matvec) against the FP32 oracle: identical argmax, NMSE <= 5e-5 (ref:
  *     the dequantizing FP32 matvec, so only BF16 KV rounding remains) and
- *     <= 1e-3 (cpu: plus Q8 activations, the integer dot; the issue asked
+ *     <= 1e-3 (cpu: plus Q8 activations, the integer dot; not the earlier
  *     1e-4, which int8 activations cannot meet here: MANIFEST.json
  *     "tolerance_notes");
  *   - quantization loss against the transformers vectors of the BF16
@@ -258,13 +258,13 @@ static void test_encoder_matches_converter(void)
     check_encoder("synthetic-tiny-affine4_gs32", "synthetic-tiny", K_FMT_Q4_1);
 }
 
-/* ---- int8 fidelity on outlier weights (issue 36 item 3) ----
+/* ---- int8 fidelity on outlier weights ----
  * synthetic-tiny-outliers (tools/make_checkpoint.py "heavy" projections: loud
  * rows and heavy-tailed weights, its own seed) converted to q8_0 and
  * affine4_gs32: the cpu backend against the ref backend on the same file (the
  * ref backend dequantizes into an FP32 matvec: the oracle on the same
  * dequantized weights), the prefill row and OUTLIER_DECODE greedy steps (the
- * ref backend's argmax fed to both). Gated: the issue's bound, NMSE <= 5e-4
+ * ref backend's argmax fed to both). Gated: NMSE <= 5e-4
  * with an identical argmax, on every prefill row and on the median decode
  * row; every decode row <= OUTLIER_DECODE_ROW_MAX and at most one decode
  * argmax flip per format, since a few decode rows of this random model miss

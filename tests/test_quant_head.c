@@ -1,6 +1,6 @@
 /*
- * test_quant_head.c - the gate of the opt-in quantized head (issue 36 item 2;
- * docs/FORMAT.md "Quantized head").
+ * test_quant_head.c - the gate of the opt-in quantized head
+ * (docs/FORMAT.md "Quantized head").
  *
  * Each file converted with --quant-head is compared with the same conversion
  * without it (the BF16-head artifact: identical bytes except the head), on

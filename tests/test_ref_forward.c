@@ -1,6 +1,6 @@
 /*
  * test_ref_forward.c - the ref backend's gates (seed 000 Phase 1 exit, Phase 2,
- * "KV cache" paged-CPU gate; issue 4 item 6).
+ * "KV cache" paged-CPU gate).
  *
  * Against the transformers golden vectors (tests/vectors/MANIFEST.json, written
  * by tools/gen_vectors.py from the same synthetic checkpoints):

@@ -1,4 +1,4 @@
-"""`kipp render` (issue 13): the rendered prompt equals the Qwen3 hybrid template
+"""`kipp render`: the rendered prompt equals the Qwen3 hybrid template
 rendered by jinja2 as transformers configures it (tools/gen_chat_cases.py), and
 the ids equal HF tokenizers' encoding of that text, with control tokens marked."""
 import json

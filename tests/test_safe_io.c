@@ -1,5 +1,5 @@
 /*
- * test_safe_io.c - engine/safe_io.h (issue 14, items 1 and 5): an output that is
+ * test_safe_io.c - engine/safe_io.h: an output that is
  * an input is refused by (st_dev, st_ino) whatever its spelling; a committed
  * output appears whole, an aborted one leaves the destination as it was and no
  * temporary file; file-derived text is escaped so it cannot drive a terminal.

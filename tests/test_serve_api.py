@@ -1,4 +1,4 @@
-"""test_serve_api.py - kipp-serve end to end (issue 9): the official `openai`
+"""test_serve_api.py - kipp-serve end to end: the official `openai`
 client and curl against both endpoints, n = 1, 3, 8, streamed and not; the
 strict SSE shape; streamed == non-streamed byte for byte; stop strings split
 across tokens; deterministic seeds; logprobs schema; echo logprobs against

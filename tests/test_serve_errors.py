@@ -1,4 +1,4 @@
-"""test_serve_errors.py - kipp-serve's client errors (issue 9 item 7): one
+"""test_serve_errors.py - kipp-serve's client errors: one
 table row per validation rule, each answered in the OpenAI error shape with
 the right status, a type and the offending field; never 500 for client input.
 Also the limits (body size, header size), unknown model/path/method, base

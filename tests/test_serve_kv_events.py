@@ -1,4 +1,4 @@
-"""test_serve_kv_events.py - `kipp-serve --kv-events` (issue 35, item 4): the KV
+"""test_serve_kv_events.py - `kipp-serve --kv-events`: the KV
 pool's block events in vLLM's KV-events format, as a router's subscriber sees
 them (ZeroMQ SUB, msgpack).
 

@@ -1,4 +1,4 @@
-"""test_serve_pool.py - kipp-serve on a pooled model (issue 10, seed 000
+"""test_serve_pool.py - kipp-serve on a pooled model (seed 000
 "Cross-session prefix sharing"): every choice adopts the longest published
 prefix of its prompt, usage reports it as prompt_tokens_details.cached_tokens,
 /metrics exposes the pool, and under pool pressure the youngest choice is
@@ -81,7 +81,7 @@ def test_preemption_reproduces_isolated_outputs(synthetic_gguf):
     """--kv-pool-mib 1 on the tiny model (8 KiB per position) is a pool of 4 blocks,
     128 positions. Requests of up to ~100 positions each are admitted together (KV is
     reserved as sequences grow, not for their worst case), the pool runs out, the
-    youngest choice is preempted and recomputed later (issue 35 item 2). Every output
+    youngest choice is preempted and recomputed later. Every output
     equals the same request on an unpooled server: seeded sampling, n=2 choices,
     greedy with speculative drafts, and echo with prompt logprobs."""
     bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 90, "temperature": 0.7, "seed": k} for k in range(3)]

@@ -1,5 +1,5 @@
-"""test_serve_sched.py - kipp-serve's scheduler through HTTP (issue 9 item 6,
-seed 000 phases 5-6): mixed-length concurrent requests reproduce their
+"""test_serve_sched.py - kipp-serve's scheduler through HTTP (seed 000
+phases 5-6): mixed-length concurrent requests reproduce their
 isolated outputs; a full queue answers 429; a client that hangs up mid-stream
 frees its choices and KV blocks at once; /metrics parses with
 prometheus_client's parser. Short, bounded loads on the tiny model.

@@ -1,10 +1,10 @@
-"""test_serve_spec.py - kipp-serve's speculative decoding (issue 11, item 4).
+"""test_serve_spec.py - kipp-serve's speculative decoding.
 
 Greedy requests (temperature 0, or top_k 1) decode speculatively by default
 and must return exactly what the same server returns with --no-spec: text,
 finish reason, token counts and logprobs, for n = 1 and 3, streamed or not.
 The ref backend is used because its verification rows equal its decode rows
-bitwise (the cpu backend's do not yet: issue 16 item 6, see README). /metrics
+bitwise (the cpu backend's do not yet: row invariance, see README). /metrics
 shows the speculative counters; sampled requests leave them alone.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 /*
  * test_serve_text.c - kipp-serve's text view (server/text_out.c) and the chat
- * tokenization it relies on (engine/chat_tokens.c), issue 9 items 3 and 4:
+ * tokenization it relies on (engine/chat_tokens.c):
  *   - stop strings cut the text (kipp_stop_scan, which each kipp_gen runs over
  *     its new bytes); a tail that could still become a stop string is held
  *     back; the incremental scan equals a full one for every split of the bytes;

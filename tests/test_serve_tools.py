@@ -1,5 +1,5 @@
 """test_serve_tools.py - tool calls through kipp-serve with the official `openai`
-client (issue 34 items 1, 2 and 5).
+client.
 
 Oracles, none of them the server's own parser:
   - the prompt: the Qwen3 chat template rendered by jinja2 as transformers

@@ -1,6 +1,6 @@
 /*
- * test_spec.c - prompt-lookup speculative decoding is exactly greedy (issue 11
- * gates; seed 000 "Greedy self-speculative decoding").
+ * test_spec.c - prompt-lookup speculative decoding is exactly greedy (seed 000
+ * "Greedy self-speculative decoding").
  *
  * The oracle is plain greedy decoding through the same engine: prefill, then
  * one kipp_session_eval of one token per step, kipp_sample_ex on each row.
@@ -25,7 +25,7 @@ static const char *backend_name;
  * (probed in main), and the largest logit difference when they do not. */
 static int row_invariant;
 static double row_delta;
-static int lenient; /* cpu only, while not row-invariant: divergence allowed at near-ties (issue 16 item 6) */
+static int lenient; /* cpu only, while not row-invariant: divergence allowed at near-ties */
 static int n_runs, n_diverged;                 /* cpu without row invariance: runs, divergent runs */
 static float plain_lg[(FX_CTX + 1) * FX_VOCAB]; /* the oracle's logits row of each token it sampled */
 
@@ -435,7 +435,7 @@ int main(int argc, char **argv)
         RUN(test_penalties_topk_stop);
         RUN(test_rollback_bitwise);
         RUN(test_session_after_generation);
-        if (lenient) /* known: issue 16 item 6 (prefill and decode round activations differently) */
+        if (lenient) /* known: prefill and decode round activations differently */
             printf("-- %s: NOT exactly greedy yet: %d of %d speculative runs diverged from plain greedy, each at a "
                    "near-tie (top-two logit margin below %g, the largest multi-row vs decode row difference); exact equality is asserted once the backend is row-invariant\n",
                    backend_name, n_diverged, n_runs, row_delta);

@@ -1,5 +1,5 @@
 /*
- * test_stream.c - layer streaming (issue 37 item 2, seed 002 "Layer
+ * test_stream.c - layer streaming (seed 002 "Layer
  * streaming"): a cpu model opened streamed (no packed copy; projections and
  * head packed slice by slice from the file mapping per call,
  * backends/cpu/cpu_stream.c) must give the resident model's logits bit for

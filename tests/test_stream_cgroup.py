@@ -1,4 +1,4 @@
-"""test_stream_cgroup.py - models larger than RAM, for real (issue 37 item 2).
+"""test_stream_cgroup.py - models larger than RAM, for real.
 
 The test makes its own memory cgroup (tools/memcg.py: cgroup v2 `memory.max`
 where this process's v2 cgroup offers the memory controller, else cgroup v1

@@ -1,4 +1,4 @@
-"""test_stream_flags.py - bad values of the streaming switches (issue 37 item 2)
+"""test_stream_flags.py - bad values of the streaming switches
 are refused with a message naming the value and the accepted ones, in every
 front end that takes them: `--stream` in kipp and kipp-serve, KIPP_STREAM in
 kipp-bench (which reads the environment)."""

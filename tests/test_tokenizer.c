@@ -299,7 +299,7 @@ static void test_nul(void)
 }
 #undef FFFD
 
-/* Single long lines. The 10 MB line of words is the issue's case; a 2 MB
+/* Single long lines. The 10 MB line of words is the reported case; a 2 MB
  * single word (heap BPE) and a 2 MB whitespace run (regex backtracking) are
  * the worst shapes, kept at 2 MB so `make test` stays fast (make
  * bench-tokenizer times them at 10 MB). Each must round-trip; the word line

@@ -1,6 +1,6 @@
 /*
  * test_tokenizer_unicode.c - the tokenizer agrees with HF tokenizers on every
- * code point of planes 0-3 and 14 (issue 13).
+ * code point of planes 0-3 and 14.
  *
  * Golden data: tests/tokenizer_cases/unicode_blocks.txt, made by
  * tools/gen_tokenizer_unicode.py. Each code point X is encoded in the contexts
@@ -128,7 +128,9 @@ static void test_exhaustive_gguf(void)
 
 static void test_exhaustive_json(void) { run_exhaustive(enc_json, "tokenizer.json"); }
 
-/* The minimal cases of issue 13; expected ids are HF tokenizers 0.23.3. */
+/* Minimal cases where a pre-tokenizer can go wrong: code points newer than
+ * an older Unicode table, U+180E (not \s), case folding in (?i:'s), mixed
+ * whitespace runs; expected ids are HF tokenizers 0.23.3. */
 static void test_issue_cases(void)
 {
     static const struct {
