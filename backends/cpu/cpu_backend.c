@@ -223,7 +223,7 @@ static void drop_pages(const void *p, size_t n)
 static void pack_span(cpu_model *m, pack_job *jobs, size_t j0, size_t j1)
 {
     pack_task t = {m, jobs + j0, j1 - j0};
-    kipp_cpu_pool_run(m->pool, pack_run, &t);
+    kipp_threadpool_run(m->pool, pack_run, &t);
     for (size_t i = j0; i < j1; i++) drop_pages(jobs[i].src, k_fmt_file_bytes(k_fmt_get(jobs[i].fmt), jobs[i].rows, jobs[i].cols));
 }
 
@@ -327,9 +327,9 @@ static int cpu_model_create(const kipp_model_view *v, void **out, char *err, siz
     choose_kernels(m);
     rc = choose_bf16_read(m, err, errlen);
     if (rc) { cpu_model_destroy(m); return rc; }
-    rc = kipp_cpu_pool_create(v->n_threads, &m->pool, err, errlen);
+    rc = kipp_threadpool_create(v->n_threads, &m->pool, err, errlen);
     if (rc) { cpu_model_destroy(m); return rc; }
-    m->nth = kipp_cpu_pool_size(m->pool);
+    m->nth = kipp_threadpool_size(m->pool);
     m->A = (size_t)m->d.n_q_head * KIPP_HEAD_DIM;
     m->QKV = m->A + 2 * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     if (v->stream) {
@@ -352,7 +352,7 @@ static void cpu_model_destroy(void *bm)
 {
     cpu_model *m = bm;
     if (!m) return;
-    kipp_cpu_pool_destroy(m->pool);
+    kipp_threadpool_destroy(m->pool);
     kipp_cpu_stream_destroy(m->st);
     kipp_kv_store_free(&m->slab);
     float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->att1, m->lane_ml, m->rope};
@@ -521,7 +521,7 @@ static int cpu_eval(void *bm, kipp_eval_item *items, size_t n, char *err, size_t
     r.items = items;
     size_t ci = 0;
     uint32_t co = 0;
-    while (pack_round(&r, items, n, &ci, &co) > 0) kipp_cpu_pool_run(m->pool, kipp_cpu_forward_round, &r);
+    while (pack_round(&r, items, n, &ci, &co) > 0) kipp_threadpool_run(m->pool, kipp_cpu_forward_round, &r);
     return 0;
 }
 
@@ -548,7 +548,7 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
         PUT("%s %s %s/%s", w ? "," : "", proj[w], fi->name, k_act_name(fi->act));
     }
     PUT(" (format/activations)\n");
-    PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
+    PUT("threads: %d (%s)\n", m->nth, kipp_threadpool_pinning(m->pool));
     const char *att = m->flash_gqa == m->k->flash_gqa_bf16 ? "bf16" : "dot";
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
         "k_flash_gqa_%s in %u-token query tiles (prefill), k_flash_rows_%s per page of each lane (decode), "
