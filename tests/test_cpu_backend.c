@@ -503,8 +503,8 @@ out:
 /* Bad input gets an error code and a sentence naming the value. Items and
  * views are refused by the engine, the one place that validates them
  * (engine/session.c, engine/view_check.c), before the cpu backend sees them,
- * and a refused eval appends nothing; session sizes and thread counts are
- * still the backend's own arguments. */
+ * and a refused eval appends nothing; so are session capacities
+ * (kipp_session_create). The thread count is the pool's own argument. */
 static void test_bad_input(void)
 {
     char err[256] = "";
@@ -538,6 +538,11 @@ static void test_bad_input(void)
         CHECK(kipp_session_length(s) == 0, "refused evals appended %u tokens", kipp_session_length(s));
         CHECK(kipp_session_eval_n(s, ok, 40, 1, logits, err, sizeof err) == 0, "eval after the refusals: %s", err);
         kipp_session_destroy(s);
+        s = NULL;
+        err[0] = 0;
+        CHECK(kipp_session_create(m, 0, &s, err, sizeof err) == KIPP_ERANGE && strstr(err, "0 tokens"), "capacity 0: '%s'", err);
+        CHECK(kipp_session_create(m, FX_CTX + 1, &s, err, sizeof err) == KIPP_ERANGE && strstr(err, "301"),
+              "capacity 301 > context 300: '%s'", err);
         kipp_model_view v = m->view;
         kipp_qwen3_layer layers[2];
         memcpy(layers, v.w.layers, sizeof layers);
@@ -550,16 +555,6 @@ static void test_bad_input(void)
         fx_model_destroy(fx);
     }
     tmodel *t = shape(2);
-    bk b;
-    sess sb;
-    if (bk_open(&b, "cpu", t, 2) || sess_open(&b, &sb, 2, NULL)) goto out;
-    void *bs = NULL;
-    err[0] = 0;
-    CHECK(b.ops->session_create(b.bm, 0, &bs, err, sizeof err) == KIPP_ERANGE && strstr(err, "0"), "0 blocks: '%s'", err);
-    CHECK(b.ops->session_create(b.bm, 33, &bs, err, sizeof err) == KIPP_ERANGE && strstr(err, "33"), "33 blocks > 1024/32: '%s'", err);
-    b.ops->session_destroy(sb.bs);
-out:
-    bk_close(&b);
     kipp_model_view v = t->v;
     v.n_threads = -1;
     void *bm = NULL;

@@ -362,20 +362,20 @@ static void cpu_model_destroy(void *bm)
     free(m);
 }
 
-static int check_n_blocks(const cpu_model *m, uint32_t n_blocks, char *err, size_t errlen)
+/* Sessions and the pool are sized by the engine, which has validated the
+ * capacity (1..context, kipp_session_create) and the pool (one, >= 1 block,
+ * before any session, engine/session_pool.c): these asserts keep the
+ * backend's own invariants only. */
+static void assert_n_blocks(const cpu_model *m, uint32_t n_blocks)
 {
-    uint32_t max_blocks = (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK;
-    if (n_blocks == 0 || n_blocks > max_blocks)
-        return kipp_err(err, errlen, KIPP_ERANGE, "n_blocks %u is out of range; expected 1..%u (context %u / 32)", n_blocks, max_blocks, m->d.context_length);
-    return 0;
+    KIPP_ASSERT(n_blocks >= 1 && n_blocks <= (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK);
 }
 
 static int cpu_session_create(void *bm, uint32_t n_blocks, void **out, char *err, size_t errlen)
 {
     cpu_model *m = bm;
     *out = NULL;
-    int rc = check_n_blocks(m, n_blocks, err, errlen);
-    if (rc) return rc;
+    assert_n_blocks(m, n_blocks);
     cpu_session *s = calloc(1, sizeof *s);
     if (!s || kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 0)) {
         free(s);
@@ -400,8 +400,7 @@ static void cpu_session_destroy(void *bs)
 static int cpu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 {
     cpu_model *m = bm;
-    if (m->slab.k) return kipp_err(err, errlen, KIPP_EINVAL, "the cpu backend model already has a KV pool of %u blocks", m->slab.n_blocks);
-    if (n_blocks == 0) return kipp_err(err, errlen, KIPP_ERANGE, "a KV pool of 0 blocks was requested, expected at least 1");
+    KIPP_ASSERT(!m->slab.k && n_blocks >= 1);
     if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 0))
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a KV pool of %u blocks (2 x %zu bytes)", n_blocks,
                         (size_t)m->d.n_layer * n_blocks * kipp_kv_block_elems() * sizeof(kipp_bf16));
@@ -412,9 +411,8 @@ static int cpu_session_create_pooled(void *bm, uint32_t n_blocks, void **out, ch
 {
     cpu_model *m = bm;
     *out = NULL;
-    if (!m->slab.k) return kipp_err(err, errlen, KIPP_EINVAL, "pooled session requested but the cpu backend model has no KV pool");
-    int rc = check_n_blocks(m, n_blocks, err, errlen);
-    if (rc) return rc;
+    KIPP_ASSERT(m->slab.k);
+    assert_n_blocks(m, n_blocks);
     cpu_session *s = calloc(1, sizeof *s);
     if (!s) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a pooled session");
     *s = (cpu_session){m, n_blocks, m->slab, 1};

@@ -137,12 +137,8 @@ static int session_new(ref_model *m, uint32_t n_blocks, const kipp_kv_store *sla
                        char *err, size_t errlen)
 {
     *backend_session = NULL;
-    if (n_blocks == 0 || (uint64_t)n_blocks * KIPP_KV_BLOCK > m->d.context_length + (uint64_t)KIPP_KV_BLOCK - 1) {
-        if (err)
-            snprintf(err, errlen, "ref backend: %u KV blocks requested, expected 1..ceil(%u/32)",
-                     n_blocks, m->d.context_length);
-        return KIPP_ERANGE;
-    }
+    /* the engine sized it from a validated capacity (1..context) */
+    KIPP_ASSERT(n_blocks >= 1 && (uint64_t)n_blocks * KIPP_KV_BLOCK <= m->d.context_length + (uint64_t)KIPP_KV_BLOCK - 1);
     ref_session *s = calloc(1, sizeof *s);
     if (!s) goto oom;
     s->n_blocks = n_blocks;
@@ -171,11 +167,7 @@ static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_sessio
 static int ref_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 {
     ref_model *m = bm;
-    if (m->slab.k || n_blocks == 0) {
-        if (err) snprintf(err, errlen, "ref backend: KV pool of %u blocks refused (existing pool: %u blocks); expected one pool of >= 1 block",
-                          n_blocks, m->slab.n_blocks);
-        return KIPP_EINVAL;
-    }
+    KIPP_ASSERT(!m->slab.k && n_blocks >= 1); /* one pool of >= 1 block: engine/session_pool.c */
     if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 1)) {
         if (err) snprintf(err, errlen, "ref backend: out of memory allocating a KV pool of %u blocks", n_blocks);
         return KIPP_ENOMEM;
@@ -186,11 +178,7 @@ static int ref_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen
 static int ref_session_create_pooled(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
 {
     ref_model *m = bm;
-    if (!m->slab.k) {
-        *backend_session = NULL;
-        if (err) snprintf(err, errlen, "ref backend: pooled session requested but the model has no KV pool");
-        return KIPP_EINVAL;
-    }
+    KIPP_ASSERT(m->slab.k); /* the engine asks for pooled sessions of a pooled model only */
     return session_new(m, n_blocks, &m->slab, backend_session, err, errlen);
 }
 

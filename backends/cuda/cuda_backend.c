@@ -40,6 +40,7 @@
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_util.h"
 #include "engine/backend.h"
+#include "engine/backend_util.h"
 #include "engine/kipp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kcuda.h"
@@ -460,12 +461,7 @@ static void range_free(cu_model *m, uint32_t start)
 static int session_new(cu_model *m, uint32_t n_blocks, int pooled, void **backend_session, char *err, size_t errlen)
 {
     *backend_session = NULL;
-    if (n_blocks == 0 || n_blocks > m->max_blocks) {
-        if (err)
-            snprintf(err, errlen, "cuda backend: %u KV blocks requested, expected 1..ceil(%u/32)", n_blocks,
-                     m->d.context_length);
-        return KIPP_ERANGE;
-    }
+    KIPP_ASSERT(n_blocks >= 1 && n_blocks <= m->max_blocks); /* the engine sized it from a validated capacity */
     cu_session *s = calloc(1, sizeof *s);
     if (!s) return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory%s%s", "", "");
     *s = (cu_session){m, n_blocks, 0, pooled};
@@ -484,10 +480,7 @@ static int session_new(cu_model *m, uint32_t n_blocks, int pooled, void **backen
 static int cu_session_create(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
 {
     cu_model *m = bm;
-    if (m->pooled) {
-        *backend_session = NULL;
-        return fail(err, errlen, KIPP_EINVAL, "cuda backend: the model has a KV pool; sessions must be pooled%s%s", "", "");
-    }
+    KIPP_ASSERT(!m->pooled); /* the engine makes pooled sessions of a pooled model */
     return session_new(m, n_blocks, 0, backend_session, err, errlen);
 }
 
@@ -502,14 +495,7 @@ static void cu_session_destroy(void *bs)
 static int cu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 {
     cu_model *m = bm;
-    if (m->pooled || m->n_ranges || n_blocks == 0) {
-        if (err)
-            snprintf(err, errlen,
-                     "cuda backend: KV pool of %u blocks refused (existing pool: %u blocks, %zu private sessions); "
-                     "expected one pool of >= 1 block before any session",
-                     n_blocks, m->pooled ? m->kv_blocks : 0, m->n_ranges);
-        return KIPP_EINVAL;
-    }
+    KIPP_ASSERT(!m->pooled && !m->n_ranges && n_blocks >= 1); /* one pool before any session: engine/session_pool.c */
     cudaSetDevice(m->device);
     if (m->kc) { /* an arena left by private sessions that are all gone */
         cu_destroy_graphs(m);
@@ -531,10 +517,7 @@ static int cu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 static int cu_session_create_pooled(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
 {
     cu_model *m = bm;
-    if (!m->pooled) {
-        *backend_session = NULL;
-        return fail(err, errlen, KIPP_EINVAL, "cuda backend: pooled session requested but the model has no KV pool%s%s", "", "");
-    }
+    KIPP_ASSERT(m->pooled);
     return session_new(m, n_blocks, 1, backend_session, err, errlen);
 }
 
