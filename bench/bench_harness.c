@@ -1,11 +1,11 @@
 /*
- * bench_harness.c - timing, the thread team (the cpu backend pool), PAPI, machine profile and
+ * bench_harness.c - timing, the thread team (engine/threadpool.h), PAPI, machine profile and
  * kipp.bench.v1 result files (bench/harness.h, bench/README.md).
  */
 #include "bench/bench_harness.h"
 #include "engine/safe_io.h"
 
-#include "backends/cpu/cpu_threadpool.h"
+#include "engine/threadpool.h"
 #include "kernels/common.h"
 
 #include <ctype.h>
@@ -65,12 +65,12 @@ int kipp_team_cores(void)
     return n > 0 ? n : 1;
 }
 
-/* ---- thread team: the cpu backend's own pool (backends/cpu/cpu_threadpool.c),
+/* ---- thread team: the pool the cpu backend runs on (engine/threadpool.c),
  * so kernels are timed with the workers, pinning and barriers the forward
  * pass runs on ---- */
 
 struct kipp_team {
-    kipp_cpu_pool *pool;
+    kipp_threadpool *pool;
 };
 
 kipp_team *kipp_team_create(int nth, char *err, size_t errlen)
@@ -86,7 +86,7 @@ kipp_team *kipp_team_create(int nth, char *err, size_t errlen)
         set_err(err, errlen, "out of memory creating a team of %d threads", nth);
         return NULL;
     }
-    if (kipp_cpu_pool_create(nth, &t->pool, err, errlen) != 0) {
+    if (kipp_threadpool_create(nth, &t->pool, err, errlen) != 0) {
         free(t);
         return NULL;
     }
@@ -95,17 +95,17 @@ kipp_team *kipp_team_create(int nth, char *err, size_t errlen)
 
 void kipp_team_run(kipp_team *t, void (*fn)(void *arg, int ith, int nth), void *arg)
 {
-    kipp_cpu_pool_run(t->pool, fn, arg);
+    kipp_threadpool_run(t->pool, fn, arg);
 }
 
 void kipp_team_destroy(kipp_team *t)
 {
     if (!t) return;
-    kipp_cpu_pool_destroy(t->pool);
+    kipp_threadpool_destroy(t->pool);
     free(t);
 }
 
-int kipp_team_size(const kipp_team *t) { return kipp_cpu_pool_size(t->pool); }
+int kipp_team_size(const kipp_team *t) { return kipp_threadpool_size(t->pool); }
 
 /* ---- PAPI ---- */
 

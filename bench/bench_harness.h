@@ -36,7 +36,7 @@ typedef struct {
 /* ---- thread team ---- */
 
 /** A team of nth threads, thread 0 being the caller, each pinned to its own
- * physical core: the cpu backend's pool (backends/cpu/cpu_threadpool.h). */
+ * physical core: the pool the cpu backend runs on (engine/threadpool.h). */
 typedef struct kipp_team kipp_team;
 
 /** Physical cores of this machine (hwloc); >= 1. */

@@ -79,9 +79,13 @@ typedef struct {
 } kipp_model_view;
 
 /**
- * One evaluation item (seed 000). The engine has already checked that
- * start_position equals the session's logical length and that
- * start_position + token_count <= capacity, so the backend only computes.
+ * One evaluation item (seed 000). The engine is the one place that validates
+ * items (engine/session.c), before eval: a session of this model, distinct
+ * across the items; start_position equal to the session's logical length and
+ * start_position + token_count <= capacity; token ids < vocab; logits rows
+ * within token_count with a buffer; block_table entries of the touched pages
+ * < the session's (or the pool's) physical blocks. The backend only computes,
+ * with at most a KIPP_ASSERT of its own invariants (engine/backend_util.h).
  */
 typedef struct {
     void *session;               /* backend session from session_create */
@@ -96,7 +100,11 @@ typedef struct {
 /** The ops table a backend fills (seed 000 shape plus error outputs). */
 typedef struct {
     const char *name; /* "ref", "cpu", ... */
-    /** Prepare weights/scratch/threads for model; *backend_model owned by the backend. */
+    /**
+     * Prepare weights/scratch/threads for model; *backend_model owned by the backend.
+     * The engine has checked the view (kipp_view_check, engine/view_check.c): the
+     * backend refuses only what it cannot run (KIPP_ENOTSUP, KIPP_EINVAL).
+     */
     int (*model_create)(const kipp_model_view *model, void **backend_model, char *err,
                         size_t errlen);
     void (*model_destroy)(void *backend_model);

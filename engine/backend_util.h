@@ -1,8 +1,8 @@
 /*
  * backend_util.h - the error and assert helpers a backend may use, next to
- * the boundary it implements (engine/backend.h). Backends include this, never
- * engine/internal.h (docs/ARCHITECTURE.md "Who may call whom"); the functions live
- * in engine/util.c. Error codes are the public KIPP_E* of engine/kipp.h.
+ * the boundary it implements (engine/backend.h). Backends include this (and
+ * engine/threadpool.h, the worker pool), never engine/internal.h
+ * (docs/ARCHITECTURE.md "Who may call whom"); the functions live in engine/util.c. Error codes are the public KIPP_E* of engine/kipp.h.
  */
 #ifndef KIPP_BACKEND_UTIL_H
 #define KIPP_BACKEND_UTIL_H

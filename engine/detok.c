@@ -1,6 +1,7 @@
 /*
- * detok.c - the public tokenizer entry points of kipp.h (kipp_tokenize,
- * kipp_detokenize) and the streaming detokenizer (seed 000, "Tokenizer").
+ * detok.c - the streaming detokenizer of kipp.h (kipp_detok_stream_*; seed
+ * 000, "Tokenizer"). The whole-buffer entry points, kipp_tokenize and
+ * kipp_detokenize, are in tokenizer_api.c.
  *
  * The stream turns token ids into text a piece at a time and emits only
  * complete UTF-8: a multi-byte character split across tokens (emoji, CJK
@@ -22,35 +23,6 @@ struct kipp_detok_stream {
     char *buf;   /* [cap] bytes decoded but not yet emitted */
     size_t len, cap;
 };
-
-static const kipp_tokenizer *model_tok(const kipp_model *m, char *err, size_t errlen, int *rc)
-{
-    *rc = KIPP_OK;
-    if (!m) *rc = kipp_err(err, errlen, KIPP_EINVAL, "model is NULL; expected an open model");
-    else if (!m->tok) *rc = kipp_err(err, errlen, KIPP_ENOTSUP, "model has no tokenizer loaded");
-    return m ? m->tok : NULL;
-}
-
-int kipp_token_is_added(const kipp_model *model, uint32_t id)
-{
-    return model && model->tok && id < model->tok->n_tokens && model->tok->is_added[id];
-}
-
-int kipp_tokenize(const kipp_model *model, const char *text, size_t len, int flags, uint32_t *ids,
-                  size_t cap, size_t *n_out, char *err, size_t errlen)
-{
-    int rc;
-    const kipp_tokenizer *t = model_tok(model, err, errlen, &rc);
-    return rc ? rc : kipp_tokenizer_encode(t, text, len, flags, ids, cap, n_out, err, errlen);
-}
-
-int kipp_detokenize(const kipp_model *model, const uint32_t *ids, size_t n, char *out, size_t cap,
-                    size_t *n_out, char *err, size_t errlen)
-{
-    int rc;
-    const kipp_tokenizer *t = model_tok(model, err, errlen, &rc);
-    return rc ? rc : kipp_tokenizer_decode(t, ids, n, out, cap, n_out, err, errlen);
-}
 
 kipp_detok_stream *kipp_detok_stream_create(const kipp_model *model)
 {

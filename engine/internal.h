@@ -155,4 +155,12 @@ int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen);
  */
 int kipp_stream_resolve(kipp_model *m, const kipp_model_options *opts, char *err, size_t errlen);
 
+/**
+ * The one check of a model view before a backend sees it (engine/view_check.c):
+ * a Qwen3 shape, every tensor present with its slot's shape, norms and
+ * embedding BF16, projections and head in a weight format. KIPP_EFORMAT with
+ * a sentence naming the tensor, its shape and the expectation.
+ */
+int kipp_view_check(const kipp_model_view *v, char *err, size_t errlen);
+
 #endif

@@ -77,6 +77,17 @@ static void merge_bf16_row(const uint16_t *src, uint16_t *dst, const float *dl, 
     }
 }
 
+/* Either block format (Q8_0, Q4_1): a block whose 32 deltas are all zero is
+ * copied unchanged (st->copied); 1 when it was. */
+static int copy_untouched(const uint8_t *src, uint8_t *dst, size_t bytes, const float *dl, row_ctx *c)
+{
+    for (int j = 0; j < QBLOCK; j++)
+        if (dl[j] != 0.0f) return 0;
+    memcpy(dst, src, bytes);
+    c->st->copied++;
+    return 1;
+}
+
 /* ------------------------------------------------------------------ Q8_0 */
 
 /* A fresh Q8_0 block of x[32] (amax/127 scale, codes round half away, +-127); its squared error. */
@@ -98,13 +109,7 @@ static double refit_q8_0(const float *x, uint16_t *dh, int8_t *q)
 
 static void merge_q8_0_block(const uint8_t *src, uint8_t *dst, const float *dl, uint64_t col0, row_ctx *c)
 {
-    int any = 0;
-    for (int j = 0; j < QBLOCK; j++) any |= dl[j] != 0.0f;
-    if (!any) {
-        memcpy(dst, src, 34);
-        c->st->copied++;
-        return;
-    }
+    if (copy_untouched(src, dst, 34, dl, c)) return;
     uint16_t dh;
     memcpy(&dh, src, 2);
     const int8_t *q = (const int8_t *)(src + 2);
@@ -174,13 +179,7 @@ static void put_q4_1(uint8_t *dst, uint16_t dh, uint16_t mh, const uint8_t *q)
 
 static void merge_q4_1_block(const uint8_t *src, uint8_t *dst, const float *dl, uint64_t col0, row_ctx *c)
 {
-    int any = 0;
-    for (int j = 0; j < QBLOCK; j++) any |= dl[j] != 0.0f;
-    if (!any) {
-        memcpy(dst, src, 20);
-        c->st->copied++;
-        return;
-    }
+    if (copy_untouched(src, dst, 20, dl, c)) return;
     uint16_t dh, mh;
     memcpy(&dh, src, 2);
     memcpy(&mh, src + 2, 2);

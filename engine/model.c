@@ -753,6 +753,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     if (!m->view.stream) (void)madvise(m->map, m->map_size, MADV_WILLNEED);
     m->ops = ops;
     m->view.n_threads = opts ? opts->n_threads : 0;
+    if ((rc = kipp_view_check(&m->view, err, errlen))) return kipp_model_close(m), rc;
     rc = ops->model_create(&m->view, &m->bm, err, errlen);
     if (rc) {
         m->bm = NULL; /* a failed create owns nothing */

@@ -5,13 +5,15 @@
  * The engine owns the logical timeline (length, capacity, block table); the
  * backend owns the KV bytes. Every request is validated here, before the
  * backend is called, so a rejected call computes nothing and appends nothing:
- * capacity, token ids, logits rows. The backend only computes.
+ * sessions, counts, capacity, token ids, logits rows and block tables. The
+ * backend only computes (engine/backend.h).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/kv_pool.h"
 
 static const uint32_t BLOCK = KIPP_KV_BLOCK; /* positions per KV page */
 
@@ -138,6 +140,22 @@ static int check_item(const kipp_model *model, const kipp_batch_item *it, size_t
     return 0;
 }
 
+/* The pages an item writes and reads, [0, (length + count - 1) / 32], must map
+ * to physical blocks of its KV: the session's own n_blocks, or the pool's.
+ * The engine builds every table (identity, kipp_session_set_block_table's
+ * permutation, the pool's mapping), so this guards the engine's own state at
+ * the boundary, where a bad entry would become a wild write in the backend. */
+static int check_blocks(const kipp_model *model, const kipp_batch_item *it, size_t idx, char *err, size_t errlen)
+{
+    const kipp_session *s = it->session;
+    uint32_t limit = model->pool ? kipp_kv_pool_total(model->pool) : s->n_blocks;
+    for (uint32_t b = 0; b <= (s->length + it->token_count - 1) / BLOCK; b++)
+        if (s->block_table[b] >= limit)
+            return kipp_err(err, errlen, KIPP_ERANGE, "item %zu: block_table[%u] = %u, expected < %u physical blocks",
+                            idx, b, s->block_table[b], limit);
+    return 0;
+}
+
 static int check_finite(const float *x, size_t n, size_t *bad)
 {
     for (size_t i = 0; i < n; i++)
@@ -167,6 +185,8 @@ int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *e
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu batch items", n);
     }
     int rc = model->pool ? kipp_pool_batch_map(model, items, n, alloc0, err, errlen) : 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        if ((rc = check_blocks(model, &items[i], i, err, errlen)) && model->pool) kipp_pool_batch_rollback(model, items, n, alloc0);
     for (size_t i = 0; i < n && !rc; i++) {
         const kipp_session *s = items[i].session;
         bi[i] = (kipp_eval_item){s->bs, items[i].tokens, items[i].token_count, s->length, s->block_table,

@@ -71,7 +71,8 @@ static fx_model *fx_model_create(const char *backend, char *err, size_t errlen)
     fx->model.view.w.output_norm = fx_tensor(&cur, 1, D, 0.2f, 1.0f);
     fx->model.view.w.output = fx_tensor(&cur, FX_VOCAB, D, 1.0f, 0.0f); /* untied head */
     fx->model.ops = kipp_backend_find(backend);
-    if (!fx->model.ops || fx->model.ops->model_create(&fx->model.view, &fx->model.bm, err, errlen)) {
+    if (!fx->model.ops || kipp_view_check(&fx->model.view, err, errlen) ||
+        fx->model.ops->model_create(&fx->model.view, &fx->model.bm, err, errlen)) {
         if (!fx->model.ops) kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s'", backend);
         free(layers);
         kipp_aligned_free(fx->arena);

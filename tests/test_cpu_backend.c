@@ -20,6 +20,7 @@
 #include "kernels/cpu/kernels.h"
 #include "tests/test_harness.h"
 #include "engine/internal.h"
+#include "tests/fixture_model.h"
 
 /* Against the scalar FP32 ref backend the fast backend differs only in FP32
  * summation order and a ~2-ulp polynomial exp (FP32 activations, no BF16
@@ -498,35 +499,61 @@ out:
     tmodel_free(t);
 }
 
-/* Bad input gets an error code and a sentence naming the value. */
+/* Bad input gets an error code and a sentence naming the value. Items and
+ * views are refused by the engine, the one place that validates them
+ * (engine/session.c, engine/view_check.c), before the cpu backend sees them,
+ * and a refused eval appends nothing; so are session capacities
+ * (kipp_session_create). The thread count is the pool's own argument. */
 static void test_bad_input(void)
 {
+    char err[256] = "";
+    float logits[3 * FX_VOCAB];
+    uint32_t bad_tok = FX_VOCAB, ok[70] = {0};
+    fx_model *fx = fx_model_create("cpu", err, sizeof err);
+    CHECK(fx != NULL, "fixture model on cpu: %s", err);
+    if (fx) {
+        kipp_model *m = &fx->model;
+        kipp_session *s = NULL;
+        CHECK(kipp_session_create(m, 64, &s, err, sizeof err) == 0, "session: %s", err);
+        err[0] = 0;
+        CHECK(kipp_session_eval_n(s, &bad_tok, 1, 1, logits, err, sizeof err) == KIPP_ERANGE && strstr(err, "512"),
+              "token 512 >= vocab: '%s'", err);
+        err[0] = 0;
+        CHECK(kipp_session_eval_n(s, ok, 65, 1, logits, err, sizeof err) == KIPP_ERANGE && strstr(err, "65"),
+              "65 tokens in 64 positions: '%s'", err);
+        kipp_batch_item it = {s, ok, 2, 3, logits};
+        err[0] = 0;
+        CHECK(kipp_eval_batch(m, &it, 1, err, sizeof err) == KIPP_EINVAL && strstr(err, "3 logits rows"),
+              "logits_count 3 > 2 tokens: '%s'", err);
+        kipp_batch_item two[2] = {{s, ok, 1, 0, NULL}, {s, ok, 1, 0, NULL}};
+        err[0] = 0;
+        CHECK(kipp_eval_batch(m, two, 2, err, sizeof err) == KIPP_EINVAL && strstr(err, "share a session"),
+              "duplicate sessions: '%s'", err);
+        s->block_table[1] = 7; /* the engine's own state gone wrong: page 1 -> block 7 of 2 */
+        err[0] = 0;
+        CHECK(kipp_session_eval_n(s, ok, 40, 1, logits, err, sizeof err) == KIPP_ERANGE && strstr(err, "block_table[1] = 7"),
+              "block 7 of a 2-block session: '%s'", err);
+        s->block_table[1] = 1;
+        CHECK(kipp_session_length(s) == 0, "refused evals appended %u tokens", kipp_session_length(s));
+        CHECK(kipp_session_eval_n(s, ok, 40, 1, logits, err, sizeof err) == 0, "eval after the refusals: %s", err);
+        kipp_session_destroy(s);
+        s = NULL;
+        err[0] = 0;
+        CHECK(kipp_session_create(m, 0, &s, err, sizeof err) == KIPP_ERANGE && strstr(err, "0 tokens"), "capacity 0: '%s'", err);
+        CHECK(kipp_session_create(m, FX_CTX + 1, &s, err, sizeof err) == KIPP_ERANGE && strstr(err, "301"),
+              "capacity 301 > context 300: '%s'", err);
+        kipp_model_view v = m->view;
+        kipp_qwen3_layer layers[2];
+        memcpy(layers, v.w.layers, sizeof layers);
+        layers[1].wq.rows--;
+        v.w.layers = layers;
+        err[0] = 0;
+        CHECK(kipp_view_check(&m->view, err, sizeof err) == 0, "the fixture's view: %s", err);
+        CHECK(kipp_view_check(&v, err, sizeof err) == KIPP_EFORMAT && strstr(err, "attn_q of layer 1"),
+              "attn_q of layer 1 one row short: '%s'", err);
+        fx_model_destroy(fx);
+    }
     tmodel *t = shape(2);
-    bk b;
-    sess s;
-    char err[256];
-    float logits[512];
-    if (bk_open(&b, "cpu", t, 2) || sess_open(&b, &s, 2, NULL)) goto out;
-    uint32_t bad_tok = 512, ok[70] = {0};
-    kipp_eval_item it = {s.bs, &bad_tok, 1, 0, s.bt, 1, logits};
-    err[0] = 0;
-    CHECK(b.ops->eval(b.bm, &it, 1, err, sizeof err) == KIPP_ERANGE && strstr(err, "512"), "token 512 >= vocab: '%s'", err);
-    it = (kipp_eval_item){s.bs, ok, 65, 0, s.bt, 1, logits};
-    err[0] = 0;
-    CHECK(b.ops->eval(b.bm, &it, 1, err, sizeof err) == KIPP_ERANGE && strstr(err, "65"), "65 tokens in 64 positions: '%s'", err);
-    it = (kipp_eval_item){s.bs, ok, 2, 0, s.bt, 3, logits};
-    err[0] = 0;
-    CHECK(b.ops->eval(b.bm, &it, 1, err, sizeof err) == KIPP_EINVAL && err[0], "logits_count 3 > 2 tokens: '%s'", err);
-    kipp_eval_item two[2] = {{s.bs, ok, 1, 0, s.bt, 0, NULL}, {s.bs, ok, 1, 0, s.bt, 0, NULL}};
-    err[0] = 0;
-    CHECK(b.ops->eval(b.bm, two, 2, err, sizeof err) == KIPP_EINVAL && err[0], "duplicate sessions: '%s'", err);
-    void *bs = NULL;
-    err[0] = 0;
-    CHECK(b.ops->session_create(b.bm, 0, &bs, err, sizeof err) == KIPP_ERANGE && strstr(err, "0"), "0 blocks: '%s'", err);
-    CHECK(b.ops->session_create(b.bm, 33, &bs, err, sizeof err) == KIPP_ERANGE && strstr(err, "33"), "33 blocks > 1024/32: '%s'", err);
-    b.ops->session_destroy(s.bs);
-out:
-    bk_close(&b);
     kipp_model_view v = t->v;
     v.n_threads = -1;
     void *bm = NULL;

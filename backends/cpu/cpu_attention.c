@@ -151,7 +151,7 @@ static void attend_rows(cpu_round *r, uint32_t layer, int ith, int nth)
                           an < end ? an : K_ATTN_NO_NEXT, scale, ml, ml + H, acc);
         }
     }
-    kipp_cpu_pool_barrier(m->pool);
+    kipp_threadpool_barrier(m->pool);
     for (uint32_t u = (uint32_t)ith; u < r->n_rows * split; u += (uint32_t)nth) {
         uint32_t row = u / split;
         size_t g0 = (size_t)(u % split) * width * group, n = (size_t)width * group, off = (size_t)row * m->A;

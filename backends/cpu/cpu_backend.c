@@ -223,7 +223,7 @@ static void drop_pages(const void *p, size_t n)
 static void pack_span(cpu_model *m, pack_job *jobs, size_t j0, size_t j1)
 {
     pack_task t = {m, jobs + j0, j1 - j0};
-    kipp_cpu_pool_run(m->pool, pack_run, &t);
+    kipp_threadpool_run(m->pool, pack_run, &t);
     for (size_t i = j0; i < j1; i++) drop_pages(jobs[i].src, k_fmt_file_bytes(k_fmt_get(jobs[i].fmt), jobs[i].rows, jobs[i].cols));
 }
 
@@ -280,27 +280,19 @@ static int check_weight(const kipp_tensor_view *w, const char *name, char *err, 
     return 0;
 }
 
-/* The shapes this backend relies on; the loader has validated them against
- * the registry, so a failure here is a caller bug, reported as EINVAL. */
+/* What this backend can run beyond the shape the engine checked
+ * (kipp_view_check): at most 64 query heads per KV head, a vocabulary of
+ * whole 16-row head panels, and projections in a format it packs, one
+ * format per fused weight. Anything else is KIPP_ENOTSUP/KIPP_EINVAL here. */
 static int check_view(const kipp_model_view *v, char *err, size_t errlen)
 {
     const kipp_dims *d = &v->dims;
-    if (d->head_dim != KIPP_HEAD_DIM || d->n_kv_head != KIPP_N_KV_HEAD)
-        return kipp_err(err, errlen, KIPP_EINVAL, "head_dim %u / n_kv_head %u unsupported; expected 128 / 8", d->head_dim, d->n_kv_head);
-    if (d->n_q_head % KIPP_N_KV_HEAD || d->n_q_head / KIPP_N_KV_HEAD > 64 || d->d_model % 32 || d->d_ff % 32)
-        return kipp_err(err, errlen, KIPP_EINVAL, "n_q_head %u, d_model %u, d_ff %u unsupported; expected a multiple of 8 (<= 512) and multiples of 32",
-                        d->n_q_head, d->d_model, d->d_ff);
-    if (!v->w.layers || d->n_layer == 0 || d->context_length == 0)
-        return kipp_err(err, errlen, KIPP_EINVAL, "model view has %u layers, context %u and layers %p; expected a bound model",
-                        d->n_layer, d->context_length, (const void *)v->w.layers);
-    const kipp_tensor_view *t[] = {&v->w.token_embd, &v->w.output_norm};
-    for (size_t i = 0; i < 2; i++)
-        if (!t[i]->data || t[i]->dtype != KIPP_DTYPE_BF16)
-            return kipp_err(err, errlen, KIPP_EINVAL, "%s has dtype %u; the cpu backend expects bf16 (type 30)",
-                            i ? "output_norm" : "token_embd", t[i]->dtype);
-    if (d->vocab_size % 16 || v->w.output.rows != d->vocab_size || v->w.output.cols != d->d_model)
-        return kipp_err(err, errlen, KIPP_EINVAL, "output head is [%llu][%llu] for vocab %u; expected [vocab][d_model] with vocab %% 16 == 0 (packed panels)",
-                        (unsigned long long)v->w.output.rows, (unsigned long long)v->w.output.cols, d->vocab_size);
+    if (d->n_q_head / KIPP_N_KV_HEAD > 64)
+        return kipp_err(err, errlen, KIPP_EINVAL, "n_q_head %u unsupported; the cpu backend takes at most 64 query heads per KV head (512)",
+                        d->n_q_head);
+    if (d->vocab_size % 16)
+        return kipp_err(err, errlen, KIPP_EINVAL, "vocab %u unsupported; the cpu backend packs the head in panels of 16 rows (vocab %% 16 == 0)",
+                        d->vocab_size);
     int rc = check_weight(&v->w.output, "output", err, errlen);
     for (uint32_t l = 0; !rc && l < d->n_layer; l++) {
         const kipp_qwen3_layer *L = &v->w.layers[l];
@@ -327,9 +319,9 @@ static int cpu_model_create(const kipp_model_view *v, void **out, char *err, siz
     choose_kernels(m);
     rc = choose_bf16_read(m, err, errlen);
     if (rc) { cpu_model_destroy(m); return rc; }
-    rc = kipp_cpu_pool_create(v->n_threads, &m->pool, err, errlen);
+    rc = kipp_threadpool_create(v->n_threads, &m->pool, err, errlen);
     if (rc) { cpu_model_destroy(m); return rc; }
-    m->nth = kipp_cpu_pool_size(m->pool);
+    m->nth = kipp_threadpool_size(m->pool);
     m->A = (size_t)m->d.n_q_head * KIPP_HEAD_DIM;
     m->QKV = m->A + 2 * KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
     if (v->stream) {
@@ -352,7 +344,7 @@ static void cpu_model_destroy(void *bm)
 {
     cpu_model *m = bm;
     if (!m) return;
-    kipp_cpu_pool_destroy(m->pool);
+    kipp_threadpool_destroy(m->pool);
     kipp_cpu_stream_destroy(m->st);
     kipp_kv_store_free(&m->slab);
     float *f[] = {m->x, m->xn, m->qkv, m->att, m->tmp, m->gu, m->sw, m->head_tmp, m->tile_buf, m->att1, m->lane_ml, m->rope};
@@ -370,20 +362,20 @@ static void cpu_model_destroy(void *bm)
     free(m);
 }
 
-static int check_n_blocks(const cpu_model *m, uint32_t n_blocks, char *err, size_t errlen)
+/* Sessions and the pool are sized by the engine, which has validated the
+ * capacity (1..context, kipp_session_create) and the pool (one, >= 1 block,
+ * before any session, engine/session_pool.c): these asserts keep the
+ * backend's own invariants only. */
+static void assert_n_blocks(const cpu_model *m, uint32_t n_blocks)
 {
-    uint32_t max_blocks = (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK;
-    if (n_blocks == 0 || n_blocks > max_blocks)
-        return kipp_err(err, errlen, KIPP_ERANGE, "n_blocks %u is out of range; expected 1..%u (context %u / 32)", n_blocks, max_blocks, m->d.context_length);
-    return 0;
+    KIPP_ASSERT(n_blocks >= 1 && n_blocks <= (m->d.context_length + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK);
 }
 
 static int cpu_session_create(void *bm, uint32_t n_blocks, void **out, char *err, size_t errlen)
 {
     cpu_model *m = bm;
     *out = NULL;
-    int rc = check_n_blocks(m, n_blocks, err, errlen);
-    if (rc) return rc;
+    assert_n_blocks(m, n_blocks);
     cpu_session *s = calloc(1, sizeof *s);
     if (!s || kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 0)) {
         free(s);
@@ -408,8 +400,7 @@ static void cpu_session_destroy(void *bs)
 static int cpu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 {
     cpu_model *m = bm;
-    if (m->slab.k) return kipp_err(err, errlen, KIPP_EINVAL, "the cpu backend model already has a KV pool of %u blocks", m->slab.n_blocks);
-    if (n_blocks == 0) return kipp_err(err, errlen, KIPP_ERANGE, "a KV pool of 0 blocks was requested, expected at least 1");
+    KIPP_ASSERT(!m->slab.k && n_blocks >= 1);
     if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 0))
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a KV pool of %u blocks (2 x %zu bytes)", n_blocks,
                         (size_t)m->d.n_layer * n_blocks * kipp_kv_block_elems() * sizeof(kipp_bf16));
@@ -420,9 +411,8 @@ static int cpu_session_create_pooled(void *bm, uint32_t n_blocks, void **out, ch
 {
     cpu_model *m = bm;
     *out = NULL;
-    if (!m->slab.k) return kipp_err(err, errlen, KIPP_EINVAL, "pooled session requested but the cpu backend model has no KV pool");
-    int rc = check_n_blocks(m, n_blocks, err, errlen);
-    if (rc) return rc;
+    KIPP_ASSERT(m->slab.k);
+    assert_n_blocks(m, n_blocks);
     cpu_session *s = calloc(1, sizeof *s);
     if (!s) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a pooled session");
     *s = (cpu_session){m, n_blocks, m->slab, 1};
@@ -437,30 +427,16 @@ static void cpu_pool_copy_block(void *bm, uint32_t src, uint32_t dst)
     kipp_kv_store_copy_block(&m->slab, src, dst);
 }
 
-/* Defensive checks of what the engine promises (engine/backend.h), so a bad
- * direct caller gets an error instead of a wild write. */
-static int check_items(const cpu_model *m, const kipp_eval_item *items, size_t n, char *err, size_t errlen)
+/* The engine has validated the items (engine/session.c, engine/backend.h);
+ * what stays is this backend's own invariant, that every row lands inside
+ * the session's KV. */
+static void assert_items(const cpu_model *m, const kipp_eval_item *items, size_t n)
 {
-    if (!items || n == 0) return kipp_err(err, errlen, KIPP_EINVAL, "eval got %zu items at %p; expected at least one", n, (const void *)items);
+    KIPP_ASSERT(items && n);
     for (size_t i = 0; i < n; i++) {
-        const kipp_eval_item *it = &items[i];
-        const cpu_session *s = it->session;
-        if (!s || s->m != m || !it->tokens || !it->block_table || it->token_count == 0)
-            return kipp_err(err, errlen, KIPP_EINVAL, "item %zu has a missing session/tokens/block table or 0 tokens; expected a session of this model and >= 1 token", i);
-        for (size_t j = 0; j < i; j++)
-            if (items[j].session == s) return kipp_err(err, errlen, KIPP_EINVAL, "items %zu and %zu share a session; expected distinct sessions", j, i);
-        if ((uint64_t)it->start_position + it->token_count > (uint64_t)s->n_blocks * KIPP_KV_BLOCK)
-            return kipp_err(err, errlen, KIPP_ERANGE, "item %zu: start %u + %u tokens exceeds the session's %u positions", i, it->start_position, it->token_count, s->n_blocks * KIPP_KV_BLOCK);
-        if (it->logits_count > it->token_count || (it->logits_count && !it->logits))
-            return kipp_err(err, errlen, KIPP_EINVAL, "item %zu: logits_count %u with %u tokens and logits %p; expected <= token_count and a buffer", i, it->logits_count, it->token_count, (void *)it->logits);
-        for (uint32_t t = 0; t < it->token_count; t++)
-            if (it->tokens[t] >= m->d.vocab_size)
-                return kipp_err(err, errlen, KIPP_ERANGE, "item %zu token %u is id %u; expected < vocab %u", i, t, it->tokens[t], m->d.vocab_size);
-        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / KIPP_KV_BLOCK; b++)
-            if (it->block_table[b] >= s->kv.n_blocks)
-                return kipp_err(err, errlen, KIPP_ERANGE, "item %zu block_table[%u] = %u; expected < %u physical blocks", i, b, it->block_table[b], s->kv.n_blocks);
+        const cpu_session *s = items[i].session;
+        KIPP_ASSERT(s && s->m == m && (uint64_t)items[i].start_position + items[i].token_count <= (uint64_t)s->n_blocks * KIPP_KV_BLOCK);
     }
-    return 0;
 }
 
 /* Cut the round's rows into prefill query tiles: runs of consecutive rows of
@@ -513,15 +489,15 @@ static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, 
 static int cpu_eval(void *bm, kipp_eval_item *items, size_t n, char *err, size_t errlen)
 {
     cpu_model *m = bm;
-    int rc = check_items(m, items, n, err, errlen);
-    if (rc) return rc;
+    (void)err, (void)errlen;
+    assert_items(m, items, n);
     cpu_round r;
     memset(&r, 0, sizeof r);
     r.m = m;
     r.items = items;
     size_t ci = 0;
     uint32_t co = 0;
-    while (pack_round(&r, items, n, &ci, &co) > 0) kipp_cpu_pool_run(m->pool, kipp_cpu_forward_round, &r);
+    while (pack_round(&r, items, n, &ci, &co) > 0) kipp_threadpool_run(m->pool, kipp_cpu_forward_round, &r);
     return 0;
 }
 
@@ -548,7 +524,7 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
         PUT("%s %s %s/%s", w ? "," : "", proj[w], fi->name, k_act_name(fi->act));
     }
     PUT(" (format/activations)\n");
-    PUT("threads: %d (%s)\n", m->nth, kipp_cpu_pool_pinning(m->pool));
+    PUT("threads: %d (%s)\n", m->nth, kipp_threadpool_pinning(m->pool));
     const char *att = m->flash_gqa == m->k->flash_gqa_bf16 ? "bf16" : "dot";
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
         "k_flash_gqa_%s in %u-token query tiles (prefill), k_flash_rows_%s per page of each lane (decode), "

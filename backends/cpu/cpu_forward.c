@@ -120,31 +120,31 @@ static void swiglu_share(cpu_round *r, const k_weight *down, int ith, int nth)
 static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int ith, int nth)
 {
     cpu_model *m = r->m;
-    kipp_cpu_pool *pool = m->pool;
+    kipp_threadpool *pool = m->pool;
     const cpu_layer *P = &m->lw[l];
     uint32_t n = r->n_rows;
     if (m->st && ith == 0) /* prefetch what runs next: layer l+1, after the last the head (or layer 0 without logits) */
         kipp_cpu_stream_begin(m, l, l + 1 < m->d.n_layer ? l + 1 : r->n_logits ? m->d.n_layer : 0);
     linear(m, &P->qkv, m->xn, m->qkv, n, ith, nth);                   /* step 2 */
     if (ith == 0) atomic_store(&r->attn_next, 0);
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     qk_rows(r, l, ith, nth);                                          /* steps 3-4, KV write */
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     kipp_cpu_attention(r, l, ith, nth);                               /* step 5 (+ cvt of att) */
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     linear(m, &P->o, m->att, m->tmp, n, ith, nth);                    /* step 6 */
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     add_norm_rows(r, &m->w.layers[l].ffn_norm, &P->gu, ith, nth);     /* steps 6-7 */
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     linear(m, &P->gu, m->xn, m->gu, n, ith, nth);                     /* step 8 */
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     swiglu_share(r, &P->down, ith, nth);
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     linear(m, &P->down, m->sw, m->tmp, n, ith, nth);
-    kipp_cpu_pool_barrier(pool);
+    kipp_threadpool_barrier(pool);
     if (next) {                                                        /* step 9 + next step 1 */
         add_norm_rows(r, next, &m->lw[l + 1].qkv, ith, nth);
-        kipp_cpu_pool_barrier(pool);
+        kipp_threadpool_barrier(pool);
     }
 }
 
@@ -201,11 +201,11 @@ void kipp_cpu_forward_round(void *arg, int ith, int nth)
     cpu_model *m = r->m;
     uint32_t nl = m->d.n_layer;
     embed_rows(r, ith, nth);
-    kipp_cpu_pool_barrier(m->pool);
+    kipp_threadpool_barrier(m->pool);
     for (uint32_t l = 0; l < nl; l++)
         layer(r, l, l + 1 < nl ? &m->w.layers[l + 1].attn_norm : NULL, ith, nth);
     if (r->n_logits == 0) return;
     final_rows(r, ith, nth);
-    kipp_cpu_pool_barrier(m->pool);
+    kipp_threadpool_barrier(m->pool);
     head(r, ith, nth);
 }

@@ -14,9 +14,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "backends/cpu/cpu_threadpool.h"
 #include "backends/cpu/kv_store.h"
 #include "engine/backend.h"
+#include "engine/threadpool.h"
 #include "kernels/cpu/kernels.h"
 
 /* Token rows per round. 256 keeps the tiled matmul's token loop long enough to
@@ -77,7 +77,7 @@ typedef struct cpu_model {
                                   through vdpbf16ps); the head reads K_FMT_BF16 */
     k_flash_gqa_bf16_fn flash_gqa;   /* the mode's attention walks: flash_*_bf16 (f32) or flash_*_dot (mixed, bf16) */
     k_flash_rows_bf16_fn flash_rows;
-    kipp_cpu_pool *pool;
+    kipp_threadpool *pool;
     int nth;
     size_t A, QKV;             /* n_q_head*128; A + 2*1024 (row width of qkv) */
     cpu_layer *lw;             /* [n_layer] views into packed */
@@ -124,7 +124,7 @@ typedef struct {
     atomic_uint attn_next;     /* dynamic attention work counter */
 } cpu_round;
 
-/** Run one round on the calling worker (SPMD body of kipp_cpu_pool_run). */
+/** Run one round on the calling worker (SPMD body of kipp_threadpool_run). */
 void kipp_cpu_forward_round(void *round, int ith, int nth);
 
 /**

@@ -20,6 +20,7 @@
 
 #include "backends/cpu/kv_store.h"
 #include "engine/backend.h"
+#include "engine/backend_util.h"
 #include "kernels/cpu/kernels.h"
 #include "engine/kipp.h"
 
@@ -61,77 +62,12 @@ static const kipp_bf16 *bf(const kipp_tensor_view *t) { return (const kipp_bf16 
 
 /* ---- model ---- */
 
-/* Norms and the embedding are bf16; a projection (quant != 0) may be any
- * weight format the kernels know (kernels.h k_fmt_from_gguf). */
-static int check_tensor_q(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
-                          int quant, char *err, size_t errlen)
-{
-    int type_ok = t->dtype == KIPP_DTYPE_BF16 || (quant && k_fmt_from_gguf(t->dtype) >= 0);
-    if (t->data && type_ok && t->rows == rows && t->cols == cols) return 0;
-    if (err)
-        snprintf(err, errlen,
-                 "ref backend: tensor %s is [%llu][%llu] dtype %u (data %s), expected [%llu][%llu] %s",
-                 name, (unsigned long long)t->rows, (unsigned long long)t->cols, t->dtype,
-                 t->data ? "set" : "NULL", (unsigned long long)rows, (unsigned long long)cols,
-                 quant ? "in a weight format (bf16 = 30)" : "bf16");
-    return KIPP_EFORMAT;
-}
-
-static int check_tensor(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
-                        char *err, size_t errlen)
-{
-    return check_tensor_q(t, name, rows, cols, 0, err, errlen);
-}
-
-static int check_weight(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols,
-                        char *err, size_t errlen)
-{
-    return check_tensor_q(t, name, rows, cols, 1, err, errlen);
-}
-
 /* y[n][rows] = x[n][cols] W^T through W's format oracle over the file layout
  * (seed 000 "type-dispatched matvec"; kernels.h k_fmt_info.linear_ref). */
 static void linear_ref(const kipp_tensor_view *w, const float *x, float *y, uint32_t n)
 {
     const k_fmt_info *fi = k_fmt_get((k_fmt)k_fmt_from_gguf(w->dtype));
     fi->linear_ref(w->data, x, y, w->rows, w->cols, n, 0, 1);
-}
-
-/* The loader validated the file; this re-checks what the forward relies on, so a
- * hand-built view (tests, future loaders) fails with a sentence, not a crash. */
-static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
-{
-    const kipp_dims *d = &mv->dims;
-    if (d->head_dim != KIPP_HEAD_DIM || d->n_kv_head != KIPP_N_KV_HEAD || d->n_q_head == 0 ||
-        d->n_q_head % KIPP_N_KV_HEAD || d->d_model == 0 || d->d_model % 32 || d->d_ff == 0 ||
-        d->d_ff % 32 || d->n_layer == 0 || d->vocab_size == 0 || !mv->w.layers) {
-        if (err)
-            snprintf(err, errlen,
-                     "ref backend: dims d_model %u, n_layer %u, n_q_head %u, n_kv_head %u, head_dim %u, "
-                     "d_ff %u, vocab %u are not a Qwen3 shape (expected 8 KV heads of 128, n_q_head a "
-                     "multiple of 8, widths multiples of 32, layers present)",
-                     d->d_model, d->n_layer, d->n_q_head, d->n_kv_head, d->head_dim, d->d_ff, d->vocab_size);
-        return KIPP_EFORMAT;
-    }
-    uint64_t A = (uint64_t)d->n_q_head * KIPP_HEAD_DIM, D = d->d_model, F = d->d_ff;
-    int rc = check_tensor(&mv->w.token_embd, "token_embd", d->vocab_size, D, err, errlen);
-    if (!rc) rc = check_tensor(&mv->w.output_norm, "output_norm", 1, D, err, errlen);
-    if (!rc) rc = check_weight(&mv->w.output, "output", d->vocab_size, D, err, errlen);
-    for (uint32_t i = 0; !rc && i < d->n_layer; i++) {
-        const kipp_qwen3_layer *L = &mv->w.layers[i];
-        rc = check_tensor(&L->attn_norm, "attn_norm", 1, D, err, errlen);
-        if (!rc) rc = check_weight(&L->wq, "attn_q", A, D, err, errlen);
-        if (!rc) rc = check_weight(&L->wk, "attn_k", REF_KV_WIDTH, D, err, errlen);
-        if (!rc) rc = check_weight(&L->wv, "attn_v", REF_KV_WIDTH, D, err, errlen);
-        if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, KIPP_HEAD_DIM, err, errlen);
-        if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, KIPP_HEAD_DIM, err, errlen);
-        if (!rc) rc = check_weight(&L->wo, "attn_output", D, A, err, errlen);
-        if (!rc) rc = check_tensor(&L->ffn_norm, "ffn_norm", 1, D, err, errlen);
-        if (!rc) rc = check_weight(&L->w_gate, "ffn_gate", F, D, err, errlen);
-        if (!rc) rc = check_weight(&L->w_up, "ffn_up", F, D, err, errlen);
-        if (!rc) rc = check_weight(&L->w_down, "ffn_down", D, F, err, errlen);
-    }
-    return rc;
 }
 
 static void ref_model_destroy(void *bm)
@@ -153,9 +89,7 @@ static float *scratch(size_t rows, size_t cols, int *fail)
 
 static int ref_model_create(const kipp_model_view *mv, void **backend_model, char *err, size_t errlen)
 {
-    *backend_model = NULL;
-    int rc = check_view(mv, err, errlen);
-    if (rc) return rc;
+    *backend_model = NULL; /* mv passed kipp_view_check (engine/view_check.c): every format is one ref runs */
     ref_model *m = calloc(1, sizeof *m);
     if (!m) goto oom;
     m->d = mv->dims;
@@ -203,12 +137,8 @@ static int session_new(ref_model *m, uint32_t n_blocks, const kipp_kv_store *sla
                        char *err, size_t errlen)
 {
     *backend_session = NULL;
-    if (n_blocks == 0 || (uint64_t)n_blocks * KIPP_KV_BLOCK > m->d.context_length + (uint64_t)KIPP_KV_BLOCK - 1) {
-        if (err)
-            snprintf(err, errlen, "ref backend: %u KV blocks requested, expected 1..ceil(%u/32)",
-                     n_blocks, m->d.context_length);
-        return KIPP_ERANGE;
-    }
+    /* the engine sized it from a validated capacity (1..context) */
+    KIPP_ASSERT(n_blocks >= 1 && (uint64_t)n_blocks * KIPP_KV_BLOCK <= m->d.context_length + (uint64_t)KIPP_KV_BLOCK - 1);
     ref_session *s = calloc(1, sizeof *s);
     if (!s) goto oom;
     s->n_blocks = n_blocks;
@@ -237,11 +167,7 @@ static int ref_session_create(void *bm, uint32_t n_blocks, void **backend_sessio
 static int ref_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 {
     ref_model *m = bm;
-    if (m->slab.k || n_blocks == 0) {
-        if (err) snprintf(err, errlen, "ref backend: KV pool of %u blocks refused (existing pool: %u blocks); expected one pool of >= 1 block",
-                          n_blocks, m->slab.n_blocks);
-        return KIPP_EINVAL;
-    }
+    KIPP_ASSERT(!m->slab.k && n_blocks >= 1); /* one pool of >= 1 block: engine/session_pool.c */
     if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 1)) {
         if (err) snprintf(err, errlen, "ref backend: out of memory allocating a KV pool of %u blocks", n_blocks);
         return KIPP_ENOMEM;
@@ -252,11 +178,7 @@ static int ref_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen
 static int ref_session_create_pooled(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
 {
     ref_model *m = bm;
-    if (!m->slab.k) {
-        *backend_session = NULL;
-        if (err) snprintf(err, errlen, "ref backend: pooled session requested but the model has no KV pool");
-        return KIPP_EINVAL;
-    }
+    KIPP_ASSERT(m->slab.k); /* the engine asks for pooled sessions of a pooled model only */
     return session_new(m, n_blocks, &m->slab, backend_session, err, errlen);
 }
 
@@ -405,31 +327,15 @@ static void eval_item(ref_model *m, const kipp_eval_item *it)
     }
 }
 
-/* The engine validated positions, capacity and token ids (backend.h); the
- * checks here guard the invariants the forward would otherwise corrupt memory on. */
+/* The engine validated the items (engine/session.c, backend.h); the assert
+ * keeps this backend's own invariant, every row inside the session's KV. */
 static int ref_eval(void *bm, kipp_eval_item *items, size_t item_count, char *err, size_t errlen)
 {
     ref_model *m = bm;
+    (void)err, (void)errlen;
     for (size_t i = 0; i < item_count; i++) {
-        const kipp_eval_item *it = &items[i];
-        const ref_session *s = it->session;
-        if (!s || !it->tokens || !it->block_table || it->token_count == 0 ||
-            it->logits_count > it->token_count || (it->logits_count && !it->logits) ||
-            (uint64_t)it->start_position + it->token_count > s->n_pos) {
-            if (err)
-                snprintf(err, errlen,
-                         "ref backend: item %zu (start %u, %u tokens, %u logits rows) does not fit a "
-                         "session of %u positions or lacks tokens/block table/logits",
-                         i, it->start_position, it->token_count, it->logits_count, s ? s->n_pos : 0);
-            return KIPP_EINVAL;
-        }
-        for (uint32_t b = 0; b <= (it->start_position + it->token_count - 1) / KIPP_KV_BLOCK; b++)
-            if (it->block_table[b] >= s->kv.n_blocks) {
-                if (err)
-                    snprintf(err, errlen, "ref backend: item %zu block_table[%u] = %u, expected < %u physical blocks",
-                             i, b, it->block_table[b], s->kv.n_blocks);
-                return KIPP_ERANGE;
-            }
+        const ref_session *s = items[i].session;
+        KIPP_ASSERT(s && (uint64_t)items[i].start_position + items[i].token_count <= s->n_pos);
     }
     for (size_t i = 0; i < item_count; i++) eval_item(m, &items[i]);
     return 0;

@@ -40,6 +40,7 @@
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_util.h"
 #include "engine/backend.h"
+#include "engine/backend_util.h"
 #include "engine/kipp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kcuda.h"
@@ -110,61 +111,32 @@ static const char *dtype_name(uint32_t t)
     }
 }
 
-/* Shapes as ref_backend.c check_view, dtypes as the CUDA kernels take them. */
-static int check_tensor(const kipp_tensor_view *t, const char *name, uint64_t rows, uint64_t cols, int weight,
-                        char *err, size_t errlen)
+/* The engine checked the view's shape (kipp_view_check, engine/view_check.c);
+ * what stays is what the CUDA kernels take: BF16 norms and embedding, and
+ * projections and head in BF16, Q8_0 or Q4_1 (KIPP_ENOTSUP otherwise). */
+static int check_dtype(const kipp_tensor_view *t, const char *name, int weight, char *err, size_t errlen)
 {
-    int ok_type = t->dtype == KIPP_DTYPE_BF16 ||
-                  (weight && (t->dtype == KIPP_DTYPE_Q8_0 || t->dtype == KIPP_DTYPE_Q4_1));
-    if (!t->data || t->rows != rows || t->cols != cols) {
-        if (err)
-            snprintf(err, errlen, "cuda backend: tensor %s is [%llu][%llu] (data %s), expected [%llu][%llu]", name,
-                     (unsigned long long)t->rows, (unsigned long long)t->cols, t->data ? "set" : "NULL",
-                     (unsigned long long)rows, (unsigned long long)cols);
-        return KIPP_EFORMAT;
-    }
-    if (!ok_type) {
-        if (err)
-            snprintf(err, errlen,
-                     "cuda backend: tensor %s has dtype %u (%s), which the CUDA kernels do not take; expected %s",
-                     name, t->dtype, dtype_name(t->dtype),
-                     weight ? "bf16, q8_0 or affine4_gs32 (Q4_1)" : "bf16");
-        return KIPP_ENOTSUP;
-    }
-    return 0;
+    if (t->dtype == KIPP_DTYPE_BF16 || (weight && (t->dtype == KIPP_DTYPE_Q8_0 || t->dtype == KIPP_DTYPE_Q4_1)))
+        return 0;
+    if (err)
+        snprintf(err, errlen, "cuda backend: tensor %s has dtype %u (%s), which the CUDA kernels do not take; expected %s",
+                 name, t->dtype, dtype_name(t->dtype), weight ? "bf16, q8_0 or affine4_gs32 (Q4_1)" : "bf16");
+    return KIPP_ENOTSUP;
 }
 
 static int check_view(const kipp_model_view *mv, char *err, size_t errlen)
 {
-    const kipp_dims *d = &mv->dims;
-    if (d->head_dim != KIPP_HEAD_DIM || d->n_kv_head != KIPP_N_KV_HEAD || d->n_q_head == 0 ||
-        d->n_q_head % KIPP_N_KV_HEAD || d->d_model == 0 || d->d_model % 32 || d->d_ff == 0 || d->d_ff % 32 ||
-        d->n_layer == 0 || d->vocab_size == 0 || d->context_length == 0 || !mv->w.layers) {
-        if (err)
-            snprintf(err, errlen,
-                     "cuda backend: dims d_model %u, n_layer %u, n_q_head %u, n_kv_head %u, head_dim %u, d_ff %u, "
-                     "vocab %u are not a Qwen3 shape (expected 8 KV heads of 128, n_q_head a multiple of 8, "
-                     "widths multiples of 32, layers present)",
-                     d->d_model, d->n_layer, d->n_q_head, d->n_kv_head, d->head_dim, d->d_ff, d->vocab_size);
-        return KIPP_EFORMAT;
-    }
-    uint64_t A = (uint64_t)d->n_q_head * KIPP_HEAD_DIM, D = d->d_model, F = d->d_ff;
-    int rc = check_tensor(&mv->w.token_embd, "token_embd", d->vocab_size, D, 0, err, errlen);
-    if (!rc) rc = check_tensor(&mv->w.output_norm, "output_norm", 1, D, 0, err, errlen);
-    if (!rc) rc = check_tensor(&mv->w.output, "output", d->vocab_size, D, 1, err, errlen);
-    for (uint32_t i = 0; !rc && i < d->n_layer; i++) {
+    int rc = check_dtype(&mv->w.token_embd, "token_embd", 0, err, errlen);
+    if (!rc) rc = check_dtype(&mv->w.output_norm, "output_norm", 0, err, errlen);
+    if (!rc) rc = check_dtype(&mv->w.output, "output", 1, err, errlen);
+    for (uint32_t i = 0; !rc && i < mv->dims.n_layer; i++) {
         const kipp_qwen3_layer *L = &mv->w.layers[i];
-        rc = check_tensor(&L->attn_norm, "attn_norm", 1, D, 0, err, errlen);
-        if (!rc) rc = check_tensor(&L->wq, "attn_q", A, D, 1, err, errlen);
-        if (!rc) rc = check_tensor(&L->wk, "attn_k", CU_KV_WIDTH, D, 1, err, errlen);
-        if (!rc) rc = check_tensor(&L->wv, "attn_v", CU_KV_WIDTH, D, 1, err, errlen);
-        if (!rc) rc = check_tensor(&L->q_norm, "attn_q_norm", 1, KIPP_HEAD_DIM, 0, err, errlen);
-        if (!rc) rc = check_tensor(&L->k_norm, "attn_k_norm", 1, KIPP_HEAD_DIM, 0, err, errlen);
-        if (!rc) rc = check_tensor(&L->wo, "attn_output", D, A, 1, err, errlen);
-        if (!rc) rc = check_tensor(&L->ffn_norm, "ffn_norm", 1, D, 0, err, errlen);
-        if (!rc) rc = check_tensor(&L->w_gate, "ffn_gate", F, D, 1, err, errlen);
-        if (!rc) rc = check_tensor(&L->w_up, "ffn_up", F, D, 1, err, errlen);
-        if (!rc) rc = check_tensor(&L->w_down, "ffn_down", D, F, 1, err, errlen);
+        const kipp_tensor_view *t[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->q_norm, &L->k_norm,
+                                       &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        static const char *const names[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                                            "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+        static const int weight[] = {0, 1, 1, 1, 0, 0, 1, 0, 1, 1, 1};
+        for (size_t j = 0; !rc && j < sizeof t / sizeof t[0]; j++) rc = check_dtype(t[j], names[j], weight[j], err, errlen);
     }
     return rc;
 }
@@ -489,12 +461,7 @@ static void range_free(cu_model *m, uint32_t start)
 static int session_new(cu_model *m, uint32_t n_blocks, int pooled, void **backend_session, char *err, size_t errlen)
 {
     *backend_session = NULL;
-    if (n_blocks == 0 || n_blocks > m->max_blocks) {
-        if (err)
-            snprintf(err, errlen, "cuda backend: %u KV blocks requested, expected 1..ceil(%u/32)", n_blocks,
-                     m->d.context_length);
-        return KIPP_ERANGE;
-    }
+    KIPP_ASSERT(n_blocks >= 1 && n_blocks <= m->max_blocks); /* the engine sized it from a validated capacity */
     cu_session *s = calloc(1, sizeof *s);
     if (!s) return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory%s%s", "", "");
     *s = (cu_session){m, n_blocks, 0, pooled};
@@ -513,10 +480,7 @@ static int session_new(cu_model *m, uint32_t n_blocks, int pooled, void **backen
 static int cu_session_create(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
 {
     cu_model *m = bm;
-    if (m->pooled) {
-        *backend_session = NULL;
-        return fail(err, errlen, KIPP_EINVAL, "cuda backend: the model has a KV pool; sessions must be pooled%s%s", "", "");
-    }
+    KIPP_ASSERT(!m->pooled); /* the engine makes pooled sessions of a pooled model */
     return session_new(m, n_blocks, 0, backend_session, err, errlen);
 }
 
@@ -531,14 +495,7 @@ static void cu_session_destroy(void *bs)
 static int cu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 {
     cu_model *m = bm;
-    if (m->pooled || m->n_ranges || n_blocks == 0) {
-        if (err)
-            snprintf(err, errlen,
-                     "cuda backend: KV pool of %u blocks refused (existing pool: %u blocks, %zu private sessions); "
-                     "expected one pool of >= 1 block before any session",
-                     n_blocks, m->pooled ? m->kv_blocks : 0, m->n_ranges);
-        return KIPP_EINVAL;
-    }
+    KIPP_ASSERT(!m->pooled && !m->n_ranges && n_blocks >= 1); /* one pool before any session: engine/session_pool.c */
     cudaSetDevice(m->device);
     if (m->kc) { /* an arena left by private sessions that are all gone */
         cu_destroy_graphs(m);
@@ -560,10 +517,7 @@ static int cu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen)
 static int cu_session_create_pooled(void *bm, uint32_t n_blocks, void **backend_session, char *err, size_t errlen)
 {
     cu_model *m = bm;
-    if (!m->pooled) {
-        *backend_session = NULL;
-        return fail(err, errlen, KIPP_EINVAL, "cuda backend: pooled session requested but the model has no KV pool%s%s", "", "");
-    }
+    KIPP_ASSERT(m->pooled);
     return session_new(m, n_blocks, 1, backend_session, err, errlen);
 }
 

@@ -116,24 +116,25 @@ static int report(const char *model, const char *phase, const stats *st, const o
         }                                                         \
     } while (0)
 
-/* One session on each backend: prompt with every row's logits, then greedy decode. */
-static int phase_isolated(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts *o, stats *st)
+/* One session of capacity cap on each backend: n random ids with logits for
+ * the last nl rows, then `decode` greedy steps; every row compared. */
+static int pair_run(kipp_model *mr, kipp_model *mc, uint32_t vocab, uint32_t n, uint32_t nl, uint32_t decode,
+                    uint32_t cap, stats *st)
 {
     char err[512] = "";
     int ok = 0;
-    uint32_t cap = o->prompt + o->decode + 1;
     kipp_session *sr = NULL, *sc = NULL;
-    uint32_t *ids = malloc(o->prompt * sizeof *ids);
-    float *lr = malloc((size_t)o->prompt * vocab * sizeof(float)), *lc = malloc((size_t)o->prompt * vocab * sizeof(float));
+    uint32_t *ids = malloc(n * sizeof *ids);
+    float *lr = malloc((size_t)nl * vocab * sizeof(float)), *lc = malloc((size_t)nl * vocab * sizeof(float));
     if (!ids || !lr || !lc) goto out;
-    for (uint32_t i = 0; i < o->prompt; i++) ids[i] = next_id(vocab);
+    for (uint32_t i = 0; i < n; i++) ids[i] = next_id(vocab);
     TRY(kipp_session_create(mr, cap, &sr, err, sizeof err));
     TRY(kipp_session_create(mc, cap, &sc, err, sizeof err));
-    TRY(kipp_session_eval_n(sr, ids, o->prompt, o->prompt, lr, err, sizeof err));
-    TRY(kipp_session_eval_n(sc, ids, o->prompt, o->prompt, lc, err, sizeof err));
-    compare_rows(lc, lr, o->prompt, vocab, st);
-    float *last = lr + (size_t)(o->prompt - 1) * vocab;
-    for (uint32_t s = 0; s < o->decode; s++) {
+    TRY(kipp_session_eval_n(sr, ids, n, nl, lr, err, sizeof err));
+    TRY(kipp_session_eval_n(sc, ids, n, nl, lc, err, sizeof err));
+    compare_rows(lc, lr, nl, vocab, st);
+    float *last = lr + (size_t)(nl - 1) * vocab;
+    for (uint32_t s = 0; s < decode; s++) {
         uint32_t t = argmax(last, vocab);
         TRY(kipp_session_eval_n(sr, &t, 1, 1, lr, err, sizeof err));
         TRY(kipp_session_eval_n(sc, &t, 1, 1, lc, err, sizeof err));
@@ -148,6 +149,12 @@ out:
     free(lr);
     free(lc);
     return ok;
+}
+
+/* One session on each backend: prompt with every row's logits, then greedy decode. */
+static int phase_isolated(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts *o, stats *st)
+{
+    return pair_run(mr, mc, vocab, o->prompt, o->prompt, o->decode, o->prompt + o->decode + 1, st);
 }
 
 /* B sessions: each cuda model (mc[0] unpooled, mc[1] pooled) in one
@@ -254,27 +261,7 @@ out:
 /* One prefill longer than a backend round; logits for the last 4 rows. */
 static int phase_long(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts *o, stats *st)
 {
-    char err[512] = "";
-    int ok = 0;
-    uint32_t n = o->long_n, nl = n < 4 ? n : 4;
-    kipp_session *sr = NULL, *sc = NULL;
-    uint32_t *ids = malloc(n * sizeof *ids);
-    float *lr = malloc((size_t)nl * vocab * sizeof(float)), *lc = malloc((size_t)nl * vocab * sizeof(float));
-    if (!ids || !lr || !lc) goto out;
-    for (uint32_t i = 0; i < n; i++) ids[i] = next_id(vocab);
-    TRY(kipp_session_create(mr, n, &sr, err, sizeof err));
-    TRY(kipp_session_create(mc, n, &sc, err, sizeof err));
-    TRY(kipp_session_eval_n(sr, ids, n, nl, lr, err, sizeof err));
-    TRY(kipp_session_eval_n(sc, ids, n, nl, lc, err, sizeof err));
-    compare_rows(lc, lr, nl, vocab, st);
-    ok = 1;
-out:
-    kipp_session_destroy(sr);
-    kipp_session_destroy(sc);
-    free(ids);
-    free(lr);
-    free(lc);
-    return ok;
+    return pair_run(mr, mc, vocab, o->long_n, o->long_n < 4 ? o->long_n : 4, 0, o->long_n, st);
 }
 
 static int usage(void)

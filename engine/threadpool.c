@@ -1,9 +1,9 @@
 /*
- * cpu_threadpool.c - persistent pinned workers with a spin-then-park barrier
- * (see cpu_threadpool.h). Linux futexes park the waiters; hwloc finds and
+ * threadpool.c - persistent pinned workers with a spin-then-park barrier
+ * (see threadpool.h). Linux futexes park the waiters; hwloc finds and
  * binds the physical cores.
  */
-#include "backends/cpu/cpu_threadpool.h"
+#include "engine/threadpool.h"
 
 #include <hwloc.h>
 #include <immintrin.h>
@@ -22,9 +22,9 @@
 /* Pause-loop iterations before parking: ~10-50 us on current x86, far longer
  * than a balanced barrier inside a forward pass, far shorter than the gap
  * between two decode steps. */
-#define KIPP_CPU_SPIN 4096
+#define KIPP_POOL_SPIN 4096
 
-struct kipp_cpu_pool {
+struct kipp_threadpool {
     int n;                     /* workers including the caller */
     int n_cores;               /* physical cores found by hwloc */
     hwloc_topology_t topo;
@@ -32,7 +32,7 @@ struct kipp_cpu_pool {
     hwloc_bitmap_t saved;      /* caller's binding during a run */
     pthread_t *threads;        /* [n-1] */
     int n_started;             /* threads actually created */
-    kipp_cpu_task_fn fn;
+    kipp_task_fn fn;
     void *arg;
     atomic_int stop;
     atomic_int pin_failures;
@@ -45,7 +45,7 @@ struct kipp_cpu_pool {
 };
 
 typedef struct {
-    kipp_cpu_pool *pool;
+    kipp_threadpool *pool;
     int ith;
 } worker_arg;
 
@@ -64,7 +64,7 @@ static void futex_wake_all(atomic_uint *addr)
  * sees the new value (Dekker ordering); no wake-up is lost. */
 static void wait_change(atomic_uint *addr, unsigned old, atomic_uint *sleepers)
 {
-    for (int i = 0; i < KIPP_CPU_SPIN; i++) {
+    for (int i = 0; i < KIPP_POOL_SPIN; i++) {
         if (atomic_load(addr) != old) return;
         _mm_pause();
     }
@@ -79,7 +79,7 @@ static void bump_and_wake(atomic_uint *addr, atomic_uint *sleepers)
     if (atomic_load(sleepers) > 0) futex_wake_all(addr);
 }
 
-void kipp_cpu_pool_barrier(kipp_cpu_pool *p)
+void kipp_threadpool_barrier(kipp_threadpool *p)
 {
     if (p->n == 1) return;
     unsigned gen = atomic_load(&p->bar_gen);
@@ -91,7 +91,7 @@ void kipp_cpu_pool_barrier(kipp_cpu_pool *p)
     }
 }
 
-static void pin_self(kipp_cpu_pool *p, int core)
+static void pin_self(kipp_threadpool *p, int core)
 {
     if (p->n_cores <= 0) return;
     if (hwloc_set_cpubind(p->topo, p->pu_sets[core % p->n_cores], HWLOC_CPUBIND_THREAD) != 0)
@@ -102,7 +102,7 @@ static void *worker_main(void *varg)
 {
     worker_arg wa = *(worker_arg *)varg;
     free(varg);
-    kipp_cpu_pool *p = wa.pool;
+    kipp_threadpool *p = wa.pool;
     pin_self(p, wa.ith);
     unsigned seen = 0;
     for (;;) {
@@ -110,7 +110,7 @@ static void *worker_main(void *varg)
         seen = atomic_load(&p->job_gen);
         if (atomic_load(&p->stop)) break;
         p->fn(p->arg, wa.ith, p->n);
-        kipp_cpu_pool_barrier(p);
+        kipp_threadpool_barrier(p);
     }
     return NULL;
 }
@@ -119,7 +119,7 @@ static void *worker_main(void *varg)
  * cpuset per core. Only cores inside the creating thread's CPU affinity count
  * (taskset, numactl --cpunodebind), so replicas started on disjoint core sets
  * pin to their own cores instead of all to the machine's first ones. */
-static int topo_init(kipp_cpu_pool *p, char *err, size_t errlen)
+static int topo_init(kipp_threadpool *p, char *err, size_t errlen)
 {
     if (hwloc_topology_init(&p->topo) != 0 || hwloc_topology_load(p->topo) != 0)
         return kipp_err(err, errlen, KIPP_EBACKEND, "hwloc could not load the CPU topology; expected a readable /sys or /proc");
@@ -155,23 +155,23 @@ static int topo_init(kipp_cpu_pool *p, char *err, size_t errlen)
     return 0;
 }
 
-int kipp_cpu_pool_create(int n_threads, kipp_cpu_pool **out, char *err, size_t errlen)
+int kipp_threadpool_create(int n_threads, kipp_threadpool **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (n_threads < 0 || n_threads > 1024)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_threads %d is out of range; expected 0 (one per core) to 1024", n_threads);
-    kipp_cpu_pool *p = calloc(1, sizeof *p);
+    kipp_threadpool *p = calloc(1, sizeof *p);
     if (!p) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the thread pool");
     int rc = topo_init(p, err, errlen);
-    if (rc) { kipp_cpu_pool_destroy(p); return rc; }
+    if (rc) { kipp_threadpool_destroy(p); return rc; }
     p->n = n_threads > 0 ? n_threads : p->n_cores;
     p->threads = calloc((size_t)p->n, sizeof *p->threads);
-    if (!p->threads) { kipp_cpu_pool_destroy(p); return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %d threads", p->n); }
+    if (!p->threads) { kipp_threadpool_destroy(p); return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %d threads", p->n); }
     for (int i = 1; i < p->n; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (!wa || (wa->pool = p, wa->ith = i, pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0)) {
             free(wa);
-            kipp_cpu_pool_destroy(p);
+            kipp_threadpool_destroy(p);
             return kipp_err(err, errlen, KIPP_EBACKEND, "pthread_create failed for worker %d of %d", i, n_threads);
         }
         p->n_started++;
@@ -186,7 +186,7 @@ int kipp_cpu_pool_create(int n_threads, kipp_cpu_pool **out, char *err, size_t e
     return 0;
 }
 
-void kipp_cpu_pool_destroy(kipp_cpu_pool *p)
+void kipp_threadpool_destroy(kipp_threadpool *p)
 {
     if (!p) return;
     if (p->n_started > 0) {
@@ -203,12 +203,12 @@ void kipp_cpu_pool_destroy(kipp_cpu_pool *p)
     free(p);
 }
 
-int kipp_cpu_pool_size(const kipp_cpu_pool *p) { return p->n; }
-int kipp_cpu_pool_cores(const kipp_cpu_pool *p) { return p->n_cores; }
+int kipp_threadpool_size(const kipp_threadpool *p) { return p->n; }
+int kipp_threadpool_cores(const kipp_threadpool *p) { return p->n_cores; }
 
-const char *kipp_cpu_pool_pinning(const kipp_cpu_pool *p)
+const char *kipp_threadpool_pinning(const kipp_threadpool *p)
 {
-    kipp_cpu_pool *mp = (kipp_cpu_pool *)p; /* the text is a cache, refreshed on read */
+    kipp_threadpool *mp = (kipp_threadpool *)p; /* the text is a cache, refreshed on read */
     int fails = atomic_load(&mp->pin_failures);
     if (fails)
         snprintf(mp->pinning, sizeof mp->pinning, "%d of %d workers could not be pinned (hwloc_set_cpubind refused); they float", fails, p->n);
@@ -218,7 +218,7 @@ const char *kipp_cpu_pool_pinning(const kipp_cpu_pool *p)
     return mp->pinning;
 }
 
-void kipp_cpu_pool_run(kipp_cpu_pool *p, kipp_cpu_task_fn fn, void *arg)
+void kipp_threadpool_run(kipp_threadpool *p, kipp_task_fn fn, void *arg)
 {
     int restore = hwloc_get_cpubind(p->topo, p->saved, HWLOC_CPUBIND_THREAD) == 0;
     if (p->n_cores > 0) /* a refusal here leaves the caller floating; counted once at create */
@@ -227,6 +227,6 @@ void kipp_cpu_pool_run(kipp_cpu_pool *p, kipp_cpu_task_fn fn, void *arg)
     p->arg = arg;
     bump_and_wake(&p->job_gen, &p->job_sleepers); /* seq_cst: fn/arg are visible first */
     fn(arg, 0, p->n);
-    kipp_cpu_pool_barrier(p);
+    kipp_threadpool_barrier(p);
     if (restore) hwloc_set_cpubind(p->topo, p->saved, HWLOC_CPUBIND_THREAD);
 }
