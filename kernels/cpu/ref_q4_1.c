@@ -17,15 +17,6 @@
 #define QK 32u
 #define Q4_1_BYTES 20u /* fp16 d, fp16 m, 16 bytes of nibbles */
 
-static size_t q4_1_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / QK) * K_Q4P_BLOCK; }
-
-static float fp16_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kipp_f16_to_f32(h);
-}
-
 /* Nibble c (0..31) of a file block: byte c % 16, low half for c < 16. */
 static unsigned nib(const uint8_t *blk, unsigned c)
 {
@@ -62,35 +53,18 @@ static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
         }
 }
 
-static void q4_1_outlier_fix(const void *wp, const void *xav, float *y, size_t rows, size_t cols, size_t n_tok,
-                             int ith, int nth);
-
-const k_fmt_info k_fmt_info_q4_1 = {.name = "q4_1", .file = &kipp_fmts[KIPP_FMT_Q4_1], .row_align = 16,
-    .col_align = 32, .packed_bytes = q4_1_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q4_1_ref,
-    .from_f32 = q4_1_from_f32, .outlier_fix = q4_1_outlier_fix};
-
 /* The oracle: w = d * q + m dequantized per block inside an FP32 matvec, FP32
- * activations, FP32 accumulation in column order. */
-static float q4_1_file_row_dot(const void *wv, const float *x, size_t cols)
+ * activations, FP32 accumulation in column order (k_block_file_row_dot). */
+static void q4_1_file_f32(const uint8_t *blk, float w[32])
 {
-    const uint8_t *blk = wv;
-    float acc = 0.0f;
-    for (size_t b = 0; b < cols / QK; b++, blk += Q4_1_BYTES) {
-        float d = fp16_at(blk), m = fp16_at(blk + 2);
-        for (unsigned c = 0; c < QK; c++) acc += (d * (float)nib(blk, c) + m) * x[b * QK + c];
-    }
-    return acc;
+    float d = k_f16_at(blk), m = k_f16_at(blk + 2);
+    for (unsigned c = 0; c < QK; c++) w[c] = d * (float)nib(blk, c) + m;
 }
 
-void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols, size_t n_tok, int ith,
-                       int nth)
-{
-    k_ref_linear(q4_1_file_row_dot, cols / QK * Q4_1_BYTES, w, x, y, rows, cols, n_tok, ith, nth);
-}
-
+/* The packed layout "q4p16" (kernels.h). */
 static void q4_1_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
 {
-    float d = fp16_at(blk), m = fp16_at(blk + 2);
+    float d = k_f16_at(blk), m = k_f16_at(blk + 2);
     memcpy(pb + 4 * lane, &d, 4);
     memcpy(pb + 64 + 4 * lane, &m, 4);
     for (unsigned j = 0; j < 4; j++)
@@ -98,67 +72,29 @@ static void q4_1_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
             pb[128 + (j * 16 + lane) * 4 + k] = (uint8_t)(nib(blk, 4 * j + k) | nib(blk, 4 * (j + 4) + k) << 4);
 }
 
-void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth)
-{
-    k_ref_pack16(q4_1_pack_block, Q4_1_BYTES, K_Q4P_BLOCK, w, wp, rows, cols, ith, nth);
-}
-
-/* q of row r, column c of block pb in the packed layout. */
-static unsigned packed_q(const uint8_t *pb, size_t r, unsigned c)
+/* q of row lane i, column c of block pb in the packed layout. */
+static int32_t packed_q(const uint8_t *pb, unsigned i, unsigned c)
 {
     unsigned j = c / 4, k = c % 4;
-    uint8_t b = pb[128 + ((j % 4) * 16 + r % 16) * 4 + k];
-    return j < 4 ? b & 15u : b >> 4;
+    uint8_t b = pb[128 + ((j % 4) * 16 + i) * 4 + k];
+    return j < 4 ? b & 15 : b >> 4;
 }
 
-/* outlier_fix over the packed layout "q4p16": w(r, c) = d_w * q + m_w, as the oracle. */
-static void q4_1_outlier_fix(const void *wp, const void *xav, float *y, size_t rows, size_t cols, size_t n_tok,
-                             int ith, int nth)
+static void q4_1_lane_q(const uint8_t *pb, unsigned lane, int32_t q[32])
 {
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++) {
-        const k_act_q8_block *xq = (const k_act_q8_block *)xav + t * nb;
-        float *yt = y + t * rows;
-        for (size_t b = 0; b < nb; b++) {
-            if (xq[b].io < 0) continue;
-            unsigned c = (unsigned)xq[b].io;
-            float xo = xq[b].xo;
-            for (size_t P = r0 / 16; P < r1 / 16; P++) { /* one column: two lines per panel, prefetched ahead */
-                const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * K_Q4P_BLOCK;
-                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK);
-                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK + 64);
-                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q4P_BLOCK + 128 + (c / 4 % 4) * 64);
-                for (unsigned i = 0; i < 16; i++) {
-                    float dw, mw;
-                    memcpy(&dw, pb + 4 * i, 4);
-                    memcpy(&mw, pb + 64 + 4 * i, 4);
-                    float w = dw * (float)packed_q(pb, i, c) + mw;
-                    yt[16 * P + i] += w * xo;
-                }
-            }
-        }
-    }
+    for (unsigned c = 0; c < QK; c++) q[c] = packed_q(pb, lane, c);
 }
 
-static float q4_row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
+static void q4_1_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
 {
-    const k_act_q8_block *xq = xv;
-    const size_t nb = cols / QK;
-    const uint8_t *panel = (const uint8_t *)wpv + (r / 16) * nb * K_Q4P_BLOCK;
-    float acc = 0.0f;
-    for (size_t b = 0; b < nb; b++) {
-        const uint8_t *pb = panel + b * K_Q4P_BLOCK;
-        float dw, mw;
-        memcpy(&dw, pb + 4 * (r % 16), 4);
-        memcpy(&mw, pb + 64 + 4 * (r % 16), 4);
-        int32_t isum = 0;
-        for (unsigned c = 0; c < QK; c++) isum += (int32_t)packed_q(pb, r, c) * xq[b].q[c];
-        acc += (float)isum * (dw * xq[b].d);
-        acc += mw * (xq[b].d * (float)xq[b].sum);
-    }
-    return acc;
+    for (unsigned i = 0; i < 16; i++) q[i] = packed_q(pb, i, c);
 }
 
-K_REF_ROW_KERNELS(q4_1, q4_row_dot, K_ACT_Q8)
+static size_t q4_1_q_line(unsigned c) { return 128 + (c / 4 % 4) * 64; }
+
+static const k_block_fmt q4p16 = {.file_block = Q4_1_BYTES, .panel_block = K_Q4P_BLOCK, .affine = 1,
+    .file_f32 = q4_1_file_f32, .pack = q4_1_pack_block, .lane_q = q4_1_lane_q, .col_q = q4_1_col_q,
+    .q_line = q4_1_q_line};
+
+K_REF_BLOCK_KERNELS(q4_1, Q4_1, q4p16)
+
