@@ -224,11 +224,9 @@ static void acc_split(float *acc, size_t n, int join)
  * stream prefetchers, so the kernel prefetches itself: a chunk step of
  * positions [p, p + n) prefetches the same head's rows at [pf, pf + n), one
  * position's K and V rows (8 lines) per position it scores, so the requests
- * trickle out while it computes. (The burst this replaced was judged by a
- * profile taken while k_prefetch compiled to nothing, so the trickle order
- * is unmeasured as such; live, these prefetches took kcheck flash_gqa groups
- * 2-4 over 4k from 5-9 to 8-11 GB/s on a Zen 4. The tile walk, with far more
- * compute per chunk, prefetches the next chunk in one burst.) */
+ * trickle out while it computes (docs/PERFORMANCE.md "Kernel design
+ * measurements"). The tile walk, with far more compute per chunk, prefetches
+ * the next chunk in one burst. */
 #define PF_AHEAD 32u
 
 /* One KV head's rows of a layer's paged cache, and the positions [pf, pf_end)
@@ -302,7 +300,7 @@ static void step_any(const float *q, size_t G, const kv_view *v, uint32_t p, uin
  * of the tile it is computed in (kernels.h "row invariance"). */
 #define TILE_MIN 16u /* query vectors from which the GEMM-shaped walk is used */
 #define TILE_Q 16u   /* query vectors per scores/softmax/values block */
-#define TS_QB 4u /* query vectors per scores pass: 4 x TS_NC chains (6 x 2 on AVX2 spilled: 40% slower) */
+#define TS_QB 4u /* query vectors per scores pass: 4 x TS_NC chains (6 x 2 spills on AVX2's 16 ymm) */
 #define TV_QB 4u                       /* query vectors per values pass */
 #define TV_DV (KV_W == 16 ? 4u : 2u)   /* head vectors per values pass: TV_QB x TV_DV accumulators */
 
@@ -388,7 +386,7 @@ static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], 
     /* AVX2 does not unroll: the partials then live in memory (indexed by sp
      * at run time) and the chains' registers hold K; unrolled, GCC 12 kept
      * the partials in its 16 ymm and re-read K from memory for every FMA.
-     * AVX-512 (32 zmm) stays unrolled, as measured before. */
+     * AVX-512 (32 zmm) has the registers for both and stays unrolled. */
 #if KV_W == 16
 #pragma GCC unroll 16
 #else
@@ -527,7 +525,7 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
 
 /* Chunk-major: each chunk's K and V rows (16 x 256 B each) are loaded from
  * DRAM once and used by every query vector, so a prefill tile of many
- * queries reads its prefix once (issue 16 item 4). From TILE_MIN vectors on
+ * queries reads its prefix once. From TILE_MIN vectors on
  * the tile walk takes the chunk (tile_walk); below, passes of GMAX vectors
  * share it in L1 and the first pass prefetches the rows PF_AHEAD positions
  * on. Both give every vector the same bits (tile walk comment). */
@@ -559,9 +557,10 @@ void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, 
 /* One chunk [p, p + n) for query heads [g0, g0 + G) of every KV head in
  * [kvh0, kvh1), consuming the K and V rows in address order: windows of
  * positions outer, KV heads inner. A row holds all 8 heads (2 KB), and a walk
- * that finished one head's rows before the next read 256 B of each 2 KB row
- * per pass: 19-21 GB/s against 27-30 for the same bytes read in order on a
- * Zen 4 (two threads). Each head's arithmetic is chunk_step's: the same
+ * that finished one head's rows before the next would read 256 B of each
+ * 2 KB row per pass, markedly slower than the same bytes in address order
+ * (docs/PERFORMANCE.md "Kernel design measurements"). Each head's
+ * arithmetic is chunk_step's: the same
  * scores_step chains and softmax, and values in windows of VW positions, the
  * chunk's correction applied by the first window and x1 (exact) after. */
 typedef float rows_qs[KIPP_N_KV_HEAD][GMAX][KIPP_HEAD_DIM]; /* q_split of every KV head's G query heads */

@@ -62,10 +62,9 @@ void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n)
 /* ---- decode: y = W x, DRAM-bound ----
  * DV_NP panels walked together, each its own stream, not software-prefetched
  * (as the bf16 matvec: linear_simd.h says why). One panel: its
- * single chain per row lane takes ~6 cycles per 64-byte line (~40 GB/s a
- * core, above a core's DRAM share), and 8 panels at once (8 streams a thread)
- * measured 5-15% slower on Zen 4 (kcheck matvec bf16dot 3072x1024 x64, four
- * interleaved pairs). */
+ * single chain per row lane takes ~6 cycles per 64-byte line, above a core's
+ * DRAM share, and more panels at once (more streams a thread) read slower
+ * (docs/PERFORMANCE.md "Kernel design measurements"). */
 #define DV_NP 1
 
 static inline __attribute__((always_inline)) void

@@ -11,8 +11,9 @@
  * FP32: a shift or a mask) and multiplied with FMA against FP32 activations,
  * so accuracy equals FP32: vs the *_ref kernels the same products, summed with
  * fused rounding, NMSE ~1e-12 (kcheck). Activations are never rounded to
- * BF16: that rounding was the fast backend's main error against FP64
- * (issue 16 item 7), and it differed between decode and prefill (item 6).
+ * BF16: that rounding would be the main error against FP64, and it would
+ * differ between decode and prefill unless both rounded alike (the bf16dot
+ * read mode rounds them alike and is opt-in).
  */
 #ifndef K_SFX
 #error "include kernels/cpu/simd_<level>.h first"
@@ -31,18 +32,13 @@
  *
  * AVX-512 walks one panel (K_MV_PANELS 1): a single chain of 2 FMAs per
  * 64 bytes still outruns a core's DRAM share, and one stream per thread reads
- * faster than eight. On the Zen 5 (kcheck matvec bf16 3072x1024 x64, three
- * interleaved rounds of 21 reps) 8 panels read 32.4-35.0 GB/s, 4 panels
- * 35.9-38.9, 2 panels 33.0-40.7 and 1 panel 38.7-48.0, as the bf16dot matvec's
- * one-panel walk (37.5-45.7). AVX2 keeps 4 panels (8 chains of ymm):
- * unmeasured on the AVX2 EPYC since. */
+ * faster than several (docs/PERFORMANCE.md "Kernel design measurements").
+ * AVX2 keeps 4 panels: 8 chains of ymm to hide the FMA latency. */
 
 /* No software prefetch: the panels are sequential streams the hardware
- * prefetchers follow. A prefetch of every 64-byte line 2 KB ahead was in this
- * loop but compiled to nothing (GCC 12 dropped the calls of the static inline
- * k_prefetch wrapper, since fixed to a macro); made live it measured slower on
- * Zen 4: kcheck matvec bf16 3072x1024 x64 17.7-21.0 GB/s against 24.4-32.0
- * without, three interleaved pairs. */
+ * prefetchers follow; a software prefetch of every line 2 KB ahead only
+ * competes with them and reads slower (docs/PERFORMANCE.md "Kernel design
+ * measurements"). */
 #define MV_NV (16 / KV_W)  /* vectors per 16-row panel line (k-pair) */
 #define MV_NP K_MV_PANELS  /* panels walked together */
 
@@ -98,13 +94,11 @@ void K_SFX(k_matvec_bf16)(const void *wpv, const void *xv, float *y, size_t rows
  *
  * The block sizes are per level (simd_<level>.h). AVX2 keeps wf in L2
  * (128 rows x 256 k x 4 B = 128 KB) and the token tile's x (6 x 256 floats)
- * in L1: each x line fetched from L3 then feeds 128 rows, not 32. Before,
- * wf fitted L1 (32 rows x 128 k) and every group streamed all of x from L3:
- * kcheck matmul bf16 on the AVX2 EPYC, 2 threads, 7 reps, 6144x1024 and
- * 1024x3072 at 512 tokens: 78.7% and 82.4% of the FMA peak, now 90.3% and
- * 90.7% (128 x 128 gave 87.3% and 89.5%). A wf stream from L2 is 2 vectors
- * per 12 FMAs, sequential, well inside L2's rate. AVX-512 keeps the L1 block
- * (32 x 128): unmeasured since on AVX-512 hardware. */
+ * in L1: each x line fetched from L3 then feeds 128 rows, not 32 as with an
+ * L1-sized wf (32 rows x 128 k), where every group streams all of x from L3
+ * (docs/PERFORMANCE.md "Kernel design measurements"). A wf stream from L2 is
+ * 2 vectors per 12 FMAs, sequential, well inside L2's rate. AVX-512 keeps
+ * the L1 block (32 x 128). */
 
 #define MM_RV 2                /* row vectors per micro-tile: 16 rows on AVX2, 32 on AVX-512 */
 #define MM_KB K_MM_KB          /* k per block */
