@@ -35,7 +35,7 @@
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 #define TQ 16u                                     /* query vectors per scores / softmax / values phase (softmax16) */
 #define AI inline __attribute__((always_inline))
-_Static_assert(CHUNK == 16 && KV_W == 16, "a chunk's positions are one vector");
+_Static_assert(CHUNK == 16 && VF_LANES == 16, "a chunk's positions are one vector");
 
 static AI __m512bh as_bh(__m512i v)
 {

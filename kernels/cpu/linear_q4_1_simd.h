@@ -27,7 +27,7 @@ q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
     for (int j = 0; j < 4; j++) {
         vi wl[K_PANEL_RV], wh[K_PANEL_RV];
         for (int v = 0; v < K_PANEL_RV; v++) {
-            vi w = vi_load(pb + 128 + 64 * j + 4 * KV_W * v);
+            vi w = vi_load(pb + 128 + 64 * j + 4 * VF_LANES * v);
             wl[v] = vi_nib_lo(w);
             wh[v] = vi_nib_hi(w);
         }
@@ -46,8 +46,8 @@ q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
         const k_act_q8_block *xt = &x[(size_t)t * xs];
         vf dx = vf_set1(xt->d), ms = vf_set1(xt->d * (float)xt->sum);
         for (int v = 0; v < K_PANEL_RV; v++) {
-            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * KV_W), dx), acc[t][v]);
-            acc[t][v] = vf_fma(vf_load((const float *)(pb + 64) + v * KV_W), ms, acc[t][v]);
+            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * VF_LANES), dx), acc[t][v]);
+            acc[t][v] = vf_fma(vf_load((const float *)(pb + 64) + v * VF_LANES), ms, acc[t][v]);
         }
     }
 }
