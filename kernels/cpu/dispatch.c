@@ -88,12 +88,12 @@ static const k_cpu_ops level_avx512 = {
 
 static const k_cpu_ops level_avx512_bf16 = {
     .isa = "avx512_bf16",
-    .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512bf16},
-    .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
-    .fmt[K_FMT_BF16DOT] = {.matvec = k_matvec_bf16dot_avx512bf16, .matmul = k_matmul_bf16dot_avx512bf16},
-    .act[K_ACT_BF16] = k_quant_bf16_avx512bf16,
-    .flash_gqa_dot = k_flash_gqa_dot_avx512bf16,
-    .flash_rows_dot = k_flash_rows_dot_avx512bf16,
+    .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512_bf16},
+    .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512_bf16},
+    .fmt[K_FMT_BF16DOT] = {.matvec = k_matvec_bf16dot_avx512_bf16, .matmul = k_matmul_bf16dot_avx512_bf16},
+    .act[K_ACT_BF16] = k_quant_bf16_avx512_bf16,
+    .flash_gqa_dot = k_flash_gqa_dot_avx512_bf16,
+    .flash_rows_dot = k_flash_rows_dot_avx512_bf16,
 };
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {

@@ -507,7 +507,7 @@ K_BF16_DECL(avx512)
 /* The 32-column block formats with Q8 activations: the ref kernels and
  * k_fmt_info come from K_REF_BLOCK_KERNELS in kernels/cpu/ref_<fmt>.c; the
  * SIMD ones from linear_<fmt>_simd.h via linear_<fmt>_avx2.c and
- * linear_<fmt>_avx512.c, and linear_<fmt>_avx512bf16.c's VNNI prefill tile. */
+ * linear_<fmt>_avx512.c, and linear_<fmt>_avx512_bf16.c's VNNI prefill tile. */
 #define K_BLOCK_FMT_DECL(fmt)                                                                        \
     void k_pack_##fmt##_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);    \
     void k_linear_##fmt##_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,     \
@@ -515,7 +515,7 @@ K_BF16_DECL(avx512)
     K_BLOCK_LINEAR_DECL(fmt, ref)                                                                    \
     K_BLOCK_LINEAR_DECL(fmt, avx2)                                                                   \
     K_BLOCK_LINEAR_DECL(fmt, avx512)                                                                 \
-    void k_matmul_##fmt##_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols, \
+    void k_matmul_##fmt##_avx512_bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols, \
                                      size_t n_tok, int accumulate, int ith, int nth);
 #define K_BLOCK_LINEAR_DECL(fmt, sfx)                                                                \
     void k_matvec_##fmt##_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
@@ -532,7 +532,7 @@ K_BLOCK_FMT_DECL(q4_1)
 #undef K_BLOCK_LINEAR_DECL
 
 /* BF16-dot attention (flash_gqa_dot above): the scalar model (ref_bf16dot.c)
- * and the avx512_bf16 walks (attention_avx512bf16.c) */
+ * and the avx512_bf16 walks (attention_avx512_bf16.c) */
 #define K_FLASH_DOT_DECL(sfx)                                                                          \
     void k_flash_gqa_dot_##sfx(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,  \
                                uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,    \
@@ -541,18 +541,18 @@ K_BLOCK_FMT_DECL(q4_1)
                                 const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, \
                                 uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc);
 K_FLASH_DOT_DECL(ref)
-K_FLASH_DOT_DECL(avx512bf16)
+K_FLASH_DOT_DECL(avx512_bf16)
 #undef K_FLASH_DOT_DECL
 
 /* bf16dot read mode of bf16 weights (kernels/cpu/ref_bf16dot.c: facts, the
- * scalar vdpbf16ps emulation and the BF16 quantizer; linear_bf16dot_avx512bf16.c) */
+ * scalar vdpbf16ps emulation and the BF16 quantizer; linear_bf16dot_avx512_bf16.c) */
 #define K_BF16DOT_DECL(sfx)                                                                       \
     void k_matvec_bf16dot_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols, \
                                 int ith, int nth);                                                \
     void k_matmul_bf16dot_##sfx(const void *wp, const void *xa, float *y, size_t rows,            \
                                 size_t cols, size_t n_tok, int accumulate, int ith, int nth);
 K_BF16DOT_DECL(ref)
-K_BF16DOT_DECL(avx512bf16)
+K_BF16DOT_DECL(avx512_bf16)
 #undef K_BF16DOT_DECL
 
 /* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512,
@@ -560,7 +560,7 @@ K_BF16DOT_DECL(avx512bf16)
 void k_quant_q8_ref(const float *x, void *xq, size_t n);
 void k_quant_q8_avx2(const float *x, void *xq, size_t n);
 void k_quant_bf16_ref(const float *x, void *xb, size_t n);
-void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n);
+void k_quant_bf16_avx512_bf16(const float *x, void *xb, size_t n);
 
 /* ---- helpers every level shares ---- */
 

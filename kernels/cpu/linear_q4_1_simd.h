@@ -5,7 +5,7 @@
  * dot), written once over simd_<level>.h; the decode matvec and the prefill
  * matmul are linear_panel_simd.h's driver around it. Compiled by
  * linear_q4_1_avx2.c and linear_q4_1_avx512.c; the avx512_bf16 level (VNNI)
- * replaces only the matmul (linear_q4_1_avx512bf16.c: its own primitive, the
+ * replaces only the matmul (linear_q4_1_avx512_bf16.c: its own primitive, the
  * same driver).
  *
  * A 64-byte line of a panel block holds two k-quads of 16 rows x 4 k as

@@ -5,7 +5,7 @@
  * integer dot), written once over simd_<level>.h; the decode matvec and the
  * prefill matmul are linear_panel_simd.h's driver around it. Compiled per
  * level by linear_q8_0_avx2.c and linear_q8_0_avx512.c. The avx512_bf16
- * level (which has VNNI) replaces only the matmul (linear_q8_0_avx512bf16.c:
+ * level (which has VNNI) replaces only the matmul (linear_q8_0_avx512_bf16.c:
  * vpdpbusd in its own primitive, the same driver).
  *
  * One 64-byte line of a panel block holds 16 rows x 4 k, so vi_dot4 against

@@ -4,7 +4,7 @@
  * formats"), written once over simd_<level>.h and compiled per level by
  * linear_<level>.c. The avx512_bf16 level inherits both; its vdpbf16ps
  * kernels read the same packed bytes with BF16 activations as a separate read
- * mode, bf16dot (linear_bf16dot_avx512bf16.c), which the backend picks per
+ * mode, bf16dot (linear_bf16dot_avx512_bf16.c), which the backend picks per
  * projection.
  *
  * A weight pair is widened to FP32 in registers (a BF16 is the top half of an

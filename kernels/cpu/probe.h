@@ -29,7 +29,7 @@ float kipp_prof_fma_avx512(long iters, float seed);
  * seed + i, iters rounds fully unrolled so the chains stay in registers (n <=
  * 32), returning the sum of every lane. Expanded after a
  * kernels/cpu/simd_*.h (the vf vocabulary): kernels/cpu/probe_simd.h (FMA)
- * and bench/profile_avx512bf16.c (BF16 dot). */
+ * and bench/profile_avx512_bf16.c (BF16 dot). */
 #define K_PEAK_F32_FN(fn, n, STEP)                                                \
     float fn(long iters, float seed)                                              \
     {                                                                             \

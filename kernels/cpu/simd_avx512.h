@@ -2,7 +2,7 @@
  * simd_avx512.h - the vector vocabulary of the shared kernel sources for
  * AVX-512 F/BW/VL/DQ: the same names as simd_avx2.h over 16 lanes. Included
  * first by every *_avx512.c (compiled with -mavx512f/bw/vl/dq) and by the
- * hand-written *_avx512bf16.c tiles. With KIPP_SIMDE_EMU the same sources build
+ * hand-written *_avx512_bf16.c tiles. With KIPP_SIMDE_EMU the same sources build
  * against SIMDe's portable AVX-512 (libsimde-dev), so the kernel checks run
  * these levels on CPUs without them (make: build/bin/kcheck_emu).
  */

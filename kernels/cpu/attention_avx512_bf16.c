@@ -1,5 +1,5 @@
 /*
- * attention_avx512bf16.c - the BF16-dot flash GQA walks (kernels.h
+ * attention_avx512_bf16.c - the BF16-dot flash GQA walks (kernels.h
  * "flash_gqa_dot"), written by hand because vdpbf16ps exists at this level
  * only (docs/ARCHITECTURE.md "ISA dispatch").
  *
@@ -493,7 +493,7 @@ static void walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint3
         tile_walk(q, nq, v, p0, p1, scale, m, l, acc);
 }
 
-void k_flash_gqa_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+void k_flash_gqa_dot_avx512_bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                                 uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
                                 float *m, float *l, float *acc)
 {
@@ -614,7 +614,7 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
 /* By definition k_flash_gqa_dot per KV head. Below ROW_MAX vectors a head,
  * heads_walk; else chunk by chunk with the heads inner, so the 2 KB rows of
  * all heads are read close together. */
-void k_flash_rows_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+void k_flash_rows_dot_avx512_bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                                  const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
                                  uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc)
 {

@@ -1,4 +1,4 @@
-/* profile_avx512bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
+/* profile_avx512_bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
  * (vpdpbusd) peak loops with 30 independent accumulators (bench/profile.h),
  * compiled for the avx512_bf16 level (which includes VNNI). */
 #include "kernels/cpu/simd_avx512.h"

@@ -1,5 +1,5 @@
 /*
- * linear_q4_1_avx512bf16.c - the q4_1 (affine4_gs32) prefill matmul on VNNI
+ * linear_q4_1_avx512_bf16.c - the q4_1 (affine4_gs32) prefill matmul on VNNI
  * (vpdpbusd): the one q4_1 tile whose instructions differ from
  * linear_q4_1_simd.h, written by hand (docs/ARCHITECTURE.md "ISA dispatch"); the
  * avx512_bf16 level includes VNNI and inherits every other q4_1 slot from
@@ -45,6 +45,6 @@ q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 
 /* Tile: 16 rows x 12 tokens. */
 #define PD_FMT q4_1
-#define PD_SFX _avx512bf16
+#define PD_SFX _avx512_bf16
 #define PD_TT 12
 #include "kernels/cpu/linear_panel_simd.h"
