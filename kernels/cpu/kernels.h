@@ -108,7 +108,7 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
  * What a format's matvec and matmul read as their input x. F32: [n] float as
  * the forward pass holds it. Q8: per 32 values one k_act_q8_block (seed 002:
  * "activations quantized to int8 per 32-block"), the operand of the integer
- * dot of the q8_0 and q4_1 formats. A quantizer converts one row of n values
+ * dot of the q8_0 and affine4 formats. A quantizer converts one row of n values
  * (n a multiple of the format's block). X(ID, name, values per block, bytes per block).
  * BF16: [n] bf16, each value rounded as vcvtneps2bf16 does (RNE; a denormal
  * input becomes a zero of its sign; a NaN stays a quiet NaN), so a 32-bit
@@ -133,7 +133,7 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
  * q[i] = x86 cvtps2dq(x[i] * id) (RNE; NaN or out of range -> INT32_MIN),
  * saturated to int8; d = amax / 127; sum = sum of q[i]. Finite inputs give
  * q in [-127, 127]. sum serves the unsigned-offset VNNI dot and the affine
- * (q4_1) min term. The integer dot kernels read q, d and sum only; the
+ * (affine4) min term. The integer dot kernels read q, d and sum only; the
  * format's outlier_fix (k_fmt_info) adds W[r][32b + io] * xo after them.
  */
 typedef struct {
@@ -206,7 +206,7 @@ const char *k_act_name(k_act a);
  *   concatenation. rows % 16 == 0, cols % 32 == 0. matvec and matmul read Q8
  *   activations; per block the int32 dot is scaled by d_w * d_x in FP32.
  *
- * q4_1 (scheme affine4_gs32): GGUF type 3 in the file (GGML Q4_1: per 32
+ * affine4 (scheme affine4_gs32): GGUF type 3 in the file (GGML Q4_1: per 32
  *   weights fp16 d, fp16 m and 16 bytes of nibbles, byte j = q[j] | q[j+16] << 4,
  *   20 bytes, w = d * q + m). Packed layout "q4p16", per 16-row panel P and
  *   32-column block b, 384 bytes at (P * cols/32 + b) * 384:
@@ -232,7 +232,7 @@ const char *k_act_name(k_act a);
  *   emulation (kernels/cpu/ref_bf16dot.c) that the checks compare against.
 
  */
-#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1) X(BF16DOT, bf16dot)
+#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(AFFINE4, affine4) X(BF16DOT, bf16dot)
 
 #define K_FMT_ENUM(ID, name) K_FMT_##ID,
 typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
@@ -357,7 +357,7 @@ void k_ref_pack16(k_pack_block_fn pack, size_t file_block, size_t packed_block, 
 
 /**
  * A 32-column block format with Q8 activations and a 16-row panel layout
- * (q8_0, q4_1): the few primitives that differ per format. One set of scalar
+ * (q8_0, affine4): the few primitives that differ per format. One set of scalar
  * walkers (ref_linear.c) runs them for the oracle, the packer, the row dot of
  * matvec and matmul, and outlier_fix, so each walk is written once.
  * A panel block opens with float d[16] (and, affine, float m[16]), the row
@@ -525,9 +525,9 @@ K_BF16_DECL(avx512)
 #define K_Q8P_BLOCK 576u /* q8_0: bytes of one packed 16-row x 32-column panel block */
 #define K_PANEL_BYTES_q8_0 K_Q8P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 K_BLOCK_FMT_DECL(q8_0)
-#define K_Q4P_BLOCK 384u /* q4_1: bytes of one packed 16-row x 32-column panel block */
-#define K_PANEL_BYTES_q4_1 K_Q4P_BLOCK
-K_BLOCK_FMT_DECL(q4_1)
+#define K_Q4P_BLOCK 384u /* affine4: bytes of one packed 16-row x 32-column panel block */
+#define K_PANEL_BYTES_affine4 K_Q4P_BLOCK
+K_BLOCK_FMT_DECL(affine4)
 #undef K_BLOCK_FMT_DECL
 #undef K_BLOCK_LINEAR_DECL
 

@@ -1,6 +1,6 @@
 /*
  * linear_panel_simd.h - the one decode and prefill driver of the 16-row-panel
- * formats with Q8 activations (q8_0's "q8p16", q4_1's "q4p16"; kernels.h
+ * formats with Q8 activations (q8_0's "q8p16", affine4's "q4p16"; kernels.h
  * "weight formats"), written once over a per-format block primitive and
  * included by each format's kernel file after simd_<level>.h:
  *

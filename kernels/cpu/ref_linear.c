@@ -3,7 +3,7 @@
  * (kernels.h "weight formats"): a format's ref file writes only its per-row
  * and per-block arithmetic (a packed row dot, a file-layout row dot, a block
  * packer), and these loops run it over the rows, tokens and thread split.
- * The 32-column block formats with a 16-row panel layout (q8_0, q4_1) go one
+ * The 32-column block formats with a 16-row panel layout (q8_0, affine4) go one
  * step further: they give only the decode of one block (k_block_fmt), and the
  * block walkers below are their file-layout row dot, packed row dot and
  * outlier_fix. The call per row, block or column costs nothing next to the

@@ -21,7 +21,7 @@
 #define K_SFX(name) name##_avx2
 #define K_LEVEL_NAME "avx2"
 #define K_MM_TT 6 /* prefill tile tokens: 2 x 6 accumulators + 2 weights + 1 broadcast of 16 ymm */
-#define K_PANEL_TT 4 /* q8_0/q4_1 prefill tile tokens (linear_panel_simd.h) */
+#define K_PANEL_TT 4 /* q8_0/affine4 prefill tile tokens (linear_panel_simd.h) */
 #define K_PANEL_RV 2 /* row vectors per 16-row panel */
 #define K_MV_PANELS 4 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 256u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */

@@ -84,7 +84,7 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
 #define K_SFX(name) name##_avx512
 #define K_LEVEL_NAME "avx512"
 #define K_MM_TT 12 /* prefill tile tokens: 2 x 12 accumulators + 2 weights + 1 broadcast of 32 zmm */
-#define K_PANEL_TT 8 /* q8_0/q4_1 prefill tile tokens (linear_panel_simd.h) */
+#define K_PANEL_TT 8 /* q8_0/affine4 prefill tile tokens (linear_panel_simd.h) */
 #define K_PANEL_RV 1 /* row vectors per 16-row panel */
 #define K_MV_PANELS 1 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 128u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */

@@ -1,5 +1,5 @@
 /*
- * ref_q4_1.c - the q4_1 weight format (GGML Q4_1, GGUF type 3; scheme
+ * ref_affine4.c - the affine4 weight format (GGML Q4_1, GGUF type 3; scheme
  * affine4_gs32 of seed 000 "Weight quantization"): its level-independent
  * facts (k_fmt_info), FP32 oracle over the file layout, encoder, and the
  * scalar pack/matvec/matmul every SIMD level is checked against (kernels.h
@@ -27,7 +27,7 @@ static unsigned nib(const uint8_t *blk, unsigned c)
 /* The converter's encoder (tools/quant_blocks.py encode_q4_1): m = fp16(min),
  * d = fp16((max - m) / 15), q = round((w - m) / d) half away from zero, clamped
  * to [0, 15]; 0 when d is 0. */
-static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
+static void affine4_from_f32(const float *w, void *out, size_t rows, size_t cols)
 {
     uint8_t *o = out;
     for (size_t r = 0; r < rows; r++)
@@ -55,14 +55,14 @@ static void q4_1_from_f32(const float *w, void *out, size_t rows, size_t cols)
 
 /* The oracle: w = d * q + m dequantized per block inside an FP32 matvec, FP32
  * activations, FP32 accumulation in column order (k_block_file_row_dot). */
-static void q4_1_file_f32(const uint8_t *blk, float w[32])
+static void affine4_file_f32(const uint8_t *blk, float w[32])
 {
     float d = k_f16_at(blk), m = k_f16_at(blk + 2);
     for (unsigned c = 0; c < QK; c++) w[c] = d * (float)nib(blk, c) + m;
 }
 
 /* The packed layout "q4p16" (kernels.h). */
-static void q4_1_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
+static void affine4_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
 {
     float d = k_f16_at(blk), m = k_f16_at(blk + 2);
     memcpy(pb + 4 * lane, &d, 4);
@@ -80,21 +80,21 @@ static int32_t packed_q(const uint8_t *pb, unsigned i, unsigned c)
     return j < 4 ? b & 15 : b >> 4;
 }
 
-static void q4_1_lane_q(const uint8_t *pb, unsigned lane, int32_t q[32])
+static void affine4_lane_q(const uint8_t *pb, unsigned lane, int32_t q[32])
 {
     for (unsigned c = 0; c < QK; c++) q[c] = packed_q(pb, lane, c);
 }
 
-static void q4_1_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
+static void affine4_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
 {
     for (unsigned i = 0; i < 16; i++) q[i] = packed_q(pb, i, c);
 }
 
-static size_t q4_1_q_line(unsigned c) { return 128 + (c / 4 % 4) * 64; }
+static size_t affine4_q_line(unsigned c) { return 128 + (c / 4 % 4) * 64; }
 
 static const k_block_fmt q4p16 = {.file_block = Q4_1_BYTES, .panel_block = K_Q4P_BLOCK, .affine = 1,
-    .file_f32 = q4_1_file_f32, .pack = q4_1_pack_block, .lane_q = q4_1_lane_q, .col_q = q4_1_col_q,
-    .q_line = q4_1_q_line};
+    .file_f32 = affine4_file_f32, .pack = affine4_pack_block, .lane_q = affine4_lane_q, .col_q = affine4_col_q,
+    .q_line = affine4_q_line};
 
-K_REF_BLOCK_KERNELS(q4_1, Q4_1, q4p16)
+K_REF_BLOCK_KERNELS(affine4, Q4_1, q4p16)
 
