@@ -17,11 +17,11 @@
 /* ---- formats ---- */
 
 #define K_FMT_EXTERN(ID, name) extern const k_fmt_info k_fmt_info_##name;
-K_FMT_LIST(K_FMT_EXTERN)
+K_READ_MODE_LIST(K_FMT_EXTERN)
 #undef K_FMT_EXTERN
 
 #define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
-static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
+static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_READ_MODE_LIST(K_FMT_INFO)};
 #undef K_FMT_INFO
 
 const k_fmt_info *k_fmt_get(k_fmt f) { return (unsigned)f < K_FMT_COUNT ? fmt_info[f] : NULL; }

@@ -7,7 +7,7 @@
  *  - ops (K_CPU_OP_LIST): format-free steps of the forward pass (norms, RoPE,
  *    SwiGLU, KV write, attention). Each has k_<op>_ref (kernels/cpu/ref.c) and
  *    SIMD variants k_<op>_<isa> with the same signature.
- *  - weight formats (K_FMT_LIST): one row per format per level with pack,
+ *  - weight read modes (K_READ_MODE_LIST): one row per read mode per level with pack,
  *    matvec and matmul over that format's packed layout, plus one
  *    level-independent k_fmt_info (file type, layout sizes, the activation
  *    formats it reads, its FP32 oracle). Adding a format adds one row and its
@@ -182,7 +182,14 @@ size_t k_act_row_bytes(k_act a, size_t n);
 /** Name of an activation format: "f32", "q8", "bf16". */
 const char *k_act_name(k_act a);
 
-/* ---- weight formats ----
+/* ---- weight formats and read modes ----
+ * K_READ_MODE_LIST names what a row of kernels reads: a packed layout of one
+ * file format read against one activation format (k_fmt_info.act). Every
+ * file format of kernels/formats.h has one read mode of its own name (bf16,
+ * q8_0, affine4); a file format may have more, which k_fmt_from_gguf never
+ * returns and a backend picks per projection: bf16dot, a second read mode of
+ * bf16 files. The entries:
+ *
  * bf16: GGUF type 30 in the file ([rows][cols] bf16 row-major). Packed layout,
  *   panels of 16 rows with k-pairs interleaved inside a panel:
  *     wp[(r/16)*16*cols + ((c/2)*16 + r%16)*2 + c%2] = w[r][c]
@@ -206,7 +213,7 @@ const char *k_act_name(k_act a);
  *   concatenation. rows % 16 == 0, cols % 32 == 0. matvec and matmul read Q8
  *   activations; per block the int32 dot is scaled by d_w * d_x in FP32.
  *
- * affine4 (scheme affine4_gs32): GGUF type 3 in the file (GGML Q4_1: per 32
+ * affine4 (scheme affine4_gs32): GGUF type 3 in the file, GGML's Q4_1 block (per 32
  *   weights fp16 d, fp16 m and 16 bytes of nibbles, byte j = q[j] | q[j+16] << 4,
  *   20 bytes, w = d * q + m). Packed layout "q4p16", per 16-row panel P and
  *   32-column block b, 384 bytes at (P * cols/32 + b) * 384:
@@ -218,7 +225,7 @@ const char *k_act_name(k_act a);
  *   Reads Q8 activations; per block y += d_w d_x dot(q_w, q_x) + m_w d_x sum(q_x),
  *   q_w unsigned (vpmaddubsw / vpdpbusd need no sign trick).
  *
- * bf16dot: a second read mode of the bf16 file type (k_fmt_from_gguf never
+ * bf16dot (read mode, not a file format): a second read mode of the bf16 file type (k_fmt_from_gguf never
  *   returns it; a backend picks it per projection, see k_fmt_native): the
  *   same packed layout and packer as bf16, read with BF16 activations by
  *   vdpbf16ps (one instruction per 16 rows x 2 k, against two FMAs and two
@@ -232,10 +239,11 @@ const char *k_act_name(k_act a);
  *   emulation (kernels/cpu/ref_bf16dot.c) that the checks compare against.
 
  */
-#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(AFFINE4, affine4) X(BF16DOT, bf16dot)
+/* The file formats' own read modes first, in KIPP_FMT_LIST order, then the extra read modes. */
+#define K_READ_MODE_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(AFFINE4, affine4) X(BF16DOT, bf16dot)
 
 #define K_FMT_ENUM(ID, name) K_FMT_##ID,
-typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
+typedef enum { K_READ_MODE_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
 #undef K_FMT_ENUM
 
 /** Pack w (file layout of the format) into wp (its packed layout); this thread's share of panels. */
