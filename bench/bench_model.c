@@ -16,7 +16,7 @@
  * each) with the monotonic clock, and reports
  * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
  * read per token / time), GFLOP/s and the share of the roofline, next to the
- * issue's targets: prefill's from the machine profile's compute peak, decode's
+ * targets (bench/README.md): prefill's from the machine profile's compute peak, decode's
  * from read probes run beside each rep (read_probe.h). Decode tokens are fixed
  * pseudo-random ids (as llama-bench), not sampled, so runs are comparable.
  * Results go to <out>/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,

@@ -324,7 +324,7 @@ static int open_model(bench_ctx *b, const options *o, char *err, size_t errlen)
     return kipp_tokenize(b->m, PROMPT, strlen(PROMPT), 0, b->prompt, cap, &b->n_prompt, err, errlen);
 }
 
-/* The targets, checked on the medians of this run. */
+/* The speedup targets, checked on the medians of this run. */
 static json_t *targets(const double *ratio, json_t *cost)
 {
     json_t *t = json_object();
