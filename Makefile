@@ -25,7 +25,7 @@ CPPFLAGS := -D_GNU_SOURCE -I.
 ALLCFLAGS = -std=c11 -ffp-contract=off $(WARN) $(CFLAGS) $(SAN) -MMD -MP -pthread
 AVX2     := -mavx2 -mfma -mf16c
 AVX512   := $(AVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
-AVX512BF16 := $(AVX512) -mavx512bf16 -mavx512vnni
+AVX512_BF16 := $(AVX512) -mavx512bf16 -mavx512vnni
 LDLIBS   := -lhwloc -ljansson -lpcre2-8 -lutf8proc -lxxhash -lm -lpthread
 HAVE_PAPI := $(shell printf '#include <papi.h>\nint main(void){return 0;}' | $(CC) -x c - -lpapi -o /dev/null 2>/dev/null && echo 1)
 HAVE_SIMDE := $(shell printf '\043include <simde/x86/avx512.h>\nint main(void){return 0;}' | $(CC) -x c - -mavx2 -mfma -o /dev/null 2>/dev/null && echo 1)
@@ -55,9 +55,9 @@ EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
 all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
-$(BUILD)/%_avx512bf16.o: %_avx512bf16.c
+$(BUILD)/%_avx512_bf16.o: %_avx512_bf16.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX512BF16) -c $< -o $@
+	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX512_BF16) -c $< -o $@
 
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
@@ -118,7 +118,7 @@ $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 # The levels this CPU lacks: their sources once more against SIMDe's portable
 # AVX-512 (libsimde-dev), linked into kcheck_emu in place of the native ones.
 # (the machine probes are not kernels to check: they stay native)
-EMU_LEVEL_SRC := $(filter-out kernels/cpu/probe_%,$(wildcard kernels/cpu/*_avx512.c kernels/cpu/*_avx512bf16.c))
+EMU_LEVEL_SRC := $(filter-out kernels/cpu/probe_%,$(wildcard kernels/cpu/*_avx512.c kernels/cpu/*_avx512_bf16.c))
 $(BUILD)/emu512/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(ALLCFLAGS) $(AVX2) -Wno-psabi -DKIPP_SIMDE_EMU -c $< -o $@
@@ -127,7 +127,7 @@ $(BUILD)/bin/kcheck_emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(EMU_LEVEL_SRC) $(K
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx512bf16.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx512_bf16.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 

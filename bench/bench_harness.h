@@ -1,6 +1,5 @@
 /*
- * harness.h - Kipp's own benchmark harness (issue 5, "bench/"; no Google
- * Benchmark): monotonic timing with warm-up and N repetitions
+ * harness.h - Kipp's own benchmark harness (no Google Benchmark): monotonic timing with warm-up and N repetitions
  * (median/min/max), a team of threads pinned one per physical core through
  * hwloc, PAPI counters where the machine exposes them, the machine profile
  * (profiles/<host>.json, written by `make profile`) for roofline shares, and
@@ -85,8 +84,8 @@ const char *kipp_host_name(void);
  * level>-<cpu id>", e.g. "vm-avx512_bf16-amd-f26m2". Every machine here is
  * called "vm" while their CPUs differ (AVX2 EPYC, Skylake-SP, Zen 4, Zen 5),
  * and Zen 4 and Zen 5 share both the model name "AMD EPYC" and the ISA level,
- * so anything less would let one CPU's profile overwrite another's (issue 16
- * item 1). Static storage.
+ * so anything less would let one CPU's profile overwrite another's. Static
+ * storage.
  */
 const char *kipp_profile_key(void);
 

@@ -1,5 +1,5 @@
 /*
- * bench_lora.c - LoRA merge time at real model shapes (issue 38 item 5):
+ * bench_lora.c - LoRA merge time at real model shapes:
  * all seven projections of every layer of a registry checkpoint's shape
  * (default synthetic-0.6b and synthetic-1.7b), each weight format Kipp stores
  * them in (bf16, q8_0, affine4_gs32), one kipp_lora_merge call over all

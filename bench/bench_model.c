@@ -1,6 +1,6 @@
 /*
  * bench_model.c - `kipp-bench`: model benchmarks pp512, tg128 and tg at a 4k
- * context (issue 5, items 5-6), and batched decode (issue 33 item 3),
+ * context, and batched decode,
  * through the public engine API.
  *
  *   kipp-bench --model models/synthetic-0.6b.gguf [--model ...] [--backend cpu]
@@ -16,7 +16,7 @@
  * each) with the monotonic clock, and reports
  * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
  * read per token / time), GFLOP/s and the share of the roofline, next to the
- * issue's targets: prefill's from the machine profile's compute peak, decode's
+ * targets (bench/README.md): prefill's from the machine profile's compute peak, decode's
  * from read probes run beside each rep (read_probe.h). Decode tokens are fixed
  * pseudo-random ids (as llama-bench), not sampled, so runs are comparable.
  * Results go to <out>/<YYYYMMDD>-<host>-<backend>-<sha>.json (kipp.bench.v1,
@@ -45,14 +45,14 @@
 #define LONG_CTX 4096u  /* KV positions before tg4k */
 #define LONG_STEPS 32u  /* decode steps timed at the long context */
 
-/* Targets of issue 5, item 6 (shares of the roofline). */
+/* Targets as shares of the roofline (bench/README.md). */
 #define TARGET_DECODE 0.95
 #define TARGET_PREFILL 0.80
 #define TARGET_LONG 0.90
-/* Issue 16 item 4: filling a 4k context runs at >= 70% of the pp512 token rate. */
+/* Target: filling a 4k context runs at >= 70% of the pp512 token rate. */
 #define TARGET_PP4096_VS_PP512 0.70
 #define PP4096_REPS_MAX 2 /* one rep is a 4096-token prefill: long enough to need no warmup */
-/* Issue 33 item 3: 8 sequences decoding together at >= 70% of the
+/* Target: 8 sequences decoding together at >= 70% of the
  * one-read-per-step limit (B tokens per read of the weights). */
 #define TARGET_BATCH 0.70
 #define BATCH_STEPS 32u   /* kipp_eval_batch steps timed per rep of a batch row */
@@ -291,9 +291,9 @@ static double median_of(const double *v, int n)
 }
 
 /* A decode row's read share per rep: rep i's GB/s over the faster of the
- * probes before and after it (probe[i], probe[i + 1]), "the read bandwidth
- * measured in the same run" (issue 16 item 2), since this VM's memory speed
- * drifts within seconds. Reps whose probes both failed are left out. Writes
+ * probes before and after it (probe[i], probe[i + 1]): the read bandwidth
+ * measured in the same run, since a shared VM's memory speed drifts within
+ * seconds. Reps whose probes both failed are left out. Writes
  * share[k] in rep order, *roof = the median of those probes, and the probes
  * and shares (null where failed) into r; returns k (0: no share). */
 static int decode_share(const bench_meta *bm, int reps, json_t *r, double *share, double *roof)
@@ -349,7 +349,7 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
     json_object_set_new(r, "bound", json_string(bm->compute_bound ? "compute" : "memory"));
     /* Prefill's roofline is the peak of the instruction it runs: the BF16 dot
      * where the backend reads projections through it (KIPP_BF16_ACT mixed or
-     * bf16, issue 16 item 3: "the BF16 dot where the CPU has one"; in mixed
+     * bf16: the BF16 dot where the CPU has one; in mixed
      * mode Q|K|V, attention and the head still run FP32 FMA, so that share is
      * strict), else the FP32 FMA peak. The other peak's share is recorded
      * beside it. */
@@ -510,7 +510,7 @@ static void batch_keys(json_t *r, uint32_t n_seq, uint32_t steps, double step_by
                n_seq * bw * 1e9 / step_bytes);
 }
 
-/* batchB (issue 33 item 3): B sessions, each prefilled with its own
+/* batchB: B sessions, each prefilled with its own
  * TG_PROMPT tokens (untimed), then BATCH_STEPS steps of one kipp_eval_batch
  * holding one decode token of each, with a logits row each; read probes
  * beside every rep as for tg128. */
@@ -577,7 +577,7 @@ static void reset_peak_rss(void)
     if (f) { fputs("5", f); fclose(f); }
 }
 
-/* Issue 16 item 5: peak resident memory of loading the model (mapping,
+/* Peak resident memory of loading the model (mapping,
  * packing, scratch: target <= 1.1x the GGUF) and of the whole run (plus the
  * session's KV cache, kv_bytes), on every result of the model. */
 static void add_memory(json_t *results, size_t first, const char *path, double load_peak, double peak, double kv_bytes)

@@ -1,6 +1,6 @@
 /*
  * bench_spec.c - `kipp-bench-spec`: speculative decoding against plain greedy,
- * same process, interleaved (issue 11, item 5; `make bench-spec`).
+ * same process, interleaved (`make bench-spec`).
  *
  *   kipp-bench-spec --model M.gguf [--backend cpu] [--threads N] [--reps N]
  *                   [--tokens N] [--k N] [--profiles DIR] [--out DIR]
@@ -26,8 +26,8 @@
  * first and is handed to the gate (kipp_spec_options.costs) in place of the
  * gate's online timing, so every speculative run of a workload drafts the same
  * way and every run of a workload is the same computation.
- * A backend whose verification rows differ from its decode rows (cpu until
- * issue 16 item 6) can part from the plain text at a near-tie; then the runs
+ * A backend whose verification rows differ from its decode rows (none now:
+ * every backend keeps row invariance, kernels.h) can part from the plain text at a near-tie; then the runs
  * are timed in pattern mode (recorded_pattern), recorded as such in the JSON.
  * Results: <out>/<YYYYMMDD>-<host>-<cpu id>-spec-<sha>.json (kipp.bench.v1, kind "spec").
  */
@@ -114,7 +114,7 @@ static uint32_t *reference_for(const bench_ctx *b, int w, int tokens, size_t *n)
 }
 
 /* Pattern mode, for a backend whose verification rows differ slightly from its
- * decode rows (cpu until issue 16 item 6): there a run can part from the plain
+ * decode rows: there a run can part from the plain
  * text at a near-tie, after which no reference built from that text predicts
  * it. Row r of a verification at reply position pos then gets g[pos + r] raised
  * to its row's maximum + 1, so the sampled token, and with it the acceptance,
@@ -324,7 +324,7 @@ static int open_model(bench_ctx *b, const options *o, char *err, size_t errlen)
     return kipp_tokenize(b->m, PROMPT, strlen(PROMPT), 0, b->prompt, cap, &b->n_prompt, err, errlen);
 }
 
-/* The issue's targets, checked on the medians of this run. */
+/* The speedup targets, checked on the medians of this run. */
 static json_t *targets(const double *ratio, json_t *cost)
 {
     json_t *t = json_object();

@@ -1,6 +1,6 @@
 /*
  * bench_tokenizer.c - single-threaded encode throughput of the native
- * tokenizer (issue 3, item 5). Driven by tools/bench_tokenizer.py, which
+ * tokenizer. Driven by tools/bench_tokenizer.py, which
  * writes the corpus, runs Hugging Face `tokenizers` on the same bytes and
  * writes the results/ JSON (schema kipp.bench.v1, bench/README.md).
  *

@@ -194,7 +194,7 @@ static void check_dispatch(int *passed, int *failed)
     }
     k_cpu_ops_table(KIPP_ISA_AVX512_BF16, &s);
     ok &= s.fmt[K_FMT_BF16][2] == KIPP_ISA_AVX512 && s.fmt[K_FMT_BF16][1] == KIPP_ISA_AVX512 && s.rope_f32 == KIPP_ISA_AVX512;
-    ok &= s.fmt[K_FMT_Q4_1][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_Q4_1][1] == KIPP_ISA_AVX512;
+    ok &= s.fmt[K_FMT_AFFINE4][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_AFFINE4][1] == KIPP_ISA_AVX512;
     ok &= s.fmt[K_FMT_Q8_0][2] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_Q8_0][1] == KIPP_ISA_AVX512 && s.act[K_ACT_Q8] == KIPP_ISA_AVX2;
     ok &= s.fmt[K_FMT_BF16DOT][1] == KIPP_ISA_AVX512_BF16 && s.fmt[K_FMT_BF16DOT][2] == KIPP_ISA_AVX512_BF16 &&
           s.act[K_ACT_BF16] == KIPP_ISA_AVX512_BF16;

@@ -1,6 +1,6 @@
 /*
  * profile.c - `make profile`: measure this machine once and write
- * profiles/<host>-<level>-<cpu id>.json (issue 5, item 4; schema kipp.profile.v1 in
+ * profiles/<host>-<level>-<cpu id>.json (schema kipp.profile.v1 in
  * bench/README.md). Every benchmark result cites this file and takes its
  * roofline (read bandwidth, FP32 / BF16 peaks) from it.
  *

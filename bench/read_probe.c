@@ -1,8 +1,8 @@
 /*
  * read_probe.c - the read-bandwidth probe that decode rows of `kipp-bench`
- * are measured against (issue 16 item 2: "the read bandwidth measured in the
- * same run"): `kipp_profile --read-bw` in its own process, without a shell,
- * killed when it hangs.
+ * are measured against (the read bandwidth measured in the same run):
+ * `kipp_profile --read-bw` in its own process, without a shell, killed when
+ * it hangs.
  */
 #include <errno.h>
 #include <poll.h>

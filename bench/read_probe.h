@@ -11,8 +11,8 @@
  * prints something unexpected, or gives no answer within 60 s (then it is
  * killed with its process group). A separate process, so its buffer stays out
  * of the caller's peak RSS; the caller's worker threads stay parked meanwhile.
- * Why it exists: this VM's memory speed drifts by 2x within minutes (issue
- * 16), so decode shares are taken against probes beside each repetition
+ * Why it exists: a shared VM's memory speed can drift by 2x within minutes,
+ * so decode shares are taken against probes beside each repetition
  * rather than against the profile alone. */
 double kipp_read_probe(const char *when);
 

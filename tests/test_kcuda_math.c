@@ -5,7 +5,7 @@
  * CUDA kernels that a GPU-less machine can check is checked on every
  * `make test`: bf16 / f16 bit conversions (kernels/common.h), the Q8_0 and
  * Q4_1 element decode and the kernels' word-wise code extraction (against the
- * FP32 file-layout oracles of kernels/cpu/ref_q8_0.c and ref_q4_1.c), the
+ * FP32 file-layout oracles of kernels/cpu/ref_q8_0.c and ref_affine4.c), the
  * paged KV slot (k_kv_off) over non-identity block tables and page edges,
  * the attention split, the tile bounds and the mma.sync fragment maps.
  */
@@ -115,7 +115,7 @@ out:
 }
 
 static void test_q8_0_decode(void) { check_decode(K_FMT_Q8_0, 5, 96); check_decode(K_FMT_Q8_0, 3, 1056); }
-static void test_q4_1_decode(void) { check_decode(K_FMT_Q4_1, 5, 96); check_decode(K_FMT_Q4_1, 3, 1056); }
+static void test_q4_1_decode(void) { check_decode(K_FMT_AFFINE4, 5, 96); check_decode(K_FMT_AFFINE4, 3, 1056); }
 
 /* Several sequences' tables concatenated, scrambled: every (row, pos, head) offset equals k_kv_off. */
 static void test_kv_slot(void)

@@ -255,7 +255,7 @@ static void check_encoder(const char *stem, const char *bf16_stem, k_fmt fmt)
 static void test_encoder_matches_converter(void)
 {
     check_encoder("synthetic-tiny-q8_0", "synthetic-tiny", K_FMT_Q8_0);
-    check_encoder("synthetic-tiny-affine4_gs32", "synthetic-tiny", K_FMT_Q4_1);
+    check_encoder("synthetic-tiny-affine4_gs32", "synthetic-tiny", K_FMT_AFFINE4);
 }
 
 /* ---- int8 fidelity on outlier weights ----

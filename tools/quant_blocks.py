@@ -13,7 +13,7 @@ Both formats are GGML's, so the files open in every GGUF reader:
                 clamped to [0, 15] (0 when d is 0).
 
 round() is half away from zero on the float32 quotient, which is C's roundf
-on the same float32 division: kernels/cpu/ref_q8_0.c and ref_q4_1.c
+on the same float32 division: kernels/cpu/ref_q8_0.c and ref_affine4.c
 (k_fmt_info.from_f32) produce the same bytes, and kcheck compares them.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@
  * accumulators in registers), the online-softmax state is updated once per
  * chunk with a vector exp, and every V row is loaded once and FMA'd into all
  * group accumulators. So the heads of a group share each K/V load. A load of
- * 2 x KV_W bf16 widens into its even and odd elements by a shift and a mask
+ * 2 x VF_LANES bf16 widens into its even and odd elements by a shift and a mask
  * (vf_even, vf_odd); the query and the accumulators are split the same way
  * (vf_deint), so no lane-crossing widen is needed in the inner loops.
  *
@@ -40,7 +40,7 @@
 #define GMAX 8u /* heads per register pass; larger groups run in passes */
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 
-#define KB (2 * KV_W) /* bf16 per vi load of a K/V row: one even and one odd vf (vf_even, vf_odd) */
+#define KB (2 * VF_LANES) /* bf16 per vi load of a K/V row: one even and one odd vf (vf_even, vf_odd) */
 
 /* Keep v in a register from here on: GCC 12 otherwise folds a reused load
  * into every FMA as a memory operand, and the loop becomes load-bound. A
@@ -62,9 +62,9 @@ static AI void q_split(const float *q, size_t G, float qs[GMAX][KIPP_HEAD_DIM])
     for (size_t g = 0; g < G; g++)
         for (size_t d = 0; d < KIPP_HEAD_DIM; d += KB) {
             vf e, o;
-            vf_deint(vf_load(q + g * KIPP_HEAD_DIM + d), vf_load(q + g * KIPP_HEAD_DIM + d + KV_W), &e, &o);
+            vf_deint(vf_load(q + g * KIPP_HEAD_DIM + d), vf_load(q + g * KIPP_HEAD_DIM + d + VF_LANES), &e, &o);
             vf_store(qs[g] + d, e);
-            vf_store(qs[g] + d + KV_W, o);
+            vf_store(qs[g] + d + VF_LANES, o);
         }
 }
 
@@ -85,7 +85,7 @@ static AI void scores_step(const float qs[GMAX][KIPP_HEAD_DIM], size_t G, size_t
 #pragma GCC unroll 8
             for (size_t g = 0; g < G; g++) {
                 a[(i * G + g) & 7] = vf_fma(vf_load(qs[g] + d), ke, a[(i * G + g) & 7]);
-                a[(i * G + g) & 7] = vf_fma(vf_load(qs[g] + d + KV_W), ko, a[(i * G + g) & 7]);
+                a[(i * G + g) & 7] = vf_fma(vf_load(qs[g] + d + VF_LANES), ko, a[(i * G + g) & 7]);
             }
         }
     }
@@ -109,7 +109,7 @@ static AI void chunk_scores(const float qs[GMAX][KIPP_HEAD_DIM], size_t G, const
  * tile_softmax's vector of them is bitwise chunk_softmax's. */
 static AI float exp1(float x)
 {
-    float r[KV_W];
+    float r[VF_LANES];
     vf_store(r, vf_exp(vf_set1(x)));
     return r[0];
 }
@@ -121,12 +121,12 @@ static float chunk_softmax(float *s, size_t n, float *m, float *l)
 {
     for (size_t j = n; j < CHUNK; j++) s[j] = -INFINITY;
     vf mx_v = vf_load(s);
-    for (size_t j = KV_W; j < CHUNK; j += KV_W) mx_v = vf_max(mx_v, vf_load(s + j));
+    for (size_t j = VF_LANES; j < CHUNK; j += VF_LANES) mx_v = vf_max(mx_v, vf_load(s + j));
     float cm = vf_hmax(mx_v), mx = cm > *m ? cm : *m;
     const vf vm = vf_set1(mx);
     float corr = exp1(*m - mx); /* -inf - mx gives 0 */
     vf sum = vf_zero();
-    for (size_t j = 0; j < CHUNK; j += KV_W) {
+    for (size_t j = 0; j < CHUNK; j += VF_LANES) {
         vf e = vf_exp(vf_sub(vf_load(s + j), vm));
         vf_store(s + j, e);
         sum = vf_add(sum, e);
@@ -156,7 +156,7 @@ static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vba
 #pragma GCC unroll 2
         for (size_t t = 0; t < SB; t++) {
             const float *p = acc + h * KIPP_HEAD_DIM + d + KB * t;
-            vf ev = vf_load(p), od = vf_load(p + KV_W);
+            vf ev = vf_load(p), od = vf_load(p + VF_LANES);
             if (!split) vf_deint(ev, od, &ev, &od);
             a[(2 * (h * SB + t)) & 7] = rescale ? vf_mul(ev, vf_set1(corr[h])) : ev;
             a[(2 * (h * SB + t) + 1) & 7] = rescale ? vf_mul(od, vf_set1(corr[h])) : od;
@@ -187,7 +187,7 @@ static AI void values_pass(float *acc, size_t H, size_t SB, const kipp_bf16 *vba
             vf lo = a[(2 * (h * SB + t)) & 7], hi = a[(2 * (h * SB + t) + 1) & 7];
             if (!split) vf_inter(lo, hi, &lo, &hi);
             vf_store(p, lo);
-            vf_store(p + KV_W, hi);
+            vf_store(p + VF_LANES, hi);
         }
 }
 
@@ -210,13 +210,13 @@ static AI void chunk_values(float *acc, size_t G, const kipp_bf16 *vbase, size_t
 static void acc_split(float *acc, size_t n, int join)
 {
     for (size_t i = 0; i < n * KIPP_HEAD_DIM; i += KB) {
-        vf a = vf_load(acc + i), b = vf_load(acc + i + KV_W);
+        vf a = vf_load(acc + i), b = vf_load(acc + i + VF_LANES);
         if (join)
             vf_inter(a, b, &a, &b);
         else
             vf_deint(a, b, &a, &b);
         vf_store(acc + i, a);
-        vf_store(acc + i + KV_W, b);
+        vf_store(acc + i + VF_LANES, b);
     }
 }
 
@@ -224,11 +224,9 @@ static void acc_split(float *acc, size_t n, int join)
  * stream prefetchers, so the kernel prefetches itself: a chunk step of
  * positions [p, p + n) prefetches the same head's rows at [pf, pf + n), one
  * position's K and V rows (8 lines) per position it scores, so the requests
- * trickle out while it computes. (The burst this replaced was judged by a
- * profile taken while k_prefetch compiled to nothing, so the trickle order
- * is unmeasured as such; live, these prefetches took kcheck flash_gqa groups
- * 2-4 over 4k from 5-9 to 8-11 GB/s on a Zen 4. The tile walk, with far more
- * compute per chunk, prefetches the next chunk in one burst.) */
+ * trickle out while it computes (docs/PERFORMANCE.md "Kernel design
+ * measurements"). The tile walk, with far more compute per chunk, prefetches
+ * the next chunk in one burst. */
 #define PF_AHEAD 32u
 
 /* One KV head's rows of a layer's paged cache, and the positions [pf, pf_end)
@@ -295,16 +293,16 @@ static void step_any(const float *q, size_t G, const kv_view *v, uint32_t p, uin
  * over positions, with no horizontal sum per (position, query). Each score is
  * still chunk_step's arithmetic bit for bit: vf_hsum's lane ell accumulates
  * the dims b + 2 ell + {0, 1} (b = 0, KB, ...) in one FMA chain from zero, and
- * its pairwise tree adds lane ell and ell + half for half = KV_W/2 ... 1; here
+ * its pairwise tree adds lane ell and ell + half for half = VF_LANES/2 ... 1; here
  * each lane's chain runs over a vector of positions and the tree is vertical.
  * The values keep values_pass's per-element order (acc * corr, then one FMA
  * per position in order). So a token's attention does not depend on the size
  * of the tile it is computed in (kernels.h "row invariance"). */
 #define TILE_MIN 16u /* query vectors from which the GEMM-shaped walk is used */
 #define TILE_Q 16u   /* query vectors per scores/softmax/values block */
-#define TS_QB 4u /* query vectors per scores pass: 4 x TS_NC chains (6 x 2 on AVX2 spilled: 40% slower) */
+#define TS_QB 4u /* query vectors per scores pass: 4 x TS_NC chains (6 x 2 spills on AVX2's 16 ymm) */
 #define TV_QB 4u                       /* query vectors per values pass */
-#define TV_DV (KV_W == 16 ? 4u : 2u)   /* head vectors per values pass: TV_QB x TV_DV accumulators */
+#define TV_DV (VF_LANES == 16 ? 4u : 2u)   /* head vectors per values pass: TV_QB x TV_DV accumulators */
 
 /* One chunk's working set for the tile walk, on tile_walk's stack (18 KB,
  * L1-resident while every block of query vectors uses it): K^T and V widened
@@ -316,28 +314,28 @@ typedef struct {
     float corr[TILE_Q];             /* exp(m_old - m_new) per query vector of the block */
 } tile_chunk;
 
-/* Widen the chunk's n rows at off into t->kt (transposed by KV_W x KV_W
+/* Widen the chunk's n rows at off into t->kt (transposed by VF_LANES x VF_LANES
  * blocks: vf_transpose) and t->v, prefetching the next chunk's rows [pf, pf +
  * CHUNK) that lie before pf_end. */
 static void tile_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, tile_chunk *t)
 {
     for (uint32_t j = 0; j < CHUNK && pf + j < v->pf_end; j++) prefetch_pos(v, pf + j);
-    for (uint32_t j0 = 0; j0 < CHUNK; j0 += KV_W)
-        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W) {
-            vf r[KV_W];
+    for (uint32_t j0 = 0; j0 < CHUNK; j0 += VF_LANES)
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += VF_LANES) {
+            vf r[VF_LANES];
 #pragma GCC unroll 16
-            for (uint32_t j = 0; j < KV_W; j++)
+            for (uint32_t j = 0; j < VF_LANES; j++)
                 r[j] = j0 + j < n ? vf_widen(v->kc + off + (size_t)(j0 + j) * KV_STRIDE + d) : vf_zero();
             vf_transpose(r);
 #pragma GCC unroll 16
-            for (uint32_t c = 0; c < KV_W; c++) vf_store(t->kt[d + c] + j0, r[c]);
+            for (uint32_t c = 0; c < VF_LANES; c++) vf_store(t->kt[d + c] + j0, r[c]);
         }
     for (uint32_t j = 0; j < n; j++)
-        for (size_t d = 0; d < KIPP_HEAD_DIM; d += KV_W)
+        for (size_t d = 0; d < KIPP_HEAD_DIM; d += VF_LANES)
             vf_store(t->v[j] + d, vf_widen(v->vc + off + (size_t)j * KV_STRIDE + d));
 }
 
-#define TS_NC (CHUNK / KV_W) /* position vectors per chunk: 2 on AVX2, 1 on AVX-512 */
+#define TS_NC (CHUNK / VF_LANES) /* position vectors per chunk: 2 on AVX2, 1 on AVX-512 */
 
 /* Lane ell of vf_hsum's input for QB query vectors at q (stride 128), over
  * the chunk's TS_NC position vectors of kt: the dims b + 2 ell + {0, 1}, one
@@ -357,7 +355,7 @@ static AI void lane_chain(const float *q, size_t QB, const float (*kt)[CHUNK], s
             size_t d = b + 2 * ln + o;
             vf k[TS_NC];
 #pragma GCC unroll 2
-            for (size_t c = 0; c < TS_NC; c++) k[c] = vf_load(kt[d] + c * KV_W);
+            for (size_t c = 0; c < TS_NC; c++) k[c] = vf_load(kt[d] + c * VF_LANES);
 #pragma GCC unroll 4
             for (size_t i = 0; i < QB; i++) {
                 vf qd = vf_bcast(q + i * KIPP_HEAD_DIM + d);
@@ -368,19 +366,19 @@ static AI void lane_chain(const float *q, size_t QB, const float (*kt)[CHUNK], s
 }
 
 /* Lane index of the k-th leaf in the order that evaluates vf_hsum's tree
- * depth first: the bit reversal of k over log2(KV_W) bits. */
+ * depth first: the bit reversal of k over log2(VF_LANES) bits. */
 static AI size_t leaf_lane(size_t k)
 {
     size_t r = 0;
-    for (size_t w = 1; w < KV_W; w *= 2, k >>= 1) r = r * 2 + (k & 1);
+    for (size_t w = 1; w < VF_LANES; w *= 2, k >>= 1) r = r * 2 + (k & 1);
     return r;
 }
 
 /* s[i] = scale * q_i . k_j over the chunk's positions for QB query vectors
  * at q (stride 128). The lanes are summed as vf_hsum's tree (lane ell + lane
- * ell + w, w = KV_W/2 ... 1) evaluated depth first: leaves in leaf_lane
+ * ell + w, w = VF_LANES/2 ... 1) evaluated depth first: leaves in leaf_lane
  * order on a stack of partial sums, the top two added whenever the leaf count
- * is even at that depth, so at most log2(KV_W) + 1 partials per query live. */
+ * is even at that depth, so at most log2(VF_LANES) + 1 partials per query live. */
 static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], float scale, float (*s)[CHUNK])
 {
     vf st[TS_QB][TS_NC][6];
@@ -388,13 +386,13 @@ static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], 
     /* AVX2 does not unroll: the partials then live in memory (indexed by sp
      * at run time) and the chains' registers hold K; unrolled, GCC 12 kept
      * the partials in its 16 ymm and re-read K from memory for every FMA.
-     * AVX-512 (32 zmm) stays unrolled, as measured before. */
-#if KV_W == 16
+     * AVX-512 (32 zmm) has the registers for both and stays unrolled. */
+#if VF_LANES == 16
 #pragma GCC unroll 16
 #else
 #pragma GCC unroll 1
 #endif
-    for (size_t k = 0; k < KV_W; k++) {
+    for (size_t k = 0; k < VF_LANES; k++) {
         vf a[TS_QB][TS_NC];
         lane_chain(q, QB, kt, leaf_lane(k), a);
 #pragma GCC unroll 4
@@ -412,7 +410,7 @@ static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], 
 #pragma GCC unroll 4
     for (size_t i = 0; i < QB; i++)
 #pragma GCC unroll 2
-        for (size_t c = 0; c < TS_NC; c++) vf_store(s[i] + c * KV_W, vf_mul(st[i][c][0], vf_set1(scale)));
+        for (size_t c = 0; c < TS_NC; c++) vf_store(s[i] + c * VF_LANES, vf_mul(st[i][c][0], vf_set1(scale)));
 }
 
 /* acc_i = acc_i * corr_i + sum_{j < n} e_i[j] * v_j for QB query vectors
@@ -423,18 +421,18 @@ static AI void tile_scores(const float *q, size_t QB, const float (*kt)[CHUNK], 
 static AI void tile_values(float *acc, size_t QB, const float (*v)[KIPP_HEAD_DIM], uint32_t n,
                            const float (*e)[CHUNK], const float *corr)
 {
-    for (size_t d = 0; d < KIPP_HEAD_DIM; d += TV_DV * KV_W) {
+    for (size_t d = 0; d < KIPP_HEAD_DIM; d += TV_DV * VF_LANES) {
         vf a[TV_QB][TV_DV];
 #pragma GCC unroll 4
         for (size_t i = 0; i < QB; i++)
 #pragma GCC unroll 4
             for (size_t t = 0; t < TV_DV; t++)
-                a[i][t] = vf_mul(vf_load(acc + i * KIPP_HEAD_DIM + d + t * KV_W), vf_set1(corr[i]));
+                a[i][t] = vf_mul(vf_load(acc + i * KIPP_HEAD_DIM + d + t * VF_LANES), vf_set1(corr[i]));
         for (uint32_t j = 0; j < n; j++) {
             vf vv[TV_DV];
 #pragma GCC unroll 4
             for (size_t t = 0; t < TV_DV; t++) {
-                vv[t] = vf_load(v[j] + d + t * KV_W);
+                vv[t] = vf_load(v[j] + d + t * VF_LANES);
                 K_PIN(vv[t]);
             }
 #pragma GCC unroll 4
@@ -447,37 +445,37 @@ static AI void tile_values(float *acc, size_t QB, const float (*v)[KIPP_HEAD_DIM
 #pragma GCC unroll 4
         for (size_t i = 0; i < QB; i++)
 #pragma GCC unroll 4
-            for (size_t t = 0; t < TV_DV; t++) vf_store(acc + i * KIPP_HEAD_DIM + d + t * KV_W, a[i][t]);
+            for (size_t t = 0; t < TV_DV; t++) vf_store(acc + i * KIPP_HEAD_DIM + d + t * VF_LANES, a[i][t]);
     }
 }
 
-/* chunk_softmax for the KV_W query vectors whose scores are s[0, KV_W), at
+/* chunk_softmax for the VF_LANES query vectors whose scores are s[0, VF_LANES), at
  * once, bit for bit: the max is exact in any order and so is vf_max(cm, m)
  * (it returns m unless cm > m, as chunk_softmax's select), the exps are per
  * element, the correction is the same vf_exp, and the sum is vf_hsum's tree
  * with the queries' sum vectors transposed, so that a lane's partial sums
- * become rows and the tree adds rows. m, l and corr: KV_W consecutive
+ * become rows and the tree adds rows. m, l and corr: VF_LANES consecutive
  * floats, updated. */
 static void tile_softmax(float (*s)[CHUNK], uint32_t n, float *m, float *l, float *corr)
 {
-    vf r[KV_W];
-    float mx[KV_W];
-    for (size_t i = 0; i < KV_W; i++) {
+    vf r[VF_LANES];
+    float mx[VF_LANES];
+    for (size_t i = 0; i < VF_LANES; i++) {
         for (size_t j = n; j < CHUNK; j++) s[i][j] = -INFINITY;
         vf v = vf_load(s[i]);
-        for (size_t j = KV_W; j < CHUNK; j += KV_W) v = vf_max(v, vf_load(s[i] + j));
+        for (size_t j = VF_LANES; j < CHUNK; j += VF_LANES) v = vf_max(v, vf_load(s[i] + j));
         r[i] = v;
     }
     vf_transpose(r);
     vf cm = r[0];
-    for (size_t i = 1; i < KV_W; i++) cm = vf_max(cm, r[i]);
+    for (size_t i = 1; i < VF_LANES; i++) cm = vf_max(cm, r[i]);
     vf mo = vf_load(m), mn = vf_max(cm, mo), co = vf_exp(vf_sub(mo, mn));
     vf_store(m, mn);
     vf_store(corr, co);
     vf_store(mx, mn);
-    for (size_t i = 0; i < KV_W; i++) {
+    for (size_t i = 0; i < VF_LANES; i++) {
         vf vm = vf_set1(mx[i]), sum = vf_zero();
-        for (size_t j = 0; j < CHUNK; j += KV_W) {
+        for (size_t j = 0; j < CHUNK; j += VF_LANES) {
             vf e = vf_exp(vf_sub(vf_load(s[i] + j), vm));
             vf_store(s[i] + j, e);
             sum = vf_add(sum, e);
@@ -485,7 +483,7 @@ static void tile_softmax(float (*s)[CHUNK], uint32_t n, float *m, float *l, floa
         r[i] = sum;
     }
     vf_transpose(r);
-    for (size_t w = KV_W / 2; w >= 1; w /= 2)
+    for (size_t w = VF_LANES / 2; w >= 1; w /= 2)
         for (size_t i = 0; i < w; i++) r[i] = vf_add(r[i], r[i + w]);
     vf_store(l, vf_add(vf_mul(vf_load(l), co), r[0]));
 }
@@ -500,7 +498,7 @@ static void tile_step(const float *q, size_t nq, tile_chunk *t, uint32_t n, floa
         for (; i + TS_QB <= nb; i += TS_QB)
             tile_scores(qb + i * KIPP_HEAD_DIM, TS_QB, (const float(*)[CHUNK])t->kt, scale, t->s + i);
         for (; i < nb; i++) tile_scores(qb + i * KIPP_HEAD_DIM, 1, (const float(*)[CHUNK])t->kt, scale, t->s + i);
-        for (i = 0; i + KV_W <= nb; i += KV_W) tile_softmax(t->s + i, n, m + i0 + i, l + i0 + i, t->corr + i);
+        for (i = 0; i + VF_LANES <= nb; i += VF_LANES) tile_softmax(t->s + i, n, m + i0 + i, l + i0 + i, t->corr + i);
         for (; i < nb; i++) t->corr[i] = chunk_softmax(t->s[i], n, &m[i0 + i], &l[i0 + i]);
         float *ab = acc + i0 * KIPP_HEAD_DIM;
         const float(*vv)[KIPP_HEAD_DIM] = (const float(*)[KIPP_HEAD_DIM])t->v;
@@ -527,7 +525,7 @@ static void tile_walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, 
 
 /* Chunk-major: each chunk's K and V rows (16 x 256 B each) are loaded from
  * DRAM once and used by every query vector, so a prefill tile of many
- * queries reads its prefix once (issue 16 item 4). From TILE_MIN vectors on
+ * queries reads its prefix once. From TILE_MIN vectors on
  * the tile walk takes the chunk (tile_walk); below, passes of GMAX vectors
  * share it in L1 and the first pass prefetches the rows PF_AHEAD positions
  * on. Both give every vector the same bits (tile walk comment). */
@@ -559,9 +557,10 @@ void K_SFX(k_flash_gqa_bf16)(const float *q, size_t group, const kipp_bf16 *kc, 
 /* One chunk [p, p + n) for query heads [g0, g0 + G) of every KV head in
  * [kvh0, kvh1), consuming the K and V rows in address order: windows of
  * positions outer, KV heads inner. A row holds all 8 heads (2 KB), and a walk
- * that finished one head's rows before the next read 256 B of each 2 KB row
- * per pass: 19-21 GB/s against 27-30 for the same bytes read in order on a
- * Zen 4 (two threads). Each head's arithmetic is chunk_step's: the same
+ * that finished one head's rows before the next would read 256 B of each
+ * 2 KB row per pass, markedly slower than the same bytes in address order
+ * (docs/PERFORMANCE.md "Kernel design measurements"). Each head's
+ * arithmetic is chunk_step's: the same
  * scores_step chains and softmax, and values in windows of VW positions, the
  * chunk's correction applied by the first window and x1 (exact) after. */
 typedef float rows_qs[KIPP_N_KV_HEAD][GMAX][KIPP_HEAD_DIM]; /* q_split of every KV head's G query heads */

@@ -17,11 +17,11 @@
 /* ---- formats ---- */
 
 #define K_FMT_EXTERN(ID, name) extern const k_fmt_info k_fmt_info_##name;
-K_FMT_LIST(K_FMT_EXTERN)
+K_READ_MODE_LIST(K_FMT_EXTERN)
 #undef K_FMT_EXTERN
 
 #define K_FMT_INFO(ID, name) [K_FMT_##ID] = &k_fmt_info_##name,
-static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_FMT_LIST(K_FMT_INFO)};
+static const k_fmt_info *const fmt_info[K_FMT_COUNT] = {K_READ_MODE_LIST(K_FMT_INFO)};
 #undef K_FMT_INFO
 
 const k_fmt_info *k_fmt_get(k_fmt f) { return (unsigned)f < K_FMT_COUNT ? fmt_info[f] : NULL; }
@@ -61,7 +61,7 @@ static const k_cpu_ops level_ref = {
     K_OP_INIT(ref)
     .fmt[K_FMT_BF16] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16_ref, .matmul = k_matmul_bf16_ref},
     .fmt[K_FMT_Q8_0] = {.pack = k_pack_q8_0_ref, .matvec = k_matvec_q8_0_ref, .matmul = k_matmul_q8_0_ref},
-    .fmt[K_FMT_Q4_1] = {.pack = k_pack_q4_1_ref, .matvec = k_matvec_q4_1_ref, .matmul = k_matmul_q4_1_ref},
+    .fmt[K_FMT_AFFINE4] = {.pack = k_pack_affine4_ref, .matvec = k_matvec_affine4_ref, .matmul = k_matmul_affine4_ref},
     .fmt[K_FMT_BF16DOT] = {.pack = k_pack_bf16_ref, .matvec = k_matvec_bf16dot_ref, .matmul = k_matmul_bf16dot_ref},
     .act[K_ACT_Q8] = k_quant_q8_ref,
     .act[K_ACT_BF16] = k_quant_bf16_ref,
@@ -74,7 +74,7 @@ static const k_cpu_ops level_avx2 = {
     K_OP_INIT(avx2)
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx2, .matmul = k_matmul_bf16_avx2},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx2, .matmul = k_matmul_q8_0_avx2},
-    .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx2, .matmul = k_matmul_q4_1_avx2},
+    .fmt[K_FMT_AFFINE4] = {.matvec = k_matvec_affine4_avx2, .matmul = k_matmul_affine4_avx2},
     .act[K_ACT_Q8] = k_quant_q8_avx2,
 };
 
@@ -83,17 +83,17 @@ static const k_cpu_ops level_avx512 = {
     K_OP_INIT(avx512)
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx512, .matmul = k_matmul_bf16_avx512},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx512, .matmul = k_matmul_q8_0_avx512},
-    .fmt[K_FMT_Q4_1] = {.matvec = k_matvec_q4_1_avx512, .matmul = k_matmul_q4_1_avx512},
+    .fmt[K_FMT_AFFINE4] = {.matvec = k_matvec_affine4_avx512, .matmul = k_matmul_affine4_avx512},
 };
 
 static const k_cpu_ops level_avx512_bf16 = {
     .isa = "avx512_bf16",
-    .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512bf16},
-    .fmt[K_FMT_Q4_1] = {.matmul = k_matmul_q4_1_avx512bf16},
-    .fmt[K_FMT_BF16DOT] = {.matvec = k_matvec_bf16dot_avx512bf16, .matmul = k_matmul_bf16dot_avx512bf16},
-    .act[K_ACT_BF16] = k_quant_bf16_avx512bf16,
-    .flash_gqa_dot = k_flash_gqa_dot_avx512bf16,
-    .flash_rows_dot = k_flash_rows_dot_avx512bf16,
+    .fmt[K_FMT_Q8_0] = {.matmul = k_matmul_q8_0_avx512_bf16},
+    .fmt[K_FMT_AFFINE4] = {.matmul = k_matmul_affine4_avx512_bf16},
+    .fmt[K_FMT_BF16DOT] = {.matvec = k_matvec_bf16dot_avx512_bf16, .matmul = k_matmul_bf16dot_avx512_bf16},
+    .act[K_ACT_BF16] = k_quant_bf16_avx512_bf16,
+    .flash_gqa_dot = k_flash_gqa_dot_avx512_bf16,
+    .flash_rows_dot = k_flash_rows_dot_avx512_bf16,
 };
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {

@@ -8,7 +8,7 @@
  * operation per element; integer RNE for BF16). RoPE uses the reference's
  * separate multiply and subtract (no FMA contraction): bit-exact too. RMSNorm
  * differs only in the order of the sum of squares (NMSE ~1e-14); SwiGLU in the
- * exp polynomial (~2 ulp, NMSE ~1e-13). Widths are multiples of KV_W in every
+ * exp polynomial (~2 ulp, NMSE ~1e-13). Widths are multiples of VF_LANES in every
  * Qwen3 shape; scalar tails keep odd widths (tests) correct.
  */
 #ifndef K_SFX
@@ -24,8 +24,8 @@ void K_SFX(k_rmsnorm_f32)(const float *x, const kipp_bf16 *w, float *y, size_t n
         float *yr = y + r * n;
         vf s0 = vf_zero(), s1 = vf_zero(); /* two chains cover the FMA latency */
         size_t i = 0;
-        for (; i + 2 * KV_W <= n; i += 2 * KV_W) {
-            vf a = vf_load(xr + i), b = vf_load(xr + i + KV_W);
+        for (; i + 2 * VF_LANES <= n; i += 2 * VF_LANES) {
+            vf a = vf_load(xr + i), b = vf_load(xr + i + VF_LANES);
             s0 = vf_fma(a, a, s0);
             s1 = vf_fma(b, b, s1);
         }
@@ -33,7 +33,7 @@ void K_SFX(k_rmsnorm_f32)(const float *x, const kipp_bf16 *w, float *y, size_t n
         for (; i < n; i++) ss += xr[i] * xr[i];
         float inv = 1.0f / sqrtf(ss / (float)n + eps);
         vf vi_ = vf_set1(inv);
-        for (i = 0; i + KV_W <= n; i += KV_W) vf_store(yr + i, vf_mul(vf_mul(vf_load(xr + i), vi_), vf_widen(w + i)));
+        for (i = 0; i + VF_LANES <= n; i += VF_LANES) vf_store(yr + i, vf_mul(vf_mul(vf_load(xr + i), vi_), vf_widen(w + i)));
         for (; i < n; i++) yr[i] = xr[i] * inv * kipp_bf16_to_f32(w[i]);
     }
 }
@@ -43,7 +43,7 @@ void K_SFX(k_rope_f32)(float *x, size_t n_head, const float *cs)
     const size_t half = KIPP_HEAD_DIM / 2;
     for (size_t h = 0; h < n_head; h++) {
         float *xh = x + h * KIPP_HEAD_DIM;
-        for (size_t i = 0; i < half; i += KV_W) {
+        for (size_t i = 0; i < half; i += VF_LANES) {
             vf c = vf_load(cs + i), s = vf_load(cs + half + i);
             vf a = vf_load(xh + i), b = vf_load(xh + half + i);
             vf_store(xh + i, vf_sub(vf_mul(a, c), vf_mul(b, s)));
@@ -56,7 +56,7 @@ void K_SFX(k_swiglu_f32)(const float *gate, const float *up, float *out, size_t 
 {
     size_t i = 0;
     const vf one = vf_set1(1.0f);
-    for (; i + KV_W <= n; i += KV_W) {
+    for (; i + VF_LANES <= n; i += VF_LANES) {
         vf g = vf_load(gate + i);
         vf silu = vf_div(g, vf_add(one, vf_exp(vf_sub(vf_zero(), g))));
         vf_store(out + i, vf_mul(silu, vf_load(up + i)));
@@ -67,7 +67,7 @@ void K_SFX(k_swiglu_f32)(const float *gate, const float *up, float *out, size_t 
 void K_SFX(k_add_f32)(float *x, const float *y, size_t n)
 {
     size_t i = 0;
-    for (; i + KV_W <= n; i += KV_W) vf_store(x + i, vf_add(vf_load(x + i), vf_load(y + i)));
+    for (; i + VF_LANES <= n; i += VF_LANES) vf_store(x + i, vf_add(vf_load(x + i), vf_load(y + i)));
     for (; i < n; i++) x[i] += y[i];
 }
 
@@ -75,7 +75,7 @@ void K_SFX(k_embed_bf16)(const kipp_bf16 *table, uint32_t token, float *out, siz
 {
     const kipp_bf16 *row = table + (size_t)token * d;
     size_t c = 0;
-    for (; c + KV_W <= d; c += KV_W) vf_store(out + c, vf_widen(row + c));
+    for (; c + VF_LANES <= d; c += VF_LANES) vf_store(out + c, vf_widen(row + c));
     for (; c < d; c++) out[c] = kipp_bf16_to_f32(row[c]);
 }
 
@@ -84,7 +84,7 @@ void K_SFX(k_kv_write_bf16)(kipp_bf16 *kc, kipp_bf16 *vc, const uint32_t *block_
 {
     size_t off = ((size_t)block_table[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) *
                  KIPP_N_KV_HEAD * KIPP_HEAD_DIM;
-    for (size_t i = 0; i < KIPP_N_KV_HEAD * KIPP_HEAD_DIM; i += KV_W) {
+    for (size_t i = 0; i < KIPP_N_KV_HEAD * KIPP_HEAD_DIM; i += VF_LANES) {
         vf_store_bf16(kc + off + i, vf_load(k + i));
         vf_store_bf16(vc + off + i, vf_load(v + i));
     }

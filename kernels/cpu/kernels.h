@@ -7,7 +7,7 @@
  *  - ops (K_CPU_OP_LIST): format-free steps of the forward pass (norms, RoPE,
  *    SwiGLU, KV write, attention). Each has k_<op>_ref (kernels/cpu/ref.c) and
  *    SIMD variants k_<op>_<isa> with the same signature.
- *  - weight formats (K_FMT_LIST): one row per format per level with pack,
+ *  - weight read modes (K_READ_MODE_LIST): one row per read mode per level with pack,
  *    matvec and matmul over that format's packed layout, plus one
  *    level-independent k_fmt_info (file type, layout sizes, the activation
  *    formats it reads, its FP32 oracle). Adding a format adds one row and its
@@ -75,8 +75,8 @@
  *   rounded to BF16 (vcvtneps2bf16) for the scores, and per chunk the softmax
  *   weights e rounded to BF16 for the values, l summing the rounded weights.
  *   Same arguments, state, chunking and row invariance. Chosen with the
- *   bf16dot read mode (cpu_backend.c KIPP_BF16_ACT); the logits cost is
- *   measured in attention_avx512bf16.c.
+ *   bf16dot read mode (cpu_backend.c KIPP_BF16_ACT); docs/PERFORMANCE.md
+ *   "BF16 activations" gives its accuracy.
  *
  * Lanes: the backends split every query's walk over [0, pos] into
  * K_ATTN_LANES walks, one per page parity (k_attn_lane), each from a fresh
@@ -108,7 +108,7 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
  * What a format's matvec and matmul read as their input x. F32: [n] float as
  * the forward pass holds it. Q8: per 32 values one k_act_q8_block (seed 002:
  * "activations quantized to int8 per 32-block"), the operand of the integer
- * dot of the q8_0 and q4_1 formats. A quantizer converts one row of n values
+ * dot of the q8_0 and affine4 formats. A quantizer converts one row of n values
  * (n a multiple of the format's block). X(ID, name, values per block, bytes per block).
  * BF16: [n] bf16, each value rounded as vcvtneps2bf16 does (RNE; a denormal
  * input becomes a zero of its sign; a NaN stays a quiet NaN), so a 32-bit
@@ -133,7 +133,7 @@ K_CPU_OP_LIST(K_OP_TYPEDEF)
  * q[i] = x86 cvtps2dq(x[i] * id) (RNE; NaN or out of range -> INT32_MIN),
  * saturated to int8; d = amax / 127; sum = sum of q[i]. Finite inputs give
  * q in [-127, 127]. sum serves the unsigned-offset VNNI dot and the affine
- * (q4_1) min term. The integer dot kernels read q, d and sum only; the
+ * (affine4) min term. The integer dot kernels read q, d and sum only; the
  * format's outlier_fix (k_fmt_info) adds W[r][32b + io] * xo after them.
  */
 typedef struct {
@@ -182,7 +182,14 @@ size_t k_act_row_bytes(k_act a, size_t n);
 /** Name of an activation format: "f32", "q8", "bf16". */
 const char *k_act_name(k_act a);
 
-/* ---- weight formats ----
+/* ---- weight formats and read modes ----
+ * K_READ_MODE_LIST names what a row of kernels reads: a packed layout of one
+ * file format read against one activation format (k_fmt_info.act). Every
+ * file format of kernels/formats.h has one read mode of its own name (bf16,
+ * q8_0, affine4); a file format may have more, which k_fmt_from_gguf never
+ * returns and a backend picks per projection: bf16dot, a second read mode of
+ * bf16 files. The entries:
+ *
  * bf16: GGUF type 30 in the file ([rows][cols] bf16 row-major). Packed layout,
  *   panels of 16 rows with k-pairs interleaved inside a panel:
  *     wp[(r/16)*16*cols + ((c/2)*16 + r%16)*2 + c%2] = w[r][c]
@@ -206,7 +213,7 @@ const char *k_act_name(k_act a);
  *   concatenation. rows % 16 == 0, cols % 32 == 0. matvec and matmul read Q8
  *   activations; per block the int32 dot is scaled by d_w * d_x in FP32.
  *
- * q4_1 (scheme affine4_gs32): GGUF type 3 in the file (GGML Q4_1: per 32
+ * affine4 (scheme affine4_gs32): GGUF type 3 in the file, GGML's Q4_1 block (per 32
  *   weights fp16 d, fp16 m and 16 bytes of nibbles, byte j = q[j] | q[j+16] << 4,
  *   20 bytes, w = d * q + m). Packed layout "q4p16", per 16-row panel P and
  *   32-column block b, 384 bytes at (P * cols/32 + b) * 384:
@@ -218,7 +225,7 @@ const char *k_act_name(k_act a);
  *   Reads Q8 activations; per block y += d_w d_x dot(q_w, q_x) + m_w d_x sum(q_x),
  *   q_w unsigned (vpmaddubsw / vpdpbusd need no sign trick).
  *
- * bf16dot: a second read mode of the bf16 file type (k_fmt_from_gguf never
+ * bf16dot (read mode, not a file format): a second read mode of the bf16 file type (k_fmt_from_gguf never
  *   returns it; a backend picks it per projection, see k_fmt_native): the
  *   same packed layout and packer as bf16, read with BF16 activations by
  *   vdpbf16ps (one instruction per 16 rows x 2 k, against two FMAs and two
@@ -232,10 +239,11 @@ const char *k_act_name(k_act a);
  *   emulation (kernels/cpu/ref_bf16dot.c) that the checks compare against.
 
  */
-#define K_FMT_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(Q4_1, q4_1) X(BF16DOT, bf16dot)
+/* The file formats' own read modes first, in KIPP_FMT_LIST order, then the extra read modes. */
+#define K_READ_MODE_LIST(X) X(BF16, bf16) X(Q8_0, q8_0) X(AFFINE4, affine4) X(BF16DOT, bf16dot)
 
 #define K_FMT_ENUM(ID, name) K_FMT_##ID,
-typedef enum { K_FMT_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
+typedef enum { K_READ_MODE_LIST(K_FMT_ENUM) K_FMT_COUNT } k_fmt;
 #undef K_FMT_ENUM
 
 /** Pack w (file layout of the format) into wp (its packed layout); this thread's share of panels. */
@@ -245,7 +253,7 @@ typedef void (*k_pack_fn)(const void *w, void *wp, size_t rows, size_t cols, int
  * Decode matvec: y[r] = sum_c W[r][c] * x[c] for this thread's share of rows.
  * wp: packed [rows][cols]; x: [cols] in the format's act; y: [rows] f32.
  *
- * Row invariance (issue 16 item 6): at every level, y equals row t of the same
+ * Row invariance: at every level, y equals row t of the same
  * level's matmul (accumulate = 0) on x = xa[t], bit for bit, whatever n_tok,
  * the tile a row falls in and the thread split: both read the same
  * activation format and run the same per-row accumulation order. So a
@@ -355,6 +363,78 @@ void k_ref_linear(k_file_row_dot_fn dot, size_t row_bytes, const void *w, const 
 void k_ref_pack16(k_pack_block_fn pack, size_t file_block, size_t packed_block, const void *w, void *wp,
                   size_t rows, size_t cols, int ith, int nth);
 
+/**
+ * A 32-column block format with Q8 activations and a 16-row panel layout
+ * (q8_0, affine4): the few primitives that differ per format. One set of scalar
+ * walkers (ref_linear.c) runs them for the oracle, the packer, the row dot of
+ * matvec and matmul, and outlier_fix, so each walk is written once.
+ * A panel block opens with float d[16] (and, affine, float m[16]), the row
+ * lanes' scales; w = d q, or w = d q + m when affine.
+ */
+typedef struct {
+    size_t file_block;  /* bytes of one 32-weight block in the file */
+    size_t panel_block; /* bytes of one packed 16-row x 32-column panel block */
+    int affine;         /* w = d q + m: float m[16] follows d[16], and the row dot adds m d_x sum(q_x) */
+    /** Dequantize one file block as the oracle does: w[c], column c of the block, in FP32. */
+    void (*file_f32)(const uint8_t *blk, float w[32]);
+    /** Scatter one file block into panel block pb at row lane 0..15. */
+    k_pack_block_fn pack;
+    /** Row lane `lane` of panel block pb: its 32 integer weights in column order. */
+    void (*lane_q)(const uint8_t *pb, unsigned lane, int32_t q[32]);
+    /** Column c (0..31) of panel block pb: the 16 row lanes' integer weights. */
+    void (*col_q)(const uint8_t *pb, unsigned c, int32_t q[16]);
+    /** Offset in a panel block of the 64-byte line that holds column c's weights. */
+    size_t (*q_line)(unsigned c);
+} k_block_fmt;
+
+/** File-layout row dot (k_file_row_dot_fn) of a block format: per block, dequantize then FP32 in column order. */
+float k_block_file_row_dot(const k_block_fmt *f, const void *w_row, const float *x, size_t cols);
+/** Packed row dot (k_row_dot_fn) against one row of Q8 blocks: per block the exact int32 dot times
+ *  (d_w * d_x), then, affine, + m_w * (d_x * sum(q_x)), summed in FP32 in column order. */
+float k_block_row_dot(const k_block_fmt *f, const void *wp, size_t r, size_t cols, const void *xq);
+/** k_fmt_info.outlier_fix of a block format: walks each outlier's column down the thread's panels. */
+void k_block_outlier_fix(const k_block_fmt *f, const void *wp, const void *xa, float *y, size_t rows, size_t cols,
+                         size_t n_tok, int ith, int nth);
+/** Define a block format's reference kernels over its k_block_fmt F (file row ID of
+ *  KIPP_FMT_LIST): k_linear_<fmt>_ref, k_pack_<fmt>_ref, k_matvec_<fmt>_ref, k_matmul_<fmt>_ref
+ *  and k_fmt_info_<fmt>, whose encoder is the file's static <fmt>_from_f32. */
+#define K_REF_BLOCK_KERNELS(fmt, ID, F)                                                                    \
+    static size_t fmt##_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / 32) * F.panel_block; } \
+    static float fmt##_file_row_dot(const void *w_row, const float *x, size_t cols)                        \
+    {                                                                                                      \
+        return k_block_file_row_dot(&F, w_row, x, cols);                                                   \
+    }                                                                                                      \
+    void k_linear_##fmt##_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,           \
+                              size_t n_tok, int ith, int nth)                                              \
+    {                                                                                                      \
+        k_ref_linear(fmt##_file_row_dot, cols / 32 * F.file_block, w, x, y, rows, cols, n_tok, ith, nth); \
+    }                                                                                                      \
+    void k_pack_##fmt##_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth)           \
+    {                                                                                                      \
+        k_ref_pack16(F.pack, F.file_block, F.panel_block, w, wp, rows, cols, ith, nth);                    \
+    }                                                                                                      \
+    static float fmt##_row_dot(const void *wp, size_t r, size_t cols, const void *xq)                      \
+    {                                                                                                      \
+        return k_block_row_dot(&F, wp, r, cols, xq);                                                       \
+    }                                                                                                      \
+    K_REF_ROW_KERNELS(fmt, fmt##_row_dot, K_ACT_Q8)                                                        \
+    static void fmt##_outlier_fix(const void *wp, const void *xa, float *y, size_t rows, size_t cols,      \
+                                  size_t n_tok, int ith, int nth)                                          \
+    {                                                                                                      \
+        k_block_outlier_fix(&F, wp, xa, y, rows, cols, n_tok, ith, nth);                                   \
+    }                                                                                                      \
+    const k_fmt_info k_fmt_info_##fmt = {.name = #fmt, .file = &kipp_fmts[KIPP_FMT_##ID], .row_align = 16, \
+        .col_align = 32, .packed_bytes = fmt##_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_##fmt##_ref, \
+        .from_f32 = fmt##_from_f32, .outlier_fix = fmt##_outlier_fix};
+
+/** The fp16 at p (a file block's scale or minimum), widened. */
+static inline float k_f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    __builtin_memcpy(&h, p, 2);
+    return kipp_f16_to_f32(h);
+}
+
 /* ---- the table ---- */
 
 #define K_OP_MEMBER(name, params) k_##name##_fn name;
@@ -432,46 +512,35 @@ K_BF16_DECL(avx2)
 K_BF16_DECL(avx512)
 #undef K_BF16_DECL
 
-/* q8_0 format (kernels/cpu/ref_q8_0.c, linear_q8_0_simd.h via linear_q8_0_avx2.c and
- * linear_q8_0_avx512.c, linear_q8_0_avx512bf16.c: the VNNI prefill tile) */
-#define K_Q8P_BLOCK 576u /* bytes of one packed 16-row x 32-column panel block */
+/* The 32-column block formats with Q8 activations: the ref kernels and
+ * k_fmt_info come from K_REF_BLOCK_KERNELS in kernels/cpu/ref_<fmt>.c; the
+ * SIMD ones from linear_<fmt>_simd.h via linear_<fmt>_avx2.c and
+ * linear_<fmt>_avx512.c, and linear_<fmt>_avx512_bf16.c's VNNI prefill tile. */
+#define K_BLOCK_FMT_DECL(fmt)                                                                        \
+    void k_pack_##fmt##_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);    \
+    void k_linear_##fmt##_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,     \
+                              size_t n_tok, int ith, int nth);                                       \
+    K_BLOCK_LINEAR_DECL(fmt, ref)                                                                    \
+    K_BLOCK_LINEAR_DECL(fmt, avx2)                                                                   \
+    K_BLOCK_LINEAR_DECL(fmt, avx512)                                                                 \
+    void k_matmul_##fmt##_avx512_bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols, \
+                                     size_t n_tok, int accumulate, int ith, int nth);
+#define K_BLOCK_LINEAR_DECL(fmt, sfx)                                                                \
+    void k_matvec_##fmt##_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
+                                int ith, int nth);                                                   \
+    void k_matmul_##fmt##_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
+                                size_t n_tok, int accumulate, int ith, int nth);
+#define K_Q8P_BLOCK 576u /* q8_0: bytes of one packed 16-row x 32-column panel block */
 #define K_PANEL_BYTES_q8_0 K_Q8P_BLOCK /* the same, by format name (linear_panel_simd.h) */
-void k_pack_q8_0_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
-void k_linear_q8_0_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int ith, int nth);
-#define K_Q8_0_DECL(sfx)                                                                          \
-    void k_matvec_q8_0_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
-                             int ith, int nth);                                                   \
-    void k_matmul_q8_0_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
-                             size_t n_tok, int accumulate, int ith, int nth);
-K_Q8_0_DECL(ref)
-K_Q8_0_DECL(avx2)
-K_Q8_0_DECL(avx512)
-void k_matmul_q8_0_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
-                              size_t n_tok, int accumulate, int ith, int nth);
-#undef K_Q8_0_DECL
-
-/* q4_1 format (kernels/cpu/ref_q4_1.c, linear_q4_1_simd.h via linear_q4_1_avx2.c and
- * linear_q4_1_avx512.c, linear_q4_1_avx512bf16.c: the VNNI prefill tile) */
-#define K_Q4P_BLOCK 384u /* bytes of one packed 16-row x 32-column panel block */
-#define K_PANEL_BYTES_q4_1 K_Q4P_BLOCK /* the same, by format name (linear_panel_simd.h) */
-void k_pack_q4_1_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth);
-void k_linear_q4_1_ref(const void *w, const float *x, float *y, size_t rows, size_t cols,
-                       size_t n_tok, int ith, int nth);
-#define K_Q4_1_DECL(sfx)                                                                          \
-    void k_matvec_q4_1_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols,   \
-                             int ith, int nth);                                                   \
-    void k_matmul_q4_1_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
-                             size_t n_tok, int accumulate, int ith, int nth);
-K_Q4_1_DECL(ref)
-K_Q4_1_DECL(avx2)
-K_Q4_1_DECL(avx512)
-void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t rows, size_t cols,
-                              size_t n_tok, int accumulate, int ith, int nth);
-#undef K_Q4_1_DECL
+K_BLOCK_FMT_DECL(q8_0)
+#define K_Q4P_BLOCK 384u /* affine4: bytes of one packed 16-row x 32-column panel block */
+#define K_PANEL_BYTES_affine4 K_Q4P_BLOCK
+K_BLOCK_FMT_DECL(affine4)
+#undef K_BLOCK_FMT_DECL
+#undef K_BLOCK_LINEAR_DECL
 
 /* BF16-dot attention (flash_gqa_dot above): the scalar model (ref_bf16dot.c)
- * and the avx512_bf16 walks (attention_avx512bf16.c) */
+ * and the avx512_bf16 walks (attention_avx512_bf16.c) */
 #define K_FLASH_DOT_DECL(sfx)                                                                          \
     void k_flash_gqa_dot_##sfx(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,  \
                                uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,    \
@@ -480,18 +549,18 @@ void k_matmul_q4_1_avx512bf16(const void *wp, const void *xa, float *y, size_t r
                                 const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, \
                                 uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc);
 K_FLASH_DOT_DECL(ref)
-K_FLASH_DOT_DECL(avx512bf16)
+K_FLASH_DOT_DECL(avx512_bf16)
 #undef K_FLASH_DOT_DECL
 
 /* bf16dot read mode of bf16 weights (kernels/cpu/ref_bf16dot.c: facts, the
- * scalar vdpbf16ps emulation and the BF16 quantizer; linear_bf16dot_avx512bf16.c) */
+ * scalar vdpbf16ps emulation and the BF16 quantizer; linear_bf16dot_avx512_bf16.c) */
 #define K_BF16DOT_DECL(sfx)                                                                       \
     void k_matvec_bf16dot_##sfx(const void *wp, const void *x, float *y, size_t rows, size_t cols, \
                                 int ith, int nth);                                                \
     void k_matmul_bf16dot_##sfx(const void *wp, const void *xa, float *y, size_t rows,            \
                                 size_t cols, size_t n_tok, int accumulate, int ith, int nth);
 K_BF16DOT_DECL(ref)
-K_BF16DOT_DECL(avx512bf16)
+K_BF16DOT_DECL(avx512_bf16)
 #undef K_BF16DOT_DECL
 
 /* activation quantizers (the Q8 one is written for AVX2 and inherited by avx512,
@@ -499,7 +568,7 @@ K_BF16DOT_DECL(avx512bf16)
 void k_quant_q8_ref(const float *x, void *xq, size_t n);
 void k_quant_q8_avx2(const float *x, void *xq, size_t n);
 void k_quant_bf16_ref(const float *x, void *xb, size_t n);
-void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n);
+void k_quant_bf16_avx512_bf16(const float *x, void *xb, size_t n);
 
 /* ---- helpers every level shares ---- */
 

@@ -1,6 +1,6 @@
 /*
  * linear_panel_simd.h - the one decode and prefill driver of the 16-row-panel
- * formats with Q8 activations (q8_0's "q8p16", q4_1's "q4p16"; kernels.h
+ * formats with Q8 activations (q8_0's "q8p16", affine4's "q4p16"; kernels.h
  * "weight formats"), written once over a per-format block primitive and
  * included by each format's kernel file after simd_<level>.h:
  *
@@ -59,7 +59,7 @@ void PD_CAT(PD_CAT(k_matvec_, PD_FMT), PD_SFX)(const void *wpv, const void *xv, 
             for (unsigned q = 0; q < PD_BYTES / 64; q++) k_prefetch(p + PD_PF + 64 * q);
             PD_BLOCK(p, &xq[b], 1, 1, acc);
         }
-        for (int v = 0; v < PD_RV; v++) vf_store(y + r + (size_t)v * KV_W, acc[0][v]);
+        for (int v = 0; v < PD_RV; v++) vf_store(y + r + (size_t)v * VF_LANES, acc[0][v]);
     }
 }
 #endif
@@ -73,11 +73,11 @@ pd_tile(const uint8_t *panel, size_t nb, const k_act_q8_block *xa, float *y, siz
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++)
         for (int v = 0; v < PD_RV; v++)
-            acc[t][v] = load ? vf_load(y + (size_t)t * ldy + (size_t)v * KV_W) : vf_zero();
+            acc[t][v] = load ? vf_load(y + (size_t)t * ldy + (size_t)v * VF_LANES) : vf_zero();
     for (size_t b = 0; b < nb; b++) PD_BLOCK(panel + b * PD_BYTES, xa + b, nb, T, acc);
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++)
-        for (int v = 0; v < PD_RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * KV_W, acc[t][v]);
+        for (int v = 0; v < PD_RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * VF_LANES, acc[t][v]);
 }
 
 static void pd_tile_any(const uint8_t *panel, size_t nb, const k_act_q8_block *xa, float *y, size_t ldy, int T,

@@ -5,7 +5,7 @@
  * integer dot), written once over simd_<level>.h; the decode matvec and the
  * prefill matmul are linear_panel_simd.h's driver around it. Compiled per
  * level by linear_q8_0_avx2.c and linear_q8_0_avx512.c. The avx512_bf16
- * level (which has VNNI) replaces only the matmul (linear_q8_0_avx512bf16.c:
+ * level (which has VNNI) replaces only the matmul (linear_q8_0_avx512_bf16.c:
  * vpdpbusd in its own primitive, the same driver).
  *
  * One 64-byte line of a panel block holds 16 rows x 4 k, so vi_dot4 against
@@ -15,7 +15,7 @@
  * kernels: the same exact int32 block dots, FP32 scaling and sums rounded in
  * another order (fma), NMSE ~1e-14 (kcheck).
  *
- * The Q8 activation quantizer is written for AVX2 (KV_W == 8) only: it is
+ * The Q8 activation quantizer is written for AVX2 (VF_LANES == 8) only: it is
  * 1/rows of a projection's work, and the avx512 level inherits it.
  */
 /* The block primitive of linear_panel_simd.h: acc[t][v] += the exact int32
@@ -28,7 +28,7 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         vi w[K_PANEL_RV];
-        for (int v = 0; v < K_PANEL_RV; v++) w[v] = vi_load(pb + 64 + 64 * j + 4 * KV_W * v);
+        for (int v = 0; v < K_PANEL_RV; v++) w[v] = vi_load(pb + 64 + 64 * j + 4 * VF_LANES * v);
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             vi xb = vi_bcast4(x[(size_t)t * xs].q + 4 * j), ax = vi_abs8(xb);
@@ -39,7 +39,7 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
     for (int t = 0; t < T; t++) {
         vf dx = vf_set1(x[(size_t)t * xs].d);
         for (int v = 0; v < K_PANEL_RV; v++)
-            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * KV_W), dx), acc[t][v]);
+            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * VF_LANES), dx), acc[t][v]);
     }
 }
 
@@ -48,7 +48,7 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 #include "kernels/cpu/linear_panel_simd.h"
 
 /* ---- the Q8 activation quantizer (kernels.h k_act_q8_block), AVX2 only ---- */
-#if KV_W == 8
+#if VF_LANES == 8
 /* The largest of 8 int32 lanes. */
 static inline uint32_t q8_hmax(__m256i m)
 {

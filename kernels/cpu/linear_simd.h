@@ -4,15 +4,16 @@
  * formats"), written once over simd_<level>.h and compiled per level by
  * linear_<level>.c. The avx512_bf16 level inherits both; its vdpbf16ps
  * kernels read the same packed bytes with BF16 activations as a separate read
- * mode, bf16dot (linear_bf16dot_avx512bf16.c), which the backend picks per
+ * mode, bf16dot (linear_bf16dot_avx512_bf16.c), which the backend picks per
  * projection.
  *
  * A weight pair is widened to FP32 in registers (a BF16 is the top half of an
  * FP32: a shift or a mask) and multiplied with FMA against FP32 activations,
  * so accuracy equals FP32: vs the *_ref kernels the same products, summed with
  * fused rounding, NMSE ~1e-12 (kcheck). Activations are never rounded to
- * BF16: that rounding was the fast backend's main error against FP64
- * (issue 16 item 7), and it differed between decode and prefill (item 6).
+ * BF16: that rounding would be the main error against FP64, and it would
+ * differ between decode and prefill unless both rounded alike (the bf16dot
+ * read mode rounds them alike and is opt-in).
  */
 #ifndef K_SFX
 #error "include kernels/cpu/simd_<level>.h first"
@@ -31,19 +32,14 @@
  *
  * AVX-512 walks one panel (K_MV_PANELS 1): a single chain of 2 FMAs per
  * 64 bytes still outruns a core's DRAM share, and one stream per thread reads
- * faster than eight. On the Zen 5 (kcheck matvec bf16 3072x1024 x64, three
- * interleaved rounds of 21 reps) 8 panels read 32.4-35.0 GB/s, 4 panels
- * 35.9-38.9, 2 panels 33.0-40.7 and 1 panel 38.7-48.0, as the bf16dot matvec's
- * one-panel walk (37.5-45.7). AVX2 keeps 4 panels (8 chains of ymm):
- * unmeasured on the AVX2 EPYC since. */
+ * faster than several (docs/PERFORMANCE.md "Kernel design measurements").
+ * AVX2 keeps 4 panels: 8 chains of ymm to hide the FMA latency. */
 
 /* No software prefetch: the panels are sequential streams the hardware
- * prefetchers follow. A prefetch of every 64-byte line 2 KB ahead was in this
- * loop but compiled to nothing (GCC 12 dropped the calls of the static inline
- * k_prefetch wrapper, since fixed to a macro); made live it measured slower on
- * Zen 4: kcheck matvec bf16 3072x1024 x64 17.7-21.0 GB/s against 24.4-32.0
- * without, three interleaved pairs. */
-#define MV_NV (16 / KV_W)  /* vectors per 16-row panel line (k-pair) */
+ * prefetchers follow; a software prefetch of every line 2 KB ahead only
+ * competes with them and reads slower (docs/PERFORMANCE.md "Kernel design
+ * measurements"). */
+#define MV_NV (16 / VF_LANES)  /* vectors per 16-row panel line (k-pair) */
 #define MV_NP K_MV_PANELS  /* panels walked together */
 
 /* NP panels starting at p (panel stride ps elements) into y[0, 16*NP). */
@@ -63,7 +59,7 @@ mv_panels(const kipp_bf16 *p, size_t ps, const float *x, float *y, size_t cols, 
             for (int j = 0; j < NP; j++)
 #pragma GCC unroll 2
                 for (int v = 0; v < MV_NV; v++) {
-                    vi w = vi_load(p + (size_t)j * ps + 32 * h + 2 * KV_W * v);
+                    vi w = vi_load(p + (size_t)j * ps + 32 * h + 2 * VF_LANES * v);
                     a[j][v] = vf_fma(vf_even(w), xe, a[j][v]);
                     a[j][v] = vf_fma(vf_odd(w), xo, a[j][v]);
                 }
@@ -72,7 +68,7 @@ mv_panels(const kipp_bf16 *p, size_t ps, const float *x, float *y, size_t cols, 
 #pragma GCC unroll 8
     for (int j = 0; j < NP; j++)
 #pragma GCC unroll 2
-        for (int v = 0; v < MV_NV; v++) vf_store(y + 16 * (size_t)j + (size_t)v * KV_W, a[j][v]);
+        for (int v = 0; v < MV_NV; v++) vf_store(y + 16 * (size_t)j + (size_t)v * VF_LANES, a[j][v]);
 }
 
 void K_SFX(k_matvec_bf16)(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
@@ -98,47 +94,45 @@ void K_SFX(k_matvec_bf16)(const void *wpv, const void *xv, float *y, size_t rows
  *
  * The block sizes are per level (simd_<level>.h). AVX2 keeps wf in L2
  * (128 rows x 256 k x 4 B = 128 KB) and the token tile's x (6 x 256 floats)
- * in L1: each x line fetched from L3 then feeds 128 rows, not 32. Before,
- * wf fitted L1 (32 rows x 128 k) and every group streamed all of x from L3:
- * kcheck matmul bf16 on the AVX2 EPYC, 2 threads, 7 reps, 6144x1024 and
- * 1024x3072 at 512 tokens: 78.7% and 82.4% of the FMA peak, now 90.3% and
- * 90.7% (128 x 128 gave 87.3% and 89.5%). A wf stream from L2 is 2 vectors
- * per 12 FMAs, sequential, well inside L2's rate. AVX-512 keeps the L1 block
- * (32 x 128): unmeasured since on AVX-512 hardware. */
+ * in L1: each x line fetched from L3 then feeds 128 rows, not 32 as with an
+ * L1-sized wf (32 rows x 128 k), where every group streams all of x from L3
+ * (docs/PERFORMANCE.md "Kernel design measurements"). A wf stream from L2 is
+ * 2 vectors per 12 FMAs, sequential, well inside L2's rate. AVX-512 keeps
+ * the L1 block (32 x 128). */
 
 #define MM_RV 2                /* row vectors per micro-tile: 16 rows on AVX2, 32 on AVX-512 */
 #define MM_KB K_MM_KB          /* k per block */
-#define MM_GROUP K_MM_GROUP    /* rows per group: a multiple of MM_RV * KV_W */
-_Static_assert(MM_GROUP % (MM_RV * KV_W) == 0, "MM_GROUP must hold whole row tiles");
+#define MM_GROUP K_MM_GROUP    /* rows per group: a multiple of MM_RV * VF_LANES */
+_Static_assert(MM_GROUP % (MM_RV * VF_LANES) == 0, "MM_GROUP must hold whole row tiles");
 
 /* Element offset of row vector 1 from row vector 0 in the packed layout: the
  * second half of the same 64-byte panel line (8 lanes), or the next panel (16). */
-#define MM_HI_OFF(cols) (KV_W == 16 ? 16 * (cols) : 2 * (size_t)KV_W)
+#define MM_HI_OFF(cols) (VF_LANES == 16 ? 16 * (cols) : 2 * (size_t)VF_LANES)
 
 /* Widen one row tile (RV row vectors) over k-pairs [0, kp) of the packed
- * layout at p into wf[2 kp][RV * KV_W] f32 (exact). The widening is the one
+ * layout at p into wf[2 kp][RV * VF_LANES] f32 (exact). The widening is the one
  * read of these weights from DRAM: it prefetches MM_PF elements ahead, since
  * the hardware streamers restart at every 4 KB page and a few-token matmul
  * (batched decode) otherwise waits on each line. */
 #define MM_PF 1024u
 static void mm_widen(const kipp_bf16 *p, size_t hi_off, size_t kp, int RV, float *wf)
 {
-    const size_t ld = (size_t)RV * KV_W;
+    const size_t ld = (size_t)RV * VF_LANES;
     for (size_t k = 0; k < kp; k++, p += 32, wf += 2 * ld) {
         k_prefetch(p + MM_PF);
-        if (RV > 1 && KV_W == 16) k_prefetch(p + hi_off + MM_PF);
+        if (RV > 1 && VF_LANES == 16) k_prefetch(p + hi_off + MM_PF);
         vi lo = vi_load(p);
         vf_store(wf, vf_even(lo));
         vf_store(wf + ld, vf_odd(lo));
         if (RV > 1) {
             vi hi = vi_load(p + hi_off);
-            vf_store(wf + KV_W, vf_even(hi));
-            vf_store(wf + ld + KV_W, vf_odd(hi));
+            vf_store(wf + VF_LANES, vf_even(hi));
+            vf_store(wf + ld + VF_LANES, vf_odd(hi));
         }
     }
 }
 
-/* RV row vectors x T tokens over k [0, kn); wf: [kn][RV * KV_W] widened
+/* RV row vectors x T tokens over k [0, kn); wf: [kn][RV * VF_LANES] widened
  * weights; x: token rows of ldx floats. Live set: RV*T accumulators + RV
  * weights + 1 broadcast. */
 static inline __attribute__((always_inline)) void
@@ -149,10 +143,10 @@ mm_tile(const float *wf, const float *x, size_t ldx, size_t kn, float *y, size_t
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
         for (int v = 0; v < RV; v++)
-            a[t][v] = load ? vf_load(y + (size_t)t * ldy + (size_t)v * KV_W) : vf_zero();
-    const size_t ld = (size_t)RV * KV_W;
+            a[t][v] = load ? vf_load(y + (size_t)t * ldy + (size_t)v * VF_LANES) : vf_zero();
+    const size_t ld = (size_t)RV * VF_LANES;
     for (size_t k = 0; k < kn; k++, wf += ld) {
-        vf w0 = vf_load(wf), w1 = RV > 1 ? vf_load(wf + KV_W) : w0;
+        vf w0 = vf_load(wf), w1 = RV > 1 ? vf_load(wf + VF_LANES) : w0;
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             vf xk = vf_bcast(x + (size_t)t * ldx + k);
@@ -163,7 +157,7 @@ mm_tile(const float *wf, const float *x, size_t ldx, size_t kn, float *y, size_t
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
-        for (int v = 0; v < RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * KV_W, a[t][v]);
+        for (int v = 0; v < RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * VF_LANES, a[t][v]);
 }
 
 /* Constant T and RV per call, so every tile shape is fully unrolled. */
@@ -180,9 +174,9 @@ static void mm_tile_any(const float *wf, const float *x, size_t ldx, size_t kn, 
 /* Widen the group's row tiles [rg, re) over k-block [k0, k0 + kn) into wf. */
 static void mm_widen_group(const kipp_bf16 *wp, size_t cols, size_t rg, size_t re, size_t k0, size_t kn, float *wf)
 {
-    const size_t tile_rows = MM_RV * KV_W, hi_off = MM_HI_OFF(cols);
+    const size_t tile_rows = MM_RV * VF_LANES, hi_off = MM_HI_OFF(cols);
     for (size_t r = rg; r < re; r += tile_rows) {
-        int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / KV_W);
+        int RV = r + tile_rows <= re ? MM_RV : (int)((re - r) / VF_LANES);
         mm_widen(wp + r * cols + k0 * 16, hi_off, kn / 2, RV, wf + (r - rg) * kn);
     }
 }
@@ -197,7 +191,7 @@ static void mm_widen_group(const kipp_bf16 *wp, size_t cols, size_t rg, size_t r
 #define KB_KB MM_KB
 #define KB_TT K_MM_TT
 #define KB_RV MM_RV
-#define KB_RV_ROWS KV_W
+#define KB_RV_ROWS VF_LANES
 #define KB_SCRATCH float wf[MM_GROUP * MM_KB] __attribute__((aligned(64)));
 #define KB_PREP(rg, re, k0, kn) mm_widen_group(wp, cols, rg, re, k0, kn, wf)
 #define KB_TILE(r, xt, yt, T, RV) mm_tile_any(wf + ((r) - rg) * kn, xt, cols, kn, yt, rows, T, RV, load)

@@ -16,12 +16,31 @@ uint64_t kipp_prof_read_avx2(const void *p, size_t n);
 uint64_t kipp_prof_read_avx512(const void *p, size_t n);
 
 /* Register-only loops: iters x 12 (ymm: its 16 registers must also hold the
- * operands) or 30 (zmm) independent FMA chains; return a value derived from the
+ * operands) or 30 (zmm) independent FMA chains; return the sum of the
  * accumulators. FLOPs per call: iters * KIPP_PROF_FMA_*_FLOPS. */
 float kipp_prof_fma_avx2(long iters, float seed);
 float kipp_prof_fma_avx512(long iters, float seed);
 
 #define KIPP_PROF_FMA_AVX2_FLOPS (12.0 * 8 * 2)
 #define KIPP_PROF_FMA_AVX512_FLOPS (30.0 * 16 * 2)
+
+/* Define `float fn(long iters, float seed)`, a register-only peak loop: n
+ * independent vf chains a[i] = STEP(a[i]) (STEP a macro of one vf), seeded
+ * seed + i, iters rounds fully unrolled so the chains stay in registers (n <=
+ * 32), returning the sum of every lane. Expanded after a
+ * kernels/cpu/simd_*.h (the vf vocabulary): kernels/cpu/probe_simd.h (FMA)
+ * and bench/profile_avx512_bf16.c (BF16 dot). */
+#define K_PEAK_F32_FN(fn, n, STEP)                                                \
+    float fn(long iters, float seed)                                              \
+    {                                                                             \
+        vf a[n];                                                                  \
+        for (int i = 0; i < (n); i++) a[i] = vf_set1(seed + (float)i);           \
+        for (long it = 0; it < iters; it++) {                                     \
+            _Pragma("GCC unroll 32") for (int i = 0; i < (n); i++) a[i] = STEP(a[i]); \
+        }                                                                         \
+        vf s = a[0];                                                              \
+        for (int i = 1; i < (n); i++) s = vf_add(s, a[i]);                        \
+        return vf_hsum(s);                                                        \
+    }
 
 #endif

@@ -70,7 +70,7 @@ static float row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
 
 K_REF_ROW_KERNELS(bf16dot, row_dot, K_ACT_BF16)
 
-/* ---- BF16-dot attention: the scalar model of attention_avx512bf16.c ----
+/* ---- BF16-dot attention: the scalar model of attention_avx512_bf16.c ----
  * The walk of k_flash_gqa_bf16_ref with the dot's two roundings: q rounded
  * once (vcvtneps2bf16) for the scores, and per aligned K_ATTN_CHUNK chunk the
  * softmax weights exp(s - m_chunk) rounded to BF16, l summing the rounded

@@ -19,15 +19,6 @@
 #define QK 32u          /* weights per block */
 #define Q8_0_BYTES 34u  /* fp16 d + 32 int8 */
 
-static size_t q8_0_packed_bytes(size_t rows, size_t cols) { return rows / 16 * (cols / QK) * K_Q8P_BLOCK; }
-
-static float fp16_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kipp_f16_to_f32(h);
-}
-
 /* Round half away from zero (C roundf), as tools/quant_blocks.py. */
 static int8_t q8_round(float v)
 {
@@ -50,71 +41,6 @@ static void q8_0_from_f32(const float *w, void *out, size_t rows, size_t cols)
             memcpy(o, &h, 2);
             for (unsigned i = 0; i < QK; i++) o[2 + i] = (uint8_t)(d == 0.0f ? 0 : q8_round(wb[i] / d));
         }
-}
-
-/* outlier_fix over the packed layout "q8p16": w(r, c) = d_w * q. */
-static void q8_0_outlier_fix(const void *wp, const void *xav, float *y, size_t rows, size_t cols, size_t n_tok,
-                             int ith, int nth)
-{
-    const size_t nb = cols / QK;
-    size_t r0, r1;
-    k_split_rows(rows, ith, nth, 16, &r0, &r1);
-    for (size_t t = 0; t < n_tok; t++) {
-        const k_act_q8_block *xq = (const k_act_q8_block *)xav + t * nb;
-        float *yt = y + t * rows;
-        for (size_t b = 0; b < nb; b++) {
-            if (xq[b].io < 0) continue;
-            unsigned c = (unsigned)xq[b].io;
-            float xo = xq[b].xo;
-            for (size_t P = r0 / 16; P < r1 / 16; P++) { /* one column: two lines per panel, prefetched ahead */
-                const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * K_Q8P_BLOCK;
-                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q8P_BLOCK);
-                __builtin_prefetch(pb + K_FIX_PF * nb * K_Q8P_BLOCK + 64 + (c / 4) * 64);
-                for (unsigned i = 0; i < 16; i++) {
-                    float dw;
-                    memcpy(&dw, pb + 4 * i, 4);
-                    float w = dw * (float)(int8_t)pb[64 + ((c / 4) * 16 + i) * 4 + c % 4];
-                    yt[16 * P + i] += w * xo;
-                }
-            }
-        }
-    }
-}
-
-const k_fmt_info k_fmt_info_q8_0 = {.name = "q8_0", .file = &kipp_fmts[KIPP_FMT_Q8_0], .row_align = 16,
-    .col_align = 32, .packed_bytes = q8_0_packed_bytes, .act = K_ACT_Q8, .linear_ref = k_linear_q8_0_ref,
-    .from_f32 = q8_0_from_f32, .outlier_fix = q8_0_outlier_fix};
-
-/* The oracle: dequantize each block inside the matvec (seed 000 "The CPU
- * reference dequantizes per block inside a type-dispatched matvec"), FP32
- * activations, FP32 accumulation in column order. */
-static float q8_0_file_row_dot(const void *wv, const float *x, size_t cols)
-{
-    const uint8_t *blk = wv;
-    float acc = 0.0f;
-    for (size_t b = 0; b < cols / QK; b++, blk += Q8_0_BYTES) {
-        float d = fp16_at(blk);
-        for (unsigned i = 0; i < QK; i++) acc += d * (float)(int8_t)blk[2 + i] * x[b * QK + i];
-    }
-    return acc;
-}
-
-void k_linear_q8_0_ref(const void *w, const float *x, float *y, size_t rows, size_t cols, size_t n_tok, int ith,
-                       int nth)
-{
-    k_ref_linear(q8_0_file_row_dot, cols / QK * Q8_0_BYTES, w, x, y, rows, cols, n_tok, ith, nth);
-}
-
-static void q8_0_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
-{
-    float d = fp16_at(blk);
-    memcpy(pb + 4 * lane, &d, 4);
-    for (unsigned c = 0; c < QK; c++) pb[64 + ((c / 4) * 16 + lane) * 4 + c % 4] = blk[2 + c];
-}
-
-void k_pack_q8_0_ref(const void *w, void *wp, size_t rows, size_t cols, int ith, int nth)
-{
-    k_ref_pack16(q8_0_pack_block, Q8_0_BYTES, K_Q8P_BLOCK, w, wp, rows, cols, ith, nth);
 }
 
 /* x86 cvtps2dq: RNE in the default rounding mode; NaN and out-of-range give INT32_MIN. */
@@ -160,24 +86,39 @@ void k_quant_q8_ref(const float *x, void *xqv, size_t n)
     }
 }
 
-/* Row r of the packed layout against one activation row: sum over blocks of
- * int32 dot * (d_w * d_x). */
-static float q8_row_dot(const void *wpv, size_t r, size_t cols, const void *xv)
+/* The oracle: dequantize each block inside the matvec (seed 000 "The CPU
+ * reference dequantizes per block inside a type-dispatched matvec"), FP32
+ * activations, FP32 accumulation in column order (k_block_file_row_dot). */
+static void q8_0_file_f32(const uint8_t *blk, float w[32])
 {
-    const k_act_q8_block *xq = xv;
-    const size_t nb = cols / QK;
-    const uint8_t *panel = (const uint8_t *)wpv + (r / 16) * nb * K_Q8P_BLOCK;
-    float acc = 0.0f;
-    for (size_t b = 0; b < nb; b++) {
-        const uint8_t *pb = panel + b * K_Q8P_BLOCK;
-        float dw;
-        memcpy(&dw, pb + 4 * (r % 16), 4);
-        int32_t isum = 0;
-        for (unsigned c = 0; c < QK; c++)
-            isum += (int32_t)(int8_t)pb[64 + ((c / 4) * 16 + r % 16) * 4 + c % 4] * xq[b].q[c];
-        acc += (float)isum * (dw * xq[b].d);
-    }
-    return acc;
+    float d = k_f16_at(blk);
+    for (unsigned i = 0; i < QK; i++) w[i] = d * (float)(int8_t)blk[2 + i];
 }
 
-K_REF_ROW_KERNELS(q8_0, q8_row_dot, K_ACT_Q8)
+/* The packed layout "q8p16" (kernels.h): q of lane i, column c at byte
+ * 64 + ((c / 4) * 16 + i) * 4 + c % 4. */
+static void q8_0_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
+{
+    float d = k_f16_at(blk);
+    memcpy(pb + 4 * lane, &d, 4);
+    for (unsigned c = 0; c < QK; c++) pb[64 + ((c / 4) * 16 + lane) * 4 + c % 4] = blk[2 + c];
+}
+
+static void q8_0_lane_q(const uint8_t *pb, unsigned lane, int32_t q[32])
+{
+    for (unsigned c = 0; c < QK; c++) q[c] = (int8_t)pb[64 + ((c / 4) * 16 + lane) * 4 + c % 4];
+}
+
+static void q8_0_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
+{
+    for (unsigned i = 0; i < 16; i++) q[i] = (int8_t)pb[64 + ((c / 4) * 16 + i) * 4 + c % 4];
+}
+
+static size_t q8_0_q_line(unsigned c) { return 64 + (c / 4) * 64; }
+
+static const k_block_fmt q8p16 = {.file_block = Q8_0_BYTES, .panel_block = K_Q8P_BLOCK, .affine = 0,
+    .file_f32 = q8_0_file_f32, .pack = q8_0_pack_block, .lane_q = q8_0_lane_q, .col_q = q8_0_col_q,
+    .q_line = q8_0_q_line};
+
+K_REF_BLOCK_KERNELS(q8_0, Q8_0, q8p16)
+

@@ -6,7 +6,7 @@
  * linear_simd.h, attention_simd.h) is compiled once per level, its names
  * suffixed by K_SFX.
  *
- * vf: KV_W float lanes. vi: the same register as 32-bit integers.
+ * vf: VF_LANES float lanes. vi: the same register as 32-bit integers.
  */
 #ifndef KIPP_SIMD_H
 #define KIPP_SIMD_H
@@ -17,11 +17,11 @@
 
 #include "kernels/cpu/kernels.h"
 
-#define KV_W 8
+#define VF_LANES 8
 #define K_SFX(name) name##_avx2
 #define K_LEVEL_NAME "avx2"
 #define K_MM_TT 6 /* prefill tile tokens: 2 x 6 accumulators + 2 weights + 1 broadcast of 16 ymm */
-#define K_PANEL_TT 4 /* q8_0/q4_1 prefill tile tokens (linear_panel_simd.h) */
+#define K_PANEL_TT 4 /* q8_0/affine4 prefill tile tokens (linear_panel_simd.h) */
 #define K_PANEL_RV 2 /* row vectors per 16-row panel */
 #define K_MV_PANELS 4 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 256u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
@@ -79,14 +79,14 @@ static inline vf vf_ldexp(vf p, vf n)
 /** y where x >= lo, else exactly 0 (NaN x gives 0 too). */
 static inline vf vf_keep_ge(vf x, vf lo, vf y) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), y); }
 
-/** KV_W bf16 -> KV_W f32 (exact). */
+/** VF_LANES bf16 -> VF_LANES f32 (exact). */
 static inline vf vf_widen(const kipp_bf16 *p)
 {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-/** Store KV_W lanes rounded to BF16, RNE in integer arithmetic: equal to
+/** Store VF_LANES lanes rounded to BF16, RNE in integer arithmetic: equal to
  * kipp_f32_to_bf16 bit for bit (denormals kept, NaN quieted). */
 static inline void vf_store_bf16(kipp_bf16 *p, vf f)
 {
@@ -104,9 +104,9 @@ static inline void vf_store_bf16(kipp_bf16 *p, vf f)
  * even element is the low half shifted up, the odd one the high half. */
 static inline vf vf_even(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
 static inline vf vf_odd(vi v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
-/** Split 2*KV_W consecutive floats (a, then b) into their even and odd
+/** Split 2*VF_LANES consecutive floats (a, then b) into their even and odd
  * elements, in order: the lane order of vf_even/vf_odd of one vi load of
- * 2*KV_W bf16. */
+ * 2*VF_LANES bf16. */
 static inline void vf_deint(vf a, vf b, vf *e, vf *o)
 {
     *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
@@ -122,11 +122,11 @@ static inline void vf_inter(vf e, vf o, vf *a, vf *b)
 /** vf_odd by two shifts, for tiles with no register left for the mask. */
 static inline vf vf_odd_shift(vi v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16)); }
 
-/** In-place transpose of the KV_W x KV_W block whose rows are r[0..KV_W):
+/** In-place transpose of the VF_LANES x VF_LANES block whose rows are r[0..VF_LANES):
  * 4x4 transposes inside the 128-bit lanes, then the lanes swapped. */
-static inline void vf_transpose(vf r[KV_W])
+static inline void vf_transpose(vf r[VF_LANES])
 {
-    for (int g = 0; g < KV_W; g += 4) {
+    for (int g = 0; g < VF_LANES; g += 4) {
         vf t0 = _mm256_unpacklo_ps(r[g], r[g + 1]), t1 = _mm256_unpackhi_ps(r[g], r[g + 1]);
         vf t2 = _mm256_unpacklo_ps(r[g + 2], r[g + 3]), t3 = _mm256_unpackhi_ps(r[g + 2], r[g + 3]);
         r[g] = _mm256_shuffle_ps(t0, t2, 0x44);

@@ -2,7 +2,7 @@
  * simd_avx512.h - the vector vocabulary of the shared kernel sources for
  * AVX-512 F/BW/VL/DQ: the same names as simd_avx2.h over 16 lanes. Included
  * first by every *_avx512.c (compiled with -mavx512f/bw/vl/dq) and by the
- * hand-written *_avx512bf16.c tiles. With KIPP_SIMDE_EMU the same sources build
+ * hand-written *_avx512_bf16.c tiles. With KIPP_SIMDE_EMU the same sources build
  * against SIMDe's portable AVX-512 (libsimde-dev), so the kernel checks run
  * these levels on CPUs without them (make: build/bin/kcheck_emu).
  */
@@ -80,11 +80,11 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
 #include <immintrin.h>
 #endif
 
-#define KV_W 16
+#define VF_LANES 16
 #define K_SFX(name) name##_avx512
 #define K_LEVEL_NAME "avx512"
 #define K_MM_TT 12 /* prefill tile tokens: 2 x 12 accumulators + 2 weights + 1 broadcast of 32 zmm */
-#define K_PANEL_TT 8 /* q8_0/q4_1 prefill tile tokens (linear_panel_simd.h) */
+#define K_PANEL_TT 8 /* q8_0/affine4 prefill tile tokens (linear_panel_simd.h) */
 #define K_PANEL_RV 1 /* row vectors per 16-row panel */
 #define K_MV_PANELS 1 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 128u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
@@ -132,14 +132,14 @@ static inline vf vf_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
 /** y where x >= lo, else exactly 0 (NaN x gives 0 too). */
 static inline vf vf_keep_ge(vf x, vf lo, vf y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y); }
 
-/** KV_W bf16 -> KV_W f32 (exact). */
+/** VF_LANES bf16 -> VF_LANES f32 (exact). */
 static inline vf vf_widen(const kipp_bf16 *p)
 {
     __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-/** Store KV_W lanes rounded to BF16 in integer arithmetic, equal to
+/** Store VF_LANES lanes rounded to BF16 in integer arithmetic, equal to
  * kipp_f32_to_bf16 bit for bit (vcvtneps2bf16 would flush denormals). */
 static inline void vf_store_bf16(kipp_bf16 *p, vf f)
 {
@@ -156,7 +156,7 @@ static inline void vf_store_bf16(kipp_bf16 *p, vf f)
 static inline vf vf_even(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
 static inline vf vf_odd(vi v) { return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))); }
 static inline vf vf_odd_shift(vi v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_srli_epi32(v, 16), 16)); }
-/** Split 2*KV_W consecutive floats (a, then b) into their even and odd
+/** Split 2*VF_LANES consecutive floats (a, then b) into their even and odd
  * elements, in order: the lane order of vf_even/vf_odd of one vi load. */
 static inline void vf_deint(vf a, vf b, vf *e, vf *o)
 {
@@ -164,12 +164,12 @@ static inline void vf_deint(vf a, vf b, vf *e, vf *o)
     *e = _mm512_permutex2var_ps(a, ie, b);
     *o = _mm512_permutex2var_ps(a, _mm512_add_epi32(ie, _mm512_set1_epi32(1)), b);
 }
-/** In-place transpose of the KV_W x KV_W block whose rows are r[0..KV_W):
+/** In-place transpose of the VF_LANES x VF_LANES block whose rows are r[0..VF_LANES):
  * 4x4 transposes inside the 128-bit lanes, then the 4x4 grid of lanes
  * (row 4g + i's lane k is output row 4k + i's lane g). */
-static inline void vf_transpose(vf r[KV_W])
+static inline void vf_transpose(vf r[VF_LANES])
 {
-    for (int g = 0; g < KV_W; g += 4) {
+    for (int g = 0; g < VF_LANES; g += 4) {
         vf t0 = _mm512_unpacklo_ps(r[g], r[g + 1]), t1 = _mm512_unpackhi_ps(r[g], r[g + 1]);
         vf t2 = _mm512_unpacklo_ps(r[g + 2], r[g + 3]), t3 = _mm512_unpackhi_ps(r[g + 2], r[g + 3]);
         r[g] = _mm512_shuffle_ps(t0, t2, 0x44);

@@ -73,7 +73,7 @@ KC_HD float kc_f16_to_f32(uint16_t h)
 /** Little-endian u16 at byte offset off of p (any alignment of 2). */
 KC_HD uint16_t kc_u16_at(const uint8_t *p, uint32_t off) { return (uint16_t)(p[off] | (uint16_t)p[off + 1] << 8); }
 
-/* ---- GGUF block decode (kernels/cpu/ref_q8_0.c, ref_q4_1.c) ---- */
+/* ---- GGUF block decode (kernels/cpu/ref_q8_0.c, ref_affine4.c) ---- */
 
 /** Scale d of a Q8_0 block (34 bytes: fp16 d, int8 q[32]). */
 KC_HD float kc_q8_0_d(const uint8_t *blk) { return kc_f16_to_f32(kc_u16_at(blk, 0)); }

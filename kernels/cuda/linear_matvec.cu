@@ -3,7 +3,7 @@
  * up to KC_MATVEC_MAX_ROWS token rows against a bf16, Q8_0 or Q4_1 weight in
  * the GGUF file layout, reading every weight byte once per launch (the op
  * that bounds decode). Oracles: k_linear_bf16_ref, k_linear_q8_0_ref,
- * k_linear_q4_1_ref (FP32 activations, FP32 accumulation; the CUDA path sums
+ * k_linear_affine4_ref (FP32 activations, FP32 accumulation; the CUDA path sums
  * per lane and then across the warp, another order).
  *
  * Shape: one warp per output row, 4 warps (128 threads) per block, the token

@@ -63,8 +63,8 @@ const kcase kcase_rows[] = {
     {"rowinv", K_FMT_BF16, {1024, 3072, 13, 0}, EXACT, 2, 0},
     {"rowinv", K_FMT_Q8_0, {1040, 1056, 25, 0}, EXACT, 3, 0},
     {"rowinv", K_FMT_Q8_0, {1024, 3072, 13, 0}, EXACT, 2, 0},
-    {"rowinv", K_FMT_Q4_1, {1040, 1056, 25, 0}, EXACT, 3, 0},
-    {"rowinv", K_FMT_Q4_1, {1024, 3072, 13, 0}, EXACT, 2, 0},
+    {"rowinv", K_FMT_AFFINE4, {1040, 1056, 25, 0}, EXACT, 3, 0},
+    {"rowinv", K_FMT_AFFINE4, {1024, 3072, 13, 0}, EXACT, 2, 0},
     {"pack", K_FMT_BF16, {48, 96, 0, 0}, EXACT, 2, 0},
     {"pack", K_FMT_BF16, {3072, 1024, 0, 0}, EXACT, 3, 0},
     /* q8_0 weights, Q8 activations (integer dot). matvec and matmul_f32 against
@@ -92,27 +92,27 @@ const kcase kcase_rows[] = {
     {"pack", K_FMT_Q8_0, {3072, 1024, 0, 0}, EXACT, 3, 0},
     {"act", -1, {4128, K_ACT_Q8, 0, 0}, EXACT, 2, 0},
     {"act", -1, {512 * 3072, K_ACT_Q8, 0, 0}, EXACT, 2, 1},
-    /* q4_1 weights (affine4_gs32), Q8 activations: the same bounds and reasons as q8_0
+    /* affine4 weights (affine4_gs32), Q8 activations: the same bounds and reasons as q8_0
      * (the affine term adds one exact-int sum per block) */
-    {"matvec", K_FMT_Q4_1, {1024, 1024, 1, 0}, Q8ACT, 2, 0},
-    {"matvec", K_FMT_Q4_1, {3072, 1024, 64, 0}, Q8ACT, 2, 1}, /* bench: 64 copies = 144 MiB */
-    {"matvec", K_FMT_Q4_1, {1024, 3072, 1, 0}, Q8ACT, 2, 0},
-    {"matvec", K_FMT_Q4_1, {2048, 1024, 1, 0}, Q8ACT, 7, 0},
-    {"matvec", K_FMT_Q4_1, {6144, 2048, 16, 0}, Q8ACT, 2, 1}, /* 1.7B gate|up; bench: 16 copies = 144 MiB */
-    {"matmul", K_FMT_Q4_1, {1024, 1024, 1, 0}, ORDER, 3, 0},
-    {"matmul", K_FMT_Q4_1, {1024, 1024, 7, 0}, ORDER, 3, 0},
-    {"matmul", K_FMT_Q4_1, {1024, 1024, 64, 0}, ORDER, 3, 0},
-    {"matmul", K_FMT_Q4_1, {3072, 1024, 13, 0}, ORDER, 3, 0},
-    {"matmul", K_FMT_Q4_1, {1024, 3072, 13, 0}, ORDER, 3, 0},
-    {"matmul", K_FMT_Q4_1, {1040, 1056, 25, 1}, ORDER, 2, 0},
-    {"matmul", K_FMT_Q4_1, {6144, 1024, 512, 0}, ORDER, 2, 1},
-    {"matmul", K_FMT_Q4_1, {1024, 3072, 512, 0}, ORDER, 2, 1},
-    {"matmul_f32", K_FMT_Q4_1, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
-    {"matmul_f32", K_FMT_Q4_1, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
-    {"matmul_outl", K_FMT_Q4_1, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
-    {"matmul_outl", K_FMT_Q4_1, {3072, 1024, 13, 0}, Q8ACT, 3, 0},
-    {"pack", K_FMT_Q4_1, {48, 96, 0, 0}, EXACT, 2, 0},
-    {"pack", K_FMT_Q4_1, {3072, 1024, 0, 0}, EXACT, 3, 0},
+    {"matvec", K_FMT_AFFINE4, {1024, 1024, 1, 0}, Q8ACT, 2, 0},
+    {"matvec", K_FMT_AFFINE4, {3072, 1024, 64, 0}, Q8ACT, 2, 1}, /* bench: 64 copies = 144 MiB */
+    {"matvec", K_FMT_AFFINE4, {1024, 3072, 1, 0}, Q8ACT, 2, 0},
+    {"matvec", K_FMT_AFFINE4, {2048, 1024, 1, 0}, Q8ACT, 7, 0},
+    {"matvec", K_FMT_AFFINE4, {6144, 2048, 16, 0}, Q8ACT, 2, 1}, /* 1.7B gate|up; bench: 16 copies = 144 MiB */
+    {"matmul", K_FMT_AFFINE4, {1024, 1024, 1, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_AFFINE4, {1024, 1024, 7, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_AFFINE4, {1024, 1024, 64, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_AFFINE4, {3072, 1024, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_AFFINE4, {1024, 3072, 13, 0}, ORDER, 3, 0},
+    {"matmul", K_FMT_AFFINE4, {1040, 1056, 25, 1}, ORDER, 2, 0},
+    {"matmul", K_FMT_AFFINE4, {6144, 1024, 512, 0}, ORDER, 2, 1},
+    {"matmul", K_FMT_AFFINE4, {1024, 3072, 512, 0}, ORDER, 2, 1},
+    {"matmul_f32", K_FMT_AFFINE4, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
+    {"matmul_f32", K_FMT_AFFINE4, {3072, 1024, 13, 0}, Q8ACT, 2, 0},
+    {"matmul_outl", K_FMT_AFFINE4, {1024, 1024, 7, 0}, Q8ACT, 2, 0},
+    {"matmul_outl", K_FMT_AFFINE4, {3072, 1024, 13, 0}, Q8ACT, 3, 0},
+    {"pack", K_FMT_AFFINE4, {48, 96, 0, 0}, EXACT, 2, 0},
+    {"pack", K_FMT_AFFINE4, {3072, 1024, 0, 0}, EXACT, 3, 0},
     /* bf16 weights read by vdpbf16ps with BF16 activations (bf16dot): matvec and
      * matmul_f32 against the FP32 oracle (BF16ACT), matmul against the scalar
      * vdpbf16ps model on the same activations (ORDER), rowinv bitwise */

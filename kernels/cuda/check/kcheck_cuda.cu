@@ -198,7 +198,7 @@ static void check_linear(const char *label, k_fmt f, size_t out, size_t in, size
     free(w);
 }
 
-static int cuda_fmt(int f) { return f == K_FMT_BF16 || f == K_FMT_Q8_0 || f == K_FMT_Q4_1; }
+static int cuda_fmt(int f) { return f == K_FMT_BF16 || f == K_FMT_Q8_0 || f == K_FMT_AFFINE4; }
 
 static void linear_cases(void)
 {
@@ -211,7 +211,7 @@ static void linear_cases(void)
             check_linear(!strcmp(c->op, "matmul") ? "table matmul" : "table matmul_f32", (k_fmt)c->fmt, c->s[0],
                          c->s[1], c->s[2], PATH_MATMUL, c->tol);
     }
-    const k_fmt fmts[] = {K_FMT_BF16, K_FMT_Q8_0, K_FMT_Q4_1};
+    const k_fmt fmts[] = {K_FMT_BF16, K_FMT_Q8_0, K_FMT_AFFINE4};
     const size_t mv_rows[] = {1, 2, 3, 7, 8};
     const size_t disp_rows[] = {1, 8, 9, 33, 512};
     for (size_t fi = 0; fi < 3; fi++) {

@@ -1,5 +1,5 @@
 /*
- * linear_q8_0_avx512bf16.c - the q8_0 prefill matmul on VNNI (vpdpbusd,
+ * linear_q8_0_avx512_bf16.c - the q8_0 prefill matmul on VNNI (vpdpbusd,
  * _mm512_dpbusd_epi32: 64 int8 MACs per instruction): the one q8_0 tile whose
  * instructions differ from linear_q8_0_simd.h, so it is written by hand
  * (docs/ARCHITECTURE.md "ISA dispatch"). The avx512_bf16 level includes VNNI (Zen
@@ -47,6 +47,6 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 
 /* Tile: 16 rows x 12 tokens = 12 int32 + 12 FP32 accumulators. */
 #define PD_FMT q8_0
-#define PD_SFX _avx512bf16
+#define PD_SFX _avx512_bf16
 #define PD_TT 12
 #include "kernels/cpu/linear_panel_simd.h"

@@ -1,5 +1,5 @@
 /*
- * attention_avx512bf16.c - the BF16-dot flash GQA walks (kernels.h
+ * attention_avx512_bf16.c - the BF16-dot flash GQA walks (kernels.h
  * "flash_gqa_dot"), written by hand because vdpbf16ps exists at this level
  * only (docs/ARCHITECTURE.md "ISA dispatch").
  *
@@ -35,7 +35,7 @@
 #define KV_STRIDE (KIPP_N_KV_HEAD * KIPP_HEAD_DIM) /* elements between positions */
 #define TQ 16u                                     /* query vectors per scores / softmax / values phase (softmax16) */
 #define AI inline __attribute__((always_inline))
-_Static_assert(CHUNK == 16 && KV_W == 16, "a chunk's positions are one vector");
+_Static_assert(CHUNK == 16 && VF_LANES == 16, "a chunk's positions are one vector");
 
 static AI __m512bh as_bh(__m512i v)
 {
@@ -67,9 +67,9 @@ static AI __m512i bcast_pair(const kipp_bf16 *p)
  * (GCC 12 issues a vpbroadcastd and a register vdpbf16ps). An inline-asm
  * vdpbf16ps with an embedded {1to16} broadcast saves that uop but made GCC
  * keep the tile walk's accumulators in memory around each asm statement
- * (a store and a reload per dot): on Zen 5 the walk ran about 1.17x faster
- * with this spelling. The embedded form itself is as fast as the pair when
- * the accumulators stay in registers (0.31 against 0.32 TSC cycles a dot). */
+ * (a store and a reload per dot), which costs more than the uop saves; the
+ * embedded form itself is no faster than the pair when the accumulators stay
+ * in registers (docs/PERFORMANCE.md "Kernel design measurements"). */
 static AI __m512 dp_bcast(__m512 acc, __m512i a, const kipp_bf16 *p) { return dp(acc, a, bcast_pair(p)); }
 
 /* 16 lanes rounded to BF16 as vcvtneps2bf16 does (k_quant_bf16_ref models it;
@@ -175,10 +175,9 @@ static void chunk_load(const kv_view *v, size_t off, uint32_t n, uint32_t pf, ui
  * then vf_hsum's tree, here REDUCE16 over 16 (vector, position) chains at
  * once (16 / NB positions of each vector a pass, NB passes). Reading the
  * rows as they lie needs no broadcast per dot and no transpose per chunk.
- * The transposed form it replaces (K by pairs, one chain per lane of 16
- * positions and the tree added vertically) spent a vpbroadcastd of q on
- * every dot: kcheck flash_gqa_dot 128 0 4096 1 on one Zen 5 thread took
- * 7.0-7.3 ms against 8.0-8.5 (4 interleaved rounds). */
+ * The transposed form (K by pairs, one chain per lane of 16 positions and
+ * the tree added vertically) would spend a vpbroadcastd of q on every dot,
+ * and is slower (docs/PERFORMANCE.md "Kernel design measurements"). */
 static AI void block_scores(const kipp_bf16 *q, size_t NB, const __m512i (*kr)[4], float scale, vf *s)
 {
     const size_t P = CHUNK / NB; /* positions of each vector per REDUCE16 */
@@ -494,7 +493,7 @@ static void walk(const float *q, size_t nq, const kv_view *v, uint32_t p0, uint3
         tile_walk(q, nq, v, p0, p1, scale, m, l, acc);
 }
 
-void k_flash_gqa_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+void k_flash_gqa_dot_avx512_bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                                 uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1, float scale,
                                 float *m, float *l, float *acc)
 {
@@ -564,16 +563,13 @@ static void scores_set(const kipp_bf16 (*qb)[KIPP_HEAD_DIM], size_t ns, const ki
  * prefetched under the values (into L1: a chunk of all 8 heads is 32 KB of
  * K and 32 KB of V, read once). The prefetches are spread, one position's
  * V row per score position and 8 lines of the next K per value pair: issued
- * as 512-line bursts they filled the miss buffers and stalled the core, so
- * the stream and the arithmetic ran one after the other (one thread,
- * kcheck 2 0 4096 8: 0.82x the time of the bursts with the two changes
- * below; group 4 0.70x). The softmax of each set of 16 vectors is one
- * softmax_set (bitwise block_softmax, per vector before). The last chunk's
+ * as 512-line bursts they fill the miss buffers and stall the core, so the
+ * stream and the arithmetic run one after the other. The softmax of each set
+ * of 16 vectors is one softmax_set (bitwise block_softmax). The last chunk's
  * values prefetch the first chunk at pnext the same way: a decode lane walks
- * one 32-position page a call, so without it every other chunk's K arrived
- * as a burst with nothing under it (kcheck flash_rows_dot 4096 8 at two
- * threads, 3 interleaved rounds: group 4 4.24-5.01 -> 3.86-3.89 ms, group 2
- * 3.46-4.00 -> 3.36-3.58 ms, within noise). */
+ * one 32-position page a call, so without it every other chunk's K would
+ * arrive as a burst with nothing under it (docs/PERFORMANCE.md "Kernel design
+ * measurements"). */
 static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc, const uint32_t *bt,
                        uint32_t kvh0, uint32_t kvh1, uint32_t p0, uint32_t p1, uint32_t pnext, float scale, float *m,
                        float *l, float *acc)
@@ -618,7 +614,7 @@ static void heads_walk(const float *q, size_t group, const kipp_bf16 *kc, const 
 /* By definition k_flash_gqa_dot per KV head. Below ROW_MAX vectors a head,
  * heads_walk; else chunk by chunk with the heads inner, so the 2 KB rows of
  * all heads are read close together. */
-void k_flash_rows_dot_avx512bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
+void k_flash_rows_dot_avx512_bf16(const float *q, size_t group, const kipp_bf16 *kc, const kipp_bf16 *vc,
                                  const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
                                  uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc)
 {

@@ -1,27 +1,16 @@
-/* profile_avx512bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
+/* profile_avx512_bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
  * (vpdpbusd) peak loops with 30 independent accumulators (bench/profile.h),
  * compiled for the avx512_bf16 level (which includes VNNI). */
-#include <immintrin.h>
-#include <string.h>
+#include "kernels/cpu/simd_avx512.h"
 
 #include "bench/profile.h"
+#include "kernels/cpu/probe.h"
 
-float kipp_prof_bf16_avx512(long iters, float seed)
-{
-    __m512 a[30];
-    __m512bh x, y;
-    __m512i xi = _mm512_set1_epi32(0x3f803f80), yi = _mm512_set1_epi32(0x33803380); /* 1.0, 6e-8 */
-    memcpy(&x, &xi, sizeof x);
-    memcpy(&y, &yi, sizeof y);
-    for (int i = 0; i < 30; i++) a[i] = _mm512_set1_ps(seed + (float)i);
-    for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 30
-        for (int i = 0; i < 30; i++) a[i] = _mm512_dpbf16_ps(a[i], x, y);
-    }
-    __m512 s = a[0];
-    for (int i = 1; i < 30; i++) s = _mm512_add_ps(s, a[i]);
-    return _mm512_reduce_add_ps(s);
-}
+/* vdpbf16ps against BF16 pairs (1.0, 1.0) and (6e-8, 6e-8) */
+#define K_PROBE_BF16(v) \
+    _mm512_dpbf16_ps(v, (__m512bh)_mm512_set1_epi32(0x3f803f80), (__m512bh)_mm512_set1_epi32(0x33803380))
+K_PEAK_F32_FN(kipp_prof_bf16_avx512, 30, K_PROBE_BF16)
+#undef K_PROBE_BF16
 
 float kipp_prof_int8_avx512(long iters, float seed)
 {

@@ -1,11 +1,11 @@
 /*
- * linear_q4_1_simd.h - the q4_1 format's (scheme affine4_gs32) block
+ * linear_affine4_simd.h - the affine4 format's (scheme affine4_gs32) block
  * primitive over the packed layout "q4p16" (kernels.h "weight formats") with
  * Q8 activations (seed 002: weights stay quantized, int8 activations, integer
  * dot), written once over simd_<level>.h; the decode matvec and the prefill
  * matmul are linear_panel_simd.h's driver around it. Compiled by
- * linear_q4_1_avx2.c and linear_q4_1_avx512.c; the avx512_bf16 level (VNNI)
- * replaces only the matmul (linear_q4_1_avx512bf16.c: its own primitive, the
+ * linear_affine4_avx2.c and linear_affine4_avx512.c; the avx512_bf16 level (VNNI)
+ * replaces only the matmul (linear_affine4_avx512_bf16.c: its own primitive, the
  * same driver).
  *
  * A 64-byte line of a panel block holds two k-quads of 16 rows x 4 k as
@@ -20,14 +20,14 @@
  * d_w * d_x, then m_w * (d_x * sum(q_x)). Each weight line is loaded and
  * split into its two nibble quads once for all T tokens. */
 static inline __attribute__((always_inline)) void
-q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[K_PANEL_RV])
+affine4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[K_PANEL_RV])
 {
     vi iacc[K_PANEL_TT][K_PANEL_RV] = {0}; /* the T rows used; the rest is dead once T is constant */
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         vi wl[K_PANEL_RV], wh[K_PANEL_RV];
         for (int v = 0; v < K_PANEL_RV; v++) {
-            vi w = vi_load(pb + 128 + 64 * j + 4 * KV_W * v);
+            vi w = vi_load(pb + 128 + 64 * j + 4 * VF_LANES * v);
             wl[v] = vi_nib_lo(w);
             wh[v] = vi_nib_hi(w);
         }
@@ -46,13 +46,13 @@ q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
         const k_act_q8_block *xt = &x[(size_t)t * xs];
         vf dx = vf_set1(xt->d), ms = vf_set1(xt->d * (float)xt->sum);
         for (int v = 0; v < K_PANEL_RV; v++) {
-            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * KV_W), dx), acc[t][v]);
-            acc[t][v] = vf_fma(vf_load((const float *)(pb + 64) + v * KV_W), ms, acc[t][v]);
+            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * VF_LANES), dx), acc[t][v]);
+            acc[t][v] = vf_fma(vf_load((const float *)(pb + 64) + v * VF_LANES), ms, acc[t][v]);
         }
     }
 }
 
-#define PD_FMT q4_1
+#define PD_FMT affine4
 #define PD_PF 1536u /* decode prefetch distance in bytes */
 #include "kernels/cpu/linear_panel_simd.h"
 

@@ -1,12 +1,12 @@
 /*
- * linear_q4_1_avx512bf16.c - the q4_1 (affine4_gs32) prefill matmul on VNNI
- * (vpdpbusd): the one q4_1 tile whose instructions differ from
- * linear_q4_1_simd.h, written by hand (docs/ARCHITECTURE.md "ISA dispatch"); the
- * avx512_bf16 level includes VNNI and inherits every other q4_1 slot from
+ * linear_affine4_avx512_bf16.c - the affine4 (affine4_gs32) prefill matmul on VNNI
+ * (vpdpbusd): the one affine4 tile whose instructions differ from
+ * linear_affine4_simd.h, written by hand (docs/ARCHITECTURE.md "ISA dispatch"); the
+ * avx512_bf16 level includes VNNI and inherits every other affine4 slot from
  * avx512. The nibbles are already the unsigned operand vpdpbusd wants, so per
  * 64-byte weight line (two k-quads of 16 rows) the tile pays a mask and a
  * shift once and then one vpdpbusd per token and quad, with no offset to undo.
- * The driver is linear_panel_simd.h's. Accuracy vs k_matmul_q4_1_ref: exact int32 dots,
+ * The driver is linear_panel_simd.h's. Accuracy vs k_matmul_affine4_ref: exact int32 dots,
  * FP32 scaling by fma in the same block order.
  */
 #include "kernels/cpu/simd_avx512.h"
@@ -15,7 +15,7 @@
  * dot(q_w, q_x) d_w d_x + m_w d_x sum(q_x) for token t's activation block
  * x[t * xs]; each weight line is split into its nibble quads once for all T. */
 static inline __attribute__((always_inline)) void
-q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[1])
+affine4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*acc)[1])
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f);
     __m512i ia[12];
@@ -44,7 +44,7 @@ q4_1_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 }
 
 /* Tile: 16 rows x 12 tokens. */
-#define PD_FMT q4_1
-#define PD_SFX _avx512bf16
+#define PD_FMT affine4
+#define PD_SFX _avx512_bf16
 #define PD_TT 12
 #include "kernels/cpu/linear_panel_simd.h"

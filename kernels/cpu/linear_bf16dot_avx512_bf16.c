@@ -1,5 +1,5 @@
 /*
- * linear_bf16dot_avx512bf16.c - the bf16dot read mode (kernels.h "weight
+ * linear_bf16dot_avx512_bf16.c - the bf16dot read mode (kernels.h "weight
  * formats"): bf16 weights in the packed layout [rows/16][cols/2][16][2]
  * against BF16 activations with vdpbf16ps (_mm512_dpbf16_ps: 16 lanes x one
  * k-pair, 64 FLOP per instruction). Written by hand because its instruction
@@ -46,7 +46,7 @@ static inline __attribute__((always_inline)) __m512 dot_line(__m512 acc, const k
  * NaN), which k_quant_bf16_ref models: the act rows of kcheck compare the two
  * bit for bit, specials included. SIMDe has no vcvtneps2bf16, so under
  * emulation this level takes the scalar model and that check is the model's. */
-void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n)
+void k_quant_bf16_avx512_bf16(const float *x, void *xb, size_t n)
 {
     kipp_bf16 *o = xb;
     size_t i = 0;
@@ -62,10 +62,9 @@ void k_quant_bf16_avx512bf16(const float *x, void *xb, size_t n)
 /* ---- decode: y = W x, DRAM-bound ----
  * DV_NP panels walked together, each its own stream, not software-prefetched
  * (as the bf16 matvec: linear_simd.h says why). One panel: its
- * single chain per row lane takes ~6 cycles per 64-byte line (~40 GB/s a
- * core, above a core's DRAM share), and 8 panels at once (8 streams a thread)
- * measured 5-15% slower on Zen 4 (kcheck matvec bf16dot 3072x1024 x64, four
- * interleaved pairs). */
+ * single chain per row lane takes ~6 cycles per 64-byte line, above a core's
+ * DRAM share, and more panels at once (more streams a thread) read slower
+ * (docs/PERFORMANCE.md "Kernel design measurements"). */
 #define DV_NP 1
 
 static inline __attribute__((always_inline)) void
@@ -84,7 +83,7 @@ dv_panels(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, float *y, size_t co
     for (int j = 0; j < NP; j++) _mm512_storeu_ps(y + 16 * (size_t)j, a[j]);
 }
 
-void k_matvec_bf16dot_avx512bf16(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
+void k_matvec_bf16dot_avx512_bf16(const void *wpv, const void *xv, float *y, size_t rows, size_t cols, int ith, int nth)
 {
     const kipp_bf16 *wp = wpv, *x = xv;
     const size_t ps = 16 * cols; /* elements per panel */
@@ -155,7 +154,7 @@ static void dm_tile_any(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, size_
 }
 
 /* The driver is linear_kblock_simd.h's; the tiles read the packed weights as they lie. */
-#define KB_MATMUL k_matmul_bf16dot_avx512bf16
+#define KB_MATMUL k_matmul_bf16dot_avx512_bf16
 #define KB_XT kipp_bf16
 #define KB_GROUP DM_GROUP
 #define KB_KB DM_KB
