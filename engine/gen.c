@@ -151,6 +151,9 @@ int kipp_gen_create(kipp_model *model, kipp_session *s, const uint32_t *prompt, 
     if (!model || !s || !opts || !prompt || n_prompt == 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_create: NULL model, session, options or prompt, or an "
                         "empty prompt (%zu tokens), expected at least 1 token", n_prompt);
+    if (s->model != model) /* its items would be evaluated by, and sampled for, two different models */
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_create: the session belongs to another model, expected "
+                        "a session of the model the generation samples for");
     uint32_t held = kipp_session_length(s);
     if (n_prompt > UINT32_MAX / 2 || held >= n_prompt)
         return kipp_err(err, errlen, KIPP_EINVAL, "the session already holds %u tokens of a %zu-token prompt, expected "
@@ -467,6 +470,9 @@ int kipp_gen_rebind(kipp_gen *g, kipp_session *s, char *err, size_t errlen)
 {
     if (!g || !s) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: NULL gen or session");
     if (g->finish) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: the generation has finished");
+    if (s->model != g->model)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_gen_rebind: the session belongs to another model, expected "
+                        "a session of the generation's model");
     uint32_t most, held = kipp_session_length(s);
     kipp_gen_tokens(g, &most);
     if (held > most)

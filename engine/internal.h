@@ -100,8 +100,10 @@ int kipp_model_load(const char *path, kipp_model **out, char *err, size_t errlen
 
 /**
  * Everything kipp_model_load checks, on an in-memory image buf[size] (no mmap,
- * no tokenizer, no backend); allocations are released before returning. Used
- * by the fuzz target (tests/fuzz_gguf.c) and the loader tests. Same errors.
+ * no tokenizer, no backend), then the bound view through kipp_view_check as
+ * kipp_model_open does before a backend sees it; allocations are released
+ * before returning. Used by the fuzz target (tests/fuzz_gguf.c, so the view
+ * check runs under the fuzzer's sanitizers) and the loader tests. Same errors.
  */
 int kipp_model_validate_image(const void *buf, size_t size, char *err, size_t errlen);
 

@@ -655,7 +655,10 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
  * exactly those tokens in s with a logits row for each. accept: samples those
  * rows (logits [n_tokens][vocab]) as kipp_spec_step does, truncates s and
  * writes out[*n_out]. Errors: as kipp_spec_step; accept's KIPP_EINVAL when
- * n_tokens is outside 1..k_max+1 or s holds fewer than n_tokens tokens.
+ * n_tokens is outside 1..k_max+1 or s holds fewer than n_tokens tokens;
+ * accept's KIPP_ENOMEM (s unchanged) when the truncation needs a private copy
+ * of a shared pool block and the pool has none (kipp_session_truncate): only
+ * when the tokens were not the ones propose gave, on an adopted prefix.
  */
 int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
                       uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen);
@@ -772,7 +775,8 @@ typedef struct {
  * prompt tokens (adopted from the KV pool, or a chat's earlier turns), which
  * must be fewer than n_prompt: the last prompt token's row starts the reply.
  * Errors: KIPP_EINVAL naming the bad option (stop strings, max_tokens, a
- * session holding n_prompt or more tokens), KIPP_ENOMEM, and kipp_spec_create's.
+ * session holding n_prompt or more tokens, a session of another model),
+ * KIPP_ENOMEM, and kipp_spec_create's.
  */
 int kipp_gen_create(kipp_model *model, kipp_session *s, const uint32_t *prompt, size_t n_prompt,
                     const kipp_gen_options *opts, kipp_gen **out, char *err, size_t errlen);
@@ -827,7 +831,8 @@ void kipp_gen_cancel(kipp_gen *g);
  * tokens, RNG, text and stops as if it had never moved, because the engine's
  * KV is bitwise the same however a position was evaluated. The pending item,
  * if any, is dropped. Errors: KIPP_EINVAL for NULL arguments, a finished gen,
- * a session holding more than the gen's tokens, or too small a capacity.
+ * a session of another model, a session holding more than the gen's tokens,
+ * or too small a capacity.
  */
 int kipp_gen_rebind(kipp_gen *g, kipp_session *s, char *err, size_t errlen);
 

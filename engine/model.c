@@ -711,6 +711,7 @@ int kipp_model_validate_image(const void *buf, size_t size, char *err, size_t er
     kipp_model m;
     memset(&m, 0, sizeof m);
     int rc = model_bind(&m, buf, size, err, errlen);
+    if (!rc) rc = kipp_view_check(&m.view, err, errlen); /* what kipp_model_open checks before any backend */
     free(m.layers);
     kipp_gguf_free(&m.gguf);
     return rc;

@@ -350,10 +350,14 @@ int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uin
     if (!kipp_spec_params_ok(p)) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
     uint32_t len = kipp_session_length(s) - n_tokens, n_draft = n_tokens - 1, accepted = 0;
     int n = sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
-    /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated. */
-    int trc = kipp_session_truncate(s, n > 0 ? len + (uint32_t)n : len, NULL, 0);
-    KIPP_ASSERT(trc == 0);
+    /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated.
+     * The rollback can fail: tokens that end inside an adopted (shared) pool block
+     * need a private copy, and the pool may have none (KIPP_ENOMEM, the session
+     * unchanged). kipp_spec_step never gets there (its rows are private), but a
+     * caller's own tokens can; they get the error, not an abort. */
+    int trc = kipp_session_truncate(s, n > 0 ? len + (uint32_t)n : len, n < 0 ? NULL : err, n < 0 ? 0 : errlen);
     if (n < 0) return n;
+    if (trc) return trc;
     sp->st.steps++;
     sp->st.drafted += n_draft;
     sp->st.accepted += accepted;

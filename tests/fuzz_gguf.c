@@ -4,7 +4,8 @@
  * Each input is parsed as a GGUF container (engine/gguf.c) and then run
  * through the full Kipp subset validation (kipp_model_validate_image in
  * engine/model.c: registry match, metadata, tensor directory, tokenizer
- * counts). Built with ASan+UBSan, so any out-of-bounds or misaligned read,
+ * counts, then the bound view through kipp_view_check as kipp_model_open
+ * runs it). Built with ASan+UBSan, so any out-of-bounds or misaligned read,
  * overflow or leak is a finding. Beyond memory safety it asserts the error
  * contract: a failure returns a negative code with a non-empty message.
  * Seeds: tools/fuzz_seed.py.

@@ -20,6 +20,7 @@
 #include "kernels/cpu/kernels.h"
 #include "tests/test_harness.h"
 #include "engine/internal.h"
+#include "engine/kv_pool.h"
 #include "tests/fixture_model.h"
 
 /* Against the scalar FP32 ref backend the fast backend differs only in FP32
@@ -551,6 +552,33 @@ static void test_bad_input(void)
         CHECK(kipp_view_check(&m->view, err, sizeof err) == 0, "the fixture's view: %s", err);
         CHECK(kipp_view_check(&v, err, sizeof err) == KIPP_EFORMAT && strstr(err, "attn_q of layer 1"),
               "attn_q of layer 1 one row short: '%s'", err);
+        fx_model_destroy(fx);
+    }
+    /* A pooled session's table gone wrong: page 0 -> block 99 of a 4-block pool.
+     * The refusal names the entry, and the block mapped for page 1 on the way is
+     * returned to the pool (rollback): nothing leaks, nothing is appended. */
+    fx = fx_model_create("cpu", err, sizeof err);
+    CHECK(fx != NULL, "fixture model on cpu: %s", err);
+    if (fx) {
+        kipp_model *m = &fx->model;
+        kipp_session *s = NULL;
+        kipp_pool_stats st;
+        CHECK(kipp_model_attach_pool(m, 4, err, sizeof err) == 0, "pool of 4 blocks: %s", err);
+        CHECK(kipp_session_create(m, 64, &s, err, sizeof err) == 0, "pooled session: %s", err);
+        CHECK(kipp_session_eval_n(s, ok, 10, 1, logits, err, sizeof err) == 0, "10 tokens: %s", err);
+        uint32_t saved = s->block_table[0];
+        s->block_table[0] = 99;
+        err[0] = 0;
+        CHECK(kipp_session_eval_n(s, ok, 30, 1, logits, err, sizeof err) == KIPP_ERANGE && strstr(err, "block_table[0] = 99") &&
+              strstr(err, "< 4"), "block 99 of a 4-block pool: '%s'", err);
+        kipp_model_pool_stats(m, &st);
+        CHECK(kipp_session_length(s) == 10 && st.blocks_available == 3, "after the refusal: length %u, %llu blocks free, expected 10 and 3",
+              kipp_session_length(s), (unsigned long long)st.blocks_available);
+        s->block_table[0] = saved;
+        CHECK(kipp_session_eval_n(s, ok, 30, 1, logits, err, sizeof err) == 0, "eval after the refusal: %s", err);
+        kipp_session_destroy(s);
+        kipp_kv_pool_destroy(m->pool);
+        m->pool = NULL;
         fx_model_destroy(fx);
     }
     tmodel *t = shape(2);

@@ -282,7 +282,20 @@ static void test_errors(void)
     CHECK(kipp_gen_create(model, s, ids, 4, &o, &g, err, sizeof err) == KIPP_EINVAL && strstr(err, "holds 4"),
           "session holding the whole prompt: '%s'", err);
     kipp_session_reset(s);
+    /* a session of another open model (the same file, opened twice): its items would run on that model */
+    char path[512];
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    kipp_model *other = NULL;
+    kipp_session *os = NULL;
+    CHECK(kipp_model_open(path, "ref", NULL, &other, err, sizeof err) == 0, "second model: %s", err);
+    CHECK(other && kipp_session_create(other, 64, &os, err, sizeof err) == 0, "its session: %s", err);
+    CHECK(kipp_gen_create(model, os, ids, 4, &o, &g, err, sizeof err) == KIPP_EINVAL && !g && strstr(err, "another model"),
+          "session of another model: '%s'", err);
     CHECK(kipp_gen_create(model, s, ids, 4, &o, &g, err, sizeof err) == 0, "create: %s", err);
+    CHECK(kipp_gen_rebind(g, os, err, sizeof err) == KIPP_EINVAL && strstr(err, "another model"),
+          "rebind to a session of another model: '%s'", err);
+    kipp_session_destroy(os);
+    kipp_model_close(other);
     kipp_batch_item it;
     kipp_gen_event ev;
     CHECK(kipp_gen_next(g, 0, &it, err, sizeof err) == KIPP_EINVAL && strstr(err, "4 prompt tokens"), "max_prefill 0: '%s'", err);

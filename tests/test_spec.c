@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu_internal.h"
+#include "engine/kv_pool.h"
 #include "tests/fixture_model.h"
 #include "tests/test_harness.h"
 
@@ -328,6 +329,53 @@ static void test_bad_options(void)
     kipp_session_destroy(s);
 }
 
+/* kipp_spec_accept rolls the session back with kipp_session_truncate, which
+ * can refuse: a caller's tokens that end inside an adopted (shared) block of a
+ * full KV pool need a private copy the pool does not have. The refusal comes
+ * back as KIPP_ENOMEM with the truncate's sentence, the session unchanged; it
+ * used to be a KIPP_ASSERT that aborted the process. */
+static void test_accept_pool_full(void)
+{
+    char err[256] = "";
+    fx_rand_state = 0x1234567u;
+    fx_model *pf = fx_model_create("ref", err, sizeof err);
+    CHECK(pf != NULL, "fixture: %s", err);
+    if (!pf) return;
+    CHECK(kipp_model_attach_pool(&pf->model, 4, err, sizeof err) == 0, "pool of 4 blocks: %s", err);
+    kipp_model *m = &pf->model;
+    uint32_t ids[64], other[64];
+    fx_tokens(ids, 64, 1);
+    fx_tokens(other, 64, 2);
+    kipp_session *a = NULL, *b = NULL, *c = NULL;
+    CHECK(kipp_session_create(m, 128, &a, err, sizeof err) == 0, "a: %s", err);
+    CHECK(kipp_session_eval(a, ids, 64, NULL, err, sizeof err) == 0, "a eval: %s", err);
+    kipp_session_reset(a); /* publishes blocks 0 and 1 */
+    CHECK(kipp_session_create(m, 128, &b, err, sizeof err) == 0, "b: %s", err);
+    CHECK(kipp_session_match_prefix(b, ids, 64, err, sizeof err) == 64, "b adopts 64: %s", err);
+    CHECK(kipp_session_create(m, 128, &c, err, sizeof err) == 0, "c: %s", err);
+    CHECK(kipp_session_eval(c, other, 64, NULL, err, sizeof err) == 0, "c takes the last 2 blocks: %s", err);
+    kipp_spec *sp = NULL;
+    CHECK(kipp_spec_create(m, NULL, &sp, err, sizeof err) == 0, "spec: %s", err);
+    float *lg = calloc(3 * FX_VOCAB, sizeof *lg);
+    /* all-zero rows: row 0 samples id 0, not the draft ids[62], so one token is kept (62 of 64) */
+    uint32_t tok[3] = {ids[61], ids[62], ids[63]}, out[4], n_out = 9;
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    kipp_sample_params p = kipp_sample_params_default();
+    p.temperature = 0;
+    err[0] = 0;
+    int rc = sp ? kipp_spec_accept(sp, b, tok, 3, lg, &p, &rng, 4, out, &n_out, err, sizeof err) : -1;
+    CHECK(rc == KIPP_ENOMEM && n_out == 0 && strstr(err, "shared block 1") && kipp_session_length(b) == 64,
+          "accept into a shared block of a full pool: rc %d, n_out %u, length %u, '%s'", rc, n_out,
+          kipp_session_length(b), err);
+    free(lg);
+    kipp_spec_destroy(sp);
+    kipp_session_destroy(a), kipp_session_destroy(b), kipp_session_destroy(c);
+    kipp_kv_pool_destroy(pf->model.pool);
+    pf->model.pool = NULL;
+    fx_model_destroy(pf);
+}
+
 /* The gate, fed outcomes through the test hooks: all-rejected drafting pauses
  * (k 0, rare 1-token probes); all-accepted keeps k_max; mixed sits between. */
 static uint64_t gate_run(kipp_spec *sp, uint32_t steps, double accept, uint32_t *k_last)
@@ -428,6 +476,7 @@ int main(int argc, char **argv)
         if (b == 0) {
             RUN(test_drafter);
             RUN(test_bad_options);
+            RUN(test_accept_pool_full);
             RUN(test_gate);
         }
         RUN(test_equal_greedy);
