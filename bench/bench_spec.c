@@ -378,7 +378,7 @@ int main(int argc, char **argv)
     json_object_set_new(config, "spec_exact_unsteered", json_boolean(exact));
     json_object_set_new(config, "acceptance_source", json_string(b.pattern ?
         "pattern mode: each verified row's sampled token is steered to the recorded plain greedy text (this backend's "
-        "verification rows differ from its decode rows, issue 16 item 6); compute identical to kipp_spec_step" :
+        "verification rows are not bitwise its decode rows); compute identical to kipp_spec_step" :
         "the rows' own greedy tokens (kipp_spec_accept), checked equal to plain greedy"));
     if (!rc) rc = workloads(&b, &o, results, ratio, err, sizeof err);
     json_object_set_new(config, "load_avg_1min_at_end", json_real(kipp_load_average()));
