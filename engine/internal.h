@@ -144,9 +144,24 @@ size_t kipp_stop_scan(const char *const *stop, size_t n_stop, const char *text, 
 void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs);
 void kipp_spec_gate_observe(kipp_spec *sp, uint32_t drafted, uint32_t accepted);
 
+/** Seed 002 "Layer streaming": a file whose weights exceed this share of the available RAM is streamed, and
+ * the page cache keeps at most this share of it; the planner predicts by the same figure. */
+#define KIPP_RESIDENT_SHARE 0.75
+
 /** RAM total and available in bytes from /proc/meminfo, capped by this process's memory cgroup (v2 or v1) limit and
  * memory.max - memory.current (engine/plan_probe.c). KIPP_EIO when /proc/meminfo has no MemTotal. */
 int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen);
+
+/** Where kipp_plan_ram reads: the meminfo file, this process's cgroup list and the cgroup mount root. */
+typedef struct {
+    const char *meminfo;     /* "/proc/meminfo" */
+    const char *self_cgroup; /* "/proc/self/cgroup": "0::<path>" (v2) or "N:memory:<path>" lines (v1/hybrid) */
+    const char *cgroup_root; /* "/sys/fs/cgroup": v2 files at <root><path>, v1 at <root>/memory<path> */
+} kipp_ram_paths;
+
+/** kipp_plan_ram over the files `at` names (tests point them at files of their own; the kernel only
+ * enforces what these files say). Same results and errors. */
+int kipp_plan_ram_at(const kipp_ram_paths *at, uint64_t *total, uint64_t *avail, char *err, size_t errlen);
 
 /**
  * Decide layer streaming for m (engine/stream_mode.c): opts->stream (or, when

@@ -32,8 +32,8 @@ typedef struct {
  * Measure this machine for the planner: topology (hwloc), ISA level, RAM
  * (/proc/meminfo and cgroup v2 limits), all-core RAM read bandwidth, the FP32
  * FMA peak and, when model_path is non-NULL, the sequential read speed of that
- * file over a bounded sample (at most 256 MiB or about 1 s). Takes about a
- * second or two; allocates and frees a 256 MiB buffer (a quarter of the available RAM
+ * file over a bounded sample (at most 256 MiB or about 1 s). Takes two to
+ * three seconds (the RAM probe's median spans 1.5 s); allocates and frees a 256 MiB buffer (a quarter of the available RAM
  * when that is less, at least 8 MiB). Errors: KIPP_EIO when
  * /proc/meminfo cannot be read, KIPP_ENOMEM. A model file that cannot be read
  * is not an error: disk_read_gbps stays 0.
@@ -49,10 +49,10 @@ typedef struct {
     double prefill_flops_per_token;/* FLOPs per token of a 512-token prefill */
     double decode_eff;             /* share of ram_read_gbps Kipp's decode reaches */
     double prefill_eff;            /* share of peak_gflops Kipp's prefill reaches (> 1 where a BF16/int8 dot wins) */
-    char decode_source[160];       /* "results/FILE (model row)" the decode share comes from, or "assumed" */
-    char prefill_source[160];      /* the same for the prefill share */
+    char decode_source[320];       /* the runs the decode share is the median of ("results/FILE share" each), or "assumed" */
+    char prefill_source[320];      /* the same for the prefill share */
     double decode_tps, prefill_tps;/* predicted tokens per second */
-    char rationale[640];           /* the arithmetic above, as one paragraph */
+    char rationale[1024];           /* the arithmetic above, as one paragraph */
 } kipp_plan_format;
 
 /** A plan: the machine, the model's needs and the predictions (kipp_plan_make). */

@@ -7,10 +7,10 @@
  * the read bandwidth over the bytes per token; prefill does 2 FLOPs per weight
  * per token, so its rate is the FP32 FMA peak over the FLOPs per token. Each is
  * multiplied by the share of that roofline Kipp's own kernels reached on this
- * CPU and level, taken from the newest model benchmark in results/ that ran
- * on a quiet machine (else the newest at all; the same
- * byte and FLOP counts as bench/bench_model.c, so the shares carry over); the
- * shares assumed without one are the bench's targets, stated as assumed.
+ * CPU and level: the median over the newest model benchmarks in results/ of
+ * this model (else any), from quiet runs where there are any (pick_share; the
+ * same byte and FLOP counts as bench/bench_model.c, so the shares carry over);
+ * the shares assumed without one are the bench's targets, stated as assumed.
  *
  * Streaming: when the file's weights exceed 0.75 x available RAM, the layers
  * that do not fit are read from the file for every token, so a token costs
@@ -29,7 +29,6 @@
 #include "engine/kipp.h"
 #include "kernels/formats.h"
 
-#define RESIDENT_SHARE 0.75 /* seed 002: weights above this share of available RAM are streamed */
 #define KV_SHARE 4          /* the KV cache gets a quarter of the usable RAM */
 #define CTX_BLOCK 32u       /* the KV pool's block: contexts are whole blocks */
 #define TG_CONTEXT 80.5     /* mean attended positions of the bench's tg128 row (16-token prompt, 128 tokens) */
@@ -64,12 +63,20 @@ static void cost_of(const kipp_model_info *in, const kipp_fmt_facts *f, shape_co
 
 /* ---- Kipp's measured shares from results/ ---- */
 
+#define SHARE_RUNS 3 /* a share is the median of this many newest runs: one run on a shared VM swings by a third */
+
+/* One tg128 or pp512 row of a results file that could give a share. */
 typedef struct {
-    double decode, prefill;  /* < 0: not found */
-    char decode_src[160], prefill_src[160];
-    char decode_date[32], prefill_date[32];
-    int decode_quiet, prefill_quiet; /* the chosen row's run started on a quiet machine */
-} shares;
+    double share;
+    char date[32], file[96];
+    int quiet; /* its run started with a load average below half the cores (or did not record one) */
+    int same;  /* the row is of the planned model */
+} share_row;
+
+typedef struct {
+    share_row *v;
+    size_t n, cap;
+} share_rows;
 
 static double num(const json_t *o, const char *k)
 {
@@ -93,28 +100,71 @@ static double row_share(const json_t *r, int prefill)
     return !strcmp(ref, "bf16_gflops_all") ? num(r, "fp32_peak_share") : -1;
 }
 
-/* Take row r of file `name` (dated date; quiet: its run started with a load average below half the cores) when
- * it ranks higher: a quiet run first (a loaded one measures the neighbours as much as Kipp), then the newest,
- * then the same model. */
-static void consider(shares *sh, const json_t *r, const char *name, const char *date, int quiet, const char *model_id,
-                     int prefill)
+/* Append row r of file `name` when it has a share; a row that cannot be kept (out of memory) is left out,
+ * which only narrows the median. */
+static void add_row(share_rows *rows, const json_t *r, const char *name, const char *date, int quiet, int same,
+                    int prefill)
 {
     double s = row_share(r, prefill);
     if (s <= 0) return;
-    double *dst = prefill ? &sh->prefill : &sh->decode;
-    int *q = prefill ? &sh->prefill_quiet : &sh->decode_quiet;
-    char *src = prefill ? sh->prefill_src : sh->decode_src, *d = prefill ? sh->prefill_date : sh->decode_date;
-    int cmp = strcmp(date, d), same = !strcmp(str(r, "model"), model_id);
-    if (*dst > 0 && (quiet < *q || (quiet == *q && (cmp < 0 || (cmp == 0 && !same))))) return;
-    *dst = s, *q = quiet;
-    snprintf(src, sizeof sh->decode_src, "results/%s (%s %s)", name, str(r, "model"), str(r, "name"));
-    snprintf(d, sizeof sh->decode_date, "%s", date);
+    if (rows->n == rows->cap) {
+        size_t cap = rows->cap ? 2 * rows->cap : 16;
+        share_row *v = realloc(rows->v, cap * sizeof *v);
+        if (!v) return;
+        rows->v = v, rows->cap = cap;
+    }
+    share_row *o = &rows->v[rows->n++];
+    *o = (share_row){.share = s, .quiet = quiet, .same = same};
+    snprintf(o->date, sizeof o->date, "%s", date);
+    snprintf(o->file, sizeof o->file, "%s", name);
 }
 
-/* The newest tg128 and pp512 shares of `format` on this cpu_id and ISA level in dir. */
-static void find_shares(const char *dir, const kipp_machine *mc, const char *format, const char *model_id, shares *sh)
+static int newer_first(const void *a, const void *b)
 {
-    *sh = (shares){.decode = -1, .prefill = -1};
+    return strcmp(((const share_row *)b)->date, ((const share_row *)a)->date);
+}
+
+static int smaller_first(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The share the plan takes from rows (reordered): the planned model's rows when there are any (prefill
+ * shares grow with the matrices), of those the quiet runs when there are any (a loaded run measures the
+ * neighbours as much as Kipp), then the median of the newest SHARE_RUNS. < 0 when rows is empty; src
+ * names the runs and their shares. */
+static double pick_share(share_rows *rows, const char *what, char *src, size_t srclen)
+{
+    size_t n = rows->n, k = 0;
+    int any_same = 0, any_quiet = 0;
+    for (size_t i = 0; i < n; i++) any_same |= rows->v[i].same;
+    for (size_t i = 0; i < n; i++)
+        if (rows->v[i].same || !any_same) rows->v[k++] = rows->v[i];
+    for (size_t i = 0; i < k; i++) any_quiet |= rows->v[i].quiet;
+    n = k, k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (rows->v[i].quiet || !any_quiet) rows->v[k++] = rows->v[i];
+    if (!k) return -1;
+    qsort(rows->v, k, sizeof *rows->v, newer_first);
+    size_t m = k < SHARE_RUNS ? k : SHARE_RUNS, l;
+    double s[SHARE_RUNS];
+    l = (size_t)snprintf(src, srclen, "median of %zu%s %s %s run%s:", m, any_quiet ? " quiet" : "",
+                         any_same ? "same-model" : "other-model", what, m > 1 ? "s" : "");
+    for (size_t i = 0; i < m; i++) {
+        s[i] = rows->v[i].share;
+        if (l < srclen) l += (size_t)snprintf(src + l, srclen - l, " results/%s %.2f", rows->v[i].file, s[i]);
+    }
+    qsort(s, m, sizeof *s, smaller_first);
+    return m % 2 ? s[m / 2] : (s[m / 2 - 1] + s[m / 2]) / 2;
+}
+
+/* The tg128 (decode) and pp512 (prefill) shares of `format` on this cpu_id and ISA level in dir, by
+ * pick_share's rule; < 0 where there is no row. */
+static void find_shares(const char *dir, const kipp_machine *mc, const char *format, const char *model_id,
+                        double *decode, char *dsrc, double *prefill, char *psrc, size_t srclen)
+{
+    share_rows dec = {0}, pre = {0};
     DIR *d = dir ? opendir(dir) : NULL;
     struct dirent *e;
     while (d && (e = readdir(d))) {
@@ -134,13 +184,17 @@ static void find_shares(const char *dir, const kipp_machine *mc, const char *for
             for (size_t i = 0; i < json_array_size(rows); i++) {
                 const json_t *r = json_array_get(rows, i);
                 if (strcmp(str(r, "format"), format)) continue;
-                if (!strcmp(str(r, "name"), "tg128")) consider(sh, r, e->d_name, str(o, "date"), quiet, model_id, 0);
-                if (!strcmp(str(r, "name"), "pp512")) consider(sh, r, e->d_name, str(o, "date"), quiet, model_id, 1);
+                int same = !strcmp(str(r, "model"), model_id);
+                if (!strcmp(str(r, "name"), "tg128")) add_row(&dec, r, e->d_name, str(o, "date"), quiet, same, 0);
+                if (!strcmp(str(r, "name"), "pp512")) add_row(&pre, r, e->d_name, str(o, "date"), quiet, same, 1);
             }
         }
         json_decref(o);
     }
     if (d) closedir(d);
+    *decode = pick_share(&dec, "tg128", dsrc, srclen);
+    *prefill = pick_share(&pre, "pp512", psrc, srclen);
+    free(dec.v), free(pre.v);
 }
 
 /* ---- the plan ---- */
@@ -153,20 +207,22 @@ static uint32_t pick_ctx(uint64_t usable, uint64_t kv_per_tok, uint32_t context_
     return (uint32_t)(n / CTX_BLOCK * CTX_BLOCK);
 }
 
-/* Bytes the file's weights keep resident: all of them, or what fits RESIDENT_SHARE of available RAM. */
+/* Bytes the file's weights keep resident: all of them, or what fits KIPP_RESIDENT_SHARE of available RAM,
+ * kept as the cpu backend keeps them (cpu_stream.c): the head, then whole layers from the first. A token
+ * embedding stored apart from the head is not counted: a step reads only its prompt rows from the mapping. */
 static uint64_t resident_bytes(const kipp_model_info *in, uint64_t avail, uint32_t *resident_layers, int *streamed)
 {
     const kipp_fmt_facts *f = kipp_fmt_by_scheme(in->quant, strlen(in->quant));
     shape_cost c;
     cost_of(in, f ? f : &kipp_fmts[KIPP_FMT_BF16], &c);
-    double budget = RESIDENT_SHARE * (double)avail, per_layer = c.layer_bytes / in->n_layer;
+    double budget = KIPP_RESIDENT_SHARE * (double)avail, per_layer = c.layer_bytes / in->n_layer;
     *streamed = (double)in->weight_bytes > budget;
     *resident_layers = in->n_layer;
     if (!*streamed) return in->weight_bytes;
-    double room = budget - c.head_bytes - c.embd_bytes;
+    double room = budget - c.head_bytes;
     uint32_t k = room > 0 ? (uint32_t)(room / per_layer) : 0;
     *resident_layers = k < in->n_layer ? k : in->n_layer;
-    return (uint64_t)(c.head_bytes + c.embd_bytes + per_layer * *resident_layers);
+    return (uint64_t)(c.head_bytes + per_layer * *resident_layers);
 }
 
 int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t errlen)
@@ -199,12 +255,13 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     o->decode_bytes_per_token = c.layer_bytes + c.head_bytes + 4.0 * in->d_model + TG_CONTEXT * in->kv_bytes_per_token;
     o->prefill_flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * (PP_TOKENS + 1) / 2 +
                                  2.0 * in->vocab_size * in->d_model / PP_TOKENS;
-    shares sh;
-    find_shares(results_dir, mc, f->scheme, in->checkpoint_id, &sh);
-    o->decode_eff = sh.decode > 0 ? sh.decode : ASSUMED_DECODE_EFF;
-    o->prefill_eff = sh.prefill > 0 ? sh.prefill : ASSUMED_PREFILL_EFF;
-    snprintf(o->decode_source, sizeof o->decode_source, "%s", sh.decode > 0 ? sh.decode_src : "assumed");
-    snprintf(o->prefill_source, sizeof o->prefill_source, "%s", sh.prefill > 0 ? sh.prefill_src : "assumed");
+    double dec, pre;
+    char dsrc[sizeof o->decode_source], psrc[sizeof o->prefill_source];
+    find_shares(results_dir, mc, f->scheme, in->checkpoint_id, &dec, dsrc, &pre, psrc, sizeof dsrc);
+    o->decode_eff = dec > 0 ? dec : ASSUMED_DECODE_EFF;
+    o->prefill_eff = pre > 0 ? pre : ASSUMED_PREFILL_EFF;
+    snprintf(o->decode_source, sizeof o->decode_source, "%s", dec > 0 ? dsrc : "assumed");
+    snprintf(o->prefill_source, sizeof o->prefill_source, "%s", pre > 0 ? psrc : "assumed");
     double ram = mc->ram_read_gbps * 1e9 * o->decode_eff;
     o->decode_tps = ram > 0 ? ram / o->decode_bytes_per_token : 0;
     double stream_note_bytes = 0;
@@ -227,7 +284,7 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
              "GFLOP per token over %.0f GFLOP/s FP32 peak x %.0f%% = %.1f tok/s; decode share: %s; prefill share: %s",
              o->decode_bytes_per_token * 1e-9, stream, mc->ram_read_gbps, 100 * o->decode_eff, o->decode_tps,
              o->prefill_flops_per_token * 1e-9, mc->peak_gflops, 100 * o->prefill_eff, o->prefill_tps,
-             sh.decode > 0 ? sh.decode_src : "assumed", sh.prefill > 0 ? sh.prefill_src : "assumed");
+             dec > 0 ? dsrc : "assumed", pre > 0 ? psrc : "assumed");
 }
 
 int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,

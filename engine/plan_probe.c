@@ -29,7 +29,9 @@
 #include "kernels/cpu/probe.h"
 
 #define RAM_PROBE_BYTES (256u << 20)   /* >> any LLC here, small next to RAM */
-#define RAM_PROBE_REPS 5           /* timed passes; the median is reported */
+#define RAM_PROBE_MIN_REPS 5       /* timed passes at least ... */
+#define RAM_PROBE_SEC 1.5          /* ... and for at least this long: a shared VM's bandwidth swings within seconds */
+#define RAM_PROBE_MAX_REPS 512     /* the median of at most this many passes is reported */
 #define DISK_SAMPLE_MAX (256ull << 20) /* bytes of the model file read at most */
 #define DISK_SAMPLE_SEC 1.0            /* ... or this long, whichever comes first */
 #define DISK_CHUNK (4u << 20)
@@ -42,11 +44,11 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* ---- RAM: /proc/meminfo, capped by cgroup v2 ---- */
+/* ---- RAM: /proc/meminfo, capped by the memory cgroup (v2 or v1) ---- */
 
-static uint64_t meminfo_kib(const char *key)
+static uint64_t meminfo_kib(const char *meminfo, const char *key)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
+    FILE *f = fopen(meminfo, "r");
     char line[256];
     uint64_t v = 0;
     size_t n = strlen(key);
@@ -62,11 +64,11 @@ static uint64_t meminfo_kib(const char *key)
 /* The file `file` of this process's memory cgroup as a number: v2 ("0::<path>", files memory.max and
  * memory.current) or, on a v1/hybrid host, the memory controller's line ("N:memory:<path>", v1 names
  * memory.limit_in_bytes and memory.usage_in_bytes). UINT64_MAX for "max", an unlimited v1 value, or when absent. */
-static uint64_t cgroup_value(const char *file)
+static uint64_t cgroup_value(const kipp_ram_paths *at, const char *file)
 {
     char path[1100] = "", rel[520] = "", line[512];
     int v1 = 0;
-    FILE *f = fopen("/proc/self/cgroup", "r");
+    FILE *f = fopen(at->self_cgroup, "r");
     while (f && fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
         const char *mem = strstr(line, ":memory:");
@@ -75,7 +77,7 @@ static uint64_t cgroup_value(const char *file)
     }
     if (f) fclose(f);
     const char *name = !v1 ? file : !strcmp(file, "memory.max") ? "memory.limit_in_bytes" : "memory.usage_in_bytes";
-    snprintf(path, sizeof path, "/sys/fs/cgroup%s%s/%s", v1 ? "/memory" : "", strcmp(rel, "/") ? rel : "", name);
+    snprintf(path, sizeof path, "%s%s%s/%s", at->cgroup_root, v1 ? "/memory" : "", strcmp(rel, "/") ? rel : "", name);
     f = fopen(path, "r");
     uint64_t v = UINT64_MAX;
     if (f && fgets(line, sizeof line, f) && strncmp(line, "max", 3)) v = strtoull(line, NULL, 10);
@@ -83,12 +85,11 @@ static uint64_t cgroup_value(const char *file)
     return v >= (1ull << 62) ? UINT64_MAX : v; /* v1 writes "no limit" as a huge page-rounded number */
 }
 
-/** RAM total and available in bytes, cgroup-capped; KIPP_EIO when /proc/meminfo has no MemTotal. */
-int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen)
+int kipp_plan_ram_at(const kipp_ram_paths *at, uint64_t *total, uint64_t *avail, char *err, size_t errlen)
 {
-    uint64_t t = meminfo_kib("MemTotal") * 1024, a = meminfo_kib("MemAvailable") * 1024;
-    if (!t) return kipp_err(err, errlen, KIPP_EIO, "cannot read MemTotal from /proc/meminfo");
-    uint64_t max = cgroup_value("memory.max"), cur = cgroup_value("memory.current");
+    uint64_t t = meminfo_kib(at->meminfo, "MemTotal") * 1024, a = meminfo_kib(at->meminfo, "MemAvailable") * 1024;
+    if (!t) return kipp_err(err, errlen, KIPP_EIO, "cannot read MemTotal from %s", at->meminfo);
+    uint64_t max = cgroup_value(at, "memory.max"), cur = cgroup_value(at, "memory.current");
     if (max != UINT64_MAX) {
         if (max < t) t = max;
         uint64_t room = cur != UINT64_MAX && cur < max ? max - cur : 0;
@@ -96,6 +97,14 @@ int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen)
     }
     *total = t, *avail = a;
     return 0;
+}
+
+/** RAM total and available in bytes, cgroup-capped; KIPP_EIO when /proc/meminfo has no MemTotal. */
+int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen)
+{
+    static const kipp_ram_paths sys = {.meminfo = "/proc/meminfo", .self_cgroup = "/proc/self/cgroup",
+                                       .cgroup_root = "/sys/fs/cgroup"};
+    return kipp_plan_ram_at(&sys, total, avail, err, errlen);
 }
 
 /* ---- RAM read bandwidth and FP32 peak: one pthread per physical core ---- */
@@ -173,7 +182,7 @@ static size_t probe_bytes(uint64_t avail)
 /* Read bandwidth the way the cpu backend's packed weights are read, so the plan's bytes-over-bandwidth
  * matches what decode reaches: a 2 MiB-aligned buffer with transparent huge pages (as cpu_backend.c packs
  * weights and bench/profile.c probes; 4 KiB pages cost TLB misses the weights do not pay), one warm-up
- * pass, then the median of RAM_PROBE_REPS passes. */
+ * pass, then the median of the passes of RAM_PROBE_SEC (at least RAM_PROBE_MIN_REPS). */
 static double ram_read_gbps(int n, int use512, size_t bytes)
 {
     const size_t huge = (size_t)2 << 20;
@@ -184,15 +193,22 @@ static double ram_read_gbps(int n, int use512, size_t bytes)
     memset(buf, 1, bytes);              /* fault every page in before timing */
     probe_job jobs[MAX_PROBE_THREADS];
     size_t per = (bytes / (size_t)n) & ~(size_t)255;
-    double g[RAM_PROBE_REPS];
-    for (int r = -1; r < RAM_PROBE_REPS; r++) { /* r = -1: the warm-up pass */
+    double g[RAM_PROBE_MAX_REPS];
+    int reps = 0;
+    double t_end = 0;
+    for (int r = -1; r < RAM_PROBE_MAX_REPS; r++) { /* r = -1: the warm-up pass */
         for (int i = 0; i < n; i++) jobs[i] = (probe_job){.buf = buf + per * (size_t)i, .bytes = per, .use512 = use512};
         double dt = run_team(n, jobs, read_thread);
-        if (r >= 0) g[r] = dt > 0 ? (double)per * n / dt * 1e-9 : 0;
+        if (r < 0) {
+            t_end = now_s() + RAM_PROBE_SEC;
+            continue;
+        }
+        g[reps++] = dt > 0 ? (double)per * n / dt * 1e-9 : 0;
+        if (reps >= RAM_PROBE_MIN_REPS && now_s() >= t_end) break;
     }
     free(buf);
-    qsort(g, RAM_PROBE_REPS, sizeof *g, cmp_double);
-    return g[RAM_PROBE_REPS / 2];
+    qsort(g, (size_t)reps, sizeof *g, cmp_double);
+    return g[reps / 2];
 }
 
 static double peak_gflops(int n, int use512)

@@ -1,7 +1,7 @@
 /*
  * stream_mode.c - whether a model's layers are streamed from the file (seed
  * 002 "Layer streaming"): the engine decides once at open,
- * by the planner's rule (engine/plan.c RESIDENT_SHARE), and tells the backend
+ * by the planner's rule (KIPP_RESIDENT_SHARE), and tells the backend
  * through kipp_model_view.stream / .prefetch.
  */
 #include <stdio.h>
@@ -9,8 +9,6 @@
 #include <string.h>
 
 #include "engine/internal.h"
-
-#define STREAM_SHARE 0.75 /* seed 002: weights above this share of available RAM are streamed (= plan.c) */
 
 static int parse_mode(const char *s)
 {
@@ -32,9 +30,9 @@ int kipp_stream_resolve(kipp_model *m, const kipp_model_options *opts, char *err
     m->view.stream = mode == KIPP_STREAM_ON;
     uint64_t total, avail;
     int known = kipp_plan_ram(&total, &avail, NULL, 0) == 0;
-    m->view.stream_budget = known ? (uint64_t)(STREAM_SHARE * (double)avail) : UINT64_MAX;
+    m->view.stream_budget = known ? (uint64_t)(KIPP_RESIDENT_SHARE * (double)avail) : UINT64_MAX;
     if (mode != KIPP_STREAM_AUTO || !known) return 0; /* no /proc/meminfo: stay resident, as before */
-    if ((double)m->weight_bytes <= STREAM_SHARE * (double)avail) return 0;
+    if ((double)m->weight_bytes <= KIPP_RESIDENT_SHARE * (double)avail) return 0;
     m->view.stream = 1;
     fprintf(stderr, "kipp: the weights (%.2f GB) exceed 0.75 x available RAM (%.2f GB): layers are streamed from the file%s\n",
             (double)m->weight_bytes * 1e-9, (double)avail * 1e-9, m->view.prefetch ? " with one-layer prefetch" : " (no prefetch)");

@@ -3,11 +3,19 @@
  * (seed 002 "Planner"): residency and streaming, the context, and the predicted
  * rates with and without streamed layers. The oracle is the README's rule
  * written out here from the model's dimensions (kipp_model_get_info), not the
- * planner's code; no measurement runs, so the figures are exact.
+ * planner's code; no measurement runs, so the figures are exact. The shares
+ * come from result files written here, the RAM figures from meminfo and cgroup
+ * files written here, each with the answer the README's rule gives by hand.
  */
 #include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "engine/internal.h"
 #include "engine/kipp.h"
 #include "tests/test_harness.h"
 
@@ -122,10 +130,172 @@ static void test_no_room_and_bad_arguments(void)
     kipp_model_close(m);
 }
 
+
+static kipp_model *open_file(const char *name)
+{
+    char path[512], err[256] = "";
+    snprintf(path, sizeof path, "%s/%s", th_models_dir(), name);
+    kipp_model *m = NULL;
+    int rc = kipp_model_open(path, "none", NULL, &m, err, sizeof err);
+    CHECK(rc == 0, "open %s: %s", path, err);
+    return m;
+}
+
+/* A --quant-head file keeps its BF16 token embedding apart from the head; the cpu backend keeps the head and
+ * whole layers in the page cache, not the embedding (a step reads only its tokens' rows), so the plan counts
+ * the same: room for the head and 1.5 layers keeps one layer, whatever the embedding's size. */
+static void test_embedding_not_counted_as_resident(void)
+{
+    kipp_model *m = open_file("synthetic-tiny-affine4_gs32-head_affine4_gs32.gguf");
+    if (!m) return;
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    double layer, head_bf16, ppl;
+    sizes(&in, &layer, &head_bf16, &ppl);
+    layer = ppl * 20 / 32 + 2 * (2.0 * in.d_model + 2 * in.head_dim); /* affine4_gs32: 20 bytes per 32 weights */
+    double head = (double)in.vocab_size * in.d_model * 20 / 32;
+    CHECK(head_bf16 > layer, "the embedding (%.0f B) must outweigh a layer (%.0f B) for this test to mean anything",
+          head_bf16, layer);
+    uint64_t avail = (uint64_t)((head + 1.5 * layer) / 0.75);
+    kipp_machine mc = machine(avail);
+    kipp_plan p;
+    char err[256] = "";
+    CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.streamed && p.layers_resident == 1, "streamed %d, %u layers resident, expected 1", p.streamed,
+          p.layers_resident);
+    CHECK(p.usable_ram_bytes == avail - (uint64_t)(head + layer), "usable %llu, expected %llu",
+          (unsigned long long)p.usable_ram_bytes, (unsigned long long)(avail - (uint64_t)(head + layer)));
+    kipp_model_close(m);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(text, f) >= 0, "cannot write %s", path);
+    if (f) fclose(f);
+}
+
+/* A kipp.bench.v1 results file with one tg128 and one pp512 row of `model` in bf16. */
+static void write_result(const char *dir, const char *name, const char *cpu, const char *isa, const char *date,
+                         double load, const char *model, double dec, double pre)
+{
+    char path[1024], text[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(text, sizeof text,
+             "{\"schema\": \"kipp.bench.v1\", \"date\": \"%s\", \"cpu\": {\"cpu_id\": \"%s\"},"
+             " \"config\": {\"isa\": \"%s\", \"load_avg_1min_at_start\": %g}, \"results\": ["
+             "{\"name\": \"tg128\", \"model\": \"%s\", \"format\": \"bf16\", \"roofline_ref\": \"read_gbps_all\","
+             " \"roofline_share\": %g},"
+             "{\"name\": \"pp512\", \"model\": \"%s\", \"format\": \"bf16\", \"roofline_ref\": \"bf16_gflops_all\","
+             " \"roofline_share\": 0.3, \"fp32_peak_share\": %g}]}",
+             date, cpu, isa, load, model, dec, model, pre);
+    write_file(path, text);
+}
+
+/* The shares are the median of the newest three runs of this CPU and level: of this model when it has rows
+ * (the other model's newer rows are ignored), of quiet runs when there are any (the newest, loaded run is
+ * ignored); prefill, with rows of another model only, takes theirs. */
+static void test_shares_are_a_median_of_recent_runs(void)
+{
+    kipp_model *m = open_tiny();
+    if (!m) return;
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    char dir[] = "/tmp/kipp-test-shares-XXXXXX";
+    CHECK(mkdtemp(dir), "mkdtemp");
+    const char *me = in.checkpoint_id, *other = "synthetic-0.6b";
+    /* quiet (load < 1 on 2 cores) runs of this model, oldest first: 0.50, then 0.90, 0.70, 0.60 */
+    write_result(dir, "20260101-vm-test-cpu-cpu-a.json", "test-cpu", "avx2", "2026-01-01T00:00:00Z", 0.1, me, 0.50, -1);
+    write_result(dir, "20260102-vm-test-cpu-cpu-b.json", "test-cpu", "avx2", "2026-01-02T00:00:00Z", 0.1, me, 0.90, -1);
+    write_result(dir, "20260103-vm-test-cpu-cpu-c.json", "test-cpu", "avx2", "2026-01-03T00:00:00Z", 0.5, me, 0.70, -1);
+    write_result(dir, "20260104-vm-test-cpu-cpu-d.json", "test-cpu", "avx2", "2026-01-04T00:00:00Z", 0.2, me, 0.60, -1);
+    /* newer, but loaded; another model; another level; another CPU */
+    write_result(dir, "20260105-vm-test-cpu-cpu-e.json", "test-cpu", "avx2", "2026-01-05T00:00:00Z", 3.0, me, 0.20, -1);
+    write_result(dir, "20260106-vm-test-cpu-cpu-f.json", "test-cpu", "avx2", "2026-01-06T00:00:00Z", 0.1, other, 0.10, 1.2);
+    write_result(dir, "20260107-vm-test-cpu-cpu-g.json", "test-cpu", "avx2", "2026-01-07T00:00:00Z", 0.1, other, 0.10, 0.8);
+    write_result(dir, "20260108-vm-test-cpu-cpu-h.json", "test-cpu", "avx512", "2026-01-08T00:00:00Z", 0.1, me, 0.30, 2.0);
+    write_result(dir, "20260109-vm-test-cpux-cpu-i.json", "test-cpux", "avx2", "2026-01-09T00:00:00Z", 0.1, me, 0.30, 2.0);
+    kipp_machine mc = machine(20ull << 30);
+    kipp_plan p;
+    char err[256] = "";
+    CHECK(kipp_plan_make(m, &mc, dir, &p, err, sizeof err) == 0, "%s", err);
+    const kipp_plan_format *f = &p.formats[0];
+    CHECK(fabs(f->decode_eff - 0.70) < 1e-12, "decode share %.6f, expected the median 0.70 of 0.90, 0.70, 0.60 (%s)",
+          f->decode_eff, f->decode_source);
+    CHECK(strstr(f->decode_source, "cpu-b.json") && strstr(f->decode_source, "cpu-c.json") &&
+              strstr(f->decode_source, "cpu-d.json") && !strstr(f->decode_source, "cpu-a.json"),
+          "%s", f->decode_source);
+    CHECK(fabs(f->prefill_eff - 1.0) < 1e-12, "prefill share %.6f, expected the mean 1.0 of the other model's 1.2 "
+          "and 0.8 (%s)", f->prefill_eff, f->prefill_source);
+    CHECK(strstr(f->prefill_source, "other-model"), "%s", f->prefill_source);
+    CHECK(!strcmp(p.formats[1].decode_source, "assumed"), "q8_0 has no rows: %s", p.formats[1].decode_source);
+    const char *names[] = {"a", "b", "c", "d", "e", "f", "g", "h"};
+    char path[1024];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(path, sizeof path, "%s/2026010%zu-vm-test-cpu-cpu-%s.json", dir, i + 1, names[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/20260109-vm-test-cpux-cpu-i.json", dir);
+    unlink(path);
+    rmdir(dir);
+    kipp_model_close(m);
+}
+
+/* kipp_plan_ram over meminfo and cgroup files written here: v2 (one "0::" line, memory.max/current under
+ * the root), v1 on a hybrid host (the memory controller's line wins over "0::"), and the unlimited forms. */
+static void test_ram_from_cgroup_files(void)
+{
+    char dir[] = "/tmp/kipp-test-cgroup-XXXXXX", p[200], q[300], mi[100], sc[100];
+    CHECK(mkdtemp(dir), "mkdtemp");
+    snprintf(mi, sizeof mi, "%s/meminfo", dir);
+    snprintf(sc, sizeof sc, "%s/self_cgroup", dir);
+    write_file(mi, "MemTotal:       24000000 kB\nMemFree:        1000 kB\nMemAvailable:   20000000 kB\n");
+    kipp_ram_paths at = {.meminfo = mi, .self_cgroup = sc, .cgroup_root = dir};
+    uint64_t total = 0, avail = 0;
+    char err[256] = "";
+    /* v2: limit 100 MiB, 4 MiB charged */
+    write_file(sc, "0::/kipp.slice/job\n");
+    snprintf(p, sizeof p, "%s/kipp.slice", dir), mkdir(p, 0700);
+    snprintf(p, sizeof p, "%s/kipp.slice/job", dir), mkdir(p, 0700);
+    snprintf(q, sizeof q, "%s/memory.max", p), write_file(q, "104857600\n");
+    snprintf(q, sizeof q, "%s/memory.current", p), write_file(q, "4194304\n");
+    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
+    CHECK(total == 104857600 && avail == 100663296, "v2: total %llu avail %llu, expected 104857600 and 100663296",
+          (unsigned long long)total, (unsigned long long)avail);
+    /* v2 "max": meminfo's figures */
+    snprintf(q, sizeof q, "%s/memory.max", p), write_file(q, "max\n");
+    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
+    CHECK(total == 24000000ull * 1024 && avail == 20000000ull * 1024, "v2 max: total %llu avail %llu",
+          (unsigned long long)total, (unsigned long long)avail);
+    /* v1 on a hybrid host: the memory line, v1 file names; usage above the limit leaves no room */
+    write_file(sc, "12:memory:/grp\n3:cpu:/other\n0::/kipp.slice/job\n");
+    snprintf(p, sizeof p, "%s/memory", dir), mkdir(p, 0700);
+    snprintf(p, sizeof p, "%s/memory/grp", dir), mkdir(p, 0700);
+    snprintf(q, sizeof q, "%s/memory.limit_in_bytes", p), write_file(q, "62914560\n");
+    snprintf(q, sizeof q, "%s/memory.usage_in_bytes", p), write_file(q, "70000000\n");
+    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
+    CHECK(total == 62914560 && avail == 0, "v1: total %llu avail %llu, expected 62914560 and 0",
+          (unsigned long long)total, (unsigned long long)avail);
+    /* v1 "no limit" is a huge page-rounded number */
+    snprintf(q, sizeof q, "%s/memory.limit_in_bytes", p), write_file(q, "9223372036854771712\n");
+    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
+    CHECK(total == 24000000ull * 1024 && avail == 20000000ull * 1024, "v1 unlimited: total %llu avail %llu",
+          (unsigned long long)total, (unsigned long long)avail);
+    /* no MemTotal: an error naming the file */
+    write_file(mi, "MemFree: 1 kB\n");
+    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == KIPP_EIO && strstr(err, mi), "%s", err);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "%s", cmd);
+}
+
 int main(void)
 {
     RUN(test_resident_when_it_fits);
     RUN(test_streamed_layers_cost_disk_time);
     RUN(test_no_room_and_bad_arguments);
+    RUN(test_embedding_not_counted_as_resident);
+    RUN(test_shares_are_a_median_of_recent_runs);
+    RUN(test_ram_from_cgroup_files);
     return th_finish();
 }
