@@ -47,6 +47,46 @@ double kipp_load_average(void)
     return getloadavg(&l, 1) == 1 ? l : -1;
 }
 
+/* Ticks since boot of all CPUs from /proc/stat's "cpu" line: *busy (user, nice, system, irq, softirq,
+ * steal) and *all (those plus idle and iowait); 0 on success. */
+static int cpu_ticks(unsigned long long *busy, unsigned long long *all)
+{
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                       &v[6], &v[7]) : 0;
+    if (f) fclose(f);
+    if (n != 8) return -1;
+    *busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    *all = *busy + v[3] + v[4];
+    return 0;
+}
+
+/* This process's user + system ticks (/proc/self/stat fields 14 and 15, after the parenthesised name). */
+static int self_ticks(unsigned long long *t)
+{
+    char line[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    char *ok = f ? fgets(line, sizeof line, f) : NULL;
+    if (f) fclose(f);
+    const char *p = ok ? strrchr(line, ')') : NULL;
+    unsigned long long ut, st;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return -1;
+    *t = ut + st;
+    return 0;
+}
+
+double kipp_cpu_busy_others(double secs)
+{
+    unsigned long long b0, a0, s0, b1, a1, s1;
+    if (cpu_ticks(&b0, &a0) || self_ticks(&s0)) return -1;
+    struct timespec ts = {.tv_sec = (time_t)secs, .tv_nsec = (long)((secs - (double)(time_t)secs) * 1e9)};
+    nanosleep(&ts, NULL);
+    if (cpu_ticks(&b1, &a1) || self_ticks(&s1) || a1 <= a0) return -1;
+    double others = (double)(b1 - b0) - (double)(s1 - s0);
+    return others > 0 ? others / (double)(a1 - a0) : 0;
+}
+
 /* ---- hwloc topology, shared by the team ---- */
 
 static hwloc_topology_t topo;

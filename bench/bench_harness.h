@@ -25,6 +25,12 @@ double kipp_timer_now(void);
  * every figure, since other processes on the cores change rates. */
 double kipp_load_average(void);
 
+/** Share (0..1) of all CPUs' time that other processes and the hypervisor (steal) used during the next
+ * `secs` seconds, this process's own time left out: whether the run about to start has the cores to
+ * itself, which a load average that still remembers the previous run cannot say. -1 when /proc/stat or
+ * /proc/self/stat cannot be read. Sleeps secs. */
+double kipp_cpu_busy_others(double secs);
+
 /** Timing of one benchmark: seconds per repetition. */
 typedef struct {
     double median, min, max; /* seconds */

@@ -872,10 +872,12 @@ int main(int argc, char **argv)
         json_array_append_new(loras, json_pack("{s:s, s:f}", "path", o.lora[i].path, "scale", (double)o.lora[i].scale));
     json_object_set_new(config, "lora", loras);
     json_object_set_new(config, "isa", json_string(kipp_isa_name(kipp_isa_select(NULL))));
-    double load = kipp_load_average();
+    double load = kipp_load_average(), busy = kipp_cpu_busy_others(1.0);
     json_object_set_new(config, "load_avg_1min_at_start", json_real(load));
-    if (load > 1.0)
-        printf("warning: load average %.2f at start: other processes share the cores, so rates and shares are indicative only\n", load);
+    json_object_set_new(config, "cpu_busy_others_at_start", json_real(busy));
+    if (busy >= KIPP_QUIET_BUSY_MAX || (busy < 0 && load > 1.0))
+        printf("warning: other processes used %.0f%% of the CPUs in the second before the run (load average %.2f): "
+               "rates and shares are indicative only\n", 100 * busy, load);
     json_object_set_new(config, "tg_prompt_tokens", json_integer(TG_PROMPT));
     json_object_set_new(config, "long_context", json_integer(LONG_CTX));
     json_object_set_new(config, "long_context_steps", json_integer(LONG_STEPS));

@@ -21,7 +21,7 @@ typedef struct {
     int logical_cpus;             /* hwloc PUs */
     uint64_t ram_total_bytes;     /* /proc/meminfo MemTotal, capped by the memory cgroup's limit (v2 or v1) */
     uint64_t ram_available_bytes; /* MemAvailable, capped by the memory cgroup's limit - usage */
-    double ram_read_gbps;         /* all-core streaming read, 1e9 B/s (median of 3 passes over a buffer >> LLC) */
+    double ram_read_gbps;         /* all-core streaming read, 1e9 B/s (median of the passes of 1.5 s over a buffer >> LLC) */
     double peak_gflops;           /* FP32 FMA peak, all physical cores, at isa's vector width; 0 for "ref" */
     double disk_read_gbps;        /* sequential read of the model file, 1e9 B/s; 0 when it could not be read */
     uint64_t disk_sample_bytes;   /* bytes of the file read for disk_read_gbps (bounded sample) */
@@ -39,6 +39,11 @@ typedef struct {
  * is not an error: disk_read_gbps stays 0.
  */
 int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, size_t errlen);
+
+/** A benchmark run counts as quiet, and its shares are preferred, when other processes and the hypervisor
+ * used less than this share of the CPUs in the second before it (config.cpu_busy_others_at_start; older
+ * runs: a 1-minute load average below half the cores). */
+#define KIPP_QUIET_BUSY_MAX 0.25
 
 #define KIPP_PLAN_MAX_FORMATS 3
 /** The planner's prediction for one weight format of the model's shape. */

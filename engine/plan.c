@@ -69,7 +69,7 @@ static void cost_of(const kipp_model_info *in, const kipp_fmt_facts *f, shape_co
 typedef struct {
     double share;
     char date[32], file[96];
-    int quiet; /* its run started with a load average below half the cores (or did not record one) */
+    int quiet; /* its run started quiet (KIPP_QUIET_BUSY_MAX; or recorded neither figure) */
     int same;  /* the row is of the planned model */
 } share_row;
 
@@ -178,8 +178,8 @@ static void find_shares(const char *dir, const kipp_machine *mc, const char *for
         const json_t *cpu = json_object_get(o, "cpu"), *cfg = json_object_get(o, "config");
         if (o && !strcmp(str(o, "schema"), "kipp.bench.v1") && !strcmp(str(cpu, "cpu_id"), mc->cpu_id) &&
             !strcmp(str(cfg, "isa"), mc->isa)) {
-            double load = num(cfg, "load_avg_1min_at_start"); /* absent (older runs): counted as quiet */
-            int quiet = load < 0.5 * mc->physical_cores;
+            double busy = num(cfg, "cpu_busy_others_at_start"), load = num(cfg, "load_avg_1min_at_start");
+            int quiet = busy >= 0 ? busy < KIPP_QUIET_BUSY_MAX : load < 0.5 * mc->physical_cores; /* neither: quiet */
             const json_t *rows = json_object_get(o, "results");
             for (size_t i = 0; i < json_array_size(rows); i++) {
                 const json_t *r = json_array_get(rows, i);

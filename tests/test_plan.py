@@ -130,7 +130,8 @@ def test_kv_context_and_residency(p, cfg):
 def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
     """(decode share, prefill share vs the FP32 peak) by the README's rule: the tg128/pp512 rows of this CPU id,
     level and format; only the planned model's rows when it has any; of those only runs that started quiet
-    (load average below half the cores, or not recorded) when there are any; the median of the newest three."""
+    (others used under 25% of the CPUs in the second before; runs without that figure: a load average below
+    half the cores, or none recorded) when there are any; the median of the newest three."""
     rows = {"tg128": [], "pp512": []}
     for f in (REPO_ROOT / "results").glob("*-cpu-*.json"):
         d = json.loads(f.read_text())
@@ -149,8 +150,8 @@ def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
                     if ref == "bf16_gflops_all" else None
             if not s or s <= 0:
                 continue
-            load = d["config"].get("load_avg_1min_at_start")
-            quiet = load is None or load < 0.5 * cores
+            busy, load = d["config"].get("cpu_busy_others_at_start"), d["config"].get("load_avg_1min_at_start")
+            quiet = busy < 0.25 if busy is not None and busy >= 0 else load is None or load < 0.5 * cores
             rows[r["name"]].append((d["date"], s, quiet, r["model"] == "synthetic-tiny"))
     out = []
     for name in ("tg128", "pp512"):

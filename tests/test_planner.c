@@ -177,18 +177,19 @@ static void write_file(const char *path, const char *text)
 
 /* A kipp.bench.v1 results file with one tg128 and one pp512 row of `model` in bf16. */
 static void write_result(const char *dir, const char *name, const char *cpu, const char *isa, const char *date,
-                         double load, const char *model, double dec, double pre)
+                         double load, double busy, const char *model, double dec, double pre)
 {
-    char path[1024], text[2048];
+    char path[1024], text[2048], busy_key[64] = "";
+    if (busy >= 0) snprintf(busy_key, sizeof busy_key, ", \"cpu_busy_others_at_start\": %g", busy);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(text, sizeof text,
              "{\"schema\": \"kipp.bench.v1\", \"date\": \"%s\", \"cpu\": {\"cpu_id\": \"%s\"},"
-             " \"config\": {\"isa\": \"%s\", \"load_avg_1min_at_start\": %g}, \"results\": ["
+             " \"config\": {\"isa\": \"%s\", \"load_avg_1min_at_start\": %g%s}, \"results\": ["
              "{\"name\": \"tg128\", \"model\": \"%s\", \"format\": \"bf16\", \"roofline_ref\": \"read_gbps_all\","
              " \"roofline_share\": %g},"
              "{\"name\": \"pp512\", \"model\": \"%s\", \"format\": \"bf16\", \"roofline_ref\": \"bf16_gflops_all\","
              " \"roofline_share\": 0.3, \"fp32_peak_share\": %g}]}",
-             date, cpu, isa, load, model, dec, model, pre);
+             date, cpu, isa, load, busy_key, model, dec, model, pre);
     write_file(path, text);
 }
 
@@ -204,17 +205,20 @@ static void test_shares_are_a_median_of_recent_runs(void)
     char dir[] = "/tmp/kipp-test-shares-XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp");
     const char *me = in.checkpoint_id, *other = "synthetic-0.6b";
-    /* quiet (load < 1 on 2 cores) runs of this model, oldest first: 0.50, then 0.90, 0.70, 0.60 */
-    write_result(dir, "20260101-vm-test-cpu-cpu-a.json", "test-cpu", "avx2", "2026-01-01T00:00:00Z", 0.1, me, 0.50, -1);
-    write_result(dir, "20260102-vm-test-cpu-cpu-b.json", "test-cpu", "avx2", "2026-01-02T00:00:00Z", 0.1, me, 0.90, -1);
-    write_result(dir, "20260103-vm-test-cpu-cpu-c.json", "test-cpu", "avx2", "2026-01-03T00:00:00Z", 0.5, me, 0.70, -1);
-    write_result(dir, "20260104-vm-test-cpu-cpu-d.json", "test-cpu", "avx2", "2026-01-04T00:00:00Z", 0.2, me, 0.60, -1);
-    /* newer, but loaded; another model; another level; another CPU */
-    write_result(dir, "20260105-vm-test-cpu-cpu-e.json", "test-cpu", "avx2", "2026-01-05T00:00:00Z", 3.0, me, 0.20, -1);
-    write_result(dir, "20260106-vm-test-cpu-cpu-f.json", "test-cpu", "avx2", "2026-01-06T00:00:00Z", 0.1, other, 0.10, 1.2);
-    write_result(dir, "20260107-vm-test-cpu-cpu-g.json", "test-cpu", "avx2", "2026-01-07T00:00:00Z", 0.1, other, 0.10, 0.8);
-    write_result(dir, "20260108-vm-test-cpu-cpu-h.json", "test-cpu", "avx512", "2026-01-08T00:00:00Z", 0.1, me, 0.30, 2.0);
-    write_result(dir, "20260109-vm-test-cpux-cpu-i.json", "test-cpux", "avx2", "2026-01-09T00:00:00Z", 0.1, me, 0.30, 2.0);
+    /* quiet runs of this model, oldest first: 0.50, then 0.90, 0.70, 0.60; quiet is others' CPU share below
+     * 0.25 in the second before the run where recorded (c: load 3 left by the run before it, yet quiet),
+     * else a load average below half the cores (2 here) */
+    write_result(dir, "20260101-vm-test-cpu-cpu-a.json", "test-cpu", "avx2", "2026-01-01T00:00:00Z", 0.1, -1, me, 0.50, -1);
+    write_result(dir, "20260102-vm-test-cpu-cpu-b.json", "test-cpu", "avx2", "2026-01-02T00:00:00Z", 0.1, -1, me, 0.90, -1);
+    write_result(dir, "20260103-vm-test-cpu-cpu-c.json", "test-cpu", "avx2", "2026-01-03T00:00:00Z", 3.0, 0.05, me, 0.70, -1);
+    write_result(dir, "20260104-vm-test-cpu-cpu-d.json", "test-cpu", "avx2", "2026-01-04T00:00:00Z", 0.2, -1, me, 0.60, -1);
+    /* newer, but loaded (others used 60% of the CPUs, though the load average was low); another model;
+     * another level; another CPU */
+    write_result(dir, "20260105-vm-test-cpu-cpu-e.json", "test-cpu", "avx2", "2026-01-05T00:00:00Z", 0.1, 0.6, me, 0.20, -1);
+    write_result(dir, "20260106-vm-test-cpu-cpu-f.json", "test-cpu", "avx2", "2026-01-06T00:00:00Z", 0.1, -1, other, 0.10, 1.2);
+    write_result(dir, "20260107-vm-test-cpu-cpu-g.json", "test-cpu", "avx2", "2026-01-07T00:00:00Z", 0.1, -1, other, 0.10, 0.8);
+    write_result(dir, "20260108-vm-test-cpu-cpu-h.json", "test-cpu", "avx512", "2026-01-08T00:00:00Z", 0.1, -1, me, 0.30, 2.0);
+    write_result(dir, "20260109-vm-test-cpux-cpu-i.json", "test-cpux", "avx2", "2026-01-09T00:00:00Z", 0.1, -1, me, 0.30, 2.0);
     kipp_machine mc = machine(20ull << 30);
     kipp_plan p;
     char err[256] = "";
