@@ -215,8 +215,12 @@ typedef struct {
     double lora_merge_ms;        /* wall time of the merge (load + validate + merge), ms */
 } kipp_model_info;
 
-/** Fill *info for an open model. Never fails for a valid model. */
-void kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
+/**
+ * Fill *info for an open model. Returns 0; KIPP_EINVAL for a NULL model or
+ * info (a non-NULL info is then zeroed). Never fails for a valid model, so
+ * callers holding one may ignore the result.
+ */
+int kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
 
 /** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
 typedef struct {
@@ -511,7 +515,7 @@ int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *e
 
 /** xoshiro256** state; seed with kipp_rng_seed. */
 typedef struct { uint64_t s[4]; } kipp_rng;
-/** Seed deterministically (splitmix64 expansion of seed). */
+/** Seed deterministically (splitmix64 expansion of seed); a NULL rng is left alone (there is nothing to seed). */
 void kipp_rng_seed(kipp_rng *rng, uint64_t seed);
 
 /** One additive logit bias. */
@@ -622,7 +626,8 @@ int kipp_spec_set_reference(kipp_spec *sp, const uint32_t *ids, size_t n, char *
  * output, so a repeating cycle drafts in full. When no suffix matches, the
  * last token is taken for a substitution (an edit of copied text): the n-gram
  * before it is matched and the copy resumes after its counterpart's follower.
- * *n_draft = 0 when nothing matches.
+ * *n_draft = 0 when nothing matches, and also for a NULL sp, ctx or draft
+ * (n_draft NULL: nothing is written).
  */
 void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
                      uint32_t *n_draft);

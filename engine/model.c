@@ -782,11 +782,13 @@ void kipp_model_close(kipp_model *m)
     free(m);
 }
 
-void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
+int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
 {
-    KIPP_ASSERT(m && info && m->ckpt);
+    if (info) memset(info, 0, sizeof *info);
+    /* A caller's NULL is a refusal, not an abort; a model without a registry
+     * entry (one built in memory rather than opened) has no facts to give. */
+    if (!m || !info || !m->ckpt) return KIPP_EINVAL;
     const kipp_checkpoint *c = m->ckpt;
-    memset(info, 0, sizeof *info);
     info->checkpoint_id = c->id;
     info->repository = c->repository;
     info->revision = c->revision;
@@ -816,6 +818,7 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->lora_tensors = m->lora_tensors;
     info->lora_bytes = m->lora_bytes;
     info->lora_merge_ms = m->lora_merge_ms;
+    return 0;
 }
 
 int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)

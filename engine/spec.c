@@ -182,6 +182,9 @@ static uint32_t lookup(const kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, u
 void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
                      uint32_t *n_draft)
 {
+    if (!n_draft) return;
+    *n_draft = 0;
+    if (!sp || !ctx || !draft) return; /* void: a draft of nothing is the safe answer */
     if (k > KIPP_SPEC_K_MAX) k = KIPP_SPEC_K_MAX;
     *n_draft = k ? lookup(sp, ctx, n_ctx, 0, k, draft) : 0;
     /* Nothing matched: the last token may be a substitution (an edit of the copied

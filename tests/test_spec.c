@@ -298,6 +298,13 @@ static void test_drafter(void)
     CHECK(kipp_spec_set_reference(sp, r, 4, NULL, 0) == 0, "reference");
     kipp_spec_draft(sp, c3, 3, 4, d, &n); /* reference: only 2 tokens follow */
     CHECK(n == 2 && d[0] == 43 && d[1] == 44, "reference draft %u: %u %u", n, d[0], d[1]);
+    n = 7; /* NULL drafter, context or output: an empty draft, not a crash */
+    kipp_spec_draft(NULL, c1, 12, 4, d, &n);
+    CHECK(n == 0, "NULL drafter drafted %u tokens", n);
+    n = 7;
+    kipp_spec_draft(sp, NULL, 12, 4, d, &n);
+    CHECK(n == 0, "NULL context drafted %u tokens", n);
+    kipp_spec_draft(sp, c1, 12, 4, d, NULL);
     kipp_spec_destroy(sp);
     kipp_spec_destroy(NULL);
 }
