@@ -601,8 +601,12 @@ typedef struct {
 
 /**
  * Create a drafter for sessions of model (sizes its [k_max+1][vocab] FP32
- * logits buffer). opts may be NULL. Errors: KIPP_EINVAL naming the option out
- * of range (k_max above 16, ngram sizes, row_cost, n_stop above 2), KIPP_ENOMEM.
+ * logits buffer); the model must stay open while the drafter is used. opts may
+ * be NULL. Errors: KIPP_EINVAL naming the option out of range (k_max above 16,
+ * ngram sizes, row_cost, n_stop above 2), KIPP_ENOMEM. kipp_spec_step,
+ * kipp_spec_propose and kipp_spec_accept refuse (KIPP_EINVAL, naming both
+ * vocabulary sizes) a session of another model whose vocabulary size or
+ * tokenizer differs from model's.
  */
 int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kipp_spec **out, char *err,
                      size_t errlen);
