@@ -88,7 +88,9 @@ typedef struct {
  * merged into private copies of their target tensors before the backend sees
  * the weights (engine/lora.c). Errors: KIPP_EIO, KIPP_EFORMAT (with the
  * loader's reason, or the adapter's: naming the tensor and the expectation),
- * KIPP_EBACKEND (unknown backend name), KIPP_EINVAL (a bad scale),
+ * KIPP_EBACKEND (unknown backend name), KIPP_EINVAL (a bad scale, or one
+ * that makes a merged weight Inf, NaN or too large for its tensor's format:
+ * naming the tensor, the scale and the format's range),
  * KIPP_ENUMERIC (non-finite adapter values), KIPP_ENOMEM (also: the merged
  * copies do not fit the available RAM, with the numbers).
  */
