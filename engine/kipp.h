@@ -58,7 +58,12 @@ int kipp_lora_parse_arg(const char *arg, kipp_lora_spec *out, char *path_buf, si
 
 /** Options for kipp_model_open; zero-initialise for defaults. */
 typedef struct {
-    int n_threads; /* worker threads for the backend; 0 = one per physical core */
+    /* Worker threads for the backend; 0 = one per physical core. Backend "ref"
+     * evaluates on one thread whatever this says: there it only sizes the LoRA
+     * merge's workers, and it stays accepted because front ends pass one
+     * --threads to every backend (kipp-serve, kipp-bench-spec; the kipp CLI
+     * refuses --threads other than 1 with ref itself). */
+    int n_threads;
     /* LoRA adapters merged into the weights at open, before the backend packs
      * them: [n_lora] specs, in order (their deltas add up). NULL/0 = none. */
     const kipp_lora_spec *lora;
@@ -68,9 +73,12 @@ typedef struct {
      * capped by the memory cgroup's limit minus usage, v2 or v1), as `kipp plan`
      * says; ON and OFF force it. AUTO defers to the environment variable
      * KIPP_STREAM=auto|on|off when set. A streamed cpu model keeps no packed
-     * copy: each projection is read through the mapping per token. */
-    int stream;      /* KIPP_STREAM_* */
-    int no_prefetch; /* streamed: 1 = no prefetch thread (also KIPP_PREFETCH=0) */
+     * copy: each projection is read through the mapping per token. Backend ref
+     * always reads its weights that way, one thread, no prefetch: an explicit
+     * ON or no_prefetch is refused, while AUTO and the environment (process-wide
+     * defaults) change nothing for it. */
+    int stream;      /* KIPP_STREAM_*; backend ref refuses ON (KIPP_EINVAL): it has no streamed mode */
+    int no_prefetch; /* streamed: 1 = no prefetch thread (also KIPP_PREFETCH=0); ref refuses 1 */
 } kipp_model_options;
 
 #define KIPP_STREAM_AUTO 0
