@@ -58,7 +58,12 @@ int kipp_lora_parse_arg(const char *arg, kipp_lora_spec *out, char *path_buf, si
 
 /** Options for kipp_model_open; zero-initialise for defaults. */
 typedef struct {
-    int n_threads; /* worker threads for the backend; 0 = one per physical core */
+    /* Worker threads for the backend; 0 = one per physical core. Backend "ref"
+     * evaluates on one thread whatever this says: there it only sizes the LoRA
+     * merge's workers, and it stays accepted because front ends pass one
+     * --threads to every backend (kipp-serve, kipp-bench-spec; the kipp CLI
+     * refuses --threads other than 1 with ref itself). */
+    int n_threads;
     /* LoRA adapters merged into the weights at open, before the backend packs
      * them: [n_lora] specs, in order (their deltas add up). NULL/0 = none. */
     const kipp_lora_spec *lora;
@@ -68,9 +73,12 @@ typedef struct {
      * capped by the memory cgroup's limit minus usage, v2 or v1), as `kipp plan`
      * says; ON and OFF force it. AUTO defers to the environment variable
      * KIPP_STREAM=auto|on|off when set. A streamed cpu model keeps no packed
-     * copy: each projection is read through the mapping per token. */
-    int stream;      /* KIPP_STREAM_* */
-    int no_prefetch; /* streamed: 1 = no prefetch thread (also KIPP_PREFETCH=0) */
+     * copy: each projection is read through the mapping per token. Backend ref
+     * always reads its weights that way, one thread, no prefetch: an explicit
+     * ON or no_prefetch is refused, while AUTO and the environment (process-wide
+     * defaults) change nothing for it. */
+    int stream;      /* KIPP_STREAM_*; backend ref refuses ON (KIPP_EINVAL): it has no streamed mode */
+    int no_prefetch; /* streamed: 1 = no prefetch thread (also KIPP_PREFETCH=0); ref refuses 1 */
 } kipp_model_options;
 
 #define KIPP_STREAM_AUTO 0
@@ -88,7 +96,9 @@ typedef struct {
  * merged into private copies of their target tensors before the backend sees
  * the weights (engine/lora.c). Errors: KIPP_EIO, KIPP_EFORMAT (with the
  * loader's reason, or the adapter's: naming the tensor and the expectation),
- * KIPP_EBACKEND (unknown backend name), KIPP_EINVAL (a bad scale),
+ * KIPP_EBACKEND (unknown backend name), KIPP_EINVAL (a bad scale, or one
+ * that makes a merged weight Inf, NaN or too large for its tensor's format:
+ * naming the tensor, the scale and the format's range),
  * KIPP_ENUMERIC (non-finite adapter values), KIPP_ENOMEM (also: the merged
  * copies do not fit the available RAM, with the numbers).
  */
@@ -215,8 +225,12 @@ typedef struct {
     double lora_merge_ms;        /* wall time of the merge (load + validate + merge), ms */
 } kipp_model_info;
 
-/** Fill *info for an open model. Never fails for a valid model. */
-void kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
+/**
+ * Fill *info for an open model. Returns 0; KIPP_EINVAL for a NULL model or
+ * info (a non-NULL info is then zeroed). Never fails for a valid model, so
+ * callers holding one may ignore the result.
+ */
+int kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
 
 /** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
 typedef struct {
@@ -511,7 +525,7 @@ int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *e
 
 /** xoshiro256** state; seed with kipp_rng_seed. */
 typedef struct { uint64_t s[4]; } kipp_rng;
-/** Seed deterministically (splitmix64 expansion of seed). */
+/** Seed deterministically (splitmix64 expansion of seed); a NULL rng is left alone (there is nothing to seed). */
 void kipp_rng_seed(kipp_rng *rng, uint64_t seed);
 
 /** One additive logit bias. */
@@ -597,8 +611,12 @@ typedef struct {
 
 /**
  * Create a drafter for sessions of model (sizes its [k_max+1][vocab] FP32
- * logits buffer). opts may be NULL. Errors: KIPP_EINVAL naming the option out
- * of range (k_max above 16, ngram sizes, row_cost, n_stop above 2), KIPP_ENOMEM.
+ * logits buffer); the model must stay open while the drafter is used. opts may
+ * be NULL. Errors: KIPP_EINVAL naming the option out of range (k_max above 16,
+ * ngram sizes, row_cost, n_stop above 2), KIPP_ENOMEM. kipp_spec_step,
+ * kipp_spec_propose and kipp_spec_accept refuse (KIPP_EINVAL, naming both
+ * vocabulary sizes) a session of another model whose vocabulary size or
+ * tokenizer differs from model's.
  */
 int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kipp_spec **out, char *err,
                      size_t errlen);
@@ -622,7 +640,8 @@ int kipp_spec_set_reference(kipp_spec *sp, const uint32_t *ids, size_t n, char *
  * output, so a repeating cycle drafts in full. When no suffix matches, the
  * last token is taken for a substitution (an edit of copied text): the n-gram
  * before it is matched and the copy resumes after its counterpart's follower.
- * *n_draft = 0 when nothing matches.
+ * *n_draft = 0 when nothing matches, and also for a NULL sp, ctx or draft
+ * (n_draft NULL: nothing is written).
  */
 void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
                      uint32_t *n_draft);

@@ -85,6 +85,7 @@ typedef struct {
     uint32_t tensor_id;   /* hashed with row and element for the rounding draws */
     const kipp_lora_term *terms; /* [n_terms] */
     uint32_t n_terms;
+    const char *label;    /* NULL, or how a refusal names the tensor (its name and the scales) */
 } kipp_lora_job;
 
 /** Counters of a merge, summed over its jobs (blocks of 32 weights; BF16 counts elements). */
@@ -99,7 +100,9 @@ typedef struct {
  * chunks across all jobs. seed and the (tensor_id, row, element) triple pick
  * each stochastic draw, so a merge is reproducible. *stats (may be NULL)
  * receives the counters. Errors: KIPP_ENOMEM (thread or scratch), KIPP_EINVAL
- * (a format without a merge rule).
+ * (a format without a merge rule; a merged weight that is Inf or NaN or beyond
+ * what its format holds, naming the job's label, the row, the column and the
+ * value: the merged bytes are then not to be used).
  */
 int kipp_lora_merge(const kipp_lora_job *jobs, size_t n, int n_threads, uint64_t seed, kipp_lora_rounding rnd,
                     kipp_lora_stats *stats, char *err, size_t errlen);

@@ -86,7 +86,15 @@ typedef struct {
     uint64_t target;        /* model tensor index */
     kipp_lora_term *terms;  /* [n_terms] */
     uint32_t n_terms;
+    char scales[64];        /* the scales of the adapters that change it, "1, 0.5", for a refusal */
 } target_plan;
+
+/* Append one adapter's scale to tp's list (truncated: it only names the culprits). */
+static void add_scale(target_plan *tp, float scale)
+{
+    size_t used = strlen(tp->scales);
+    snprintf(tp->scales + used, sizeof tp->scales - used, "%s%g", used ? ", " : "", (double)scale);
+}
 
 static void free_plan(target_plan *tp, uint32_t n)
 {
@@ -121,11 +129,14 @@ static int build_plan(const kipp_model *m, kipp_lora *const *ads, uint32_t n_ads
             }
             tp[k].terms = grown;
             tp[k].n_terms++;
+            add_scale(&tp[k], ads[i]->scale);
         }
     *out = tp;
     *n_out = n;
     return KIPP_OK;
 }
+
+#define LABEL_LEN 192 /* "'<tensor name>' (LoRA scale <scales>)" */
 
 /* Merge the plan into new buffers and rebind; on failure m is unchanged. */
 static int merge_plan(kipp_model *m, const target_plan *tp, uint32_t n, const kipp_lora_apply_opts *o, char *err,
@@ -141,7 +152,8 @@ static int merge_plan(kipp_model *m, const target_plan *tp, uint32_t n, const ki
                         need / 1048576.0, n, avail / 1048576.0);
     kipp_lora_job *jobs = calloc(n ? n : 1, sizeof *jobs);
     void **bufs = calloc(n ? n : 1, sizeof *bufs);
-    int rc = jobs && bufs ? KIPP_OK : kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %u merge jobs", n);
+    char(*labels)[LABEL_LEN] = calloc(n ? n : 1, sizeof *labels);
+    int rc = jobs && bufs && labels ? KIPP_OK : kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %u merge jobs", n);
     for (uint32_t i = 0; i < n && !rc; i++) {
         const kipp_gguf_tensor *t = &m->gguf.tensors[tp[i].target];
         bufs[i] = kipp_aligned_alloc(t->nbytes);
@@ -150,11 +162,13 @@ static int merge_plan(kipp_model *m, const target_plan *tp, uint32_t n, const ki
                           (int)t->name.len, t->name.ptr, (unsigned long long)t->nbytes);
             break;
         }
+        snprintf(labels[i], LABEL_LEN, "'%.*s' (LoRA scale %s)", (int)t->name.len, t->name.ptr, tp[i].scales);
         jobs[i] = (kipp_lora_job){.dtype = t->type, .rows = t->dims[1], .cols = t->dims[0], .src = t->data,
                                   .dst = bufs[i], .tensor_id = (uint32_t)tp[i].target, .terms = tp[i].terms,
-                                  .n_terms = tp[i].n_terms};
+                                  .n_terms = tp[i].n_terms, .label = labels[i]};
     }
     if (!rc) rc = kipp_lora_merge(jobs, n, o->n_threads, o->seed, o->rounding, NULL, err, errlen);
+    free(labels);
     if (rc) {
         for (uint32_t i = 0; bufs && i < n; i++) kipp_aligned_free(bufs[i]);
         free(bufs);

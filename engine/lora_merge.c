@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,13 +55,38 @@ static inline float round_code(float t, float u, kipp_lora_rounding rnd)
 /* Half away from zero, as the converter's encoder (tools/quant_blocks.py) rounds. */
 static inline float round_away(float x) { return x < 0 ? -floorf(-x + 0.5f) : floorf(x + 0.5f); }
 
+/* The first merged weight its format cannot hold: (job, row, col) order, so the
+ * report does not depend on the thread split. */
+typedef struct {
+    int set;
+    size_t job;
+    uint64_t row, col;
+    float value; /* W + delta in FP32: Inf or NaN, or beyond the format's range */
+} merge_bad;
+
 typedef struct {
     uint64_t seed;
     uint32_t tid;
     uint64_t row;
     kipp_lora_rounding rnd;
     kipp_lora_stats *st;
+    size_t job;
+    merge_bad *bad;
 } row_ctx;
+
+static void note_bad(row_ctx *c, uint64_t col, float value)
+{
+    if (!c->bad->set) *c->bad = (merge_bad){1, c->job, c->row, col, value};
+}
+
+/* Index of the largest |x[j]| of a block: the weight that pushed it out of range. */
+static int block_amax(const float *x)
+{
+    int at = 0;
+    for (int j = 1; j < QBLOCK; j++)
+        if (!(fabsf(x[j]) <= fabsf(x[at]))) at = j; /* NaN wins too */
+    return at;
+}
 
 /* ------------------------------------------------------------------ BF16 */
 
@@ -71,7 +97,9 @@ static void merge_bf16_row(const uint16_t *src, uint16_t *dst, const float *dl, 
             dst[j] = src[j];
             c->st->copied++;
         } else {
-            dst[j] = kipp_f32_to_bf16(kipp_bf16_to_f32(src[j]) + dl[j]);
+            float v = kipp_bf16_to_f32(src[j]) + dl[j];
+            dst[j] = kipp_f32_to_bf16(v);
+            if ((dst[j] & 0x7f80) == 0x7f80) note_bad(c, j, v); /* Inf or NaN: all exponent bits set */
             c->st->grid++;
         }
     }
@@ -120,7 +148,9 @@ static void merge_q8_0_block(const uint8_t *src, uint8_t *dst, const float *dl, 
     const float inv = no_grid ? 0.0f : 1.0f / d;
     for (int j = 0; j < QBLOCK; j++) {
         float n = q[j];
-        if (dl[j] != 0.0f && !no_grid) {
+        if (!isfinite(dl[j])) /* no code for it (and converting NaN to int8 is undefined) */
+            note_bad(c, col0 + j, d * (float)q[j] + dl[j]);
+        else if (dl[j] != 0.0f && !no_grid) {
             float u = c->rnd == KIPP_LORA_NEAREST ? 0 : draw(c->seed, c->tid, c->row, col0 + j);
             n = round_code((float)q[j] + dl[j] * inv, u, c->rnd);
             if (n > 127.0f || n < -127.0f) out = 1, n = fminf(127.0f, fmaxf(-127.0f, n));
@@ -137,6 +167,10 @@ static void merge_q8_0_block(const uint8_t *src, uint8_t *dst, const float *dl, 
         uint16_t rh;
         int8_t rq[QBLOCK];
         double er = refit_q8_0(x, &rh, rq);
+        if (!(er < INFINITY)) { /* no f16 scale reaches these weights: clamping would change them silently */
+            int at = block_amax(x);
+            note_bad(c, col0 + (uint64_t)at, x[at]);
+        }
         if (no_grid || er < eg) {
             memcpy(dst, &rh, 2);
             memcpy(dst + 2, rq, QBLOCK);
@@ -191,7 +225,9 @@ static void merge_q4_1_block(const uint8_t *src, uint8_t *dst, const float *dl, 
     const float inv = no_grid ? 0.0f : 1.0f / d;
     for (int j = 0; j < QBLOCK; j++) {
         float n = q[j];
-        if (dl[j] != 0.0f && !no_grid) {
+        if (!isfinite(dl[j])) /* no code for it (and converting NaN to uint8 is undefined) */
+            note_bad(c, col0 + j, d * (float)q[j] + m + dl[j]);
+        else if (dl[j] != 0.0f && !no_grid) {
             float u = c->rnd == KIPP_LORA_NEAREST ? 0 : draw(c->seed, c->tid, c->row, col0 + j);
             n = round_code((float)q[j] + dl[j] * inv, u, c->rnd);
             if (n > 15.0f || n < 0.0f) out = 1, n = fminf(15.0f, fmaxf(0.0f, n));
@@ -208,6 +244,10 @@ static void merge_q4_1_block(const uint8_t *src, uint8_t *dst, const float *dl, 
         uint16_t rd, rm;
         uint8_t rq[QBLOCK];
         double er = refit_q4_1(x, &rd, &rm, rq);
+        if (!(er < INFINITY)) { /* no f16 minimum and step reach these weights */
+            int at = block_amax(x);
+            note_bad(c, col0 + (uint64_t)at, x[at]);
+        }
         if (no_grid || er < eg) {
             put_q4_1(dst, rd, rm, rq);
             c->st->refit++;
@@ -290,20 +330,30 @@ typedef struct {
     uint64_t max_cols;
     pthread_mutex_t mu;
     kipp_lora_stats total;
+    merge_bad bad;
     int oom;
 } merge_ctx;
+
+/* 1 when a comes before b in (job, row, col) order. */
+static int bad_before(const merge_bad *a, const merge_bad *b)
+{
+    if (a->job != b->job) return a->job < b->job;
+    return a->row != b->row ? a->row < b->row : a->col < b->col;
+}
 
 static void *worker(void *arg)
 {
     merge_ctx *x = arg;
     float *delta = malloc(x->max_cols * sizeof *delta);
     kipp_lora_stats st = {0};
+    merge_bad bad = {0};
     if (delta) {
         for (size_t i; (i = atomic_fetch_add(&x->next, 1)) < x->n_chunks;) {
             const chunk *ch = &x->chunks[i];
             const kipp_lora_job *jb = &x->jobs[ch->job];
             for (uint64_t r = ch->r0; r < ch->r1; r++) {
-                row_ctx c = {.seed = x->seed, .tid = jb->tensor_id, .row = r, .rnd = x->rnd, .st = &st};
+                row_ctx c = {.seed = x->seed, .tid = jb->tensor_id, .row = r, .rnd = x->rnd, .st = &st,
+                             .job = ch->job, .bad = &bad};
                 delta_row(jb, r, delta);
                 merge_row(jb, r, delta, &c);
             }
@@ -312,9 +362,29 @@ static void *worker(void *arg)
     pthread_mutex_lock(&x->mu);
     x->total.copied += st.copied, x->total.grid += st.grid, x->total.refit += st.refit;
     x->oom |= !delta;
+    if (bad.set && (!x->bad.set || bad_before(&bad, &x->bad))) x->bad = bad;
     pthread_mutex_unlock(&x->mu);
     free(delta);
     return NULL;
+}
+
+/* What each format can hold, for the refusal's sentence. */
+static const char *format_range(uint32_t dtype)
+{
+    switch (dtype) {
+    case KIPP_DTYPE_BF16: return "a finite BF16 weight (|w| <= 3.39e38)";
+    case KIPP_DTYPE_Q8_0: return "a Q8_0 weight (|w| <= 127 x 65504, the largest f16 block scale)";
+    default: return "a Q4_1 weight (a block's minimum and 15 x step within the f16 range, 65504)";
+    }
+}
+
+static int report_bad(const kipp_lora_job *jb, const merge_bad *b, char *err, size_t errlen)
+{
+    char id[32];
+    snprintf(id, sizeof id, "tensor %u", jb->tensor_id);
+    return kipp_err(err, errlen, KIPP_EINVAL, "merging the LoRA delta into %s sets row %llu column %llu to %g, "
+                    "expected %s: a smaller scale keeps the merged weights in range", jb->label ? jb->label : id,
+                    (unsigned long long)b->row, (unsigned long long)b->col, (double)b->value, format_range(jb->dtype));
 }
 
 int kipp_lora_merge(const kipp_lora_job *jobs, size_t n, int n_threads, uint64_t seed, kipp_lora_rounding rnd,
@@ -355,5 +425,6 @@ int kipp_lora_merge(const kipp_lora_job *jobs, size_t n, int n_threads, uint64_t
     if (stats) *stats = x.total;
     if (x.oom && atomic_load(&x.next) < n_chunks) /* no worker had scratch to finish */
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a %llu-column merge row", (unsigned long long)max_cols);
+    if (x.bad.set) return report_bad(&jobs[x.bad.job], &x.bad, err, errlen);
     return KIPP_OK;
 }

@@ -719,6 +719,22 @@ int kipp_model_validate_image(const void *buf, size_t size, char *err, size_t er
 
 /* ----------------------------------------------------------- public model */
 
+/* The ref oracle reads every weight through the mapping on one thread: it has
+ * no streamed mode with a prefetch thread, so an explicit request for one is
+ * refused rather than ignored. n_threads stays accepted (kipp.h says why). */
+static int check_ref_opts(const char *name, const kipp_model_options *opts, char *err, size_t errlen)
+{
+    if (!opts || strcmp(name, "ref") != 0) return 0;
+    if (opts->stream == KIPP_STREAM_ON)
+        return kipp_err(err, errlen, KIPP_EINVAL, "stream is KIPP_STREAM_ON but backend ref has no streamed mode "
+                        "(it reads every weight through the file mapping on one thread), expected KIPP_STREAM_AUTO "
+                        "or KIPP_STREAM_OFF, or backend cpu");
+    if (opts->no_prefetch)
+        return kipp_err(err, errlen, KIPP_EINVAL, "no_prefetch is %d but backend ref has no prefetch thread to "
+                        "turn off, expected 0, or backend cpu", opts->no_prefetch);
+    return 0;
+}
+
 int kipp_model_open(const char *path, const char *backend, const kipp_model_options *opts,
                     kipp_model **out, char *err, size_t errlen)
 {
@@ -735,8 +751,10 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     if (opts && opts->n_threads < 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_threads is %d, expected 0 (auto) or more",
                         opts->n_threads);
+    int rc = check_ref_opts(name, opts, err, errlen);
+    if (rc) return rc;
     kipp_model *m;
-    int rc = kipp_model_load(path, &m, err, errlen);
+    rc = kipp_model_load(path, &m, err, errlen);
     if (rc) return rc;
     /* Before the backend packs the weights: it then sees ordinary (merged) tensors. */
     if (opts && opts->n_lora && (rc = kipp_lora_apply_open(m, opts, err, errlen))) {
@@ -782,11 +800,13 @@ void kipp_model_close(kipp_model *m)
     free(m);
 }
 
-void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
+int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
 {
-    KIPP_ASSERT(m && info && m->ckpt);
+    if (info) memset(info, 0, sizeof *info);
+    /* A caller's NULL is a refusal, not an abort; a model without a registry
+     * entry (one built in memory rather than opened) has no facts to give. */
+    if (!m || !info || !m->ckpt) return KIPP_EINVAL;
     const kipp_checkpoint *c = m->ckpt;
-    memset(info, 0, sizeof *info);
     info->checkpoint_id = c->id;
     info->repository = c->repository;
     info->revision = c->revision;
@@ -816,6 +836,7 @@ void kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->lora_tensors = m->lora_tensors;
     info->lora_bytes = m->lora_bytes;
     info->lora_merge_ms = m->lora_merge_ms;
+    return 0;
 }
 
 int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)

@@ -41,6 +41,7 @@ static uint64_t splitmix64(uint64_t *x)
 
 void kipp_rng_seed(kipp_rng *rng, uint64_t seed)
 {
+    if (!rng) return; /* no error channel here; kipp_sample_ex refuses the NULL rng it would need */
     uint64_t x = seed;
     for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
 }

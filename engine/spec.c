@@ -33,6 +33,7 @@
 #define GATE_PROBE_MAX 128u  /* longest interval between probes */
 
 struct kipp_spec {
+    const kipp_model *model; /* the model its logits rows, stop ids and reference are for */
     uint32_t vocab;
     kipp_spec_options o;
     uint32_t stop[2];
@@ -86,6 +87,7 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
     if (rc) return rc;
     kipp_spec *sp = calloc(1, sizeof *sp);
     if (!sp) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory allocating a drafter");
+    sp->model = model;
     sp->vocab = model->view.dims.vocab_size;
     for (uint32_t i = 0; i < o.n_stop; i++) sp->stop[i] = o.stop_ids[i];
     for (uint32_t k = 0; o.costs && k <= o.k_max; k++) sp->fixed_cost[k] = o.costs[k];
@@ -182,6 +184,9 @@ static uint32_t lookup(const kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, u
 void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t k, uint32_t *draft,
                      uint32_t *n_draft)
 {
+    if (!n_draft) return;
+    *n_draft = 0;
+    if (!sp || !ctx || !draft) return; /* void: a draft of nothing is the safe answer */
     if (k > KIPP_SPEC_K_MAX) k = KIPP_SPEC_K_MAX;
     *n_draft = k ? lookup(sp, ctx, n_ctx, 0, k, draft) : 0;
     /* Nothing matched: the last token may be a substitution (an edit of the copied
@@ -305,12 +310,32 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
     return (int)n;
 }
 
+/* A session of another model is refused unless its ids mean the same: its
+ * rows must fit the [vocab] logits buffer, and the drafted ids, stop ids and
+ * reference were taken from the drafter's model's tokenizer. */
+static int check_model(const kipp_spec *sp, const kipp_session *s, char *err, size_t errlen)
+{
+    const kipp_model *m = s->model;
+    if (m == sp->model) return 0;
+    if (m->view.dims.vocab_size != sp->vocab)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: the session's model has a vocabulary of %u tokens and "
+                        "the drafter's %u, expected a session of the drafter's model (or one with its vocabulary "
+                        "and tokenizer)", m->view.dims.vocab_size, sp->vocab);
+    if (!kipp_tokenizer_same(m->tok, sp->model->tok))
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: the session's model and the drafter's both have %u "
+                        "tokens but different tokenizers, expected a session of the drafter's model (or one with "
+                        "its tokenizer)", sp->vocab);
+    return 0;
+}
+
 /* Session length, capacity and parameter checks shared by step and propose. */
 static int check_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
                       const kipp_sample_params *p, char *err, size_t errlen)
 {
     if (!sp || !s || !ctx || !n_ctx)
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: NULL drafter, session or context, or an empty context");
+    int rc = check_model(sp, s, err, errlen);
+    if (rc) return rc;
     if (p && !kipp_spec_params_ok(p))
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "speculative decoding needs deterministic sampling (temperature 0, top_p 0 or top_k 1), "
@@ -347,6 +372,8 @@ int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uin
         max_new == 0 || kipp_session_length(s) < n_tokens)
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_accept: %u evaluated tokens, expected 1..%u in the session "
                         "and non-NULL buffers", n_tokens, sp ? sp->o.k_max + 1 : 0);
+    int rc = check_model(sp, s, err, errlen);
+    if (rc) return rc;
     if (!kipp_spec_params_ok(p)) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
     uint32_t len = kipp_session_length(s) - n_tokens, n_draft = n_tokens - 1, accepted = 0;
     int n = sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);

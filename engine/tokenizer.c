@@ -265,6 +265,23 @@ void kipp_tokenizer_destroy(kipp_tokenizer *t)
     free(t);
 }
 
+int kipp_tokenizer_same(const kipp_tokenizer *a, const kipp_tokenizer *b)
+{
+    if (a == b) return 1;
+    if (!a || !b) return 0;
+    /* The merge table is filled in rank order from the same ids, so equal merges give equal tables. */
+    if (a->n_tokens != b->n_tokens || a->n_merges != b->n_merges || a->merge_mask != b->merge_mask ||
+        a->n_added != b->n_added || a->native != b->native ||
+        memcmp(a->added_ids, b->added_ids, a->n_added * sizeof *a->added_ids) ||
+        memcmp(a->added_special, b->added_special, a->n_added) ||
+        memcmp(a->merge, b->merge, (a->merge_mask + 1) * sizeof *a->merge))
+        return 0;
+    for (size_t i = 0; i < a->n_tokens; i++)
+        if (a->tokens[i].len != b->tokens[i].len || memcmp(a->tokens[i].ptr, b->tokens[i].ptr, a->tokens[i].len))
+            return 0;
+    return 1;
+}
+
 kipp_str kipp_tokenizer_token_bytes(const kipp_tokenizer *t, uint32_t id, char *buf, size_t cap)
 {
     kipp_str none = {buf, 0};

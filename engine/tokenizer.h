@@ -47,6 +47,13 @@ int kipp_tokenizer_encode(const kipp_tokenizer *t, const char *text, size_t len,
 /** See kipp_detokenize in kipp.h; n_vocab bounds the accepted ids (padding ids decode to nothing). */
 int kipp_tokenizer_decode(const kipp_tokenizer *t, const uint32_t *ids, size_t n, char *out,
                           size_t cap, size_t *n_out, char *err, size_t errlen);
+/**
+ * 1 when a and b map ids to text alike: the same token strings, merges, added
+ * tokens and pre-tokenizer kind (both NULL counts as alike); 0 otherwise. A
+ * full comparison (the merge table is megabytes for Qwen3), for the rare
+ * caller holding two models, not for a per-token path.
+ */
+int kipp_tokenizer_same(const kipp_tokenizer *a, const kipp_tokenizer *b);
 /** Bytes of one token (raw bytes, after the byte-level map is undone); len 0 for padding ids. */
 kipp_str kipp_tokenizer_token_bytes(const kipp_tokenizer *t, uint32_t id, char *buf, size_t cap);
 

@@ -283,6 +283,23 @@ static void test_open_backends(void)
     kipp_model_close(NULL);
 }
 
+/* kipp_model_get_info refuses a NULL model or info with KIPP_EINVAL (it used to
+ * abort), zeroes the info it was given, and returns 0 for an open model. */
+static void test_get_info_null(void)
+{
+    kipp_model_info in;
+    memset(&in, 0xab, sizeof in);
+    CHECK(kipp_model_get_info(NULL, &in) == KIPP_EINVAL, "NULL model accepted");
+    CHECK(in.checkpoint_id == NULL && in.vocab_size == 0, "info not zeroed on refusal");
+    kipp_model *m = NULL;
+    char err[512] = "";
+    CHECK(kipp_model_open(tmp, "ref", NULL, &m, err, sizeof err) == 0, "open: %s", err);
+    if (!m) return;
+    CHECK(kipp_model_get_info(m, NULL) == KIPP_EINVAL, "NULL info accepted");
+    CHECK(kipp_model_get_info(m, &in) == 0 && in.vocab_size > 0, "open model: vocab %u", in.vocab_size);
+    kipp_model_close(m);
+}
+
 /* Run `kipp inspect ARGS` (the CLI next to the test binaries) under a 60 s timeout(1), so a
  * blocked CLI fails (exit 124) instead of hanging; output in out, exit status returned. */
 static int run_inspect(const char *args, char *out, size_t cap)
@@ -618,6 +635,7 @@ int main(void)
     RUN(test_load_untied);
     RUN(test_views_match_file_bytes);
     RUN(test_open_backends);
+    RUN(test_get_info_null);
     RUN(test_inspect_cli);
     RUN(test_reject_non_regular);
     RUN(test_reject_magic);

@@ -22,7 +22,8 @@
  *   - The thread split does not change a single byte.
  *   - On a model: the merged copy replaces the views, the tied output head
  *     keeps the file's tensor, the bytes are counted, and a merge that does
- *     not fit the available memory is refused with the numbers.
+ *     not fit the available memory is refused with the numbers, as is one
+ *     whose weights leave their format's range (a huge scale).
  */
 #include <math.h>
 #include <stdio.h>
@@ -425,6 +426,42 @@ static void test_open_releases_what_the_backend_repacked(void)
     unlink(path), unlink(emb);
 }
 
+/* A finite scale so large that the merged weights leave their format (BF16
+ * overflows to Inf; a Q8_0 or Q4_1 block would need an f16 scale beyond 65504)
+ * is refused at open, naming the tensor, the scale and the format's range,
+ * instead of merging Inf, NaN or silently clamped weights. Scale 1 opens. */
+static void test_huge_scale_refused(void)
+{
+    static const struct {
+        const char *file, *fmt;
+        float scale, amp;
+    } cases[] = {
+        {"synthetic-tiny.gguf", "BF16", 1e37f, 20.0f}, /* factors finite, their products overflow FP32 */
+        {"synthetic-tiny-q8_0.gguf", "Q8_0", 1e30f, 0.02f},
+        {"synthetic-tiny-affine4_gs32.gguf", "Q4_1", 1e30f, 0.02f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[64], model[512], err[512] = "", scale[32];
+        snprintf(model, sizeof model, "%s/%s", th_models_dir(), cases[i].file);
+        snprintf(scale, sizeof scale, "LoRA scale %g", (double)cases[i].scale);
+        write_adapter_vals(path, "blk.1.ffn_up.weight", 256, 4, 4, 512, cases[i].amp, NULL, NULL);
+        kipp_lora_spec spec = {.path = path, .scale = cases[i].scale};
+        kipp_model_options o = {.n_threads = 2, .lora = &spec, .n_lora = 1};
+        kipp_model *m = NULL;
+        int rc = kipp_model_open(model, "ref", &o, &m, err, sizeof err);
+        CHECK(rc == KIPP_EINVAL && m == NULL, "%s at scale %g: rc %d, expected a refusal", cases[i].file,
+              (double)cases[i].scale, rc);
+        CHECK(strstr(err, "'blk.1.ffn_up.weight'") && strstr(err, scale) && strstr(err, cases[i].fmt),
+              "%s: message '%s' does not name the tensor, '%s' and %s", cases[i].file, err, scale, cases[i].fmt);
+        kipp_model_close(m);
+        spec.scale = 1.0f;
+        rc = kipp_model_open(model, "ref", &o, &m, err, sizeof err);
+        CHECK(rc == 0, "%s at scale 1: %s", cases[i].file, err);
+        kipp_model_close(m);
+        unlink(path);
+    }
+}
+
 int main(void)
 {
     RUN(test_q8_0_unbiased);
@@ -437,5 +474,6 @@ int main(void)
     RUN(test_tied_embedding_changes_lookup_only);
     RUN(test_open_releases_what_the_backend_repacked);
     RUN(test_model_retained_fraction);
+    RUN(test_huge_scale_refused);
     return th_finish();
 }

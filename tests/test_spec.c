@@ -17,6 +17,7 @@
 
 #include "backends/cpu/cpu_internal.h"
 #include "engine/kv_pool.h"
+#include "engine/tokenizer_impl.h"
 #include "tests/fixture_model.h"
 #include "tests/test_harness.h"
 
@@ -298,6 +299,13 @@ static void test_drafter(void)
     CHECK(kipp_spec_set_reference(sp, r, 4, NULL, 0) == 0, "reference");
     kipp_spec_draft(sp, c3, 3, 4, d, &n); /* reference: only 2 tokens follow */
     CHECK(n == 2 && d[0] == 43 && d[1] == 44, "reference draft %u: %u %u", n, d[0], d[1]);
+    n = 7; /* NULL drafter, context or output: an empty draft, not a crash */
+    kipp_spec_draft(NULL, c1, 12, 4, d, &n);
+    CHECK(n == 0, "NULL drafter drafted %u tokens", n);
+    n = 7;
+    kipp_spec_draft(sp, NULL, 12, 4, d, &n);
+    CHECK(n == 0, "NULL context drafted %u tokens", n);
+    kipp_spec_draft(sp, c1, 12, 4, d, NULL);
     kipp_spec_destroy(sp);
     kipp_spec_destroy(NULL);
 }
@@ -327,6 +335,75 @@ static void test_bad_options(void)
           strstr(err, "temperature 0.8"), "sampling at 0.8 accepted: '%s'", err);
     kipp_spec_destroy(sp);
     kipp_session_destroy(s);
+}
+
+/* One kipp_spec_step of ctx[2] through a drafter for model dm in a fresh
+ * session of model sm; returns the step's code, err holds its sentence. */
+static int step_across(const kipp_model *dm, kipp_model *sm, char *err, size_t errlen)
+{
+    kipp_spec *sp = NULL;
+    kipp_session *s = NULL;
+    int rc = kipp_spec_create(dm, NULL, &sp, err, errlen);
+    if (!rc) rc = kipp_session_create(sm, 16, &s, err, errlen);
+    if (!rc) {
+        kipp_sample_params p = kipp_sample_params_default();
+        uint32_t ctx[2] = {1, 2}, out[17], n = 0;
+        kipp_rng rng;
+        kipp_rng_seed(&rng, 1);
+        rc = kipp_session_eval(s, ctx, 1, NULL, err, errlen);
+        if (!rc) rc = kipp_spec_step(sp, s, ctx, 2, &p, &rng, 4, out, &n, err, errlen);
+    }
+    kipp_session_destroy(s);
+    kipp_spec_destroy(sp);
+    return rc;
+}
+
+/* A drafter refuses a session of a model whose ids mean something else: its
+ * rows would not fit the drafter's logits buffer (vocabulary size) or its
+ * drafts, stop ids and reference would name other tokens (tokenizer). A
+ * second model with the same vocabulary and tokenizer is accepted. */
+static void test_other_model(void)
+{
+    char err[512] = "";
+    struct kipp_model big = fx->model; /* the fixture with a vocabulary twice its own */
+    big.view.dims.vocab_size = 2 * FX_VOCAB;
+    CHECK(step_across(&big, &fx->model, err, sizeof err) == KIPP_EINVAL && strstr(err, "512") && strstr(err, "1024"),
+          "vocab 512 session with a vocab 1024 drafter: '%s'", err);
+    kipp_spec *sp = NULL;
+    kipp_session *s = NULL;
+    float lg[2 * FX_VOCAB] = {0}; /* room for the rows the drafter would read */
+    uint32_t tok = 1, out[17], n = 9;
+    kipp_sample_params p = kipp_sample_params_default();
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 1);
+    CHECK(kipp_spec_create(&big, NULL, &sp, NULL, 0) == 0 && kipp_session_create(&fx->model, 16, &s, NULL, 0) == 0 &&
+          kipp_session_eval(s, &tok, 1, lg, NULL, 0) == 0, "setup");
+    CHECK(kipp_spec_accept(sp, s, &tok, 1, lg, &p, &rng, 4, out, &n, err, sizeof err) == KIPP_EINVAL && n == 0 &&
+          strstr(err, "1024"), "accept across vocabularies: '%s'", err);
+    kipp_session_destroy(s);
+    kipp_spec_destroy(sp);
+
+    char path[512];
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    kipp_model *a = NULL, *b = NULL;
+    CHECK(kipp_model_open(path, "ref", NULL, &a, err, sizeof err) == 0 &&
+          kipp_model_open(path, "ref", NULL, &b, err, sizeof err) == 0, "open %s: %s", path, err);
+    if (a && b) {
+        CHECK(step_across(a, b, err, sizeof err) == 0, "same file opened twice refused: '%s'", err);
+        /* a's tokenizer with one token's text changed: same vocabulary size, other ids */
+        struct kipp_tokenizer tk = *a->tok;
+        kipp_str *toks = malloc(tk.n_tokens * sizeof *toks);
+        memcpy(toks, tk.tokens, tk.n_tokens * sizeof *toks);
+        toks[300] = (kipp_str){"zzzz", 4};
+        tk.tokens = toks;
+        struct kipp_model other = *a;
+        other.tok = &tk;
+        CHECK(step_across(&other, b, err, sizeof err) == KIPP_EINVAL && strstr(err, "tokenizer"),
+              "a drafter of another tokenizer accepted: '%s'", err);
+        free(toks);
+    }
+    kipp_model_close(a);
+    kipp_model_close(b);
 }
 
 /* kipp_spec_accept rolls the session back with kipp_session_truncate, which
@@ -476,6 +553,7 @@ int main(int argc, char **argv)
         if (b == 0) {
             RUN(test_drafter);
             RUN(test_bad_options);
+            RUN(test_other_model);
             RUN(test_accept_pool_full);
             RUN(test_gate);
         }

@@ -160,10 +160,37 @@ static void test_stream_env(void)
     kipp_model_close(m);
 }
 
+/* Backend ref has no streamed mode and no prefetch thread: asking for either
+ * through the options is refused by name, not ignored. n_threads above 1 is
+ * accepted (documented: ref evaluates on one thread; kipp-serve passes
+ * --threads to every backend), and OFF and AUTO open as before. */
+static void test_ref_refuses_streaming(void)
+{
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    kipp_model *m = NULL;
+    kipp_model_options on = {.stream = KIPP_STREAM_ON};
+    int rc = kipp_model_open(path, "ref", &on, &m, err, sizeof err);
+    CHECK(rc == KIPP_EINVAL && m == NULL && strstr(err, "KIPP_STREAM_ON") && strstr(err, "ref"),
+          "ref with stream on: rc %d '%s'", rc, err);
+    kipp_model_options np = {.no_prefetch = 1};
+    rc = kipp_model_open(path, "ref", &np, &m, err, sizeof err);
+    CHECK(rc == KIPP_EINVAL && m == NULL && strstr(err, "no_prefetch is 1") && strstr(err, "ref"),
+          "ref with no_prefetch: rc %d '%s'", rc, err);
+    const kipp_model_options fine[3] = {{.stream = KIPP_STREAM_OFF}, {.stream = KIPP_STREAM_AUTO}, {.n_threads = 2}};
+    for (int i = 0; i < 3; i++) {
+        rc = kipp_model_open(path, "ref", &fine[i], &m, err, sizeof err);
+        CHECK(rc == 0, "ref with options %d: %s", i, err);
+        kipp_model_close(m);
+        m = NULL;
+    }
+}
+
 int main(void)
 {
     RUN(test_pack_pairs);
     RUN(test_streamed_equals_resident);
     RUN(test_stream_env);
+    RUN(test_ref_refuses_streaming);
     return th_finish();
 }
