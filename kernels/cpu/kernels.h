@@ -216,12 +216,16 @@ const char *k_act_name(k_act a);
  * affine4 (scheme affine4_gs32): GGUF type 3 in the file, GGML's Q4_1 block (per 32
  *   weights fp16 d, fp16 m and 16 bytes of nibbles, byte j = q[j] | q[j+16] << 4,
  *   20 bytes, w = d * q + m). Packed layout "q4p16", per 16-row panel P and
- *   32-column block b, 384 bytes at (P * cols/32 + b) * 384:
- *     float d[16], float m[16]        the 16 rows' scales and minima, widened
+ *   32-column block b, 320 bytes at (P * cols/32 + b) * 320:
+ *     fp16 d[16], fp16 m[16]          the 16 rows' scales and minima, the file's
+ *                                     fp16 (widened in registers: one vcvtph2ps
+ *                                     per block, exact)
  *     uint8 q[4][16][4]               low nibble  q[j][i][k] = q(w[16P+i][32b+4j+k]),
  *                                     high nibble the same for quad j + 4
  *   so one 64-byte load gives two k-quads of 16 rows x 4 k after a mask and a
- *   shift. 384/320 = 1.2x the file bytes. rows % 16 == 0, cols % 32 == 0.
+ *   shift, and every line stays 64-byte aligned. The same bytes as the file:
+ *   decode reads 5 bits per weight (FP32 scales and minima made it 6).
+ *   rows % 16 == 0, cols % 32 == 0.
  *   Reads Q8 activations; per block y += d_w d_x dot(q_w, q_x) + m_w d_x sum(q_x),
  *   q_w unsigned (vpmaddubsw / vpdpbusd need no sign trick).
  *
@@ -368,13 +372,15 @@ void k_ref_pack16(k_pack_block_fn pack, size_t file_block, size_t packed_block, 
  * (q8_0, affine4): the few primitives that differ per format. One set of scalar
  * walkers (ref_linear.c) runs them for the oracle, the packer, the row dot of
  * matvec and matmul, and outlier_fix, so each walk is written once.
- * A panel block opens with float d[16] (and, affine, float m[16]), the row
- * lanes' scales; w = d q, or w = d q + m when affine.
+ * A panel block opens with d[16] (and, affine, m[16]), the row lanes' scales
+ * and minima, as float or as the file's fp16 (half); w = d q, or w = d q + m
+ * when affine.
  */
 typedef struct {
     size_t file_block;  /* bytes of one 32-weight block in the file */
     size_t panel_block; /* bytes of one packed 16-row x 32-column panel block */
-    int affine;         /* w = d q + m: float m[16] follows d[16], and the row dot adds m d_x sum(q_x) */
+    int affine;         /* w = d q + m: m[16] follows d[16], and the row dot adds m d_x sum(q_x) */
+    int half;           /* d[16] and m[16] are fp16 (2 bytes each), else float */
     /** Dequantize one file block as the oracle does: w[c], column c of the block, in FP32. */
     void (*file_f32)(const uint8_t *blk, float w[32]);
     /** Scatter one file block into panel block pb at row lane 0..15. */
@@ -533,7 +539,8 @@ K_BF16_DECL(avx512)
 #define K_Q8P_BLOCK 576u /* q8_0: bytes of one packed 16-row x 32-column panel block */
 #define K_PANEL_BYTES_q8_0 K_Q8P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 K_BLOCK_FMT_DECL(q8_0)
-#define K_Q4P_BLOCK 384u /* affine4: bytes of one packed 16-row x 32-column panel block */
+#define K_Q4P_BLOCK 320u /* affine4: bytes of one packed 16-row x 32-column panel block */
+#define K_Q4P_Q 64u      /* affine4: offset of the nibbles in a panel block, after fp16 d[16] and m[16] */
 #define K_PANEL_BYTES_affine4 K_Q4P_BLOCK
 K_BLOCK_FMT_DECL(affine4)
 #undef K_BLOCK_FMT_DECL

@@ -23,7 +23,7 @@ affine4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (
     for (int t = 0; t < T; t++) ia[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
-        __m512i w = _mm512_loadu_si512((const void *)(pb + 128 + 64 * j));
+        __m512i w = _mm512_loadu_si512((const void *)(pb + K_Q4P_Q + 64 * j));
         __m512i wl = _mm512_and_si512(w, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
@@ -34,7 +34,7 @@ affine4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (
             ia[t] = _mm512_dpbusd_epi32(ia[t], wh, _mm512_set1_epi32(xh));
         }
     }
-    __m512 dw = _mm512_loadu_ps((const float *)pb), mw = _mm512_loadu_ps((const float *)(pb + 64));
+    __m512 dw = vf_load_h((const uint16_t *)pb), mw = vf_load_h((const uint16_t *)pb + 16);
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++) {
         const k_act_q8_block *xt = &x[(size_t)t * xs];

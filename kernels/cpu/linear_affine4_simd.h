@@ -27,7 +27,7 @@ affine4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (
     for (int j = 0; j < 4; j++) {
         vi wl[K_PANEL_RV], wh[K_PANEL_RV];
         for (int v = 0; v < K_PANEL_RV; v++) {
-            vi w = vi_load(pb + 128 + 64 * j + 4 * VF_LANES * v);
+            vi w = vi_load(pb + K_Q4P_Q + 64 * j + 4 * VF_LANES * v);
             wl[v] = vi_nib_lo(w);
             wh[v] = vi_nib_hi(w);
         }
@@ -41,13 +41,18 @@ affine4_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (
             }
         }
     }
+    vf dw[K_PANEL_RV], mw[K_PANEL_RV];
+    for (int v = 0; v < K_PANEL_RV; v++) {
+        dw[v] = vf_load_h((const uint16_t *)pb + v * VF_LANES);
+        mw[v] = vf_load_h((const uint16_t *)pb + 16 + v * VF_LANES);
+    }
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++) {
         const k_act_q8_block *xt = &x[(size_t)t * xs];
         vf dx = vf_set1(xt->d), ms = vf_set1(xt->d * (float)xt->sum);
         for (int v = 0; v < K_PANEL_RV; v++) {
-            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * VF_LANES), dx), acc[t][v]);
-            acc[t][v] = vf_fma(vf_load((const float *)(pb + 64) + v * VF_LANES), ms, acc[t][v]);
+            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(dw[v], dx), acc[t][v]);
+            acc[t][v] = vf_fma(mw[v], ms, acc[t][v]);
         }
     }
 }

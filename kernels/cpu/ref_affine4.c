@@ -61,22 +61,21 @@ static void affine4_file_f32(const uint8_t *blk, float w[32])
     for (unsigned c = 0; c < QK; c++) w[c] = d * (float)nib(blk, c) + m;
 }
 
-/* The packed layout "q4p16" (kernels.h). */
+/* The packed layout "q4p16" (kernels.h): the file's fp16 d and m, then the nibbles. */
 static void affine4_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
 {
-    float d = k_f16_at(blk), m = k_f16_at(blk + 2);
-    memcpy(pb + 4 * lane, &d, 4);
-    memcpy(pb + 64 + 4 * lane, &m, 4);
+    memcpy(pb + 2 * lane, blk, 2);
+    memcpy(pb + 32 + 2 * lane, blk + 2, 2);
     for (unsigned j = 0; j < 4; j++)
         for (unsigned k = 0; k < 4; k++)
-            pb[128 + (j * 16 + lane) * 4 + k] = (uint8_t)(nib(blk, 4 * j + k) | nib(blk, 4 * (j + 4) + k) << 4);
+            pb[K_Q4P_Q + (j * 16 + lane) * 4 + k] = (uint8_t)(nib(blk, 4 * j + k) | nib(blk, 4 * (j + 4) + k) << 4);
 }
 
 /* q of row lane i, column c of block pb in the packed layout. */
 static int32_t packed_q(const uint8_t *pb, unsigned i, unsigned c)
 {
     unsigned j = c / 4, k = c % 4;
-    uint8_t b = pb[128 + ((j % 4) * 16 + i) * 4 + k];
+    uint8_t b = pb[K_Q4P_Q + ((j % 4) * 16 + i) * 4 + k];
     return j < 4 ? b & 15 : b >> 4;
 }
 
@@ -90,9 +89,9 @@ static void affine4_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
     for (unsigned i = 0; i < 16; i++) q[i] = packed_q(pb, i, c);
 }
 
-static size_t affine4_q_line(unsigned c) { return 128 + (c / 4 % 4) * 64; }
+static size_t affine4_q_line(unsigned c) { return K_Q4P_Q + (c / 4 % 4) * 64; }
 
-static const k_block_fmt q4p16 = {.file_block = Q4_1_BYTES, .panel_block = K_Q4P_BLOCK, .affine = 1,
+static const k_block_fmt q4p16 = {.file_block = Q4_1_BYTES, .panel_block = K_Q4P_BLOCK, .affine = 1, .half = 1,
     .file_f32 = affine4_file_f32, .pack = affine4_pack_block, .lane_q = affine4_lane_q, .col_q = affine4_col_q,
     .q_line = affine4_q_line};
 

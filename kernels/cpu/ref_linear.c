@@ -67,20 +67,18 @@ float k_block_file_row_dot(const k_block_fmt *f, const void *w_row, const float 
     return acc;
 }
 
-/* The lane's scale d and, affine, minimum m (k_block_fmt: d[16], then m[16]). */
-static float lane_d(const uint8_t *pb, unsigned lane)
+/* Entry i of the panel block's scale array that starts at pb: fp16 or float (k_block_fmt.half). */
+static float scale_at(const k_block_fmt *f, const uint8_t *pb, unsigned i)
 {
-    float d;
-    memcpy(&d, pb + 4 * lane, 4);
-    return d;
+    if (f->half) return k_f16_at(pb + 2 * i);
+    float v;
+    memcpy(&v, pb + 4 * i, 4);
+    return v;
 }
 
-static float lane_m(const uint8_t *pb, unsigned lane)
-{
-    float m;
-    memcpy(&m, pb + 64 + 4 * lane, 4);
-    return m;
-}
+/* The lane's scale d and, affine, minimum m (k_block_fmt: d[16], then m[16]). */
+static float lane_d(const k_block_fmt *f, const uint8_t *pb, unsigned lane) { return scale_at(f, pb, lane); }
+static float lane_m(const k_block_fmt *f, const uint8_t *pb, unsigned lane) { return scale_at(f, pb, 16 + lane); }
 
 float k_block_row_dot(const k_block_fmt *f, const void *wp, size_t r, size_t cols, const void *xq)
 {
@@ -94,8 +92,8 @@ float k_block_row_dot(const k_block_fmt *f, const void *wp, size_t r, size_t col
         int32_t q[32], isum = 0;
         f->lane_q(pb, lane, q);
         for (unsigned c = 0; c < 32; c++) isum += q[c] * xb[b].q[c];
-        acc += (float)isum * (lane_d(pb, lane) * xb[b].d);
-        if (f->affine) acc += lane_m(pb, lane) * (xb[b].d * (float)xb[b].sum);
+        acc += (float)isum * (lane_d(f, pb, lane) * xb[b].d);
+        if (f->affine) acc += lane_m(f, pb, lane) * (xb[b].d * (float)xb[b].sum);
     }
     return acc;
 }
@@ -120,12 +118,12 @@ void k_block_outlier_fix(const k_block_fmt *f, const void *wp, const void *xa, f
             for (size_t P = r0 / 16; P < r1 / 16; P++) {
                 const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * f->panel_block;
                 __builtin_prefetch(pb + ahead);
-                if (f->affine) __builtin_prefetch(pb + ahead + 64);
+                if (f->affine && !f->half) __builtin_prefetch(pb + ahead + 64); /* float m[16]: its own line */
                 __builtin_prefetch(pb + ahead + line);
                 int32_t q[16];
                 f->col_q(pb, c, q);
                 for (unsigned i = 0; i < 16; i++) {
-                    float w = f->affine ? lane_d(pb, i) * (float)q[i] + lane_m(pb, i) : lane_d(pb, i) * (float)q[i];
+                    float w = f->affine ? lane_d(f, pb, i) * (float)q[i] + lane_m(f, pb, i) : lane_d(f, pb, i) * (float)q[i];
                     yt[16 * P + i] += w * xo;
                 }
             }

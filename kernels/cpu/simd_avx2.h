@@ -32,6 +32,8 @@ typedef __m256i vi;
 
 static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
 static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+/** VF_LANES IEEE fp16 values widened to FP32 (exact: every fp16 is an FP32). */
+static inline vf vf_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline void vf_store(float *p, vf v) { _mm256_storeu_ps(p, v); }
 static inline vf vf_set1(float x) { return _mm256_set1_ps(x); }
 static inline vf vf_bcast(const float *p) { return _mm256_broadcast_ss(p); }

@@ -64,7 +64,19 @@ static inline __m512 kemu_cvtepi32_ps(__m512i v)
     memcpy(&r, d, sizeof r);
     return r;
 }
+static inline __m512 kemu_cvtph_ps(__m256i v)
+{
+    uint16_t s[16];
+    float d[16];
+    __m512 r;
+    memcpy(s, &v, sizeof s);
+    for (int i = 0; i < 16; i++) d[i] = kipp_f16_to_f32(s[i]);
+    memcpy(&r, d, sizeof r);
+    return r;
+}
 #define _mm512_cvtepi32_ps kemu_cvtepi32_ps
+#undef _mm512_cvtph_ps
+#define _mm512_cvtph_ps kemu_cvtph_ps
 #define _mm512_cvtepu16_epi32 kemu_cvtepu16_epi32
 #define _mm512_cvtepi32_epi16 kemu_cvtepi32_epi16
 #define _mm512_reduce_add_ps kemu_reduce_add_ps
@@ -95,6 +107,8 @@ typedef __m512i vi;
 
 static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+/** VF_LANES IEEE fp16 values widened to FP32 (exact: every fp16 is an FP32). */
+static inline vf vf_load_h(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
 static inline vf vf_bcast(const float *p) { return _mm512_set1_ps(*p); }
