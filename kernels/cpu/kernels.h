@@ -203,12 +203,16 @@ const char *k_act_name(k_act a);
  *
  * q8_0: GGUF type 8 in the file (GGML Q8_0: per 32 weights an fp16 d and 32
  *   int8 q, 34 bytes, w = d * q; row-major blocks). Packed layout "q8p16", per
- *   16-row panel P and 32-column block b, 576 bytes at (P * cols/32 + b) * 576:
- *     float d[16]                     the 16 rows' scales, widened from fp16
+ *   16-row panel P and 32-column block b, 544 bytes at (P * cols/32 + b) * 544:
+ *     fp16 d[16]                      the 16 rows' scales, the file's fp16
+ *                                     (widened in registers, exact)
  *     int8  q[8][16][4]               q[j][i][k] = w[16P + i][32b + 4j + k]
  *   so one 64-byte load gives 16 rows x 4 k: the operand of vpdpbusd (or of
  *   vpmaddubsw + vpmaddwd) against a 32-bit broadcast of 4 activation bytes,
- *   with no horizontal reduction. 576/544 = 1.06x the file bytes. Panels are
+ *   with no horizontal reduction. The same bytes as the file (FP32 scales
+ *   made it 1.06x); the q lines sit 32 bytes off the cache lines in every
+ *   other block, which 256-bit loads and Zen's double-pumped 512-bit loads
+ *   do not split. Panels are
  *   contiguous, so concatenating packed matrices packs their row
  *   concatenation. rows % 16 == 0, cols % 32 == 0. matvec and matmul read Q8
  *   activations; per block the int32 dot is scaled by d_w * d_x in FP32.
@@ -389,7 +393,7 @@ typedef struct {
     void (*lane_q)(const uint8_t *pb, unsigned lane, int32_t q[32]);
     /** Column c (0..31) of panel block pb: the 16 row lanes' integer weights. */
     void (*col_q)(const uint8_t *pb, unsigned c, int32_t q[16]);
-    /** Offset in a panel block of the 64-byte line that holds column c's weights. */
+    /** Offset in a panel block of the 64 bytes that hold column c's weights (a cache line, or two when misaligned). */
     size_t (*q_line)(unsigned c);
 } k_block_fmt;
 
@@ -536,7 +540,8 @@ K_BF16_DECL(avx512)
                                 int ith, int nth);                                                   \
     void k_matmul_##fmt##_##sfx(const void *wp, const void *xa, float *y, size_t rows, size_t cols,  \
                                 size_t n_tok, int accumulate, int ith, int nth);
-#define K_Q8P_BLOCK 576u /* q8_0: bytes of one packed 16-row x 32-column panel block */
+#define K_Q8P_BLOCK 544u /* q8_0: bytes of one packed 16-row x 32-column panel block */
+#define K_Q8P_Q 32u      /* q8_0: offset of the int8 weights in a panel block, after fp16 d[16] */
 #define K_PANEL_BYTES_q8_0 K_Q8P_BLOCK /* the same, by format name (linear_panel_simd.h) */
 K_BLOCK_FMT_DECL(q8_0)
 #define K_Q4P_BLOCK 320u /* affine4: bytes of one packed 16-row x 32-column panel block */

@@ -30,7 +30,7 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
     for (int t = 0; t < T; t++) ia[t] = _mm512_set1_epi32(-128 * x[(size_t)t * xs].sum);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
-        __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(pb + 64 + 64 * j)), off);
+        __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(pb + K_Q8P_Q + 64 * j)), off);
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             int32_t xq;
@@ -38,7 +38,7 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
             ia[t] = _mm512_dpbusd_epi32(ia[t], w, _mm512_set1_epi32(xq));
         }
     }
-    __m512 dw = _mm512_loadu_ps((const float *)pb);
+    __m512 dw = vf_load_h((const uint16_t *)pb);
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++)
         acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_mul_ps(dw, _mm512_set1_ps(x[(size_t)t * xs].d)),

@@ -28,18 +28,19 @@ q8_0_block(const uint8_t *pb, const k_act_q8_block *x, size_t xs, int T, vf (*ac
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         vi w[K_PANEL_RV];
-        for (int v = 0; v < K_PANEL_RV; v++) w[v] = vi_load(pb + 64 + 64 * j + 4 * VF_LANES * v);
+        for (int v = 0; v < K_PANEL_RV; v++) w[v] = vi_load(pb + K_Q8P_Q + 64 * j + 4 * VF_LANES * v);
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             vi xb = vi_bcast4(x[(size_t)t * xs].q + 4 * j), ax = vi_abs8(xb);
             for (int v = 0; v < K_PANEL_RV; v++) iacc[t][v] = vi_dot4(iacc[t][v], w[v], xb, ax);
         }
     }
+    vf dw[K_PANEL_RV];
+    for (int v = 0; v < K_PANEL_RV; v++) dw[v] = vf_load_h((const uint16_t *)pb + v * VF_LANES);
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++) {
         vf dx = vf_set1(x[(size_t)t * xs].d);
-        for (int v = 0; v < K_PANEL_RV; v++)
-            acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(vf_load((const float *)pb + v * VF_LANES), dx), acc[t][v]);
+        for (int v = 0; v < K_PANEL_RV; v++) acc[t][v] = vf_fma(vf_from_vi(iacc[t][v]), vf_mul(dw[v], dx), acc[t][v]);
     }
 }
 

@@ -120,6 +120,7 @@ void k_block_outlier_fix(const k_block_fmt *f, const void *wp, const void *xa, f
                 __builtin_prefetch(pb + ahead);
                 if (f->affine && !f->half) __builtin_prefetch(pb + ahead + 64); /* float m[16]: its own line */
                 __builtin_prefetch(pb + ahead + line);
+                __builtin_prefetch(pb + ahead + line + 63); /* q8p16's q lines straddle two cache lines */
                 int32_t q[16];
                 f->col_q(pb, c, q);
                 for (unsigned i = 0; i < 16; i++) {

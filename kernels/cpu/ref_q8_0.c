@@ -95,28 +95,27 @@ static void q8_0_file_f32(const uint8_t *blk, float w[32])
     for (unsigned i = 0; i < QK; i++) w[i] = d * (float)(int8_t)blk[2 + i];
 }
 
-/* The packed layout "q8p16" (kernels.h): q of lane i, column c at byte
- * 64 + ((c / 4) * 16 + i) * 4 + c % 4. */
+/* The packed layout "q8p16" (kernels.h): the file's fp16 d of lane i at byte 2i; q of lane i, column c at
+ * byte K_Q8P_Q + ((c / 4) * 16 + i) * 4 + c % 4. */
 static void q8_0_pack_block(const uint8_t *blk, uint8_t *pb, unsigned lane)
 {
-    float d = k_f16_at(blk);
-    memcpy(pb + 4 * lane, &d, 4);
-    for (unsigned c = 0; c < QK; c++) pb[64 + ((c / 4) * 16 + lane) * 4 + c % 4] = blk[2 + c];
+    memcpy(pb + 2 * lane, blk, 2);
+    for (unsigned c = 0; c < QK; c++) pb[K_Q8P_Q + ((c / 4) * 16 + lane) * 4 + c % 4] = blk[2 + c];
 }
 
 static void q8_0_lane_q(const uint8_t *pb, unsigned lane, int32_t q[32])
 {
-    for (unsigned c = 0; c < QK; c++) q[c] = (int8_t)pb[64 + ((c / 4) * 16 + lane) * 4 + c % 4];
+    for (unsigned c = 0; c < QK; c++) q[c] = (int8_t)pb[K_Q8P_Q + ((c / 4) * 16 + lane) * 4 + c % 4];
 }
 
 static void q8_0_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
 {
-    for (unsigned i = 0; i < 16; i++) q[i] = (int8_t)pb[64 + ((c / 4) * 16 + i) * 4 + c % 4];
+    for (unsigned i = 0; i < 16; i++) q[i] = (int8_t)pb[K_Q8P_Q + ((c / 4) * 16 + i) * 4 + c % 4];
 }
 
-static size_t q8_0_q_line(unsigned c) { return 64 + (c / 4) * 64; }
+static size_t q8_0_q_line(unsigned c) { return K_Q8P_Q + (c / 4) * 64; }
 
-static const k_block_fmt q8p16 = {.file_block = Q8_0_BYTES, .panel_block = K_Q8P_BLOCK, .affine = 0,
+static const k_block_fmt q8p16 = {.file_block = Q8_0_BYTES, .panel_block = K_Q8P_BLOCK, .affine = 0, .half = 1,
     .file_f32 = q8_0_file_f32, .pack = q8_0_pack_block, .lane_q = q8_0_lane_q, .col_q = q8_0_col_q,
     .q_line = q8_0_q_line};
 
