@@ -245,50 +245,59 @@ static void test_shares_are_a_median_of_recent_runs(void)
     kipp_model_close(m);
 }
 
+/* Write cgroup files limit_file = limit and usage_file = usage in the directory dir/rel (made here). */
+static void write_cgroup(const char *dir, const char *rel, const char *limit_file, const char *limit,
+                         const char *usage_file, const char *usage)
+{
+    char p[300], q[400];
+    snprintf(p, sizeof p, "%s", dir);
+    for (const char *s = rel; *s; s++) /* mkdir -p of rel, one level at a time */
+        if (s[1] == '/' || !s[1]) {
+            snprintf(p, sizeof p, "%s%.*s", dir, (int)(s - rel + 1), rel);
+            mkdir(p, 0700);
+        }
+    snprintf(q, sizeof q, "%s/%s", p, limit_file), write_file(q, limit);
+    snprintf(q, sizeof q, "%s/%s", p, usage_file), write_file(q, usage);
+}
+
+static void expect_ram(const kipp_ram_paths *at, uint64_t want_total, uint64_t want_avail, const char *what)
+{
+    uint64_t total = 0, avail = 0;
+    char err[256] = "";
+    CHECK(kipp_plan_ram_at(at, &total, &avail, err, sizeof err) == 0, "%s: %s", what, err);
+    CHECK(total == want_total && avail == want_avail, "%s: total %llu avail %llu, expected %llu and %llu", what,
+          (unsigned long long)total, (unsigned long long)avail, (unsigned long long)want_total,
+          (unsigned long long)want_avail);
+}
+
 /* kipp_plan_ram over meminfo and cgroup files written here: v2 (one "0::" line, memory.max/current under
  * the root), v1 on a hybrid host (the memory controller's line wins over "0::"), and the unlimited forms. */
 static void test_ram_from_cgroup_files(void)
 {
-    char dir[] = "/tmp/kipp-test-cgroup-XXXXXX", p[200], q[300], mi[100], sc[100];
+    char dir[] = "/tmp/kipp-test-cgroup-XXXXXX", mi[100], sc[100];
     CHECK(mkdtemp(dir), "mkdtemp");
     snprintf(mi, sizeof mi, "%s/meminfo", dir);
     snprintf(sc, sizeof sc, "%s/self_cgroup", dir);
     write_file(mi, "MemTotal:       24000000 kB\nMemFree:        1000 kB\nMemAvailable:   20000000 kB\n");
+    const uint64_t mem_total = 24000000ull * 1024, mem_avail = 20000000ull * 1024;
     kipp_ram_paths at = {.meminfo = mi, .self_cgroup = sc, .cgroup_root = dir};
-    uint64_t total = 0, avail = 0;
-    char err[256] = "";
-    /* v2: limit 100 MiB, 4 MiB charged */
     write_file(sc, "0::/kipp.slice/job\n");
-    snprintf(p, sizeof p, "%s/kipp.slice", dir), mkdir(p, 0700);
-    snprintf(p, sizeof p, "%s/kipp.slice/job", dir), mkdir(p, 0700);
-    snprintf(q, sizeof q, "%s/memory.max", p), write_file(q, "104857600\n");
-    snprintf(q, sizeof q, "%s/memory.current", p), write_file(q, "4194304\n");
-    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
-    CHECK(total == 104857600 && avail == 100663296, "v2: total %llu avail %llu, expected 104857600 and 100663296",
-          (unsigned long long)total, (unsigned long long)avail);
-    /* v2 "max": meminfo's figures */
-    snprintf(q, sizeof q, "%s/memory.max", p), write_file(q, "max\n");
-    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
-    CHECK(total == 24000000ull * 1024 && avail == 20000000ull * 1024, "v2 max: total %llu avail %llu",
-          (unsigned long long)total, (unsigned long long)avail);
-    /* v1 on a hybrid host: the memory line, v1 file names; usage above the limit leaves no room */
+    write_cgroup(dir, "/kipp.slice/job", "memory.max", "104857600\n", "memory.current", "4194304\n");
+    expect_ram(&at, 104857600, 100663296, "v2, 100 MiB limit, 4 MiB charged");
+    write_cgroup(dir, "/kipp.slice/job", "memory.max", "max\n", "memory.current", "4194304\n");
+    expect_ram(&at, mem_total, mem_avail, "v2 max");
     write_file(sc, "12:memory:/grp\n3:cpu:/other\n0::/kipp.slice/job\n");
-    snprintf(p, sizeof p, "%s/memory", dir), mkdir(p, 0700);
-    snprintf(p, sizeof p, "%s/memory/grp", dir), mkdir(p, 0700);
-    snprintf(q, sizeof q, "%s/memory.limit_in_bytes", p), write_file(q, "62914560\n");
-    snprintf(q, sizeof q, "%s/memory.usage_in_bytes", p), write_file(q, "70000000\n");
-    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
-    CHECK(total == 62914560 && avail == 0, "v1: total %llu avail %llu, expected 62914560 and 0",
-          (unsigned long long)total, (unsigned long long)avail);
-    /* v1 "no limit" is a huge page-rounded number */
-    snprintf(q, sizeof q, "%s/memory.limit_in_bytes", p), write_file(q, "9223372036854771712\n");
-    CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == 0, "%s", err);
-    CHECK(total == 24000000ull * 1024 && avail == 20000000ull * 1024, "v1 unlimited: total %llu avail %llu",
-          (unsigned long long)total, (unsigned long long)avail);
+    write_cgroup(dir, "/memory/grp", "memory.limit_in_bytes", "62914560\n", "memory.usage_in_bytes", "70000000\n");
+    expect_ram(&at, 62914560, 0, "v1 on a hybrid host, usage above the limit");
+    write_cgroup(dir, "/memory/grp", "memory.limit_in_bytes", "9223372036854771712\n", "memory.usage_in_bytes",
+                 "70000000\n");
+    expect_ram(&at, mem_total, mem_avail, "v1 no limit (a huge page-rounded number)");
     /* no MemTotal: an error naming the file */
+    uint64_t total, avail;
+    char err[256] = "";
     write_file(mi, "MemFree: 1 kB\n");
     CHECK(kipp_plan_ram_at(&at, &total, &avail, err, sizeof err) == KIPP_EIO && strstr(err, mi), "%s", err);
-    char cmd[1300];
+    char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     CHECK(system(cmd) == 0, "%s", cmd);
 }
