@@ -876,8 +876,9 @@ int main(int argc, char **argv)
     json_object_set_new(config, "load_avg_1min_at_start", json_real(load));
     json_object_set_new(config, "cpu_busy_others_at_start", json_real(busy));
     if (busy >= KIPP_QUIET_BUSY_MAX || (busy < 0 && load > 1.0))
-        printf("warning: other processes used %.0f%% of the CPUs in the second before the run (load average %.2f): "
-               "rates and shares are indicative only\n", 100 * busy, load);
+        printf("warning: %s (load average %.2f): rates and shares are indicative only\n",
+               busy >= 0 ? "other processes used a quarter or more of the CPUs in the second before the run"
+                         : "the CPUs' use before the run could not be read", load);
     json_object_set_new(config, "tg_prompt_tokens", json_integer(TG_PROMPT));
     json_object_set_new(config, "long_context", json_integer(LONG_CTX));
     json_object_set_new(config, "long_context_steps", json_integer(LONG_STEPS));

@@ -34,6 +34,8 @@
 
 struct kipp_spec {
     const kipp_model *model; /* the model its logits rows, stop ids and reference are for */
+    const kipp_model *same;  /* the last other model found to share its tokenizer: that check reads the whole
+                              * vocabulary, so it runs once per model, not per step */
     uint32_t vocab;
     kipp_spec_options o;
     uint32_t stop[2];
@@ -313,7 +315,7 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
 /* A session of another model is refused unless its ids mean the same: its
  * rows must fit the [vocab] logits buffer, and the drafted ids, stop ids and
  * reference were taken from the drafter's model's tokenizer. */
-static int check_model(const kipp_spec *sp, const kipp_session *s, char *err, size_t errlen)
+static int check_model(kipp_spec *sp, const kipp_session *s, char *err, size_t errlen)
 {
     const kipp_model *m = s->model;
     if (m == sp->model) return 0;
@@ -321,10 +323,12 @@ static int check_model(const kipp_spec *sp, const kipp_session *s, char *err, si
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: the session's model has a vocabulary of %u tokens and "
                         "the drafter's %u, expected a session of the drafter's model (or one with its vocabulary "
                         "and tokenizer)", m->view.dims.vocab_size, sp->vocab);
+    if (m == sp->same) return 0;
     if (!kipp_tokenizer_same(m->tok, sp->model->tok))
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: the session's model and the drafter's both have %u "
                         "tokens but different tokenizers, expected a session of the drafter's model (or one with "
                         "its tokenizer)", sp->vocab);
+    sp->same = m;
     return 0;
 }
 

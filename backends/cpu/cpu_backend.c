@@ -200,8 +200,8 @@ static size_t view_packed_bytes(const kipp_tensor_view *v)
 
 /* After packing, the pages a packed copy replaces are handed back to the
  * kernel (MADV_PAGEOUT, Linux 5.4+): clean file pages of the model mapping
- * are reclaimed, so resident memory is the packed copy (bf16: 1.0x, q8_0:
- * 1.06x, q4_1: 1.2x of those tensors' file bytes) plus what stays mapped
+ * are reclaimed, so resident memory is the packed copy (the same bytes as
+ * those tensors in the file, for every format) plus what stays mapped
  * (touched embedding rows, norms), not the copy on top of the file. PAGEOUT
  * never changes contents (a view built on anonymous memory, as in the tests,
  * keeps its bytes; MADV_DONTNEED would zero those), and a later read such as

@@ -56,7 +56,8 @@ void PD_CAT(PD_CAT(k_matvec_, PD_FMT), PD_SFX)(const void *wpv, const void *xv, 
         vf acc[1][PD_RV];
         for (int v = 0; v < PD_RV; v++) acc[0][v] = vf_zero();
         for (size_t b = 0; b < nb; b++, p += PD_BYTES) {
-            for (unsigned q = 0; q < PD_BYTES / 64; q++) k_prefetch(p + PD_PF + 64 * q);
+            /* every line the block touches: q8p16's 544-byte blocks end mid-line */
+            for (unsigned q = 0; q < (PD_BYTES + 63) / 64; q++) k_prefetch(p + PD_PF + 64 * q);
             PD_BLOCK(p, &xq[b], 1, 1, acc);
         }
         for (int v = 0; v < PD_RV; v++) vf_store(y + r + (size_t)v * VF_LANES, acc[0][v]);
