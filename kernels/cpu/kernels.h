@@ -376,15 +376,14 @@ void k_ref_pack16(k_pack_block_fn pack, size_t file_block, size_t packed_block, 
  * (q8_0, affine4): the few primitives that differ per format. One set of scalar
  * walkers (ref_linear.c) runs them for the oracle, the packer, the row dot of
  * matvec and matmul, and outlier_fix, so each walk is written once.
- * A panel block opens with d[16] (and, affine, m[16]), the row lanes' scales
- * and minima, as float or as the file's fp16 (half); w = d q, or w = d q + m
+ * A panel block opens with fp16 d[16] (and, affine, fp16 m[16]), the row
+ * lanes' scales and minima as the file stores them; w = d q, or w = d q + m
  * when affine.
  */
 typedef struct {
     size_t file_block;  /* bytes of one 32-weight block in the file */
     size_t panel_block; /* bytes of one packed 16-row x 32-column panel block */
     int affine;         /* w = d q + m: m[16] follows d[16], and the row dot adds m d_x sum(q_x) */
-    int half;           /* d[16] and m[16] are fp16 (2 bytes each), else float */
     /** Dequantize one file block as the oracle does: w[c], column c of the block, in FP32. */
     void (*file_f32)(const uint8_t *blk, float w[32]);
     /** Scatter one file block into panel block pb at row lane 0..15. */

@@ -91,7 +91,7 @@ static void affine4_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
 
 static size_t affine4_q_line(unsigned c) { return K_Q4P_Q + (c / 4 % 4) * 64; }
 
-static const k_block_fmt q4p16 = {.file_block = Q4_1_BYTES, .panel_block = K_Q4P_BLOCK, .affine = 1, .half = 1,
+static const k_block_fmt q4p16 = {.file_block = Q4_1_BYTES, .panel_block = K_Q4P_BLOCK, .affine = 1,
     .file_f32 = affine4_file_f32, .pack = affine4_pack_block, .lane_q = affine4_lane_q, .col_q = affine4_col_q,
     .q_line = affine4_q_line};
 

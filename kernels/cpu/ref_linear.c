@@ -67,18 +67,9 @@ float k_block_file_row_dot(const k_block_fmt *f, const void *w_row, const float 
     return acc;
 }
 
-/* Entry i of the panel block's scale array that starts at pb: fp16 or float (k_block_fmt.half). */
-static float scale_at(const k_block_fmt *f, const uint8_t *pb, unsigned i)
-{
-    if (f->half) return k_f16_at(pb + 2 * i);
-    float v;
-    memcpy(&v, pb + 4 * i, 4);
-    return v;
-}
-
-/* The lane's scale d and, affine, minimum m (k_block_fmt: d[16], then m[16]). */
-static float lane_d(const k_block_fmt *f, const uint8_t *pb, unsigned lane) { return scale_at(f, pb, lane); }
-static float lane_m(const k_block_fmt *f, const uint8_t *pb, unsigned lane) { return scale_at(f, pb, 16 + lane); }
+/* The lane's scale d and, affine, minimum m (k_block_fmt: fp16 d[16], then fp16 m[16]). */
+static float lane_d(const uint8_t *pb, unsigned lane) { return k_f16_at(pb + 2 * lane); }
+static float lane_m(const uint8_t *pb, unsigned lane) { return k_f16_at(pb + 32 + 2 * lane); }
 
 float k_block_row_dot(const k_block_fmt *f, const void *wp, size_t r, size_t cols, const void *xq)
 {
@@ -92,8 +83,8 @@ float k_block_row_dot(const k_block_fmt *f, const void *wp, size_t r, size_t col
         int32_t q[32], isum = 0;
         f->lane_q(pb, lane, q);
         for (unsigned c = 0; c < 32; c++) isum += q[c] * xb[b].q[c];
-        acc += (float)isum * (lane_d(f, pb, lane) * xb[b].d);
-        if (f->affine) acc += lane_m(f, pb, lane) * (xb[b].d * (float)xb[b].sum);
+        acc += (float)isum * (lane_d(pb, lane) * xb[b].d);
+        if (f->affine) acc += lane_m(pb, lane) * (xb[b].d * (float)xb[b].sum);
     }
     return acc;
 }
@@ -118,13 +109,12 @@ void k_block_outlier_fix(const k_block_fmt *f, const void *wp, const void *xa, f
             for (size_t P = r0 / 16; P < r1 / 16; P++) {
                 const uint8_t *pb = (const uint8_t *)wp + (P * nb + b) * f->panel_block;
                 __builtin_prefetch(pb + ahead);
-                if (f->affine && !f->half) __builtin_prefetch(pb + ahead + 64); /* float m[16]: its own line */
                 __builtin_prefetch(pb + ahead + line);
                 __builtin_prefetch(pb + ahead + line + 63); /* q8p16's q lines straddle two cache lines */
                 int32_t q[16];
                 f->col_q(pb, c, q);
                 for (unsigned i = 0; i < 16; i++) {
-                    float w = f->affine ? lane_d(f, pb, i) * (float)q[i] + lane_m(f, pb, i) : lane_d(f, pb, i) * (float)q[i];
+                    float w = f->affine ? lane_d(pb, i) * (float)q[i] + lane_m(pb, i) : lane_d(pb, i) * (float)q[i];
                     yt[16 * P + i] += w * xo;
                 }
             }

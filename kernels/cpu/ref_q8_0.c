@@ -115,7 +115,7 @@ static void q8_0_col_q(const uint8_t *pb, unsigned c, int32_t q[16])
 
 static size_t q8_0_q_line(unsigned c) { return K_Q8P_Q + (c / 4) * 64; }
 
-static const k_block_fmt q8p16 = {.file_block = Q8_0_BYTES, .panel_block = K_Q8P_BLOCK, .affine = 0, .half = 1,
+static const k_block_fmt q8p16 = {.file_block = Q8_0_BYTES, .panel_block = K_Q8P_BLOCK, .affine = 0,
     .file_f32 = q8_0_file_f32, .pack = q8_0_pack_block, .lane_q = q8_0_lane_q, .col_q = q8_0_col_q,
     .q_line = q8_0_q_line};
 
