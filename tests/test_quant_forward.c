@@ -261,18 +261,31 @@ static void test_encoder_matches_converter(void)
 /* ---- int8 fidelity on outlier weights ----
  * synthetic-tiny-outliers (tools/make_checkpoint.py "heavy" projections: loud
  * rows and heavy-tailed weights, its own seed) converted to q8_0 and
- * affine4_gs32: the cpu backend against the ref backend on the same file (the
- * ref backend dequantizes into an FP32 matvec: the oracle on the same
- * dequantized weights), the prefill row and OUTLIER_DECODE greedy steps (the
- * ref backend's argmax fed to both). Gated: NMSE <= 5e-4
- * with an identical argmax, on every prefill row and on the median decode
- * row; every decode row <= OUTLIER_DECODE_ROW_MAX and at most one decode
- * argmax flip per format, since a few decode rows of this random model miss
- * the per-row bound (measurements, before and after the Q8 outliers of
- * k_act_q8_block: docs/FORMAT.md "Int8 activations on outlier weights"). */
+ * affine4_gs32: the cpu backend at every SIMD level this CPU has against the
+ * ref backend on the same file (the ref backend dequantizes into an FP32
+ * matvec: the oracle on the same dequantized weights), each prompt's prefill
+ * row and OUTLIER_DECODE greedy steps (the ref backend's argmax fed to both).
+ * Gated per level:
+ *   - prefill: NMSE <= 5e-4 over the three prompts' prefill rows together
+ *     (sum of squared errors over sum of squares), every prefill row
+ *     <= OUTLIER_PREFILL_ROW_MAX and with the ref backend's argmax;
+ *   - decode: the median row <= 5e-4, every row <= OUTLIER_DECODE_ROW_MAX,
+ *     at most one argmax flip.
+ * Why these statistics and not 5e-4 on every row: on this random model the
+ * int8 floor of the loudest prompt's prefill row is 5e-4..7e-4 (numpy, no
+ * Kipp code: tools/act_precision.py), so that row passes or not with the
+ * FP32 summation order of a level; and a few decode rows amplify any
+ * rounding so much that BF16 activations, or the ref backend's own BF16 KV
+ * cache against an FP32 one, miss 5e-4 there too (docs/FORMAT.md "Int8
+ * activations on outlier weights"). The gate still fails the per-block
+ * int8 without FP32 outliers on both files (worst prefill row 6.4e-3 /
+ * 1.1e-3, decode median 1.4e-3 / 2.5e-3). */
 #define OUTLIER_NMSE_MAX 5e-4
-#define OUTLIER_DECODE_ROW_MAX 0.1
+#define OUTLIER_PREFILL_ROW_MAX 1e-3
+#define OUTLIER_DECODE_ROW_MAX 0.25
 #define OUTLIER_DECODE 6
+#define OUTLIER_ROWS (OUTLIER_DECODE + 1)
+#define OUTLIER_MAX_IDS 256
 
 static const char *const outlier_prompts[] = {
     "The quick brown fox jumps over the lazy dog, and then it runs back home across the field.",
@@ -281,78 +294,146 @@ static const char *const outlier_prompts[] = {
 };
 #define N_OUTLIER_PROMPTS (sizeof outlier_prompts / sizeof *outlier_prompts)
 
+/* The ref backend's rows of every prompt, and the tokens that produced them (prompt, then its greedy picks). */
+typedef struct {
+    uint32_t V;
+    size_t n[N_OUTLIER_PROMPTS];
+    uint32_t ids[N_OUTLIER_PROMPTS][OUTLIER_MAX_IDS + OUTLIER_DECODE];
+    float *rows; /* [prompt][OUTLIER_ROWS][V] */
+} outlier_oracle;
+
+static float *oracle_row(const outlier_oracle *o, size_t p, int r)
+{
+    return o->rows + ((size_t)p * OUTLIER_ROWS + (size_t)r) * o->V;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
+/* Evaluate prompt p's prefill and OUTLIER_DECODE single tokens on m (the tokens o->ids), calling back per row. */
+static int outlier_rows(kipp_model *m, const outlier_oracle *o, size_t p, float *lg,
+                        void (*row)(void *ctx, size_t p, int r, const float *lg), void *ctx)
+{
+    char err[512] = "";
+    kipp_session *s = NULL;
+    int rc = kipp_session_create(m, (uint32_t)o->n[p] + OUTLIER_ROWS, &s, err, sizeof err);
+    CHECK(rc == 0, "session: %s", err);
+    for (int r = 0; !rc && r < OUTLIER_ROWS; r++) {
+        const uint32_t *in = r ? &o->ids[p][o->n[p] + (size_t)r - 1] : o->ids[p];
+        rc = kipp_session_eval(s, in, r ? 1 : (uint32_t)o->n[p], lg, err, sizeof err);
+        CHECK(rc == 0, "prompt %zu row %d: eval: %s", p, r, err);
+        if (!rc) row(ctx, p, r, lg);
+    }
+    kipp_session_destroy(s);
+    return rc;
+}
+
+static void oracle_keep(void *ctx, size_t p, int r, const float *lg)
+{
+    outlier_oracle *o = ctx;
+    memcpy(oracle_row(o, p, r), lg, (size_t)o->V * 4);
+    if (r < OUTLIER_DECODE) o->ids[p][o->n[p] + (size_t)r] = argmax_f(lg, o->V);
+}
+
+/* The ref backend's rows of stem's file; 0 when it could not run (reported). */
+static int outlier_oracle_make(const char *path, outlier_oracle *o)
+{
+    char err[512] = "";
+    kipp_model *m = NULL;
+    int rc = kipp_model_open(path, "ref", NULL, &m, err, sizeof err);
+    CHECK(rc == 0, "open %s on ref: %s (run `make models-test`)", path, err);
+    if (rc) return 0;
+    kipp_model_info info;
+    kipp_model_get_info(m, &info);
+    o->V = info.vocab_size;
+    o->rows = malloc(N_OUTLIER_PROMPTS * OUTLIER_ROWS * (size_t)o->V * 4);
+    float *lg = malloc((size_t)o->V * 4);
+    CHECK(o->rows && lg, "out of memory");
+    for (size_t p = 0; !rc && o->rows && lg && p < N_OUTLIER_PROMPTS; p++) {
+        const char *t = outlier_prompts[p];
+        rc = kipp_tokenize(m, t, strlen(t), KIPP_TOK_SPECIAL, o->ids[p], OUTLIER_MAX_IDS, &o->n[p], err, sizeof err);
+        CHECK(rc == 0 && o->n[p] > 0, "tokenize prompt %zu: %s", p, err);
+        if (!rc && o->n[p]) rc = outlier_rows(m, o, p, lg, oracle_keep, o);
+    }
+    free(lg);
+    kipp_model_close(m);
+    return !rc && o->rows;
+}
+
+/* What one level's rows came to against the oracle. */
+typedef struct {
+    const outlier_oracle *o;
+    const char *what;
+    double pre_err, pre_ref, worst_prefill, dec[N_OUTLIER_PROMPTS * OUTLIER_DECODE];
+    size_t n_dec, flips;
+} outlier_stats;
+
+static void outlier_compare(void *ctx, size_t p, int r, const float *lc)
+{
+    outlier_stats *st = ctx;
+    const float *lr = oracle_row(st->o, p, r);
+    uint32_t V = st->o->V, ar = argmax_f(lr, V), ac = argmax_f(lc, V);
+    double e = th_nmse(lc, lr, V);
+    printf("  %s prompt %zu: %zu tokens (%s), cpu NMSE %.3g vs ref, argmax %u%s\n", st->what, p, st->o->n[p] + (size_t)r,
+           r ? "decode" : "prefill", e, ac, ac == ar ? "" : " (ref differs)");
+    if (r == 0) {
+        double se = 0, sr = 0;
+        for (uint32_t i = 0; i < V; i++) se += ((double)lc[i] - lr[i]) * ((double)lc[i] - lr[i]), sr += (double)lr[i] * lr[i];
+        st->pre_err += se, st->pre_ref += sr;
+        CHECK(e <= OUTLIER_PREFILL_ROW_MAX, "%s prompt %zu (prefill): cpu NMSE %.3g > %g vs the ref backend", st->what,
+              p, e, OUTLIER_PREFILL_ROW_MAX);
+        CHECK(ar == ac, "%s prompt %zu (prefill): cpu argmax %u, ref %u", st->what, p, ac, ar);
+        if (e > st->worst_prefill) st->worst_prefill = e;
+    } else {
+        CHECK(e <= OUTLIER_DECODE_ROW_MAX, "%s prompt %zu (decode row %d): cpu NMSE %.3g > %g vs the ref backend",
+              st->what, p, r, e, OUTLIER_DECODE_ROW_MAX);
+        st->dec[st->n_dec++] = e;
+        st->flips += ar != ac;
+    }
+}
+
+static void check_outliers_at(const char *path, const char *stem, const outlier_oracle *o, kipp_isa isa)
+{
+    char err[512] = "", what[128];
+    snprintf(what, sizeof what, "%s at %s", stem, kipp_isa_name(isa));
+    setenv("KIPP_ISA", kipp_isa_name(isa), 1);
+    kipp_model *m = NULL;
+    int rc = kipp_model_open(path, "cpu", NULL, &m, err, sizeof err);
+    CHECK(rc == 0, "open %s on cpu: %s", what, err);
+    float *lg = malloc((size_t)o->V * 4);
+    outlier_stats st = {.o = o, .what = what};
+    for (size_t p = 0; !rc && lg && p < N_OUTLIER_PROMPTS; p++) outlier_rows(m, o, p, lg, outlier_compare, &st);
+    free(lg);
+    kipp_model_close(m);
+    if (rc) return;
+    qsort(st.dec, st.n_dec, sizeof *st.dec, cmp_double);
+    size_t n = st.n_dec;
+    double med = n ? (n % 2 ? st.dec[n / 2] : (st.dec[n / 2 - 1] + st.dec[n / 2]) / 2) : 0;
+    double pooled = st.pre_ref > 0 ? st.pre_err / st.pre_ref : 1;
+    CHECK(n == N_OUTLIER_PROMPTS * OUTLIER_DECODE, "%s: %zu decode rows ran", what, n);
+    CHECK(pooled <= OUTLIER_NMSE_MAX, "%s: NMSE over the prefill rows %.3g > %g vs the ref backend", what, pooled,
+          OUTLIER_NMSE_MAX);
+    CHECK(med <= OUTLIER_NMSE_MAX, "%s: median decode NMSE %.3g > %g vs the ref backend", what, med, OUTLIER_NMSE_MAX);
+    CHECK(st.flips <= 1, "%s: %zu decode rows with another argmax than the ref backend (at most 1)", what, st.flips);
+    printf("  %s: cpu vs ref NMSE prefill %.3g (worst row %.3g), decode median %.3g worst %.3g, %zu decode argmax "
+           "flips\n", what, pooled, st.worst_prefill, med, n ? st.dec[n - 1] : 0.0, st.flips);
+}
+
 static void check_outliers(const char *stem)
 {
-    char path[512], err[512] = "";
+    char path[512];
     snprintf(path, sizeof path, "%s/%s.gguf", th_models_dir(), stem);
-    kipp_model *mr = NULL, *mc = NULL;
-    int rc = kipp_model_open(path, "ref", NULL, &mr, err, sizeof err);
-    CHECK(rc == 0, "open %s on ref: %s (run `make models-test`)", path, err);
-    if (rc == 0) {
-        rc = kipp_model_open(path, "cpu", NULL, &mc, err, sizeof err);
-        CHECK(rc == 0, "open %s on cpu: %s", path, err);
-    }
-    if (rc) { kipp_model_close(mr); return; }
-    kipp_model_info info;
-    kipp_model_get_info(mr, &info);
-    uint32_t V = info.vocab_size;
-    float *lr = malloc((size_t)V * 4), *lc = malloc((size_t)V * 4);
-    double dec[N_OUTLIER_PROMPTS * OUTLIER_DECODE], worst_prefill = 0;
-    size_t n_dec = 0, flips = 0;
-    for (size_t p = 0; p < N_OUTLIER_PROMPTS; p++) {
-        uint32_t ids[256];
-        size_t n = 0;
-        const char *t = outlier_prompts[p];
-        rc = kipp_tokenize(mr, t, strlen(t), KIPP_TOK_SPECIAL, ids, 256, &n, err, sizeof err);
-        CHECK(rc == 0 && n > 0, "%s: tokenize prompt %zu: %s", stem, p, err);
-        if (rc || !n) continue;
-        kipp_session *sr = NULL, *sc = NULL;
-        CHECK(kipp_session_create(mr, (uint32_t)n + OUTLIER_DECODE + 1, &sr, err, sizeof err) == 0, "ref session: %s", err);
-        CHECK(kipp_session_create(mc, (uint32_t)n + OUTLIER_DECODE + 1, &sc, err, sizeof err) == 0, "cpu session: %s", err);
-        uint32_t next = 0;
-        for (int r = 0; sr && sc && r <= OUTLIER_DECODE; r++) {
-            const uint32_t *in = r ? &next : ids;
-            uint32_t cnt = r ? 1 : (uint32_t)n;
-            int a = kipp_session_eval(sr, in, cnt, lr, err, sizeof err);
-            int b = a ? a : kipp_session_eval(sc, in, cnt, lc, err, sizeof err);
-            CHECK(a == 0 && b == 0, "%s prompt %zu row %d: eval: %s", stem, p, r, err);
-            if (a || b) break;
-            double e = th_nmse(lc, lr, V);
-            uint32_t ar = argmax_f(lr, V), ac = argmax_f(lc, V);
-            printf("  %s prompt %zu: %zu tokens (%s), cpu NMSE %.3g vs ref, argmax %u%s\n", stem, p, n + (size_t)r,
-                   r ? "decode" : "prefill", e, ac, ac == ar ? "" : " (ref differs)");
-            if (r == 0) {
-                CHECK(e <= OUTLIER_NMSE_MAX, "%s prompt %zu (prefill, %zu tokens): cpu NMSE %.3g > %g vs the ref backend",
-                      stem, p, n, e, OUTLIER_NMSE_MAX);
-                CHECK(ar == ac, "%s prompt %zu (prefill, %zu tokens): cpu argmax %u, ref %u", stem, p, n, ac, ar);
-                if (e > worst_prefill) worst_prefill = e;
-            } else {
-                CHECK(e <= OUTLIER_DECODE_ROW_MAX, "%s prompt %zu (decode, %zu tokens): cpu NMSE %.3g > %g vs the ref backend",
-                      stem, p, n + (size_t)r, e, OUTLIER_DECODE_ROW_MAX);
-                dec[n_dec++] = e;
-                flips += ar != ac;
-            }
-            next = ar;
-        }
-        kipp_session_destroy(sr);
-        kipp_session_destroy(sc);
-    }
-    qsort(dec, n_dec, sizeof *dec, cmp_double);
-    double med = n_dec ? (n_dec % 2 ? dec[n_dec / 2] : (dec[n_dec / 2 - 1] + dec[n_dec / 2]) / 2) : 0;
-    CHECK(n_dec == N_OUTLIER_PROMPTS * OUTLIER_DECODE, "%s: %zu decode rows ran", stem, n_dec);
-    CHECK(med <= OUTLIER_NMSE_MAX, "%s: median decode NMSE %.3g > %g vs the ref backend", stem, med, OUTLIER_NMSE_MAX);
-    CHECK(flips <= 1, "%s: %zu decode rows with another argmax than the ref backend (at most 1)", stem, flips);
-    printf("  %s: cpu vs ref NMSE prefill worst %.3g, decode median %.3g worst %.3g, %zu decode argmax flips\n", stem,
-           worst_prefill, med, n_dec ? dec[n_dec - 1] : 0.0, flips);
-    free(lr), free(lc);
-    kipp_model_close(mr);
-    kipp_model_close(mc);
+    outlier_oracle *o = calloc(1, sizeof *o);
+    CHECK(o, "out of memory");
+    if (o && outlier_oracle_make(path, o))
+        for (int isa = KIPP_ISA_AVX2; isa <= (int)kipp_isa_cpu_max(); isa++)
+            check_outliers_at(path, stem, o, (kipp_isa)isa);
+    unsetenv("KIPP_ISA");
+    if (o) free(o->rows);
+    free(o);
 }
 
 static void test_outlier_fidelity(void)

@@ -90,8 +90,18 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def forward(meta: dict, w: dict, ids: list[int], rows: list[int]) -> np.ndarray:
-    """Logits [len(rows)][vocab] at the given positions of the causal forward over ids."""
+def _same(_kind: str, x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def forward(meta: dict, w: dict, ids: list[int], rows: list[int], act=_same, kv_store=None) -> np.ndarray:
+    """Logits [len(rows)][vocab] at the given positions of the causal forward over ids.
+
+    act(kind, x) returns a projection's input as a kernel would read it; kind is
+    "qkv", "o", "gate_up" or "down" (the four inputs of seed 000's seven
+    projections). kv_store(x) returns K or V (after RoPE) as a KV cache stores it.
+    The defaults leave both in FP32: the oracle. tools/act_precision.py passes
+    rounding functions to measure what activation rounding alone costs."""
     d, nl, hq, hk, hd = (meta[k] for k in ("kipp.d_model", "kipp.n_layer", "kipp.n_q_head",
                                            "kipp.n_kv_head", "kipp.head_dim"))
     eps = float(meta["kipp.rms_norm_eps"])
@@ -102,7 +112,7 @@ def forward(meta: dict, w: dict, ids: list[int], rows: list[int]) -> np.ndarray:
     group = hq // hk
     for i in range(nl):
         p = f"blk.{i}."
-        h = rmsnorm(x, w[p + "attn_norm.weight"], eps)
+        h = act("qkv", rmsnorm(x, w[p + "attn_norm.weight"], eps))
         q = (h @ w[p + "attn_q.weight"].T).reshape(n, hq, hd)
         k = (h @ w[p + "attn_k.weight"].T).reshape(n, hk, hd)
         v = (h @ w[p + "attn_v.weight"].T).reshape(n, hk, hd)
@@ -110,6 +120,8 @@ def forward(meta: dict, w: dict, ids: list[int], rows: list[int]) -> np.ndarray:
         k = rmsnorm(k, w[p + "attn_k_norm.weight"], eps)
         q = q * cos[:, None, :] + rotate_half(q) * sin[:, None, :]
         k = k * cos[:, None, :] + rotate_half(k) * sin[:, None, :]
+        if kv_store is not None:
+            k, v = kv_store(k), kv_store(v)
         out = np.empty((n, hq, hd), dtype=np.float32)
         scale = np.float32(1.0 / np.sqrt(hd))
         for hh in range(hq):
@@ -118,12 +130,12 @@ def forward(meta: dict, w: dict, ids: list[int], rows: list[int]) -> np.ndarray:
             s = s - s.max(axis=-1, keepdims=True)
             e = np.exp(s, dtype=np.float32)
             out[:, hh, :] = (e / e.sum(axis=-1, keepdims=True)) @ v[:, kv, :]
-        x = x + out.reshape(n, hq * hd) @ w[p + "attn_output.weight"].T
-        h = rmsnorm(x, w[p + "ffn_norm.weight"], eps)
+        x = x + act("o", out.reshape(n, hq * hd)) @ w[p + "attn_output.weight"].T
+        h = act("gate_up", rmsnorm(x, w[p + "ffn_norm.weight"], eps))
         g = h @ w[p + "ffn_gate.weight"].T
         u = h @ w[p + "ffn_up.weight"].T
         a = (g / (np.float32(1.0) + np.exp(-g, dtype=np.float32))) * u
-        x = x + a @ w[p + "ffn_down.weight"].T
+        x = x + act("down", a) @ w[p + "ffn_down.weight"].T
     xs = rmsnorm(x[np.asarray(rows)], w["output_norm.weight"], eps)
     head = w["token_embd.weight"] if meta["kipp.tied_embeddings"] else w["output.weight"]
     return (xs @ head.T).astype(np.float32)
