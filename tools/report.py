@@ -430,15 +430,20 @@ def serve_table(docs: list[dict]) -> str:
 
 
 def quant_peers_table(docs: list[dict]) -> str:
-    """Markdown: the quantized peer cells (tools/bench_peers.py --formats) of the
-    newest peers run that has them, per CPU: Kipp's format and head against llama.cpp's
-    type and head, both figures and the ratio from that one run, with its rounds and the
-    machine's load. Empty text when no run has them."""
-    newest_doc: dict[str, dict] = {}
+    """Markdown: the quantized peer cells (tools/bench_peers.py --formats), each cell
+    (model, bench, Kipp format and head, llama.cpp type and head, CPU) from the newest
+    peers run that has it: both figures and the ratio from that one run, with its rounds
+    and the machine's load. Empty text when no run has them."""
+    newest: dict[tuple, tuple[dict, dict]] = {}
     for d in docs:  # oldest first: later documents overwrite
-        if d.get("kind") == "peers" and any("peer_format" in r for r in d.get("results", [])):
-            newest_doc[cpu_key(d)] = d
-    if not newest_doc:
+        if d.get("kind") != "peers":
+            continue
+        for r in d.get("results", []):
+            if "peer_format" in r:
+                key = (cpu_key(d), r["model"], r["name"], r["format"], r.get("kipp_head", "bf16"), r["peer_format"],
+                       r.get("peer_head", "default"))
+                newest[key] = (r, d)
+    if not newest:
         return ""
     out = ["| model | bench | Kipp format (head) | llama.cpp type (head) | CPU (level) | Kipp tok/s (min-max) | "
            "llama.cpp tok/s (min-max) | Kipp / llama.cpp | run | file |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -449,27 +454,31 @@ def quant_peers_table(docs: list[dict]) -> str:
 
     order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3}
     fmt_order = {"q8_0": 0, "affine4_gs32": 1}
-    notes: list[str] = []
-    for d in sorted(newest_doc.values(), key=lambda x: str(x.get("date", "")), reverse=True):
+    notes: dict[str, str] = {}
+
+    def sort_key(item):
+        r, d = item
+        return (str(cpu_of(d)), str(r["model"]), order.get(r["name"], 9), fmt_order.get(r["format"], 9),
+                str(r["peer_format"]), r.get("kipp_head") != "bf16", r.get("peer_head") != "default")
+
+    for r, d in sorted(newest.values(), key=sort_key):
         cfg = d.get("config", {}) if isinstance(d.get("config"), dict) else {}
         load = [cfg.get(k) for k in ("load_avg_1min_at_start", "load_avg_1min_at_end")]
         run = f"{cfg.get('rounds', '?')} rounds, load {'/'.join(f'{x:.1f}' for x in load if _num(x)) or '?'}"
         if cfg.get("note"):
             run += "; marked (note below)"
-            notes.append(f"\nMarked run `{d['_file']}`: {cfg['note']}\n")
-        rows = [r for r in d["results"] if "peer_format" in r]
-        rows.sort(key=lambda r: (str(r["model"]), fmt_order.get(r["format"], 9), order.get(r["name"], 9),
-                                 str(r["peer_format"]), r.get("kipp_head") != "bf16", r.get("peer_head") != "default"))
-        for r in rows:
-            out.append(f"| {r['model']} | {r['name']} | {r['format']} ({r.get('kipp_head', 'bf16')} head) | "
-                       f"{r['peer_format']} ({r['peer_head']} head) | {cpu_of(d)} | {fig(r['kipp'])} | "
-                       f"{fig(r['llama_cpp'])} | **{r['ratio']:.2f}x** | {run} | `{d['_file']}` |")
+            notes[d["_file"]] = f"\nMarked run `{d['_file']}`: {cfg['note']}\n"
+        out.append(f"| {r['model']} | {r['name']} | {r['format']} ({r.get('kipp_head', 'bf16')} head) | "
+                   f"{r['peer_format']} ({r['peer_head']} head) | {cpu_of(d)} | {fig(r['kipp'])} | "
+                   f"{fig(r['llama_cpp'])} | **{r['ratio']:.2f}x** | {run} | `{d['_file']}` |")
     note = ("\nQuantized peer cells: `make bench-peers PEERS_ARGS=--formats=bf16,q8_0,affine4_gs32` "
             "(tools/bench_peers.py), one run, every engine configuration once per round, Kipp and llama.cpp "
-            "alternating; medians over the rounds. *default head*: llama-quantize's choice (Q6_K for the tied "
+            "alternating; medians over the rounds. Each cell comes from the newest run that has it (the file "
+            "column), so cells of one table may come from different runs; a ratio is always from one run. "
+            "*default head*: llama-quantize's choice (Q6_K for the tied "
             "head of Q4_0/Q4_1, Q8_0 for Q8_0); *bf16 head*: `--token-embedding-type bf16 --output-tensor-type bf16`, "
             "the same bytes per token as Kipp's BF16 head; Kipp's quantized head is `--quant-head` (docs/FORMAT.md).\n")
-    return "\n".join(out) + "\n" + note + "".join(notes)
+    return "\n".join(out) + "\n" + note + "".join(notes[k] for k in sorted(notes))
 
 
 def rewrite_readme(path: Path, docs: list[dict]) -> None:
