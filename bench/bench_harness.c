@@ -191,17 +191,13 @@ int kipp_papi_available(const char **why)
 
 /* ---- timing ---- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 void kipp_bench_run(kipp_team *team, void (*fn)(void *arg, int ith, int nth), void *arg,
                     int warmup, int reps, kipp_bench_stats *st)
 {
     if (reps < 1) reps = 1;
-    double *t = malloc((size_t)reps * sizeof(double));
+    /* up to 64 reps on the stack; more in a heap array, or 64 when that cannot be had (st->reps says so) */
+    double stack[64], *t = reps <= 64 ? stack : malloc((size_t)reps * sizeof(double));
+    if (!t) t = stack, reps = 64;
     for (int i = 0; i < warmup; i++) kipp_team_run(team, fn, arg);
     st->cycles = st->instructions = -1;
 #ifdef KIPP_HAVE_PAPI
@@ -227,12 +223,11 @@ void kipp_bench_run(kipp_team *team, void (*fn)(void *arg, int ith, int nth), vo
         PAPI_destroy_eventset(&es);
     }
 #endif
-    qsort(t, (size_t)reps, sizeof(double), cmp_double);
     st->reps = reps;
+    st->median = kipp_median(t, (size_t)reps);
     st->min = t[0];
     st->max = t[reps - 1];
-    st->median = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-    free(t);
+    if (t != stack) free(t);
 }
 
 /* ---- host, git, profile ---- */

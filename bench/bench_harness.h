@@ -62,6 +62,8 @@ void kipp_team_run(kipp_team *team, void (*fn)(void *arg, int ith, int nth), voi
 /**
  * Warm up (warmup runs) then time reps runs of fn on the team; fills st.
  * PAPI (PAPI_TOT_CYC, PAPI_TOT_INS) counts the calling thread when available.
+ * reps < 1 runs once; when the heap array for more than 64 reps cannot be
+ * had, 64 run, and st->reps says how many did.
  */
 void kipp_bench_run(kipp_team *team, void (*fn)(void *arg, int ith, int nth), void *arg,
                     int warmup, int reps, kipp_bench_stats *st);

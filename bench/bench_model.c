@@ -168,12 +168,6 @@ static void papi_stop(papi_ctr *p, double *cycles, double *instr)
 #endif
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* One measured case: setup (untimed) then the timed part, reps + warmup times. */
 typedef struct {
     kipp_session *s;
@@ -249,11 +243,10 @@ static int measure(const bench_case *bc, int warmup, int reps, double *probe, do
     if (probe) probe[reps] = kipp_read_probe("after the row");
     st->cycles = cyc < 0 ? -1 : cyc / reps;
     st->instructions = ins < 0 ? -1 : ins / reps;
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
     st->reps = reps;
+    st->median = kipp_median(t, (size_t)reps);
     st->min = t[0];
     st->max = t[reps - 1];
-    st->median = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
     return 0;
 }
 
@@ -286,8 +279,7 @@ static double median_of(const double *v, int n)
 {
     double s[REPS_MAX];
     memcpy(s, v, (size_t)n * sizeof s[0]);
-    qsort(s, (size_t)n, sizeof s[0], cmp_double);
-    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    return kipp_median(s, (size_t)n);
 }
 
 /* A decode row's read share per rep: rep i's GB/s over the faster of the

@@ -61,17 +61,7 @@ typedef struct {
     int pattern;          /* 1: acceptance follows the recorded plain output g (see recorded_pattern) */
 } bench_ctx;
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+static double median(double *v, int n) { return kipp_median(v, (size_t)n); }
 
 static uint32_t argmax(const float *x, uint32_t n)
 {

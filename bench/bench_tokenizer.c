@@ -19,18 +19,13 @@
 
 #include "engine/internal.h"
 #include "engine/safe_io.h"
+#include "kernels/common.h"
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static char *load_input(const char *corpus, const char *repeat, size_t want, size_t *len)
@@ -129,8 +124,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
-    double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+    double med = kipp_median(t, (size_t)reps);
     json_t *o = json_pack("{s:I, s:I, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "bytes", (json_int_t)len,
                           "tokens", (json_int_t)n_ids, "reps", reps, "warmup", warmup, "median_s", med, "min_s",
                           t[0], "max_s", t[reps - 1], "mb_s_median", len / med / 1e6, "mb_s_min",

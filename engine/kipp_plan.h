@@ -71,6 +71,10 @@ typedef struct {
     uint32_t context_length;       /* the model's trained context */
     uint32_t n_layer, layers_resident, layers_streamed; /* resident + streamed == n_layer */
     int streamed;                  /* 1: file weights > 0.75 x available RAM: layers are read from disk per token */
+    int head_resident;             /* 1: the output head stays in RAM (always, unless streamed and the head alone
+                                      exceeds the budget: then it too is read from the file per token) */
+    char results_skipped[320];     /* model benchmarks of this cpu_id in results_dir that could not be read, with
+                                      why ("results/FILE (line 3: ...)"; "; " between); "" when none */
     size_t n_formats;
     kipp_plan_format formats[KIPP_PLAN_MAX_FORMATS];
 } kipp_plan;
@@ -82,7 +86,8 @@ typedef struct {
  * and per format the predicted decode tok/s (bytes per token over the read
  * bandwidth, times Kipp's measured share) and prefill tok/s (FLOPs per token
  * over the peak, times the share). Shares come from the newest model benchmark (results/DATE-HOST-CPUID-cpu-SHA.json)
- * of this cpu_id and ISA level in results_dir (NULL: none, assumed shares).
+ * of this cpu_id and ISA level in results_dir (NULL: none, assumed shares); such a file that does not
+ * parse is named in results_skipped, not an error.
  * Errors: KIPP_EINVAL for NULL arguments.
  */
 int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,

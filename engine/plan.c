@@ -27,6 +27,7 @@
 #include "engine/backend_util.h"
 #include "engine/internal.h"
 #include "engine/kipp.h"
+#include "kernels/common.h"
 #include "kernels/formats.h"
 
 #define KV_SHARE 4          /* the KV cache gets a quarter of the usable RAM */
@@ -124,12 +125,6 @@ static int newer_first(const void *a, const void *b)
     return strcmp(((const share_row *)b)->date, ((const share_row *)a)->date);
 }
 
-static int smaller_first(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* The share the plan takes from rows (reordered): the planned model's rows when there are any (prefill
  * shares grow with the matrices), of those the quiet runs when there are any (a loaded run measures the
  * neighbours as much as Kipp), then the median of the newest SHARE_RUNS. < 0 when rows is empty; src
@@ -155,16 +150,41 @@ static double pick_share(share_rows *rows, const char *what, char *src, size_t s
         s[i] = rows->v[i].share;
         if (l < srclen) l += (size_t)snprintf(src + l, srclen - l, " results/%s %.2f", rows->v[i].file, s[i]);
     }
-    qsort(s, m, sizeof *s, smaller_first);
-    return m % 2 ? s[m / 2] : (s[m / 2 - 1] + s[m / 2]) / 2;
+    return kipp_median(s, m);
 }
 
-/* The tg128 (decode) and pp512 (prefill) shares of `format` on this cpu_id and ISA level in dir, by
- * pick_share's rule; < 0 where there is no row. */
-static void find_shares(const char *dir, const kipp_machine *mc, const char *format, const char *model_id,
-                        double *decode, char *dsrc, double *prefill, char *psrc, size_t srclen)
+/* Every format's tg128 and pp512 rows of this cpu_id and ISA level in results/. */
+typedef struct {
+    share_rows dec[KIPP_FMT_COUNT], pre[KIPP_FMT_COUNT];
+} share_set;
+
+/* Add file `name`'s rows (parsed as o) to set when it is a model benchmark of this machine's cpu_id and level. */
+static void add_file(share_set *set, const json_t *o, const char *name, const kipp_machine *mc, const char *model_id)
 {
-    share_rows dec = {0}, pre = {0};
+    const json_t *cpu = json_object_get(o, "cpu"), *cfg = json_object_get(o, "config");
+    if (strcmp(str(cpu, "cpu_id"), mc->cpu_id) || strcmp(str(cfg, "isa"), mc->isa)) return;
+    double busy = num(cfg, "cpu_busy_others_at_start"), load = num(cfg, "load_avg_1min_at_start");
+    int quiet = busy >= 0 ? busy < KIPP_QUIET_BUSY_MAX : load < 0.5 * mc->physical_cores; /* neither: quiet */
+    const json_t *rows = json_object_get(o, "results");
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        const json_t *r = json_array_get(rows, i);
+        const char *fmt = str(r, "format");
+        const kipp_fmt_facts *f = kipp_fmt_by_scheme(fmt, strlen(fmt));
+        if (!f) continue;
+        size_t k = (size_t)(f - kipp_fmts);
+        int same = !strcmp(str(r, "model"), model_id);
+        if (!strcmp(str(r, "name"), "tg128")) add_row(&set->dec[k], r, name, str(o, "date"), quiet, same, 0);
+        if (!strcmp(str(r, "name"), "pp512")) add_row(&set->pre[k], r, name, str(o, "date"), quiet, same, 1);
+    }
+}
+
+/* One pass over dir: the rows of every model benchmark (results/DATE-HOST-CPUID-cpu-SHA.json) of this
+ * cpu_id. A file of that name that does not parse, or is not schema kipp.bench.v1, is named in note (the
+ * plan says which measurements it could not use) and otherwise left out. */
+static void load_shares(const char *dir, const kipp_machine *mc, const char *model_id, share_set *set, char *note,
+                        size_t notelen)
+{
+    size_t l = 0, bad = 0;
     DIR *d = dir ? opendir(dir) : NULL;
     struct dirent *e;
     while (d && (e = readdir(d))) {
@@ -174,27 +194,20 @@ static void find_shares(const char *dir, const kipp_machine *mc, const char *for
             continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        json_t *o = json_load_file(path, 0, NULL);
-        const json_t *cpu = json_object_get(o, "cpu"), *cfg = json_object_get(o, "config");
-        if (o && !strcmp(str(o, "schema"), "kipp.bench.v1") && !strcmp(str(cpu, "cpu_id"), mc->cpu_id) &&
-            !strcmp(str(cfg, "isa"), mc->isa)) {
-            double busy = num(cfg, "cpu_busy_others_at_start"), load = num(cfg, "load_avg_1min_at_start");
-            int quiet = busy >= 0 ? busy < KIPP_QUIET_BUSY_MAX : load < 0.5 * mc->physical_cores; /* neither: quiet */
-            const json_t *rows = json_object_get(o, "results");
-            for (size_t i = 0; i < json_array_size(rows); i++) {
-                const json_t *r = json_array_get(rows, i);
-                if (strcmp(str(r, "format"), format)) continue;
-                int same = !strcmp(str(r, "model"), model_id);
-                if (!strcmp(str(r, "name"), "tg128")) add_row(&dec, r, e->d_name, str(o, "date"), quiet, same, 0);
-                if (!strcmp(str(r, "name"), "pp512")) add_row(&pre, r, e->d_name, str(o, "date"), quiet, same, 1);
-            }
+        json_error_t je;
+        json_t *o = json_load_file(path, 0, &je);
+        const char *schema = str(o, "schema");
+        if (o && !strcmp(schema, "kipp.bench.v1")) {
+            add_file(set, o, e->d_name, mc, model_id);
+        } else if (l < notelen) {
+            char why[200];
+            if (o) snprintf(why, sizeof why, "schema \"%s\", expected \"kipp.bench.v1\"", schema);
+            else snprintf(why, sizeof why, "line %d: %s", je.line, je.text);
+            l += (size_t)snprintf(note + l, notelen - l, "%sresults/%s (%s)", bad++ ? "; " : "", e->d_name, why);
         }
         json_decref(o);
     }
     if (d) closedir(d);
-    *decode = pick_share(&dec, "tg128", dsrc, srclen);
-    *prefill = pick_share(&pre, "pp512", psrc, srclen);
-    free(dec.v), free(pre.v);
 }
 
 /* ---- the plan ---- */
@@ -210,7 +223,8 @@ static uint32_t pick_ctx(uint64_t usable, uint64_t kv_per_tok, uint32_t context_
 /* Bytes the file's weights keep resident: all of them, or what fits KIPP_RESIDENT_SHARE of available RAM,
  * kept as the cpu backend keeps them (cpu_stream.c): the head, then whole layers from the first. A token
  * embedding stored apart from the head is not counted: a step reads only its prompt rows from the mapping. */
-static uint64_t resident_bytes(const kipp_model_info *in, uint64_t avail, uint32_t *resident_layers, int *streamed)
+static uint64_t resident_bytes(const kipp_model_info *in, uint64_t avail, uint32_t *resident_layers, int *streamed,
+                               int *head_kept)
 {
     const kipp_fmt_facts *f = kipp_fmt_by_scheme(in->quant, strlen(in->quant));
     shape_cost c;
@@ -218,9 +232,13 @@ static uint64_t resident_bytes(const kipp_model_info *in, uint64_t avail, uint32
     double budget = KIPP_RESIDENT_SHARE * (double)avail, per_layer = c.layer_bytes / in->n_layer;
     *streamed = (double)in->weight_bytes > budget;
     *resident_layers = in->n_layer;
+    *head_kept = 1;
     if (!*streamed) return in->weight_bytes;
     double room = budget - c.head_bytes;
-    uint32_t k = room > 0 ? (uint32_t)(room / per_layer) : 0;
+    *head_kept = room >= 0; /* the backend keeps nothing when the head alone exceeds the budget */
+    *resident_layers = 0;
+    if (!*head_kept) return 0;
+    uint32_t k = (uint32_t)(room / per_layer);
     *resident_layers = k < in->n_layer ? k : in->n_layer;
     return (uint64_t)(c.head_bytes + per_layer * *resident_layers);
 }
@@ -234,7 +252,8 @@ int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t 
     int rc = kipp_plan_ram(&total, &avail, err, errlen), streamed;
     if (rc) return rc;
     uint32_t layers;
-    uint64_t res = resident_bytes(&in, avail, &layers, &streamed);
+    int head_kept;
+    uint64_t res = resident_bytes(&in, avail, &layers, &streamed, &head_kept);
     *ctx = pick_ctx(avail > res ? avail - res : 0, in.kv_bytes_per_token, in.context_length);
     if (*ctx == 0)
         return kipp_err(err, errlen, KIPP_ERANGE, "%llu bytes of RAM are available and the weights keep %llu: a "
@@ -244,7 +263,7 @@ int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t 
     return 0;
 }
 
-static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kipp_fmt_facts *f, const char *results_dir,
+static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kipp_fmt_facts *f, share_set *set,
                         kipp_plan_format *o)
 {
     const kipp_machine *mc = &p->machine;
@@ -255,9 +274,10 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     o->decode_bytes_per_token = c.layer_bytes + c.head_bytes + 4.0 * in->d_model + TG_CONTEXT * in->kv_bytes_per_token;
     o->prefill_flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * (PP_TOKENS + 1) / 2 +
                                  2.0 * in->vocab_size * in->d_model / PP_TOKENS;
-    double dec, pre;
+    size_t k = (size_t)(f - kipp_fmts);
     char dsrc[sizeof o->decode_source], psrc[sizeof o->prefill_source];
-    find_shares(results_dir, mc, f->scheme, in->checkpoint_id, &dec, dsrc, &pre, psrc, sizeof dsrc);
+    double dec = pick_share(&set->dec[k], "tg128", dsrc, sizeof dsrc);
+    double pre = pick_share(&set->pre[k], "pp512", psrc, sizeof psrc);
     o->decode_eff = dec > 0 ? dec : ASSUMED_DECODE_EFF;
     o->prefill_eff = pre > 0 ? pre : ASSUMED_PREFILL_EFF;
     snprintf(o->decode_source, sizeof o->decode_source, "%s", dec > 0 ? dsrc : "assumed");
@@ -265,10 +285,10 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     double ram = mc->ram_read_gbps * 1e9 * o->decode_eff;
     o->decode_tps = ram > 0 ? ram / o->decode_bytes_per_token : 0;
     double stream_note_bytes = 0;
-    if (p->streamed && !strcmp(f->scheme, p->file_format) && p->layers_streamed) {
-        /* the streamed layers come from the file every token, at disk speed */
+    if (p->streamed && !strcmp(f->scheme, p->file_format) && (p->layers_streamed || !p->head_resident)) {
+        /* the streamed layers (and a head that does not fit) come from the file every token, at disk speed */
         double per_layer = c.layer_bytes / in->n_layer;
-        stream_note_bytes = per_layer * p->layers_streamed;
+        stream_note_bytes = per_layer * p->layers_streamed + (p->head_resident ? 0 : c.head_bytes);
         double disk = mc->disk_read_gbps * 1e9;
         double sec = (o->decode_bytes_per_token - stream_note_bytes) / (ram > 0 ? ram : 1) +
                      (disk > 0 ? stream_note_bytes / disk : INFINITY);
@@ -277,8 +297,9 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     o->prefill_tps = mc->peak_gflops > 0 ? mc->peak_gflops * 1e9 * o->prefill_eff / o->prefill_flops_per_token : 0;
     char stream[200] = "";
     if (stream_note_bytes > 0)
-        snprintf(stream, sizeof stream, ", of which %.3g GB of %u streamed layers come from the file at %.2f GB/s",
-                 stream_note_bytes * 1e-9, p->layers_streamed, mc->disk_read_gbps);
+        snprintf(stream, sizeof stream, ", of which %.3g GB of %u streamed layers%s come from the file at %.2f GB/s",
+                 stream_note_bytes * 1e-9, p->layers_streamed, p->head_resident ? "" : " and the head",
+                 mc->disk_read_gbps);
     snprintf(o->rationale, sizeof o->rationale,
              "decode: %.3g GB read per token%s over %.1f GB/s RAM read x %.0f%% = %.1f tok/s; prefill: %.3g "
              "GFLOP per token over %.0f GFLOP/s FP32 peak x %.0f%% = %.1f tok/s; decode share: %s; prefill share: %s",
@@ -297,12 +318,16 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
                        .context_length = in.context_length};
     snprintf(out->model_id, sizeof out->model_id, "%s", in.checkpoint_id);
     snprintf(out->file_format, sizeof out->file_format, "%s", in.quant);
-    uint64_t res = resident_bytes(&in, mc->ram_available_bytes, &out->layers_resident, &out->streamed);
+    uint64_t res = resident_bytes(&in, mc->ram_available_bytes, &out->layers_resident, &out->streamed,
+                                  &out->head_resident);
     out->layers_streamed = in.n_layer - out->layers_resident;
     out->usable_ram_bytes = mc->ram_available_bytes > res ? mc->ram_available_bytes - res : 0;
     out->ctx = pick_ctx(out->usable_ram_bytes, in.kv_bytes_per_token, in.context_length);
+    share_set set = {0};
+    load_shares(results_dir, mc, in.checkpoint_id, &set, out->results_skipped, sizeof out->results_skipped);
     for (size_t i = 0; i < KIPP_FMT_COUNT && out->n_formats < KIPP_PLAN_MAX_FORMATS; i++)
-        plan_format(out, &in, &kipp_fmts[i], results_dir, &out->formats[out->n_formats++]);
+        plan_format(out, &in, &kipp_fmts[i], &set, &out->formats[out->n_formats++]);
+    for (size_t i = 0; i < KIPP_FMT_COUNT; i++) free(set.dec[i].v), free(set.pre[i].v);
     return 0;
 }
 
@@ -326,12 +351,14 @@ char *kipp_plan_json(const kipp_plan *p)
                            (json_int_t)m->ram_available_bytes, "ram_read_gbps", m->ram_read_gbps, "peak_gflops",
                            m->peak_gflops, "disk_read_gbps", m->disk_read_gbps, "disk_sample_bytes",
                            (json_int_t)m->disk_sample_bytes, "disk_direct", m->disk_direct);
-    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:o}", "schema", "kipp.plan.v1",
+    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:o}", "schema",
+                          "kipp.plan.v1",
                           "machine", mj, "model", p->model_id, "file_format", p->file_format, "kv_bytes_per_token",
                           (json_int_t)p->kv_bytes_per_token, "usable_ram_bytes", (json_int_t)p->usable_ram_bytes, "ctx",
                           (int)p->ctx, "context_length", (int)p->context_length, "n_layer", (int)p->n_layer,
                           "layers_resident", (int)p->layers_resident, "layers_streamed", (int)p->layers_streamed,
-                          "streamed", p->streamed, "formats", fm);
+                          "streamed", p->streamed, "head_resident", p->head_resident, "results_skipped",
+                          p->results_skipped, "formats", fm);
     char *s = o ? json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(o);
     return s;
@@ -350,8 +377,9 @@ char *kipp_plan_text(const kipp_plan *p)
         m->ram_total_bytes * 1e-9, m->ram_available_bytes * 1e-9, m->ram_read_gbps, m->peak_gflops);
     OUT("  model file read %.2f GB/s over %.0f MiB (%s)\n", m->disk_read_gbps, m->disk_sample_bytes / 1048576.0,
         m->disk_direct ? "O_DIRECT" : "page cache dropped first");
-    OUT("model: %s (%s), %u layers: %u resident, %u streamed%s\n", p->model_id, p->file_format, p->n_layer,
-        p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "");
+    OUT("model: %s (%s), %u layers: %u resident, %u streamed%s%s\n", p->model_id, p->file_format, p->n_layer,
+        p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "",
+        p->head_resident ? "" : "; the head is streamed too");
     OUT("  KV %llu bytes per token; context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u)\n",
         (unsigned long long)p->kv_bytes_per_token, p->ctx, p->usable_ram_bytes * 1e-9, p->context_length);
     for (size_t i = 0; i < p->n_formats; i++) {
@@ -360,6 +388,7 @@ char *kipp_plan_text(const kipp_plan *p)
             f->prefill_tps, f->weight_bytes * 1e-9, strcmp(f->format, p->file_format) ? "" : "  <- this file",
             f->rationale);
     }
+    if (p->results_skipped[0]) OUT("results not read (shares taken without them): %s\n", p->results_skipped);
 #undef OUT
     if (l >= cap) s[cap - 1] = 0;
     return s;

@@ -165,12 +165,6 @@ static double run_team(int n, probe_job *jobs, void *(*fn)(void *))
     return t1 - t0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* The probe buffer: RAM_PROBE_BYTES, or a quarter of the available RAM where that is less (a memory
  * cgroup far below the model, as when layers are streamed: the probe must not be what gets killed). */
 static size_t probe_bytes(uint64_t avail)
@@ -207,8 +201,7 @@ static double ram_read_gbps(int n, int use512, size_t bytes)
         if (reps >= RAM_PROBE_MIN_REPS && now_s() >= t_end) break;
     }
     free(buf);
-    qsort(g, (size_t)reps, sizeof *g, cmp_double);
-    return g[reps / 2];
+    return kipp_median(g, (size_t)reps);
 }
 
 static double peak_gflops(int n, int use512)

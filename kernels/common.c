@@ -61,6 +61,19 @@ void *kipp_aligned_alloc(size_t bytes)
 
 void kipp_aligned_free(void *p) { free(p); }
 
+int kipp_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kipp_median(double *v, size_t n)
+{
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, kipp_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static int os_saves_zmm(void)
 {
     unsigned lo, hi;

@@ -43,6 +43,12 @@ uint16_t kipp_f32_to_f16(float f);
 void *kipp_aligned_alloc(size_t bytes);
 void kipp_aligned_free(void *p);
 
+/** qsort comparator of doubles, ascending (NaN compares equal to everything: it stays where qsort leaves it). */
+int kipp_cmp_double(const void *a, const void *b);
+/** Sorts v[0..n) ascending in place and returns its median (the mean of the middle two when n is even);
+ *  0 when n is 0. The one median of the benches and the planner. */
+double kipp_median(double *v, size_t n);
+
 /** CPU features read once from CPUID. */
 typedef struct {
     int avx2;        /* AVX2 + FMA + F16C */

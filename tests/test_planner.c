@@ -72,6 +72,7 @@ static void test_resident_when_it_fits(void)
     want = 100e9 * 0.50 / flops;
     CHECK(fabs(f->prefill_tps / want - 1) < 1e-9, "prefill %.3f, expected %.3f", f->prefill_tps, want);
     CHECK(!strcmp(f->decode_source, "assumed") && !strcmp(f->prefill_source, "assumed"), "%s", f->decode_source);
+    CHECK(p.head_resident && !p.results_skipped[0], "head %d, skipped \"%s\"", p.head_resident, p.results_skipped);
     kipp_model_close(m);
 }
 
@@ -117,15 +118,53 @@ static void test_streamed_layers_cost_disk_time(void)
     kipp_model_close(m);
 }
 
+/* A head alone over the budget: the cpu backend keeps nothing (cpu_stream.c keeps the head first, then layers,
+ * while they fit), so the plan counts nothing resident and reads the head from the file per token too. */
+static void test_head_over_budget_is_streamed(void)
+{
+    kipp_model *m = open_tiny();
+    if (!m) return;
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    double layer, head, ppl;
+    sizes(&in, &layer, &head, &ppl);
+    uint64_t avail = (uint64_t)(0.9 * head / 0.75); /* 0.75 x available is 90% of the head */
+    kipp_machine mc = machine(avail);
+    kipp_plan p;
+    char err[256] = "";
+    CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.streamed && !p.head_resident && p.layers_resident == 0 && p.usable_ram_bytes == avail,
+          "streamed %d head %d layers %u usable %llu, expected 1 0 0 %llu", p.streamed, p.head_resident,
+          p.layers_resident, (unsigned long long)p.usable_ram_bytes, (unsigned long long)avail);
+    double decode_bytes = in.n_layer * layer + head + 4.0 * in.d_model + 80.5 * in.kv_bytes_per_token;
+    double streamed = in.n_layer * layer + head;
+    double want = 1 / ((decode_bytes - streamed) / (10e9 * 0.80) + streamed / 1e9);
+    CHECK(fabs(p.formats[0].decode_tps / want - 1) < 1e-9, "decode %.6f, expected %.6f", p.formats[0].decode_tps, want);
+    CHECK(strstr(p.formats[0].rationale, "and the head come from the file"), "%s", p.formats[0].rationale);
+    char *txt = kipp_plan_text(&p);
+    CHECK(txt && strstr(txt, "the head is streamed too"), "%s", txt ? txt : "(null)");
+    free(txt);
+    /* with room for the head and half a layer, the head stays */
+    mc = machine((uint64_t)((head + 0.5 * layer) / 0.75));
+    CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.head_resident && p.layers_resident == 0 && !strstr(p.formats[0].rationale, "and the head"),
+          "head %d layers %u: %s", p.head_resident, p.layers_resident, p.formats[0].rationale);
+    kipp_model_close(m);
+}
+
 static void test_no_room_and_bad_arguments(void)
 {
     kipp_model *m = open_tiny();
     if (!m) return;
-    kipp_machine mc = machine(1 << 20); /* 1 MiB: nothing fits */
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    /* room for 100 positions of KV: no head, no layer, and a quarter of it holds less than one 32-token block */
+    kipp_machine mc = machine(100 * in.kv_bytes_per_token);
     kipp_plan p;
     char err[256] = "";
     CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
-    CHECK(p.streamed && p.layers_resident == 0 && p.ctx == 0, "resident %u ctx %u", p.layers_resident, p.ctx);
+    CHECK(p.streamed && !p.head_resident && p.layers_resident == 0 && p.ctx == 0, "head %d resident %u ctx %u",
+          p.head_resident, p.layers_resident, p.ctx);
     CHECK(kipp_plan_make(NULL, &mc, NULL, &p, err, sizeof err) == KIPP_EINVAL && strstr(err, "NULL"), "%s", err);
     kipp_model_close(m);
 }
@@ -219,6 +258,12 @@ static void test_shares_are_a_median_of_recent_runs(void)
     write_result(dir, "20260107-vm-test-cpu-cpu-g.json", "test-cpu", "avx2", "2026-01-07T00:00:00Z", 0.1, -1, other, 0.10, 0.8);
     write_result(dir, "20260108-vm-test-cpu-cpu-h.json", "test-cpu", "avx512", "2026-01-08T00:00:00Z", 0.1, -1, me, 0.30, 2.0);
     write_result(dir, "20260109-vm-test-cpux-cpu-i.json", "test-cpux", "avx2", "2026-01-09T00:00:00Z", 0.1, -1, me, 0.30, 2.0);
+    /* a truncated file and another schema under a model benchmark's name: named, not used, not fatal */
+    char bad[1024];
+    snprintf(bad, sizeof bad, "%s/20260110-vm-test-cpu-cpu-j.json", dir);
+    write_file(bad, "{\"schema\": \"kipp.bench.v1\", \"results\": [");
+    snprintf(bad, sizeof bad, "%s/20260111-vm-test-cpu-cpu-k.json", dir);
+    write_file(bad, "{\"schema\": \"kipp.peers.v1\"}");
     kipp_machine mc = machine(20ull << 30);
     kipp_plan p;
     char err[256] = "";
@@ -233,6 +278,15 @@ static void test_shares_are_a_median_of_recent_runs(void)
           "and 0.8 (%s)", f->prefill_eff, f->prefill_source);
     CHECK(strstr(f->prefill_source, "other-model"), "%s", f->prefill_source);
     CHECK(!strcmp(p.formats[1].decode_source, "assumed"), "q8_0 has no rows: %s", p.formats[1].decode_source);
+    CHECK(strstr(p.results_skipped, "results/20260110-vm-test-cpu-cpu-j.json (line ") &&
+              strstr(p.results_skipped, "results/20260111-vm-test-cpu-cpu-k.json (schema \"kipp.peers.v1\""),
+          "results_skipped: %s", p.results_skipped);
+    char *txt = kipp_plan_text(&p);
+    CHECK(txt && strstr(txt, "results not read") && strstr(txt, "cpu-j.json"), "%s", txt ? txt : "(null)");
+    free(txt);
+    unlink(bad);
+    snprintf(bad, sizeof bad, "%s/20260110-vm-test-cpu-cpu-j.json", dir);
+    unlink(bad);
     const char *names[] = {"a", "b", "c", "d", "e", "f", "g", "h"};
     char path[1024];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
@@ -306,6 +360,7 @@ int main(void)
 {
     RUN(test_resident_when_it_fits);
     RUN(test_streamed_layers_cost_disk_time);
+    RUN(test_head_over_budget_is_streamed);
     RUN(test_no_room_and_bad_arguments);
     RUN(test_embedding_not_counted_as_resident);
     RUN(test_shares_are_a_median_of_recent_runs);
