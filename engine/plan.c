@@ -203,7 +203,10 @@ static void load_shares(const char *dir, const kipp_machine *mc, const char *mod
             char why[200];
             if (o) snprintf(why, sizeof why, "schema \"%s\", expected \"kipp.bench.v1\"", schema);
             else snprintf(why, sizeof why, "line %d: %s", je.line, je.text);
+            size_t l0 = l;
             l += (size_t)snprintf(note + l, notelen - l, "%sresults/%s (%s)", bad++ ? "; " : "", e->d_name, why);
+            for (size_t i = l0; i < l && i < notelen; i++) /* ASCII only: the plan's JSON needs valid UTF-8 */
+                if ((unsigned char)note[i] >= 0x80) note[i] = '?';
         }
         json_decref(o);
     }
@@ -234,13 +237,14 @@ static uint64_t resident_bytes(const kipp_model_info *in, uint64_t avail, uint32
     *resident_layers = in->n_layer;
     *head_kept = 1;
     if (!*streamed) return in->weight_bytes;
-    double room = budget - c.head_bytes;
-    *head_kept = room >= 0; /* the backend keeps nothing when the head alone exceeds the budget */
+    double head = c.head_bytes + 2.0 * in->d_model; /* the head's segment: the head and output_norm (BF16) */
+    double room = budget - head;
+    *head_kept = room >= 0; /* the backend keeps nothing when the head's segment alone exceeds the budget */
     *resident_layers = 0;
     if (!*head_kept) return 0;
     uint32_t k = (uint32_t)(room / per_layer);
     *resident_layers = k < in->n_layer ? k : in->n_layer;
-    return (uint64_t)(c.head_bytes + per_layer * *resident_layers);
+    return (uint64_t)(head + per_layer * *resident_layers);
 }
 
 int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t errlen)

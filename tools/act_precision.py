@@ -153,9 +153,13 @@ def main(argv=None) -> int:
         ap.error(f"--variants {args.variants!r}: expected a comma list of {', '.join(VARIANTS)}")
     if args.decode < 1:
         ap.error(f"--decode {args.decode}: expected at least 1")
+    from gguf import GGUFReader
     for path in args.gguf:
         if not path.is_file():
             ap.error(f"{path}: no such file (run `make models-test`)")
+        if "kipp.quant.head" in GGUFReader(str(path)).fields:
+            ap.error(f"{path}: has kipp.quant.head; expected a file with a BF16 head (the cpu backend quantizes a "
+                     f"quantized head's input too, which this tool does not model)")
         measure(path, names, args.decode, args.rows, args.bound)
     return 0
 
