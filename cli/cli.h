@@ -21,6 +21,10 @@ KIPP_CMD(cmd_plan);
  */
 void cli_errorf(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/** A model file that could not be opened: "kipp CMD: 'PATH': ERR", or "kipp CMD: ERR" when ERR already names
+ *  PATH (the loader names it for files it cannot map; a header it rejects is named here). */
+void cli_model_error(const char *cmd, const char *path, const char *err);
+
 /** "kipp CMD: missing required option FLAG (expected WHAT)" on stderr; returns 2. */
 int cli_missing(const char *cmd, const char *flag, const char *what);
 

@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "engine/safe_io.h"
@@ -18,6 +19,12 @@ void cli_errorf(const char *cmd, const char *fmt, ...)
     fprintf(stderr, "kipp %s: ", cmd);
     kipp_fput_escaped(stderr, buf, (size_t)n);
     fputc('\n', stderr);
+}
+
+void cli_model_error(const char *cmd, const char *path, const char *err)
+{
+    if (path && !strstr(err, path)) cli_errorf(cmd, "'%s': %s", path, err);
+    else cli_errorf(cmd, "%s", err);
 }
 
 int cli_missing(const char *cmd, const char *flag, const char *what)

@@ -39,7 +39,7 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
     if (rc) {
-        cli_errorf(cmd, "%s", err);
+        cli_model_error(cmd, rc == KIPP_EBACKEND ? NULL : o->model, err);
         return rc == KIPP_EBACKEND ? 2 : 1;
     }
     kipp_model_info info;

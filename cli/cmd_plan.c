@@ -8,10 +8,12 @@
  * copy. Kipp's measured shares come from results/ of the source tree beside
  * the binary (build/kipp -> results/), or from --results DIR.
  */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -49,20 +51,34 @@ int cmd_plan(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
         if (!strcmp(argv[i], "--json")) json = 1;
-        else if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results")) && i + 1 < argc)
+        else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results")) {
+            if (i + 1 == argc) {
+                cli_errorf("plan", "%s needs a value: %s", argv[i], argv[i][2] == 'm' ? "a .gguf path" : "a directory");
+                return usage(stderr);
+            }
             *(argv[i][2] == 'm' ? &model : &results) = argv[i + 1], i++;
-        else {
+        } else {
             cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json or --results DIR", argv[i]);
             return usage(stderr);
         }
     }
     if (!model) return cli_missing("plan", "--model", "a .gguf path");
     char dir[PATH_MAX + 16], err[512] = "";
+    if (results) { /* a directory named by the user must exist; the default one may not (assumed shares) */
+        struct stat st;
+        const char *why = stat(results, &st) != 0 ? strerror(errno) : !S_ISDIR(st.st_mode) ? "not a directory" : NULL;
+        if (why) {
+            cli_errorf("plan", "--results '%s': %s; expected a directory of model benchmarks (results/*.json)",
+                       results, why);
+            return 1;
+        }
+    }
     if (!results) default_results(dir, sizeof dir), results = dir;
-    kipp_machine mc;
-    int rc = kipp_machine_measure(model, &mc, err, sizeof err);
     kipp_model *m = NULL;
-    if (!rc) rc = kipp_model_open(model, "none", NULL, &m, err, sizeof err);
+    int rc = kipp_model_open(model, "none", NULL, &m, err, sizeof err);
+    if (rc) return cli_model_error("plan", model, err), 1;
+    kipp_machine mc;
+    rc = kipp_machine_measure(model, &mc, err, sizeof err);
     kipp_plan p;
     if (!rc) rc = kipp_plan_make(m, &mc, results, &p, err, sizeof err);
     kipp_model_close(m);

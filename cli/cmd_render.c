@@ -385,7 +385,7 @@ int cmd_render(int argc, char **argv)
     calls = calloc(n ? n : 1, sizeof *calls);
     if (!msgs || !parts || !calls || parse_messages(arr, msgs, parts, calls, &owned)) goto out;
     if (kipp_model_open(a.model, "none", NULL, &m, err, sizeof err)) {
-        fprintf(stderr, "kipp render: %s\n", err);
+        cli_model_error("render", a.model, err);
         goto out;
     }
     kipp_model_info info;

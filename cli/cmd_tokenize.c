@@ -138,7 +138,7 @@ static kipp_model *open_model(const char *cmd, const char *path)
     kipp_model *m = NULL;
     kipp_mapped_file_guard(path);
     if (kipp_model_open(path, "none", NULL, &m, err, sizeof err)) {
-        cli_errorf(cmd, "%s", err);
+        cli_model_error(cmd, path, err);
         return NULL;
     }
     return m;

@@ -54,7 +54,8 @@ typedef struct {
     double prefill_flops_per_token;/* FLOPs per token of a 512-token prefill */
     double decode_eff;             /* share of ram_read_gbps Kipp's decode reaches */
     double prefill_eff;            /* share of peak_gflops Kipp's prefill reaches (> 1 where a BF16/int8 dot wins) */
-    char decode_source[320];       /* the runs the decode share is the median of ("results/FILE share" each), or "assumed" */
+    char decode_source[320];       /* the runs the decode share is the median of ("FILE share" each, FILE in
+                                      kipp_plan.results_dir), or "assumed" */
     char prefill_source[320];      /* the same for the prefill share */
     double decode_tps, prefill_tps;/* predicted tokens per second */
     char rationale[1024];           /* the arithmetic above, as one paragraph */
@@ -73,8 +74,10 @@ typedef struct {
     int streamed;                  /* 1: file weights > 0.75 x available RAM: layers are read from disk per token */
     int head_resident;             /* 1: the output head stays in RAM (always, unless streamed and the head alone
                                       exceeds the budget: then it too is read from the file per token) */
+    char results_dir[256];         /* where the shares were looked for (kipp_plan_make's results_dir); "" for none */
     char results_skipped[320];     /* model benchmarks of this cpu_id in results_dir that could not be read, with
-                                      why ("results/FILE (line 3: ...)"; "; " between); "" when none */
+                                      why ("FILE (line 3: ...)"; "; " between; "N more, M in all" when full), or
+                                      results_dir itself when it cannot be opened; "" when none. ASCII. */
     size_t n_formats;
     kipp_plan_format formats[KIPP_PLAN_MAX_FORMATS];
 } kipp_plan;

@@ -18,11 +18,13 @@
  * speed.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine/backend_util.h"
 #include "engine/internal.h"
@@ -79,6 +81,13 @@ typedef struct {
     size_t n, cap;
 } share_rows;
 
+/* Bytes >= 0x80 of s become '?': file names go into the plan's JSON, which needs valid UTF-8. */
+static void ascii_only(char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s >= 0x80) *s = '?';
+}
+
 static double num(const json_t *o, const char *k)
 {
     const json_t *v = json_object_get(o, k);
@@ -118,6 +127,7 @@ static void add_row(share_rows *rows, const json_t *r, const char *name, const c
     *o = (share_row){.share = s, .quiet = quiet, .same = same};
     snprintf(o->date, sizeof o->date, "%s", date);
     snprintf(o->file, sizeof o->file, "%s", name);
+    ascii_only(o->file);
 }
 
 static int newer_first(const void *a, const void *b)
@@ -148,7 +158,7 @@ static double pick_share(share_rows *rows, const char *what, char *src, size_t s
                          any_same ? "same-model" : "other-model", what, m > 1 ? "s" : "");
     for (size_t i = 0; i < m; i++) {
         s[i] = rows->v[i].share;
-        if (l < srclen) l += (size_t)snprintf(src + l, srclen - l, " results/%s %.2f", rows->v[i].file, s[i]);
+        if (l < srclen) l += (size_t)snprintf(src + l, srclen - l, " %s %.2f", rows->v[i].file, s[i]);
     }
     return kipp_median(s, m);
 }
@@ -178,38 +188,56 @@ static void add_file(share_set *set, const json_t *o, const char *name, const ki
     }
 }
 
-/* One pass over dir: the rows of every model benchmark (results/DATE-HOST-CPUID-cpu-SHA.json) of this
- * cpu_id. A file of that name that does not parse, or is not schema kipp.bench.v1, is named in note (the
- * plan says which measurements it could not use) and otherwise left out. */
+/* Append "FILE (why)" to the note of files not read, keeping room for the count that ends a full note. */
+static void note_skip(char *note, size_t notelen, size_t *l, size_t *shown, const char *name, const char *why)
+{
+    char item[400];
+    snprintf(item, sizeof item, "%s%s (%s)", *shown ? "; " : "", name, why);
+    ascii_only(item);
+    if (*l + strlen(item) + 40 >= notelen) return;
+    *l += (size_t)snprintf(note + *l, notelen - *l, "%s", item);
+    ++*shown;
+}
+
+/* One pass over dir: the rows of every model benchmark (DATE-HOST-CPUID-cpu-SHA.json) of this cpu_id. A
+ * directory that cannot be opened, or an entry of that name that is not a regular file, does not parse or
+ * is not schema kipp.bench.v1, is named in note (the plan says which measurements it could not use; when
+ * the note is full it ends with how many in all) and otherwise left out. */
 static void load_shares(const char *dir, const kipp_machine *mc, const char *model_id, share_set *set, char *note,
                         size_t notelen)
 {
-    size_t l = 0, bad = 0;
+    size_t l = 0, shown = 0, bad = 0;
+    note[0] = 0;
     DIR *d = dir ? opendir(dir) : NULL;
+    if (dir && !d) {
+        note_skip(note, notelen, &l, &shown, dir, strerror(errno));
+        return;
+    }
     struct dirent *e;
     while (d && (e = readdir(d))) {
         size_t n = strlen(e->d_name);
         if (n < 10 || strcmp(e->d_name + n - 5, ".json") || !strstr(e->d_name, "-cpu-") ||
             !strstr(e->d_name, mc->cpu_id))
             continue;
-        char path[1024];
+        char path[1024], why[200] = "";
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        json_error_t je;
-        json_t *o = json_load_file(path, 0, &je);
-        const char *schema = str(o, "schema");
-        if (o && !strcmp(schema, "kipp.bench.v1")) {
-            add_file(set, o, e->d_name, mc, model_id);
-        } else if (l < notelen) {
-            char why[200];
-            if (o) snprintf(why, sizeof why, "schema \"%s\", expected \"kipp.bench.v1\"", schema);
-            else snprintf(why, sizeof why, "line %d: %s", je.line, je.text);
-            size_t l0 = l;
-            l += (size_t)snprintf(note + l, notelen - l, "%sresults/%s (%s)", bad++ ? "; " : "", e->d_name, why);
-            for (size_t i = l0; i < l && i < notelen; i++) /* ASCII only: the plan's JSON needs valid UTF-8 */
-                if ((unsigned char)note[i] >= 0x80) note[i] = '?';
+        struct stat st;
+        json_t *o = NULL;
+        if (stat(path, &st) != 0) snprintf(why, sizeof why, "%s", strerror(errno));
+        else if (!S_ISREG(st.st_mode)) snprintf(why, sizeof why, "not a regular file"); /* a FIFO would block */
+        else {
+            json_error_t je;
+            o = json_load_file(path, 0, &je);
+            const char *schema = str(o, "schema");
+            if (!o) snprintf(why, sizeof why, "line %d: %s", je.line, je.text);
+            else if (strcmp(schema, "kipp.bench.v1"))
+                snprintf(why, sizeof why, "schema \"%s\", expected \"kipp.bench.v1\"", schema);
+            else add_file(set, o, e->d_name, mc, model_id);
         }
+        if (why[0]) bad++, note_skip(note, notelen, &l, &shown, e->d_name, why);
         json_decref(o);
     }
+    if (bad > shown) snprintf(note + l, notelen - l, "%s%zu more, %zu in all", shown ? "; " : "", bad - shown, bad);
     if (d) closedir(d);
 }
 
@@ -328,6 +356,8 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
     out->usable_ram_bytes = mc->ram_available_bytes > res ? mc->ram_available_bytes - res : 0;
     out->ctx = pick_ctx(out->usable_ram_bytes, in.kv_bytes_per_token, in.context_length);
     share_set set = {0};
+    snprintf(out->results_dir, sizeof out->results_dir, "%s", results_dir ? results_dir : "");
+    ascii_only(out->results_dir);
     load_shares(results_dir, mc, in.checkpoint_id, &set, out->results_skipped, sizeof out->results_skipped);
     for (size_t i = 0; i < KIPP_FMT_COUNT && out->n_formats < KIPP_PLAN_MAX_FORMATS; i++)
         plan_format(out, &in, &kipp_fmts[i], &set, &out->formats[out->n_formats++]);
@@ -355,14 +385,14 @@ char *kipp_plan_json(const kipp_plan *p)
                            (json_int_t)m->ram_available_bytes, "ram_read_gbps", m->ram_read_gbps, "peak_gflops",
                            m->peak_gflops, "disk_read_gbps", m->disk_read_gbps, "disk_sample_bytes",
                            (json_int_t)m->disk_sample_bytes, "disk_direct", m->disk_direct);
-    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:o}", "schema",
+    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:o}", "schema",
                           "kipp.plan.v1",
                           "machine", mj, "model", p->model_id, "file_format", p->file_format, "kv_bytes_per_token",
                           (json_int_t)p->kv_bytes_per_token, "usable_ram_bytes", (json_int_t)p->usable_ram_bytes, "ctx",
                           (int)p->ctx, "context_length", (int)p->context_length, "n_layer", (int)p->n_layer,
                           "layers_resident", (int)p->layers_resident, "layers_streamed", (int)p->layers_streamed,
-                          "streamed", p->streamed, "head_resident", p->head_resident, "results_skipped",
-                          p->results_skipped, "formats", fm);
+                          "streamed", p->streamed, "head_resident", p->head_resident, "results_dir",
+                          p->results_dir, "results_skipped", p->results_skipped, "formats", fm);
     char *s = o ? json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(o);
     return s;
@@ -392,6 +422,7 @@ char *kipp_plan_text(const kipp_plan *p)
             f->prefill_tps, f->weight_bytes * 1e-9, strcmp(f->format, p->file_format) ? "" : "  <- this file",
             f->rationale);
     }
+    if (p->results_dir[0]) OUT("shares from the model benchmarks in %s\n", p->results_dir);
     if (p->results_skipped[0]) OUT("results not read (shares taken without them): %s\n", p->results_skipped);
 #undef OUT
     if (l >= cap) s[cap - 1] = 0;

@@ -207,6 +207,19 @@ def test_text_output_and_errors():
     assert bad.returncode == 2 and "'--bogus'" in bad.stderr
     bad = subprocess.run([str(KIPP), "plan", "--model", "/nonexistent.gguf"], capture_output=True, text=True)
     assert bad.returncode == 1 and "/nonexistent.gguf" in bad.stderr
+    bad = subprocess.run([str(KIPP), "plan", "--model"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--model needs a value: a .gguf path" in bad.stderr, bad.stderr
+    for where, why in (("/nonexistent-results-dir", "No such file or directory"), (str(tiny()), "not a directory")):
+        bad = subprocess.run([str(KIPP), "plan", "--model", str(tiny()), "--results", where], capture_output=True,
+                             text=True)
+        assert bad.returncode == 1 and f"--results '{where}': {why}" in bad.stderr, bad.stderr
+
+
+def test_a_bad_model_file_is_named(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"NOTGGUF!" * 8)
+    bad = subprocess.run([str(KIPP), "plan", "--model", str(junk)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and f"'{junk}': bad magic" in bad.stderr, bad.stderr
 
 
 def test_ctx_0_uses_the_plan_in_generate_chat_and_serve(p):

@@ -283,8 +283,8 @@ static void test_shares_are_a_median_of_recent_runs(void)
           "and 0.8 (%s)", f->prefill_eff, f->prefill_source);
     CHECK(strstr(f->prefill_source, "other-model"), "%s", f->prefill_source);
     CHECK(!strcmp(p.formats[1].decode_source, "assumed"), "q8_0 has no rows: %s", p.formats[1].decode_source);
-    CHECK(strstr(p.results_skipped, "results/20260110-vm-test-cpu-cpu-j.json (line ") &&
-              strstr(p.results_skipped, "results/20260111-vm-test-cpu-cpu-k.json (schema \"kipp.peers.v1\""),
+    CHECK(strstr(p.results_skipped, "20260110-vm-test-cpu-cpu-j.json (line ") &&
+              strstr(p.results_skipped, "20260111-vm-test-cpu-cpu-k.json (schema \"kipp.peers.v1\""),
           "results_skipped: %s", p.results_skipped);
     char *txt = kipp_plan_text(&p);
     CHECK(txt && strstr(txt, "results not read") && strstr(txt, "cpu-j.json"), "%s", txt ? txt : "(null)");
@@ -301,6 +301,55 @@ static void test_shares_are_a_median_of_recent_runs(void)
     snprintf(path, sizeof path, "%s/20260109-vm-test-cpux-cpu-i.json", dir);
     unlink(path);
     rmdir(dir);
+    kipp_model_close(m);
+}
+
+/* What cannot be read is named, never waited on, and the plan's JSON stays whole: a FIFO under a
+ * result's name (opening it would block), a name with a byte that is not UTF-8 (its rows are used), more
+ * unreadable files than the note holds (it ends with the count), a results directory that does not exist. */
+static void test_unreadable_results_are_named(void)
+{
+    kipp_model *m = open_tiny();
+    if (!m) return;
+    kipp_model_info in;
+    kipp_model_get_info(m, &in);
+    char dir[] = "/tmp/kipp-test-unreadable-XXXXXX", path[1024];
+    CHECK(mkdtemp(dir), "mkdtemp");
+    snprintf(path, sizeof path, "%s/20260101-vm-test-cpu-cpu-fifo.json", dir);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo %s", path);
+    write_result(dir, "20260102-vm-test-cpu-cpu-\xff.json", "test-cpu", "avx2", "2026-01-02T00:00:00Z", 0.1, -1,
+                 in.checkpoint_id, 0.40, 0.9);
+    kipp_machine mc = machine(20ull << 30);
+    kipp_plan p;
+    char err[256] = "";
+    CHECK(kipp_plan_make(m, &mc, dir, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(!strcmp(p.results_skipped, "20260101-vm-test-cpu-cpu-fifo.json (not a regular file)"), "results_skipped: %s",
+          p.results_skipped);
+    for (int i = 0; i < 12; i++) {
+        snprintf(path, sizeof path, "%s/20260103-vm-test-cpu-cpu-bad%02d.json", dir, i);
+        write_file(path, "{");
+    }
+    CHECK(kipp_plan_make(m, &mc, dir, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(strstr(p.results_skipped, "more, 13 in all") && strlen(p.results_skipped) < sizeof p.results_skipped - 1,
+          "results_skipped: %s", p.results_skipped);
+    CHECK(fabs(p.formats[0].decode_eff - 0.40) < 1e-12 && strstr(p.formats[0].decode_source, "cpu-?.json"),
+          "decode share %.3f from %s", p.formats[0].decode_eff, p.formats[0].decode_source);
+    char *js = kipp_plan_json(&p);
+    json_t *o = js ? json_loads(js, 0, NULL) : NULL;
+    CHECK(o && json_array_size(json_object_get(o, "formats")) == p.n_formats &&
+              !strcmp(json_string_value(json_object_get(o, "results_dir")), dir),
+          "%s", js ? js : "(null)");
+    json_decref(o);
+    free(js);
+    snprintf(path, sizeof path, "%s/20260101-vm-test-cpu-cpu-fifo.json", dir), unlink(path);
+    snprintf(path, sizeof path, "%s/20260102-vm-test-cpu-cpu-\xff.json", dir), unlink(path);
+    for (int i = 0; i < 12; i++) snprintf(path, sizeof path, "%s/20260103-vm-test-cpu-cpu-bad%02d.json", dir, i), unlink(path);
+    CHECK(rmdir(dir) == 0, "rmdir %s: a file was left", dir);
+    /* the directory is gone now */
+    CHECK(kipp_plan_make(m, &mc, dir, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(strstr(p.results_skipped, dir) && strstr(p.results_skipped, "No such file"), "results_skipped: %s",
+          p.results_skipped);
+    CHECK(!strcmp(p.formats[0].decode_source, "assumed"), "%s", p.formats[0].decode_source);
     kipp_model_close(m);
 }
 
@@ -369,6 +418,7 @@ int main(void)
     RUN(test_no_room_and_bad_arguments);
     RUN(test_embedding_not_counted_as_resident);
     RUN(test_shares_are_a_median_of_recent_runs);
+    RUN(test_unreadable_results_are_named);
     RUN(test_ram_from_cgroup_files);
     return th_finish();
 }

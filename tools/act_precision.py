@@ -127,7 +127,8 @@ def measure(path: Path, names: list[str], decode: int, show_rows: bool, bound: f
             if show_rows:
                 print(f"  prompt {p} {name:9s} " + " ".join(f"{v:.1e}{'*' if f else ''}" for v, f in zip(e, flips)))
     print(f"{path.name}: NMSE against FP32 activations with a BF16 KV cache; {len(PROMPTS)} prompts, "
-          f"{decode} teacher-forced decode rows each; * marks an argmax flip")
+          f"{decode} teacher-forced decode row{'s' if decode != 1 else ''} each"
+          + ("; * marks an argmax flip" if show_rows else "") + "\n")
     print(f"| activations | prefill worst | decode median | decode worst | decode rows > {bound:g} | decode flips |")
     print("|---|---|---|---|---|---|")
     for name in names:
@@ -136,6 +137,7 @@ def measure(path: Path, names: list[str], decode: int, show_rows: bool, bound: f
         pre = f"{max(r['prefill']):.1e}" + (" (flip)" if r.get("prefill_flip") else "")
         print(f"| {name} | {pre} | {np.median(dec):.1e} | {dec.max():.1e} | {(dec > bound).sum()} of {len(dec)} | "
               f"{r['flips']} |")
+    print()
 
 
 def main(argv=None) -> int:
@@ -147,20 +149,35 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", action="store_true", help="print every row's NMSE")
     args = ap.parse_args(argv)
     np.seterr(over="ignore")  # SiLU's exp(-g) overflows to inf for g < -88, and g / (1 + inf) is the right 0
-    names = [v for v in args.variants.split(",") if v]
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in names if v not in VARIANTS]
     if bad or not names:
-        ap.error(f"--variants {args.variants!r}: expected a comma list of {', '.join(VARIANTS)}")
+        ap.error(f"--variants {args.variants!r}: {', '.join(map(repr, bad)) or 'nothing'} is not a variant; "
+                 f"expected a comma list of {', '.join(VARIANTS)}")
+    if len(set(names)) != len(names):
+        ap.error(f"--variants {args.variants!r}: a variant named twice; expected each at most once")
     if args.decode < 1:
         ap.error(f"--decode {args.decode}: expected at least 1")
+    if not (np.isfinite(args.bound) and args.bound > 0):
+        ap.error(f"--bound {args.bound}: expected a finite number above 0")
     from gguf import GGUFReader
-    for path in args.gguf:
+    for path in args.gguf:  # every file checked before the first (long) measurement
         if not path.is_file():
-            ap.error(f"{path}: no such file (run `make models-test`)")
-        if "kipp.quant.head" in GGUFReader(str(path)).fields:
+            ap.error(f"{path}: {'not a regular file' if path.exists() else 'no such file'} (run `make models-test`)")
+        try:
+            fields = GGUFReader(str(path)).fields
+        except (ValueError, IndexError, OSError, KeyError) as e:
+            ap.error(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})")
+        if "kipp.quant.head" in fields:
             ap.error(f"{path}: has kipp.quant.head; expected a file with a BF16 head (the cpu backend quantizes a "
                      f"quantized head's input too, which this tool does not model)")
-        measure(path, names, args.decode, args.rows, args.bound)
+    for path in args.gguf:
+        try:
+            measure(path, names, args.decode, args.rows, args.bound)
+        except (ValueError, IndexError, KeyError) as e:
+            print(f"act_precision.py: {path}: cannot run the forward on this file ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 1
     return 0
 
 
