@@ -398,10 +398,12 @@ int main(int argc, char **argv)
     char err[512];
     /* Pooled by default (seed 000: the server uses pooled models on CPU): --kv-pool-mib N sizes the pool
      * here, without it run() sizes it from memory and the context; --kv-pool-mib 0 opts out. */
-    if (o.kv_pool_mib > 0 ? kipp_model_open_pooled(o.model, o.backend, &mo, (uint64_t)o.kv_pool_mib, &m,
-                                               err, sizeof err)
-                      : kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err)) {
-        serve_log("%s", err);
+    int orc = o.kv_pool_mib > 0 ? kipp_model_open_pooled(o.model, o.backend, &mo, (uint64_t)o.kv_pool_mib, &m,
+                                                         err, sizeof err)
+                                : kipp_model_open(o.model, o.backend, &mo, &m, err, sizeof err);
+    if (orc) { /* name the file when the loader's message does not (a header it rejects) */
+        if (orc != KIPP_EBACKEND && !strstr(err, o.model)) serve_log("'%s': %s", o.model, err);
+        else serve_log("%s", err);
         return 1;
     }
     kipp_model_info info;

@@ -220,6 +220,8 @@ def test_a_bad_model_file_is_named(tmp_path):
     junk.write_bytes(b"NOTGGUF!" * 8)
     bad = subprocess.run([str(KIPP), "plan", "--model", str(junk)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and f"'{junk}': bad magic" in bad.stderr, bad.stderr
+    bad = subprocess.run([str(SERVE), "--model", str(junk), "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and f"'{junk}': bad magic" in bad.stderr, bad.stderr
 
 
 def test_ctx_0_uses_the_plan_in_generate_chat_and_serve(p):
