@@ -48,12 +48,6 @@ static uint64_t rng_next(uint64_t *s)
     return *s;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static const char *str_of(const json_t *o, const char *k)
 {
     const char *v = json_string_value(json_object_get(o, k));
@@ -199,7 +193,7 @@ int main(int argc, char **argv)
             if (one_doc(m, SCHEMAS[k].schema, 1000 + (uint64_t)d, logits, &t)) return 1;
         double sum = 0;
         for (size_t i = 0; i < t.n; i++) sum += t.us[i];
-        qsort(t.us, t.n, sizeof *t.us, cmp_double);
+        qsort(t.us, t.n, sizeof *t.us, kipp_cmp_double);
         double gmean = sum / (double)t.n, smean = t.samp / (double)t.n, mean = gmean + smean, p50 = t.us[t.n / 2], p99 = t.us[t.n * 99 / 100], mx = t.us[t.n - 1];
         double sh1 = ms1 > 0 ? mean / (ms1 * 1e3) : 0, sh8 = ms8 > 0 ? 8 * mean / (ms8 * 8 * 1e3) : 0;
         printf("%-12s %6zu tokens %3zu/%d docs ended  grammar per token: mean %6.1f us p50 %6.1f p99 %7.1f max %7.1f"

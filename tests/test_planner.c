@@ -19,13 +19,15 @@
 #include "engine/kipp.h"
 #include "tests/test_harness.h"
 
-static kipp_model *open_tiny(void)
+/* synthetic-tiny on the "none" backend, its info in *in; NULL (reported) when it cannot be opened. */
+static kipp_model *open_tiny(kipp_model_info *in)
 {
     char path[512], err[256] = "";
     snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
     kipp_model *m = NULL;
     int rc = kipp_model_open(path, "none", NULL, &m, err, sizeof err);
     CHECK(rc == 0, "open %s: %s", path, err);
+    if (m) kipp_model_get_info(m, in);
     return m;
 }
 
@@ -38,6 +40,14 @@ static void sizes(const kipp_model_info *in, double *layer, double *head, double
     *head = 2.0 * in->vocab_size * D;
 }
 
+/* open_tiny, and sizes() of its dimensions. */
+static kipp_model *open_tiny_sized(kipp_model_info *in, double *layer, double *head, double *params_per_layer)
+{
+    kipp_model *m = open_tiny(in);
+    if (m) sizes(in, layer, head, params_per_layer);
+    return m;
+}
+
 static kipp_machine machine(uint64_t avail)
 {
     return (kipp_machine){.cpu_id = "test-cpu", .isa = "avx2", .physical_cores = 2, .logical_cpus = 4,
@@ -47,12 +57,10 @@ static kipp_machine machine(uint64_t avail)
 
 static void test_resident_when_it_fits(void)
 {
-    kipp_model *m = open_tiny();
-    if (!m) return;
     kipp_model_info in;
-    kipp_model_get_info(m, &in);
     double layer, head, ppl;
-    sizes(&in, &layer, &head, &ppl);
+    kipp_model *m = open_tiny_sized(&in, &layer, &head, &ppl);
+    if (!m) return;
     kipp_machine mc = machine(20ull << 30);
     kipp_plan p;
     char err[256] = "";
@@ -78,12 +86,10 @@ static void test_resident_when_it_fits(void)
 
 static void test_streamed_layers_cost_disk_time(void)
 {
-    kipp_model *m = open_tiny();
-    if (!m) return;
     kipp_model_info in;
-    kipp_model_get_info(m, &in);
     double layer, head, ppl;
-    sizes(&in, &layer, &head, &ppl);
+    kipp_model *m = open_tiny_sized(&in, &layer, &head, &ppl);
+    if (!m) return;
     /* 0.75 x available holds the head and exactly one layer */
     uint64_t avail = (uint64_t)((head + 1.5 * layer) / 0.75);
     kipp_machine mc = machine(avail);
@@ -122,12 +128,10 @@ static void test_streamed_layers_cost_disk_time(void)
  * while they fit), so the plan counts nothing resident and reads the head from the file per token too. */
 static void test_head_over_budget_is_streamed(void)
 {
-    kipp_model *m = open_tiny();
-    if (!m) return;
     kipp_model_info in;
-    kipp_model_get_info(m, &in);
     double layer, head, ppl;
-    sizes(&in, &layer, &head, &ppl);
+    kipp_model *m = open_tiny_sized(&in, &layer, &head, &ppl);
+    if (!m) return;
     uint64_t avail = (uint64_t)(0.9 * head / 0.75); /* 0.75 x available is 90% of the head */
     kipp_machine mc = machine(avail);
     kipp_plan p;
@@ -158,10 +162,9 @@ static void test_head_over_budget_is_streamed(void)
 
 static void test_no_room_and_bad_arguments(void)
 {
-    kipp_model *m = open_tiny();
-    if (!m) return;
     kipp_model_info in;
-    kipp_model_get_info(m, &in);
+    kipp_model *m = open_tiny(&in);
+    if (!m) return;
     /* room for 100 positions of KV: no head, no layer, and a quarter of it holds less than one 32-token block */
     kipp_machine mc = machine(100 * in.kv_bytes_per_token);
     kipp_plan p;
@@ -242,10 +245,9 @@ static void write_result(const char *dir, const char *name, const char *cpu, con
  * ignored); prefill, with rows of another model only, takes theirs. */
 static void test_shares_are_a_median_of_recent_runs(void)
 {
-    kipp_model *m = open_tiny();
-    if (!m) return;
     kipp_model_info in;
-    kipp_model_get_info(m, &in);
+    kipp_model *m = open_tiny(&in);
+    if (!m) return;
     char dir[] = "/tmp/kipp-test-shares-XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp");
     const char *me = in.checkpoint_id, *other = "synthetic-0.6b";
@@ -309,10 +311,9 @@ static void test_shares_are_a_median_of_recent_runs(void)
  * unreadable files than the note holds (it ends with the count), a results directory that does not exist. */
 static void test_unreadable_results_are_named(void)
 {
-    kipp_model *m = open_tiny();
-    if (!m) return;
     kipp_model_info in;
-    kipp_model_get_info(m, &in);
+    kipp_model *m = open_tiny(&in);
+    if (!m) return;
     char dir[] = "/tmp/kipp-test-unreadable-XXXXXX", path[1024];
     CHECK(mkdtemp(dir), "mkdtemp");
     snprintf(path, sizeof path, "%s/20260101-vm-test-cpu-cpu-fifo.json", dir);

@@ -308,12 +308,6 @@ static float *oracle_row(const outlier_oracle *o, size_t p, int r)
     return o->rows + ((size_t)p * OUTLIER_ROWS + (size_t)r) * o->V;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Evaluate prompt p's prefill and OUTLIER_DECODE single tokens on m (the tokens o->ids), calling back per row. */
 static int outlier_rows(kipp_model *m, const outlier_oracle *o, size_t p, float *lg,
                         void (*row)(void *ctx, size_t p, int r, const float *lg), void *ctx)
@@ -411,9 +405,8 @@ static void check_outliers_at(const char *path, const char *stem, const outlier_
     free(lg);
     kipp_model_close(m);
     if (rc) return;
-    qsort(st.dec, st.n_dec, sizeof *st.dec, cmp_double);
     size_t n = st.n_dec;
-    double med = n ? (n % 2 ? st.dec[n / 2] : (st.dec[n / 2 - 1] + st.dec[n / 2]) / 2) : 0;
+    double med = kipp_median(st.dec, n); /* sorts st.dec: dec[n - 1] is the worst row */
     double pooled = st.pre_ref > 0 ? st.pre_err / st.pre_ref : 1;
     CHECK(n == N_OUTLIER_PROMPTS * OUTLIER_DECODE, "%s: %zu decode rows ran", what, n);
     CHECK(pooled <= OUTLIER_NMSE_MAX, "%s: NMSE over the prefill rows %.3g > %g vs the ref backend", what, pooled,
