@@ -360,6 +360,58 @@ def test_quant_peer_cells(tmp_path: Path) -> None:
     assert "3 rounds, load 5.0/6.0; marked (note below)" in q[0] and "Marked run `" in text and ": reduced" in text
 
 
+def test_quant_cells_come_from_the_newest_run_that_has_them(tmp_path: Path) -> None:
+    """A newer peers run with fewer cells replaces only the cells it repeats: the older
+    run's other cells stay in the README table, each row naming its own file."""
+    cpu = {"model": "AMD EPYC", "cpu_id": "amd-f25m17", "flags": ["avx2"]}
+    old = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": "aaaaaaa", "date": "2026-11-01T00:00:00Z",
+           "host": "h", "cpu": cpu, "profile": None, "config": {"rounds": 3},
+           "results": [quant_cell("tg128", "q8_0", "bf16", "Q8_0", "default", 1.1),
+                       quant_cell("pp512", "q8_0", "bf16", "Q8_0", "default", 3.0)]}
+    new = {**old, "git_sha": "bbbbbbb", "date": "2026-11-02T00:00:00Z", "config": {"rounds": 2},
+           "results": [quant_cell("tg128", "q8_0", "bf16", "Q8_0", "default", 1.4),
+                       {**quant_cell("tg4k", "q8_0", "bf16", "Q8_0", "default", 2.0), "model": "synthetic-1.7b"}]}
+    (tmp_path / "old-peers.json").write_text(json.dumps(old))
+    (tmp_path / "new-peers.json").write_text(json.dumps(new))
+    readme = tmp_path / "R.md"
+    readme.write_text("<!-- perf-table:begin -->\n<!-- perf-table:end -->\n")
+    p = subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out",
+                        str(tmp_path / "r.png"), "--readme", str(readme)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    q = [ln for ln in readme.read_text().splitlines() if "| Q8_0 (default head) |" in ln]
+    assert len(q) == 3, q
+    by = {ln.split(" | ")[0] + ln.split(" | ")[1]: ln for ln in q}
+    assert "**3.00x**" in by["| synthetic-0.6bpp512"] and "`old-peers.json`" in by["| synthetic-0.6bpp512"], q
+    assert "**1.40x**" in by["| synthetic-0.6btg128"] and "`new-peers.json`" in by["| synthetic-0.6btg128"], q
+    assert "1.10x" not in "".join(q), q
+    assert "**2.00x**" in by["| synthetic-1.7btg4k"], q
+
+
+def test_act_precision_refuses_bad_input(tmp_path: Path) -> None:
+    """tools/act_precision.py checks every file and option before the first (long)
+    measurement and answers with one line naming the value, never a traceback."""
+    models = ROOT / "build" / "models"
+    good = models / "synthetic-tiny-outliers-q8_0.gguf"
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"NOTGGUF!" * 8)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    cases = [([str(tmp_path / "none.gguf")], "none.gguf: no such file"),
+             ([str(tmp_path)], "not a regular file"),
+             ([str(junk)], "junk.gguf: not a readable GGUF file"),
+             ([str(empty)], "empty.gguf: not a readable GGUF file"),
+             ([str(models / "synthetic-tiny-q8_0-head_q8_0.gguf")], "has kipp.quant.head"),
+             ([str(good), "--variants", "q8,foo"], "'foo' is not a variant"),
+             ([str(good), "--variants", "q8,q8"], "a variant named twice"),
+             ([str(good), "--decode", "0"], "--decode 0: expected at least 1"),
+             ([str(good), "--bound", "nan"], "--bound nan: expected a finite number above 0"),
+             ([str(good), str(junk)], "junk.gguf: not a readable GGUF file")]  # before good's measurement
+    for args, want in cases:
+        p = subprocess.run([sys.executable, str(ROOT / "tools/act_precision.py"), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2 and want in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
 def serve_round(tok_s: float, ttft: float, itl: float, prompt: int = 114) -> dict:
     return {"tok_s": tok_s, "tokens": 64, "wall_s": 64 / tok_s, "prompt_tokens": prompt, "ttft_ms_p50": ttft,
             "ttft_ms_p99": 2 * ttft, "itl_ms_p50": itl, "itl_ms_p99": 3 * itl}
