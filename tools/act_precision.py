@@ -103,6 +103,9 @@ def nmse(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 
 def measure(path: Path, names: list[str], decode: int, show_rows: bool, bound: float) -> None:
+    """Print the per-variant table for one GGUF (and every row with show_rows). Runs
+    1 + decode + len(names) + 1 forwards per prompt over the whole sequence (no KV cache);
+    the gguf package's errors on a damaged file propagate to main()."""
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(TOKENIZER))
     meta, w = F.load_weights(path)
