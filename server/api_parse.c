@@ -36,6 +36,7 @@ void serve_req_init(serve_req *r, int chat)
     r->max_tokens_asked = -1;
     r->max_tokens_field = "max_tokens";
     r->enable_thinking = 1;
+    r->thinking_budget = -1;
     r->parallel_tool_calls = 1;
     r->sp = kipp_sample_params_default();
     r->sp.temperature = 1.0f; /* OpenAI default */

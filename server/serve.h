@@ -82,7 +82,10 @@ typedef struct {
     int prompt_is_ids;        /* the client sent token ids */
     serve_msg *msgs;          /* [n_msgs] */
     size_t n_msgs;
+    int api;                  /* SERVE_API_*: the public API the request came through (its reply and error shapes) */
     int enable_thinking;      /* chat_template_kwargs.enable_thinking; default 1 */
+    int64_t thinking_budget;  /* reasoning tokens allowed before "</think>" is forced into the sequence; -1 = unbounded */
+    int priority;             /* vLLM's "priority": lower is sooner (admission and preemption order); default 0 */
     int starts_in_reasoning;  /* set by prepare: the rendered prompt ends inside <think> */
     int thinking;             /* set by prepare: split reasoning_content from content */
     size_t truncated_messages; /* set by prepare: oldest messages dropped to fit n_ctx (usage.truncated_messages) */
@@ -114,6 +117,9 @@ typedef struct {
     kipp_grammar *grammar;    /* set by prepare when the reply is constrained (response_format, or tool_choice
                                * required / named); every choice's gen uses it */
 } serve_req;
+
+/** The public APIs kipp-serve mirrors; a request's api picks its reply and error shapes. */
+enum { SERVE_API_OPENAI = 0, SERVE_API_ANTHROPIC, SERVE_API_RESPONSES };
 
 /** 1 when replies to r are parsed for <tool_call> blocks: tools given and tool_choice not "none". */
 int serve_tools_active(const serve_req *r);

@@ -35,7 +35,7 @@ done
 
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 APT_PKGS="build-essential clang libclang-rt-14-dev libhwloc-dev hwloc libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libpapi-dev papi-tools libsimde-dev libmicrohttpd-dev libzmq3-dev cmake python3 python3-pip python3-venv curl ${KIPP_APT_EXTRA:-}"
-PIP_PKGS="numpy safetensors tokenizers gguf huggingface_hub tqdm matplotlib pytest jinja2 openai prometheus_client jsonschema pyzmq msgpack msgspec xxhash vllm-router"
+PIP_PKGS="numpy safetensors tokenizers gguf huggingface_hub tqdm matplotlib pytest jinja2 openai anthropic prometheus_client jsonschema pyzmq msgpack msgspec xxhash vllm-router"
 [ "$REFERENCE" = 1 ] && PIP_PKGS="$PIP_PKGS torch transformers"
 VENV=.venv
 LOCK_TIMEOUT=${KIPP_APT_LOCK_TIMEOUT:-600}
