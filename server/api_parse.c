@@ -12,19 +12,6 @@
 
 #include "server/serve.h"
 
-int serve_fail(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...)
-{
-    memset(e, 0, sizeof *e);
-    e->status = status;
-    e->type = type;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 #define BAD(param, ...) serve_fail(e, 400, "invalid_request_error", param, __VA_ARGS__)
 
 void serve_req_init(serve_req *r, int chat)

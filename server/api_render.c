@@ -1,6 +1,6 @@
 /*
- * api_render.c - job state -> OpenAI JSON: errors, non-streamed responses and
- * SSE chunks. Text comes from serve_text_view, so
+ * api_render.c - job state -> OpenAI JSON: non-streamed responses and SSE
+ * chunks (errors: serve_error.c). Text comes from serve_text_view, so
  * streamed deltas and the non-streamed text are cut from the same bytes.
  * Callers hold the scheduler mutex; token texts need no engine lock.
  */
@@ -11,35 +11,6 @@
 
 #include "server/serve.h"
 
-#define FFFD "\xEF\xBF\xBD"
-
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 when invalid. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (k == 0 || k > n || (k == 2 && c < 0xC2)) return 0;
-    for (size_t i = 1; i < k; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (k == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
-    if (k == 4 && ((c == 0xF0 && s[1] < 0x90) || c > 0xF4 || (c == 0xF4 && s[1] >= 0x90))) return 0;
-    return k;
-}
-
-/* A JSON string of bytes p[n], invalid UTF-8 replaced by U+FFFD. */
-static json_t *jtext(const char *p, size_t n)
-{
-    serve_buf b = {0};
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)p + i, n - i);
-        serve_buf_put(&b, k ? p + i : FFFD, k ? k : 3);
-        i += k ? k : 1;
-    }
-    json_t *j = json_stringn(b.p ? b.p : "", b.n);
-    free(b.p);
-    return j;
-}
-
 static json_t *token_text(const serve_info *si, uint32_t id, json_t **bytes)
 {
     char buf[256];
@@ -49,19 +20,7 @@ static json_t *token_text(const serve_info *si, uint32_t id, json_t **bytes)
         *bytes = json_array();
         for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)buf[i]));
     }
-    return jtext(buf, n);
-}
-
-char *serve_error_json(const serve_error *e)
-{
-    /* jtext: a message may quote client bytes cut mid-character */
-    json_t *o = json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", jtext(e->message, strlen(e->message)), "type",
-                          e->type ? e->type : "server_error", "param",
-                          e->param[0] ? jtext(e->param, strlen(e->param)) : json_null(), "code",
-                          e->code[0] ? json_string(e->code) : json_null());
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    return s ? s : strdup("{\"error\":{\"message\":\"error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    return serve_json_text(buf, n);
 }
 
 static const char *finish_name(int f) { return f == FIN_LENGTH ? "length" : "stop"; }
@@ -225,8 +184,8 @@ static json_t *chat_message(const serve_job *j, int i, const shown *sh)
 {
     const serve_req *r = &j->req;
     json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
-                            sh->calls.n_calls && !sh->content_len ? json_null() : jtext(sh->content, sh->content_len));
-    if (r->thinking && sh->reasoning_len) json_object_set_new(msg, "reasoning_content", jtext(sh->reasoning, sh->reasoning_len));
+                            sh->calls.n_calls && !sh->content_len ? json_null() : serve_json_text(sh->content, sh->content_len));
+    if (r->thinking && sh->reasoning_len) json_object_set_new(msg, "reasoning_content", serve_json_text(sh->reasoning, sh->reasoning_len));
     if (!sh->calls.n_calls) return msg;
     json_t *calls = json_array();
     for (size_t k = 0; k < sh->calls.n_calls; k++) {
@@ -259,7 +218,7 @@ static json_t *choice_json(const serve_info *si, const serve_job *j, int i)
     serve_buf t = {0};
     if (r->echo && r->prompt_text) serve_buf_put(&t, r->prompt_text, strlen(r->prompt_text));
     serve_buf_put(&t, o->raw.p ? o->raw.p : "", v.content_len);
-    json_object_set_new(c, "text", jtext(t.p, t.n));
+    json_object_set_new(c, "text", serve_json_text(t.p, t.n));
     free(t.p);
     json_object_set_new(c, "logprobs", r->logprobs ? legacy_logprobs(si, j, o, 0, nlp, r->echo) : json_null());
     return c;
@@ -333,11 +292,11 @@ static void choice_chunk(const serve_info *si, const serve_job *j, int i, const 
     if (r->chat) {
         json_t *d = json_object();
         if (!st->role_sent[i]) json_object_set_new(d, "role", json_string("assistant"));
-        if (nr) json_object_set_new(d, "reasoning_content", jtext(sh->reasoning + st->sent_reasoning[i], nr));
-        if (nc || !st->role_sent[i]) json_object_set_new(d, "content", jtext(sh->content + st->sent_content[i], nc));
+        if (nr) json_object_set_new(d, "reasoning_content", serve_json_text(sh->reasoning + st->sent_reasoning[i], nr));
+        if (nc || !st->role_sent[i]) json_object_set_new(d, "content", serve_json_text(sh->content + st->sent_content[i], nc));
         json_object_set_new(c, "delta", d);
     } else {
-        json_object_set_new(c, "text", jtext(sh->content + st->sent_content[i], nc));
+        json_object_set_new(c, "text", serve_json_text(sh->content + st->sent_content[i], nc));
     }
     json_object_set_new(c, "logprobs", lp);
     st->role_sent[i] = 1;

@@ -13,7 +13,7 @@
 #include <zmq.h>
 
 #include "server/kv_events.h"
-#include "server/serve_http.h"
+#include "server/serve_log.h"
 
 #define KV_EVENT_MAX_BLOCK 64        /* token ids one queued event can hold; the engine's blocks are 32 */
 #define KV_EVENT_MAX_QUEUED (1 << 20) /* events waiting for the thread before new ones are dropped (and counted) */

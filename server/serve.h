@@ -3,6 +3,8 @@
  * phases 5-6). Layers, each in its own files, calling downward only:
  *
  *   serve_http.c     libmicrohttpd: connections, limits, routing, SSE writer
+ *   serve_error.c    error helpers: serve_fail, error bodies, UTF-8-safe JSON text
+ *   serve_log.c      log lines, once-only notes, the access log (serve_log.h)
  *   api_parse.c      JSON body -> serve_req (validation; no model needed)
  *   api_prepare.c    serve_req -> prompt token ids (tokenizer / chat renderer)
  *   api_render.c     job results -> OpenAI JSON (responses, chunks, errors)
@@ -44,9 +46,15 @@ typedef struct {
     char message[512];
 } serve_error;
 
+/* ---- errors (serve_error.c) ---- */
+
 /** Fill e and return -1 (so callers can `return serve_fail(...)`). */
 int serve_fail(serve_error *e, int status, const char *type, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/** OpenAI error body for e; malloc'd JSON text. */
+char *serve_error_json(const serve_error *e);
+/** A new JSON string of the bytes p[n], invalid UTF-8 replaced by U+FFFD (client or model bytes may be cut mid-character). */
+json_t *serve_json_text(const char *p, size_t n);
 
 /** One chat message as parsed: text parts already joined with "\n", as the
  * engine joins kipp_chat_message content parts (kipp.h; vLLM does the same). */
@@ -387,8 +395,6 @@ typedef struct {
     uint32_t n_ctx;
 } serve_info;
 
-/** OpenAI error body for e; malloc'd JSON text. */
-char *serve_error_json(const serve_error *e);
 /** The non-streamed response for a finished job; malloc'd JSON text. Engine lock held. */
 char *serve_render_response(const serve_info *si, const serve_job *job);
 /**

@@ -1,7 +1,7 @@
 /*
  * serve_http.h - the HTTP layer's handle (server/serve_http.c) and the
- * operational helpers beside it (server/serve_ops.c): timestamped logging,
- * API-key checks, the access log, /tokenize and /detokenize.
+ * operational helpers beside it (server/serve_ops.c): API-key checks,
+ * /tokenize and /detokenize. Logging is server/serve_log.h.
  */
 #ifndef KIPP_SERVE_HTTP_H
 #define KIPP_SERVE_HTTP_H
@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "server/serve.h"
+#include "server/serve_log.h"
 
 struct MHD_Connection;
 
@@ -47,31 +48,12 @@ void serve_http_stop(serve_http *h);
 
 /* ---- serve_ops.c ---- */
 
-/** One stderr line "2026-01-02T03:04:05.678Z kipp-serve: <message>" (UTC, milliseconds). */
-void serve_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/** The same for stdout (the "listening on" line), flushed. */
-void serve_log_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/** libmicrohttpd's MHD_OPTION_EXTERNAL_LOGGER: its messages as timestamped lines. */
-void serve_mhd_log(void *cls, const char *fmt, va_list ap);
-
 /**
  * 1 when the request may proceed: no key is configured, the path is /health
  * or /metrics and they are open, or the request carries the key as
  * "Authorization: Bearer KEY" or "X-Api-Key: KEY" (compared in constant time).
  */
 int serve_auth_ok(const serve_http *h, struct MHD_Connection *c, const char *url);
-
-/** What the access log records of one request. */
-typedef struct {
-    uint64_t id;              /* the job's id ("cmpl-<id>"), 0 = no job */
-    const char *method, *path;
-    int status;
-    long long prompt_tokens, completion_tokens, cached_tokens; /* -1 = not a completion */
-    double ttft_s, duration_s;/* ttft -1 = no token */
-} serve_access;
-
-/** Write a's JSON line to stderr: {"ts", "id", "method", "path", "status", ...}. */
-void serve_access_log(const serve_access *a);
 
 /**
  * POST /tokenize (vLLM's shape): body {"prompt": str | [ids]} or {"messages": [...],

@@ -1,7 +1,6 @@
 /*
- * serve_ops.c - what an operator needs around the API: timestamped log lines
- * (libmicrohttpd's too), the API-key check, the JSON access log, and vLLM's
- * /tokenize and /detokenize. Tokenizing reuses serve_parse + serve_prepare,
+ * serve_ops.c - what an operator needs around the API: the API-key check and
+ * vLLM's /tokenize and /detokenize (logs: serve_log.c). Tokenizing reuses serve_parse + serve_prepare,
  * so /tokenize counts exactly the tokens a completion request would use.
  */
 #include <microhttpd.h>
@@ -12,56 +11,6 @@
 #include <utf8proc.h>
 
 #include "server/serve_http.h"
-
-/* "2026-01-02T03:04:05.678Z": UTC with milliseconds, sortable across replicas. */
-static void stamp(char *buf, size_t cap)
-{
-    struct timeval tv;
-    struct tm tm;
-    gettimeofday(&tv, NULL);
-    gmtime_r(&tv.tv_sec, &tm);
-    size_t n = strftime(buf, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(buf + n, cap - n, ".%03dZ", (int)(tv.tv_usec / 1000));
-}
-
-/* One whole line per call: formatted first, then written with one fputs, so
- * lines from different threads never interleave. */
-static void vline(FILE *f, const char *fmt, va_list ap)
-{
-    char ts[40], msg[1024];
-    stamp(ts, sizeof ts);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && msg[n - 1] == '\n') msg[--n] = 0; /* libmicrohttpd ends its messages with one */
-    char line[1100];
-    snprintf(line, sizeof line, "%s kipp-serve: %s\n", ts, msg);
-    fputs(line, f);
-    fflush(f);
-}
-
-void serve_log(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vline(stderr, fmt, ap);
-    va_end(ap);
-}
-
-void serve_log_out(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vline(stdout, fmt, ap);
-    va_end(ap);
-}
-
-void serve_mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    (void)cls;
-    char msg[900];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    serve_log("http: %s", msg);
-}
 
 /* Equal strings, in time that depends on the lengths only. */
 static int same_secret(const char *a, const char *b)
@@ -80,35 +29,6 @@ int serve_auth_ok(const serve_http *h, struct MHD_Connection *c, const char *url
     const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Api-Key");
     if (auth && !strncasecmp(auth, "Bearer ", 7) && same_secret(auth + 7, h->api_key)) return 1;
     return x && same_secret(x, h->api_key);
-}
-
-void serve_access_log(const serve_access *a)
-{
-    char ts[40];
-    stamp(ts, sizeof ts);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:i}", "ts", ts, "event", "request", "method", a->method ? a->method : "",
-                          "path", a->path ? a->path : "", "status", a->status);
-    if (a->id) {
-        char id[32];
-        snprintf(id, sizeof id, "cmpl-%llu", (unsigned long long)a->id);
-        json_object_set_new(o, "id", json_string(id));
-    }
-    if (a->prompt_tokens >= 0) {
-        json_object_set_new(o, "prompt_tokens", json_integer(a->prompt_tokens));
-        json_object_set_new(o, "completion_tokens", json_integer(a->completion_tokens));
-        json_object_set_new(o, "cached_tokens", json_integer(a->cached_tokens));
-    }
-    json_object_set_new(o, "ttft_ms", a->ttft_s >= 0 ? json_real(a->ttft_s * 1e3) : json_null());
-    json_object_set_new(o, "duration_ms", json_real(a->duration_s * 1e3));
-    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(o);
-    if (s) {
-        size_t n = strlen(s);
-        s[n] = '\n'; /* one fwrite of the whole line, so lines never interleave */
-        fwrite(s, 1, n + 1, stderr);
-        fflush(stderr);
-    }
-    free(s);
 }
 
 int serve_model_known(const serve_http *h, const char *name)
