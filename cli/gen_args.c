@@ -5,10 +5,11 @@
  * One table lists every option, the commands that use it and its help text,
  * so the usage each command prints and the options it accepts cannot drift
  * apart: an option another command uses is rejected by name ("does not
- * apply"), never accepted and ignored. Values are range-checked here, with the
- * flag and the text as the user wrote it in the message; the ranges are
- * subsets of what kipp_sample_ex accepts (engine/sampler.c), and the sampler's
- * own check runs afterwards as a backstop.
+ * apply"), never accepted and ignored. The sampling options come from the
+ * engine's one table of sampling fields (kipp_sample_fields: flag, range,
+ * default), which kipp-serve and the sampler use too. Values are range-checked
+ * here, with the flag and the text as the user wrote it in the message, and
+ * the sampler's own check runs afterwards as a backstop.
  */
 #include <errno.h>
 #include <float.h>
@@ -53,14 +54,7 @@ static const opt_def OPTS[] = {
     {"--system", "TEXT", C_CHAT, "a system message opening the conversation; it is always kept when the\n"
                                  "      oldest turns are dropped to fit --ctx"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
-    {"--temperature", "T", C_SAMPLE, "finite, >= 0; default 0 = greedy"},
-    {"--top-p", "P", C_SAMPLE, "nucleus mass in (0, 1]; default 1 (off)"},
-    {"--top-k", "K", C_SAMPLE, "0..1073741824; default 0 (off)"},
-    {"--min-p", "M", C_SAMPLE, "in [0, 1]; default 0 (off)"},
     {"--seed", "S", C_SAMPLE, "0..2^64-1; default 0, so unseeded runs repeat; printed in the timings line"},
-    {"--repeat-penalty", "R", C_SAMPLE, "CTRL penalty on the last 64 tokens, in [0.01, 100]; default 1 (off)"},
-    {"--frequency-penalty", "F", C_SAMPLE, "in [-2, 2]; default 0"},
-    {"--presence-penalty", "F", C_SAMPLE, "in [-2, 2]; default 0"},
     {"--logit-bias", "ID=BIAS", C_SAMPLE, "add BIAS in [-100, 100] to token ID's logit; repeatable, at most 64"},
     {"--lora", "PATH[:SCALE]", C_ALL, "merge a LoRA adapter GGUF into the weights at load, scaled (default 1);\n"
                                      "      repeatable, at most 8 (their deltas add up)"},
@@ -71,27 +65,6 @@ static const opt_def OPTS[] = {
     {"--help", NULL, C_ALL, "print this help and exit"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
-
-/** A float option: where it goes in kipp_sample_params and its accepted range. */
-typedef struct {
-    const char *flag;
-    size_t off;      /* offsetof(kipp_sample_params, field) */
-    double lo, hi;   /* inclusive bounds ... */
-    int lo_open;     /* ... except lo when set */
-    const char *expect;
-} float_spec;
-
-#define SP(f) offsetof(kipp_sample_params, f)
-static const float_spec FLOATS[] = {
-    {"--temperature", SP(temperature), 0.0, FLT_MAX, 0, "a finite number >= 0 (0 = greedy)"},
-    {"--top-p", SP(top_p), 0.0, 1.0, 1, "a number in (0, 1]"},
-    {"--min-p", SP(min_p), 0.0, 1.0, 0, "a number in [0, 1]"},
-    /* 1/100..100 covers every published setting (1.0-1.5); the sampler saturates the rest. */
-    {"--repeat-penalty", SP(repetition_penalty), 0.01, 100.0, 0, "a number in [0.01, 100] (1 = off)"},
-    {"--frequency-penalty", SP(frequency_penalty), -2.0, 2.0, 0, "a number in [-2, 2]"},
-    {"--presence-penalty", SP(presence_penalty), -2.0, 2.0, 0, "a number in [-2, 2]"},
-};
-#undef SP
 
 /* OpenAI's logit_bias range; with it no finite logit can overflow when biased. */
 #define MAX_ABS_BIAS 100.0
@@ -114,6 +87,11 @@ static void usage(const char *cmd, FILE *f)
         if (OPTS[i].cmds & bit)
             fprintf(f, "  %s%s%s\n      %s\n", OPTS[i].flag, OPTS[i].arg ? " " : "", OPTS[i].arg ? OPTS[i].arg : "",
                     OPTS[i].help);
+    size_t n_sf;
+    const kipp_sample_field *sf = kipp_sample_fields(&n_sf);
+    for (size_t i = 0; i < n_sf && (bit & C_SAMPLE); i++)
+        fprintf(f, "  %s %s\n      %s; default %s (kipp-serve: \"%s\")\n", sf[i].flag, sf[i].metavar, sf[i].expect,
+                sf[i].dflt, sf[i].name);
     if (bit != C_LOGITS)
         fprintf(f, "\nQwen3 model cards suggest --temperature 0.6 --top-p 0.95 --top-k 20 for thinking mode\n"
                    "and 0.7 / 0.8 / 20 without it.\n");
@@ -185,9 +163,6 @@ static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_
     uint64_t u = 0;
     if (!strcmp(f, "--seed")) {
         if (parse_u64(v, UINT64_MAX, &o->seed)) return bad_arg(cmd, f, v, "an integer in 0..18446744073709551615");
-    } else if (!strcmp(f, "--top-k")) {
-        if (parse_u64(v, 1u << 30, &u)) return bad_arg(cmd, f, v, "an integer in 0..1073741824 (0 = off)");
-        o->sp.top_k = (int)u;
     } else if (!strcmp(f, "--max-tokens")) {
         if (parse_u64(v, 1u << 30, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..1073741824 (2^30)");
         o->max_tokens = (uint32_t)u;
@@ -212,15 +187,22 @@ static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_
     return 0;
 }
 
+/* A sampling option: an integer or a float within its row's range. */
+static int parse_sample_field(const char *cmd, const kipp_sample_field *sf, const char *v, cli_gen_opts *o)
+{
+    uint64_t u = 0;
+    float x = 0.0f;
+    if (sf->is_int ? parse_u64(v, (uint64_t)sf->hi, &u) || (double)u < sf->lo : parse_float(v, sf->lo, sf->hi, 0, &x))
+        return bad_arg(cmd, sf->flag, v, sf->expect);
+    kipp_sample_field_set(&o->sp, sf, sf->is_int ? (double)u : (double)x);
+    return 0;
+}
+
 /* One "--flag VALUE" option known to apply to cmd; returns 0 or 2. */
 static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_gen_opts *o)
 {
-    for (size_t i = 0; i < sizeof FLOATS / sizeof FLOATS[0]; i++)
-        if (!strcmp(f, FLOATS[i].flag)) {
-            float *dst = (float *)((char *)&o->sp + FLOATS[i].off);
-            return parse_float(v, FLOATS[i].lo, FLOATS[i].hi, FLOATS[i].lo_open, dst)
-                       ? bad_arg(cmd, f, v, FLOATS[i].expect) : 0;
-        }
+    const kipp_sample_field *sf = kipp_sample_field_find(f);
+    if (sf) return parse_sample_field(cmd, sf, v, o);
     if (!strcmp(f, "--model")) o->model = v;
     else if (!strcmp(f, "--prompt")) o->prompt = v;
     else if (!strcmp(f, "--backend")) o->backend = v;
@@ -295,7 +277,12 @@ static const opt_def *find_opt(const char *f)
 {
     for (size_t i = 0; i < N_OPTS; i++)
         if (!strcmp(f, OPTS[i].flag)) return &OPTS[i];
-    return NULL;
+    /* the sampling table's rows, as options of generate and chat */
+    static opt_def sample_opt;
+    const kipp_sample_field *sf = kipp_sample_field_find(f);
+    if (!sf) return NULL;
+    sample_opt = (opt_def){.flag = sf->flag, .arg = sf->metavar, .cmds = C_SAMPLE, .help = sf->expect};
+    return &sample_opt;
 }
 
 int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o)

@@ -561,6 +561,31 @@ typedef struct {
 kipp_sample_params kipp_sample_params_default(void);
 
 /**
+ * One numeric sampling field of kipp_sample_params and its accepted range:
+ * the single table the sampler checks, the CLI parses ("--" flag) and
+ * kipp-serve parses (JSON "name"), so a field added here appears in all three.
+ */
+typedef struct {
+    const char *name;         /* API field, e.g. "top_p" */
+    const char *flag;         /* CLI flag, e.g. "--top-p" (llama.cpp's "--repeat-penalty" for repetition_penalty) */
+    const char *metavar;      /* CLI value placeholder, e.g. "P" */
+    size_t offset;            /* offsetof(kipp_sample_params, member): a float, or an int when is_int */
+    int is_int;               /* 1: the member is an int and only integers are accepted */
+    double lo, hi;            /* inclusive bounds; hi FLT_MAX means "finite" */
+    const char *expect;       /* what an error says is expected, e.g. "a number in [0, 1] (0 = greedy)" */
+    const char *dflt;         /* the neutral default as help text, e.g. "1 (off)" */
+} kipp_sample_field;
+
+/** The table (static storage, kipp_sample_params order); *n receives its length. */
+const kipp_sample_field *kipp_sample_fields(size_t *n);
+/** The row named name (API name, or CLI flag when it starts with "--"); NULL when none. */
+const kipp_sample_field *kipp_sample_field_find(const char *name);
+/** Store x (already in the row's range) into p's member; is_int rows truncate. */
+void kipp_sample_field_set(kipp_sample_params *p, const kipp_sample_field *f, double x);
+/** The member's value in p as a double. */
+double kipp_sample_field_get(const kipp_sample_params *p, const kipp_sample_field *f);
+
+/**
  * Sample one token from logits[n_vocab] (not modified). Deterministic for a
  * given rng state. Errors: KIPP_EINVAL for out-of-range parameters (named),
  * KIPP_ENUMERIC when logits hold NaN or Inf, KIPP_ERANGE for a bias token id

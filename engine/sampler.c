@@ -24,6 +24,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,21 +79,65 @@ kipp_sample_params kipp_sample_params_default(void)
 
 /* ---- validation ---- */
 
+/* The one table of numeric sampling fields and their ranges (kipp.h). The
+ * repetition penalty's 1/100..100 covers every published setting (1.0-1.5);
+ * apply_repetition saturates whatever extreme logits meet it. */
+#define SP(f) offsetof(kipp_sample_params, f)
+static const kipp_sample_field FIELDS[] = {
+    {.name = "temperature", .flag = "--temperature", .metavar = "T", .offset = SP(temperature), .lo = 0, .hi = FLT_MAX,
+     .expect = "a finite number >= 0 (0 = greedy)", .dflt = "0 (greedy)"},
+    {.name = "top_k", .flag = "--top-k", .metavar = "K", .offset = SP(top_k), .is_int = 1, .lo = 0, .hi = 1 << 30,
+     .expect = "an integer in 0..1073741824 (0 = off)", .dflt = "0 (off)"},
+    {.name = "top_p", .flag = "--top-p", .metavar = "P", .offset = SP(top_p), .lo = 0, .hi = 1,
+     .expect = "a number in [0, 1] (0 = greedy)", .dflt = "1 (off)"},
+    {.name = "min_p", .flag = "--min-p", .metavar = "M", .offset = SP(min_p), .lo = 0, .hi = 1,
+     .expect = "a number in [0, 1]", .dflt = "0 (off)"},
+    {.name = "repetition_penalty", .flag = "--repeat-penalty", .metavar = "R", .offset = SP(repetition_penalty),
+     .lo = 0.01, .hi = 100, .expect = "a number in [0.01, 100] (1 = off; CTRL, on the last 64 tokens)", .dflt = "1 (off)"},
+    {.name = "frequency_penalty", .flag = "--frequency-penalty", .metavar = "F", .offset = SP(frequency_penalty),
+     .lo = -2, .hi = 2, .expect = "a number in [-2, 2]", .dflt = "0"},
+    {.name = "presence_penalty", .flag = "--presence-penalty", .metavar = "F", .offset = SP(presence_penalty),
+     .lo = -2, .hi = 2, .expect = "a number in [-2, 2]", .dflt = "0"},
+};
+#undef SP
+#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+const kipp_sample_field *kipp_sample_fields(size_t *n)
+{
+    *n = N_FIELDS;
+    return FIELDS;
+}
+
+const kipp_sample_field *kipp_sample_field_find(const char *name)
+{
+    int flag = name && !strncmp(name, "--", 2);
+    for (size_t i = 0; name && i < N_FIELDS; i++)
+        if (!strcmp(name, flag ? FIELDS[i].flag : FIELDS[i].name)) return &FIELDS[i];
+    return NULL;
+}
+
+void kipp_sample_field_set(kipp_sample_params *p, const kipp_sample_field *f, double x)
+{
+    char *m = (char *)p + f->offset;
+    if (f->is_int) *(int *)(void *)m = (int)x;
+    else *(float *)(void *)m = (float)x;
+}
+
+double kipp_sample_field_get(const kipp_sample_params *p, const kipp_sample_field *f)
+{
+    const char *m = (const char *)p + f->offset;
+    return f->is_int ? (double)*(const int *)(const void *)m : (double)*(const float *)(const void *)m;
+}
+
 static int check_params(const kipp_sample_params *p, size_t n_vocab, char *err, size_t errlen)
 {
-    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
-        return kipp_err(err, errlen, KIPP_EINVAL, "temperature %g is invalid, expected a finite value >= 0", (double)p->temperature);
-    if (p->top_k < 0) return kipp_err(err, errlen, KIPP_EINVAL, "top_k %d is invalid, expected >= 0 (0 = off)", p->top_k);
-    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
-        return kipp_err(err, errlen, KIPP_EINVAL, "top_p %g is invalid, expected a value in [0, 1] (0 = greedy)", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return kipp_err(err, errlen, KIPP_EINVAL, "min_p %g is invalid, expected a value in [0, 1]", (double)p->min_p);
-    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
-        return kipp_err(err, errlen, KIPP_EINVAL, "repetition_penalty %g is invalid, expected a finite value > 0", (double)p->repetition_penalty);
-    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return kipp_err(err, errlen, KIPP_EINVAL, "frequency_penalty %g is invalid, expected a value in [-2, 2]", (double)p->frequency_penalty);
-    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return kipp_err(err, errlen, KIPP_EINVAL, "presence_penalty %g is invalid, expected a value in [-2, 2]", (double)p->presence_penalty);
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        /* a float member holds its bounds rounded to float (0.01 is 0.0099999998f) */
+        double x = kipp_sample_field_get(p, &FIELDS[i]), lo = FIELDS[i].lo, hi = FIELDS[i].hi;
+        if (!FIELDS[i].is_int) lo = (float)lo, hi = (float)hi;
+        if (!(x >= lo && x <= hi))
+            return kipp_err(err, errlen, KIPP_EINVAL, "%s %g is invalid, expected %s", FIELDS[i].name, x, FIELDS[i].expect);
+    }
     if (p->history_len && !p->history)
         return kipp_err(err, errlen, KIPP_EINVAL, "history is NULL with history_len %zu", p->history_len);
     if (p->n_prompt_history > p->history_len)

@@ -66,7 +66,8 @@ static const char *type_name(const json_t *v)
     }
 }
 
-/* ---- numeric fields: one table row each ---- */
+/* ---- numeric fields: one table row each (the sampling fields are the
+ * engine's table, kipp_sample_fields, which the CLI and the sampler share) ---- */
 
 enum { F_REAL, F_INT };
 typedef struct {
@@ -78,13 +79,6 @@ typedef struct {
 } num_field;
 
 static const num_field NUMS[] = {
-    {"temperature", F_REAL, 0, 2, 0, 0},
-    {"top_p", F_REAL, 0, 1, 0, 0},
-    {"min_p", F_REAL, 0, 1, 0, 0},
-    {"frequency_penalty", F_REAL, -2, 2, 0, 0},
-    {"presence_penalty", F_REAL, -2, 2, 0, 0},
-    {"repetition_penalty", F_REAL, 0.01, 100, 0, 0},
-    {"top_k", F_INT, 0, 1 << 30, 0, 0},
     {"n", F_INT, 1, SERVE_MAX_N, 0, 0},
     {"max_tokens", F_INT, 1, 1 << 30, 0, 0},
     {"max_completion_tokens", F_INT, 1, 1 << 30, 0, 2},
@@ -109,17 +103,20 @@ static int num_value(const num_field *f, const json_t *v, double *out, serve_err
     return 0;
 }
 
+/* A sampling field of the engine's table: its range and message, stored into r->sp. */
+static int sample_field(serve_req *r, const kipp_sample_field *f, const json_t *v, serve_error *e)
+{
+    if (f->is_int ? !json_is_integer(v) : !json_is_number(v))
+        return BAD(f->name, "%s is %s, expected %s", f->name, type_name(v), f->expect);
+    double x = json_number_value(v);
+    if (!(x >= f->lo && x <= f->hi)) return BAD(f->name, "%s %g is out of range, expected %s", f->name, x, f->expect);
+    kipp_sample_field_set(&r->sp, f, x);
+    return 0;
+}
+
 static void num_store(serve_req *r, const char *name, double x)
 {
-    kipp_sample_params *p = &r->sp;
-    if (!strcmp(name, "temperature")) p->temperature = (float)x;
-    else if (!strcmp(name, "top_p")) p->top_p = (float)x;
-    else if (!strcmp(name, "min_p")) p->min_p = (float)x;
-    else if (!strcmp(name, "frequency_penalty")) p->frequency_penalty = (float)x;
-    else if (!strcmp(name, "presence_penalty")) p->presence_penalty = (float)x;
-    else if (!strcmp(name, "repetition_penalty")) p->repetition_penalty = (float)x;
-    else if (!strcmp(name, "top_k")) p->top_k = (int)x;
-    else if (!strcmp(name, "n")) r->n = (int)x;
+    if (!strcmp(name, "n")) r->n = (int)x;
     else if (!strcmp(name, "max_tokens") || !strcmp(name, "max_completion_tokens"))
         r->max_tokens = r->max_tokens_asked = (int64_t)x, r->max_tokens_field = name;
     else if (!strcmp(name, "logprobs")) r->logprobs = 1, r->top_logprobs = (int)x;
@@ -394,6 +391,8 @@ static int router_field(const serve_req *r, const char *k, const json_t *v, int 
 static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error *e)
 {
     int where = r->chat ? 2 : 1;
+    const kipp_sample_field *sf = kipp_sample_field_find(k);
+    if (sf) return sample_field(r, sf, v, e);
     for (size_t i = 0; i < sizeof NUMS / sizeof NUMS[0]; i++) {
         if (strcmp(k, NUMS[i].name) || (NUMS[i].where && NUMS[i].where != where)) continue;
         double x = 0;

@@ -391,7 +391,7 @@ def test_repeat_penalty_range_ends_run(value):
 
 @pytest.mark.parametrize("flag,value,needle", [
     ("--temperature", "1e39", "--temperature '1e39'"),
-    ("--top-p", "0", "--top-p '0' is invalid, expected a number in (0, 1]"),
+    ("--top-p", "1.5", "--top-p '1.5' is invalid, expected a number in [0, 1] (0 = greedy)"),
     ("--min-p", "1.5", "--min-p '1.5' is invalid, expected a number in [0, 1]"),
     ("--frequency-penalty", "3", "--frequency-penalty '3'"),
     ("--presence-penalty", "-2.5", "--presence-penalty '-2.5'"),

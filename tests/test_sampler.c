@@ -292,6 +292,43 @@ static void expect_reject(kipp_sample_params p, int code, const char *name)
     CHECK(tok == 77, "%s: token written on error", name);
 }
 
+/* Every row of the sampling-field table (kipp_sample_fields, which the CLI and
+ * kipp-serve parse through): both ends accepted, just outside either refused
+ * naming the field, and set/get round-trip through the member it names. */
+static void test_sample_field_table(void)
+{
+    size_t n = 0;
+    const kipp_sample_field *f = kipp_sample_fields(&n);
+    CHECK(n == 7, "%zu sampling fields, expected 7", n);
+    float lg[5];
+    five_logits(lg);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(kipp_sample_field_find(f[i].name) == &f[i] && kipp_sample_field_find(f[i].flag) == &f[i],
+              "%s / %s not found by name and flag", f[i].name, f[i].flag);
+        double ends[2] = {f[i].lo, f[i].hi};
+        for (int k = 0; k < 2; k++) {
+            kipp_sample_params p = kipp_sample_params_default();
+            kipp_sample_field_set(&p, &f[i], ends[k]);
+            CHECK(kipp_sample_field_get(&p, &f[i]) == (f[i].is_int ? ends[k] : (double)(float)ends[k]),
+                  "%s: set %g, read back %g", f[i].name, ends[k], kipp_sample_field_get(&p, &f[i]));
+            kipp_rng rng;
+            kipp_rng_seed(&rng, 1);
+            uint32_t tok;
+            char err[256] = "";
+            CHECK(kipp_sample_ex(lg, 5, &p, &rng, &tok, err, sizeof err) == 0, "%s = %g refused: %s", f[i].name, ends[k], err);
+        }
+        kipp_sample_params p = kipp_sample_params_default();
+        kipp_sample_field_set(&p, &f[i], f[i].lo - 1);
+        expect_reject(p, KIPP_EINVAL, f[i].name);
+        if (f[i].hi < 1e30) {
+            p = kipp_sample_params_default();
+            kipp_sample_field_set(&p, &f[i], f[i].hi + 1);
+            expect_reject(p, KIPP_EINVAL, f[i].name);
+        }
+    }
+    CHECK(kipp_sample_field_find("seed") == NULL && kipp_sample_field_find(NULL) == NULL, "seed is not a range field");
+}
+
 static void test_bad_parameters(void)
 {
     kipp_sample_params d = kipp_sample_params_default(), p;
@@ -367,6 +404,7 @@ int main(void)
     RUN(test_top_p_large_vocab);
     RUN(test_logit_bias);
     RUN(test_bad_parameters);
+    RUN(test_sample_field_table);
     RUN(test_nonfinite_logits);
     RUN(test_penalty_saturates);
     return th_finish();
