@@ -496,7 +496,7 @@ static int in(const char *const *list, const char *k)
 static int parse_field(build *b, const char *k, json_t *v, serve_error *e)
 {
     if (in(PASS, k)) {
-        if (strcmp(k, "model") && strcmp(k, "stream")) json_object_set(b->echo, k, v);
+        if (!strcmp(k, "temperature") || !strcmp(k, "top_p")) json_object_set(b->echo, k, v); /* the Response has these */
         return json_object_set(b->chat, k, v);
     }
     if (in(INERT, k)) return parse_inert(b, k, v, e);

@@ -167,16 +167,11 @@ static json_t *response_obj(const serve_info *si, const serve_job *j, const char
     const serve_resp *x = j->req.api_ctx;
     char id[48];
     snprintf(id, sizeof id, "resp_%s", x->hex);
-    json_t *o = json_deep_copy(x->echo);
-    json_object_set_new(o, "id", json_string(id));
-    json_object_set_new(o, "object", json_string("response"));
-    json_object_set_new(o, "created_at", json_integer((json_int_t)j->created));
-    json_object_set_new(o, "status", json_string(status));
-    json_object_set_new(o, "model", json_string(si->model_id));
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:s}", "id", id, "object", "response", "created_at",
+                          (json_int_t)j->created, "status", status, "error", "incomplete_details", "model", si->model_id);
+    json_object_update(o, x->echo);
     json_object_set_new(o, "output", output);
     json_object_set_new(o, "usage", usage ? usage : json_null());
-    json_object_set_new(o, "error", json_null());
-    json_object_set_new(o, "incomplete_details", json_null());
     return o;
 }
 
@@ -193,8 +188,9 @@ static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_
                                                   j->error[0] ? j->error : "engine error"));
     if (incomplete) json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
     if (!failed && x->store && !x->stored) {
-        json_t *items = json_deep_copy(x->history);
-        json_array_extend(items, out);
+        json_t *items = json_deep_copy(x->history), *copy = json_deep_copy(out); /* shares nothing with o */
+        json_array_extend(items, copy);
+        json_decref(copy);
         serve_resp_store_put(json_string_value(json_object_get(o, "id")), items);
         x->stored = 1;
     }
@@ -218,10 +214,11 @@ char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_j
 /* "event: <type>" and the event's JSON (type and sequence_number added); o stolen. */
 static void event(serve_buf *b, serve_resp *x, const char *type, json_t *o)
 {
-    json_object_set_new(o, "type", json_string(type));
-    json_object_set_new(o, "sequence_number", json_integer((json_int_t)x->seq++));
-    char *s = json_dumps(o, JSON_COMPACT);
+    json_t *ev = json_pack("{s:s, s:I}", "type", type, "sequence_number", (json_int_t)x->seq++);
+    json_object_update(ev, o); /* type and sequence_number first, as OpenAI writes them */
     json_decref(o);
+    char *s = json_dumps(ev, JSON_COMPACT);
+    json_decref(ev);
     if (!s) return;
     serve_buf_put(b, "event: ", 7), serve_buf_put(b, type, strlen(type)), serve_buf_put(b, "\ndata: ", 7);
     serve_buf_put(b, s, strlen(s)), serve_buf_put(b, "\n\n", 2);

@@ -168,6 +168,22 @@ def test_reasoning_and_content_match_chat(client, tid, seed):
     assert 0 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
 
 
+def test_reasoning_history_item(client):
+    """A reasoning item before an assistant message is that turn's reasoning_content:
+    the prompt is chat's for the same history (Qwen3's template drops it before
+    the last user turn, and keeps it after)."""
+    rs = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "short"}],
+          "content": [{"type": "reasoning_text", "text": "think hard"}], "encrypted_content": None}
+    asst = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]}
+    for tail in ([{"role": "user", "content": "More?"}], []):
+        r = client.responses.create(model=MODEL, input=[{"role": "user", "content": "Hi"}, rs, asst, *tail],
+                                    max_output_tokens=6, temperature=0)
+        msgs = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!", "reasoning_content": "think hard"}, *tail]
+        c = chat(client, msgs, max_completion_tokens=6, temperature=0)
+        assert r.usage.input_tokens == c.usage.prompt_tokens and r.output_text == c.choices[0].message.content
+
+
 # ---- structured output ----
 
 @pytest.mark.parametrize("seed", range(3))
