@@ -415,3 +415,17 @@ def test_tool_turn_without_its_call_is_400(srv):
     st, r = srv.post("/v1/responses", {"input": [{"role": "user", "content": "x"},
                                                  {"type": "function_call_output", "call_id": "c1", "output": "y"}]})
     assert st == 400 and r["error"]["param"] == "input", r
+
+
+def test_store_keeps_the_last_256(srv):
+    """The documented bound: after 256 newer stored responses the oldest is evicted
+    (400 previous_response_not_found), and the one after it, with 255 newer, is kept."""
+    def create(**kw):
+        st, r = srv.post("/v1/responses", {"input": "Hi", "max_output_tokens": 1, **kw})
+        assert st == 200, r
+        return r["id"]
+    ids = [create() for _ in range(257)]
+    st, r = srv.post("/v1/responses", {"input": "x", "max_output_tokens": 1, "previous_response_id": ids[0]})
+    assert st == 400 and r["error"]["code"] == "previous_response_not_found", r
+    st, r = srv.post("/v1/responses", {"input": "x", "max_output_tokens": 1, "previous_response_id": ids[1]})
+    assert st == 200 and r["previous_response_id"] == ids[1], r  # the 256th newest is still kept
