@@ -41,6 +41,7 @@ void serve_req_free(serve_req *r)
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->rf_schema);
     kipp_grammar_destroy(r->grammar);
+    if (r->api_ctx_free) r->api_ctx_free(r->api_ctx);
     memset(r, 0, sizeof *r);
 }
 

@@ -124,6 +124,8 @@ typedef struct {
     char *rf_schema;          /* json_schema: the schema as compact JSON text, malloc'd */
     kipp_grammar *grammar;    /* set by prepare when the reply is constrained (response_format, or tool_choice
                                * required / named); every choice's gen uses it */
+    void *api_ctx;            /* what the request's API keeps beside it (SERVE_API_RESPONSES: a serve_resp, responses.h) */
+    void (*api_ctx_free)(void *); /* frees api_ctx; called by serve_req_free */
 } serve_req;
 
 /** The public APIs kipp-serve mirrors; a request's api picks its reply and error shapes. */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/responses.h"
 #include "server/serve_http.h"
 
 typedef struct {
@@ -106,7 +107,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         pthread_mutex_t *mu = serve_sched_mutex(s->h->sched);
         pthread_mutex_lock(mu);
         for (;;) {
-            serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
+            if (s->job->req.api == SERVE_API_RESPONSES)
+                s->st.done_sent = serve_responses_chunks(&s->h->info, serve_tokenizer_mutex(s->h->sched), s->job, &s->out);
+            else
+                serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
             if (s->out.n || s->st.done_sent) break;
             if (client_gone(s->fd)) {
                 serve_sched_cancel(s->h->sched, s->job);
@@ -173,7 +177,9 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
         serve_fail(&e, 500, "server_error", "", "generation failed: %s", job->error[0] ? job->error : "engine error");
         out = serve_error_json(&e), *status = 500;
     } else {
-        out = serve_render_response(&h->info, job), *status = 200;
+        out = job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, serve_tokenizer_mutex(h->sched), job)
+                                                  : serve_render_response(&h->info, job);
+        *status = 200;
     }
     if (out) serve_metrics_request(job->req.chat, *status);
     serve_job_unref(job);
@@ -181,7 +187,7 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
     return out;
 }
 
-static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_state *cs, int chat)
+static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_state *cs, int chat, int api)
 {
     serve_error e;
     serve_req r;
@@ -189,7 +195,9 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
         return send_error(h, c, chat, &e);
     }
-    if (serve_parse(cs->body.p ? cs->body.p : "", cs->body.n, chat, &r, &e)) return send_error(h, c, chat, &e);
+    const char *in = cs->body.p ? cs->body.p : "";
+    if (api == SERVE_API_RESPONSES ? serve_responses_parse(in, cs->body.n, &r, &e) : serve_parse(in, cs->body.n, chat, &r, &e))
+        return send_error(h, c, chat, &e);
     if (!serve_model_known(h, r.model)) {
         serve_fail(&e, 404, "invalid_request_error", "model", "model '%.100s' is not served here, expected '%s' (GET /v1/models)",
                    r.model, h->info.model_id);
@@ -290,14 +298,14 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
     return queue(h, c, 204, r);
 }
 
-static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, "
-                                     "POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET /v1/models, "
+                                     "GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /health, GET /metrics";
 
 /* Which method an endpoint takes: "POST", "GET", or NULL when url is none. */
 static const char *endpoint_method(const char *url)
 {
-    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/tokenize") ||
-        !strcmp(url, "/detokenize"))
+    if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") ||
+        !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize"))
         return "POST";
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
         return "GET";
@@ -307,7 +315,8 @@ static const char *endpoint_method(const char *url)
 static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char *url, const char *method, conn_state *cs)
 {
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    int chat = !strcmp(url, "/v1/chat/completions"), cmpl = !strcmp(url, "/v1/completions");
+    int resp = !strcmp(url, "/v1/responses"), chat = resp || !strcmp(url, "/v1/chat/completions");
+    int cmpl = !strcmp(url, "/v1/completions");
     int draining = __atomic_load_n(&h->draining, __ATOMIC_ACQUIRE);
     const char *want = endpoint_method(url);
     serve_error e;
@@ -346,7 +355,7 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
      * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     cs->untimed = 1;
-    return completion(h, c, cs, chat);
+    return completion(h, c, cs, chat, resp ? SERVE_API_RESPONSES : SERVE_API_OPENAI);
 }
 
 static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)

@@ -1,0 +1,362 @@
+/*
+ * responses_render.c - a Responses job -> the Response object, or its event
+ * stream (OpenAI's "event: <type>" SSE with sequence_number).
+ *
+ * The reply is cut as the chat reply is: serve_text_view splits reasoning
+ * from content, serve_tool_parse splits calls from the content. Its output
+ * items, in this order:
+ *   reasoning     when the reply has reasoning text (thinking on)
+ *   message       when it has content, or nothing else at all (an empty message)
+ *   function_call one per parsed call
+ * The stream opens the reasoning item with the first reasoning byte and the
+ * message with the first content byte (closing the reasoning), and sends the
+ * calls once the reply is final (a call is only known once its block closes,
+ * and Qwen3 ends its turn after its calls); since every prefix's view and calls
+ * are prefixes of the final ones, the streamed items, indexes and deltas add
+ * up to the non-streamed output byte for byte. Callers hold the sched mutex.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/responses.h"
+
+#define FFFD "\xEF\xBF\xBD"
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when invalid (as api_render.c). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (k == 0 || k > n || (k == 2 && c < 0xC2)) return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    if (k == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
+    if (k == 4 && ((c == 0xF0 && s[1] < 0x90) || c > 0xF4 || (c == 0xF4 && s[1] >= 0x90))) return 0;
+    return k;
+}
+
+/* A JSON string of bytes p[n], invalid UTF-8 replaced by U+FFFD (the chat renderer's rule). */
+static json_t *jtext(const char *p, size_t n)
+{
+    serve_buf b = {0};
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq((const unsigned char *)p + i, n - i);
+        serve_buf_put(&b, k ? p + i : FFFD, k ? k : 3);
+        i += k ? k : 1;
+    }
+    json_t *j = json_stringn(b.p ? b.p : "", b.n);
+    free(b.p);
+    return j;
+}
+
+/* ---- what the reply shows ---- */
+
+typedef struct {
+    const char *reasoning, *content;
+    size_t reasoning_len, content_len;
+    serve_tool_out calls;
+} shown;
+
+static void shown_make(const serve_req *r, const serve_choice_out *o, int final, shown *sh)
+{
+    const char *raw = o->raw.p ? o->raw.p : "";
+    serve_view v;
+    serve_text_view(r, raw, final ? o->raw.n : o->raw_final, final, &v);
+    memset(sh, 0, sizeof *sh);
+    sh->reasoning = raw + v.reasoning_off, sh->reasoning_len = v.reasoning_len;
+    sh->content = raw + v.content_off, sh->content_len = v.content_len;
+    if (!serve_tools_active(r)) return;
+    if (serve_tool_parse(r->tools, r->n_tools, sh->content, sh->content_len, final, &sh->calls)) {
+        serve_tool_out_free(&sh->calls); /* out of memory: the text as it is */
+        return;
+    }
+    sh->content = sh->calls.content.p ? sh->calls.content.p : "", sh->content_len = sh->calls.content.n;
+}
+
+static int has_message(const shown *sh) { return sh->content_len || (!sh->calls.n_calls && !sh->reasoning_len); }
+
+/* ---- items ---- */
+
+static json_t *reasoning_item(const serve_resp *x, const shown *sh, const char *status)
+{
+    char id[48];
+    snprintf(id, sizeof id, "rs_%s", x->hex);
+    json_t *content = json_array();
+    if (sh) json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
+                                                     jtext(sh->reasoning, sh->reasoning_len)));
+    return json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", id, "type", "reasoning", "summary", "content", content, "status", status);
+}
+
+static json_t *text_part(const shown *sh)
+{
+    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", sh ? jtext(sh->content, sh->content_len) : json_string(""),
+                     "annotations");
+}
+
+static json_t *message_item(const serve_resp *x, const shown *sh, const char *status)
+{
+    char id[48];
+    snprintf(id, sizeof id, "msg_%s", x->hex);
+    json_t *content = json_array();
+    if (sh) json_array_append_new(content, text_part(sh));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", id, "type", "message", "role", "assistant", "status", status,
+                     "content", content);
+}
+
+static json_t *call_item(const serve_resp *x, const shown *sh, size_t k, int done)
+{
+    char id[48], call[48];
+    snprintf(id, sizeof id, "fc_%s%02zx", x->hex, k);
+    snprintf(call, sizeof call, "call_%.24s%02zx", x->hex, k);
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "call_id", call, "name",
+                     sh->calls.calls[k].name, "arguments", done ? sh->calls.calls[k].arguments : "", "status",
+                     done ? "completed" : "in_progress");
+}
+
+/* The reasoning item's final status: incomplete only when the cut fell inside it. */
+static const char *rs_status(const shown *sh, int incomplete)
+{
+    return incomplete && !sh->content_len && !sh->calls.n_calls ? "incomplete" : "completed";
+}
+
+static json_t *outputs(const serve_resp *x, const shown *sh, int incomplete)
+{
+    json_t *a = json_array();
+    if (sh->reasoning_len) json_array_append_new(a, reasoning_item(x, sh, rs_status(sh, incomplete)));
+    if (has_message(sh)) json_array_append_new(a, message_item(x, sh, incomplete ? "incomplete" : "completed"));
+    for (size_t k = 0; k < sh->calls.n_calls; k++) json_array_append_new(a, call_item(x, sh, k, 1));
+    return a;
+}
+
+/* ---- the Response object ---- */
+
+/* Reasoning tokens: the model's "<think>" and "</think>" tokens and the text
+ * between them re-tokenized (the generated ids are not kept): exact when the
+ * model wrote the tokenizer's own split of that text. At most n_gen. */
+static uint64_t reasoning_tokens(const serve_info *si, pthread_mutex_t *tok, const serve_job *j)
+{
+    const serve_req *r = &j->req;
+    const serve_choice_out *o = &j->out[0];
+    const char *raw = o->raw.p ? o->raw.p : "";
+    size_t n = o->raw.n, start = r->starts_in_reasoning ? 0 : 7;
+    if (!r->thinking || (!r->starts_in_reasoning && (n < 7 || memcmp(raw, "<think>", 7)))) return 0;
+    const char *close = memmem(raw + start, n - start, "</think>", 8);
+    size_t end = close ? (size_t)(close - raw) : n, count = 0;
+    uint32_t *ids = malloc((end - start + 16) * sizeof *ids);
+    pthread_mutex_lock(tok);
+    if (!ids || kipp_tokenize(si->model, raw + start, end - start, KIPP_TOK_SPECIAL, ids, end - start + 16, &count, NULL, 0))
+        count = 0;
+    pthread_mutex_unlock(tok);
+    free(ids);
+    count += !r->starts_in_reasoning + (close != NULL);
+    return count < o->n_gen ? count : o->n_gen;
+}
+
+static json_t *usage_obj(const serve_job *j, uint64_t reasoning)
+{
+    uint64_t gen = j->out[0].n_gen;
+    return json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", (json_int_t)j->req.n_prompt, "input_tokens_details",
+                     "cached_tokens", (json_int_t)j->cached_tokens, "output_tokens", (json_int_t)gen, "output_tokens_details",
+                     "reasoning_tokens", (json_int_t)reasoning, "total_tokens", (json_int_t)(j->req.n_prompt + gen));
+}
+
+/* The Response: the request's echoed fields, then ours. output and usage: references stolen (usage NULL = null). */
+static json_t *response_obj(const serve_info *si, const serve_job *j, const char *status, json_t *output, json_t *usage)
+{
+    const serve_resp *x = j->req.api_ctx;
+    char id[48];
+    snprintf(id, sizeof id, "resp_%s", x->hex);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:s}", "id", id, "object", "response", "created_at",
+                          (json_int_t)j->created, "status", status, "error", "incomplete_details", "model", si->model_id);
+    json_object_update(o, x->echo);
+    json_object_set_new(o, "output", output);
+    json_object_set_new(o, "usage", usage ? usage : json_null());
+    return o;
+}
+
+/* The finished Response, stored when the request asked (once). */
+static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_job *j, const shown *sh)
+{
+    serve_resp *x = j->req.api_ctx;
+    int failed = j->out[0].finish == FIN_ERROR || j->error[0], incomplete = !failed && j->out[0].finish == FIN_LENGTH;
+    json_t *out = outputs(x, sh, incomplete);
+    json_t *o = response_obj(si, j, failed ? "failed" : incomplete ? "incomplete" : "completed", json_incref(out),
+                             usage_obj(j, reasoning_tokens(si, tok, j)));
+    if (failed)
+        json_object_set_new(o, "error", json_pack("{s:s, s:s+}", "code", "server_error", "message", "generation failed: ",
+                                                  j->error[0] ? j->error : "engine error"));
+    if (incomplete) json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
+    if (!failed && x->store && !x->stored) {
+        json_t *items = json_deep_copy(x->history), *copy = json_deep_copy(out); /* shares nothing with o */
+        json_array_extend(items, copy);
+        json_decref(copy);
+        serve_resp_store_put(json_string_value(json_object_get(o, "id")), items);
+        x->stored = 1;
+    }
+    json_decref(out);
+    return o;
+}
+
+char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_job *job)
+{
+    shown sh;
+    shown_make(&job->req, &job->out[0], 1, &sh);
+    json_t *o = final_response(si, tok, job, &sh);
+    serve_tool_out_free(&sh.calls);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+/* ---- the event stream ---- */
+
+/* "event: <type>" and the event's JSON (type and sequence_number added); o stolen. */
+static void event(serve_buf *b, serve_resp *x, const char *type, json_t *o)
+{
+    json_t *ev = json_pack("{s:s, s:I}", "type", type, "sequence_number", (json_int_t)x->seq++);
+    json_object_update(ev, o); /* type and sequence_number first, as OpenAI writes them */
+    json_decref(o);
+    char *s = json_dumps(ev, JSON_COMPACT);
+    json_decref(ev);
+    if (!s) return;
+    serve_buf_put(b, "event: ", 7), serve_buf_put(b, type, strlen(type)), serve_buf_put(b, "\ndata: ", 7);
+    serve_buf_put(b, s, strlen(s)), serve_buf_put(b, "\n\n", 2);
+    free(s);
+}
+
+static void item_ids(const serve_resp *x, char rs[48], char msg[48])
+{
+    snprintf(rs, 48, "rs_%s", x->hex);
+    snprintf(msg, 48, "msg_%s", x->hex);
+}
+
+static void stream_reasoning(serve_resp *x, const shown *sh, serve_buf *b)
+{
+    char rs[48], msg[48];
+    item_ids(x, rs, msg);
+    if (sh->reasoning_len <= x->rs_sent || x->rs_closed) return;
+    if (x->rs_index < 0) {
+        x->rs_index = x->next_index++;
+        event(b, x, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", x->rs_index, "item",
+                                                            reasoning_item(x, NULL, "in_progress")));
+        event(b, x, "response.content_part.added", json_pack("{s:s, s:i, s:i, s:{s:s, s:s}}", "item_id", rs, "output_index",
+                                                             x->rs_index, "content_index", 0, "part", "type", "reasoning_text",
+                                                             "text", ""));
+    }
+    event(b, x, "response.reasoning_text.delta", json_pack("{s:s, s:i, s:i, s:o}", "item_id", rs, "output_index", x->rs_index,
+                                                           "content_index", 0, "delta",
+                                                           jtext(sh->reasoning + x->rs_sent, sh->reasoning_len - x->rs_sent)));
+    x->rs_sent = sh->reasoning_len;
+}
+
+static void close_reasoning(serve_resp *x, const shown *sh, const char *status, serve_buf *b)
+{
+    char rs[48], msg[48];
+    item_ids(x, rs, msg);
+    if (x->rs_index < 0 || x->rs_closed) return;
+    event(b, x, "response.reasoning_text.done", json_pack("{s:s, s:i, s:i, s:o}", "item_id", rs, "output_index", x->rs_index,
+                                                          "content_index", 0, "text", jtext(sh->reasoning, sh->reasoning_len)));
+    event(b, x, "response.content_part.done", json_pack("{s:s, s:i, s:i, s:{s:s, s:o}}", "item_id", rs, "output_index",
+                                                        x->rs_index, "content_index", 0, "part", "type", "reasoning_text",
+                                                        "text", jtext(sh->reasoning, sh->reasoning_len)));
+    event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", x->rs_index, "item",
+                                                       reasoning_item(x, sh, status)));
+    x->rs_closed = 1;
+}
+
+static void open_message(serve_resp *x, serve_buf *b)
+{
+    char rs[48], msg[48];
+    item_ids(x, rs, msg);
+    x->msg_index = x->next_index++;
+    event(b, x, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", x->msg_index, "item",
+                                                        message_item(x, NULL, "in_progress")));
+    event(b, x, "response.content_part.added", json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg, "output_index", x->msg_index,
+                                                         "content_index", 0, "part", text_part(NULL)));
+}
+
+static void stream_content(serve_resp *x, const shown *sh, serve_buf *b)
+{
+    char rs[48], msg[48];
+    item_ids(x, rs, msg);
+    if (sh->content_len <= x->msg_sent) return;
+    if (x->msg_index < 0) {
+        close_reasoning(x, sh, "completed", b); /* content follows: the reasoning is whole */
+        open_message(x, b);
+    }
+    event(b, x, "response.output_text.delta", json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", msg, "output_index",
+                                                        x->msg_index, "content_index", 0, "delta",
+                                                        jtext(sh->content + x->msg_sent, sh->content_len - x->msg_sent), "logprobs"));
+    x->msg_sent = sh->content_len;
+}
+
+static void close_message(serve_resp *x, const shown *sh, const char *status, serve_buf *b)
+{
+    char rs[48], msg[48];
+    item_ids(x, rs, msg);
+    if (has_message(sh) && x->msg_index < 0) open_message(x, b);
+    if (x->msg_index < 0 || x->msg_closed) return;
+    event(b, x, "response.output_text.done", json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", msg, "output_index",
+                                                       x->msg_index, "content_index", 0, "text",
+                                                       jtext(sh->content, sh->content_len), "logprobs"));
+    event(b, x, "response.content_part.done", json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg, "output_index", x->msg_index,
+                                                        "content_index", 0, "part", text_part(sh)));
+    event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", x->msg_index, "item",
+                                                       message_item(x, sh, status)));
+    x->msg_closed = 1;
+}
+
+/* Each call as an item: added (no arguments yet), its arguments as one delta, done. */
+static void stream_calls(serve_resp *x, const shown *sh, serve_buf *b)
+{
+    for (size_t k = 0; k < sh->calls.n_calls; k++) {
+        int idx = x->next_index++;
+        json_t *item = call_item(x, sh, k, 0);
+        json_t *id = json_incref(json_object_get(item, "id"));
+        event(b, x, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", idx, "item", item));
+        event(b, x, "response.function_call_arguments.delta", json_pack("{s:O, s:i, s:s}", "item_id", id, "output_index", idx,
+                                                                        "delta", sh->calls.calls[k].arguments));
+        event(b, x, "response.function_call_arguments.done", json_pack("{s:O, s:i, s:s, s:s}", "item_id", id, "output_index",
+                                                                       idx, "name", sh->calls.calls[k].name, "arguments",
+                                                                       sh->calls.calls[k].arguments));
+        event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", idx, "item", call_item(x, sh, k, 1)));
+        json_decref(id);
+    }
+}
+
+static void stream_end(const serve_info *si, pthread_mutex_t *tok, serve_job *j, const shown *sh, serve_buf *b)
+{
+    serve_resp *x = j->req.api_ctx;
+    json_t *o = final_response(si, tok, j, sh);
+    const char *status = json_string_value(json_object_get(o, "status"));
+    int incomplete = !strcmp(status, "incomplete");
+    close_reasoning(x, sh, rs_status(sh, incomplete), b);
+    close_message(x, sh, incomplete ? "incomplete" : "completed", b);
+    stream_calls(x, sh, b);
+    const char *type = !strcmp(status, "failed") ? "response.failed" : incomplete ? "response.incomplete" : "response.completed";
+    event(b, x, type, json_pack("{s:o}", "response", o));
+    x->done = 1;
+}
+
+int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job *job, serve_buf *sse)
+{
+    serve_resp *x = job->req.api_ctx;
+    const serve_choice_out *o = &job->out[0];
+    if (x->done) return 1;
+    if (!x->started) {
+        event(sse, x, "response.created", json_pack("{s:o}", "response", response_obj(si, job, "in_progress", json_array(), NULL)));
+        event(sse, x, "response.in_progress", json_pack("{s:o}", "response",
+                                                        response_obj(si, job, "in_progress", json_array(), NULL)));
+        x->started = 1;
+    }
+    if (o->finish == FIN_CANCELLED) return x->done = job->done;
+    int fin = o->finish != FIN_NONE;
+    shown sh;
+    shown_make(&job->req, o, fin, &sh);
+    stream_reasoning(x, &sh, sse);
+    stream_content(x, &sh, sse);
+    if (fin && job->done) stream_end(si, tok, job, &sh, sse);
+    serve_tool_out_free(&sh.calls);
+    return x->done;
+}
