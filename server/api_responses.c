@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "server/responses.h"
-#include "server/serve_http.h"
+#include "server/serve_log.h"
 
 #define BAD(param, ...) serve_fail(e, 400, "invalid_request_error", param, __VA_ARGS__)
 #define OOM(param) serve_fail(e, 503, "server_error", param, "out of memory")
@@ -251,16 +251,9 @@ typedef struct {
 /* Log once per process that field k is accepted without effect. */
 static void note_ignored(const char *k)
 {
-    static const char *seen[16];
-    static int n_seen;
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&mu);
-    int i = 0;
-    while (i < n_seen && strcmp(seen[i], k)) i++;
-    int first = i == n_seen && n_seen < 16;
-    if (first) seen[n_seen++] = k; /* k: a static table string */
-    pthread_mutex_unlock(&mu);
-    if (first) serve_log("/v1/responses: field '%s' is accepted and has no effect here (logged once)", k);
+    char key[80];
+    snprintf(key, sizeof key, "responses.%s", k);
+    serve_log_once(key, "/v1/responses: field '%s' is accepted and has no effect here (logged once)", k);
 }
 
 static int parse_tool(build *b, json_t *t, size_t i, json_t *out, serve_error *e)

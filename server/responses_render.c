@@ -21,34 +21,6 @@
 
 #include "server/responses.h"
 
-#define FFFD "\xEF\xBF\xBD"
-
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 when invalid (as api_render.c). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (k == 0 || k > n || (k == 2 && c < 0xC2)) return 0;
-    for (size_t i = 1; i < k; i++)
-        if ((s[i] & 0xC0) != 0x80) return 0;
-    if (k == 3 && ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] >= 0xA0))) return 0;
-    if (k == 4 && ((c == 0xF0 && s[1] < 0x90) || c > 0xF4 || (c == 0xF4 && s[1] >= 0x90))) return 0;
-    return k;
-}
-
-/* A JSON string of bytes p[n], invalid UTF-8 replaced by U+FFFD (the chat renderer's rule). */
-static json_t *jtext(const char *p, size_t n)
-{
-    serve_buf b = {0};
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq((const unsigned char *)p + i, n - i);
-        serve_buf_put(&b, k ? p + i : FFFD, k ? k : 3);
-        i += k ? k : 1;
-    }
-    json_t *j = json_stringn(b.p ? b.p : "", b.n);
-    free(b.p);
-    return j;
-}
 
 /* ---- what the reply shows ---- */
 
@@ -84,13 +56,13 @@ static json_t *reasoning_item(const serve_resp *x, const shown *sh, const char *
     snprintf(id, sizeof id, "rs_%s", x->hex);
     json_t *content = json_array();
     if (sh) json_array_append_new(content, json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
-                                                     jtext(sh->reasoning, sh->reasoning_len)));
+                                                     serve_json_text(sh->reasoning, sh->reasoning_len)));
     return json_pack("{s:s, s:s, s:[], s:o, s:s}", "id", id, "type", "reasoning", "summary", "content", content, "status", status);
 }
 
 static json_t *text_part(const shown *sh)
 {
-    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", sh ? jtext(sh->content, sh->content_len) : json_string(""),
+    return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", sh ? serve_json_text(sh->content, sh->content_len) : json_string(""),
                      "annotations");
 }
 
@@ -246,7 +218,7 @@ static void stream_reasoning(serve_resp *x, const shown *sh, serve_buf *b)
     }
     event(b, x, "response.reasoning_text.delta", json_pack("{s:s, s:i, s:i, s:o}", "item_id", rs, "output_index", x->rs_index,
                                                            "content_index", 0, "delta",
-                                                           jtext(sh->reasoning + x->rs_sent, sh->reasoning_len - x->rs_sent)));
+                                                           serve_json_text(sh->reasoning + x->rs_sent, sh->reasoning_len - x->rs_sent)));
     x->rs_sent = sh->reasoning_len;
 }
 
@@ -256,10 +228,10 @@ static void close_reasoning(serve_resp *x, const shown *sh, const char *status, 
     item_ids(x, rs, msg);
     if (x->rs_index < 0 || x->rs_closed) return;
     event(b, x, "response.reasoning_text.done", json_pack("{s:s, s:i, s:i, s:o}", "item_id", rs, "output_index", x->rs_index,
-                                                          "content_index", 0, "text", jtext(sh->reasoning, sh->reasoning_len)));
+                                                          "content_index", 0, "text", serve_json_text(sh->reasoning, sh->reasoning_len)));
     event(b, x, "response.content_part.done", json_pack("{s:s, s:i, s:i, s:{s:s, s:o}}", "item_id", rs, "output_index",
                                                         x->rs_index, "content_index", 0, "part", "type", "reasoning_text",
-                                                        "text", jtext(sh->reasoning, sh->reasoning_len)));
+                                                        "text", serve_json_text(sh->reasoning, sh->reasoning_len)));
     event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", x->rs_index, "item",
                                                        reasoning_item(x, sh, status)));
     x->rs_closed = 1;
@@ -287,7 +259,7 @@ static void stream_content(serve_resp *x, const shown *sh, serve_buf *b)
     }
     event(b, x, "response.output_text.delta", json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", msg, "output_index",
                                                         x->msg_index, "content_index", 0, "delta",
-                                                        jtext(sh->content + x->msg_sent, sh->content_len - x->msg_sent), "logprobs"));
+                                                        serve_json_text(sh->content + x->msg_sent, sh->content_len - x->msg_sent), "logprobs"));
     x->msg_sent = sh->content_len;
 }
 
@@ -299,7 +271,7 @@ static void close_message(serve_resp *x, const shown *sh, const char *status, se
     if (x->msg_index < 0 || x->msg_closed) return;
     event(b, x, "response.output_text.done", json_pack("{s:s, s:i, s:i, s:o, s:[]}", "item_id", msg, "output_index",
                                                        x->msg_index, "content_index", 0, "text",
-                                                       jtext(sh->content, sh->content_len), "logprobs"));
+                                                       serve_json_text(sh->content, sh->content_len), "logprobs"));
     event(b, x, "response.content_part.done", json_pack("{s:s, s:i, s:i, s:o}", "item_id", msg, "output_index", x->msg_index,
                                                         "content_index", 0, "part", text_part(sh)));
     event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", x->msg_index, "item",

@@ -388,7 +388,7 @@ BAD = [
     ({"text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"temperature": 3}, "temperature"),
+    ({"temperature": -1}, "temperature"),
     ({"background": True}, "background"),
     ({"metadata": {"k": 1}}, "metadata"),
     ({"frobnicate": 1}, "frobnicate"),
