@@ -63,7 +63,7 @@ int serve_auth_ok(const serve_http *h, struct MHD_Connection *c, const char *url
 
 /** What the access log records of one request. */
 typedef struct {
-    uint64_t id;              /* the job's id ("cmpl-<id>"), 0 = no job */
+    char id[48];              /* the id the client received (serve_job.pub_id), "" = no job */
     const char *method, *path;
     int status;
     long long prompt_tokens, completion_tokens, cached_tokens; /* -1 = not a completion */
