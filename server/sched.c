@@ -90,30 +90,6 @@ double serve_now(void)
 pthread_mutex_t *serve_sched_mutex(serve_sched *s) { return &s->mu; }
 pthread_mutex_t *serve_tokenizer_mutex(serve_sched *s) { return &s->tok; }
 
-serve_job *serve_job_new(serve_req *req)
-{
-    static uint64_t next_id = 1;
-    serve_job *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
-    j->req = *req;
-    memset(req, 0, sizeof *req);
-    j->id = __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED);
-    serve_job_set_id(j, j->req.chat ? "chatcmpl-" : "cmpl-");
-    j->created = (int64_t)time(NULL);
-    j->t_arrive = serve_now();
-    j->refs = 1;
-    return j;
-}
-
-void serve_job_unref(serve_job *j)
-{
-    if (!j || --j->refs > 0) return;
-    for (int i = 0; i < SERVE_MAX_N; i++) serve_buf_free(&j->out[i].raw), free(j->out[i].lp);
-    free(j->prompt_top);
-    serve_req_free(&j->req);
-    free(j);
-}
-
 void serve_sched_wait(serve_sched *s, int ms)
 {
     struct timespec ts;

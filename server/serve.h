@@ -10,7 +10,7 @@
  *   api_tools.c      tools, tool_choice, tool messages -> serve_req (validation)
  *   tool_calls.c     <tool_call> blocks in a reply -> calls + remaining content
  *   sched.c          priority queue + continuous batching over kipp_eval_batch
- *   job_id.c         the random public ids of replies (serve_job_set_id)
+ *   job.c            jobs: creation, references, random public ids (serve_job_set_id)
  *   metrics.c        counters and histograms, Prometheus text
  *
  * Only engine/kipp.h is below: the server never sees backend state or KV memory.

@@ -1,9 +1,11 @@
 /*
- * job_id.c - the ids clients see (serve_job.pub_id): an API's prefix and 24
- * random base62 characters, so ids stay unique across processes, replicas and
- * restarts (sequential per-process ids repeat after every restart).
+ * job.c - a request's job: creation, references, and the id clients see
+ * (serve_job.pub_id): an API's prefix and 24 random base62 characters, so ids
+ * stay unique across processes, replicas and restarts (sequential
+ * per-process ids repeat after every restart).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -41,4 +43,28 @@ void serve_job_set_id(serve_job *j, const char *prefix)
     memcpy(j->pub_id, prefix, p);
     for (size_t i = 0; i < sizeof r; i++) j->pub_id[p + i] = B62[r[i] % 62]; /* 256 % 62 != 0: a slight bias, which ids can bear */
     j->pub_id[p + sizeof r] = 0;
+}
+
+serve_job *serve_job_new(serve_req *req)
+{
+    static uint64_t next_id = 1;
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->req = *req;
+    memset(req, 0, sizeof *req);
+    j->id = __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED);
+    serve_job_set_id(j, j->req.chat ? "chatcmpl-" : "cmpl-");
+    j->created = (int64_t)time(NULL);
+    j->t_arrive = serve_now();
+    j->refs = 1;
+    return j;
+}
+
+void serve_job_unref(serve_job *j)
+{
+    if (!j || --j->refs > 0) return;
+    for (int i = 0; i < SERVE_MAX_N; i++) serve_buf_free(&j->out[i].raw), free(j->out[i].lp);
+    free(j->prompt_top);
+    serve_req_free(&j->req);
+    free(j);
 }
