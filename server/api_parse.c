@@ -85,6 +85,7 @@ static const num_field NUMS[] = {
     {"max_completion_tokens", F_INT, 1, 1 << 30, 0, 2},
     {"logprobs", F_INT, 0, 5, 0, 1},
     {"top_logprobs", F_INT, 0, 20, 0, 2},
+    {"priority", F_INT, -(1 << 30), 1 << 30, 0, 0}, /* vLLM's: lower is admitted sooner and preempted later */
 };
 
 static int num_value(const num_field *f, const json_t *v, double *out, serve_error *e)
@@ -122,6 +123,7 @@ static void num_store(serve_req *r, const char *name, double x)
         r->max_tokens = r->max_tokens_asked = (int64_t)x, r->max_tokens_field = name;
     else if (!strcmp(name, "logprobs")) r->logprobs = 1, r->top_logprobs = (int)x;
     else if (!strcmp(name, "top_logprobs")) r->top_logprobs = (int)x;
+    else if (!strcmp(name, "priority")) r->priority = (int)x;
 }
 
 /* ---- structured fields ---- */

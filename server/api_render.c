@@ -159,11 +159,14 @@ static void shown_make(const serve_req *r, const char *raw, const serve_view *v,
     sh->content = sh->calls.content.p ? sh->calls.content.p : "", sh->content_len = sh->calls.content.n;
 }
 
-/* "call_" and 24 hex digits, a function of (job, choice, call): the same in a
- * stream and in the whole response. */
+/* "call_" and 24 hex digits, a function of (job's random public id, choice,
+ * call): the same in a stream and in the whole response, and as unique
+ * across processes as the public id. */
 static void call_id(const serve_job *j, int i, size_t k, char out[32])
 {
-    uint64_t x = j->id ^ ((uint64_t)j->created << 24) ^ ((uint64_t)i << 56) ^ ((uint64_t)k << 48), h[2];
+    uint64_t x = 0xcbf29ce484222325ull, h[2]; /* FNV-1a of pub_id */
+    for (const char *p = j->pub_id; *p; p++) x = (x ^ (unsigned char)*p) * 0x100000001b3ull;
+    x ^= ((uint64_t)i << 56) ^ ((uint64_t)k << 48);
     for (int r = 0; r < 2; r++) { /* splitmix64: every input bit reaches both halves */
         x += 0x9e3779b97f4a7c15ull;
         uint64_t z = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -228,9 +231,7 @@ char *serve_render_response(const serve_info *si, const serve_job *j)
 {
     json_t *choices = json_array();
     for (int i = 0; i < j->req.n; i++) json_array_append_new(choices, choice_json(si, j, i));
-    char id[48];
-    snprintf(id, sizeof id, "%s-%llu", j->req.chat ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
-    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", id, "object",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", j->pub_id, "object",
                           j->req.chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created, "model",
                           si->model_id, "choices", choices, "usage", usage(j), "timings", timings(j));
     char *s = json_dumps(o, JSON_COMPACT);
@@ -253,9 +254,7 @@ static void sse(serve_buf *b, json_t *o)
 
 static json_t *chunk(const serve_info *si, const serve_job *j, json_t *choices)
 {
-    char id[48];
-    snprintf(id, sizeof id, "%s-%llu", j->req.chat ? "chatcmpl" : "cmpl", (unsigned long long)j->id);
-    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", id, "object", j->req.chat ? "chat.completion.chunk" : "text_completion",
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", j->pub_id, "object", j->req.chat ? "chat.completion.chunk" : "text_completion",
                      "created", (json_int_t)j->created, "model", si->model_id, "choices", choices);
 }
 

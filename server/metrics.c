@@ -2,9 +2,10 @@
  * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
  * counts, token counts, TTFT and inter-token latency histograms, queue depth,
  * active choices, KV blocks held, and the KV pool's
- * occupancy and reuse counters, and vLLM's router gauges beside
- * them (vllm_metrics). All numbers are guarded by
- * the scheduler's mutex.
+ * occupancy and reuse counters, and vLLM's router gauges, request counters
+ * and latency histograms beside them (vllm_metrics, vllm_requests). All
+ * numbers are guarded by the scheduler's mutex and written only through the
+ * serve_metrics_on_* events (serve.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,13 +20,118 @@ static const char *STATUS[6] = {"2xx", "400", "404", "413", "429", "5xx"};
 
 serve_metrics *serve_metrics_get(void) { return &g_metrics; }
 
-void serve_hist_add(serve_hist *h, double seconds)
+static void serve_hist_add(serve_hist *h, double seconds)
 {
     int b = 0;
     while (b < SERVE_HIST_BUCKETS && seconds > BOUNDS[b]) b++;
     h->count[b]++;
     h->sum += seconds;
     h->n++;
+}
+
+/* vLLM's bucket upper bounds, per SERVE_VH_* (vllm/v1/metrics/loggers.py): TTFT; the inter-token
+ * latency (the bounds of its older name, time_per_output_token_seconds); and
+ * the request latency bounds shared by e2e, queue, prefill, decode and inference. */
+static const double VB_TTFT[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                 1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double VB_ITL[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double VB_REQ[] = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                                30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+#define NB(a) (int)(sizeof a / sizeof a[0])
+static const struct {
+    const char *name, *help;
+    const double *b;
+    int n;
+} VHIST[SERVE_VH_COUNT] = {
+    [SERVE_VH_TTFT] = {"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", VB_TTFT, NB(VB_TTFT)},
+    [SERVE_VH_ITL] = {"vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", VB_ITL, NB(VB_ITL)},
+    [SERVE_VH_E2E] = {"vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", VB_REQ, NB(VB_REQ)},
+    [SERVE_VH_QUEUE] = {"vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", VB_REQ,
+                        NB(VB_REQ)},
+    [SERVE_VH_PREFILL] = {"vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+                          VB_REQ, NB(VB_REQ)},
+    [SERVE_VH_DECODE] = {"vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", VB_REQ,
+                         NB(VB_REQ)},
+    [SERVE_VH_INFERENCE] = {"vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+                            VB_REQ, NB(VB_REQ)},
+};
+_Static_assert(NB(VB_TTFT) <= SERVE_VHIST_MAX && NB(VB_ITL) <= SERVE_VHIST_MAX && NB(VB_REQ) <= SERVE_VHIST_MAX,
+               "serve_vhist holds every bucket");
+/* vLLM's finished_reason label values, per serve_metrics.success index. */
+static const char *REASON[3] = {"stop", "length", "abort"};
+
+static void vhist_add(int k, double seconds)
+{
+    serve_vhist *h = &g_metrics.vh[k];
+    int b = 0;
+    while (b < VHIST[k].n && seconds > VHIST[k].b[b]) b++;
+    h->count[b]++;
+    h->sum += seconds;
+    h->n++;
+}
+
+void serve_metrics_set_model(const char *model_name) { g_metrics.model_name = model_name; }
+void serve_metrics_on_start(uint64_t kv_capacity) { g_metrics.kv_capacity = kv_capacity; }
+void serve_metrics_on_queue(int queued, int active) { g_metrics.queue_depth = queued, g_metrics.active_choices = active; }
+void serve_metrics_on_kv(uint64_t blocks) { g_metrics.kv_blocks = blocks; }
+void serve_metrics_on_step(void) { g_metrics.steps++; }
+void serve_metrics_on_preempt(void) { g_metrics.preemptions++; }
+void serve_metrics_on_cancel(void) { g_metrics.cancelled++; }
+
+void serve_metrics_on_running(int requests, int preempted_requests, int preempted_choices)
+{
+    g_metrics.running_requests = requests;
+    g_metrics.preempted_requests = preempted_requests;
+    g_metrics.preempted_choices = preempted_choices;
+}
+
+void serve_metrics_on_admit(uint64_t n_prompt, uint64_t cached)
+{
+    g_metrics.prompt_tokens += n_prompt;
+    g_metrics.prompt_tokens_cached += cached;
+}
+
+void serve_metrics_on_pool(const kipp_pool_stats *st)
+{
+    g_metrics.pooled = 1;
+    g_metrics.pool = *st;
+    g_metrics.kv_blocks = st->blocks_private + st->blocks_referenced;
+}
+
+void serve_metrics_on_spec(uint64_t drafted, uint64_t accepted, uint64_t emitted)
+{
+    g_metrics.spec_steps++;
+    g_metrics.spec_drafted += drafted;
+    g_metrics.spec_accepted += accepted;
+    g_metrics.spec_emitted += emitted;
+}
+
+void serve_metrics_on_token(int first, double seconds, uint32_t n_tokens, uint32_t n_refill)
+{
+    if (first >= 0) {
+        serve_hist_add(first ? &g_metrics.ttft : &g_metrics.itl, seconds);
+        vhist_add(first ? SERVE_VH_TTFT : SERVE_VH_ITL, seconds);
+    }
+    g_metrics.generated_tokens += n_tokens;
+    g_metrics.recomputed_tokens += n_refill;
+}
+
+/* vLLM's phases of a finished request: queued (arrival to admission),
+ * prefill (admission to first token), decode (first to last token),
+ * inference (admission to last token), and end to end (arrival to finish). */
+void serve_metrics_on_finish(int why, double t_arrive, double t_admit, double t_first, double t_last, double now)
+{
+    int r = why == FIN_STOP ? 0 : why == FIN_LENGTH ? 1 : why == FIN_CANCELLED ? 2 : -1;
+    if (r < 0) return;
+    g_metrics.success[r]++;
+    vhist_add(SERVE_VH_E2E, now - t_arrive);
+    if (t_admit <= 0) t_admit = now; /* ended while queued: all of it was waiting */
+    vhist_add(SERVE_VH_QUEUE, t_admit - t_arrive);
+    double first = t_first > 0 ? t_first : now, last = t_last > 0 ? t_last : now;
+    vhist_add(SERVE_VH_PREFILL, first - t_admit);
+    vhist_add(SERVE_VH_DECODE, last - first);
+    vhist_add(SERVE_VH_INFERENCE, last - t_admit);
 }
 
 void serve_metrics_request(int chat, int status)
@@ -111,6 +217,46 @@ static void vllm_metrics(serve_buf *b, const serve_metrics *m)
         m->pooled ? "True" : "False", (unsigned long long)(m->pooled ? m->pool.blocks_total : m->kv_capacity));
 }
 
+/* One of vLLM's histograms with its label set (model_name, engine) and bounds
+ * written as prometheus_client writes them ("1.0", "0.075"). */
+static void vllm_hist(serve_buf *b, const char *model, int k, const serve_vhist *h)
+{
+    const char *name = VHIST[k].name;
+    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, VHIST[k].help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < VHIST[k].n; i++) {
+        double v = VHIST[k].b[i];
+        cum += h->count[i];
+        put(b, v == (double)(long long)v ? "%s_bucket{model_name=\"%s\",engine=\"0\",le=\"%.1f\"} %llu\n"
+                                         : "%s_bucket{model_name=\"%s\",engine=\"0\",le=\"%g\"} %llu\n",
+            name, model, v, (unsigned long long)cum);
+    }
+    cum += h->count[VHIST[k].n];
+    put(b, "%s_bucket{model_name=\"%s\",engine=\"0\",le=\"+Inf\"} %llu\n", name, model, (unsigned long long)cum);
+    put(b, "%s_count{model_name=\"%s\",engine=\"0\"} %llu\n%s_sum{model_name=\"%s\",engine=\"0\"} %.9f\n", name, model,
+        (unsigned long long)h->n, name, model, h->sum);
+}
+
+/* vLLM's request counters and histograms, under its names and label sets, so
+ * dashboards built for vLLM read kipp-serve: token counters as the replies'
+ * usage counts them, finished choices by finished_reason, and the latency
+ * histograms (per choice, as vLLM counts each of n's child requests). */
+static void vllm_requests(serve_buf *b, const serve_metrics *m)
+{
+    const char *model = m->model_name ? m->model_name : "";
+    put(b, "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n# TYPE vllm:prompt_tokens_total counter\n"
+           "vllm:prompt_tokens_total{model_name=\"%s\",engine=\"0\"} %llu\n", model, (unsigned long long)m->prompt_tokens);
+    put(b, "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+           "# TYPE vllm:generation_tokens_total counter\n"
+           "vllm:generation_tokens_total{model_name=\"%s\",engine=\"0\"} %llu\n", model, (unsigned long long)m->generated_tokens);
+    put(b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+           "# TYPE vllm:request_success_total counter\n");
+    for (int r = 0; r < 3; r++)
+        put(b, "vllm:request_success_total{model_name=\"%s\",engine=\"0\",finished_reason=\"%s\"} %llu\n", model, REASON[r],
+            (unsigned long long)m->success[r]);
+    for (int k = 0; k < SERVE_VH_COUNT; k++) vllm_hist(b, model, k, &m->vh[k]);
+}
+
 char *serve_metrics_text(const serve_metrics *m)
 {
     serve_buf b = {0};
@@ -144,5 +290,6 @@ char *serve_metrics_text(const serve_metrics *m)
           (double)m->spec_accepted);
     gauge(&b, "kipp_spec_emitted_tokens_total", "Tokens emitted by speculative steps.", "counter", (double)m->spec_emitted);
     vllm_metrics(&b, m);
+    vllm_requests(&b, m);
     return b.p;
 }

@@ -137,9 +137,7 @@ static json_t *usage_obj(const serve_job *j, uint64_t reasoning)
 static json_t *response_obj(const serve_info *si, const serve_job *j, const char *status, json_t *output, json_t *usage)
 {
     const serve_resp *x = j->req.api_ctx;
-    char id[48];
-    snprintf(id, sizeof id, "resp_%s", x->hex);
-    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:s}", "id", id, "object", "response", "created_at",
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:n, s:n, s:s}", "id", j->pub_id, "object", "response", "created_at",
                           (json_int_t)j->created, "status", status, "error", "incomplete_details", "model", si->model_id);
     json_object_update(o, x->echo);
     json_object_set_new(o, "output", output);

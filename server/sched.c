@@ -2,8 +2,9 @@
  * sched.c - the continuous-batching scheduler (seed 000 phase 5). One thread
  * owns the engine: every session and every generation step. Each step:
  *   1. frees the choices of cancelled jobs (client gone) at once;
- *   2. resumes preempted choices, oldest first, then admits queued jobs, in
- *      order, while the total choice count fits max_choices (a job is
+ *   2. resumes preempted choices, most urgent first, then admits queued jobs
+ *      in queue order (priority, lower first, then arrival: vLLM's "priority"
+ *      field), while the total choice count fits max_choices (a job is
  *      admitted whole: all n choices). On a pooled model (the default) each
  *      choice first adopts the longest published prefix of its prompt
  *      (kipp_session_match_prefix), and KV is reserved as sequences grow, as
@@ -19,11 +20,12 @@
  *      first. A lone prompt prefills in budget-sized chunks; a decode never
  *      waits behind a prefill; a new request starts within one step;
  *      Pooled, when the planned step needs more blocks than the pool can
- *      hand out, the youngest resident choice is preempted: its session is
+ *      hand out, the least urgent resident choice (highest priority value,
+ *      then youngest) is preempted: its session is
  *      destroyed (publishing its full blocks, so its prefix may be adopted
  *      back), its kipp_gen is kept, and it resumes before any new job with
  *      kipp_gen_rebind, re-evaluating what the pool no longer holds. The
- *      oldest choice is never preempted, so every request finishes;
+ *      most urgent choice is never preempted, so it always progresses;
  *   4. evaluates all items with one kipp_eval_batch (weights read once per
  *      step), with no lock held, and advances each choice's kipp_gen
  *      (sampling, speculative acceptance, detokenizing, stop strings);
@@ -64,11 +66,13 @@ struct serve_sched {
     int stop, started;
     serve_job *head, *tail;
     int n_queued;
-    sched_choice *act[64];
+    sched_choice *act[SERVE_MAX_BATCH];
     int n_act;
     uint64_t seed_salt;
     uint64_t n_finished;      /* choices finished so far: pool room can only grow when this moves */
     uint64_t n_admitted;      /* choices admitted so far: their seq */
+    uint64_t n_preempted;     /* choices preempted so far: pool room can have grown when this moves */
+    uint64_t kv_held;         /* unpooled: KV blocks of the budget the live sessions hold */
     serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
     uint64_t blocked_at;      /* n_finished at that refusal */
     int end_all;              /* drain: end every running and queued job at the next step boundary */
@@ -86,29 +90,6 @@ double serve_now(void)
 pthread_mutex_t *serve_sched_mutex(serve_sched *s) { return &s->mu; }
 pthread_mutex_t *serve_tokenizer_mutex(serve_sched *s) { return &s->tok; }
 
-serve_job *serve_job_new(serve_req *req)
-{
-    static uint64_t next_id = 1;
-    serve_job *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
-    j->req = *req;
-    memset(req, 0, sizeof *req);
-    j->id = __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED);
-    j->created = (int64_t)time(NULL);
-    j->t_arrive = serve_now();
-    j->refs = 1;
-    return j;
-}
-
-void serve_job_unref(serve_job *j)
-{
-    if (!j || --j->refs > 0) return;
-    for (int i = 0; i < SERVE_MAX_N; i++) serve_buf_free(&j->out[i].raw), free(j->out[i].lp);
-    free(j->prompt_top);
-    serve_req_free(&j->req);
-    free(j);
-}
-
 void serve_sched_wait(serve_sched *s, int ms)
 {
     struct timespec ts;
@@ -121,7 +102,7 @@ void serve_sched_wait(serve_sched *s, int ms)
 
 void serve_sched_cancel(serve_sched *s, serve_job *j)
 {
-    if (!j->done && !j->cancelled) serve_metrics_get()->cancelled++;
+    if (!j->done && !j->cancelled) serve_metrics_on_cancel();
     j->cancelled = 1;
     pthread_cond_broadcast(&s->cv);
 }
@@ -236,6 +217,18 @@ static int waiting_jobs(const serve_sched *s, int n_new, int *new_waits)
     return waiting;
 }
 
+/* Queue j behind every job at least as urgent (mu held): the queue is
+ * ordered by priority (lower first), then by arrival, as vLLM's priority
+ * policy orders its waiting queue. */
+static void enqueue(serve_sched *s, serve_job *j)
+{
+    serve_job **p = &s->head;
+    while (*p && (*p)->req.priority <= j->req.priority) p = &(*p)->next;
+    j->next = *p;
+    *p = j;
+    if (!j->next) s->tail = j;
+}
+
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
     if (s->o.pool_blocks ? pool_check(s, j, e) : job_blocks(j) > s->o.kv_budget_blocks ? budget_fail(s, j, s->o.kv_budget_blocks, e) : 0)
@@ -251,11 +244,9 @@ int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
     }
     j->refs++;
     j->queued = 1;
-    if (s->tail) s->tail->next = j;
-    else s->head = j;
-    s->tail = j;
+    enqueue(s, j);
     s->n_queued++;
-    serve_metrics_get()->queue_depth = s->n_queued;
+    serve_metrics_on_queue(s->n_queued, s->n_act);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -265,8 +256,7 @@ int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 
 static void choice_free(serve_sched *s, sched_choice *c)
 {
-    serve_metrics *mt = serve_metrics_get();
-    if (c->s && !s->o.pool_blocks) mt->kv_blocks -= blocks_of(kipp_session_capacity(c->s));
+    if (c->s && !s->o.pool_blocks) s->kv_held -= blocks_of(kipp_session_capacity(c->s)), serve_metrics_on_kv(s->kv_held);
     kipp_gen_destroy(c->g);
     kipp_session_destroy(c->s); /* pooled: publishes the choice's full blocks (publish-at-finish) */
     free(c);
@@ -302,9 +292,10 @@ static void choice_finish(serve_sched *s, int k, int why)
     }
     o->finish = why;
     s->n_finished++;
+    serve_metrics_on_finish(why, j->t_arrive, j->t_admit, o->t_first, o->t_last, serve_now());
     choice_free(s, c);
     s->act[k] = s->act[--s->n_act];
-    serve_metrics_get()->active_choices = s->n_act;
+    serve_metrics_on_queue(s->n_queued, s->n_act);
     int all = 1;
     for (int i = 0; i < j->req.n; i++) all &= j->out[i].finish != FIN_NONE;
     if (all && !j->done) {
@@ -353,7 +344,7 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
         choice_free(s, c);
         return rc;
     }
-    if (!s->o.pool_blocks) serve_metrics_get()->kv_blocks += blocks_of(cap);
+    if (!s->o.pool_blocks) s->kv_held += blocks_of(cap), serve_metrics_on_kv(s->kv_held);
     s->act[s->n_act++] = c;
     return 0;
 }
@@ -386,20 +377,28 @@ static int pool_fits(serve_sched *s)
  * blocks (its prefix stays adoptable until evicted), and keep its gen. */
 static void preempt(serve_sched *s, sched_choice *c)
 {
-    serve_metrics *mt = serve_metrics_get();
     c->held = kipp_session_length(c->s);
     kipp_session_destroy(c->s);
     c->s = NULL, c->it.token_count = 0;
-    mt->preemptions++;
-    (void)s;
+    s->n_preempted++;
+    serve_metrics_on_preempt();
 }
 
-/* The slot of the oldest preempted choice, or -1. */
+/* 1 when choice a is less urgent than b: a higher priority value, or the
+ * same and admitted later. Preemption takes the least urgent resident choice;
+ * resumption brings back the most urgent preempted one first. */
+static int less_urgent(const sched_choice *a, const sched_choice *b)
+{
+    int pa = a->job->req.priority, pb = b->job->req.priority;
+    return pa != pb ? pa > pb : a->seq > b->seq;
+}
+
+/* The slot of the most urgent preempted choice, or -1. */
 static int oldest_preempted(const serve_sched *s)
 {
     int o = -1;
     for (int k = 0; k < s->n_act; k++)
-        if (!s->act[k]->s && (o < 0 || s->act[k]->seq < s->act[o]->seq)) o = k;
+        if (!s->act[k]->s && (o < 0 || less_urgent(s->act[o], s->act[k]))) o = k;
     return o;
 }
 
@@ -410,7 +409,7 @@ static int oldest_preempted(const serve_sched *s)
  * rest. Returns 1 when no preempted choice is left waiting. */
 static int resume(serve_sched *s)
 {
-    uint64_t moves = s->n_finished + serve_metrics_get()->preemptions;
+    uint64_t moves = s->n_finished + s->n_preempted;
     if (s->resume_waits && moves == s->resume_at) return 0; /* nothing freed since it did not fit */
     s->resume_waits = 0;
     for (int k; (k = oldest_preempted(s)) >= 0;) {
@@ -457,11 +456,8 @@ static void unadmit(serve_sched *s, serve_job *j)
 /* The scheduler's snapshot of the KV pool for /metrics (mu held). */
 static void pool_snapshot(serve_sched *s)
 {
-    serve_metrics *mt = serve_metrics_get();
-    if (!s->o.pool_blocks) return;
-    mt->pooled = 1;
-    kipp_model_pool_stats(s->m, &mt->pool);
-    mt->kv_blocks = mt->pool.blocks_private + mt->pool.blocks_referenced;
+    kipp_pool_stats st;
+    if (s->o.pool_blocks && !kipp_model_pool_stats(s->m, &st)) serve_metrics_on_pool(&st);
 }
 
 /* Admit queued jobs in FIFO order while their choices fit the batch and their
@@ -472,10 +468,9 @@ static void pool_snapshot(serve_sched *s)
  * choice finishes. */
 static void admit(serve_sched *s)
 {
-    serve_metrics *mt = serve_metrics_get();
     int resumed = !s->o.pool_blocks || resume(s);
     while (resumed && s->head && s->n_act + s->head->req.n <= s->o.max_choices &&
-           (s->o.pool_blocks || mt->kv_blocks + job_blocks(s->head) <= s->o.kv_budget_blocks)) {
+           (s->o.pool_blocks || s->kv_held + job_blocks(s->head) <= s->o.kv_budget_blocks)) {
         serve_job *j = s->head;
         if (!j->cancelled && j == s->blocked && s->n_finished == s->blocked_at) break; /* no room freed since */
         s->blocked = NULL;
@@ -495,6 +490,7 @@ static void admit(serve_sched *s)
         j->next = NULL, j->queued = 0;
         s->n_queued--;
         if (j->cancelled) {
+            for (int i = 0; i < j->req.n; i++) serve_metrics_on_finish(FIN_CANCELLED, j->t_arrive, 0, 0, 0, serve_now());
             serve_job_unref(j);
             continue;
         }
@@ -505,11 +501,10 @@ static void admit(serve_sched *s)
             if (!j->done) j->done = 1, serve_job_unref(j);
             continue;
         }
-        mt->prompt_tokens += j->req.n_prompt;
-        mt->prompt_tokens_cached += j->cached_tokens;
+        j->t_admit = serve_now();
+        serve_metrics_on_admit(j->req.n_prompt, j->cached_tokens);
     }
-    mt->queue_depth = s->n_queued;
-    mt->active_choices = s->n_act;
+    serve_metrics_on_queue(s->n_queued, s->n_act);
     pool_snapshot(s);
 }
 
@@ -523,12 +518,14 @@ static void end_everything(serve_sched *s)
         serve_job *j = s->head;
         s->head = j->next, j->next = NULL, j->queued = 0;
         s->n_queued--;
-        for (int i = 0; i < j->req.n; i++) j->out[i].finish = j->cancelled ? FIN_CANCELLED : FIN_LENGTH;
+        for (int i = 0; i < j->req.n; i++) {
+            j->out[i].finish = j->cancelled ? FIN_CANCELLED : FIN_LENGTH;
+            serve_metrics_on_finish(j->out[i].finish, j->t_arrive, 0, 0, 0, serve_now());
+        }
         if (!j->done) j->done = 1, serve_job_unref(j); /* the scheduler's reference */
     }
     s->tail = NULL, s->blocked = NULL;
-    serve_metrics_get()->queue_depth = 0;
-    serve_metrics_get()->active_choices = 0;
+    serve_metrics_on_queue(0, 0);
 }
 
 void serve_sched_end_all(serve_sched *s)
@@ -561,14 +558,12 @@ static void count_running(serve_sched *s)
         for (int q = k; q < s->n_act; q++) resident |= s->act[q]->job == s->act[k]->job && s->act[q]->s;
         n += resident, pre_jobs += !resident;
     }
-    serve_metrics_get()->running_requests = n;
-    serve_metrics_get()->preempted_requests = pre_jobs;
-    serve_metrics_get()->preempted_choices = pre;
+    serve_metrics_on_running(n, pre_jobs, pre);
 }
 
 /* ---- one step ---- */
 
-/* Insertion sort of prefilling choices by admission order (at most 64). */
+/* Insertion sort of prefilling choices by admission order (at most SERVE_MAX_BATCH). */
 static int prefill_order(serve_sched *s, sched_choice **pre)
 {
     int n = 0;
@@ -586,8 +581,8 @@ static int prefill_order(serve_sched *s, sched_choice **pre)
  * token budget (the rule in the header comment). Returns the item count. */
 static int plan(serve_sched *s, kipp_batch_item *items)
 {
-    sched_choice *pre[64];
-    uint32_t give[64] = {0}, used = 0, budget = s->o.step_tokens;
+    sched_choice *pre[SERVE_MAX_BATCH];
+    uint32_t give[SERVE_MAX_BATCH] = {0}, used = 0, budget = s->o.step_tokens;
     int n = 0, n_pre = prefill_order(s, pre);
     for (int k = 0; k < s->n_act; k++) {
         sched_choice *c = s->act[k];
@@ -625,9 +620,10 @@ static uint64_t step_need(const serve_sched *s)
     return need;
 }
 
-/* plan, and on a pooled model preempt the youngest resident choice until the
- * step fits what the pool can hand out (mu held). The oldest is never
- * preempted: submission checked that one choice alone fits the pool. */
+/* plan, and on a pooled model preempt the least urgent resident choice
+ * (highest priority value, then youngest) until the step fits what the pool
+ * can hand out (mu held). The most urgent is never preempted: submission
+ * checked that one choice alone fits the pool. */
 static int plan_fitting(serve_sched *s, kipp_batch_item *items)
 {
     for (;;) {
@@ -635,7 +631,7 @@ static int plan_fitting(serve_sched *s, kipp_batch_item *items)
         kipp_pool_stats st;
         if (!s->o.pool_blocks || kipp_model_pool_stats(s->m, &st) || step_need(s) <= st.blocks_available) return n;
         for (int k = 0; k < s->n_act; k++)
-            if (s->act[k]->s) resident++, young = young < 0 || s->act[k]->seq > s->act[young]->seq ? k : young;
+            if (s->act[k]->s) resident++, young = young < 0 || less_urgent(s->act[k], s->act[young]) ? k : young;
         if (resident < 2) return n; /* cannot happen (see above); the evaluation would report the pool exhausted */
         preempt(s, s->act[young]);
     }
@@ -659,13 +655,13 @@ static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, do
     serve_job *j = c->job;
     const serve_req *r = &j->req;
     serve_choice_out *o = &j->out[c->idx];
-    serve_metrics *mt = serve_metrics_get();
     uint32_t V = s->info.vocab_size;
     int sampled = ev->n_tokens || (ev->n_prompt && !kipp_gen_prompt_left(c->g)); /* a stop id emits nothing */
     echo_rows(c, ev, V);
     if (ev->n_prompt && !kipp_gen_prompt_left(c->g) && c->idx == 0) j->t_prompt_done = now;
-    if (sampled && o->t_first == 0) o->t_first = now, serve_hist_add(&mt->ttft, now - j->t_arrive);
-    else if (sampled) serve_hist_add(&mt->itl, now - o->t_last);
+    int first = !sampled ? -1 : o->t_first == 0;
+    serve_metrics_on_token(first, first == 1 ? now - j->t_arrive : now - o->t_last, ev->n_tokens, ev->n_refill);
+    if (first == 1) o->t_first = now;
     if (sampled) o->t_last = now;
     for (uint32_t i = 0; i < ev->n_tokens; i++) {
         serve_lp rec = {0};
@@ -674,8 +670,6 @@ static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, do
         c->text_pos += ev->token_bytes[i];
         if (r->logprobs && serve_push_lp(o, &rec)) return FIN_ERROR;
     }
-    mt->generated_tokens += ev->n_tokens;
-    mt->recomputed_tokens += ev->n_refill;
     if (publish_text(c)) return FIN_ERROR;
     switch (kipp_gen_finished(c->g)) {
     case KIPP_FIN_NONE: return FIN_NONE;
@@ -695,20 +689,15 @@ static int advance(serve_sched *s, sched_choice *c, double secs, double now)
     kipp_gen_event ev;
     if (kipp_gen_advance(c->g, secs, &ev, c->job->error, sizeof c->job->error)) return FIN_ERROR;
     if (sp) kipp_spec_get_stats(sp, &after);
-    if (spec_step && after.steps > before.steps) {
-        serve_metrics *mt = serve_metrics_get();
-        mt->spec_steps++;
-        mt->spec_drafted += after.drafted - before.drafted;
-        mt->spec_accepted += after.accepted - before.accepted;
-        mt->spec_emitted += after.emitted - before.emitted;
-    }
+    if (spec_step && after.steps > before.steps)
+        serve_metrics_on_spec(after.drafted - before.drafted, after.accepted - before.accepted, after.emitted - before.emitted);
     return publish(s, c, &ev, now);
 }
 
 /* Run one step over the active choices (mu held on entry and exit). */
 static void step(serve_sched *s)
 {
-    kipp_batch_item items[64];
+    kipp_batch_item items[SERVE_MAX_BATCH];
     int n = plan_fitting(s, items);
     pthread_mutex_unlock(&s->mu);
     char err[256] = "";
@@ -716,7 +705,7 @@ static void step(serve_sched *s)
     int rc = kipp_eval_batch(s->m, items, (size_t)n, err, sizeof err);
     double now = serve_now();
     pthread_mutex_lock(&s->mu);
-    serve_metrics_get()->steps++;
+    serve_metrics_on_step();
     /* choice_finish swaps the last active choice into slot k: walk backwards. */
     for (int k = s->n_act; k-- > 0;) {
         sched_choice *c = s->act[k];
@@ -760,13 +749,13 @@ serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *e
 {
     serve_sched *s = calloc(1, sizeof *s);
     if (!s) return snprintf(err, errlen, "out of memory"), NULL;
-    if (o->max_choices < SERVE_MAX_N || o->max_choices > 64) {
-        snprintf(err, errlen, "--max-batch %d is out of range, expected %d..64", o->max_choices, SERVE_MAX_N);
+    if (o->max_choices < SERVE_MAX_N || o->max_choices > SERVE_MAX_BATCH) {
+        snprintf(err, errlen, "--max-batch %d is out of range, expected %d..%d", o->max_choices, SERVE_MAX_N, SERVE_MAX_BATCH);
         free(s);
         return NULL;
     }
     s->m = m, s->o = *o;
-    serve_metrics_get()->kv_capacity = o->pool_blocks ? o->pool_blocks : o->kv_budget_blocks;
+    serve_metrics_on_start(o->pool_blocks ? o->pool_blocks : o->kv_budget_blocks);
     kipp_model_get_info(m, &s->info);
     s->seed_salt = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)s << 16);
     pthread_mutex_init(&s->mu, NULL);

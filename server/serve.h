@@ -11,7 +11,8 @@
  *   text_out.c       per-choice text: stop strings, hold-back, reasoning split
  *   api_tools.c      tools, tool_choice, tool messages -> serve_req (validation)
  *   tool_calls.c     <tool_call> blocks in a reply -> calls + remaining content
- *   sched.c          FIFO + continuous batching over kipp_eval_batch
+ *   sched.c          priority queue + continuous batching over kipp_eval_batch
+ *   job.c            jobs: creation, references, random public ids (serve_job_set_id)
  *   metrics.c        counters and histograms, Prometheus text
  *
  * Only engine/kipp.h is below: the server never sees backend state or KV memory.
@@ -36,6 +37,7 @@
 #define SERVE_RESERVE 16       /* pooled: KV positions a choice reserves beyond its prompt (admission, resumption) */
 #define SERVE_MAX_TOOLS 128    /* tools per request (OpenAI allows 128) */
 #define SERVE_MAX_PARALLEL 8   /* tool calls one constrained reply may make with parallel_tool_calls */
+#define SERVE_MAX_BATCH 64     /* active choices per step at most (--max-batch's upper bound; the scheduler's arrays) */
 
 /** An error for the client: HTTP status and the OpenAI error object's fields. */
 typedef struct {
@@ -272,9 +274,11 @@ typedef struct {
 /** A request in flight; shared by its HTTP thread and the scheduler (refcounted). */
 typedef struct serve_job {
     serve_req req;
-    uint64_t id;              /* for "cmpl-<id>" */
+    uint64_t id;              /* internal, sequential per process (the default seed salt) */
+    char pub_id[48];          /* the id the client sees: an API prefix and 24 random base62 characters (serve_job_set_id) */
     int64_t created;          /* unix seconds */
     double t_arrive;          /* monotonic seconds */
+    double t_admit;           /* monotonic seconds it left the queue (0 = not yet) */
     double t_prompt_done;     /* all choices prefilled */
     uint32_t cached_tokens;   /* prompt tokens choice 0 adopted from the KV pool (usage.prompt_tokens_details) */
     serve_choice_out out[SERVE_MAX_N];
@@ -335,8 +339,15 @@ int serve_sched_busy(serve_sched *s);
 void serve_sched_wait(serve_sched *s, int ms);
 /** Mark job cancelled (sched mutex held); the scheduler frees its choices on its next step. */
 void serve_sched_cancel(serve_sched *s, serve_job *job);
-/** New job with one reference, owning req (moved in). */
+/** New job with one reference, owning req (moved in); its pub_id is "chatcmpl-..." (chat) or "cmpl-...". */
 serve_job *serve_job_new(serve_req *req);
+/**
+ * Set job's public id to prefix (at most 16 bytes: "chatcmpl-", "cmpl-",
+ * "msg_", "resp_", ...) followed by 24 base62 characters from getrandom()
+ * (about 143 bits), so ids are unique across processes and restarts.
+ * Call before the job is shared.
+ */
+void serve_job_set_id(serve_job *job, const char *prefix);
 /** Drop a reference (sched mutex held); frees at zero. */
 void serve_job_unref(serve_job *job);
 
@@ -360,11 +371,23 @@ typedef struct {
     uint64_t n;
 } serve_hist;
 
-/** Every exported number; guarded by the sched mutex. */
+/* vLLM's histograms, each with vLLM's bucket upper bounds (vllm/v1/metrics/loggers.py). */
+enum { SERVE_VH_TTFT = 0, SERVE_VH_ITL, SERVE_VH_E2E, SERVE_VH_QUEUE, SERVE_VH_PREFILL, SERVE_VH_DECODE, SERVE_VH_INFERENCE,
+       SERVE_VH_COUNT };
+#define SERVE_VHIST_MAX 22 /* the most bounds one of them has (time_to_first_token_seconds) */
+typedef struct {
+    uint64_t count[SERVE_VHIST_MAX + 1]; /* per bucket (not cumulative); [n_bounds] = +Inf */
+    double sum;
+    uint64_t n;
+} serve_vhist;
+
+/** Every exported number; guarded by the sched mutex, written only through the serve_metrics_on_* events. */
 typedef struct {
     uint64_t requests[2][6];  /* [chat][status class: 2xx,400,404,413,429,5xx] */
     uint64_t prompt_tokens, generated_tokens, cancelled, steps;
     serve_hist ttft, itl;
+    serve_vhist vh[SERVE_VH_COUNT]; /* vLLM's histograms (per choice, as vLLM counts each of n's child requests) */
+    uint64_t success[3];      /* choices finished, by vLLM's finished_reason: stop, length, abort */
     int queue_depth, active_choices;
     int running_requests;     /* requests with an active choice (vllm:num_requests_running) */
     uint64_t kv_capacity;     /* blocks the KV pool (pooled) or budget (unpooled) holds */
@@ -380,13 +403,53 @@ typedef struct {
     int preempted_requests;   /* requests whose choices are all preempted (counted as waiting for vllm:*) */
 } serve_metrics;
 
-/** The process-wide metrics (guarded by the sched mutex). */
+/** The process-wide metrics, for /metrics to export (guarded by the sched mutex); nothing reads them as state. */
 serve_metrics *serve_metrics_get(void);
-void serve_hist_add(serve_hist *h, double seconds);
 /** Count one finished HTTP request. */
 void serve_metrics_request(int chat, int status);
 /** Prometheus text exposition of m; malloc'd. */
 char *serve_metrics_text(const serve_metrics *m);
+
+/*
+ * Events the scheduler reports (sched mutex held for every one). The
+ * scheduler keeps its own state; these only feed /metrics.
+ */
+/** Before any thread starts: the reported model id, the vllm:* model_name label (static string). */
+void serve_metrics_set_model(const char *model_name);
+/** At scheduler start: the KV blocks the pool (pooled) or the budget (unpooled) holds. */
+void serve_metrics_on_start(uint64_t kv_capacity);
+/** The queue and batch gauges changed: queued requests, active choices. */
+void serve_metrics_on_queue(int queued, int active);
+/** The request gauges of one scheduler pass: requests with a resident choice, requests all of whose
+ * choices are preempted, and preempted choices. */
+void serve_metrics_on_running(int requests, int preempted_requests, int preempted_choices);
+/** A request was admitted: n_prompt prompt tokens, cached of them adopted from the KV pool. */
+void serve_metrics_on_admit(uint64_t n_prompt, uint64_t cached);
+/** KV blocks held by live sessions now (unpooled: the budget in use). */
+void serve_metrics_on_kv(uint64_t blocks);
+/** The scheduler's snapshot of the KV pool (pooled models). */
+void serve_metrics_on_pool(const kipp_pool_stats *st);
+/** One scheduler step (one kipp_eval_batch). */
+void serve_metrics_on_step(void);
+/** A choice's session was preempted to free KV blocks. */
+void serve_metrics_on_preempt(void);
+/** A client went away before its request finished. */
+void serve_metrics_on_cancel(void);
+/** A speculative step verified drafted tokens, accepted and emitted of them. */
+void serve_metrics_on_spec(uint64_t drafted, uint64_t accepted, uint64_t emitted);
+/**
+ * A choice's step ended: first 1 = it sampled its first token (seconds =
+ * arrival to now, TTFT), 0 = a later one (seconds since its previous output,
+ * inter-token latency), -1 = nothing sampled (seconds unused); n_tokens
+ * generated, n_refill positions re-evaluated after a preemption.
+ */
+void serve_metrics_on_token(int first, double seconds, uint32_t n_tokens, uint32_t n_refill);
+/**
+ * A choice ended (why: FIN_*; FIN_ERROR is not counted as a success).
+ * Monotonic seconds: t_arrive, t_admit (0 = never admitted), t_first and
+ * t_last (its first and latest token, 0 = none), now.
+ */
+void serve_metrics_on_finish(int why, double t_arrive, double t_admit, double t_first, double t_last, double now);
 
 /* ---- rendering (api_render.c) ---- */
 

@@ -410,7 +410,8 @@ static void log_request(serve_http *h, conn_state *cs, enum MHD_RequestTerminati
     pthread_mutex_lock(serve_sched_mutex(h->sched));
     if (cs->job) {
         serve_job *j = cs->job;
-        a.id = j->id, a.prompt_tokens = (long long)j->req.n_prompt, a.cached_tokens = j->cached_tokens;
+        snprintf(a.id, sizeof a.id, "%s", j->pub_id);
+        a.prompt_tokens = (long long)j->req.n_prompt, a.cached_tokens = j->cached_tokens;
         a.completion_tokens = 0;
         for (int i = 0; i < j->req.n; i++) a.completion_tokens += j->out[i].n_gen;
         if (j->out[0].t_first > 0) a.ttft_s = j->out[0].t_first - j->t_arrive;

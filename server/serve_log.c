@@ -91,11 +91,7 @@ void serve_access_log(const serve_access *a)
     stamp(ts, sizeof ts);
     json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:i}", "ts", ts, "event", "request", "method", a->method ? a->method : "",
                           "path", a->path ? a->path : "", "status", a->status);
-    if (a->id) {
-        char id[32];
-        snprintf(id, sizeof id, "cmpl-%llu", (unsigned long long)a->id);
-        json_object_set_new(o, "id", json_string(id));
-    }
+    if (a->id[0]) json_object_set_new(o, "id", json_string(a->id));
     if (a->prompt_tokens >= 0) {
         json_object_set_new(o, "prompt_tokens", json_integer(a->prompt_tokens));
         json_object_set_new(o, "completion_tokens", json_integer(a->completion_tokens));

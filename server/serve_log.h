@@ -24,7 +24,7 @@ void serve_mhd_log(void *cls, const char *fmt, va_list ap);
 
 /** What the access log records of one request. */
 typedef struct {
-    uint64_t id;              /* the job's id ("cmpl-<id>"), 0 = no job */
+    char id[48];              /* the id the client received (serve_job.pub_id), "" = no job */
     const char *method, *path;
     int status;
     long long prompt_tokens, completion_tokens, cached_tokens; /* -1 = not a completion */

@@ -115,7 +115,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                       .api_key = getenv("KIPP_API_KEY")};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
-        {"--ctx", &o->ctx, 0, 1 << 30, ""},          {"--max-batch", &o->max_batch, 8, 64, ""},
+        {"--ctx", &o->ctx, 0, 1 << 30, ""},          {"--max-batch", &o->max_batch, SERVE_MAX_N, SERVE_MAX_BATCH, ""},
         {"--max-queue", &o->max_queue, 1, 4096, ""}, {"--max-body", &o->max_body, 64, 1LL << 30, ""},
         {"--max-header", &o->max_header, 4096, 1 << 24, ""}, {"--idle-timeout", &o->idle, 1, 86400, ""},
         {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
@@ -328,7 +328,7 @@ static int run(const serve_opts *o, kipp_model *m)
     serve_http h = {.max_body = (size_t)o->max_body, .max_header = (size_t)o->max_header, .started = time(NULL),
                     .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
                     .access_log = o->access_log, .canonical = info.checkpoint_id};
-    serve_metrics_get()->model_name = o->alias ? o->alias : info.checkpoint_id; /* before any thread reads it */
+    serve_metrics_set_model(o->alias ? o->alias : info.checkpoint_id); /* before any thread reads it */
     serve_kv_events *kev = NULL;
     if (o->kv_events) { /* before the scheduler: every block the pool ever stores is reported */
         serve_kv_events_opts ko = {
