@@ -190,6 +190,7 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         return send_error(h, c, chat, &e);
     }
     if (serve_parse(cs->body.p ? cs->body.p : "", cs->body.n, chat, &r, &e)) return send_error(h, c, chat, &e);
+    serve_log_ignored(&r);
     if (!serve_model_known(h, r.model)) {
         serve_fail(&e, 404, "invalid_request_error", "model", "model '%.100s' is not served here, expected '%s' (GET /v1/models)",
                    r.model, h->info.model_id);

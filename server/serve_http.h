@@ -49,6 +49,8 @@ void serve_http_stop(serve_http *h);
 
 /** One stderr line "2026-01-02T03:04:05.678Z kipp-serve: <message>" (UTC, milliseconds). */
 void serve_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** Log, once per process each, the accepted-but-ignored fields r carried (serve_req.ignored), as vLLM warns. */
+void serve_log_ignored(const serve_req *r);
 /** The same for stdout (the "listening on" line), flushed. */
 void serve_log_out(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /** libmicrohttpd's MHD_OPTION_EXTERNAL_LOGGER: its messages as timestamped lines. */

@@ -47,6 +47,17 @@ void serve_log(const char *fmt, ...)
     va_end(ap);
 }
 
+void serve_log_ignored(const serve_req *r)
+{
+    static uint32_t logged; /* fields logged so far, process-wide */
+    const char *name;
+    for (unsigned b = 0; (name = serve_ignored_name(b)); b++) {
+        uint32_t bit = 1u << b;
+        if (!(r->ignored & bit) || (__atomic_fetch_or(&logged, bit, __ATOMIC_RELAXED) & bit)) continue;
+        serve_log("request field '%s' is accepted and ignored: it has no effect in kipp-serve (logged once)", name);
+    }
+}
+
 void serve_log_out(const char *fmt, ...)
 {
     va_list ap;
@@ -169,10 +180,14 @@ static char *as_request(json_t *o, int *chat, serve_error *e)
                           "assistant's generation prompt, as /v1/chat/completions uses it"), NULL;
     if (!msgs && json_object_get(o, "chat_template_kwargs"))
         return serve_fail(e, 400, "invalid_request_error", "chat_template_kwargs", "chat_template_kwargs needs \"messages\""), NULL;
+    if (!msgs && json_object_get(o, "tools"))
+        return serve_fail(e, 400, "invalid_request_error", "tools", "tools needs \"messages\""), NULL;
     *chat = msgs != NULL;
     json_t *r = json_pack("{s:O, s:i}", *chat ? "messages" : "prompt", *chat ? msgs : prompt, "max_tokens", 1);
     if (*chat && json_object_get(o, "chat_template_kwargs"))
         json_object_set(r, "chat_template_kwargs", json_object_get(o, "chat_template_kwargs"));
+    if (*chat && json_object_get(o, "tools")) /* rendered into the prompt as chat renders them: their cost counts */
+        json_object_set(r, "tools", json_object_get(o, "tools"));
     char *s = json_dumps(r, JSON_COMPACT);
     json_decref(r);
     if (!s) serve_fail(e, 503, "server_error", "", "out of memory");
@@ -182,7 +197,7 @@ static char *as_request(json_t *o, int *chat, serve_error *e)
 int serve_tokenize(serve_http *h, const char *body, size_t len, char **json, serve_error *e)
 {
     static const char *const allowed[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                          "chat_template_kwargs", NULL};
+                                          "chat_template_kwargs", "tools", NULL};
     json_t *o = load_body(body, len, allowed, e);
     if (!o) return -1;
     json_t *model = json_object_get(o, "model");
