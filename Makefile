@@ -107,7 +107,7 @@ $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
 
 # test_serve_text checks the server's text view: link those server objects too.
-$(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_tools.o $(BUILD)/server/serve_error.o
+$(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/tool_calls.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_compat.o $(BUILD)/server/api_tools.o $(BUILD)/server/serve_error.o
 # test_tool_calls checks the reply's tool-call parser (server/tool_calls.c).
 $(BUILD)/bin/test_tool_calls: $(BUILD)/server/tool_calls.o $(BUILD)/server/text_out.o
 
@@ -245,7 +245,7 @@ fuzz: models-test $(BUILD)/libkipp.a
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
 # libFuzzer over kipp-serve's request parser/validator and text view (tests/fuzz_http.c).
-FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/api_tools.c server/text_out.c server/api_render.c server/serve_error.c \
+FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/api_compat.c server/api_tools.c server/text_out.c server/api_render.c server/serve_error.c \
                  server/tool_calls.c
 fuzz-http: $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-http-corpus

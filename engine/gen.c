@@ -59,7 +59,21 @@ struct kipp_gen {
     int open_pending;         /* the first token may be open_id (grammar_open) instead of a grammar token */
     uint32_t open_id;
     uint64_t *open_mask;      /* the first step's mask: the grammar's plus open_id */
+    /* vLLM's min_tokens and include_stop_str_in_output */
+    uint32_t min_tokens;
+    int keep_stop;
+    uint64_t *min_mask;       /* while fewer than min_tokens: every token but the stop ids (and the grammar's) */
+    /* the thinking budget (think_* options) */
+    int think;                /* THINK_* */
+    uint32_t think_left;      /* reasoning tokens still allowed */
+    uint32_t think_open_id;
+    char *think_close;
+    uint32_t force[8], n_force, i_force; /* think_end's tokens, and how many were forced */
 };
+
+/* Where the thinking budget stands: off, waiting for the reply's first token
+ * to open reasoning, counting reasoning tokens, forcing think_end, over. */
+enum { THINK_OFF = 0, THINK_WAIT, THINK_IN, THINK_FORCE };
 
 /* ---- create / destroy ---- */
 
@@ -109,6 +123,41 @@ static int grammar_init(kipp_gen *g, const kipp_gen_options *o, char *err, size_
     return 0;
 }
 
+/* The thinking budget's markers: think_open's id, think_close copied, think_end tokenized. */
+static int think_init(kipp_gen *g, const kipp_gen_options *o, char *err, size_t errlen)
+{
+    if (!o->think_budget_on) return 0;
+    size_t n = 0;
+    uint32_t ids[4];
+    if (!o->think_close || !*o->think_close || !o->think_end ||
+        kipp_tokenize(g->model, o->think_end, strlen(o->think_end), KIPP_TOK_SPECIAL, g->force, 8, &n, NULL, 0) || !n)
+        return kipp_err(err, errlen, KIPP_EINVAL, "a thinking budget needs think_close and think_end (1..8 tokens)");
+    g->n_force = (uint32_t)n;
+    if (o->think_open && (kipp_tokenize(g->model, o->think_open, strlen(o->think_open), KIPP_TOK_SPECIAL, ids, 4, &n,
+                                        NULL, 0) || n != 1))
+        return kipp_err(err, errlen, KIPP_EINVAL, "think_open '%.40s' must be one token", o->think_open);
+    g->think_open_id = o->think_open ? ids[0] : 0;
+    if (!(g->think_close = strdup(o->think_close))) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory");
+    g->think_left = o->think_budget;
+    g->think = o->think_open ? THINK_WAIT : o->think_budget ? THINK_IN : THINK_FORCE;
+    return 0;
+}
+
+/* min_tokens' mask: all tokens but the stop ids. */
+static int min_init(kipp_gen *g, const kipp_gen_options *o, char *err, size_t errlen)
+{
+    g->min_tokens = o->min_tokens, g->keep_stop = o->keep_stop != 0;
+    if (!g->min_tokens) return 0;
+    size_t words = (g->vocab + 63) / 64;
+    if (!(g->min_mask = malloc(2 * words * sizeof *g->min_mask))) /* [words] the mask, [words] scratch */
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for min_tokens");
+    memset(g->min_mask, 0xff, words * sizeof *g->min_mask);
+    if (g->vocab % 64) g->min_mask[words - 1] = (1ull << (g->vocab % 64)) - 1;
+    for (uint32_t i = 0; i < g->n_stop_ids; i++)
+        if (g->stop_ids[i] < g->vocab) g->min_mask[g->stop_ids[i] >> 6] &= ~(1ull << (g->stop_ids[i] & 63));
+    return 0;
+}
+
 static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const kipp_gen_options *o, char *err,
                     size_t errlen)
 {
@@ -126,11 +175,14 @@ static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const 
     g->n_done = kipp_session_length(g->s);
     int rc = grammar_init(g, o, err, errlen);
     if (!rc) rc = copy_stops(g, o, err, errlen);
+    if (!rc) rc = think_init(g, o, err, errlen);
+    if (!rc) rc = min_init(g, o, err, errlen);
     if (rc) return rc;
     g->cap_hist = n_prompt + 64;
     g->hist = malloc(g->cap_hist * sizeof *g->hist);
     g->ds = kipp_detok_stream_create(g->model);
-    int spec = o->spec && !o->grammar && kipp_spec_params_ok(&o->sp); /* drafts know no grammar */
+    /* drafts know no grammar, budget or min_tokens */
+    int spec = o->spec && !o->grammar && !o->think_budget_on && !o->min_tokens && kipp_spec_params_ok(&o->sp);
     g->rows_cap = g->prompt_rows ? KIPP_GEN_ROWS_CHUNK : 1;
     if (spec && g->rows_cap < KIPP_SPEC_K_MAX + 1) g->rows_cap = KIPP_SPEC_K_MAX + 1;
     g->logits = malloc((size_t)g->rows_cap * g->vocab * sizeof *g->logits);
@@ -183,6 +235,8 @@ void kipp_gen_destroy(kipp_gen *g)
     kipp_grammar_matcher_destroy(g->gm);
     free(g->g_after);
     free(g->open_mask);
+    free(g->min_mask);
+    free(g->think_close);
     free(g);
 }
 
@@ -295,6 +349,13 @@ static int stop_scan(kipp_gen *g, size_t from)
 {
     size_t cut = kipp_stop_scan((const char *const *)g->stop, g->n_stop, g->text, g->n_text, from, &g->n_final);
     if (cut == g->n_text) return 0;
+    for (size_t i = 0; g->keep_stop && i < g->n_stop; i++) { /* the earliest match's string stays */
+        size_t k = strlen(g->stop[i]);
+        if (cut + k <= g->n_text && !memcmp(g->text + cut, g->stop[i], k)) {
+            cut += k;
+            break;
+        }
+    }
     g->n_text = cut;
     g->text[cut] = 0;
     return 1;
@@ -363,11 +424,32 @@ static int grammar_mask(kipp_gen *g, kipp_sample_params *p, char *err, size_t er
     return 0;
 }
 
+/* The thinking budget after token tok (its text from text[from]) was emitted. */
+static void think_track(kipp_gen *g, uint32_t tok, size_t from)
+{
+    if (g->think == THINK_WAIT) {
+        g->think = tok != g->think_open_id ? THINK_OFF : g->think_left ? THINK_IN : THINK_FORCE;
+        return;
+    }
+    if (g->think == THINK_FORCE) {
+        if (++g->i_force == g->n_force) g->think = THINK_OFF;
+        return;
+    }
+    if (g->think != THINK_IN) return;
+    size_t k = strlen(g->think_close), start = from >= k ? from - k + 1 : 0;
+    for (size_t p = start; p + k <= g->n_text; p++)
+        if (!memcmp(g->text + p, g->think_close, k)) {
+            g->think = THINK_OFF; /* the model ended its reasoning itself */
+            return;
+        }
+    if (--g->think_left == 0) g->think = THINK_FORCE;
+}
+
 /* Emit token tok (sampled from row) into ev; sets g->finish when it ends the
  * generation. last: the step's last token, the pending one, which needs room. */
 static int emit(kipp_gen *g, uint32_t tok, uint32_t row, int last, kipp_gen_event *ev, char *err, size_t errlen)
 {
-    if (is_stop_id(g, tok)) {
+    if (is_stop_id(g, tok)) { /* min_tokens masks them until then, but a complete grammar may end the reply */
         finish(g, KIPP_FIN_STOP, 0);
         return 0;
     }
@@ -387,10 +469,26 @@ static int emit(kipp_gen *g, uint32_t tok, uint32_t row, int last, kipp_gen_even
     ev->tokens = g->ev_tok, ev->token_row = g->ev_row, ev->token_bytes = g->ev_bytes;
     g->ev_tok[ev->n_tokens] = tok, g->ev_row[ev->n_tokens] = row, g->ev_bytes[ev->n_tokens] = (uint32_t)n;
     ev->n_tokens++;
-    if (g->n_stop ? stop_scan(g, from) : (g->n_final = g->n_text, 0)) finish(g, KIPP_FIN_STOP, 1);
+    think_track(g, tok, from);
+    int scan = g->n_stop && g->n_gen > g->min_tokens; /* min_tokens: stop strings count from the token after it */
+    if (scan ? stop_scan(g, from) : (g->n_final = g->n_text, 0)) finish(g, KIPP_FIN_STOP, 1);
     else if (g->max_tokens && g->n_gen >= g->max_tokens) finish(g, KIPP_FIN_LENGTH, 0);
     else if (last && kipp_session_length(g->s) >= kipp_session_capacity(g->s)) finish(g, KIPP_FIN_FULL, 0);
     return 0;
+}
+
+/* min_tokens: take the stop ids out of p->allowed (the grammar's mask, or all),
+ * unless that leaves nothing (a complete grammar allows only them). */
+static void min_mask(kipp_gen *g, kipp_sample_params *p)
+{
+    size_t words = (g->vocab + 63) / 64;
+    uint64_t *m = g->min_mask + words, any = 0;
+    if (!p->allowed) {
+        p->allowed = g->min_mask;
+        return;
+    }
+    for (size_t w = 0; w < words; w++) m[w] = p->allowed[w] & g->min_mask[w], any |= m[w];
+    if (any) p->allowed = m;
 }
 
 static kipp_sample_params params(const kipp_gen *g)
@@ -436,6 +534,12 @@ int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err,
     kipp_sample_params p = params(g);
     uint32_t tok, row = g->rows - 1;
     int constrained = g->gm && (!g->g_after || g->open_pending), rc = constrained ? grammar_mask(g, &p, err, errlen) : 0;
+    if (!rc && g->think == THINK_FORCE) { /* the budget ran out: think_end's next token, not a sample */
+        tok = g->force[g->i_force];
+        if (!constrained || (p.allowed[tok >> 6] >> (tok & 63) & 1)) return emit(g, tok, row, 1, ev, err, errlen);
+        g->think = THINK_OFF; /* the grammar takes over from here */
+    }
+    if (!rc && g->n_gen < g->min_tokens) min_mask(g, &p);
     if (!rc) rc = kipp_sample_ex(g->logits + (size_t)row * g->vocab, g->vocab, &p, &g->rng, &tok, err, errlen);
     if (!rc && constrained && !(p.allowed[tok >> 6] >> (tok & 63) & 1)) /* the sampler's contract, checked */
         rc = kipp_err(err, errlen, KIPP_EINVAL, "the sampler chose token %u, which the grammar refuses", tok);

@@ -796,6 +796,19 @@ typedef struct {
     const char *grammar_open;    /* NULL, or with grammar_after: the one-token marker that opens the free part
                                   * (e.g. "<think>"); the first token is then that marker or one the grammar
                                   * allows, and a reply that does not open with it is constrained throughout */
+    uint32_t min_tokens;         /* stop ids are masked and stop strings not matched before this many tokens
+                                  * (vLLM's min_tokens); 0 = off. A complete grammar's end-of-turn ids win */
+    int keep_stop;               /* 1: a matched stop string stays at the end of the text (vLLM's
+                                  * include_stop_str_in_output); 0: the text is cut before it */
+    int think_budget_on;         /* 1: reasoning is cut after think_budget tokens (the fields below) */
+    uint32_t think_budget;       /* reasoning tokens allowed; 0 = reasoning ends at once */
+    const char *think_open;      /* the one-token marker that opens reasoning as the reply's first token
+                                  * ("<think>"), or NULL: the prompt opened it, the reply starts inside */
+    const char *think_close;     /* reasoning is over once this text appears ("</think>") */
+    const char *think_end;       /* the text forced when the budget runs out ("\n</think>\n\n"), tokenized with
+                                  * markers, at most 8 tokens; each forced token is emitted and evaluated as a
+                                  * sampled one (a grammar that refuses one ends the forcing early).
+                                  * Speculation is off with a budget or min_tokens: drafts know neither */
 } kipp_gen_options;
 
 /** What one kipp_gen_advance did. Pointers are owned by the gen and valid until its next call. */

@@ -256,6 +256,11 @@ static int parse_messages(serve_req *r, const json_t *v, serve_error *e)
         json_object_foreach((json_t *)m, k, x) {
             int ok = !strcmp(k, "role") || !strcmp(k, "content") || !strcmp(k, "name") || !strcmp(k, "tool_calls") ||
                      !strcmp(k, "tool_call_id") || (d->role == KIPP_ROLE_ASSISTANT && !strcmp(k, "reasoning_content"));
+            int rc = 0;
+            if (!ok && d->role == KIPP_ROLE_ASSISTANT && serve_parse_compat_msg(r, k, x, i, &rc, e)) {
+                if (rc) return rc;
+                continue;
+            }
             if (!ok) return BAD("messages", "messages[%zu].%.40s is not supported", i, k);
         }
         if (serve_parse_msg_tools(d, m, i, e)) return -1; /* refuses tool_calls / tool_call_id on other roles */
@@ -329,6 +334,7 @@ static int parse_json_schema(serve_req *r, const json_t *v, serve_error *e)
     if (!json_is_object(sch))
         return BAD("response_format", "response_format.json_schema.schema is %s, expected a JSON Schema object",
                    sch ? type_name(sch) : "missing");
+    free(r->rf_schema); /* a guided_json before it (refused once both are seen) */
     if (!(r->rf_schema = json_dumps(sch, JSON_COMPACT)))
         return serve_fail(e, 503, "server_error", "response_format", "out of memory");
     return 0;
@@ -420,7 +426,6 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
     if (!strcmp(k, "logit_bias")) return parse_bias(r, v, e);
     if (!strcmp(k, "stream")) return parse_bool(v, "stream", &r->stream, e);
     if (!strcmp(k, "stream_options")) return parse_stream_options(r, v, e);
-    if (!strcmp(k, "user")) return json_is_string(v) ? 0 : BAD("user", "user is %s, expected a string", type_name(v));
     if (!r->chat && !strcmp(k, "prompt")) return parse_prompt(r, v, e);
     if (!r->chat && !strcmp(k, "echo")) return parse_bool(v, "echo", &r->echo, e);
     if (r->chat && !strcmp(k, "messages")) return parse_messages(r, v, e);
@@ -431,6 +436,7 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
     if (!strcmp(k, "response_format")) return parse_response_format(r, v, e);
     int rc;
     if (router_field(r, k, v, &rc, e)) return rc;
+    if (serve_parse_compat(r, k, v, &rc, e)) return rc;
     return BAD(k, "field '%.60s' is not supported by %s", k, r->chat ? "/v1/chat/completions" : "/v1/completions");
 }
 
@@ -457,8 +463,7 @@ static int parse_object(serve_req *r, const json_t *root, serve_error *e)
     if (r->chat && top_lp_set && !r->logprobs)
         return BAD("top_logprobs", "top_logprobs needs logprobs set to true");
     if (r->include_usage && !r->stream) return BAD("stream_options", "stream_options is only allowed with stream set to true");
-    if (r->echo && r->stream) return BAD("echo", "echo is not supported together with stream");
-    return 0;
+    return serve_parse_compat_done(r, root, e);
 }
 
 int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_error *e)

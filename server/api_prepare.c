@@ -27,6 +27,50 @@ static int tokenize_prompt(kipp_model *m, serve_req *r, serve_error *e)
     return 0;
 }
 
+/* Tokens of msgs[n] rendered with co; 0 when it cannot be rendered. */
+static size_t count_chat(kipp_model *m, const kipp_chat_message *msgs, size_t n, const kipp_chat_options *co)
+{
+    uint32_t *ids = NULL;
+    size_t k = 0;
+    if (kipp_chat_tokenize(m, msgs, n, co, &ids, &k, NULL, NULL, NULL, 0)) k = 0;
+    free(ids);
+    return k;
+}
+
+/* The 400 for a chat whose kept part (the system message, and the turns from
+ * cm[first]) alone fills the context: it names what takes the room, the tool
+ * definitions, the system message and the turns, each counted as the prompt
+ * less that part rendered without it. */
+static int chat_overflow(kipp_model *m, kipp_chat_message *cm, size_t n, size_t first, const kipp_chat_options *co,
+                         uint32_t n_ctx, serve_req *r, serve_error *e)
+{
+    size_t head = n && cm[0].role == KIPP_ROLE_SYSTEM, k = head;
+    for (size_t i = first; i < n; i++) cm[k++] = cm[i]; /* the kept messages, in place */
+    size_t all = r->n_prompt, tools = 0, sys = 0;
+    if (co->tools_json) {
+        kipp_chat_options bare = *co;
+        bare.tools_json = NULL;
+        size_t without = count_chat(m, cm, k, &bare);
+        tools = without && without < all ? all - without : 0;
+    }
+    if (head) {
+        size_t without = count_chat(m, cm + 1, k - 1, co);
+        sys = without && without < all ? all - without : 0;
+    }
+    char parts[200] = "";
+    int at = 0;
+    if (tools) at += snprintf(parts + at, sizeof parts - (size_t)at, "the tool definitions take %zu, ", tools);
+    if (sys) at += snprintf(parts + at, sizeof parts - (size_t)at, "the system message %zu, ", sys);
+    snprintf(parts + at, sizeof parts - (size_t)at, "the last turn %s%zu", k - head > 1 ? "(with the turns it needs) " : "",
+             all - tools - sys);
+    BAD(tools > all / 2 ? "tools" : "messages",
+        "the prompt has %zu tokens (n_prompt_tokens) but the context holds %u (n_ctx), and at least one token must "
+        "be generated: %s; shorten %s", all, n_ctx, parts,
+        tools > all / 2 ? "or remove tool definitions" : sys > all / 2 ? "the system message" : "the last turn");
+    snprintf(e->code, sizeof e->code, "context_length_exceeded");
+    return -1;
+}
+
 static int chat_prompt(kipp_model *m, const kipp_model_info *info, uint32_t n_ctx, serve_req *r, serve_error *e)
 {
     if (!info->has_chat) {
@@ -53,6 +97,12 @@ static int chat_prompt(kipp_model *m, const kipp_model_info *info, uint32_t n_ct
      * max_tokens asked for, or the engine's default share when none was sent. */
     int rc = kipp_chat_tokenize_fit(m, cm, r->n_msgs, &co, n_ctx, r->max_tokens_asked, &r->truncated_messages,
                                     &r->prompt_ids, &r->n_prompt, &text, &tl, err, sizeof err);
+    if (!rc && r->n_prompt >= n_ctx) {
+        size_t head = r->n_msgs && cm[0].role == KIPP_ROLE_SYSTEM;
+        chat_overflow(m, cm, r->n_msgs, head + r->truncated_messages, &co, n_ctx, r, e);
+        free(cm), free(text);
+        return -1;
+    }
     free(cm);
     if (rc) return BAD("messages", "messages cannot be rendered: %s", err);
     r->starts_in_reasoning = tl >= 8 && !strcmp(text + tl - 8, "<think>\n");
@@ -85,15 +135,22 @@ int serve_prepare(kipp_model *m, uint32_t n_ctx, serve_req *r, serve_error *e)
     for (size_t i = 0; i < r->sp.n_logit_bias; i++)
         if (r->bias[i].token >= info.vocab_size)
             return BAD("logit_bias", "logit_bias token %u is out of range, expected 0..%u", r->bias[i].token, info.vocab_size - 1);
-    if (r->n_prompt >= n_ctx) {
-        if (r->chat)
-            BAD("messages",
-                "the system message and the last turn alone have %zu tokens (n_prompt_tokens) but the context holds "
-                "%u (n_ctx), and at least one token must be generated; shorten them", r->n_prompt, n_ctx);
-        else
-            BAD("prompt",
-                "the prompt has %zu tokens (n_prompt_tokens) but the context holds %u (n_ctx), and at least one "
-                "token must be generated; shorten the prompt", r->n_prompt, n_ctx);
+    if (r->n_prompt >= n_ctx) { /* a chat's is answered by chat_overflow */
+        BAD("prompt",
+            "the prompt has %zu tokens (n_prompt_tokens) but the context holds %u (n_ctx), and at least one "
+            "token must be generated; shorten the prompt", r->n_prompt, n_ctx);
+        snprintf(e->code, sizeof e->code, "context_length_exceeded");
+        return -1;
+    }
+    if (r->max_tokens_asked >= 0 && (uint64_t)r->n_prompt + (uint64_t)r->max_tokens_asked > n_ctx) {
+        /* as vLLM and OpenAI: a generation budget the context cannot hold is refused, not cut (one not sent
+         * defaults to the room left) */
+        int64_t over = (int64_t)r->n_prompt + r->max_tokens_asked - (int64_t)n_ctx;
+        BAD(r->max_tokens_field,
+            "the prompt has %zu tokens (n_prompt_tokens) and %s is %lld: %lld positions, %lld more than the context "
+            "of %u (n_ctx) holds; send %s <= %lld or a shorter prompt", r->n_prompt, r->max_tokens_field,
+            (long long)r->max_tokens_asked, (long long)r->n_prompt + (long long)r->max_tokens_asked, (long long)over,
+            n_ctx, r->max_tokens_field, (long long)(n_ctx - r->n_prompt));
         snprintf(e->code, sizeof e->code, "context_length_exceeded");
         return -1;
     }

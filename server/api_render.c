@@ -105,7 +105,8 @@ static json_t *legacy_logprobs(const serve_info *si, const serve_job *j, const s
                                int with_prompt)
 {
     json_t *r = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
-    size_t base = 0;
+    size_t base = 0; /* with echo, offsets count from the prompt's start: the text begins with it */
+    if (j->req.echo && j->req.prompt_text) base = chars_in(j->req.prompt_text, strlen(j->req.prompt_text));
     if (with_prompt && j->prompt_top) {
         size_t off = 0;
         for (size_t p = 0; p < j->req.n_prompt; p++) {
@@ -116,7 +117,6 @@ static json_t *legacy_logprobs(const serve_info *si, const serve_job *j, const s
             size_t n = 0;
             if (!kipp_detokenize(si->model, &e.id, 1, buf, sizeof buf, &n, NULL, 0)) off += chars_in(buf, n);
         }
-        base = chars_in(j->req.prompt_text ? j->req.prompt_text : "", j->req.prompt_text ? strlen(j->req.prompt_text) : 0);
     }
     size_t pos = 0, chars = 0; /* text_off only grows: count the raw text once */
     for (size_t i = from; i < to; i++) {
@@ -139,24 +139,12 @@ static size_t lp_visible(const serve_choice_out *o, size_t upto_bytes)
 /* ---- tool calls ---- */
 
 /* What a chat choice shows: reasoning, content and, with tools, the calls
- * parsed out of the content (tool_calls.c). */
-typedef struct {
-    const char *reasoning, *content;
-    size_t reasoning_len, content_len;
-    serve_tool_out calls;
-} shown;
+ * (serve_reply_split, the state machine every API shares). */
+typedef serve_reply shown;
 
-static void shown_make(const serve_req *r, const char *raw, const serve_view *v, int final, shown *sh)
+static void shown_make(const serve_req *r, const char *raw, size_t n, int final, shown *sh)
 {
-    memset(sh, 0, sizeof *sh);
-    sh->reasoning = raw + v->reasoning_off, sh->reasoning_len = v->reasoning_len;
-    sh->content = raw + v->content_off, sh->content_len = v->content_len;
-    if (!r->chat || !serve_tools_active(r)) return;
-    if (serve_tool_parse(r->tools, r->n_tools, sh->content, sh->content_len, final, &sh->calls)) {
-        serve_tool_out_free(&sh->calls); /* out of memory: the text as it is */
-        return;
-    }
-    sh->content = sh->calls.content.p ? sh->calls.content.p : "", sh->content_len = sh->calls.content.n;
+    serve_reply_split(r, raw, n, final, sh); /* out of memory: the text as it is, no calls */
 }
 
 /* "call_" and 24 hex digits, a function of (job's random public id, choice,
@@ -186,8 +174,10 @@ static const char *chat_finish(const shown *sh, int f)
 static json_t *chat_message(const serve_job *j, int i, const shown *sh)
 {
     const serve_req *r = &j->req;
+    /* no content beside calls or reasoning (a reply cut off while thinking): null, as OpenAI and vLLM send it */
+    int none = !sh->content_len && (sh->calls.n_calls || (r->thinking && sh->reasoning_len));
     json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content",
-                            sh->calls.n_calls && !sh->content_len ? json_null() : serve_json_text(sh->content, sh->content_len));
+                            none ? json_null() : serve_json_text(sh->content, sh->content_len));
     if (r->thinking && sh->reasoning_len) json_object_set_new(msg, "reasoning_content", serve_json_text(sh->reasoning, sh->reasoning_len));
     if (!sh->calls.n_calls) return msg;
     json_t *calls = json_array();
@@ -210,11 +200,11 @@ static json_t *choice_json(const serve_info *si, const serve_job *j, int i)
     size_t nlp = lp_visible(o, o->raw.n);
     if (r->chat) {
         shown sh;
-        shown_make(r, o->raw.p ? o->raw.p : "", &v, 1, &sh);
+        shown_make(r, o->raw.p ? o->raw.p : "", o->raw.n, 1, &sh);
         json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", chat_finish(&sh, o->finish));
         json_object_set_new(c, "message", chat_message(j, i, &sh));
         json_object_set_new(c, "logprobs", r->logprobs ? chat_logprobs(si, o->lp, 0, nlp) : json_null());
-        serve_tool_out_free(&sh.calls);
+        serve_reply_free(&sh);
         return c;
     }
     json_t *c = json_pack("{s:i, s:s}", "index", i, "finish_reason", finish_name(o->finish));
@@ -286,8 +276,9 @@ static void choice_chunk(const serve_info *si, const serve_job *j, int i, const 
     size_t nr = sh->reasoning_len - st->sent_reasoning[i], nc = sh->content_len - st->sent_content[i];
     json_t *c = json_pack("{s:i, s:o}", "index", i, "finish_reason", finish ? json_string(finish) : json_null());
     json_t *lp = json_null();
-    if (r->logprobs && nlp > st->sent_lp[i])
-        lp = r->chat ? chat_logprobs(si, o->lp, st->sent_lp[i], nlp) : legacy_logprobs(si, j, o, st->sent_lp[i], nlp, 0);
+    int echo = !r->chat && r->echo && !st->echo_sent[i]; /* the prompt leads the first chunk, as in the whole text */
+    if (r->logprobs && (nlp > st->sent_lp[i] || echo))
+        lp = r->chat ? chat_logprobs(si, o->lp, st->sent_lp[i], nlp) : legacy_logprobs(si, j, o, st->sent_lp[i], nlp, echo);
     if (r->chat) {
         json_t *d = json_object();
         if (!st->role_sent[i]) json_object_set_new(d, "role", json_string("assistant"));
@@ -295,7 +286,12 @@ static void choice_chunk(const serve_info *si, const serve_job *j, int i, const 
         if (nc || !st->role_sent[i]) json_object_set_new(d, "content", serve_json_text(sh->content + st->sent_content[i], nc));
         json_object_set_new(c, "delta", d);
     } else {
-        json_object_set_new(c, "text", serve_json_text(sh->content + st->sent_content[i], nc));
+        serve_buf t = {0};
+        if (echo && r->prompt_text) serve_buf_put(&t, r->prompt_text, strlen(r->prompt_text));
+        serve_buf_put(&t, sh->content + st->sent_content[i], nc);
+        json_object_set_new(c, "text", serve_json_text(t.p ? t.p : "", t.n));
+        serve_buf_free(&t);
+        st->echo_sent[i] = 1;
     }
     json_object_set_new(c, "logprobs", lp);
     st->role_sent[i] = 1;
@@ -314,13 +310,12 @@ int serve_render_chunks(const serve_info *si, const serve_job *j, serve_stream_s
         const serve_choice_out *o = &j->out[i];
         if (st->finish_sent[i] || o->finish == FIN_ERROR || o->finish == FIN_CANCELLED) continue;
         int fin = o->finish != FIN_NONE;
-        serve_view v;
         shown sh;
-        serve_text_view(r, o->raw.p ? o->raw.p : "", fin ? o->raw.n : o->raw_final, fin, &v);
-        shown_make(r, o->raw.p ? o->raw.p : "", &v, fin, &sh);
+        shown_make(r, o->raw.p ? o->raw.p : "", fin ? o->raw.n : o->raw_final, fin, &sh);
         size_t nlp = lp_visible(o, fin ? o->raw.n : o->raw_final);
         int news = sh.reasoning_len > st->sent_reasoning[i] || sh.content_len > st->sent_content[i] ||
-                   (r->logprobs && nlp > st->sent_lp[i]) || (r->chat && !st->role_sent[i]);
+                   (r->logprobs && nlp > st->sent_lp[i]) || (r->chat && !st->role_sent[i]) ||
+                   (!r->chat && r->echo && !st->echo_sent[i] && j->t_prompt_done > 0);
         if (news) choice_chunk(si, j, i, &sh, nlp, st, NULL, out, NULL);
         call_chunks(si, j, i, &sh, st, out);
         if (fin) {
@@ -328,7 +323,7 @@ int serve_render_chunks(const serve_info *si, const serve_job *j, serve_stream_s
             json_t *tm = n_fin == r->n && j->done && !r->include_usage ? timings(j) : NULL;
             choice_chunk(si, j, i, &sh, nlp, st, r->chat ? chat_finish(&sh, o->finish) : finish_name(o->finish), out, tm);
         }
-        serve_tool_out_free(&sh.calls);
+        serve_reply_free(&sh);
     }
     if (!j->done || st->done_sent) return st->done_sent;
     for (int i = 0; i < r->n; i++)

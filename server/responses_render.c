@@ -2,8 +2,8 @@
  * responses_render.c - a Responses job -> the Response object, or its event
  * stream (OpenAI's "event: <type>" SSE with sequence_number).
  *
- * The reply is cut as the chat reply is: serve_text_view splits reasoning
- * from content, serve_tool_parse splits calls from the content. Its output
+ * The reply is cut as the chat reply is, by serve_reply_split: reasoning,
+ * content and calls. Its output
  * items, in this order:
  *   reasoning     when the reply has reasoning text (thinking on)
  *   message       when it has content, or nothing else at all (an empty message)
@@ -24,26 +24,13 @@
 
 /* ---- what the reply shows ---- */
 
-typedef struct {
-    const char *reasoning, *content;
-    size_t reasoning_len, content_len;
-    serve_tool_out calls;
-} shown;
+/* What the reply shows: the state machine every API shares (serve_reply_split). */
+typedef serve_reply shown;
 
 static void shown_make(const serve_req *r, const serve_choice_out *o, int final, shown *sh)
 {
     const char *raw = o->raw.p ? o->raw.p : "";
-    serve_view v;
-    serve_text_view(r, raw, final ? o->raw.n : o->raw_final, final, &v);
-    memset(sh, 0, sizeof *sh);
-    sh->reasoning = raw + v.reasoning_off, sh->reasoning_len = v.reasoning_len;
-    sh->content = raw + v.content_off, sh->content_len = v.content_len;
-    if (!serve_tools_active(r)) return;
-    if (serve_tool_parse(r->tools, r->n_tools, sh->content, sh->content_len, final, &sh->calls)) {
-        serve_tool_out_free(&sh->calls); /* out of memory: the text as it is */
-        return;
-    }
-    sh->content = sh->calls.content.p ? sh->calls.content.p : "", sh->content_len = sh->calls.content.n;
+    serve_reply_split(r, raw, final ? o->raw.n : o->raw_final, final, sh); /* out of memory: the text, no calls */
 }
 
 static int has_message(const shown *sh) { return sh->content_len || (!sh->calls.n_calls && !sh->reasoning_len); }
@@ -173,7 +160,7 @@ char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_j
     shown sh;
     shown_make(&job->req, &job->out[0], 1, &sh);
     json_t *o = final_response(si, tok, job, &sh);
-    serve_tool_out_free(&sh.calls);
+    serve_reply_free(&sh);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -327,6 +314,6 @@ int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job
     stream_reasoning(x, &sh, sse);
     stream_content(x, &sh, sse);
     if (fin && job->done) stream_end(si, tok, job, &sh, sse);
-    serve_tool_out_free(&sh.calls);
+    serve_reply_free(&sh);
     return x->done;
 }

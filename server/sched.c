@@ -319,6 +319,16 @@ static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, in
         /* the schema binds the answer, not the thoughts (text_out.c splits them the same way) */
         .grammar_after = r->grammar && r->thinking ? "</think>" : NULL,
         .grammar_open = r->grammar && r->thinking && !r->starts_in_reasoning ? "<think>" : NULL,
+        .min_tokens = r->min_tokens,
+        .keep_stop = r->include_stop,
+        /* thinking_token_budget: past it the gen forces "\n</think>\n\n" in place of samples (evaluated like
+         * them), where text_out.c ends the reasoning; counted from the reply's "<think>", or its first token
+         * when the prompt opened reasoning */
+        .think_budget_on = r->thinking && r->thinking_budget >= 0,
+        .think_budget = r->thinking_budget > 0 ? (uint32_t)r->thinking_budget : 0,
+        .think_open = r->starts_in_reasoning ? NULL : "<think>",
+        .think_close = "</think>",
+        .think_end = "\n</think>\n\n",
     };
 }
 

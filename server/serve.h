@@ -96,6 +96,12 @@ typedef struct {
     int enable_thinking;      /* chat_template_kwargs.enable_thinking; default 1 */
     int64_t thinking_budget;  /* reasoning tokens allowed before "</think>" is forced into the sequence; -1 = unbounded */
     int priority;             /* vLLM's "priority": lower is sooner (admission and preemption order); default 0 */
+    int thinking_budget_set;  /* a budget field was sent (thinking_token_budget / thinking_budget_tokens) */
+    int effort_off;           /* reasoning_effort "none" / "minimal": thinking off (api_compat.c) */
+    uint32_t min_tokens;      /* vLLM min_tokens: stop ids and strings are not honoured before this many tokens */
+    int include_stop;         /* vLLM include_stop_str_in_output: a matched stop string stays in the text */
+    const char *guided;       /* "guided_json" / "guided_choice" when one set rf_schema (static), else NULL */
+    uint32_t ignored;         /* accepted-but-ignored fields seen, one bit each (serve_ignored_name), for the log */
     int starts_in_reasoning;  /* set by prepare: the rendered prompt ends inside <think> */
     int thinking;             /* set by prepare: split reasoning_content from content */
     size_t truncated_messages; /* set by prepare: oldest messages dropped to fit n_ctx (usage.truncated_messages) */
@@ -150,6 +156,20 @@ void serve_req_free(serve_req *r);
  * the expectation). Needs no model: the fuzz target calls it directly.
  */
 int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_error *e);
+
+/**
+ * The fields of api_compat.c for top-level key k (value v, not null):
+ * reasoning controls, vLLM extensions, OpenAI fields without behaviour here.
+ * Returns 1 when k is one of them (then *rc is 0, or -1 with e filled: 400
+ * naming the field), 0 when it is not.
+ */
+int serve_parse_compat(serve_req *r, const char *k, const json_t *v, int *rc, serve_error *e);
+/** The same for key k of assistant message i (null refusal, audio, function_call, annotations). */
+int serve_parse_compat_msg(serve_req *r, const char *k, const json_t *v, size_t i, int *rc, serve_error *e);
+/** Checks across those fields once the whole body (root) is parsed; 0 or -1 with e filled. */
+int serve_parse_compat_done(serve_req *r, const json_t *root, serve_error *e);
+/** Name of bit `bit` of serve_req.ignored ("store", "messages[].refusal", ...), NULL past the last. */
+const char *serve_ignored_name(unsigned bit);
 
 /**
  * The tool fields of a chat request body (root): tools, tool_choice and
@@ -221,7 +241,9 @@ typedef struct {
 /**
  * Compute the view of raw[n] for request r, where n is what may be shown:
  * the choice's raw_final, or all of raw once finished. final: the choice is
- * finished, so nothing is held back.
+ * finished, so nothing is held back. The reasoning/content half of
+ * serve_reply_split (its state machine is documented there); the content
+ * span still holds any tool-call blocks.
  */
 void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, serve_view *v);
 
@@ -255,6 +277,49 @@ int serve_tool_parse(const serve_tool *tools, size_t n_tools, const char *text, 
                      serve_tool_out *out);
 /** Free what serve_tool_parse stored; out may be zeroed. */
 void serve_tool_out_free(serve_tool_out *out);
+
+/* ---- the reply split shared by every API (text_out.c) ---- */
+
+/**
+ * What one choice shows, in the three parts every API renders (OpenAI
+ * reasoning_content / content / tool_calls, Responses reasoning / message /
+ * function_call items, Anthropic thinking / text / tool_use blocks). One
+ * tag-driven state machine makes it from the raw text:
+ *   REASONING  from the reply's start when the prompt opened "<think>"
+ *              (r->starts_in_reasoning; a "<think>" the model repeats there is
+ *              the marker), or after a leading "<think>"; ends at "</think>"
+ *              (dropped, with the newlines after it) or, with tools active, at
+ *              "<tool_call>" (kept: a call made while thinking ends the
+ *              thinking and is parsed as a call). Cut off before either
+ *              (finish "length"), all of it is reasoning and content is empty.
+ *   CONTENT    the rest, with "<tool_call>" JSON "</tool_call>" blocks of the
+ *              request's tools taken out as calls (serve_tool_parse). A
+ *              "</think>" or "<think>" there is content text: never dropped,
+ *              never an error.
+ * Not final, tails that could still become a marker are held back, so the
+ * parts of any prefix are prefixes of the final parts: streamed deltas add up
+ * to the non-streamed reply. Without thinking (r->thinking 0) or on
+ * completions, everything is content.
+ */
+typedef struct {
+    serve_view view;          /* reasoning span, and the content span before tool calls are taken out (offsets into raw) */
+    const char *reasoning;    /* raw + view.reasoning_off */
+    size_t reasoning_len;
+    const char *content;      /* the content shown: into raw, or into calls.content when tools are active */
+    size_t content_len;
+    serve_tool_out calls;     /* the calls, in order (none without active tools) */
+} serve_reply;
+
+/**
+ * Split raw[n] (a choice's text: raw_final bytes while streaming, all once
+ * finished; final as for serve_text_view) for request r into *out
+ * (initialised here; free with serve_reply_free; it points into raw, which
+ * must outlive it). 0, or -1 when out of memory parsing calls (then out holds
+ * the text with no calls taken out).
+ */
+int serve_reply_split(const serve_req *r, const char *raw, size_t n, int final, serve_reply *out);
+/** Free what serve_reply_split stored; out may be zeroed. */
+void serve_reply_free(serve_reply *out);
 
 /* ---- jobs and the scheduler (sched.c) ---- */
 

@@ -198,6 +198,7 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
     const char *in = cs->body.p ? cs->body.p : "";
     if (api == SERVE_API_RESPONSES ? serve_responses_parse(in, cs->body.n, &r, &e) : serve_parse(in, cs->body.n, chat, &r, &e))
         return send_error(h, c, chat, &e);
+    serve_log_ignored(&r);
     if (!serve_model_known(h, r.model)) {
         serve_fail(&e, 404, "invalid_request_error", "model", "model '%.100s' is not served here, expected '%s' (GET /v1/models)",
                    r.model, h->info.model_id);

@@ -48,6 +48,8 @@ void serve_http_stop(serve_http *h);
 
 /* ---- serve_ops.c ---- */
 
+/** Log, once per process each, the accepted-but-ignored fields r carried (serve_req.ignored), as vLLM warns. */
+void serve_log_ignored(const serve_req *r);
 /**
  * 1 when the request may proceed: no key is configured, the path is /health
  * or /metrics and they are open, or the request carries the key as

@@ -7,10 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <utf8proc.h>
 
 #include "server/serve_http.h"
+
+void serve_log_ignored(const serve_req *r)
+{
+    const char *name;
+    for (unsigned b = 0; (name = serve_ignored_name(b)); b++)
+        if (r->ignored & (1u << b))
+            serve_log_once(name, "request field '%s' is accepted and ignored: it has no effect in kipp-serve (logged once)", name);
+}
 
 /* Equal strings, in time that depends on the lengths only. */
 static int same_secret(const char *a, const char *b)
@@ -89,10 +96,14 @@ static char *as_request(json_t *o, int *chat, serve_error *e)
                           "assistant's generation prompt, as /v1/chat/completions uses it"), NULL;
     if (!msgs && json_object_get(o, "chat_template_kwargs"))
         return serve_fail(e, 400, "invalid_request_error", "chat_template_kwargs", "chat_template_kwargs needs \"messages\""), NULL;
+    if (!msgs && json_object_get(o, "tools"))
+        return serve_fail(e, 400, "invalid_request_error", "tools", "tools needs \"messages\""), NULL;
     *chat = msgs != NULL;
     json_t *r = json_pack("{s:O, s:i}", *chat ? "messages" : "prompt", *chat ? msgs : prompt, "max_tokens", 1);
     if (*chat && json_object_get(o, "chat_template_kwargs"))
         json_object_set(r, "chat_template_kwargs", json_object_get(o, "chat_template_kwargs"));
+    if (*chat && json_object_get(o, "tools")) /* rendered into the prompt as chat renders them: their cost counts */
+        json_object_set(r, "tools", json_object_get(o, "tools"));
     char *s = json_dumps(r, JSON_COMPACT);
     json_decref(r);
     if (!s) serve_fail(e, 503, "server_error", "", "out of memory");
@@ -102,7 +113,7 @@ static char *as_request(json_t *o, int *chat, serve_error *e)
 int serve_tokenize(serve_http *h, const char *body, size_t len, char **json, serve_error *e)
 {
     static const char *const allowed[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                          "chat_template_kwargs", NULL};
+                                          "chat_template_kwargs", "tools", NULL};
     json_t *o = load_body(body, len, allowed, e);
     if (!o) return -1;
     json_t *model = json_object_get(o, "model");

@@ -55,29 +55,47 @@ static void lstrip_nl(const char *raw, size_t *off, size_t *len)
     while (*len && raw[*off] == '\n') (*off)++, (*len)--;
 }
 
-/* The reasoning/content split of raw[0..L) (already stop-cut). */
+/* 1 when r's replies are parsed for tool calls (serve_tools_active, inlined:
+ * this file links without api_tools.c). */
+static int tools_on(const serve_req *r) { return r->n_tools > 0 && r->tool_choice != SERVE_TOOL_NONE; }
+
+/* The reasoning/content split of raw[0..L) (already stop-cut): one pass of
+ * the tag-driven state machine. State REASONING starts at the reply's start
+ * when the prompt opened <think> (a redundant "<think>" the model repeats is
+ * the marker, not text), or after a leading "<think>"; anything else starts
+ * in CONTENT. REASONING ends at "</think>" (dropped, with the newlines after
+ * it) or, when tools are active, at "<tool_call>", which stays in the content
+ * so the tool parser reads the call (a call made while thinking ends the
+ * thinking: it is neither lost nor shown as reasoning). Cut off before
+ * either, everything is reasoning. Not final, a tail that could still grow
+ * into one of the markers is held back. */
 static void split_think(const serve_req *r, const char *raw, size_t L, int final, serve_view *v)
 {
     size_t body = 0;
-    if (!r->starts_in_reasoning) {
-        if (L >= 7 && !memcmp(raw, "<think>", 7)) {
-            body = 7;
-        } else if (!final && L < 7 && !memcmp(raw, "<think>", L)) {
-            return; /* could still become "<think>": show nothing yet */
-        } else {
-            v->content_off = 0, v->content_len = L;
-            return;
-        }
+    if (L >= 7 && !memcmp(raw, "<think>", 7)) {
+        body = 7;
+    } else if (!final && L < 7 && !memcmp(raw, "<think>", L)) {
+        return; /* could still become "<think>": show nothing yet */
+    } else if (!r->starts_in_reasoning) {
+        v->content_off = 0, v->content_len = L;
+        return;
     }
     const char *close = find(raw + body, L - body, "</think>", 8);
-    if (close) {
+    const char *call = tools_on(r) ? find(raw + body, L - body, "<tool_call>", 11) : NULL;
+    if (call && (!close || call < close)) {
+        size_t p = (size_t)(call - raw);
+        v->reasoning_off = body, v->reasoning_len = p - body;
+        v->content_off = p, v->content_len = L - p;
+    } else if (close) {
         size_t p = (size_t)(close - raw);
         v->reasoning_off = body, v->reasoning_len = p - body;
         v->content_off = p + 8, v->content_len = L - p - 8;
         lstrip_nl(raw, &v->content_off, &v->content_len);
     } else {
         size_t hold = final ? 0 : partial_tail(raw + body, L - body, "</think>", 8);
-        v->reasoning_off = body, v->reasoning_len = L - body - hold;
+        size_t hc = final || !tools_on(r) ? 0 : partial_tail(raw + body, L - body, "<tool_call>", 11);
+        v->reasoning_off = body, v->reasoning_len = L - body - (hc > hold ? hc : hold);
+        v->content_off = L;
     }
     lstrip_nl(raw, &v->reasoning_off, &v->reasoning_len);
 }
@@ -87,4 +105,25 @@ void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, s
     memset(v, 0, sizeof *v);
     if (r->chat && r->thinking) split_think(r, raw, n, final, v);
     else v->content_off = 0, v->content_len = n;
+}
+
+int serve_reply_split(const serve_req *r, const char *raw, size_t n, int final, serve_reply *out)
+{
+    memset(out, 0, sizeof *out);
+    serve_text_view(r, raw, n, final, &out->view);
+    out->reasoning = raw + out->view.reasoning_off, out->reasoning_len = out->view.reasoning_len;
+    out->content = raw + out->view.content_off, out->content_len = out->view.content_len;
+    if (!r->chat || !tools_on(r)) return 0;
+    if (serve_tool_parse(r->tools, r->n_tools, out->content, out->content_len, final, &out->calls)) {
+        serve_tool_out_free(&out->calls); /* out of memory: the text as it is */
+        return -1;
+    }
+    out->content = out->calls.content.p ? out->calls.content.p : "", out->content_len = out->calls.content.n;
+    return 0;
+}
+
+void serve_reply_free(serve_reply *out)
+{
+    serve_tool_out_free(&out->calls);
+    memset(out, 0, sizeof *out);
 }

@@ -103,7 +103,8 @@ def test_server_keeps_system_and_newest_turns(srv, count, seed):
     """Conversations of many sizes against the model of the rule: the prompt the
     server evaluated has the oracle's token count for the kept messages, and
     usage.truncated_messages is the number dropped; 400 context_length_exceeded
-    when even the system message and the last turn leave no token free."""
+    when even the system message and the last turn leave no token free, or
+    when a max_tokens that was sent does not fit beside the kept prompt."""
     msgs = conversation(seed)
     max_tokens = [None, 1, 16, 64, 200, 100000][seed % 6]
     dropped = fit(msgs, count, N_CTX, max_tokens)
@@ -117,6 +118,10 @@ def test_server_keeps_system_and_newest_turns(srv, count, seed):
     if n_kept >= N_CTX:
         assert st == 400 and r["error"]["code"] == "context_length_exceeded", r
         assert f"{N_CTX} (n_ctx)" in r["error"]["message"] and "last turn" in r["error"]["message"]
+        return
+    if max_tokens is not None and n_kept + max_tokens > N_CTX:  # a sent budget the context cannot hold: refused
+        assert st == 400 and r["error"]["code"] == "context_length_exceeded", r
+        assert f"{n_kept + max_tokens - N_CTX} more than the context" in r["error"]["message"], r
         return
     assert st == 200, r
     assert r["usage"]["truncated_messages"] == dropped, (dropped, r["usage"])

@@ -396,6 +396,94 @@ static void test_rebind(void)
     kipp_session_destroy(t);
 }
 
+/* The oracle loop with the thinking budget and min_tokens written out: after
+ * `budget` sampled tokens (budget < 0: none) the forced ids take the next
+ * positions, evaluated like sampled ones; while fewer than min_tokens are out,
+ * the stop ids are outside the allowed set. */
+static void oracle_ext(const uint32_t *prompt, size_t n, uint32_t cap, const kipp_gen_options *o, int budget,
+                       const uint32_t *force, uint32_t n_force, run_out *r)
+{
+    kipp_model_info info;
+    kipp_model_get_info(model, &info);
+    float *lg = malloc((size_t)info.vocab_size * sizeof *lg);
+    uint64_t *mask = calloc((info.vocab_size + 63) / 64, sizeof *mask);
+    for (uint32_t t = 0; t < info.vocab_size; t++) mask[t / 64] |= 1ull << (t % 64);
+    for (uint32_t i = 0; i < info.n_stop; i++) mask[info.stop_ids[i] / 64] &= ~(1ull << (info.stop_ids[i] % 64));
+    uint32_t hist[512], forced = 0;
+    memcpy(hist, prompt, n * sizeof *hist);
+    kipp_rng rng;
+    kipp_rng_seed(&rng, o->seed);
+    kipp_session *s = NULL;
+    memset(r, 0, sizeof *r);
+    CHECK(kipp_session_create(model, cap, &s, NULL, 0) == 0, "session");
+    CHECK(kipp_session_eval(s, prompt, (uint32_t)n, lg, NULL, 0) == 0, "prefill");
+    for (;;) {
+        kipp_sample_params p = o->sp;
+        p.history = hist, p.history_len = n + r->n, p.n_prompt_history = n;
+        if (r->n < o->min_tokens) p.allowed = mask;
+        uint32_t t;
+        if (budget >= 0 && r->n >= (uint32_t)budget && forced < n_force) t = force[forced++];
+        else CHECK(kipp_sample_ex(lg, info.vocab_size, &p, &rng, &t, NULL, 0) == 0, "sample");
+        if (t == info.stop_ids[0] || (info.n_stop > 1 && t == info.stop_ids[1])) {
+            r->finish = KIPP_FIN_STOP;
+            break;
+        }
+        hist[n + r->n] = t;
+        r->ids[r->n++] = t;
+        if (o->max_tokens && r->n >= o->max_tokens) { r->finish = KIPP_FIN_LENGTH; break; }
+        CHECK(kipp_session_eval(s, &t, 1, lg, NULL, 0) == 0, "decode");
+    }
+    r->text_len = detok_all(r->ids, r->n, r->text, sizeof r->text);
+    kipp_session_destroy(s);
+    free(lg), free(mask);
+}
+
+/* The thinking budget (reply starting inside reasoning, as after a template
+ * that opened <think>): `budget` sampled tokens, then "\n</think>\n\n" forced
+ * (Qwen3's ids 198, 151668, 271), then sampling again; the same batched next
+ * to a gen without a budget, which stays equal to its own oracle. A budget
+ * the model's own </think> beats is not applied twice. min_tokens keeps a
+ * reply whose every sample would be the stop id going for that many tokens. */
+static void test_budget_and_min_tokens(void)
+{
+    uint32_t ids[256], force[8];
+    size_t n, nf = 0;
+    tokenize("Think about the weather in Paris.", ids, &n);
+    CHECK(kipp_tokenize(model, "\n</think>\n\n", 11, KIPP_TOK_SPECIAL, force, 8, &nf, NULL, 0) == 0, "tokenize end");
+    CHECK(nf == 3 && force[0] == 198 && force[1] == 151668 && force[2] == 271, "\\n</think>\\n\\n is %zu ids", nf);
+    const uint32_t *pp[2] = {ids, ids};
+    size_t nn[2] = {n, n};
+    uint32_t chunk[2] = {4, 64};
+    for (int budget = 0; budget <= 5; budget += 5) {
+        kipp_gen_options o[2] = {seeded(20, 5), seeded(20, 6)};
+        o[0].think_budget_on = 1, o[0].think_budget = (uint32_t)budget;
+        o[0].think_close = "</think>", o[0].think_end = "\n</think>\n\n";
+        run_out want[2], got[2];
+        oracle_ext(ids, n, 256, &o[0], budget, force, 3, &want[0]);
+        oracle(ids, n, 256, &o[1], &want[1]);
+        run_batch(2, pp, nn, 256, o, chunk, got);
+        char what[48];
+        snprintf(what, sizeof what, "budget %d", budget);
+        same(&got[0], &want[0], what);
+        same(&got[1], &want[1], "the gen beside it");
+        CHECK(got[0].n > (uint32_t)budget + 2 && got[0].ids[budget + 1] == 151668, "%s: </think> at %d", what, budget + 1);
+    }
+    /* a stop id favoured at every step: without min_tokens no token comes out, with 5 exactly 5 */
+    kipp_model_info info;
+    kipp_model_get_info(model, &info);
+    kipp_logit_bias bias = {info.stop_ids[0], 1000.0f};
+    kipp_gen_options o = greedy(20);
+    o.sp.logit_bias = &bias, o.sp.n_logit_bias = 1;
+    run_out got, want;
+    run_batch(1, pp, nn, 256, &o, chunk, &got);
+    CHECK(got.n == 0 && got.finish == KIPP_FIN_STOP, "biased stop id: %u tokens", got.n);
+    o.min_tokens = 5;
+    oracle_ext(ids, n, 256, &o, -1, force, 0, &want);
+    run_batch(1, pp, nn, 256, &o, chunk, &got);
+    same(&got, &want, "min_tokens 5");
+    CHECK(got.n == 5 && got.finish == KIPP_FIN_STOP, "min_tokens 5: %u tokens, finish %d", got.n, got.finish);
+}
+
 int main(void)
 {
     const char *backends[] = {"ref", "cpu"};
@@ -413,6 +501,7 @@ int main(void)
         RUN(test_finishes);
         RUN(test_prompt_rows);
         RUN(test_rebind);
+        RUN(test_budget_and_min_tokens);
         if (b == 0) RUN(test_errors);
         kipp_model_close(model);
     }

@@ -5,6 +5,11 @@
  *     its new bytes); a tail that could still become a stop string is held
  *     back; the incremental scan equals a full one for every split of the bytes;
  *   - reasoning is split from content at </think>, with the marker held back;
+ *   - serve_reply_split (the reasoning / content / tool-call state machine):
+ *     <think> opened by the template, a reply cut off inside reasoning, a
+ *     <tool_call> made while thinking, a stray </think> or trailing <think>
+ *     in the content, each checked against hand-written parts and, byte by
+ *     byte, as a stream whose prefixes never show what the whole does not;
  *   - kipp_chat_tokenize equals render + special tokenize without typed
  *     markers, and keeps typed markers as plain text.
  */
@@ -93,6 +98,64 @@ static void test_think_split(void)
     serve_req_free(&r);
 }
 
+static const serve_tool SPLIT_TOOLS[] = {{.name = "get_time"}};
+#define CALL "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>"
+
+/* serve_reply_split of raw (final) must give exactly these parts; every
+ * streamed prefix gives prefixes of them and no more calls. */
+static void check_split(const char *what, const serve_req *r, const char *raw, const char *reasoning, const char *content,
+                        size_t n_calls)
+{
+    size_t n = strlen(raw);
+    serve_reply fin, p;
+    CHECK(serve_reply_split(r, raw, n, 1, &fin) == 0, "%s: split failed", what);
+    CHECK(fin.reasoning_len == strlen(reasoning) && !memcmp(fin.reasoning, reasoning, fin.reasoning_len),
+          "%s: reasoning '%.*s', expected '%s'", what, (int)fin.reasoning_len, fin.reasoning, reasoning);
+    CHECK(fin.content_len == strlen(content) && !memcmp(fin.content, content, fin.content_len),
+          "%s: content '%.*s', expected '%s'", what, (int)fin.content_len, fin.content, content);
+    CHECK(fin.calls.n_calls == n_calls, "%s: %zu calls, expected %zu", what, fin.calls.n_calls, n_calls);
+    for (size_t k = 0; k < fin.calls.n_calls; k++)
+        CHECK(!strcmp(fin.calls.calls[k].name, "get_time") && !strcmp(fin.calls.calls[k].arguments, "{\"tz\": \"UTC\"}"),
+              "%s: call %zu is %s(%s)", what, k, fin.calls.calls[k].name, fin.calls.calls[k].arguments);
+    for (size_t k = 0; k < n; k++) {
+        serve_reply_split(r, raw, k, 0, &p);
+        CHECK(p.reasoning_len <= fin.reasoning_len && !memcmp(p.reasoning, fin.reasoning, p.reasoning_len),
+              "%s: prefix %zu shows reasoning '%.*s'", what, k, (int)p.reasoning_len, p.reasoning);
+        CHECK(p.content_len <= fin.content_len && !memcmp(p.content, fin.content, p.content_len),
+              "%s: prefix %zu shows content '%.*s'", what, k, (int)p.content_len, p.content);
+        CHECK(p.calls.n_calls <= fin.calls.n_calls, "%s: prefix %zu shows %zu calls", what, k, p.calls.n_calls);
+        serve_reply_free(&p);
+    }
+    serve_reply_free(&fin);
+}
+
+static void test_reply_split(void)
+{
+    serve_req r;
+    serve_req_init(&r, 1);
+    r.thinking = 1;
+    r.tools = (serve_tool *)SPLIT_TOOLS, r.n_tools = 1; /* borrowed: n_tools is reset before serve_req_free */
+    /* (c) a call made while thinking ends the thinking: a call, not reasoning */
+    check_split("call inside reasoning", &r, "<think>\nI will call.\n" CALL "\n", "I will call.\n", "", 1);
+    check_split("call, then the late </think>", &r, "<think>\nhm\n" CALL "\n</think>\n\nok", "hm\n", "\n</think>\n\nok", 1);
+    /* the tool parser never swallows </think>: it ends reasoning, the call after it is parsed */
+    check_split("close then call", &r, "<think>\nplan\n</think>\n\n" CALL, "plan\n", "", 1);
+    /* (b) cut off before </think>: all reasoning, no content */
+    check_split("cut off in reasoning", &r, "<think>\nstill thinking", "still thinking", "", 0);
+    /* a trailing <think> is content text, never an error */
+    check_split("trailing <think>", &r, "<think>\na\n</think>\n\nanswer <think>", "a\n", "answer <think>", 0);
+    /* (a) the template opened <think>: the reply starts in reasoning; a repeated marker is not text */
+    r.starts_in_reasoning = 1;
+    check_split("template opened", &r, "idea\n" CALL, "idea\n", "", 1);
+    check_split("template opened, repeated marker", &r, "<think>\nidea\n</think>\n\nok", "idea\n", "ok", 0);
+    check_split("template opened, cut off", &r, "long thought", "long thought", "", 0);
+    /* without tools a <tool_call> inside reasoning is reasoning text */
+    r.n_tools = 0;
+    check_split("no tools", &r, "x <tool_call>y</think>z", "x <tool_call>y", "z", 0);
+    r.tools = NULL;
+    serve_req_free(&r);
+}
+
 static int count_id(const uint32_t *ids, size_t n, uint32_t id)
 {
     int c = 0;
@@ -137,6 +200,7 @@ int main(void)
     RUN(test_stop_cut_and_hold_back);
     RUN(test_stop_incremental);
     RUN(test_think_split);
+    RUN(test_reply_split);
     RUN(test_chat_tokenize);
     return th_finish();
 }
