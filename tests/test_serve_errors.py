@@ -32,7 +32,7 @@ CASES = [
     (CH, {"messages": MSG, "tools": []}, 400, "tools", "1..128 function tools"),
     (CH, {"messages": MSG, "echo": True}, 400, "echo", "not supported"),
     (C, {"prompt": "a", "temperature": -0.5}, 400, "temperature", "a finite number >= 0"),
-    (C, {"prompt": "a", "temperature": "hot"}, 400, "temperature", "expected a number"),
+    (C, {"prompt": "a", "temperature": "hot"}, 400, "temperature", "is a string, expected a finite number"),
     (C, {"prompt": "a", "top_p": 1.5}, 400, "top_p", "[0, 1]"),
     (C, {"prompt": "a", "top_k": -1}, 400, "top_k", "integer"),
     (C, {"prompt": "a", "top_k": 2.5}, 400, "top_k", "expected an integer"),
