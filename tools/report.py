@@ -17,7 +17,7 @@ performance table between `<!-- perf-table:begin -->` and
 figures are generated, never typed; below the model table it adds the serve
 table (tools/serve_bench.py: kipp-serve and llama-server per stream count,
 same run) when a serve document with the side-by-side exists.
-Usage: tools/report.py [--results DIR] [--out results/report.png] [--readme README.md]
+Usage: .venv/bin/python tools/report.py [--results DIR] [--out results/report.png] [--readme README.md]
 """
 from __future__ import annotations
 
