@@ -515,7 +515,7 @@ def headline_table(docs: list[dict]) -> str:
                             f"**{r['ratio']:.2f}x** | {cpu_of(d)} | `{d['_file']}` |")
     if len(rows) == 2:
         rows = ["No unmarked `make bench-peers` run of these shapes yet."]
-    note = ("\nEach row: the newest `make bench-peers` run of that shape (bf16, 2 cores) on a CPU that records its "
+    note = ("\nEach row: the newest `make bench-peers` run of that shape (bf16) on a CPU that records its "
             "id, both figures and the ratio from that one run. Every CPU, the roofline shares, the quantized "
             "cells and kipp-serve against llama-server: [docs/PERFORMANCE.md](docs/PERFORMANCE.md#performance-tables-generated).\n")
     return "\n".join(rows) + "\n" + note
