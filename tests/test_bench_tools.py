@@ -600,3 +600,34 @@ def test_report_writes_the_docs_table_and_the_readme_headline(tmp_path: Path) ->
     assert perf.read_text() == perf_text and readme.read_text() == "no markers\n"
     p = subprocess.run(cmd + ["--readme", str(perf)], capture_output=True, text=True)
     assert p.returncode == 2 and "--readme is the old name of --table" in p.stderr, p.stderr
+
+
+def test_make_bench_keeps_the_readme_prose(tmp_path: Path) -> None:
+    """What `make bench` and `make bench-peers` run (the Makefile's report.py line) on copies of
+    the repository's README.md and docs/PERFORMANCE.md and the committed results/: the README
+    gains only its headline (at most 8 rows, fewer than the full table), every byte outside the
+    markers of both files is kept, and the full table lands in docs/PERFORMANCE.md."""
+    make = (ROOT / "Makefile").read_text()
+    line = "$(PYTHON) tools/report.py --table docs/PERFORMANCE.md --headline README.md"
+    for target in ("bench", "bench-peers"):
+        recipe = make.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        assert line in recipe and "--readme" not in recipe, (target, recipe)
+    readme, perf = tmp_path / "README.md", tmp_path / "PERFORMANCE.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    perf.write_text((ROOT / "docs" / "PERFORMANCE.md").read_text())
+
+    def outside(text: str, begin: str, end: str) -> tuple[str, str]:
+        return text.split(begin, 1)[0], text.split(end, 1)[1]
+
+    rb, re_ = "<!-- perf-headline:begin -->", "<!-- perf-headline:end -->"
+    tb, te = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+    before_r, before_p = outside(readme.read_text(), rb, re_), outside(perf.read_text(), tb, te)
+    subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--out", str(tmp_path / "r.png"), "--table",
+                    str(perf), "--headline", str(readme)], capture_output=True, text=True, check=True)
+    assert outside(readme.read_text(), rb, re_) == before_r and outside(perf.read_text(), tb, te) == before_p
+    head = readme.read_text().split(rb, 1)[1].split(re_, 1)[0]
+    full = perf.read_text().split(tb, 1)[1].split(te, 1)[0]
+    head_rows = [ln for ln in head.splitlines() if ln.startswith("| synthetic-")]
+    full_rows = [ln for ln in full.splitlines() if ln.startswith("| synthetic-")]
+    assert 1 <= len(head_rows) <= 8 < len(full_rows), (head_rows, len(full_rows))
+    assert tb not in readme.read_text()  # the README holds no full table
