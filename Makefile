@@ -280,12 +280,12 @@ bench-kernels: $(BUILD)/bin/kcheck $(BUILD)/bin/kipp_profile
 
 # Profile first, on this CPU (profiles/<host>-<level>-<cpu id>.json: every machine here is
 # called vm; results record the CPU model and ISA level too), then the
-# kernel rows and the models against it, then the report and the README table.
+# kernel rows and the models against it, then the report, the docs/PERFORMANCE.md tables and the README headline.
 bench: all
 	$(BUILD)/bin/kipp_profile --out profiles
 	$(BUILD)/bin/kcheck --bench
 	$(PYTHON) tools/bench_models.py --reuse-profile --backend $(BACKEND) $(if $(MODEL),--model $(MODEL)) $(if $(QUANT),--quant $(QUANT))
-	$(PYTHON) tools/report.py --readme README.md
+	$(PYTHON) tools/report.py --table docs/PERFORMANCE.md --headline README.md
 
 # A model larger than its memory limit: the 4B shape streamed inside a memory
 # cgroup at half its size, with and without prefetch, interleaved (tools/bench_stream.py).
@@ -295,7 +295,7 @@ bench-stream: $(BUILD)/kipp | $(VENV_PY)
 # Kipp and llama.cpp side by side, interleaved, same weights and threads (tools/bench_peers.py).
 bench-peers: $(BUILD)/kipp-bench
 	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL)) $(PEERS_ARGS)
-	$(PYTHON) tools/report.py --readme README.md
+	$(PYTHON) tools/report.py --table docs/PERFORMANCE.md --headline README.md
 
 report:
 	$(PYTHON) tools/report.py

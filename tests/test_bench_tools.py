@@ -555,3 +555,79 @@ def test_report_draws_the_serve_table(tmp_path: Path) -> None:
     (tmp_path / "u.json").write_text(json.dumps(alone))
     p = subprocess.run(cmd, capture_output=True, text=True)
     assert p.returncode == 1 and "u.json: results[0] (serve_c8).kipp.tok_s.median is missing" in p.stderr, p.stderr
+
+
+def test_report_writes_the_docs_table_and_the_readme_headline(tmp_path: Path) -> None:
+    """`make bench` writes the full table into docs/PERFORMANCE.md (--table) and a few headline
+    rows into README.md (--headline): each between its own markers, every byte outside them
+    kept. The headline takes, per shape, the newest peers run that records a CPU id and
+    carries no note (a reduced run is not a headline), its figures all from that one run;
+    a file without its markers stops the report before either file is written."""
+    zen5 = {"model": "AMD EPYC", "cpu_id": "amd-f26m2", "best_level": "avx512_bf16"}
+    m = model_doc("aaaaaaa", "2026-11-01T00:00:00Z", 30.0)
+    m["cpu"] = zen5
+    (tmp_path / "m.json").write_text(json.dumps(m))
+    (tmp_path / "p.json").write_text(json.dumps(peers_doc("2026-11-02T00:00:00Z", zen5, 22.0, 1.5)))
+    marked = peers_doc("2026-11-04T00:00:00Z", zen5, 99.0, 0.3)
+    marked["config"] = {"note": "reduced run"}
+    (tmp_path / "q.json").write_text(json.dumps(marked))
+    (tmp_path / "r.json").write_text(json.dumps(peers_doc("2026-11-05T00:00:00Z", {"model": "X"}, 88.0, 0.4)))
+    readme_head = "# Title\n\nprose *before* the markers, kept byte for byte \n\n"
+    readme_tail = "\nprose after: `<!-- perf-table:begin -->` is only quoted here\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_head + "<!-- perf-headline:begin -->\nstale\n<!-- perf-headline:end -->" + readme_tail)
+    perf = tmp_path / "PERFORMANCE.md"
+    perf_text = "notes\n<!-- perf-table:begin -->\nstale\n<!-- perf-table:end -->\nmore notes\n"
+    perf.write_text(perf_text)
+    cmd = [sys.executable, str(ROOT / "tools/report.py"), "--results", str(tmp_path), "--out", str(tmp_path / "r.png"),
+           "--table", str(perf), "--headline", str(readme)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    text = readme.read_text()
+    assert text.startswith(readme_head + "<!-- perf-headline:begin -->\n") and "stale" not in text
+    assert text.endswith("<!-- perf-headline:end -->" + readme_tail)
+    rows = [ln for ln in text.splitlines() if ln.startswith("| synthetic-")]
+    assert rows == ["| synthetic-0.6b | tg128 | 33.00 | 22.00 | **1.50x** | AMD EPYC amd-f26m2 (avx512_bf16) | `p.json` |"]
+    assert "docs/PERFORMANCE.md" in text and "30.00" not in text  # the bench run's figure is the full table's
+    full = perf.read_text()
+    assert full.startswith("notes\n<!-- perf-table:begin -->\n") and full.endswith("<!-- perf-table:end -->\nmore notes\n")
+    assert "\nstale\n" not in full and "| 30.00 |" in full and "**0.30x**" in full  # the marked run stays in the full table
+    # a headline target without its markers: nothing is written, the error names the file
+    readme.write_text("no markers\n")
+    perf.write_text(perf_text)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 1 and f"{readme} has no <!-- perf-headline:begin -->" in p.stderr, p.stderr
+    assert perf.read_text() == perf_text and readme.read_text() == "no markers\n"
+    p = subprocess.run(cmd + ["--readme", str(perf)], capture_output=True, text=True)
+    assert p.returncode == 2 and "--readme is the old name of --table" in p.stderr, p.stderr
+
+
+def test_make_bench_keeps_the_readme_prose(tmp_path: Path) -> None:
+    """What `make bench` and `make bench-peers` run (the Makefile's report.py line) on copies of
+    the repository's README.md and docs/PERFORMANCE.md and the committed results/: the README
+    gains only its headline (at most 8 rows, fewer than the full table), every byte outside the
+    markers of both files is kept, and the full table lands in docs/PERFORMANCE.md."""
+    make = (ROOT / "Makefile").read_text()
+    line = "$(PYTHON) tools/report.py --table docs/PERFORMANCE.md --headline README.md"
+    for target in ("bench", "bench-peers"):
+        recipe = make.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        assert line in recipe and "--readme" not in recipe, (target, recipe)
+    readme, perf = tmp_path / "README.md", tmp_path / "PERFORMANCE.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    perf.write_text((ROOT / "docs" / "PERFORMANCE.md").read_text())
+
+    def outside(text: str, begin: str, end: str) -> tuple[str, str]:
+        return text.split(begin, 1)[0], text.split(end, 1)[1]
+
+    rb, re_ = "<!-- perf-headline:begin -->", "<!-- perf-headline:end -->"
+    tb, te = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+    before_r, before_p = outside(readme.read_text(), rb, re_), outside(perf.read_text(), tb, te)
+    subprocess.run([sys.executable, str(ROOT / "tools/report.py"), "--out", str(tmp_path / "r.png"), "--table",
+                    str(perf), "--headline", str(readme)], capture_output=True, text=True, check=True)
+    assert outside(readme.read_text(), rb, re_) == before_r and outside(perf.read_text(), tb, te) == before_p
+    head = readme.read_text().split(rb, 1)[1].split(re_, 1)[0]
+    full = perf.read_text().split(tb, 1)[1].split(te, 1)[0]
+    head_rows = [ln for ln in head.splitlines() if ln.startswith("| synthetic-")]
+    full_rows = [ln for ln in full.splitlines() if ln.startswith("| synthetic-")]
+    assert 1 <= len(head_rows) <= 8 < len(full_rows), (head_rows, len(full_rows))
+    assert tb not in readme.read_text()  # the README holds no full table

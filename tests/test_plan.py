@@ -6,9 +6,9 @@ Oracles, none of them the planner's code:
     token, bytes and FLOPs per token in each format from the block sizes of
     tools/quant_blocks.py's FORMATS);
   - Kipp's shares: the median of the newest results/*-cpu-*.json of this CPU
-    id and level by the README's rule, found and read here with Python's json;
+    id and level by docs/PLANNING.md's rule, found and read here with Python's json;
   - the arithmetic: the predictions recomputed from the plan's own measured
-    inputs with the formulas the README states.
+    inputs with the formulas docs/PLANNING.md states.
 The measured figures themselves (bandwidth, peak, disk) vary with the load of
 this shared machine: only their presence and sign are checked here; their
 accuracy is the benchmark's business (make bench).
@@ -128,7 +128,7 @@ def test_kv_context_and_residency(p, cfg):
 
 
 def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
-    """(decode share, prefill share vs the FP32 peak) by the README's rule: the tg128/pp512 rows of this CPU id,
+    """(decode share, prefill share vs the FP32 peak) by docs/PLANNING.md's rule: the tg128/pp512 rows of this CPU id,
     level and format; only the planned model's rows when it has any; of those only runs that started quiet
     (others used under 25% of the CPUs in the second before; runs without that figure: a load average below
     half the cores, or none recorded) when there are any; the median of the newest three."""

@@ -4,7 +4,7 @@ Greedy requests (temperature 0, or top_k 1) decode speculatively by default
 and must return exactly what the same server returns with --no-spec: text,
 finish reason, token counts and logprobs, for n = 1 and 3, streamed or not.
 The ref backend is used because its verification rows equal its decode rows
-bitwise (the cpu backend's do not yet: row invariance, see README). /metrics
+bitwise (the cpu backend's do not yet: row invariance, see docs/PERFORMANCE.md). /metrics
 shows the speculative counters; sampled requests leave them alone.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ tests/test_quant_forward.c's outlier_prompts, tokenized by the `tokenizers`
 package from data/qwen3/qwen3-tokenizer/tokenizer.json (no Kipp code).
 
 Usage:
-  python3 tools/act_precision.py build/models/synthetic-tiny-outliers-q8_0.gguf [--rows]
+  .venv/bin/python tools/act_precision.py build/models/synthetic-tiny-outliers-q8_0.gguf [--rows]
 """
 from __future__ import annotations
 

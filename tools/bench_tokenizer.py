@@ -12,7 +12,7 @@
    results/<YYYYMMDD>-<host>-<cpu id>-tokenizer-<gitsha>.json (schema kipp.bench.v1).
    Extra kipp-only rows time the worst single-line shapes at 10 MB.
 
-Usage: tools/bench_tokenizer.py [--reps 5] [--warmup 1] [--mib 10] [--no-longlines]
+Usage: .venv/bin/python tools/bench_tokenizer.py [--reps 5] [--warmup 1] [--mib 10] [--no-longlines]
 """
 import os
 

@@ -23,7 +23,7 @@ trained biases, modules_to_save, any tensor that is not a lora_A/lora_B pair of
 a known target, a shape that does not match the checkpoint.
 
 Usage:
-  python3 tools/convert_lora_to_gguf.py --checkpoint synthetic-tiny --input build/lora/tiny \
+  .venv/bin/python tools/convert_lora_to_gguf.py --checkpoint synthetic-tiny --input build/lora/tiny \
       --out build/lora/tiny.gguf [--outtype f32|f16|bf16]
 """
 from __future__ import annotations

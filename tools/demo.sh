@@ -59,7 +59,7 @@ cat <<'EOF'
  With network access, the same three steps on a real checkpoint:
 
    tools/download_model.sh --checkpoint qwen3-0.6b --dest models/qwen3-0.6b
-   python3 tools/convert_to_gguf.py --checkpoint qwen3-0.6b \
+   .venv/bin/python tools/convert_to_gguf.py --checkpoint qwen3-0.6b \
        --input models/qwen3-0.6b --out models/qwen3-0.6b.gguf
    build/kipp generate --model models/qwen3-0.6b.gguf --chat \
        --prompt "Why is the sky blue?" --temperature 0.6 --top-p 0.95 --top-k 20

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fuzz_seed.py - write a small seed corpus for tests/fuzz_gguf.c.
 
-    tools/fuzz_seed.py --out DIR FILES.gguf...
+    .venv/bin/python tools/fuzz_seed.py --out DIR FILES.gguf...
 
 For each converted Kipp GGUF (bf16 and quantized schemes) it writes:
   * <name>-prefix.gguf: the first 64 KiB of the file, i.e. the real header and

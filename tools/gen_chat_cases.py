@@ -20,7 +20,7 @@ raise_exception). Tool calls reach the template in OpenAI form
 the cases) or flat {"name", "arguments"}; tools as Python objects parsed from
 tools_json, so the template's `tojson` re-serialises them.
 
-Usage: tools/gen_chat_cases.py [--data data/qwen3] [--out tests/chat_cases]
+Usage: .venv/bin/python tools/gen_chat_cases.py [--data data/qwen3] [--out tests/chat_cases]
 """
 import argparse
 import json

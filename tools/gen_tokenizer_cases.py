@@ -27,7 +27,7 @@ byte count and a list of fragments; tests rebuild the text with the LCG below
 (mirrored in tests/test_tokenizer.c) and compare the id count, an FNV-1a-64 hash
 of the ids (each as 4 little-endian bytes) and the first ids.
 
-Usage: tools/gen_tokenizer_cases.py [--data data/qwen3] [--out tests/tokenizer_cases]
+Usage: .venv/bin/python tools/gen_tokenizer_cases.py [--data data/qwen3] [--out tests/tokenizer_cases]
 Needs: pip install tokenizers (transformers optional: used as a cross-check).
 """
 import argparse

@@ -13,7 +13,7 @@ Python:
 Output: one line per block, "<cp >> 8 in hex> <hash in hex>", after '#' header
 lines. Usage:
 
-  python3 tools/gen_tokenizer_unicode.py --ucd /tmp/ud2 \\
+  .venv/bin/python tools/gen_tokenizer_unicode.py --ucd /tmp/ud2 \\
       [--tokenizer data/qwen3/qwen3-tokenizer/tokenizer.json] \\
       [--out tests/tokenizer_cases/unicode_blocks.txt]
 

@@ -22,7 +22,7 @@ it class 0.
 
 Usage:
   pip install --target /tmp/ud2 unicodedata2==16.0.0
-  python3 tools/gen_unicode_tables.py --ucd /tmp/ud2 \\
+  .venv/bin/python tools/gen_unicode_tables.py --ucd /tmp/ud2 \\
       --tokenizer data/qwen3/qwen3-tokenizer/tokenizer.json [--verify-utf8proc] [--verify-hf]
 
 A third bit marks the code points where HF's NFC differs from utf8proc's

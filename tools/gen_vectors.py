@@ -26,7 +26,7 @@ and MANIFEST.json (index of every row by byte offset, prompts, commands, tool
 versions, checkpoint sha256s, tolerances). The C gate (tests/test_ref_forward.c)
 and tests/test_cli.py only read these files; torch is needed only to regenerate.
 
-Usage: python3 tools/gen_vectors.py --models build/models --out tests/vectors
+Usage: .venv/bin/python tools/gen_vectors.py --models build/models --out tests/vectors
 """
 from __future__ import annotations
 
@@ -189,11 +189,11 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = {
         "schema": "kipp-vectors-v1",
-        "commands": [f"python3 tools/make_checkpoint.py --checkpoint {c} --out {models}/{c}"
+        "commands": [f".venv/bin/python tools/make_checkpoint.py --checkpoint {c} --out {models}/{c}"
                      for c in args.checkpoints.split(",")] +
-                    [f"python3 tools/convert_to_gguf.py --checkpoint {c} --input {models}/{c} --out {models}/{c}.gguf"
+                    [f".venv/bin/python tools/convert_to_gguf.py --checkpoint {c} --input {models}/{c} --out {models}/{c}.gguf"
                      for c in args.checkpoints.split(",")] +
-                    ["python3 tools/gen_vectors.py " + " ".join(argv if argv is not None else sys.argv[1:])],
+                    [".venv/bin/python tools/gen_vectors.py " + " ".join(argv if argv is not None else sys.argv[1:])],
         "reference": "transformers Qwen3ForCausalLM, FP32 compute from BF16 weights, eager attention, "
                      "no KV cache (full recompute per greedy step)",
         "tools": tool_versions(),

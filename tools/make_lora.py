@@ -17,7 +17,7 @@ is visible. --std sets the factors' deviation: the delta's per-element
 deviation is about alpha/r * std^2 * sqrt(r).
 
 Usage:
-  python3 tools/make_lora.py --checkpoint synthetic-tiny --out build/lora/tiny \
+  .venv/bin/python tools/make_lora.py --checkpoint synthetic-tiny --out build/lora/tiny \
       [--rank 8] [--alpha 16] [--seed 1] [--std 0.05] [--targets q,k,v,o,gate,up,down] [--embed]
 """
 from __future__ import annotations

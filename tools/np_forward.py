@@ -19,7 +19,7 @@ the oracle side). Output: tests/vectors/quant/<gguf stem>.bin (float32 rows)
 and tests/vectors/quant/MANIFEST.json. The C gate is tests/test_quant_forward.c.
 
 Usage:
-  python3 tools/np_forward.py --models build/models --out tests/vectors/quant \
+  .venv/bin/python tools/np_forward.py --models build/models --out tests/vectors/quant \
       --gguf synthetic-tiny-q8_0.gguf [--gguf ...]
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     man = {"schema": "kipp-quant-vectors-v1",
            "reference": "tools/np_forward.py: numpy FP32 transcription of HF Qwen3 (eager attention, no KV cache) "
                         "over the GGUF's weights dequantized by the gguf package (gguf.quants.dequantize)",
-           "commands": [f"python3 tools/np_forward.py --models build/models --out tests/vectors/quant "
+           "commands": [f".venv/bin/python tools/np_forward.py --models build/models --out tests/vectors/quant "
                         + " ".join(f"--gguf {g}" for g in args.gguf)],
            "tools": {"python": platform.python_version(), "numpy": np.__version__},
            "tolerances": TOLERANCES, "tolerance_notes": TOLERANCE_NOTES,

@@ -11,13 +11,17 @@ results/ is skipped with a note. Two panels:
     intensity (FLOP / byte) and achieved GFLOP/s; the newest model results are
     added as hollow markers so the forward pass sits on the same chart.
 A third panel plots Kipp / llama.cpp ratios from the peers documents
-(tools/bench_peers.py) over commits. With --readme FILE it also rewrites the
-performance table between `<!-- perf-table:begin -->` and
-`<!-- perf-table:end -->` in FILE from the newest results, so the README's
-figures are generated, never typed; below the model table it adds the serve
-table (tools/serve_bench.py: kipp-serve and llama-server per stream count,
-same run) when a serve document with the side-by-side exists.
-Usage: tools/report.py [--results DIR] [--out results/report.png] [--readme README.md]
+(tools/bench_peers.py) over commits. With --table FILE it also rewrites the full
+performance tables between `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`
+in FILE (docs/PERFORMANCE.md) from the newest results, so the figures are
+generated, never typed: the model table, the quantized peer cells and the serve
+table (tools/serve_bench.py: kipp-serve and llama-server per stream count, same
+run) when a serve document with the side-by-side exists. With --headline FILE it
+rewrites only the few rows between `<!-- perf-headline:begin -->` and
+`<!-- perf-headline:end -->` in FILE (README.md); text outside the markers is kept
+byte for byte. --readme FILE is the old name of --table.
+Usage: .venv/bin/python tools/report.py [--results DIR] [--out results/report.png]
+       [--table docs/PERFORMANCE.md] [--headline README.md]
 """
 from __future__ import annotations
 
@@ -481,26 +485,95 @@ def quant_peers_table(docs: list[dict]) -> str:
     return "\n".join(out) + "\n" + note + "".join(notes[k] for k in sorted(notes))
 
 
-def rewrite_readme(path: Path, docs: list[dict]) -> None:
-    """Replace the text between the perf-table markers in path; SystemExit when they are missing."""
-    begin, end = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
-    text = path.read_text()
+HEADLINE_MODELS = ("synthetic-0.6b", "synthetic-1.7b")
+HEADLINE_BENCHES = ("pp512", "tg128", "tg4k")
+
+
+def headline_table(docs: list[dict]) -> str:
+    """Markdown: the README's few rows. Per (model, bench) of HEADLINE_MODELS x
+    HEADLINE_BENCHES, bf16, the newest peers run that records its CPU id and carries
+    no note (a note marks a reduced or loaded run, not one to headline): Kipp's and
+    llama.cpp's tok/s and their ratio, all three from that one run. Cells without
+    such a run are left out; the text says where the full tables are."""
+    best: dict[tuple, tuple[dict, dict]] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
+        if d.get("kind") != "peers" or not cpu_known(d) or cfg.get("note"):
+            continue
+        for r in d.get("results", []):
+            if "peer_format" in r or r.get("format", "bf16") != "bf16" or r.get("unit", "tok/s") != "tok/s":
+                continue
+            if r.get("model") in HEADLINE_MODELS and r.get("name") in HEADLINE_BENCHES:
+                best[(r["model"], r["name"])] = (r, d)
+    rows = ["| model | bench | Kipp tok/s | llama.cpp tok/s | Kipp / llama.cpp | CPU (level) | file |",
+            "|---|---|---|---|---|---|---|"]
+    for m in HEADLINE_MODELS:
+        for b in HEADLINE_BENCHES:
+            if (m, b) in best:
+                r, d = best[(m, b)]
+                rows.append(f"| {m} | {b} | {r['kipp']['median']:.2f} | {r['llama_cpp']['median']:.2f} | "
+                            f"**{r['ratio']:.2f}x** | {cpu_of(d)} | `{d['_file']}` |")
+    if len(rows) == 2:
+        rows = ["No unmarked `make bench-peers` run of these shapes yet."]
+    note = ("\nEach row: the newest `make bench-peers` run of that shape (bf16) on a CPU that records its "
+            "id, both figures and the ratio from that one run. Every CPU, the roofline shares, the quantized "
+            "cells and kipp-serve against llama-server: [docs/PERFORMANCE.md](docs/PERFORMANCE.md#performance-tables-generated).\n")
+    return "\n".join(rows) + "\n" + note
+
+
+TABLE_MARKERS = ("<!-- perf-table:begin -->", "<!-- perf-table:end -->")
+HEADLINE_MARKERS = ("<!-- perf-headline:begin -->", "<!-- perf-headline:end -->")
+
+
+def check_markers(path: Path, begin: str, end: str) -> str:
+    """path's text; SystemExit naming the file when it is unreadable or lacks begin ... end in that order."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SystemExit(f"report.py: {path}: {e.strerror}")
     if begin not in text or end not in text or text.index(end) < text.index(begin):
         raise SystemExit(f"report.py: {path} has no {begin} ... {end} markers (in that order)")
+    return text
+
+
+def rewrite_between(path: Path, begin: str, end: str, body: str) -> None:
+    """Replace the text between the markers begin and end in path with body, keeping
+    every byte outside them; SystemExit when the markers are missing or out of order."""
+    text = check_markers(path, begin, end)
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
+    path.write_text(head + begin + "\n" + body + end + tail)
+
+
+def rewrite_readme(path: Path, docs: list[dict]) -> None:
+    """The full tables (model, quantized peer cells, serve) between the perf-table markers in path."""
     serve, quant = serve_table(docs), quant_peers_table(docs)
-    path.write_text(head + begin + "\n" + readme_table(docs) + ("\n" + quant if quant else "") +
-                    ("\n" + serve if serve else "") + end + tail)
+    rewrite_between(path, *TABLE_MARKERS,
+                    readme_table(docs) + ("\n" + quant if quant else "") + ("\n" + serve if serve else ""))
+
+
+def rewrite_headline(path: Path, docs: list[dict]) -> None:
+    """The headline rows (headline_table) between the perf-headline markers in path."""
+    rewrite_between(path, *HEADLINE_MARKERS, headline_table(docs))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--out", type=Path, default=None, help="default: <results>/report.png")
-    ap.add_argument("--readme", type=Path, default=None, help="rewrite the perf table between the markers in this file")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="rewrite the full tables between the perf-table markers in this file (docs/PERFORMANCE.md)")
+    ap.add_argument("--readme", type=Path, default=None, help="the old name of --table")
+    ap.add_argument("--headline", type=Path, default=None,
+                    help="rewrite the headline rows between the perf-headline markers in this file (README.md)")
     args = ap.parse_args()
     out = args.out or args.results / "report.png"
+    if args.table and args.readme:
+        ap.error("--readme is the old name of --table: give one of them")
+    table = args.table or args.readme
+    for path, marks in ((table, TABLE_MARKERS), (args.headline, HEADLINE_MARKERS)):
+        if path:  # before anything is written: one missing marker leaves every file as it was
+            check_markers(path, *marks)
     docs = load_docs(args.results)
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(21, 6))
     lines = plot_models(a1, docs)
@@ -510,9 +583,12 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     print(f"report.py: wrote {out} ({len(docs)} result files, {lines} model series, {points} roofline points)")
-    if args.readme:
-        rewrite_readme(args.readme, docs)
-        print(f"report.py: rewrote the perf table in {args.readme}")
+    if table:
+        rewrite_readme(table, docs)
+        print(f"report.py: rewrote the perf tables in {table}")
+    if args.headline:
+        rewrite_headline(args.headline, docs)
+        print(f"report.py: rewrote the perf headline in {args.headline}")
     return 0
 
 
