@@ -110,6 +110,9 @@ $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 $(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_tools.o
 # test_tool_calls checks the reply's tool-call parser (server/tool_calls.c).
 $(BUILD)/bin/test_tool_calls: $(BUILD)/server/tool_calls.o $(BUILD)/server/text_out.o
+# test_anthropic checks the Anthropic Messages parser and renderer (server/api_anthropic.c, anthropic_render.c).
+$(BUILD)/bin/test_anthropic: $(BUILD)/server/api_anthropic.o $(BUILD)/server/anthropic_render.o $(BUILD)/server/text_out.o \
+                             $(BUILD)/server/tool_calls.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_tools.o
 
 $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
