@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
 
 #include "server/anthropic.h"
 
@@ -450,8 +452,16 @@ static int parse_service_tier(const json_t *v, serve_error *e)
     if (strcmp(s, "auto") && strcmp(s, "standard_only"))
         return BAD("service_tier", "service_tier is %s%.40s%s, expected \"auto\" or \"standard_only\"", json_is_string(v) ? "'" : "",
                    json_is_string(v) ? s : tname(v), json_is_string(v) ? "'" : "");
-    if (!__atomic_exchange_n(&noted, 1, __ATOMIC_ACQ_REL))
-        fprintf(stderr, "kipp-serve: /v1/messages: service_tier is accepted and has no effect (one tier); noted once\n");
+    if (!__atomic_exchange_n(&noted, 1, __ATOMIC_ACQ_REL)) { /* serve_log's line (serve_ops.c is not linked into the fuzz target) */
+        struct timeval tv;
+        struct tm tm;
+        char ts[40];
+        gettimeofday(&tv, NULL);
+        gmtime_r(&tv.tv_sec, &tm);
+        size_t n = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(ts + n, sizeof ts - n, ".%03dZ", (int)(tv.tv_usec / 1000));
+        fprintf(stderr, "%s kipp-serve: /v1/messages: service_tier is accepted and has no effect (one tier); noted once\n", ts);
+    }
     return 0;
 }
 

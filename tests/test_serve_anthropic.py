@@ -408,8 +408,10 @@ def test_x_api_key_and_headers(synthetic_gguf):
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX), "--api-key", KEY, "--max-body", "65536") as s:
         ok = anthropic.Anthropic(base_url=s.base, api_key=KEY, max_retries=0, timeout=120,
                                  default_headers={"anthropic-beta": "interleaved-thinking-2025-05-14"})
-        r = ok.messages.create(model=MODEL, max_tokens=4, messages=USER, thinking=OFF)
+        r = ok.messages.create(model=MODEL, max_tokens=4, messages=USER, thinking=OFF, service_tier="auto",
+                               metadata={"user_id": "u-1"}, cache_control={"type": "ephemeral"})
         assert r.usage.output_tokens >= 1
+        ok.messages.create(model=MODEL, max_tokens=1, messages=USER, service_tier="standard_only")
         bearer = anthropic.Anthropic(base_url=s.base, auth_token=KEY, max_retries=0, timeout=120)
         assert bearer.messages.count_tokens(model=MODEL, messages=USER).input_tokens > 0
         bad = anthropic.Anthropic(base_url=s.base, api_key="wrong", max_retries=0, timeout=120)
@@ -420,3 +422,5 @@ def test_x_api_key_and_headers(synthetic_gguf):
                          headers={"Content-Type": "application/json", "x-api-key": KEY})
         assert st == 413
         _is_anthropic_error(out, "request_too_large")
+    notes = [ln for ln in s.stderr.splitlines() if "service_tier" in ln]
+    assert len(notes) == 1 and notes[0][:4].isdigit() and notes[0][23:36] == "Z kipp-serve:", notes  # once, timestamped
