@@ -212,7 +212,9 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
     if (!rc && chat < 0) { /* count_tokens: the prompt /v1/messages would prefill */
         char *json = serve_anthropic_count_json(&r);
         serve_req_free(&r);
-        return send_json(h, c, json ? 200 : 503, json ? json : serve_anthropic_error_json(&(serve_error){.status = 503, .message = "out of memory"}));
+        if (json) return send_json(h, c, 200, json);
+        serve_fail(&e, 503, "server_error", "", "out of memory");
+        return send_error(h, c, chat, &e);
     }
     serve_job *job = rc ? NULL : serve_job_new(&r);
     if (rc || !job) {
