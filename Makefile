@@ -110,6 +110,10 @@ $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 $(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/tool_calls.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_compat.o $(BUILD)/server/api_tools.o $(BUILD)/server/serve_error.o
 # test_tool_calls checks the reply's tool-call parser (server/tool_calls.c).
 $(BUILD)/bin/test_tool_calls: $(BUILD)/server/tool_calls.o $(BUILD)/server/text_out.o
+# test_anthropic checks the Anthropic Messages parser and renderer (server/api_anthropic.c, anthropic_render.c).
+$(BUILD)/bin/test_anthropic: $(BUILD)/server/api_anthropic.o $(BUILD)/server/anthropic_render.o $(BUILD)/server/text_out.o \
+                             $(BUILD)/server/tool_calls.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_compat.o \
+                             $(BUILD)/server/api_tools.o $(BUILD)/server/serve_error.o $(BUILD)/server/serve_log.o
 
 $(TEST_BIN): $(BUILD)/bin/%: $(BUILD)/tests/%.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
@@ -245,8 +249,8 @@ fuzz: models-test $(BUILD)/libkipp.a
 	$(BUILD)/fuzz/fuzz_gguf -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 -max_len=65536 fuzz-corpus
 
 # libFuzzer over kipp-serve's request parser/validator and text view (tests/fuzz_http.c).
-FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/api_compat.c server/api_tools.c server/text_out.c server/api_render.c server/serve_error.c \
-                 server/tool_calls.c
+FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/api_compat.c server/api_tools.c server/text_out.c server/api_render.c \
+                 server/serve_error.c server/serve_log.c server/tool_calls.c server/api_anthropic.c
 fuzz-http: $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-http-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \

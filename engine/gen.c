@@ -42,6 +42,7 @@ struct kipp_gen {
     kipp_detok_stream *ds;
     char **stop;               /* [n_stop] copies */
     size_t n_stop;
+    int stop_hit;              /* index of the stop string that ended the text, -1 = none */
     char *text;                /* [n_text] reply bytes, cut before a stop string */
     size_t n_text, cap_text, n_final;
     /* the pending item */
@@ -173,6 +174,7 @@ static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const 
     else kipp_rng_seed(&g->rng, o->seed);
     g->n_prompt = (uint32_t)n_prompt;
     g->n_done = kipp_session_length(g->s);
+    g->stop_hit = -1;
     int rc = grammar_init(g, o, err, errlen);
     if (!rc) rc = copy_stops(g, o, err, errlen);
     if (!rc) rc = think_init(g, o, err, errlen);
@@ -349,13 +351,11 @@ static int stop_scan(kipp_gen *g, size_t from)
 {
     size_t cut = kipp_stop_scan((const char *const *)g->stop, g->n_stop, g->text, g->n_text, from, &g->n_final);
     if (cut == g->n_text) return 0;
-    for (size_t i = 0; g->keep_stop && i < g->n_stop; i++) { /* the earliest match's string stays */
-        size_t k = strlen(g->stop[i]);
-        if (cut + k <= g->n_text && !memcmp(g->text + cut, g->stop[i], k)) {
-            cut += k;
-            break;
-        }
-    }
+    /* which string matched at the cut: the first in order, as kipp_stop_scan picks it among those starting there */
+    for (size_t i = 0; i < g->n_stop && g->stop_hit < 0; i++)
+        if (cut + strlen(g->stop[i]) <= g->n_text && !memcmp(g->text + cut, g->stop[i], strlen(g->stop[i])))
+            g->stop_hit = (int)i;
+    if (g->keep_stop && g->stop_hit >= 0) cut += strlen(g->stop[g->stop_hit]); /* include_stop_str_in_output */
     g->n_text = cut;
     g->text[cut] = 0;
     return 1;
@@ -592,6 +592,7 @@ int kipp_gen_rebind(kipp_gen *g, kipp_session *s, char *err, size_t errlen)
 }
 uint32_t kipp_gen_generated(const kipp_gen *g) { return g ? g->n_gen : 0; }
 int kipp_gen_finished(const kipp_gen *g) { return g ? g->finish : KIPP_FIN_NONE; }
+int kipp_gen_stop_index(const kipp_gen *g) { return g ? g->stop_hit : -1; }
 const kipp_spec *kipp_gen_spec(const kipp_gen *g) { return g ? g->spec : NULL; }
 
 void kipp_gen_rng(const kipp_gen *g, kipp_rng *rng)

@@ -910,6 +910,12 @@ uint32_t kipp_gen_prompt_left(const kipp_gen *g);
 uint32_t kipp_gen_generated(const kipp_gen *g);
 /** kipp_finish of a finished generation, KIPP_FIN_NONE while it goes on. */
 int kipp_gen_finished(const kipp_gen *g);
+/**
+ * Which of kipp_gen_options.stop ended the text: its index (the first in the
+ * list among those that matched at the cut), or -1 when none did (a stop id,
+ * max_tokens, a full session, a cancel, or still going). NULL gives -1.
+ */
+int kipp_gen_stop_index(const kipp_gen *g);
 /** The drafter (for kipp_spec_get_stats), or NULL when the gen does not speculate. */
 const kipp_spec *kipp_gen_spec(const kipp_gen *g);
 /** Copy the RNG state into *rng (to continue it in a later generation). */

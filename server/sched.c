@@ -287,6 +287,7 @@ static void choice_finish(serve_sched *s, int k, int why)
     if (why != FIN_ERROR) {
         kipp_gen_cancel(c->g); /* no-op for a gen that ended itself */
         if (kipp_gen_finished(c->g) == KIPP_FIN_STOP && why == FIN_LENGTH) why = FIN_STOP; /* a stop string in the flushed tail */
+        o->stop_matched = kipp_gen_stop_index(c->g) + 1; /* which stop string (Anthropic's stop_sequence) */
         if (publish_text(c)) why = FIN_ERROR, snprintf(j->error, sizeof j->error, "out of memory for the reply text");
         if (why == FIN_CANCELLED) o->raw_final = o->raw.n;
     }

@@ -333,6 +333,7 @@ typedef struct {
     size_t n_lp, cap_lp;
     uint32_t n_gen;           /* generated tokens (stop token excluded) */
     int finish;               /* FIN_* */
+    int stop_matched;         /* FIN_STOP by a stop string: 1 + its index in req.stop; 0 = none (a stop id, ...) */
     double t_first, t_last;   /* seconds (monotonic) of first / latest token */
 } serve_choice_out;
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/anthropic.h"
 #include "server/responses.h"
 #include "server/serve_http.h"
 
@@ -25,6 +26,7 @@ typedef struct {
     int untimed;              /* the idle timeout is off while a completion runs */
     int counted;              /* in h->inflight until on_done */
     int status;               /* the status queued (access log) */
+    int api;                  /* SERVE_API_*: the shape of this request's replies and errors (route) */
     double t0;                /* arrival, monotonic seconds */
     char method[16], path[160];
     serve_job *job;           /* a reference for the access log, or NULL */
@@ -38,6 +40,7 @@ typedef struct {
     serve_http *h;
     serve_job *job;
     serve_stream_state st;
+    serve_anth_stream ast;    /* the stream's cursor when the job's api is SERVE_API_ANTHROPIC */
     serve_buf out;
     size_t off;
     int fd;
@@ -92,7 +95,7 @@ static enum MHD_Result send_error(serve_http *h, struct MHD_Connection *c, int c
         serve_metrics_request(chat, e->status);
         pthread_mutex_unlock(serve_sched_mutex(h->sched));
     }
-    return send_json(h, c, e->status, serve_error_json(e));
+    return send_json(h, c, e->status, cur && cur->api == SERVE_API_ANTHROPIC ? serve_anthropic_error_json(e) : serve_error_json(e));
 }
 
 /* ---- streaming ---- */
@@ -103,15 +106,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     (void)pos;
     if (s->off == s->out.n) {
         s->out.n = s->off = 0;
-        if (s->st.done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        int anth = s->job->req.api == SERVE_API_ANTHROPIC;
+        if (anth ? s->ast.done_sent : s->st.done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_t *mu = serve_sched_mutex(s->h->sched);
         pthread_mutex_lock(mu);
         for (;;) {
-            if (s->job->req.api == SERVE_API_RESPONSES)
-                s->st.done_sent = serve_responses_chunks(&s->h->info, serve_tokenizer_mutex(s->h->sched), s->job, &s->out);
+            int done;
+            if (anth) done = serve_anthropic_events(&s->h->info, s->job, &s->ast, &s->out);
+            else if (s->job->req.api == SERVE_API_RESPONSES)
+                done = s->st.done_sent = serve_responses_chunks(&s->h->info, serve_tokenizer_mutex(s->h->sched), s->job, &s->out);
             else
-                serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
-            if (s->out.n || s->st.done_sent) break;
+                done = serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
+            if (s->out.n || done) break;
             if (client_gone(s->fd)) {
                 serve_sched_cancel(s->h->sched, s->job);
                 pthread_mutex_unlock(mu);
@@ -175,10 +181,11 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
     } else if (job->out[0].finish == FIN_ERROR || job->error[0]) {
         serve_error e;
         serve_fail(&e, 500, "server_error", "", "generation failed: %s", job->error[0] ? job->error : "engine error");
-        out = serve_error_json(&e), *status = 500;
+        out = job->req.api == SERVE_API_ANTHROPIC ? serve_anthropic_error_json(&e) : serve_error_json(&e), *status = 500;
     } else {
-        out = job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, serve_tokenizer_mutex(h->sched), job)
-                                                  : serve_render_response(&h->info, job);
+        out = job->req.api == SERVE_API_ANTHROPIC   ? serve_anthropic_response(&h->info, job)
+              : job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, serve_tokenizer_mutex(h->sched), job)
+                                                    : serve_render_response(&h->info, job);
         *status = 200;
     }
     if (out) serve_metrics_request(job->req.chat, *status);
@@ -187,7 +194,8 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
     return out;
 }
 
-static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_state *cs, int chat, int api)
+/* chat: 1 chat, 0 completions (metrics), -1 /v1/messages/count_tokens (prompt only). */
+static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_state *cs, int chat)
 {
     serve_error e;
     serve_req r;
@@ -195,9 +203,11 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
         return send_error(h, c, chat, &e);
     }
-    const char *in = cs->body.p ? cs->body.p : "";
-    if (api == SERVE_API_RESPONSES ? serve_responses_parse(in, cs->body.n, &r, &e) : serve_parse(in, cs->body.n, chat, &r, &e))
-        return send_error(h, c, chat, &e);
+    const char *b = cs->body.p ? cs->body.p : "";
+    int bad = cs->api == SERVE_API_ANTHROPIC   ? serve_parse_anthropic(b, cs->body.n, chat < 0, &r, &e)
+              : cs->api == SERVE_API_RESPONSES ? serve_responses_parse(b, cs->body.n, &r, &e)
+                                               : serve_parse(b, cs->body.n, chat, &r, &e);
+    if (bad) return send_error(h, c, chat, &e);
     serve_log_ignored(&r);
     if (!serve_model_known(h, r.model)) {
         serve_fail(&e, 404, "invalid_request_error", "model", "model '%.100s' is not served here, expected '%s' (GET /v1/models)",
@@ -209,6 +219,13 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
     pthread_mutex_lock(serve_tokenizer_mutex(h->sched));
     int rc = serve_prepare(h->info.model, h->info.n_ctx, &r, &e);
     pthread_mutex_unlock(serve_tokenizer_mutex(h->sched));
+    if (!rc && chat < 0) { /* count_tokens: the prompt /v1/messages would prefill */
+        char *json = serve_anthropic_count_json(&r);
+        serve_req_free(&r);
+        if (json) return send_json(h, c, 200, json);
+        serve_fail(&e, 503, "server_error", "", "out of memory");
+        return send_error(h, c, chat, &e);
+    }
     serve_job *job = rc ? NULL : serve_job_new(&r);
     if (rc || !job) {
         if (!rc) serve_fail(&e, 503, "server_error", "", "out of memory");
@@ -299,14 +316,16 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
     return queue(h, c, 204, r);
 }
 
-static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET /v1/models, "
-                                     "GET /v1/models/{id}, POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, "
+                                     "POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id}, "
+                                     "POST /tokenize, POST /detokenize, GET /health, GET /metrics";
 
 /* Which method an endpoint takes: "POST", "GET", or NULL when url is none. */
 static const char *endpoint_method(const char *url)
 {
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") ||
-        !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize"))
+        !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize") || !strcmp(url, "/v1/messages") ||
+        !strcmp(url, "/v1/messages/count_tokens"))
         return "POST";
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
         return "GET";
@@ -316,11 +335,13 @@ static const char *endpoint_method(const char *url)
 static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char *url, const char *method, conn_state *cs)
 {
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    int resp = !strcmp(url, "/v1/responses"), chat = resp || !strcmp(url, "/v1/chat/completions");
-    int cmpl = !strcmp(url, "/v1/completions");
+    int msgs = !strcmp(url, "/v1/messages"), count = !strcmp(url, "/v1/messages/count_tokens");
+    int resp = !strcmp(url, "/v1/responses");
+    int chat = !strcmp(url, "/v1/chat/completions") || msgs || resp, cmpl = !strcmp(url, "/v1/completions");
     int draining = __atomic_load_n(&h->draining, __ATOMIC_ACQUIRE);
     const char *want = endpoint_method(url);
     serve_error e;
+    cs->api = msgs || count ? SERVE_API_ANTHROPIC : resp ? SERVE_API_RESPONSES : SERVE_API_OPENAI;
     if (cs->hdr_too_big) {
         serve_fail(&e, 431, "invalid_request_error", "", "the request line and headers are larger than the %zu-byte limit "
                    "(--max-header)", h->max_header);
@@ -351,12 +372,12 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
         snprintf(e.code, sizeof e.code, "shutting_down");
         return send_error(h, c, chat || cmpl ? chat : -1, &e);
     }
-    if (!chat && !cmpl) return tokens(h, c, cs, !strcmp(url, "/detokenize"));
+    if (!chat && !cmpl && !count) return tokens(h, c, cs, !strcmp(url, "/detokenize"));
     /* Generation may take longer than --idle-timeout without a byte on the wire:
      * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     cs->untimed = 1;
-    return completion(h, c, cs, chat, resp ? SERVE_API_RESPONSES : SERVE_API_OPENAI);
+    return completion(h, c, cs, count ? -1 : chat);
 }
 
 static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)

@@ -3,7 +3,8 @@
  * (server/api_parse.c), its error rendering, and the text view that cuts stop
  * strings and think blocks (server/text_out.c). `make fuzz-http`.
  *
- * Input: byte 0 picks the endpoint (bit 0: chat) and the rest is the request
+ * Input: byte 0 picks the endpoint (bit 0: chat; bit 3: Anthropic's
+ * /v1/messages, server/api_anthropic.c, with bit 4: its count_tokens) and the rest is the request
  * body. A body that parses is also used as raw model output against its own
  * stop strings, streamed and final, which must agree, and as a reply parsed
  * for tool calls (server/tool_calls.c): every prefix's content and calls are
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "server/anthropic.h"
 #include "server/serve.h"
 
 static void tool_prefixes(const char *text, size_t n)
@@ -43,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tool_prefixes(body, n);
     serve_req r;
     serve_error e;
-    if (serve_parse(body, n, chat, &r, &e)) {
+    int rc = data[0] & 8 ? serve_parse_anthropic(body, n, (data[0] >> 4) & 1, &r, &e) : serve_parse(body, n, chat, &r, &e);
+    if (rc) {
         if (e.status != 400 && e.status != 503) abort(); /* client input is never a 5xx but OOM */
         free(serve_error_json(&e));
         return 0;

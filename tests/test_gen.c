@@ -27,6 +27,7 @@ typedef struct {
     uint32_t ids[MAXG + 1];
     uint32_t n;
     int finish;
+    int stop_index;           /* kipp_gen_stop_index (run_batch only) */
     char text[4096];
     size_t text_len;
 } run_out;
@@ -119,6 +120,7 @@ static void run_batch(int k, const uint32_t *const *prompts, const size_t *n, ui
         kipp_gen_text(g[i], &p, &len, &fin);
         CHECK(fin == len, "finished text not all final: %zu of %zu", fin, len);
         r[i].finish = kipp_gen_finished(g[i]);
+        r[i].stop_index = kipp_gen_stop_index(g[i]);
         r[i].text_len = len < sizeof r[i].text ? len : sizeof r[i].text;
         memcpy(r[i].text, p, r[i].text_len);
         kipp_gen_destroy(g[i]);
@@ -212,6 +214,7 @@ static void test_finishes(void)
     size_t cut = (size_t)(strstr(want.text, stop) - want.text);
     CHECK(got.finish == KIPP_FIN_STOP && got.text_len == cut && !memcmp(got.text, want.text, cut),
           "stop '%s': finish %d, %zu bytes, expected a cut at %zu", stop, got.finish, got.text_len, cut);
+    CHECK(got.stop_index == 1, "stop '%s' is stops[1], kipp_gen_stop_index says %d", stop, got.stop_index);
     o = greedy(0); /* until the session is full */
     oracle(ids, n, (uint32_t)n + 9, &o, &want);
     run_batch(1, pp, &n, (uint32_t)n + 9, &o, &all, &got);
@@ -225,6 +228,7 @@ static void test_finishes(void)
     run_batch(1, pp, &n, 256, &o, &all, &got);
     CHECK(got.finish == KIPP_FIN_STOP && got.n == 0 && got.text_len == 0, "forced stop id: finish %d, %u ids", got.finish,
           got.n);
+    CHECK(got.stop_index == -1, "a stop id is no stop string, kipp_gen_stop_index says %d", got.stop_index);
 }
 
 /* Echo rows: a row for every prompt position, equal to kipp_session_eval_n's. */
