@@ -34,14 +34,35 @@ ifeq ($(HAVE_PAPI),1)
   LDLIBS   += -lpapi
 endif
 
+# The machine (uname; overridable): x86-64 builds every ISA level of the CPU
+# kernels (the *_avx2.c / *_avx512*.c files, kcheck's SIMDe emulation, the
+# x86 profile); any other machine, or `make KIPP_PORTABLE=1` anywhere, is the
+# portable build: those files are left out, -DKIPP_PORTABLE=1 tells the code
+# (kernels/common.h KIPP_X86_LEVELS), and the kernels run the scalar ref level
+# only (tests/test_portable.py builds it). The OS is decided in the code
+# (base/park.c: the futex on Linux, a condition variable elsewhere).
+UNAME_M   ?= $(shell uname -m)
+KIPP_PORTABLE ?= $(if $(filter x86_64 amd64,$(UNAME_M)),0,1)
+ifeq ($(KIPP_PORTABLE),1)
+  CPPFLAGS += -DKIPP_PORTABLE=1
+  HAVE_SIMDE :=
+endif
+X86_ONLY  := %_avx2.c %_avx512.c %_avx512_bf16.c
+
+# base/ is the floor (docs/ARCHITECTURE.md "Layers"): the thread pool, error
+# codes and buffers, safe I/O, the huge-page allocator, CPU and OS probes.
+BASE_SRC  := $(wildcard base/*.c)
 KERN_SRC  := $(wildcard kernels/*.c kernels/cpu/*.c)
-LIB_SRC   := $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
+ifeq ($(KIPP_PORTABLE),1)
+  KERN_SRC := $(filter-out $(X86_ONLY),$(KERN_SRC))
+endif
+LIB_SRC   := $(BASE_SRC) $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
 # kcheck (bench/kcheck.c, the driver: checks and benchmarks) over the kernel
-# case table (kernels/cpu/check/); it links the kernels-only library plus the
-# thread pool (engine/threadpool.c) and the bench harness (no tokenizer, no model).
+# case table (kernels/cpu/check/); it links the kernels and base/ (libkipp_kernels.a)
+# and the bench harness: no engine, no tokenizer, no model.
 KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c) bench/kcheck.c
-KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/engine/threadpool.o $(BUILD)/engine/util.o $(BUILD)/engine/safe_io.o $(BUILD)/libkipp_kernels.a
+KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp_kernels.a
 CLI_SRC   := $(wildcard cli/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
@@ -53,7 +74,7 @@ SERVER_SRC:= $(wildcard server/*.c)
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(BUILD)/bin/kipp_profile $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(if $(filter 1,$(KIPP_PORTABLE)),,$(BUILD)/bin/kipp_profile) $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512_bf16.o: %_avx512_bf16.c
 	@mkdir -p $(@D)
@@ -75,8 +96,8 @@ $(BUILD)/libkipp.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-# Kernels only: what a kernel check or benchmark needs, without the engine.
-$(BUILD)/libkipp_kernels.a: $(KERN_SRC:%.c=$(BUILD)/%.o)
+# Kernels and base/ only: what a kernel check or benchmark needs, without the engine.
+$(BUILD)/libkipp_kernels.a: $(KERN_SRC:%.c=$(BUILD)/%.o) $(BASE_SRC:%.c=$(BUILD)/%.o)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -239,7 +260,7 @@ FUZZ_SECONDS ?= 60
 # The loader sources and the view check (kipp_model_validate_image runs both) are
 # instrumented; the rest of libkipp.a (tokenizer, backends, unreachable from
 # kipp_model_validate_image) only satisfies the link.
-FUZZ_SRC := tests/fuzz_gguf.c engine/gguf.c engine/model.c engine/checkpoints.c engine/util.c engine/view_check.c
+FUZZ_SRC := tests/fuzz_gguf.c engine/gguf.c engine/model.c engine/checkpoints.c base/errors.c engine/view_check.c
 fuzz: models-test $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
@@ -335,7 +356,8 @@ $(BUILD)/cuda/kcheck_cuda: $(BUILD)/cuda/k/check/kcheck_cuda.o $(KCUDA_OBJ) $(KC
 # The CUDA backend (backends/cuda) and the binaries built with it:
 # build/cuda/{kipp,kipp-serve,kipp-bench} (the CPU build's sources with
 # -DKIPP_WITH_CUDA on engine/backends.c, which adds "cuda" to the backend
-# list) and build/cuda/kipp-cuda-gate (the model gates, tools/cuda_check.sh).
+# list) and build/cuda/kipp-cuda-gate (tests/cuda_gate.c: the model gates
+# through the public API, tools/cuda_check.sh).
 # Host code is linked by nvcc against the static CUDA runtime.
 NVCC_ARCH ?= -arch=sm_90
 NVCCFLAGS ?= -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-Werror
@@ -364,13 +386,13 @@ $(BUILD)/cuda/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/li
 $(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
 
-$(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a
+$(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/tests/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
 
 # The gates with the CUDA runtime and kernel units replaced by host-memory
 # stand-ins over the ref kernels (backends/cuda/mock): the backend's host logic,
 # checked bitwise against the ref backend without a GPU (tests/test_cuda_build.py).
-$(BUILD)/cuda/kipp-cuda-gate-mock: $(BUILD)/cuda/obj/backends/cuda/gate/cuda_gate.o $(BUILD)/cuda/obj/engine/backends.o \
+$(BUILD)/cuda/kipp-cuda-gate-mock: $(BUILD)/cuda/obj/tests/cuda_gate.o $(BUILD)/cuda/obj/engine/backends.o \
     $(BUILD)/cuda/obj/backends/cuda/cuda_backend.o $(BUILD)/cuda/obj/backends/cuda/cuda_forward.o \
     $(BUILD)/cuda/obj/backends/cuda/mock/cuda_mock.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
@@ -384,7 +406,7 @@ else
 endif
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-portable
 
 help:
 	@echo "make            build libkipp.a, the kipp CLI, tests and kernel benchmarks"
@@ -410,6 +432,6 @@ help:
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
 	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"
 	@echo "make cuda       where nvcc exists: the CUDA kernels and build/cuda/{kipp,kipp-serve,kipp-bench,kcheck_cuda} (--backend cuda)"
-	@echo "make clean      remove build/ and build-asan/ (keeps .venv/)"
+	@echo "make clean      remove build/, build-asan/ and build-portable/ (keeps .venv/)"
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,11 +1,11 @@
 /*
- * bench_harness.c - timing, the thread team (engine/threadpool.h), PAPI, machine profile and
+ * bench_harness.c - timing, the thread team (base/threadpool.h), PAPI, machine profile and
  * kipp.bench.v1 result files (bench/harness.h, bench/README.md).
  */
 #include "bench/bench_harness.h"
-#include "engine/safe_io.h"
+#include "base/safe_io.h"
 
-#include "engine/threadpool.h"
+#include "base/threadpool.h"
 #include "kernels/common.h"
 
 #include <ctype.h>
@@ -105,7 +105,7 @@ int kipp_team_cores(void)
     return n > 0 ? n : 1;
 }
 
-/* ---- thread team: the pool the cpu backend runs on (engine/threadpool.c),
+/* ---- thread team: the pool the cpu backend runs on (base/threadpool.c),
  * so kernels are timed with the workers, pinning and barriers the forward
  * pass runs on ---- */
 

@@ -41,7 +41,7 @@ typedef struct {
 /* ---- thread team ---- */
 
 /** A team of nth threads, thread 0 being the caller, each pinned to its own
- * physical core: the pool the cpu backend runs on (engine/threadpool.h). */
+ * physical core: the pool the cpu backend runs on (base/threadpool.h). */
 typedef struct kipp_team kipp_team;
 
 /** Physical cores of this machine (hwloc); >= 1. */
@@ -97,7 +97,7 @@ const char *kipp_host_name(void);
  */
 const char *kipp_profile_key(void);
 
-/* kipp_cpu_model and kipp_cpu_id moved to kernels/common.h (the planner uses them too). */
+/* kipp_cpu_model and kipp_cpu_id are base/cpuinfo.h (the planner uses them too). */
 
 /** {"model", "cpu_id", "avx2", "avx512", "avx512_bf16", "avx512_vnni", "best_level"}: new reference. */
 json_t *kipp_cpu_json(void);
@@ -144,7 +144,7 @@ int kipp_result_write(json_t *doc, const char *dir, const char *tag, char *path_
 
 /**
  * Write doc as JSON (json_dumpf flags) to path through a temporary file and a
- * rename (engine/safe_io.h), refusing a path that is the same file as one of
+ * rename (base/safe_io.h), refusing a path that is the same file as one of
  * inputs[n]. 0 or -1 with err naming the path.
  */
 int kipp_json_write_file(json_t *doc, const char *path, size_t flags, const char *const *inputs, size_t n,

@@ -34,7 +34,7 @@
 #include "bench/bench_harness.h"
 #include "bench/read_probe.h"
 #include "engine/kipp.h"
-#include "engine/safe_io.h"
+#include "base/safe_io.h"
 
 #ifdef KIPP_HAVE_PAPI
 #include <papi.h>

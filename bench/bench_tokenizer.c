@@ -17,8 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/safe_io.h"
 #include "engine/internal.h"
-#include "engine/safe_io.h"
 #include "kernels/common.h"
 
 static double now_s(void)
@@ -48,7 +48,7 @@ static char *load_input(const char *corpus, const char *repeat, size_t want, siz
     return s;
 }
 
-/* "bench_tokenizer: err" with file-derived text escaped (engine/safe_io.h). */
+/* "bench_tokenizer: err" with file-derived text escaped (base/safe_io.h). */
 static void report(const char *err)
 {
     fputs("bench_tokenizer: ", stderr);

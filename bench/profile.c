@@ -16,10 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/hugepage.h"
 #include "kernels/common.h"
 #include "bench/bench_harness.h"
 #include "bench/profile.h"
@@ -210,12 +210,10 @@ int main(int argc, char **argv)
         return 1;
     }
     read_job rj = {NULL, mib << 20, kipp_cpu_get()->avx512, 0};
-    /* Huge pages, as the cpu backend maps its packed weights and KV (alloc_big):
+    /* Huge pages, as the cpu backend maps its packed weights and KV (base/hugepage.h):
      * with 4 KiB pages this VM's nested page walks cap a stream well below what
      * decode reaches, and every share would read above 100%. */
-    unsigned char *buf = NULL;
-    if (posix_memalign((void **)&buf, (size_t)2 << 20, rj.bytes) != 0) buf = NULL;
-    if (buf) madvise(buf, rj.bytes, MADV_HUGEPAGE); /* advisory: ignore refusal */
+    unsigned char *buf = kipp_huge_alloc(rj.bytes);
     if (!buf) {
         fprintf(stderr, "kipp_profile: cannot allocate a %zu MiB read buffer\n", mib);
         return 1;

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/safe_io.h"
 #include "cli/cli.h"
-#include "engine/safe_io.h"
 
 void cli_errorf(const char *cmd, const char *fmt, ...)
 {

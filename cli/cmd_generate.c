@@ -18,9 +18,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/safe_io.h"
 #include "cli/cli.h"
 #include "cli/generate.h"
-#include "engine/safe_io.h"
 
 volatile sig_atomic_t cli_interrupted = 0;
 
@@ -351,7 +351,7 @@ int cmd_generate(int argc, char **argv)
 }
 
 /* Raw little-endian float32, byte by byte so the file is the same on any host;
- * written through a temporary file and refused over the model (engine/safe_io.h). */
+ * written through a temporary file and refused over the model (base/safe_io.h). */
 static int write_f32le(const char *path, const char *model, const float *x, size_t n, char *err, size_t errlen)
 {
     kipp_outfile of;

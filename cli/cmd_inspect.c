@@ -12,11 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/safe_io.h"
 #include "cli/cli.h"
 #include "engine/kipp.h"
-#include "engine/safe_io.h"
 
-/* prefix, s escaped for the terminal (engine/safe_io.h), suffix */
+/* prefix, s escaped for the terminal (base/safe_io.h), suffix */
 static void print_str(const char *prefix, const char *s, const char *suffix)
 {
     fputs(prefix, stdout);
@@ -67,7 +67,7 @@ static void print_tensors(const kipp_model *m)
             snprintf(shape, sizeof shape, "[%llu][%llu]", (unsigned long long)t.rows, (unsigned long long)t.cols);
         else
             snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)t.cols);
-        char name[1024]; /* file-derived: escaped (engine/safe_io.h), cut to the buffer */
+        char name[1024]; /* file-derived: escaped (base/safe_io.h), cut to the buffer */
         kipp_text_escape(t.name, t.name_len, name, sizeof name);
         printf("%-28s %-5s %-16s %12llu %12llu\n", name, t.type_name, shape,
                (unsigned long long)t.nbytes, (unsigned long long)t.file_offset);

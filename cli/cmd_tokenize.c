@@ -18,10 +18,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/safe_io.h"
 #include "cli/cli.h"
 #include "engine/kipp.h"
 #include "engine/kipp_checkpoints.h"
-#include "engine/safe_io.h"
 
 typedef struct {
     const char *model, *text, *file, *ids;

@@ -14,7 +14,7 @@
 #include "engine/kipp.h"
 
 #define CLI_MAX_BIAS 64 /* --logit-bias entries */
-#define CLI_MAX_THREADS 1024 /* --threads upper bound; the cpu thread pool's own limit (engine/threadpool.c) */
+#define CLI_MAX_THREADS 1024 /* --threads upper bound; the cpu thread pool's own limit (base/threadpool.c) */
 #define CLI_DEFAULT_MAX_TOKENS 128u
 #define CLI_MAX_LORA 8 /* --lora entries */
 #define CLI_LORA_PATH 4096 /* bytes of one --lora path */

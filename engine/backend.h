@@ -85,7 +85,7 @@ typedef struct {
  * start_position + token_count <= capacity; token ids < vocab; logits rows
  * within token_count with a buffer; block_table entries of the touched pages
  * < the session's (or the pool's) physical blocks. The backend only computes,
- * with at most a KIPP_ASSERT of its own invariants (engine/backend_util.h).
+ * with at most a KIPP_ASSERT of its own invariants (base/errbuf.h).
  */
 typedef struct {
     void *session;               /* backend session from session_create */

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/errbuf.h"
 #include "engine/kipp.h"
-#include "engine/backend_util.h"
 
 typedef struct {
     const kipp_model *model;

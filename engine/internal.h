@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errbuf.h"
 #include "engine/backend.h"
-#include "engine/backend_util.h"
 #include "engine/gguf.h"
 #include "engine/kipp.h"
 #include "engine/kipp_checkpoints.h"

@@ -14,23 +14,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errors.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- error codes ---- */
-#define KIPP_OK 0
-#define KIPP_EINVAL (-1)   /* bad argument value */
-#define KIPP_EIO (-2)      /* open/read/mmap failed */
-#define KIPP_EFORMAT (-3)  /* malformed or rejected model file */
-#define KIPP_ENOMEM (-4)   /* allocation failed */
-#define KIPP_ERANGE (-5)   /* capacity, position or token id out of range */
-#define KIPP_EBACKEND (-6) /* unknown backend or backend failure */
-#define KIPP_ENOTSUP (-7)  /* feature not available for this checkpoint/backend */
-#define KIPP_ENUMERIC (-8) /* NaN or Inf where finite values are required */
-
-/** Short name of an error code ("EINVAL", ...); never NULL. */
-const char *kipp_strerror(int code);
+/* ---- error codes: KIPP_OK, KIPP_E* and kipp_strerror (base/errors.h) ---- */
 
 /* ---- model ---- */
 typedef struct kipp_model kipp_model;

@@ -15,7 +15,7 @@ typedef struct kipp_model kipp_model;
 
 /** What kipp_machine_measure found on this machine, now. Plain values: copy freely. */
 typedef struct {
-    char cpu_id[64];              /* "<vendor>-f<family>m<model>" of /proc/cpuinfo (kernels/common.h kipp_cpu_id) */
+    char cpu_id[64];              /* "<vendor>-f<family>m<model>" of /proc/cpuinfo (base/cpuinfo.h kipp_cpu_id) */
     char isa[16];                 /* kernel level the cpu backend uses: "ref", "avx2", "avx512", "avx512_bf16" */
     int physical_cores;           /* hwloc cores (PUs when hwloc finds no core level) */
     int logical_cpus;             /* hwloc PUs */

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
 #include "engine/kv_pool.h"
 #include "kernels/qwen3_shape.h"
 

@@ -26,7 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
 #include "engine/internal.h"
 #include "engine/kipp.h"
 #include "kernels/common.h"

@@ -17,12 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
+#include "base/hugepage.h"
 #include "engine/internal.h"
 #include "engine/kipp.h"
 #include "kernels/common.h"
@@ -109,6 +109,10 @@ int kipp_plan_ram(uint64_t *total, uint64_t *avail, char *err, size_t errlen)
 
 /* ---- RAM read bandwidth and FP32 peak: one pthread per physical core ---- */
 
+/* The probe loops are x86 level files (kernels/cpu/probe_avx*.c): a portable build has none, and its
+ * plan leaves bandwidth and peak at 0 as on a ref-level CPU. */
+#if KIPP_X86_LEVELS
+
 typedef struct {
     const unsigned char *buf;
     size_t bytes;            /* this thread's slice */
@@ -179,12 +183,10 @@ static size_t probe_bytes(uint64_t avail)
  * pass, then the median of the passes of RAM_PROBE_SEC (at least RAM_PROBE_MIN_REPS). */
 static double ram_read_gbps(int n, int use512, size_t bytes)
 {
-    const size_t huge = (size_t)2 << 20;
-    bytes = (bytes + huge - 1) / huge * huge;
-    unsigned char *buf = NULL;
-    if (posix_memalign((void **)&buf, huge, bytes) != 0) return 0;
-    madvise(buf, bytes, MADV_HUGEPAGE); /* advisory: a refusal only costs TLB misses */
-    memset(buf, 1, bytes);              /* fault every page in before timing */
+    bytes = kipp_huge_round(bytes);
+    unsigned char *buf = kipp_huge_alloc(bytes);
+    if (!buf) return 0;
+    memset(buf, 1, bytes); /* fault every page in before timing */
     probe_job jobs[MAX_PROBE_THREADS];
     size_t per = (bytes / (size_t)n) & ~(size_t)255;
     double g[RAM_PROBE_MAX_REPS];
@@ -221,6 +223,8 @@ static double peak_gflops(int n, int use512)
     }
     return best;
 }
+
+#endif
 
 /* ---- the model file's sequential read speed ---- */
 
@@ -287,12 +291,14 @@ int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, s
     int rc = kipp_plan_ram(&out->ram_total_bytes, &out->ram_available_bytes, err, errlen);
     if (rc) return rc;
     if (model_path) out->disk_read_gbps = disk_gbps(model_path, &out->disk_sample_bytes, &out->disk_direct);
-    int n = out->physical_cores < MAX_PROBE_THREADS ? out->physical_cores : MAX_PROBE_THREADS;
     if (isa == KIPP_ISA_REF) return 0; /* no vector loops to run: bandwidth and peak stay 0 */
+#if KIPP_X86_LEVELS
+    int n = out->physical_cores < MAX_PROBE_THREADS ? out->physical_cores : MAX_PROBE_THREADS;
     int use512 = isa >= KIPP_ISA_AVX512;
     out->ram_read_gbps = ram_read_gbps(n, use512, probe_bytes(out->ram_available_bytes));
     out->peak_gflops = peak_gflops(n, use512);
     if (out->ram_read_gbps <= 0) return kipp_err(err, errlen, KIPP_ENOMEM, "no memory for the %zu MiB read probe",
                                                  probe_bytes(out->ram_available_bytes) >> 20);
+#endif
     return 0;
 }

@@ -1,6 +1,7 @@
 /*
  * common.h - the only header kernels share: BF16/FP16 conversion, aligned
- * allocation, CPU feature flags (docs/ARCHITECTURE.md, "Layers").
+ * allocation, ISA levels; the CPU feature flags they rest on come from
+ * base/cpuinfo.h (docs/ARCHITECTURE.md, "Layers").
  */
 #ifndef KIPP_KERNELS_COMMON_H
 #define KIPP_KERNELS_COMMON_H
@@ -8,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "base/cpuinfo.h"
 
 /** BF16 as stored: the top 16 bits of an IEEE-754 binary32. */
 typedef uint16_t kipp_bf16;
@@ -49,34 +52,6 @@ int kipp_cmp_double(const void *a, const void *b);
  *  0 when n is 0. The one median of the benches and the planner. */
 double kipp_median(double *v, size_t n);
 
-/** CPU features read once from CPUID. */
-typedef struct {
-    int avx2;        /* AVX2 + FMA + F16C */
-    int avx512;      /* AVX-512 F/BW/VL/DQ */
-    int avx512_bf16; /* AVX512_BF16 (vdpbf16ps) */
-    int avx512_vnni; /* AVX512_VNNI (vpdpbusd) */
-    /* vdpbf16ps outruns FP32 FMA: AMD cores (Zen 4/5) retire it at twice the
-     * FMA's FLOP rate, Intel cores at half (profiles/: bf16_dot_gflops_all
-     * 1098 vs fp32_fma 545 on Zen 4, 215 vs 449 on an Intel avx512_bf16 VM),
-     * so the CPU backend reads projections through the dot by default only
-     * where this and avx512_bf16 are both 1 (here: the vendor is AMD). */
-    int bf16_dot_fast;
-} kipp_cpu_features;
-
-/** "model name" of /proc/cpuinfo (cached; "unknown" when unreadable). Hostnames
- * here are all `vm` while the CPUs differ, so results and profiles carry this. */
-const char *kipp_cpu_model(void);
-
-/** "<vendor>-f<cpu family>m<model>" of /proc/cpuinfo's first processor, e.g.
- * "amd-f26m2" (Zen 5), "amd-f25m17" (Zen 4), "intel-f6m85" (Skylake-SP);
- * "cpu-unknown" when those lines are missing (non-x86). Decimal, as
- * /proc/cpuinfo prints them; cached, static storage. Tags profile and result
- * file names (bench) and picks this CPU's results for the planner (engine/plan.c). */
-const char *kipp_cpu_id(void);
-
-/** Features of this CPU (cached after the first call). */
-const kipp_cpu_features *kipp_cpu_get(void);
-
 /**
  * Kernel ISA levels, each a superset of the one before (docs/ARCHITECTURE.md "ISA
  * dispatch"): avx2 = AVX2+FMA+F16C; avx512 = AVX-512 F/BW/VL/DQ (Skylake-SP and
@@ -91,7 +66,17 @@ typedef enum {
     KIPP_ISA_COUNT = 4
 } kipp_isa;
 
-/** The best level this CPU runs (from kipp_cpu_get). */
+/* Whether this build has the x86 levels (avx2 and up) at all: only an x86-64
+ * build that is not portable compiles their files (Makefile: the uname switch,
+ * KIPP_PORTABLE=1 forces the portable build, which defines KIPP_PORTABLE).
+ * Without them the ref level is the only one, whatever the CPU has. */
+#if defined(__x86_64__) && !defined(KIPP_PORTABLE)
+#define KIPP_X86_LEVELS 1
+#else
+#define KIPP_X86_LEVELS 0
+#endif
+
+/** The best level this CPU runs (from kipp_cpu_get) that this build has (ref without KIPP_X86_LEVELS). */
 kipp_isa kipp_isa_cpu_max(void);
 
 /**

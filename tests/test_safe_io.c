@@ -1,5 +1,5 @@
 /*
- * test_safe_io.c - engine/safe_io.h: an output that is
+ * test_safe_io.c - base/safe_io.h: an output that is
  * an input is refused by (st_dev, st_ino) whatever its spelling; a committed
  * output appears whole, an aborted one leaves the destination as it was and no
  * temporary file; file-derived text is escaped so it cannot drive a terminal.
@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/safe_io.h"
 #include "engine/kipp.h"
-#include "engine/safe_io.h"
 #include "tests/test_harness.h"
 
 static char dir[64];

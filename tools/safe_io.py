@@ -1,6 +1,6 @@
 """safe_io.py - output files and name lists for the Python tools.
 
-The Python side of engine/safe_io.h: no tool writes over one of its own inputs
+The Python side of base/safe_io.h: no tool writes over one of its own inputs
 (compared by (st_dev, st_ino), so another spelling, a hard link or a symlink of
 the input is caught), and every output is written to a temporary file in the
 destination's directory and renamed into place, so an interrupted run leaves no
@@ -98,7 +98,7 @@ def parse_names(text: str, known: Sequence[str], flag: str, what: str = "name") 
 def term_escape(text: str) -> str:
     """text with control characters (C0, DEL, C1) and lone surrogates from undecodable
     bytes written as \\xNN / \\uNNNN (and \\n \\r \\t as such), so file-derived text
-    printed in a message cannot drive the terminal (engine/safe_io.h does the same)."""
+    printed in a message cannot drive the terminal (base/safe_io.h does the same)."""
     out = []
     for ch in text:
         o = ord(ch)

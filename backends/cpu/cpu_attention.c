@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu_internal.h"
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
 
 /* Layer bases of the K and V stores of the session behind round row `row`. */
 static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const kipp_bf16 **kc,

@@ -12,7 +12,8 @@
 #include <sys/mman.h>
 
 #include "backends/cpu/cpu_internal.h"
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
+#include "base/hugepage.h"
 
 static void cpu_model_destroy(void *bm);
 
@@ -95,18 +96,6 @@ static int alloc_f32(float **p, size_t n, size_t *total)
     *p = kipp_aligned_alloc(n * sizeof(float));
     *total += n * sizeof(float);
     return *p ? 0 : -1;
-}
-
-/* Large buffers (packed weights; KV has kv_store.c): 2 MiB aligned and marked for
- * transparent huge pages, which saves TLB misses when decode streams
- * gigabytes per token. NULL on failure; release with free(). */
-static void *alloc_big(size_t bytes)
-{
-    void *p = NULL;
-    const size_t huge = (size_t)2 << 20;
-    if (posix_memalign(&p, huge, (bytes + huge - 1) / huge * huge) != 0) return NULL;
-    madvise(p, (bytes + huge - 1) / huge * huge, MADV_HUGEPAGE); /* advisory: ignore refusal */
-    return p;
 }
 
 /* Round scratch for KIPP_CPU_ROUND_TOKENS rows (docs/ARCHITECTURE.md "Scratch"). */
@@ -241,7 +230,7 @@ static int pack_weights(cpu_model *m)
     }
     m->lw = calloc(d->n_layer, sizeof *m->lw);
     pack_job *jobs = calloc((size_t)d->n_layer * 7 + 1, sizeof *jobs);
-    m->packed = alloc_big(bytes);
+    m->packed = kipp_huge_alloc(bytes); /* huge pages: decode streams these bytes per token */
     if (!m->lw || !jobs || !m->packed) { free(jobs); return -1; }
     m->prepared_bytes = bytes;
     char *cur = m->packed;

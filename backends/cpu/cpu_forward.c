@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu_internal.h"
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
 
 /* y[n][rows] = x[n][cols] W^T for this worker's share of W's rows, through
  * the row of W's format: matvec for one row (decode, bandwidth-bound), the

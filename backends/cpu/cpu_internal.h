@@ -15,8 +15,8 @@
 #include <stdint.h>
 
 #include "backends/cpu/kv_store.h"
+#include "base/threadpool.h"
 #include "engine/backend.h"
-#include "engine/threadpool.h"
 #include "kernels/cpu/kernels.h"
 
 /* Token rows per round. 256 keeps the tiled matmul's token loop long enough to

@@ -39,7 +39,7 @@
 #include <unistd.h>
 
 #include "backends/cpu/cpu_internal.h"
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
 #include "kernels/cpu/pack_pairs.h"
 
 #define STREAM_MV_ROWS 16u  /* rows packed per slice for one activation row (decode) */

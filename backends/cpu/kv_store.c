@@ -3,20 +3,9 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "backends/cpu/kv_store.h"
-
-/* 2 MiB aligned and marked for transparent huge pages: decode streams the
- * whole context's K and V per token, so TLB misses matter. */
-static void *alloc_huge(size_t bytes)
-{
-    void *p = NULL;
-    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
-    if (posix_memalign(&p, huge, n ? n : huge) != 0) return NULL;
-    madvise(p, n ? n : huge, MADV_HUGEPAGE); /* advisory: ignore refusal */
-    return p;
-}
+#include "base/hugepage.h"
 
 int kipp_kv_store_alloc(kipp_kv_store *st, uint32_t n_layer, uint32_t n_blocks, int zero)
 {
@@ -24,8 +13,8 @@ int kipp_kv_store_alloc(kipp_kv_store *st, uint32_t n_layer, uint32_t n_blocks, 
     st->n_layer = n_layer;
     st->n_blocks = n_blocks;
     size_t bytes = (size_t)n_layer * kipp_kv_layer_elems(st) * sizeof(kipp_bf16);
-    st->k = alloc_huge(bytes);
-    st->v = alloc_huge(bytes);
+    st->k = kipp_huge_alloc(bytes);
+    st->v = kipp_huge_alloc(bytes);
     if (!st->k || !st->v) {
         kipp_kv_store_free(st);
         return -1;

@@ -19,10 +19,9 @@
 #include <string.h>
 
 #include "backends/cpu/kv_store.h"
+#include "base/errbuf.h"
 #include "engine/backend.h"
-#include "engine/backend_util.h"
 #include "kernels/cpu/kernels.h"
-#include "engine/kipp.h"
 
 /* Tokens per forward round. Scratch is sized for this many rows once, at model
  * creation; longer items are processed in rounds of at most this many tokens. */

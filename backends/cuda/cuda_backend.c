@@ -39,9 +39,8 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_util.h"
+#include "base/errbuf.h"
 #include "engine/backend.h"
-#include "engine/backend_util.h"
-#include "engine/kipp.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kcuda.h"
 

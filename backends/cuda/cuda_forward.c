@@ -13,8 +13,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_util.h"
-#include "engine/backend_util.h"
-#include "engine/kipp.h"
+#include "base/errbuf.h"
 #include "kernels/cuda/kcuda.h"
 
 /* ---------------------------------------------------------------- forward */

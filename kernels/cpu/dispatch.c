@@ -69,6 +69,9 @@ static const k_cpu_ops level_ref = {
     .flash_rows_dot = k_flash_rows_dot_ref,
 };
 
+/* x86 builds only: a portable build (KIPP_X86_LEVELS 0, kernels/common.h)
+ * compiles no *_avx* file, and every level there merges to ref. */
+#if KIPP_X86_LEVELS
 static const k_cpu_ops level_avx2 = {
     .isa = "avx2",
     K_OP_INIT(avx2)
@@ -95,12 +98,15 @@ static const k_cpu_ops level_avx512_bf16 = {
     .flash_gqa_dot = k_flash_gqa_dot_avx512_bf16,
     .flash_rows_dot = k_flash_rows_dot_avx512_bf16,
 };
+#endif
 
 static const k_cpu_ops *const levels[KIPP_ISA_COUNT] = {
     [KIPP_ISA_REF] = &level_ref,
+#if KIPP_X86_LEVELS
     [KIPP_ISA_AVX2] = &level_avx2,
     [KIPP_ISA_AVX512] = &level_avx512,
     [KIPP_ISA_AVX512_BF16] = &level_avx512_bf16,
+#endif
 };
 
 /* ---- merging ---- */
@@ -115,6 +121,7 @@ static void merge(kipp_isa isa, k_cpu_ops *out, k_cpu_src *src)
     out->isa = kipp_isa_name(isa);
     for (int lv = (int)isa; lv >= 0; lv--) {
         const k_cpu_ops *L = levels[lv];
+        if (!L) continue; /* not in this build */
 #define K_OP_MERGE(name, params) TAKE(out->name, L->name, src->name, (kipp_isa)lv);
         K_CPU_OP_LIST(K_OP_MERGE)
 #undef K_OP_MERGE

@@ -60,7 +60,7 @@ const char *kcase_kind_names(void);
 /** Deterministic inputs (splitmix64), 64-byte aligned, kipp_aligned_free. NULL on failure. */
 float *kc_rand_f32(size_t n, float lo, float hi);
 kipp_bf16 *kc_rand_bf16(size_t n, float amp);
-/** 2 MiB-aligned huge-page buffer as the backend allocates weights and KV; free(). */
+/** kipp_huge_alloc (base/hugepage.h), as the backend allocates weights and KV; free(). */
 void *kc_alloc_big(size_t bytes);
 /** NMSE sum((a-b)^2)/sum(b^2), b the oracle. */
 double kc_nmse(const float *a, const float *ref, size_t n);

@@ -8,8 +8,8 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
+#include "base/hugepage.h"
 #include "kernels/cpu/check/kcase.h"
 
 #define ORDER 1e-9   /* FP32 sums in another order, polynomial exp */
@@ -266,14 +266,7 @@ kipp_bf16 *kc_rand_bf16(size_t n, float amp)
     return p;
 }
 
-void *kc_alloc_big(size_t bytes)
-{
-    void *p = NULL;
-    const size_t huge = (size_t)2 << 20, n = (bytes + huge - 1) / huge * huge;
-    if (posix_memalign(&p, huge, n ? n : huge) != 0) return NULL;
-    madvise(p, n, MADV_HUGEPAGE); /* advisory: a refusal only costs TLB misses */
-    return p;
-}
+void *kc_alloc_big(size_t bytes) { return kipp_huge_alloc(bytes); }
 
 double kc_nmse(const float *a, const float *ref, size_t n)
 {

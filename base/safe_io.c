@@ -1,5 +1,5 @@
 /* safe_io.c - output files written through tmp + rename, refused over an input;
- * escaping of file-derived text for the terminal (engine/safe_io.h). */
+ * escaping of file-derived text for the terminal (base/safe_io.h). */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -8,8 +8,8 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
-#include "engine/internal.h"
-#include "engine/safe_io.h"
+#include "base/errbuf.h"
+#include "base/safe_io.h"
 
 int kipp_out_check(const char *path, const char *const *inputs, size_t n, char *err, size_t errlen)
 {

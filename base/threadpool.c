@@ -1,23 +1,19 @@
 /*
  * threadpool.c - persistent pinned workers with a spin-then-park barrier
- * (see threadpool.h). Linux futexes park the waiters; hwloc finds and
- * binds the physical cores.
+ * (see threadpool.h). Waiters park through base/park.h (a futex on Linux);
+ * hwloc finds and binds the physical cores.
  */
-#include "engine/threadpool.h"
+#include "base/threadpool.h"
 
 #include <hwloc.h>
-#include <immintrin.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#include "engine/backend_util.h"
+#include "base/errbuf.h"
+#include "base/park.h"
 
 /* Pause-loop iterations before parking: ~10-50 us on current x86, far longer
  * than a balanced barrier inside a forward pass, far shorter than the gap
@@ -49,34 +45,24 @@ typedef struct {
     int ith;
 } worker_arg;
 
-static void futex_wait(atomic_uint *addr, unsigned val)
-{
-    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
-}
-
-static void futex_wake_all(atomic_uint *addr)
-{
-    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
 /* Wait until *addr != old: spin first, then park. The sleeper count and the
- * word are both seq_cst, so either the waker sees the sleeper or the futex
+ * word are both seq_cst, so either the waker sees the sleeper or the park
  * sees the new value (Dekker ordering); no wake-up is lost. */
 static void wait_change(atomic_uint *addr, unsigned old, atomic_uint *sleepers)
 {
     for (int i = 0; i < KIPP_POOL_SPIN; i++) {
         if (atomic_load(addr) != old) return;
-        _mm_pause();
+        kipp_cpu_pause();
     }
     atomic_fetch_add(sleepers, 1);
-    while (atomic_load(addr) == old) futex_wait(addr, old);
+    while (atomic_load(addr) == old) kipp_park_wait(addr, old);
     atomic_fetch_sub(sleepers, 1);
 }
 
 static void bump_and_wake(atomic_uint *addr, atomic_uint *sleepers)
 {
     atomic_fetch_add(addr, 1);
-    if (atomic_load(sleepers) > 0) futex_wake_all(addr);
+    if (atomic_load(sleepers) > 0) kipp_park_wake_all(addr);
 }
 
 void kipp_threadpool_barrier(kipp_threadpool *p)

@@ -1,8 +1,10 @@
-/* util.c - error formatting and release-build asserts (docs/ARCHITECTURE.md, "Errors"). */
+/* errors.c - error formatting, release-build asserts and error names (base/errbuf.h,
+ * base/errors.h; docs/ARCHITECTURE.md "Errors"). */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/internal.h"
+#include "base/errbuf.h"
 
 int kipp_err(char *err, size_t errlen, int code, const char *fmt, ...)
 {

@@ -3,17 +3,17 @@
  * seed 002 "Why it is fast on a CPU", item 5: one thread per physical core,
  * SMT siblings only add contention).
  *
- * Generic pthread + hwloc code with no model in it, so it sits beside the
- * other services a backend may use (engine/backend.h, engine/backend_util.h)
- * and below both of its users: a CPU backend owns one pool per backend model
- * (backends/cpu), and the bench harness times kernels on the same workers,
- * pinning and barriers (bench/bench_harness.c; bench may call the engine). The calling thread is worker 0 and the pool
+ * Generic pthread + hwloc code with no model in it, so it lives in base/, the
+ * floor beneath both of its users: a CPU backend owns one pool per backend
+ * model (backends/cpu), and the bench harness times kernels on the same
+ * workers, pinning and barriers (bench/bench_harness.c, linked into kcheck
+ * with the kernels and base/ only). The calling thread is worker 0 and the pool
  * owns n-1 more threads, each pinned through hwloc to one physical core's
  * first processing unit. kipp_threadpool_run() makes all n workers run the same
  * function once (SPMD); inside it they meet at kipp_threadpool_barrier(), which
  * spins briefly (the common case inside a forward pass is a wait of a few
- * microseconds) and then parks on a futex so an idle or oversubscribed pool
- * does not burn the core.
+ * microseconds) and then parks (base/park.h: a futex on Linux) so an idle or
+ * oversubscribed pool does not burn the core.
  */
 #ifndef KIPP_THREADPOOL_H
 #define KIPP_THREADPOOL_H
