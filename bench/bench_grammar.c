@@ -13,6 +13,11 @@
  * cheaper, as it drops candidates). The decode step is the newest kipp-bench batch1 /
  * batch8 row of synthetic-0.6b (bf16) on this CPU under the results directory;
  * at batch 8 every sequence needs a mask per step, on the scheduler's thread.
+ * When this CPU has no batch1 row, the tg128 row (the same batch-1 decode step,
+ * after a 16-token prompt) stands in, and the config says so. Also: compiling
+ * the tool-call grammar of 64 tools as kipp-serve does for tool_choice
+ * "required" (server/api_tools.c: an anyOf of one call schema per tool, in
+ * Qwen3's <tool_call> framing), and its first mask, in ms.
  * Writes results/<YYYYMMDD>-<host>-<cpu id>-grammar-<sha>.json (kipp.bench.v1,
  * kind "grammar").
  */
@@ -61,9 +66,10 @@ static double decode_ms(const char *dir, const char *row, char *from, size_t cap
     struct dirent *e;
     char best[512] = "";
     double ms = 0;
-    const char *cpu = kipp_cpu_id();
+    char cpu[96]; /* "-<cpu id>-cpu-": an id is no prefix of another's (amd-f25m1 vs amd-f25m17) */
+    snprintf(cpu, sizeof cpu, "-%s-cpu-", kipp_cpu_id());
     while (d && (e = readdir(d))) {
-        if (!strstr(e->d_name, "-cpu-") || !strstr(e->d_name, cpu) || strcmp(e->d_name, best) <= 0) continue;
+        if (!strstr(e->d_name, cpu) || strcmp(e->d_name, best) <= 0) continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         json_t *j = json_load_file(path, 0, NULL), *r;
@@ -80,6 +86,68 @@ static double decode_ms(const char *dir, const char *row, char *from, size_t cap
     if (d) closedir(d);
     snprintf(from, cap, "%s", best);
     return ms;
+}
+
+/* The tool-call schema of n tools, as server/api_tools.c builds it: anyOf of {"name": const, "arguments": P}
+ * where each P has a few typed properties (strings with maxLength, integers, an enum, a nested object). */
+static char *tools_schema(int n)
+{
+    json_t *any = json_array();
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "tool_%02d", i);
+        json_t *p = json_pack("{s:s, s:{s:{s:s, s:i}, s:{s:s}, s:{s:[s, s, s]}, s:{s:s, s:{s:{s:s}, s:{s:s}}, "
+                              "s:[s]}}, s:[s, s], s:b}", "type", "object", "properties",
+                              "query", "type", "string", "maxLength", 16 + i % 8, "count", "type", "integer",
+                              "mode", "enum", "fast", "slow", name, "where", "type", "object", "properties",
+                              "city", "type", "string", "zip", "type", "integer", "required", "city",
+                              "required", "query", "mode", "additionalProperties", 0);
+        json_array_append_new(any, json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s, s], s:b}", "type", "object",
+                                             "properties", "name", "const", name, "arguments", p, "required",
+                                             "name", "arguments", "additionalProperties", 0));
+    }
+    json_t *root = json_pack("{s:o}", "anyOf", any);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return text;
+}
+
+/* Compile the 64-tool grammar reps times: median/min/max ms, and the median of its first mask. */
+static json_t *bench_compile(kipp_model *m, int n_tools, int reps)
+{
+    char *schema = tools_schema(n_tools), err[512];
+    double *ms = calloc((size_t)reps, sizeof *ms), *mask_ms = calloc((size_t)reps, sizeof *mask_ms);
+    kipp_grammar_spec spec = {.schema = schema, .prefix = "<tool_call>\n", .suffix = "\n</tool_call>",
+                              .separator = "\n", .max_count = 8};
+    for (int r = 0; r < reps; r++) {
+        kipp_grammar *g = NULL;
+        double t0 = kipp_timer_now();
+        if (kipp_grammar_create(m, &spec, &g, err, sizeof err)) {
+            fprintf(stderr, "bench_grammar: %s\n", err);
+            exit(1);
+        }
+        double t1 = kipp_timer_now();
+        kipp_grammar_matcher *mt = kipp_grammar_matcher_create(g);
+        kipp_grammar_matcher_mask(mt, NULL);
+        kipp_grammar_matcher_accept(mt, 151657); /* <tool_call>: the call's object comes next */
+        kipp_grammar_matcher_feed(mt, "\n{", 2);
+        double t2 = kipp_timer_now();
+        kipp_grammar_matcher_mask(mt, NULL);
+        double t3 = kipp_timer_now();
+        ms[r] = (t1 - t0) * 1e3, mask_ms[r] = (t3 - t2) * 1e3;
+        kipp_grammar_matcher_destroy(mt);
+        kipp_grammar_destroy(g);
+    }
+    qsort(ms, (size_t)reps, sizeof *ms, kipp_cmp_double);
+    double med = kipp_median(ms, (size_t)reps), mmed = kipp_median(mask_ms, (size_t)reps);
+    printf("compile %d tools: median %.2f ms (min %.2f, max %.2f) over %d; schema %zu bytes; the mask after "
+           "\"<tool_call>\\n{\" (first, cold): median %.2f ms\n", n_tools, med, ms[0], ms[reps - 1], reps,
+           strlen(schema), mmed);
+    json_t *r = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:I}", "name", "compile_64_tools", "unit", "ms",
+                          "tools", n_tools, "reps", reps, "median", med, "min", ms[0], "max", ms[reps - 1],
+                          "first_mask_median", mmed, "schema_bytes", (json_int_t)strlen(schema));
+    free(ms), free(mask_ms), free(schema);
+    return r;
 }
 
 typedef struct {
@@ -181,9 +249,12 @@ int main(int argc, char **argv)
     uint64_t s = 42;
     for (uint32_t i = 0; i < info.vocab_size; i++) logits[i] = (float)(rng_next(&s) % 20000) / 1000.0f - 10.0f;
     double ms1 = decode_ms(dir, "batch1", from1, sizeof from1), ms8 = decode_ms(dir, "batch8", from8, sizeof from8);
-    json_t *cfg = json_pack("{s:s, s:i, s:f, s:s, s:f, s:s, s:f}", "vocab_model", model, "docs_per_schema", docs,
-                            "vocab_index_build_s", index_s, "decode_batch1_from", from1, "decode_batch1_ms_per_token",
-                            ms1, "decode_batch8_from", from8, "decode_batch8_ms_per_token", ms8);
+    const char *row1 = "batch1";
+    if (ms1 <= 0) row1 = "tg128", ms1 = decode_ms(dir, "tg128", from1, sizeof from1);
+    json_t *cfg = json_pack("{s:s, s:i, s:f, s:s, s:s, s:f, s:s, s:f}", "vocab_model", model, "docs_per_schema", docs,
+                            "vocab_index_build_s", index_s, "decode_batch1_from", from1, "decode_batch1_row", row1,
+                            "decode_batch1_ms_per_token", ms1, "decode_batch8_from", from8,
+                            "decode_batch8_ms_per_token", ms8);
     json_t *doc = kipp_result_create("grammar", NULL, cfg), *res = json_object_get(doc, "results");
     printf("vocabulary index: %.1f ms (once per model); decode step: batch1 %.1f ms (%s), batch8 %.1f ms (%s)\n",
            index_s * 1e3, ms1, from1[0] ? from1 : "none", ms8 * 8, from8[0] ? from8 : "none");
@@ -209,6 +280,7 @@ int main(int argc, char **argv)
         json_array_append_new(res, r);
         free(t.us);
     }
+    json_array_append_new(res, bench_compile(m, 64, 20));
     char path[1024];
     if (write && kipp_result_write(doc, dir, "grammar", path, sizeof path, err, sizeof err)) {
         fprintf(stderr, "bench_grammar: %s\n", err);

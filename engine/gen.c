@@ -402,20 +402,22 @@ static int grammar_step(kipp_gen *g, uint32_t tok, size_t from, char *err, size_
         if (!memcmp(g->text + p, g->g_after, k)) {
             free(g->g_after);
             g->g_after = NULL;
-            if (!kipp_grammar_matcher_feed(g->gm, g->text + p + k, g->n_text - p - k)) return 0;
-            return kipp_err(err, errlen, KIPP_EINVAL, "the text after the end of the free part does not begin the "
-                            "constrained output");
+            /* A tail the grammar refuses (the marker spelled by ordinary tokens, text after it in the same one)
+             * stays free text: the constrained output starts with the next token, from its beginning. */
+            kipp_grammar_matcher_feed(g->gm, g->text + p + k, g->n_text - p - k);
+            return 0;
         }
     return 0;
 }
 
-/* The grammar's mask of allowed tokens now, into p->allowed. */
+/* The grammar's mask of allowed tokens now, into p->allowed; 1 when it allows none (a grammar that
+ * cannot be completed: kipp_grammar_create refuses those, so this is a safety net, never an error). */
 static int grammar_mask(kipp_gen *g, kipp_sample_params *p, char *err, size_t errlen)
 {
     uint32_t n_allowed = 0;
     p->allowed = kipp_grammar_matcher_mask(g->gm, &n_allowed);
     if (!p->allowed) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a token mask");
-    if (!n_allowed) return kipp_err(err, errlen, KIPP_EINVAL, "no token can continue the constrained output");
+    if (!n_allowed) return 1;
     if (g->open_pending) {
         memcpy(g->open_mask, p->allowed, (g->vocab + 63) / 64 * sizeof *g->open_mask);
         g->open_mask[g->open_id >> 6] |= 1ull << (g->open_id & 63);
@@ -534,6 +536,10 @@ int kipp_gen_advance(kipp_gen *g, double seconds, kipp_gen_event *ev, char *err,
     kipp_sample_params p = params(g);
     uint32_t tok, row = g->rows - 1;
     int constrained = g->gm && (!g->g_after || g->open_pending), rc = constrained ? grammar_mask(g, &p, err, errlen) : 0;
+    if (rc == 1) { /* no token can continue: the reply ends here, as if the end of turn were sampled */
+        finish(g, KIPP_FIN_STOP, 0);
+        return 0;
+    }
     if (!rc && g->think == THINK_FORCE) { /* the budget ran out: think_end's next token, not a sample */
         tok = g->force[g->i_force];
         if (!constrained || (p.allowed[tok >> 6] >> (tok & 63) & 1)) return emit(g, tok, row, 1, ev, err, errlen);

@@ -77,7 +77,7 @@ static void start(const kipp_grammar *g, kg_stack *s, uint32_t node, uint8_t c, 
         if (k != KG_NONE) start(g, s, k, c, e, hops + 1);
         return;
     }
-    if (s->depth == KG_MAX_DEPTH) return;
+    if (s->depth + nd->need > KG_MAX_DEPTH) return; /* its shortest completion would pass the bound: closing comes first */
     s->f[s->depth++] = (kg_frame){.node = (uint16_t)node, .n = nd->kind == KN_LIT ? nd->first : 0};
     feed(g, s, c, e);
 }
@@ -88,14 +88,21 @@ static void pop_emit(kg_stack *s, kg_emit *e)
     put(e, s);
 }
 
-/* Whitespace in a gap: 1 when c was taken (or refused) as whitespace. */
-static int gap_ws(kg_frame *f, kg_stack *s, uint8_t c, kg_emit *e)
+/* Whitespace in a gap: 1 when c was taken (or refused) as whitespace. It is bounded, so the structure the
+ * grammar adds never runs away: a gap is nothing, one space (or tab), or, except after ':', one newline and
+ * at most KG_INDENT bytes of indentation per nesting level (pretty-printed JSON fits). */
+static int gap_ws(kg_frame *f, kg_stack *s, uint8_t c, int colon, kg_emit *e)
 {
     if (!is_ws(c)) {
         f->ws = 0;
         return 0;
     }
-    if (f->ws < KG_WS_MAX) f->ws++, put(e, s);
+    uint32_t indent = KG_INDENT * (uint32_t)(s->depth - 1);
+    if (f->ws == 0 && c != '\n') f->ws = KG_WS_DONE;
+    else if (f->ws == 0 && !colon) f->ws = 1;
+    else if (f->ws != 0 && f->ws != KG_WS_DONE && c != '\n' && f->ws - 1u < indent) f->ws++;
+    else return 1;
+    put(e, s);
     return 1;
 }
 
@@ -103,7 +110,11 @@ static void feed_root(const kipp_grammar *g, kg_stack *s, kg_frame *f, uint8_t c
 {
     switch (f->st) {
     case 0:
-        if (g->prefix == KG_NONE && f->n == 0 && gap_ws(f, s, c, e)) return; /* e.g. "\n\n" after </think> */
+        if (g->prefix == KG_NONE && f->n == 0 && is_ws(c)) { /* e.g. "\n\n" after </think> */
+            if (f->ws < KG_WS_MAX) f->ws++, put(e, s);
+            return;
+        }
+        f->ws = 0;
         if (g->prefix != KG_NONE) f->st = 1, start(g, s, g->prefix, c, e, 0);
         else f->st = 2, f->n++, start(g, s, g->nodes[g->root].child, c, e, 0);
         return;
@@ -137,7 +148,7 @@ static void feed_obj(const kipp_grammar *g, kg_stack *s, kg_frame *f, const kg_n
         if (c == '{') f->st = 1, f->n = 0, put(e, s);
         return;
     }
-    if (f->st != 2 && gap_ws(f, s, c, e)) return;
+    if (f->st != 2 && gap_ws(f, s, c, f->st == 3, e)) return;
     uint32_t req;
     switch (f->st) {
     case 1:
@@ -171,7 +182,7 @@ static void feed_obj_any(const kipp_grammar *g, kg_stack *s, kg_frame *f, uint8_
         if (c == '{') f->st = 1, put(e, s);
         return;
     }
-    if (f->st != 2 && gap_ws(f, s, c, e)) return;
+    if (f->st != 2 && gap_ws(f, s, c, f->st == 3, e)) return;
     switch (f->st) {
     case 1:
     case 5:
@@ -202,7 +213,7 @@ static void feed_arr(const kipp_grammar *g, kg_stack *s, kg_frame *f, const kg_n
         if (c == '[') f->st = 1, f->n = 0, put(e, s);
         return;
     }
-    if (gap_ws(f, s, c, e)) return;
+    if (gap_ws(f, s, c, 0, e)) return;
     switch (f->st) {
     case 1:
         if (c == ']') {
@@ -601,6 +612,7 @@ int kipp_grammar_create_vi(kipp_vocab_index *vi, int own, const kipp_grammar_spe
     if (!rc) rc = spec->schema ? kg_compile_schema(g, spec->schema, &doc, err, errlen) : (doc = g->n_obj_any, 0);
     if (!rc && kg_add_node(g, (kg_node){.kind = KN_ROOT, .child = doc}, &g->root))
         rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a grammar");
+    if (!rc) kg_set_needs(g);
     if (rc) {
         kipp_grammar_destroy(g);
         return rc;

@@ -18,10 +18,13 @@
 
 #include "engine/internal.h"
 
-#define KG_MAX_DEPTH 24     /* frames per stack: nesting deeper than this is not generated */
+#define KG_MAX_DEPTH 24     /* frames per stack: the root, the containers, the innermost value */
+#define KG_MAX_NEST (KG_MAX_DEPTH - 2) /* objects and arrays nested at most (a schema deeper is refused) */
 #define KG_MAX_STACKS 48    /* live alternatives at once (anyOf over this many tools) */
 #define KG_ANY_DEPTH 6      /* free-form values (json_object mode) nest at most this many containers */
-#define KG_WS_MAX 12        /* whitespace bytes at most in one gap between JSON tokens */
+#define KG_WS_MAX 12        /* whitespace bytes at most before a document without prefix (e.g. "\n\n") */
+#define KG_INDENT 4         /* indentation bytes at most per nesting level after a gap's newline */
+#define KG_NEED_INF 255     /* kg_node.need of a node no finite document completes */
 #define KG_INT_DIGITS 15    /* digits at most in a number's integer part (no leading zeros) */
 #define KG_FRAC_DIGITS 15   /* digits at most after a number's '.' */
 #define KG_EXP_DIGITS 3     /* digits at most in an exponent */
@@ -53,6 +56,8 @@ typedef struct {
 typedef struct {
     uint8_t kind;
     uint8_t framing;      /* KN_LIT: framing text (added tokens may spell it) */
+    uint8_t need;         /* frames the shortest completion of a fresh value takes at its deepest (this node's
+                           * own included; KG_NEED_INF: none is finite): a value starts only where they fit */
     uint32_t min, max;    /* STR: code points; ARR: items; KG_UNBOUNDED = no max */
     uint32_t child;       /* ARR: items; ROOT: the document */
     uint32_t first, n;    /* OBJ: props[first..first+n); ANYOF: alts[first..first+n); LIT: lit trie root index */
@@ -69,7 +74,8 @@ typedef struct {
 typedef struct {
     uint16_t node;
     uint8_t st;   /* phase within the node */
-    uint8_t ws;   /* whitespace bytes in the current gap */
+    uint8_t ws;   /* the current gap: 0 nothing yet, KG_WS_DONE one space, 1 + k a newline and k indentation
+                   * bytes (the root's leading gap: bytes so far) */
     uint32_t n;   /* counter: property, items, code points, digits, literal trie node */
 } kg_frame;
 
@@ -145,11 +151,15 @@ struct kipp_grammar {
 };
 
 #define KG_NONE UINT32_MAX
+#define KG_WS_DONE 255
+
 
 /* grammar_schema.c */
 int kg_add_node(kipp_grammar *g, kg_node n, uint32_t *id);
 int kg_add_lit(kipp_grammar *g, const char *const *s, const size_t *len, size_t n, int framing, uint32_t *id);
 int kg_compile_schema(kipp_grammar *g, const char *schema, uint32_t *doc, char *err, size_t errlen);
+/** Set every node's need (kg_node) by a fixpoint over the node graph (cycles through $ref included). */
+void kg_set_needs(kipp_grammar *g);
 
 /* ---- the matcher: one generation's position in a grammar (grammar.c) ---- */
 

@@ -5,6 +5,11 @@
  * look enforced. enum/const values become literal tries of their compact
  * JSON text; anyOf and type arrays become alternatives; local $ref is
  * resolved once per target (a cycle reuses the target's node).
+ *
+ * A schema compiled here can always be completed: containers nest at most
+ * KG_MAX_NEST deep, every $ref has a finite instance, and no $ref cycle is
+ * an alternative of itself; each node's need (grammar_impl.h) lets the
+ * automaton start a value only where its shortest completion fits.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,7 @@ typedef struct {
     char *ref_name[KG_MAX_REFS];
     uint32_t ref_node[KG_MAX_REFS];
     size_t n_refs;
+    int nest; /* objects and arrays around the schema being compiled */
 } kg_cc;
 
 static int in_list(const char *k, const char *const *list)
@@ -134,9 +140,26 @@ static int lit_json(kg_cc *c, json_t *const *vals, size_t n, uint32_t *id)
 
 static int compile(kg_cc *c, json_t *s, const char *path, int depth, uint32_t *out);
 
+/* A refusal: "schema at PATH: WHAT". The reason is kept whole; a path too long for the buffer loses its middle. */
 static int bad(kg_cc *c, const char *path, const char *what)
 {
-    return kipp_err(c->err, c->errlen, KIPP_EINVAL, "schema at %s: %s", path, what);
+    size_t n = strlen(path), w = strlen(what), room = c->errlen > w + 16 ? c->errlen - w - 16 : 0;
+    if (n <= room) return kipp_err(c->err, c->errlen, KIPP_EINVAL, "schema at %s: %s", path, what);
+    size_t head = room / 3, tail = room - head;
+    return kipp_err(c->err, c->errlen, KIPP_EINVAL, "schema at %.*s...%s: %s", (int)head, path, path + n - tail, what);
+}
+
+/* Entering an object or array: refused past KG_MAX_NEST, naming the limit. */
+static int nest_in(kg_cc *c, const char *path)
+{
+    if (c->nest >= KG_MAX_NEST) {
+        char m[160];
+        snprintf(m, sizeof m, "objects and arrays nest more than %d deep here, past the limit of constrained output "
+                 "(%d levels); expected a shallower schema", KG_MAX_NEST, KG_MAX_NEST);
+        return bad(c, path, m);
+    }
+    c->nest++;
+    return 0;
 }
 
 static int get_count(kg_cc *c, json_t *s, const char *key, const char *path, uint32_t def, uint32_t *v)
@@ -231,8 +254,12 @@ static int compile_type(kg_cc *c, json_t *s, const char *type, const char *path,
     kipp_grammar *g = c->g;
     uint32_t mn, mx;
     int rc;
-    if (!strcmp(type, "object")) return compile_object(c, s, path, depth, out);
-    if (!strcmp(type, "array")) return compile_array(c, s, path, depth, out);
+    if (!strcmp(type, "object") || !strcmp(type, "array")) {
+        if ((rc = nest_in(c, path))) return rc;
+        rc = type[0] == 'o' ? compile_object(c, s, path, depth, out) : compile_array(c, s, path, depth, out);
+        c->nest--;
+        return rc;
+    }
     if (!strcmp(type, "string")) {
         if ((rc = get_count(c, s, "minLength", path, 0, &mn)) || (rc = get_count(c, s, "maxLength", path, KG_UNBOUNDED, &mx)))
             return rc;
@@ -356,6 +383,86 @@ static int compile(kg_cc *c, json_t *s, const char *path, int depth, uint32_t *o
     return *out = c->g->n_any, 0;
 }
 
+/* ---- needs: what the shortest completion of each node takes ---- */
+
+static uint32_t add_need(uint32_t a, uint32_t b)
+{
+    return a >= KG_NEED_INF || b >= KG_NEED_INF ? KG_NEED_INF : a + b < KG_NEED_INF ? a + b : KG_NEED_INF - 1;
+}
+
+static uint32_t node_need(const kipp_grammar *g, const kg_node *nd)
+{
+    uint32_t n = KG_NEED_INF, inner = 0;
+    switch (nd->kind) {
+    case KN_ANYOF:
+        for (uint32_t i = 0; i < nd->n; i++)
+            if (g->nodes[g->alts[nd->first + i]].need < n) n = g->nodes[g->alts[nd->first + i]].need;
+        return n;
+    case KN_ARR: return nd->min == 0 ? 1 : add_need(1, g->nodes[nd->child].need);
+    case KN_OBJ: /* '{', then each required key (a literal: 1) and value in turn */
+        for (uint32_t i = 0; i < nd->n; i++) {
+            const kg_prop *p = &g->props[nd->first + i];
+            if (p->required && g->nodes[p->value].need > inner) inner = g->nodes[p->value].need;
+        }
+        return add_need(1, inner);
+    default: return 1; /* scalars, literals, free-form values ("{}" and "[]" complete) */
+    }
+}
+
+void kg_set_needs(kipp_grammar *g)
+{
+    for (uint32_t i = 0; i < g->n_nodes; i++) g->nodes[i].need = KG_NEED_INF;
+    for (int changed = 1; changed;) { /* needs only fall from "none finite": the fixpoint is the least one */
+        changed = 0;
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+            uint32_t n = node_need(g, &g->nodes[i]);
+            if (n != g->nodes[i].need) g->nodes[i].need = (uint8_t)n, changed = 1;
+        }
+    }
+}
+
+/* 1 when alternative node at reaches target through alternatives only (a $ref cycle that nests no value). */
+static int alt_reaches(const kipp_grammar *g, uint32_t at, uint32_t target, uint8_t *seen)
+{
+    const kg_node *nd = &g->nodes[at];
+    if (nd->kind != KN_ANYOF || seen[at]) return 0;
+    seen[at] = 1;
+    for (uint32_t i = 0; i < nd->n; i++) {
+        uint32_t a = g->alts[nd->first + i];
+        if (a == target || alt_reaches(g, a, target, seen)) return 1;
+    }
+    return 0;
+}
+
+/* Every $ref has a finite instance and is no alternative of itself; the document's shortest completion fits. */
+static int check_complete(kg_cc *c, uint32_t doc)
+{
+    kipp_grammar *g = c->g;
+    char m[400];
+    kg_set_needs(g);
+    uint8_t *seen = malloc(g->n_nodes);
+    if (!seen) return KIPP_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < c->n_refs; i++) {
+        memset(seen, 0, g->n_nodes);
+        if (alt_reaches(g, c->ref_node[i], c->ref_node[i], seen))
+            rc = bad(c, c->ref_name[i], "this $ref refers to itself through $ref and anyOf alone, with no value in "
+                     "between; expected each cycle to pass through an object property or array item");
+        else if (g->nodes[c->ref_node[i]].need == KG_NEED_INF)
+            rc = bad(c, c->ref_name[i], "no finite document matches this $ref: each of its branches requires "
+                     "another level of it (a $ref cycle through required properties or minItems, with no exit); "
+                     "expected an optional property, an array that may be empty or a non-recursive anyOf branch");
+    }
+    free(seen);
+    if (!rc && add_need(1, g->nodes[doc].need) > KG_MAX_DEPTH) {
+        snprintf(m, sizeof m, "the shortest document nests objects and arrays %u deep (through required properties, "
+                 "minItems and $ref), past the limit of constrained output (%d levels); expected a shallower schema",
+                 g->nodes[doc].need - 1u, KG_MAX_NEST);
+        rc = bad(c, "#", m);
+    }
+    return rc;
+}
+
 int kg_compile_schema(kipp_grammar *g, const char *schema, uint32_t *doc, char *err, size_t errlen)
 {
     json_error_t je;
@@ -363,6 +470,7 @@ int kg_compile_schema(kipp_grammar *g, const char *schema, uint32_t *doc, char *
     if (!root) return kipp_err(err, errlen, KIPP_EINVAL, "the schema is not valid JSON: %s (line %d)", je.text, je.line);
     kg_cc c = {.g = g, .root = root, .err = err, .errlen = errlen};
     int rc = compile(&c, root, "#", 0, doc);
+    if (!rc) rc = check_complete(&c, *doc);
     if (rc == KIPP_ENOMEM) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory compiling the schema");
     for (size_t i = 0; i < c.n_refs; i++) free(c.ref_name[i]);
     json_decref(root);

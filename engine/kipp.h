@@ -780,9 +780,11 @@ typedef struct {
                                   * most KIPP_GEN_ROWS_CHUNK tokens; 0: only the prompt's last row */
     const kipp_grammar *grammar; /* NULL, or the constraint the reply follows (not owned; it outlives the
                                   * gen): every token that cannot continue it is masked before sampling,
-                                  * and once it is complete only the end-of-turn ids remain */
+                                  * and once it is complete only the end-of-turn ids remain (a mask that
+                                  * allows nothing, which a compiled grammar never gives, ends it: STOP) */
     const char *grammar_after;   /* NULL: constrained from the first token; else free text until this
-                                  * string (e.g. "</think>") has appeared in the reply; copied */
+                                  * string (e.g. "</think>") has appeared in the reply (text after it in
+                                  * the same token that the grammar refuses stays free); copied */
     const char *grammar_open;    /* NULL, or with grammar_after: the one-token marker that opens the free part
                                   * (e.g. "<think>"); the first token is then that marker or one the grammar
                                   * allows, and a reply that does not open with it is constrained throughout */

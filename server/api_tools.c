@@ -70,6 +70,23 @@ static int only_keys(const json_t *o, const char *const *keys, const char *where
     return 0;
 }
 
+/* parameters describe the arguments, which are a JSON object (OpenAI refuses other types the same way):
+ * "type" is "object", or absent with no keyword that makes the value something else. */
+static int params_object(const json_t *p, size_t i, serve_error *e)
+{
+    static const char *const other[] = {"anyOf", "oneOf", "allOf", "$ref", "enum", "const", "items", NULL};
+    const json_t *ty = json_object_get(p, "type");
+    if (ty && (!json_is_string(ty) || strcmp(json_string_value(ty), "object")))
+        return BAD("tools", "tools[%zu].function.parameters has \"type\" %s%.40s%s, expected \"object\": a function's "
+                   "arguments are a JSON object", i, json_is_string(ty) ? "\"" : "", json_is_string(ty) ?
+                   json_string_value(ty) : tname(ty), json_is_string(ty) ? "\"" : "");
+    for (size_t k = 0; !ty && other[k]; k++)
+        if (json_object_get(p, other[k]))
+            return BAD("tools", "tools[%zu].function.parameters uses \"%s\" without \"type\": \"object\", expected a "
+                       "JSON Schema of type \"object\": a function's arguments are a JSON object", i, other[k]);
+    return 0;
+}
+
 /* tools[i]: {"type": "function", "function": {name, description?, parameters?, strict?}} */
 static int parse_tool(serve_req *r, const json_t *t, size_t i, serve_error *e)
 {
@@ -91,6 +108,7 @@ static int parse_tool(serve_req *r, const json_t *t, size_t i, serve_error *e)
         return BAD("tools", "tools[%zu].function.description is %s, expected a string", i, tname(d));
     if (p && !json_is_null(p) && !json_is_object(p))
         return BAD("tools", "tools[%zu].function.parameters is %s, expected a JSON Schema object", i, tname(p));
+    if (json_is_object(p) && params_object(p, i, e)) return -1;
     if (st && !json_is_null(st) && !json_is_boolean(st))
         return BAD("tools", "tools[%zu].function.strict is %s, expected a boolean", i, tname(st));
     for (size_t k = 0; k < r->n_tools; k++)
@@ -262,12 +280,24 @@ int serve_parse_msg_tools(serve_msg *d, const json_t *m, size_t i, serve_error *
     return 0;
 }
 
-/* {"type":"object","properties":{"name":{"const":N},"arguments":P},"required":[...],"additionalProperties":false} */
+/* {"type":"object","properties":{"name":{"const":N},"arguments":P},"required":[...],"additionalProperties":false}
+ * P is the tool's parameters, read as strict function calling reads them: an object (type "object" where it
+ * is left out), and with empty "properties" and no "additionalProperties" a function without arguments, whose
+ * only call is {} (JSON Schema alone would allow any keys, and a model given them never stops writing keys).
+ * No parameters at all: no arguments either. response_format keeps JSON Schema's own meaning (api_prepare.c). */
 static json_t *call_schema(const serve_tool *t)
 {
     json_t *p = t->parameters ? json_loads(t->parameters, 0, NULL)
                               : json_pack("{s:s, s:{}, s:b}", "type", "object", "properties", "additionalProperties", 0);
     if (!p) return NULL;
+    const json_t *props = json_object_get(p, "properties");
+    int set = json_object_set_new(p, "type", json_string("object"));
+    if (json_is_object(props) && json_object_size(props) == 0 && !json_object_get(p, "additionalProperties"))
+        set |= json_object_set_new(p, "additionalProperties", json_false());
+    if (set) {
+        json_decref(p);
+        return NULL;
+    }
     return json_pack("{s:s, s:{s:{s:s}, s:o}, s:[s, s], s:b}", "type", "object", "properties", "name", "const", t->name,
                      "arguments", p, "required", "name", "arguments", "additionalProperties", 0);
 }

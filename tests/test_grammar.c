@@ -54,7 +54,7 @@ static const vcase cases[] = {
     {NULL, "{\"a\":\"\\u00e9\\n\"}", 2}, {NULL, "{\"a\":\"\\ud800\"}", 0}, {NULL, "{\"a\":\"\\x\"}", 0},
     {NULL, "{\"a\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}", 2}, {NULL, "{\"a\":\"\xc0\xaf\"}", 0},
     {NULL, "{\"a\":\"\xed\xa0\x80\"}", 0}, {NULL, "{\"a\":\"\x01\"}", 0}, {NULL, "{\"a\":1}x", 0},
-    {NULL, "{             }", 0}, /* 13 spaces: past the whitespace cap */
+    {NULL, "{             }", 0}, /* 13 spaces: one gap takes one space (test_grammar_bounds.c: the rule) */
     {NULL, "{\"a\":1234567890123456}", 0}, {NULL, "{\"a\":123456789012345}", 2},
     /* objects: declared order, required, optional, no extra keys */
     {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}",
