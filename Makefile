@@ -37,10 +37,10 @@ endif
 KERN_SRC  := $(wildcard kernels/*.c kernels/cpu/*.c)
 LIB_SRC   := $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
-# kcheck (bench/kcheck.c, the driver: checks and benchmarks) over the kernel
-# case table (kernels/cpu/check/); it links the kernels-only library plus the
+# kcheck (kernels/cpu/check/kcheck.c, the driver: checks and benchmarks) over
+# the kernel case table beside it; it links the kernels-only library plus the
 # thread pool (engine/threadpool.c) and the bench harness (no tokenizer, no model).
-KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c) bench/kcheck.c
+KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c)
 KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/engine/threadpool.o $(BUILD)/engine/util.o $(BUILD)/engine/safe_io.o $(BUILD)/libkipp_kernels.a
 CLI_SRC   := $(wildcard cli/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)

@@ -1,6 +1,5 @@
 /*
- * kcheck.c - one driver for the kernel case table (kernels/cpu/check/kcase.h),
- * in bench/ because it times through the bench harness: checks every
+ * kcheck.c - one driver for the kernel case table beside it (kcase.h): checks every
  * row on every level (or one op, format or level), or times the bench rows on
  * the backend's thread pool and writes results/<date>-<host>-<cpu id>-kernels-<sha>.json.
  *
@@ -14,7 +13,8 @@
  * Built twice (Makefile): build/bin/kcheck runs the levels this CPU has;
  * build/bin/kcheck_emu links the AVX-512 sources compiled against SIMDe and
  * runs the levels this CPU lacks. Each (row, level) prints PASS or FAIL with
- * its error and bound; the RESULT line feeds tests/run_tests.sh.
+ * its error and bound; the RESULT line feeds tests/run_tests.sh. It times
+ * through the bench harness (bench/bench_harness.c), which both link.
  */
 #include <stdio.h>
 #include <stdlib.h>
