@@ -58,10 +58,10 @@ ifeq ($(KIPP_PORTABLE),1)
 endif
 LIB_SRC   := $(BASE_SRC) $(KERN_SRC) $(wildcard backends/cpu/*.c engine/*.c)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
-# kcheck (bench/kcheck.c, the driver: checks and benchmarks) over the kernel
-# case table (kernels/cpu/check/); it links the kernels and base/ (libkipp_kernels.a)
-# and the bench harness: no engine, no tokenizer, no model.
-KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c) bench/kcheck.c
+# kcheck (kernels/cpu/check/kcheck.c, the driver: checks and benchmarks) over
+# the kernel case table beside it; it links the kernels and base/
+# (libkipp_kernels.a) and the bench harness: no engine, no tokenizer, no model.
+KCHECK_SRC:= $(wildcard kernels/cpu/check/*.c)
 KCHECK_DEP:= $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp_kernels.a
 CLI_SRC   := $(wildcard cli/*.c)
 TEST_SRC  := $(wildcard tests/test_*.c)
@@ -69,7 +69,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -250,6 +250,11 @@ test: all models-test $(if $(NVCC),cuda) | $(VENV_PY)
 	@$(if $(NVCC),echo "make test: CUDA build compiled with $(NVCC) (build/cuda)",echo "make test: nvcc not found: the CUDA build (make cuda) is not compiled here")
 	tests/run_tests.sh
 
+# The fast tier: the C unit tests and the native kcheck, without the slow
+# binaries, the SIMDe emulation, pytest, servers or cgroups (tests/run_tests.sh --check).
+check: $(TEST_BIN) $(BUILD)/bin/kcheck $(BUILD)/kipp models-test
+	tests/run_tests.sh --check
+
 asan:
 	$(MAKE) BUILD=build-asan CC=clang SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" CFLAGS="-O1 -g" all
 	$(MAKE) models-test
@@ -412,7 +417,8 @@ help:
 	@echo "make            build libkipp.a, the kipp CLI, tests and kernel benchmarks"
 	@echo "make deps       install missing Debian packages and the Python tools' .venv (fast when nothing is missing)"
 	@echo "make demo       install deps, build, make + convert a synthetic checkpoint, generate text"
-	@echo "make test       build tiny synthetic models and run every test (ends 'N passed, N failed')"
+	@echo "make check      the fast tier: C unit tests and native kcheck, no emulation/pytest/servers (about 2 min)"
+	@echo "make test       build tiny synthetic models and run every test, binaries in parallel (ends 'N passed, N failed')"
 	@echo "make models-test   the tiny synthetic test models in build/models (rebuilt when their sha256 changes)"
 	@echo "make asan       the C tests under ASan+UBSan (clang)"
 	@echo "make fuzz       libFuzzer on the GGUF parser for FUZZ_SECONDS (default 60)"

@@ -718,11 +718,13 @@ out:
 
 static void usage(FILE *f)
 {
+    char backends[128];
     fprintf(f,
-            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend cpu|ref|cuda]\n"
+            "usage: kipp-bench --model FILE.gguf [--model ...] [--backend %s]\n"
             "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
-            "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n");
+            "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n",
+            kipp_backend_names(backends, sizeof backends, "|"));
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)

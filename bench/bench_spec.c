@@ -261,9 +261,11 @@ static int workloads(bench_ctx *b, const options *o, json_t *results, double *ra
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kipp-bench-spec --model M.gguf [--backend cpu|ref] [--threads N] [--reps N (1..64, default 5)]\n"
+    char backends[128];
+    fprintf(f, "usage: kipp-bench-spec --model M.gguf [--backend %s] [--threads N] [--reps N (1..64, default 5)]\n"
                "                       [--tokens N (32..1024, default 192)] [--k N (1..16, default 8)]\n"
-               "                       [--profiles DIR] [--out DIR]\n");
+               "                       [--profiles DIR] [--out DIR]\n",
+               kipp_backend_names(backends, sizeof backends, "|"));
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)

@@ -35,7 +35,7 @@ static const opt_def OPTS[] = {
     {"--model", "FILE.gguf", C_ALL, "the model file (required)"},
     {"--prompt", "TEXT", C_GEN | C_LOGITS, "the prompt text (required)"},
     {"--out", "FILE.f32", C_LOGITS, "where the final row's logits go, little-endian float32 (required)"},
-    {"--backend", "ref|cpu|cuda", C_ALL, "compute backend; default cpu (ref: scalar FP32 oracle, single-threaded; "
+    {"--backend", "NAME", C_ALL, /* usage() prints this build's backends instead */ "compute backend; default cpu (ref: scalar FP32 oracle, single-threaded; "
                                           "cuda: NVIDIA GPU, in the build/cuda binaries of `make cuda`)"},
     {"--threads", "N", C_ALL, "cpu worker threads, 0..1024; default 0 = one per physical core;\n"
                               "      ref is single-threaded and accepts only 1"},
@@ -83,10 +83,13 @@ static void usage(const char *cmd, FILE *f)
                             "  Ctrl-C stops a reply, a second Ctrl-C at the empty prompt quits;\n"
                             "  exit status 1 when any turn failed or a line was rejected"
                           : "");
-    for (size_t i = 0; i < N_OPTS; i++)
+    char backends[128];
+    kipp_backend_names(backends, sizeof backends, "|");
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *arg = strcmp(OPTS[i].flag, "--backend") ? OPTS[i].arg : backends;
         if (OPTS[i].cmds & bit)
-            fprintf(f, "  %s%s%s\n      %s\n", OPTS[i].flag, OPTS[i].arg ? " " : "", OPTS[i].arg ? OPTS[i].arg : "",
-                    OPTS[i].help);
+            fprintf(f, "  %s%s%s\n      %s\n", OPTS[i].flag, arg ? " " : "", arg ? arg : "", OPTS[i].help);
+    }
     size_t n_sf;
     const kipp_sample_field *sf = kipp_sample_fields(&n_sf);
     for (size_t i = 0; i < n_sf && (bit & C_SAMPLE); i++)

@@ -145,8 +145,6 @@ typedef struct {
 
 /** Backends known to the engine (engine/backends.c); NULL when name is unknown. */
 const kipp_backend_ops *kipp_backend_find(const char *name);
-/** The names kipp_backend_find knows in this build, plus "none", for messages. */
-const char *kipp_backend_names(void);
 /** Why a known backend is absent from this build and how to get it ("cuda" in a CPU build); else NULL. */
 const char *kipp_backend_missing(const char *name);
 

@@ -2,6 +2,8 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/kipp.h"
+#include "kernels/names.h"
 
 #ifdef KIPP_WITH_CUDA
 extern const kipp_backend_ops cuda_backend_ops; /* backends/cuda/cuda_backend.c, `make cuda` builds only */
@@ -22,13 +24,12 @@ const kipp_backend_ops *kipp_backend_find(const char *name)
     return NULL;
 }
 
-const char *kipp_backend_names(void)
+const char *kipp_backend_names(char *buf, size_t len, const char *sep)
 {
-#ifdef KIPP_WITH_CUDA
-    return "ref, cpu, cuda, none";
-#else
-    return "ref, cpu, none";
-#endif
+    enum { N = sizeof backends / sizeof backends[0] };
+    const char *names[N];
+    for (size_t i = 0; i < N; i++) names[i] = backends[i]->name;
+    return kipp_join_names(buf, len, names, N, sep);
 }
 
 const char *kipp_backend_missing(const char *name)

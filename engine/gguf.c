@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "kernels/formats.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF parser reads little-endian values with memcpy; big-endian hosts are unsupported"
@@ -164,20 +165,6 @@ static int parse_kv(cursor *c, kipp_gguf_kv *kv)
     return KIPP_OK;
 }
 
-/** Bytes per block and elements per block of a tensor type; 0 when unsupported. */
-static uint32_t type_block(uint32_t type, uint32_t *block_elems)
-{
-    *block_elems = 1;
-    switch (type) {
-    case 0: return 4;                        /* F32 */
-    case 1: return 2;                        /* F16 */
-    case 30: return 2;                       /* BF16 */
-    case 3: *block_elems = 32; return 20;    /* Q4_1: fp16 d, fp16 m, 16 bytes of nibbles */
-    case 8: *block_elems = 32; return 34;    /* Q8_0: fp16 scale + 32 int8 */
-    default: return 0;
-    }
-}
-
 /* n_dims, dims, type; computes nbytes with overflow checks. */
 static int parse_tensor_shape(cursor *c, kipp_gguf_tensor *t)
 {
@@ -198,11 +185,12 @@ static int parse_tensor_shape(cursor *c, kipp_gguf_tensor *t)
         elems *= t->dims[d];
     }
     if ((rc = rd_u32(c, &t->type, "tensor type"))) return rc;
-    uint32_t be, bb = type_block(t->type, &be);
-    if (!bb)
-        return kipp_err(c->err, c->errlen, KIPP_EFORMAT,
-                        "tensor '%.*s' has type %u, expected F32 (0), F16 (1), Q4_1 (3), Q8_0 (8) or BF16 (30)",
-                        nl, t->name.ptr, t->type);
+    uint32_t be, bb = kipp_gguf_type_block(t->type, &be);
+    if (!bb) {
+        char types[128];
+        return kipp_err(c->err, c->errlen, KIPP_EFORMAT, "tensor '%.*s' has type %u, expected %s", nl,
+                        t->name.ptr, t->type, kipp_gguf_type_list(types, sizeof types));
+    }
     if (t->dims[0] % be)
         return kipp_err(c->err, c->errlen, KIPP_EFORMAT,
                         "tensor '%.*s' row length %llu is not a multiple of the %u-element block",

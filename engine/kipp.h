@@ -46,6 +46,14 @@ typedef struct {
 int kipp_lora_parse_arg(const char *arg, kipp_lora_spec *out, char *path_buf, size_t path_cap,
                         char *err, size_t errlen);
 
+/**
+ * The compute backends of this build, the names kipp_model_open takes (besides
+ * "none"), joined by sep into buf[len], NUL-terminated and truncated to fit:
+ * "ref, cpu" with sep ", ", then "cuda" in the `make cuda` builds. Help texts
+ * and errors list the backends through this, never by hand. Returns buf.
+ */
+const char *kipp_backend_names(char *buf, size_t len, const char *sep);
+
 /** Options for kipp_model_open; zero-initialise for defaults. */
 typedef struct {
     /* Worker threads for the backend; 0 = one per physical core. Backend "ref"

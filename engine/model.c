@@ -745,8 +745,9 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     if (!ops && strcmp(name, "none") != 0) {
         const char *why = kipp_backend_missing(name);
         if (why) return kipp_err(err, errlen, KIPP_EBACKEND, "backend '%s': %s", name, why);
-        return kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s', expected one of: %s", name,
-                        kipp_backend_names());
+        char names[128];
+        return kipp_err(err, errlen, KIPP_EBACKEND, "unknown backend '%s', expected one of: %s, none", name,
+                        kipp_backend_names(names, sizeof names, ", "));
     }
     if (opts && opts->n_threads < 0)
         return kipp_err(err, errlen, KIPP_EINVAL, "n_threads is %d, expected 0 (auto) or more",

@@ -1,6 +1,9 @@
 /* common.c - ISA selection, aligned allocation, FP16 (the CPU probes are base/cpuinfo.c). */
 #include "kernels/common.h"
+#include "kernels/names.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,6 +90,17 @@ kipp_isa kipp_isa_cpu_max(void)
                                        : KIPP_ISA_REF;
 }
 
+static char isa_unknown_note[160];
+static pthread_once_t isa_note_once = PTHREAD_ONCE_INIT;
+
+/* "KIPP_ISA is not one of ref|avx2|...", the levels from isa_names (once: the note is static storage). */
+static void write_isa_note(void)
+{
+    char names[64];
+    snprintf(isa_unknown_note, sizeof isa_unknown_note, "KIPP_ISA is not one of %s; using the best available path",
+             kipp_join_names(names, sizeof names, isa_names, KIPP_ISA_COUNT, "|"));
+}
+
 kipp_isa kipp_isa_select(const char **note)
 {
     kipp_isa best = kipp_isa_cpu_max();
@@ -97,7 +111,8 @@ kipp_isa kipp_isa_select(const char **note)
     for (int i = 0; i < KIPP_ISA_COUNT; i++)
         if (!strcmp(env, isa_names[i])) want = i;
     if (want < 0) {
-        if (note) *note = "KIPP_ISA is not one of ref|avx2|avx512|avx512_bf16; using the best available path";
+        pthread_once(&isa_note_once, write_isa_note);
+        if (note) *note = isa_unknown_note;
         return best;
     }
     if ((kipp_isa)want > best) {

@@ -33,10 +33,20 @@
  * "Quantized head"). */
 #define KIPP_QUANTIZABLE_LIST(X) X(attn_q) X(attn_k) X(attn_v) X(attn_output) X(ffn_gate) X(ffn_up) X(ffn_down)
 
-/** GGUF type ids: KIPP_TTYPE_BF16 = 30, ... */
+/* The plain float types a GGUF tensor may also have (F32 or F16 tensors of
+ * LoRA adapters, which the loader reads and lora.c converts), one element per
+ * block: X(ID, gguf_type, type_name, bytes per element). With KIPP_FMT_LIST,
+ * every tensor type the GGUF parser (engine/gguf.c) accepts. */
+#define KIPP_PLAIN_TYPE_LIST(X) \
+    X(F32, 0, "F32", 4)         \
+    X(F16, 1, "F16", 2)
+
+/** GGUF type ids: KIPP_TTYPE_BF16 = 30, ..., KIPP_TTYPE_F32 = 0, KIPP_TTYPE_F16 = 1 */
 #define KIPP_FMT_GGUF(ID, gguf, tname, scheme, block, bbytes) KIPP_TTYPE_##ID = gguf,
-enum { KIPP_FMT_LIST(KIPP_FMT_GGUF) KIPP_TTYPE_F32 = 0, KIPP_TTYPE_F16 = 1 };
+#define KIPP_PLAIN_GGUF(ID, gguf, tname, bytes) KIPP_TTYPE_##ID = gguf,
+enum { KIPP_FMT_LIST(KIPP_FMT_GGUF) KIPP_PLAIN_TYPE_LIST(KIPP_PLAIN_GGUF) };
 #undef KIPP_FMT_GGUF
+#undef KIPP_PLAIN_GGUF
 
 /** Row indices of the table: KIPP_FMT_BF16, ... */
 #define KIPP_FMT_INDEX(ID, gguf, tname, scheme, block, bbytes) KIPP_FMT_##ID,
@@ -63,6 +73,18 @@ const kipp_fmt_facts *kipp_fmt_by_scheme(const char *s, size_t len);
 size_t kipp_fmt_file_bytes(const kipp_fmt_facts *f, size_t rows, size_t cols);
 /** GGML's name of type t: a format's type_name, "F32", "F16", else "unknown". */
 const char *kipp_gguf_type_name(uint32_t t);
+/**
+ * File bytes per block of GGUF tensor type t, and in *block its weights per
+ * block, from KIPP_FMT_LIST and KIPP_PLAIN_TYPE_LIST; 0 (and *block = 1) when
+ * no tensor of type t is read here.
+ */
+uint32_t kipp_gguf_type_block(uint32_t t, uint32_t *block);
+/**
+ * Every type kipp_gguf_type_block knows, by ascending id, as an error message
+ * lists them: "F32 (0), F16 (1), Q4_1 (3), Q8_0 (8) or BF16 (30)". Writes
+ * into buf[len] (NUL-terminated, truncated to fit); returns buf.
+ */
+const char *kipp_gguf_type_list(char *buf, size_t len);
 /** 1 when name (a layer tensor's short name, e.g. "attn_q") is one a scheme may quantize. */
 int kipp_quantizable(const char *name);
 

@@ -1,4 +1,4 @@
-"""Bad input to the kernel-check driver (bench/kcheck.c): every
+"""Bad input to the kernel-check driver (kernels/cpu/check/kcheck.c): every
 unknown name or out-of-range value is refused with exit status 2 and a message
 naming the value and what was expected; --help exits 0."""
 from __future__ import annotations

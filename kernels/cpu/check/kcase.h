@@ -3,8 +3,8 @@
  * is one kernel case (op, format, shape, tolerance, split, bench flag), and
  * the same row drives its check against the scalar oracle (`make test`) and
  * its benchmark on the backend's thread pool (`make bench`). The driver is
- * bench/kcheck.c (it times rows through the bench harness, so it lives in
- * bench/, which may call kernels; the table below it includes nothing of bench):
+ * kcheck.c beside it (it times rows through bench/bench_harness.h, which the
+ * Makefile links in; the table itself includes nothing of bench):
  *   kcheck [--op OP] [--fmt FMT] [--isa LEVEL] [--list] [--bench ...]
  * Kinds (what an op's row means and how it is checked and timed) live in
  * kcase_linear.c (formats) and kcase_ops.c (format-free ops); the rows in

@@ -1,6 +1,5 @@
 /*
- * kcheck.c - one driver for the kernel case table (kernels/cpu/check/kcase.h),
- * in bench/ because it times through the bench harness: checks every
+ * kcheck.c - one driver for the kernel case table beside it (kcase.h): checks every
  * row on every level (or one op, format or level), or times the bench rows on
  * the backend's thread pool and writes results/<date>-<host>-<cpu id>-kernels-<sha>.json.
  *
@@ -14,7 +13,8 @@
  * Built twice (Makefile): build/bin/kcheck runs the levels this CPU has;
  * build/bin/kcheck_emu links the AVX-512 sources compiled against SIMDe and
  * runs the levels this CPU lacks. Each (row, level) prints PASS or FAIL with
- * its error and bound; the RESULT line feeds tests/run_tests.sh.
+ * its error and bound; the RESULT line feeds tests/run_tests.sh. It times
+ * through the bench harness (bench/bench_harness.c), which both link.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +23,7 @@
 
 #include "bench/bench_harness.h"
 #include "kernels/cpu/check/kcase.h"
+#include "kernels/names.h"
 
 typedef struct {
     const char *op, *fmt, *isa, *out;
@@ -34,19 +35,27 @@ typedef struct {
 static const char *fmt_names(void)
 {
     static char buf[256];
-    size_t o = 0;
-    for (int f = 0; f < K_FMT_COUNT && o < sizeof buf; f++)
-        o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s", f ? " " : "", k_fmt_get((k_fmt)f)->name);
-    return buf;
+    const char *names[K_FMT_COUNT];
+    for (int f = 0; f < K_FMT_COUNT; f++) names[f] = k_fmt_get((k_fmt)f)->name;
+    return kipp_join_names(buf, sizeof buf, names, K_FMT_COUNT, " ");
+}
+
+/* The ISA level names, space-separated (static storage). */
+static const char *level_names(void)
+{
+    static char buf[128];
+    const char *names[KIPP_ISA_COUNT];
+    for (int i = 0; i < KIPP_ISA_COUNT; i++) names[i] = kipp_isa_name((kipp_isa)i);
+    return kipp_join_names(buf, sizeof buf, names, KIPP_ISA_COUNT, " ");
 }
 
 static int usage(FILE *f, int rc)
 {
     fprintf(f, "usage: kcheck [--op OP] [--fmt FMT] [--isa LEVEL] [--list]\n"
                "       kcheck --bench [--op OP] [--fmt FMT] [--isa LEVEL] [--threads N] [--reps N] [--out DIR]\n"
-               "  OP: %s\n  FMT: %s\n  LEVEL: ref avx2 avx512 avx512_bf16\n"
+               "  OP: %s\n  FMT: %s\n  LEVEL: %s\n"
                "  --bench with any option but --out is an experiment: it never replaces an existing result file\n",
-               kcase_kind_names(), fmt_names());
+               kcase_kind_names(), fmt_names(), level_names());
     return rc;
 }
 
@@ -104,7 +113,7 @@ static int parse(int argc, char **argv, kc_args *a)
         return 2;
     }
     if (a->isa && parse_level(a->isa) < 0) {
-        fprintf(stderr, "kcheck: --isa '%s' is unknown; expected one of: ref avx2 avx512 avx512_bf16\n", a->isa);
+        fprintf(stderr, "kcheck: --isa '%s' is unknown; expected one of: %s\n", a->isa, level_names());
         return 2;
     }
     return -1;
