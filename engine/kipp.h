@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "base/errors.h"
+#include "base/log.h" /* kipp_log_set_sink: where the library's notes go */
 
 #ifdef __cplusplus
 extern "C" {

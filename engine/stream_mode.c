@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "engine/internal.h"
 
 static int parse_mode(const char *s)
@@ -34,7 +35,7 @@ int kipp_stream_resolve(kipp_model *m, const kipp_model_options *opts, char *err
     if (mode != KIPP_STREAM_AUTO || !known) return 0; /* no /proc/meminfo: stay resident, as before */
     if ((double)m->weight_bytes <= KIPP_RESIDENT_SHARE * (double)avail) return 0;
     m->view.stream = 1;
-    fprintf(stderr, "kipp: the weights (%.2f GB) exceed 0.75 x available RAM (%.2f GB): layers are streamed from the file%s\n",
+    kipp_log("the weights (%.2f GB) exceed 0.75 x available RAM (%.2f GB): layers are streamed from the file%s",
             (double)m->weight_bytes * 1e-9, (double)avail * 1e-9, m->view.prefetch ? " with one-layer prefetch" : " (no prefetch)");
     return 0;
 }

@@ -387,11 +387,19 @@ static int run(const serve_opts *o, kipp_model *m)
     return rc;
 }
 
+/* The library's notes (a slower kernel level, streamed weights) as kipp-serve's timestamped lines. */
+static void engine_note(void *user, const char *line)
+{
+    (void)user;
+    serve_log("%s", line);
+}
+
 int main(int argc, char **argv)
 {
     serve_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
+    kipp_log_set_sink(engine_note, NULL);
     kipp_model_options mo = {.n_threads = (int)o.threads, .lora = o.lora, .n_lora = o.n_lora, .stream = o.stream,
                              .no_prefetch = o.no_prefetch};
     kipp_model *m = NULL;

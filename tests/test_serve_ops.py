@@ -249,3 +249,20 @@ def test_vllm_router_gauges(model):
 
 def prom_samples(s: Server, name: str) -> list:
     return [x for f in prom.text_string_to_metric_families(s.metrics()) if f.name == name for x in f.samples]
+
+
+def test_engine_notes_are_timestamped(monkeypatch, model):
+    """The library's notes (base/log.h) reach kipp-serve's log as its own timestamped lines
+    (an unknown KIPP_ISA level makes the cpu backend say which it runs, on any CPU), and the CLI's
+    default sink writes them as "kipp: ..." lines."""
+    gguf = model
+    monkeypatch.setenv("KIPP_ISA", "no-such-level")
+    with Server(gguf, "--ctx", "64") as s:
+        assert s.request("GET", "/health")[0] == 200
+    lines = [l for l in s.stderr.splitlines() if l]
+    note = [l for l in lines if "cpu backend:" in l and "KIPP_ISA=no-such-level" in l]
+    assert len(note) == 1 and TS.match(note[0]), lines
+    assert all(TS.match(l) for l in lines if not l.startswith("{")), lines
+    cli = subprocess.run([str(REPO / "build" / "kipp"), "generate", "--model", str(gguf), "--prompt", "a",
+                          "--max-tokens", "1"], capture_output=True, text=True)
+    assert cli.returncode == 0 and re.search(r"^kipp: cpu backend: .*KIPP_ISA=no-such-level", cli.stderr, re.M), cli.stderr

@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "base/errbuf.h"
 #include "base/hugepage.h"
+#include "base/log.h"
 
 static void cpu_model_destroy(void *bm);
 
@@ -87,7 +88,7 @@ static void choose_kernels(cpu_model *m)
                  kipp_isa_name(m->isa), f->avx2, f->avx512, f->avx512_bf16);
     if (m->isa_note[0] && !warned) {
         warned = 1;
-        fprintf(stderr, "kipp cpu backend: %s\n", m->isa_note);
+        kipp_log("cpu backend: %s", m->isa_note);
     }
 }
 
