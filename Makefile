@@ -276,7 +276,8 @@ fuzz: models-test $(BUILD)/libkipp.a
 
 # libFuzzer over kipp-serve's request parser/validator and text view (tests/fuzz_http.c).
 FUZZ_HTTP_SRC := tests/fuzz_http.c server/api_parse.c server/api_compat.c server/api_tools.c server/text_out.c server/api_render.c \
-                 server/serve_error.c server/serve_log.c server/tool_calls.c server/api_anthropic.c
+                 server/serve_error.c server/serve_log.c server/tool_calls.c server/api_anthropic.c \
+                 server/api_responses.c server/responses_store.c
 fuzz-http: $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-http-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
