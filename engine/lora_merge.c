@@ -186,7 +186,7 @@ static void merge_q8_0_block(const uint8_t *src, uint8_t *dst, const float *dl, 
 /* ------------------------------------------------------------------ Q4_1 */
 
 /* A fresh Q4_1 block of x[32] (m = min, d = (max-m)/15, codes 0..15); its squared error. */
-static double refit_q4_1(const float *x, uint16_t *dh, uint16_t *mh, uint8_t *q)
+static double refit_affine4(const float *x, uint16_t *dh, uint16_t *mh, uint8_t *q)
 {
     float lo = x[0], hi = x[0];
     for (int j = 1; j < QBLOCK; j++) lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
@@ -204,7 +204,7 @@ static double refit_q4_1(const float *x, uint16_t *dh, uint16_t *mh, uint8_t *q)
     return isfinite(d) && isfinite(m) ? e : INFINITY;
 }
 
-static void put_q4_1(uint8_t *dst, uint16_t dh, uint16_t mh, const uint8_t *q)
+static void put_affine4(uint8_t *dst, uint16_t dh, uint16_t mh, const uint8_t *q)
 {
     memcpy(dst, &dh, 2);
     memcpy(dst + 2, &mh, 2);
@@ -243,18 +243,18 @@ static void merge_q4_1_block(const uint8_t *src, uint8_t *dst, const float *dl, 
         }
         uint16_t rd, rm;
         uint8_t rq[QBLOCK];
-        double er = refit_q4_1(x, &rd, &rm, rq);
+        double er = refit_affine4(x, &rd, &rm, rq);
         if (!(er < INFINITY)) { /* no f16 minimum and step reach these weights */
             int at = block_amax(x);
             note_bad(c, col0 + (uint64_t)at, x[at]);
         }
         if (no_grid || er < eg) {
-            put_q4_1(dst, rd, rm, rq);
+            put_affine4(dst, rd, rm, rq);
             c->st->refit++;
             return;
         }
     }
-    put_q4_1(dst, dh, mh, g);
+    put_affine4(dst, dh, mh, g);
     c->st->grid++;
 }
 

@@ -108,7 +108,7 @@ def decode_q8_0(data: bytes, rows: int, cols: int) -> np.ndarray:
     return (d * q).reshape(rows, cols)
 
 
-def encode_q4_1(w: np.ndarray) -> bytes:
+def encode_affine4(w: np.ndarray) -> bytes:
     """[rows][cols] float32 -> GGML Q4_1 bytes, row-major blocks."""
     b = _blocks(w)
     lo = np.min(b, axis=2, keepdims=True)
@@ -127,7 +127,7 @@ def encode_q4_1(w: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def decode_q4_1(data: bytes, rows: int, cols: int) -> np.ndarray:
+def decode_affine4(data: bytes, rows: int, cols: int) -> np.ndarray:
     """GGML Q4_1 bytes -> [rows][cols] float32, w = d * q + m."""
     a = np.frombuffer(data, dtype=np.uint8).reshape(rows, cols // BLOCK, 20)
     d = a[..., 0:2].copy().view(np.float16).astype(np.float32)
@@ -137,8 +137,8 @@ def decode_q4_1(data: bytes, rows: int, cols: int) -> np.ndarray:
     return (d * q + m).reshape(rows, cols)
 
 
-ENCODERS = {GGML_TYPE_Q8_0: encode_q8_0, GGML_TYPE_Q4_1: encode_q4_1}
-DECODERS = {GGML_TYPE_Q8_0: decode_q8_0, GGML_TYPE_Q4_1: decode_q4_1}
+ENCODERS = {GGML_TYPE_Q8_0: encode_q8_0, GGML_TYPE_Q4_1: encode_affine4}
+DECODERS = {GGML_TYPE_Q8_0: decode_q8_0, GGML_TYPE_Q4_1: decode_affine4}
 
 
 def quantize(gtype: int, w: np.ndarray) -> tuple[bytes, float]:

@@ -24,7 +24,7 @@ static unsigned nib(const uint8_t *blk, unsigned c)
     return c < 16 ? b & 15u : b >> 4;
 }
 
-/* The converter's encoder (tools/quant_blocks.py encode_q4_1): m = fp16(min),
+/* The converter's encoder (tools/quant_blocks.py encode_affine4): m = fp16(min),
  * d = fp16((max - m) / 15), q = round((w - m) / d) half away from zero, clamped
  * to [0, 15]; 0 when d is 0. */
 static void affine4_from_f32(const float *w, void *out, size_t rows, size_t cols)
