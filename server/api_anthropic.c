@@ -459,7 +459,7 @@ static int parse_service_tier(const json_t *v, serve_error *e)
 static int parse_field(serve_req *r, const char *k, const json_t *v, int count_only, serve_error *e)
 {
     static const char *const gen_only[] = {"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k",
-                                           "metadata", "service_tier", NULL};
+                                           "metadata", "service_tier", "logit_bias", NULL};
     for (size_t i = 0; count_only && gen_only[i]; i++)
         if (!strcmp(k, gen_only[i]))
             return BAD(k, "field '%s' is not supported by /v1/messages/count_tokens, expected only model, messages, system, "
@@ -476,6 +476,7 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, int count_o
         return 0;
     }
     if (!strcmp(k, "stop_sequences")) return parse_stop_sequences(r, v, e);
+    if (!strcmp(k, "logit_bias")) return serve_parse_bias(r, v, e); /* a Kipp extension, as on /v1/responses */
     if (!strcmp(k, "metadata")) return parse_metadata(v, e);
     if (!strcmp(k, "service_tier")) return parse_service_tier(v, e);
     if (!strcmp(k, "cache_control")) /* automatic prompt caching: the KV pool reuses prefixes anyway */

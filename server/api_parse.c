@@ -147,7 +147,7 @@ static int parse_stop(serve_req *r, const json_t *v, serve_error *e)
     return 0;
 }
 
-static int parse_bias(serve_req *r, const json_t *v, serve_error *e)
+int serve_parse_bias(serve_req *r, const json_t *v, serve_error *e)
 {
     if (!json_is_object(v)) return BAD("logit_bias", "logit_bias is %s, expected an object {\"token id\": bias}", type_name(v));
     size_t n = json_object_size(v);
@@ -423,7 +423,7 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
         return 0;
     }
     if (!strcmp(k, "stop")) return parse_stop(r, v, e);
-    if (!strcmp(k, "logit_bias")) return parse_bias(r, v, e);
+    if (!strcmp(k, "logit_bias")) return serve_parse_bias(r, v, e);
     if (!strcmp(k, "stream")) return parse_bool(v, "stream", &r->stream, e);
     if (!strcmp(k, "stream_options")) return parse_stream_options(r, v, e);
     if (!r->chat && !strcmp(k, "prompt")) return parse_prompt(r, v, e);

@@ -172,6 +172,13 @@ int serve_parse_compat_done(serve_req *r, const json_t *root, serve_error *e);
 const char *serve_ignored_name(unsigned bit);
 
 /**
+ * logit_bias ({"token id": bias in [-100, 100]}, at most SERVE_MAX_BIAS) into
+ * r->bias and r->sp; shared by the endpoints that accept it (the Anthropic and
+ * Responses parsers as a Kipp extension). 0 or -1 with e filled (400).
+ */
+int serve_parse_bias(serve_req *r, const json_t *v, serve_error *e);
+
+/**
  * The tool fields of a chat request body (root): tools, tool_choice and
  * parallel_tool_calls, checked together (a named tool_choice must name one of
  * tools), and the tool messages against the assistant tool_calls they answer.

@@ -46,6 +46,7 @@ SCHEMAS = {"get_weather": WEATHER_SCHEMA, "get_time": TIME_SCHEMA}
 USER = [{"role": "user", "content": "Weather in Paris, and the time?"}]
 OFF = {"type": "disabled"}
 NO_THINK = {"enable_thinking": False}
+THINK_ID = 151667  # Qwen3's <think> (data/qwen3 tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -255,22 +256,27 @@ def test_thinking_off_has_no_thinking_block(client, oai):
 
 def test_thinking_budget_ends_reasoning(client, oai, srv):
     """budget_tokens bounds the thinking block, and the model answers after it.
-    The oracle is the unbudgeted OpenAI reply: where its reasoning runs past the
-    budget, the Anthropic reply's thinking must stop within it (the scheduler
-    forces </think>) and the generation go on. Random weights rarely open
-    <think> by themselves: without reasoning to cut there is nothing to check."""
-    budget = 8
-    _, ch = openai_reply(oai, USER, max_tokens=96)
-    reasoning = getattr(ch.message, "reasoning_content", None) or ""
-    if not reasoning or srv.post("/tokenize", {"prompt": reasoning})[1]["count"] <= budget:
-        pytest.skip("the model does not think past the budget on this prompt (it never opens <think>)")
-    r = create(client, model=MODEL, max_tokens=96, temperature=0, messages=USER,
-               thinking={"type": "enabled", "budget_tokens": budget})
-    assert r.content and r.content[0].type == "thinking", r.content
-    st, tok = srv.post("/tokenize", {"prompt": r.content[0].thinking})
-    assert st == 200 and tok["count"] <= budget, (tok["count"], r.content[0].thinking)
-    assert reasoning.startswith(r.content[0].thinking)
-    assert r.usage.output_tokens > tok["count"] + 1, "generation went on after the thinking block"
+    Random weights rarely open <think>, so logit_bias (a Kipp extension here, as
+    on chat) pins Qwen3's <think> id: the reply opens reasoning and never closes
+    it alone. The oracle is the chat endpoint with vLLM's thinking_token_budget:
+    the same reasoning and the same answer; without a budget the reasoning runs
+    to max_tokens and nothing is answered."""
+    budget, bias = 6, {str(THINK_ID): 100}
+    r = create(client, model=MODEL, max_tokens=24, temperature=0, messages=USER,
+               thinking={"type": "enabled", "budget_tokens": budget}, extra_body={"logit_bias": bias})
+    _, ch = openai_reply(oai, USER, max_tokens=24, logit_bias=bias, extra_body={"thinking_token_budget": budget})
+    th, tx, _ = texts(r.content)
+    assert r.content[0].type == "thinking" and th and th == ch.message.reasoning_content, (r.content, ch.message)
+    assert tx and tx == ch.message.content and r.stop_reason == "max_tokens", (r.content, ch.message)
+    st, tok = srv.post("/tokenize", {"prompt": th})
+    assert st == 200 and budget - 1 <= tok["count"] <= budget + 1, (tok["count"], th)
+    with sdk_stream(client, model=MODEL, max_tokens=24, temperature=0, messages=USER,
+                    thinking={"type": "enabled", "budget_tokens": budget}, extra_body={"logit_bias": bias}) as stream:
+        streamed = stream.get_final_message()
+    assert texts(streamed.content)[:2] == (th, tx), streamed.content
+    free = create(client, model=MODEL, max_tokens=24, temperature=0, messages=USER, extra_body={"logit_bias": bias})
+    fth, ftx, _ = texts(free.content)
+    assert not ftx and len(fth) > len(th), free.content
 
 
 # ---- tools ----
