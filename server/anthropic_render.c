@@ -18,24 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "server/anthropic.h"
 
-/* A JSON string of bytes p[n], invalid UTF-8 replaced by U+FFFD. */
-static json_t *jtext(const char *p, size_t n)
-{
-    serve_buf b = {0};
-    for (size_t i = 0; i < n;) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)p + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (k > 0) serve_buf_put(&b, p + i, (size_t)k), i += (size_t)k;
-        else serve_buf_put(&b, "\xEF\xBF\xBD", 3), i++;
-    }
-    json_t *s = json_stringn(b.p ? b.p : "", b.n);
-    serve_buf_free(&b);
-    return s;
-}
 
 /* Anthropic's error types by status (docs.anthropic.com, "Errors"). */
 static const char *error_type(int status)
@@ -54,7 +39,7 @@ static const char *error_type(int status)
 char *serve_anthropic_error_json(const serve_error *e)
 {
     json_t *o = json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", error_type(e->status), "message",
-                          jtext(e->message, strlen(e->message)));
+                          serve_json_text(e->message, strlen(e->message)));
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s ? s : strdup("{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"error\"}}");
@@ -156,9 +141,9 @@ char *serve_anthropic_response(const serve_info *si, const serve_job *j)
     json_t *content = json_array();
     if (sh.reasoning_len)
         json_array_append_new(content, json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
-                                                 jtext(sh.reasoning, sh.reasoning_len), "signature", ""));
+                                                 serve_json_text(sh.reasoning, sh.reasoning_len), "signature", ""));
     if (sh.content_len)
-        json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text", jtext(sh.content, sh.content_len)));
+        json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text", serve_json_text(sh.content, sh.content_len)));
     for (size_t k = 0; k < sh.calls.n_calls; k++) {
         char id[48];
         tool_id(j, k, id);
@@ -214,7 +199,7 @@ static void blocks(const serve_job *j, const shown *sh, int fin, serve_anth_stre
     if (sh->reasoning_len > st->sent_reasoning) {
         if (st->open != 1) block_close(out, st), block_start(out, st, json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "", "signature", "")), st->open = 1;
         block_delta(out, st, json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking",
-                                       jtext(sh->reasoning + st->sent_reasoning, sh->reasoning_len - st->sent_reasoning)));
+                                       serve_json_text(sh->reasoning + st->sent_reasoning, sh->reasoning_len - st->sent_reasoning)));
         st->sent_reasoning = sh->reasoning_len;
     }
     if (st->open == 1 && (sh->content_len > st->sent_content || sh->calls.n_calls > st->sent_calls || fin))
@@ -222,7 +207,7 @@ static void blocks(const serve_job *j, const shown *sh, int fin, serve_anth_stre
     if (sh->content_len > st->sent_content) {
         if (st->open != 2) block_close(out, st), block_start(out, st, json_pack("{s:s, s:s}", "type", "text", "text", "")), st->open = 2;
         block_delta(out, st, json_pack("{s:s, s:o}", "type", "text_delta", "text",
-                                       jtext(sh->content + st->sent_content, sh->content_len - st->sent_content)));
+                                       serve_json_text(sh->content + st->sent_content, sh->content_len - st->sent_content)));
         st->sent_content = sh->content_len;
     }
     for (size_t k = st->sent_calls; k < sh->calls.n_calls; k++) {

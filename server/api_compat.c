@@ -42,24 +42,11 @@ static void ignore(serve_req *r, const char *name)
         if (!strcmp(IGNORED[i], name)) r->ignored |= 1u << i;
 }
 
-static const char *type_of(const json_t *v)
-{
-    switch (v ? json_typeof(v) : JSON_NULL) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 /* metadata: up to 16 string values of at most 512 characters, keys of at most 64 (OpenAI's limits). */
 static int check_metadata(const json_t *v, serve_error *e)
 {
-    if (!json_is_object(v)) return BAD("metadata", "metadata is %s, expected an object of string values", type_of(v));
+    if (!json_is_object(v)) return BAD("metadata", "metadata is %s, expected an object of string values", serve_json_type(v));
     if (json_object_size(v) > 16) return BAD("metadata", "metadata has %zu keys, expected at most 16", json_object_size(v));
     const char *k;
     json_t *x;
@@ -67,7 +54,7 @@ static int check_metadata(const json_t *v, serve_error *e)
         if (strlen(k) > 64) return BAD("metadata", "metadata key '%.40s...' is longer than 64 characters", k);
         if (!json_is_string(x) || json_string_length(x) > 512)
             return BAD("metadata", "metadata.%.40s is %s, expected a string of at most 512 characters", k,
-                       json_is_string(x) ? "too long" : type_of(x));
+                       json_is_string(x) ? "too long" : serve_json_type(x));
     }
     return 0;
 }
@@ -78,11 +65,11 @@ static int ignored_field(serve_req *r, const char *k, const json_t *v, int *rc, 
     static const char *const STRINGS[] = {"user", "prompt_cache_key", "safety_identifier"};
     for (size_t i = 0; i < sizeof STRINGS / sizeof STRINGS[0]; i++)
         if (!strcmp(k, STRINGS[i])) {
-            *rc = json_is_string(v) ? (ignore(r, k), 0) : BAD(k, "%s is %s, expected a string", k, type_of(v));
+            *rc = json_is_string(v) ? (ignore(r, k), 0) : BAD(k, "%s is %s, expected a string", k, serve_json_type(v));
             return 1;
         }
     if (!strcmp(k, "store")) {
-        *rc = json_is_boolean(v) ? (ignore(r, k), 0) : BAD(k, "store is %s, expected a boolean", type_of(v));
+        *rc = json_is_boolean(v) ? (ignore(r, k), 0) : BAD(k, "store is %s, expected a boolean", serve_json_type(v));
     } else if (!strcmp(k, "metadata")) {
         *rc = check_metadata(v, e) ? -1 : (ignore(r, k), 0);
     } else if (!strcmp(k, "service_tier")) {
@@ -91,7 +78,7 @@ static int ignored_field(serve_req *r, const char *k, const json_t *v, int *rc, 
                        !strcmp(s, "priority"));
         *rc = ok ? (ignore(r, k), 0)
                  : BAD(k, "service_tier is %s%.40s%s, expected \"auto\", \"default\", \"flex\", \"scale\" or \"priority\"",
-                       s ? "'" : "", s ? s : type_of(v), s ? "'" : "");
+                       s ? "'" : "", s ? s : serve_json_type(v), s ? "'" : "");
     } else if (r->chat && !strcmp(k, "prediction")) { /* predicted outputs only speed up a reply: none to speed up here */
         const json_t *t = json_object_get(v, "type"), *c = json_object_get(v, "content");
         int ok = json_is_object(v) && json_is_string(t) && !strcmp(json_string_value(t), "content") &&
@@ -126,7 +113,7 @@ static int guided_json(serve_req *r, const json_t *v, serve_error *e)
     } else if (json_is_object(v)) {
         sch = json_incref((json_t *)v);
     } else {
-        return BAD("guided_json", "guided_json is %s, expected a JSON Schema object (or its JSON text)", type_of(v));
+        return BAD("guided_json", "guided_json is %s, expected a JSON Schema object (or its JSON text)", serve_json_type(v));
     }
     free(r->rf_schema);
     r->rf_schema = json_dumps(sch, JSON_COMPACT);
@@ -140,10 +127,10 @@ static int guided_choice(serve_req *r, const json_t *v, serve_error *e)
 {
     size_t n = json_is_array(v) ? json_array_size(v) : 0;
     if (n == 0 || n > 256) return BAD("guided_choice", "guided_choice is %s, expected an array of 1..256 strings",
-                                      json_is_array(v) ? (n ? "too long" : "empty") : type_of(v));
+                                      json_is_array(v) ? (n ? "too long" : "empty") : serve_json_type(v));
     for (size_t i = 0; i < n; i++)
         if (!json_is_string(json_array_get(v, i)))
-            return BAD("guided_choice", "guided_choice[%zu] is %s, expected a string", i, type_of(json_array_get(v, i)));
+            return BAD("guided_choice", "guided_choice[%zu] is %s, expected a string", i, serve_json_type(json_array_get(v, i)));
     json_t *sch = json_pack("{s:s, s:O}", "type", "string", "enum", v);
     free(r->rf_schema);
     r->rf_schema = sch ? json_dumps(sch, JSON_COMPACT) : NULL;
@@ -157,7 +144,7 @@ static int thinking_budget(serve_req *r, const char *k, const json_t *v, serve_e
 {
     if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 30))
         return BAD(k, "%s is %s, expected an integer in [-1, %d] (-1: no budget, 0: end reasoning at once)", k,
-                   json_is_integer(v) ? "out of range" : type_of(v), 1 << 30);
+                   json_is_integer(v) ? "out of range" : serve_json_type(v), 1 << 30);
     int64_t b = (int64_t)json_integer_value(v);
     if (r->thinking_budget_set && b != r->thinking_budget)
         return BAD(k, "thinking_token_budget and thinking_budget_tokens disagree (%lld and %lld); send one of them",
@@ -177,7 +164,7 @@ static int reasoning_effort(serve_req *r, const json_t *v, serve_error *e)
             return 0;
         }
     return BAD("reasoning_effort", "reasoning_effort is %s%.40s%s, expected \"none\", \"minimal\", \"low\", \"medium\" or "
-               "\"high\"", s ? "'" : "", s ? s : type_of(v), s ? "'" : "");
+               "\"high\"", s ? "'" : "", s ? s : serve_json_type(v), s ? "'" : "");
 }
 
 /* vLLM request extensions Kipp has no counterpart for: refused by name. */
@@ -194,11 +181,11 @@ int serve_parse_compat(serve_req *r, const char *k, const json_t *v, int *rc, se
     if (!strcmp(k, "min_tokens")) {
         int ok = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= (1 << 30);
         *rc = ok ? (r->min_tokens = (uint32_t)json_integer_value(v), 0)
-                 : BAD(k, "min_tokens is %s, expected an integer in [0, %d]", json_is_integer(v) ? "out of range" : type_of(v),
+                 : BAD(k, "min_tokens is %s, expected an integer in [0, %d]", json_is_integer(v) ? "out of range" : serve_json_type(v),
                        1 << 30);
     } else if (!strcmp(k, "include_stop_str_in_output")) {
         *rc = json_is_boolean(v) ? (r->include_stop = json_is_true(v), 0)
-                                 : BAD(k, "include_stop_str_in_output is %s, expected a boolean", type_of(v));
+                                 : BAD(k, "include_stop_str_in_output is %s, expected a boolean", serve_json_type(v));
     } else if (!strcmp(k, "guided_json") || !strcmp(k, "guided_choice")) {
         int json = !strcmp(k, "guided_json");
         if (r->guided) *rc = BAD(k, "%s and %s both constrain the reply; send one of them", r->guided, k);
@@ -218,7 +205,7 @@ int serve_parse_compat(serve_req *r, const char *k, const json_t *v, int *rc, se
     } else if (!r->chat && !strcmp(k, "best_of")) {
         int one = json_is_integer(v) && json_integer_value(v) == 1;
         *rc = one ? 0 : BAD(k, "best_of is %s, expected 1: Kipp does not rank candidates server-side (use n for several "
-                            "samples)", json_is_integer(v) ? "above 1" : type_of(v));
+                            "samples)", json_is_integer(v) ? "above 1" : serve_json_type(v));
     } else if (!r->chat && !strcmp(k, "suffix")) {
         int empty = json_is_string(v) && json_string_length(v) == 0;
         *rc = empty ? 0 : BAD(k, "suffix is not supported: Qwen3 dense checkpoints have no fill-in-the-middle template "

@@ -45,27 +45,7 @@ void serve_req_free(serve_req *r)
     memset(r, 0, sizeof *r);
 }
 
-static char *dupn(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n), d[n] = 0;
-    return d;
-}
 
-static const char *type_name(const json_t *v)
-{
-    if (!v) return "missing";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 /* ---- numeric fields: one table row each (the sampling fields are the
  * engine's table, kipp_sample_fields, which the CLI and the sampler share) ---- */
@@ -91,9 +71,9 @@ static const num_field NUMS[] = {
 static int num_value(const num_field *f, const json_t *v, double *out, serve_error *e)
 {
     if (f->kind == F_INT && !json_is_integer(v))
-        return BAD(f->name, "%s is %s, expected an integer in [%.0f, %.0f]", f->name, type_name(v), f->lo, f->hi);
+        return BAD(f->name, "%s is %s, expected an integer in [%.0f, %.0f]", f->name, serve_json_type(v), f->lo, f->hi);
     if (!json_is_number(v))
-        return BAD(f->name, "%s is %s, expected a number in [%g, %g]", f->name, type_name(v), f->lo, f->hi);
+        return BAD(f->name, "%s is %s, expected a number in [%g, %g]", f->name, serve_json_type(v), f->lo, f->hi);
     double x = json_number_value(v);
     if (!(x >= f->lo && x <= f->hi) || (f->lo_open && x == f->lo)) {
         if (f->kind == F_INT)
@@ -109,7 +89,7 @@ static int num_value(const num_field *f, const json_t *v, double *out, serve_err
 static int sample_field(serve_req *r, const kipp_sample_field *f, const json_t *v, serve_error *e)
 {
     if (f->is_int ? !json_is_integer(v) : !json_is_number(v))
-        return BAD(f->name, "%s is %s, expected %s", f->name, type_name(v), f->expect);
+        return BAD(f->name, "%s is %s, expected %s", f->name, serve_json_type(v), f->expect);
     double x = json_number_value(v);
     if (!(x >= f->lo && x <= f->hi)) return BAD(f->name, "%s %g is out of range, expected %s", f->name, x, f->expect);
     kipp_sample_field_set(&r->sp, f, x);
@@ -133,15 +113,15 @@ static int parse_stop(serve_req *r, const json_t *v, serve_error *e)
     const json_t *one[1] = {v};
     size_t n = json_is_string(v) ? 1 : json_is_array(v) ? json_array_size(v) : 0;
     if (!json_is_string(v) && !json_is_array(v))
-        return BAD("stop", "stop is %s, expected a string or an array of up to %d strings", type_name(v), SERVE_MAX_STOP);
+        return BAD("stop", "stop is %s, expected a string or an array of up to %d strings", serve_json_type(v), SERVE_MAX_STOP);
     if (n > SERVE_MAX_STOP) return BAD("stop", "stop has %zu strings, expected at most %d", n, SERVE_MAX_STOP);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_string(v) ? one[0] : json_array_get(v, i);
-        if (!json_is_string(s)) return BAD("stop", "stop[%zu] is %s, expected a string", i, type_name(s));
+        if (!json_is_string(s)) return BAD("stop", "stop[%zu] is %s, expected a string", i, serve_json_type(s));
         size_t len = json_string_length(s);
         if (len == 0 || len > SERVE_MAX_STOP_LEN)
             return BAD("stop", "stop[%zu] is %zu bytes long, expected 1..%d", i, len, SERVE_MAX_STOP_LEN);
-        if (!(r->stop[r->n_stop++] = dupn(json_string_value(s), len)))
+        if (!(r->stop[r->n_stop++] = serve_dupn(json_string_value(s), len)))
             return serve_fail(e, 503, "server_error", "stop", "out of memory");
     }
     return 0;
@@ -149,7 +129,7 @@ static int parse_stop(serve_req *r, const json_t *v, serve_error *e)
 
 int serve_parse_bias(serve_req *r, const json_t *v, serve_error *e)
 {
-    if (!json_is_object(v)) return BAD("logit_bias", "logit_bias is %s, expected an object {\"token id\": bias}", type_name(v));
+    if (!json_is_object(v)) return BAD("logit_bias", "logit_bias is %s, expected an object {\"token id\": bias}", serve_json_type(v));
     size_t n = json_object_size(v);
     if (n > SERVE_MAX_BIAS) return BAD("logit_bias", "logit_bias has %zu entries, expected at most %d", n, SERVE_MAX_BIAS);
     r->bias = calloc(n ? n : 1, sizeof *r->bias);
@@ -173,11 +153,11 @@ static int parse_prompt(serve_req *r, const json_t *v, serve_error *e)
 {
     if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0))) v = json_array_get(v, 0);
     if (json_is_string(v)) {
-        r->prompt_text = dupn(json_string_value(v), json_string_length(v));
+        r->prompt_text = serve_dupn(json_string_value(v), json_string_length(v));
         return r->prompt_text ? 0 : serve_fail(e, 503, "server_error", "prompt", "out of memory");
     }
     if (!json_is_array(v) || json_array_size(v) == 0)
-        return BAD("prompt", "prompt is %s%s, expected a string or a non-empty array of token ids", type_name(v),
+        return BAD("prompt", "prompt is %s%s, expected a string or a non-empty array of token ids", serve_json_type(v),
                    json_is_array(v) ? " (empty)" : "");
     size_t n = json_array_size(v);
     r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
@@ -186,9 +166,9 @@ static int parse_prompt(serve_req *r, const json_t *v, serve_error *e)
         const json_t *t = json_array_get(v, i);
         if (json_is_array(t) || json_is_string(t))
             return BAD("prompt", "prompt[%zu] is %s: batched prompts are not supported, send one prompt per request", i,
-                       type_name(t));
+                       serve_json_type(t));
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > UINT32_MAX)
-            return BAD("prompt", "prompt[%zu] is %s, expected a token id >= 0", i, type_name(t));
+            return BAD("prompt", "prompt[%zu] is %s, expected a token id >= 0", i, serve_json_type(t));
         r->prompt_ids[i] = (uint32_t)json_integer_value(t);
     }
     r->n_prompt = n, r->prompt_is_ids = 1;
@@ -203,9 +183,9 @@ static int parse_content(const json_t *c, size_t i, char **out, size_t *len, ser
     if (!c || json_is_null(c)) return 0;
     if (json_is_string(c)) {
         *len = json_string_length(c);
-        return (*out = dupn(json_string_value(c), *len)) ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
+        return (*out = serve_dupn(json_string_value(c), *len)) ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
     }
-    if (!json_is_array(c)) return BAD("messages", "messages[%zu].content is %s, expected a string or an array of text parts", i, type_name(c));
+    if (!json_is_array(c)) return BAD("messages", "messages[%zu].content is %s, expected a string or an array of text parts", i, serve_json_type(c));
     serve_buf b = {0};
     size_t k;
     json_t *part;
@@ -222,7 +202,7 @@ static int parse_content(const json_t *c, size_t i, char **out, size_t *len, ser
             return serve_fail(e, 503, "server_error", "messages", "out of memory");
         }
     }
-    *out = b.p ? b.p : dupn("", 0);
+    *out = b.p ? b.p : serve_dupn("", 0);
     *len = b.p ? b.n : 0;
     return *out ? 0 : serve_fail(e, 503, "server_error", "messages", "out of memory");
 }
@@ -243,12 +223,12 @@ static int parse_messages(serve_req *r, const json_t *v, serve_error *e)
 {
     size_t n = json_is_array(v) ? json_array_size(v) : 0;
     if (n == 0 || n > SERVE_MAX_MSGS)
-        return BAD("messages", "messages is %s%s, expected an array of 1..%d messages", type_name(v),
+        return BAD("messages", "messages is %s%s, expected an array of 1..%d messages", serve_json_type(v),
                    json_is_array(v) ? (n ? " (too long)" : " (empty)") : "", SERVE_MAX_MSGS);
     if (!(r->msgs = calloc(n, sizeof *r->msgs))) return serve_fail(e, 503, "server_error", "messages", "out of memory");
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(v, i);
-        if (!json_is_object(m)) return BAD("messages", "messages[%zu] is %s, expected an object", i, type_name(m));
+        if (!json_is_object(m)) return BAD("messages", "messages[%zu] is %s, expected an object", i, serve_json_type(m));
         serve_msg *d = &r->msgs[r->n_msgs++];
         if (parse_role(m, i, &d->role, e)) return -1;
         const char *k;
@@ -270,21 +250,21 @@ static int parse_messages(serve_req *r, const json_t *v, serve_error *e)
         if (!d->content && d->role != KIPP_ROLE_ASSISTANT)
             return BAD("messages", "messages[%zu].content is %s, expected a string or an array of text parts", i,
                        json_object_get(m, "content") ? "null" : "missing");
-        if (!d->content && !(d->content = dupn("", 0))) return serve_fail(e, 503, "server_error", "messages", "out of memory");
+        if (!d->content && !(d->content = serve_dupn("", 0))) return serve_fail(e, 503, "server_error", "messages", "out of memory");
     }
     return 0;
 }
 
 static int parse_kwargs(serve_req *r, const json_t *v, serve_error *e)
 {
-    if (!json_is_object(v)) return BAD("chat_template_kwargs", "chat_template_kwargs is %s, expected an object", type_name(v));
+    if (!json_is_object(v)) return BAD("chat_template_kwargs", "chat_template_kwargs is %s, expected an object", serve_json_type(v));
     const char *k;
     json_t *x;
     json_object_foreach((json_t *)v, k, x) {
         if (strcmp(k, "enable_thinking"))
             return BAD("chat_template_kwargs", "chat_template_kwargs.%.40s is not supported, expected only enable_thinking", k);
         if (!json_is_boolean(x))
-            return BAD("chat_template_kwargs", "chat_template_kwargs.enable_thinking is %s, expected a boolean", type_name(x));
+            return BAD("chat_template_kwargs", "chat_template_kwargs.enable_thinking is %s, expected a boolean", serve_json_type(x));
         r->enable_thinking = json_is_true(x);
     }
     return 0;
@@ -292,14 +272,14 @@ static int parse_kwargs(serve_req *r, const json_t *v, serve_error *e)
 
 static int parse_bool(const json_t *v, const char *name, int *out, serve_error *e)
 {
-    if (!json_is_boolean(v)) return BAD(name, "%s is %s, expected a boolean", name, type_name(v));
+    if (!json_is_boolean(v)) return BAD(name, "%s is %s, expected a boolean", name, serve_json_type(v));
     *out = json_is_true(v);
     return 0;
 }
 
 static int parse_stream_options(serve_req *r, const json_t *v, serve_error *e)
 {
-    if (!json_is_object(v)) return BAD("stream_options", "stream_options is %s, expected an object", type_name(v));
+    if (!json_is_object(v)) return BAD("stream_options", "stream_options is %s, expected an object", serve_json_type(v));
     const char *k;
     json_t *x;
     json_object_foreach((json_t *)v, k, x) {
@@ -314,17 +294,17 @@ static int parse_stream_options(serve_req *r, const json_t *v, serve_error *e)
 static int parse_json_schema(serve_req *r, const json_t *v, serve_error *e)
 {
     if (!json_is_object(v))
-        return BAD("response_format", "response_format.json_schema is %s, expected an object", type_name(v));
+        return BAD("response_format", "response_format.json_schema is %s, expected an object", serve_json_type(v));
     const char *k;
     json_t *x;
     json_object_foreach((json_t *)v, k, x) {
         if (json_is_null(x)) continue;
         if (!strcmp(k, "name") || !strcmp(k, "description")) {
             if (!json_is_string(x))
-                return BAD("response_format", "response_format.json_schema.%s is %s, expected a string", k, type_name(x));
+                return BAD("response_format", "response_format.json_schema.%s is %s, expected a string", k, serve_json_type(x));
         } else if (!strcmp(k, "strict")) {
             if (!json_is_boolean(x))
-                return BAD("response_format", "response_format.json_schema.strict is %s, expected a boolean", type_name(x));
+                return BAD("response_format", "response_format.json_schema.strict is %s, expected a boolean", serve_json_type(x));
         } else if (strcmp(k, "schema")) {
             return BAD("response_format", "response_format.json_schema.%.40s is not supported, expected name, schema, "
                        "strict or description", k);
@@ -333,7 +313,7 @@ static int parse_json_schema(serve_req *r, const json_t *v, serve_error *e)
     const json_t *sch = json_object_get(v, "schema");
     if (!json_is_object(sch))
         return BAD("response_format", "response_format.json_schema.schema is %s, expected a JSON Schema object",
-                   sch ? type_name(sch) : "missing");
+                   sch ? serve_json_type(sch) : "missing");
     free(r->rf_schema); /* a guided_json before it (refused once both are seen) */
     if (!(r->rf_schema = json_dumps(sch, JSON_COMPACT)))
         return serve_fail(e, 503, "server_error", "response_format", "out of memory");
@@ -343,14 +323,14 @@ static int parse_json_schema(serve_req *r, const json_t *v, serve_error *e)
 /* response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}. */
 static int parse_response_format(serve_req *r, const json_t *v, serve_error *e)
 {
-    if (!json_is_object(v)) return BAD("response_format", "response_format is %s, expected an object", type_name(v));
+    if (!json_is_object(v)) return BAD("response_format", "response_format is %s, expected an object", serve_json_type(v));
     const json_t *t = json_object_get(v, "type");
     const char *type = json_is_string(t) ? json_string_value(t) : "";
     if (!strcmp(type, "text")) r->response_format = SERVE_RF_TEXT;
     else if (!strcmp(type, "json_object")) r->response_format = SERVE_RF_JSON_OBJECT;
     else if (!strcmp(type, "json_schema")) r->response_format = SERVE_RF_JSON_SCHEMA;
     else return BAD("response_format", "response_format.type is %s%.40s%s, expected \"text\", \"json_object\" or "
-                    "\"json_schema\"", json_is_string(t) ? "'" : "", json_is_string(t) ? type : t ? type_name(t) : "missing",
+                    "\"json_schema\"", json_is_string(t) ? "'" : "", json_is_string(t) ? type : t ? serve_json_type(t) : "missing",
                     json_is_string(t) ? "'" : "");
     const char *k;
     json_t *x;
@@ -389,7 +369,7 @@ static int router_field(const serve_req *r, const char *k, const json_t *v, int 
         *rc = json_is_boolean(v) && json_is_true(v) == want
                   ? 0
                   : BAD(k, "%s is %s, expected %s: Kipp accepts this field (routers send it) only at the value that "
-                           "matches what it does", k, json_is_boolean(v) ? (json_is_true(v) ? "true" : "false") : type_name(v),
+                           "matches what it does", k, json_is_boolean(v) ? (json_is_true(v) ? "true" : "false") : serve_json_type(v),
                         want ? "true" : "false");
         return 1;
     }
@@ -410,12 +390,12 @@ static int parse_field(serve_req *r, const char *k, const json_t *v, serve_error
         return 0;
     }
     if (!strcmp(k, "model")) {
-        if (!json_is_string(v)) return BAD("model", "model is %s, expected a string", type_name(v));
-        r->model = dupn(json_string_value(v), json_string_length(v));
+        if (!json_is_string(v)) return BAD("model", "model is %s, expected a string", serve_json_type(v));
+        r->model = serve_dupn(json_string_value(v), json_string_length(v));
         return 0;
     }
     if (!strcmp(k, "seed")) {
-        if (!json_is_integer(v)) return BAD("seed", "seed is %s, expected an integer", type_name(v));
+        if (!json_is_integer(v)) return BAD("seed", "seed is %s, expected an integer", serve_json_type(v));
         if (json_integer_value(v) < 0) /* llama.cpp's -1 means "random"; here that is an omitted seed */
             return BAD("seed", "seed is %lld, expected an integer >= 0 (omit seed for a random one)",
                        (long long)json_integer_value(v));
@@ -480,7 +460,7 @@ int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_erro
         return BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
     int rc = json_is_object(root) ? parse_object(r, root, e)
-                                  : BAD("", "request body is a JSON %s, expected an object", type_name(root));
+                                  : BAD("", "request body is a JSON %s, expected an object", serve_json_type(root));
     json_decref(root);
     if (rc) serve_req_free(r);
     return rc;

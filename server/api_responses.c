@@ -34,12 +34,6 @@
 #define BAD(param, ...) serve_fail(e, 400, "invalid_request_error", param, __VA_ARGS__)
 #define OOM(param) serve_fail(e, 503, "server_error", param, "out of memory")
 
-static const char *tname(json_t *v)
-{
-    if (!v) return "missing";
-    static const char *names[] = {"an object", "an array", "a string", "an integer", "a number", "true", "false", "null"};
-    return names[json_typeof(v)];
-}
 
 /* OpenAI's function names: 1..64 of [a-zA-Z0-9_-]. */
 static int name_ok(json_t *v)
@@ -79,7 +73,7 @@ static int only_keys(json_t *o, const char *const *keys, const char *where, serv
 static int check_parts(json_t *c, const char *where, const char *type1, const char *type2, serve_error *e)
 {
     if (json_is_string(c)) return 0;
-    if (!json_is_array(c)) return BAD(where, "%s is %s, expected a string or an array of %s parts", where, tname(c), type1);
+    if (!json_is_array(c)) return BAD(where, "%s is %s, expected a string or an array of %s parts", where, serve_json_type(c), type1);
     size_t k;
     json_t *p;
     json_array_foreach(c, k, p) {
@@ -87,12 +81,12 @@ static int check_parts(json_t *c, const char *where, const char *type1, const ch
         const char *t = json_is_string(ty) ? json_string_value(ty) : "";
         if (!json_is_object(p) || !json_is_string(ty))
             return BAD(where, "%s[%zu] is %s, expected {\"type\": \"%s\", \"text\": ...}", where, k,
-                       json_is_object(p) ? "a part without a type" : tname(p), type1);
+                       json_is_object(p) ? "a part without a type" : serve_json_type(p), type1);
         if (strcmp(t, type1) && (!type2 || strcmp(t, type2)))
             return BAD(where, "%s[%zu] is a '%.40s' part; kipp-serve takes text only, expected type \"%s\"%s%s%s", where, k, t,
                        type1, type2 ? " or \"" : "", type2 ? type2 : "", type2 ? "\"" : "");
         if (!json_is_string(json_object_get(p, "text")))
-            return BAD(where, "%s[%zu].text is %s, expected a string", where, k, tname(json_object_get(p, "text")));
+            return BAD(where, "%s[%zu].text is %s, expected a string", where, k, serve_json_type(json_object_get(p, "text")));
     }
     return 0;
 }
@@ -105,7 +99,7 @@ static int check_message(json_t *it, const char *where, serve_error *e)
     const char *r = json_is_string(role) ? json_string_value(role) : "";
     if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "assistant"))
         return BAD(where, "%s.role is %s%.32s%s, expected user, system, developer or assistant", where,
-                   json_is_string(role) ? "'" : "", json_is_string(role) ? r : tname(role), json_is_string(role) ? "'" : "");
+                   json_is_string(role) ? "'" : "", json_is_string(role) ? r : serve_json_type(role), json_is_string(role) ? "'" : "");
     char at[64];
     snprintf(at, sizeof at, "%s.content", where);
     if (!json_object_get(it, "content")) return BAD(at, "%s is missing, expected a string or an array of text parts", at);
@@ -118,11 +112,11 @@ static int check_function_call(json_t *it, const char *where, serve_error *e)
     if (only_keys(it, keys, where, e)) return -1;
     json_t *id = json_object_get(it, "call_id"), *nm = json_object_get(it, "name"), *a = json_object_get(it, "arguments");
     if (!json_is_string(id) || !json_string_length(id))
-        return BAD(where, "%s.call_id is %s, expected a non-empty string", where, json_is_string(id) ? "empty" : tname(id));
+        return BAD(where, "%s.call_id is %s, expected a non-empty string", where, json_is_string(id) ? "empty" : serve_json_type(id));
     if (!name_ok(nm))
         return BAD(where, "%s.name is %s, expected 1..64 characters of a-z, A-Z, 0-9, _ and -", where,
-                   json_is_string(nm) ? "not a valid name" : tname(nm));
-    if (!json_is_string(a)) return BAD(where, "%s.arguments is %s, expected a string of JSON text", where, tname(a));
+                   json_is_string(nm) ? "not a valid name" : serve_json_type(nm));
+    if (!json_is_string(a)) return BAD(where, "%s.arguments is %s, expected a string of JSON text", where, serve_json_type(a));
     json_error_t je;
     json_t *v = json_loadb(json_string_value(a), json_string_length(a), JSON_DECODE_ANY, &je);
     json_decref(v);
@@ -136,7 +130,7 @@ static int check_call_output(json_t *it, const char *where, serve_error *e)
     json_t *id = json_object_get(it, "call_id");
     if (!json_is_string(id) || !json_string_length(id))
         return BAD(where, "%s.call_id is %s, expected the call_id of the function_call it answers", where,
-                   json_is_string(id) ? "empty" : tname(id));
+                   json_is_string(id) ? "empty" : serve_json_type(id));
     char at[64];
     snprintf(at, sizeof at, "%s.output", where);
     if (!json_object_get(it, "output")) return BAD(at, "%s is missing, expected a string", at);
@@ -151,10 +145,10 @@ static int check_reasoning(json_t *it, const char *where, serve_error *e)
     char at[64];
     snprintf(at, sizeof at, "%s.summary", where);
     if (s && !json_is_null(s) && (!json_is_array(s) || check_parts(s, at, "summary_text", NULL, e)))
-        return json_is_array(s) ? -1 : BAD(at, "%s is %s, expected an array of summary_text parts", at, tname(s));
+        return json_is_array(s) ? -1 : BAD(at, "%s is %s, expected an array of summary_text parts", at, serve_json_type(s));
     snprintf(at, sizeof at, "%s.content", where);
     if (c && !json_is_null(c) && (!json_is_array(c) || check_parts(c, at, "reasoning_text", NULL, e)))
-        return json_is_array(c) ? -1 : BAD(at, "%s is %s, expected an array of reasoning_text parts", at, tname(c));
+        return json_is_array(c) ? -1 : BAD(at, "%s is %s, expected an array of reasoning_text parts", at, serve_json_type(c));
     return 0;
 }
 
@@ -162,7 +156,7 @@ static int check_item(json_t *it, size_t i, serve_error *e)
 {
     char where[32];
     snprintf(where, sizeof where, "input[%zu]", i);
-    if (!json_is_object(it)) return BAD(where, "%s is %s, expected an input item object", where, tname(it));
+    if (!json_is_object(it)) return BAD(where, "%s is %s, expected an input item object", where, serve_json_type(it));
     json_t *ty = json_object_get(it, "type");
     if (!ty && json_object_get(it, "role")) return check_message(it, where, e); /* EasyInputMessage */
     if (type_is(it, "message")) return check_message(it, where, e);
@@ -171,7 +165,7 @@ static int check_item(json_t *it, size_t i, serve_error *e)
     if (type_is(it, "reasoning")) return check_reasoning(it, where, e);
     return BAD(where, "%s.type is %s%.40s%s, expected message, function_call, function_call_output or reasoning "
                "(kipp-serve runs function tools only)", where, json_is_string(ty) ? "'" : "",
-               json_is_string(ty) ? json_string_value(ty) : tname(ty), json_is_string(ty) ? "'" : "");
+               json_is_string(ty) ? json_string_value(ty) : serve_json_type(ty), json_is_string(ty) ? "'" : "");
 }
 
 /* ---- items -> chat messages ---- */
@@ -262,18 +256,18 @@ static int parse_tool(build *b, json_t *t, size_t i, json_t *out, serve_error *e
     char where[32];
     snprintf(where, sizeof where, "tools[%zu]", i);
     json_t *ty = json_object_get(t, "type");
-    if (!json_is_object(t)) return BAD(where, "%s is %s, expected a function tool object", where, tname(t));
+    if (!json_is_object(t)) return BAD(where, "%s is %s, expected a function tool object", where, serve_json_type(t));
     if (!type_is(t, "function"))
         return BAD(where, "%s.type is %s%.40s%s: kipp-serve runs function tools only, expected \"function\"", where,
-                   json_is_string(ty) ? "'" : "", json_is_string(ty) ? json_string_value(ty) : tname(ty),
+                   json_is_string(ty) ? "'" : "", json_is_string(ty) ? json_string_value(ty) : serve_json_type(ty),
                    json_is_string(ty) ? "'" : "");
     if (only_keys(t, keys, where, e)) return -1;
     json_t *nm = json_object_get(t, "name"), *p = json_object_get(t, "parameters");
     if (!name_ok(nm))
         return BAD(where, "%s.name is %s, expected 1..64 characters of a-z, A-Z, 0-9, _ and -", where,
-                   json_is_string(nm) ? "not a valid name" : tname(nm));
+                   json_is_string(nm) ? "not a valid name" : serve_json_type(nm));
     if (p && !json_is_null(p) && !json_is_object(p))
-        return BAD(where, "%s.parameters is %s, expected a JSON Schema object", where, tname(p));
+        return BAD(where, "%s.parameters is %s, expected a JSON Schema object", where, serve_json_type(p));
     json_t *fn = json_object();
     const char *k;
     json_t *x;
@@ -285,7 +279,7 @@ static int parse_tool(build *b, json_t *t, size_t i, json_t *out, serve_error *e
 
 static int parse_tools(build *b, json_t *v, serve_error *e)
 {
-    if (!json_is_array(v)) return BAD("tools", "tools is %s, expected an array of function tools", tname(v));
+    if (!json_is_array(v)) return BAD("tools", "tools is %s, expected an array of function tools", serve_json_type(v));
     json_object_set(b->echo, "tools", v);
     if (!json_array_size(v)) return 0; /* no tools: the chat request has none */
     json_t *out = json_array();
@@ -312,7 +306,7 @@ static int parse_tool_choice(build *b, json_t *v, serve_error *e)
     json_t *nm = json_object_get(v, "name");
     if (!json_is_object(v) || !type_is(v, "function") || json_object_size(v) != 2 || !json_is_string(nm))
         return BAD("tool_choice", "tool_choice is %s, expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
-                   "\"name\": ...} (kipp-serve runs function tools only)", json_is_object(v) ? "an object of another shape" : tname(v));
+                   "\"name\": ...} (kipp-serve runs function tools only)", json_is_object(v) ? "an object of another shape" : serve_json_type(v));
     if (!has_tools) return BAD("tool_choice", "tool_choice names function '%.64s', and no tools are given", json_string_value(nm));
     json_object_set_new(b->chat, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", nm));
     return 0;
@@ -321,7 +315,7 @@ static int parse_tool_choice(build *b, json_t *v, serve_error *e)
 static int parse_reasoning(build *b, json_t *v, serve_error *e)
 {
     static const char *keys[] = {"effort", "summary", "generate_summary", NULL};
-    if (!json_is_object(v)) return BAD("reasoning", "reasoning is %s, expected an object {\"effort\": ...}", tname(v));
+    if (!json_is_object(v)) return BAD("reasoning", "reasoning is %s, expected an object {\"effort\": ...}", serve_json_type(v));
     if (only_keys(v, keys, "reasoning", e)) return -1;
     json_t *ef = json_object_get(v, "effort");
     const char *s = json_is_string(ef) ? json_string_value(ef) : "";
@@ -330,11 +324,11 @@ static int parse_reasoning(build *b, json_t *v, serve_error *e)
     while (k < 6 && strcmp(efforts[k], s)) k++;
     if (ef && !json_is_null(ef) && k == 6)
         return BAD("reasoning", "reasoning.effort is %s%.32s%s, expected none, minimal, low, medium, high or xhigh",
-                   json_is_string(ef) ? "'" : "", json_is_string(ef) ? s : tname(ef), json_is_string(ef) ? "'" : "");
+                   json_is_string(ef) ? "'" : "", json_is_string(ef) ? s : serve_json_type(ef), json_is_string(ef) ? "'" : "");
     for (const char *const *f = keys + 1; *f; f++) {
         json_t *x = json_object_get(v, *f);
         if (x && !json_is_null(x) && !json_is_string(x))
-            return BAD("reasoning", "reasoning.%s is %s, expected \"auto\", \"concise\" or \"detailed\"", *f, tname(x));
+            return BAD("reasoning", "reasoning.%s is %s, expected \"auto\", \"concise\" or \"detailed\"", *f, serve_json_type(x));
     }
     /* none and minimal turn Qwen3's thinking off; the other efforts leave it on (there is no finer control) */
     if (k < 2) json_object_set_new(b->chat, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", 0));
@@ -346,13 +340,13 @@ static int parse_reasoning(build *b, json_t *v, serve_error *e)
 static int parse_text(build *b, json_t *v, serve_error *e)
 {
     static const char *keys[] = {"format", "verbosity", NULL}, *fkeys[] = {"type", "name", "schema", "strict", "description", NULL};
-    if (!json_is_object(v)) return BAD("text", "text is %s, expected an object {\"format\": ...}", tname(v));
+    if (!json_is_object(v)) return BAD("text", "text is %s, expected an object {\"format\": ...}", serve_json_type(v));
     if (only_keys(v, keys, "text", e)) return -1;
     json_object_set(b->echo, "text", v);
     json_t *f = json_object_get(v, "format");
     if (!f || json_is_null(f)) return 0;
     json_t *ty = json_object_get(f, "type");
-    if (!json_is_object(f)) return BAD("text.format", "text.format is %s, expected an object {\"type\": ...}", tname(f));
+    if (!json_is_object(f)) return BAD("text.format", "text.format is %s, expected an object {\"type\": ...}", serve_json_type(f));
     if (type_is(f, "text") || type_is(f, "json_object")) {
         if (json_object_size(f) != 1) return BAD("text.format", "text.format of type '%s' takes no other field", json_string_value(ty));
         if (type_is(f, "json_object")) json_object_set_new(b->chat, "response_format", json_pack("{s:s}", "type", "json_object"));
@@ -360,10 +354,10 @@ static int parse_text(build *b, json_t *v, serve_error *e)
     }
     if (!type_is(f, "json_schema"))
         return BAD("text.format", "text.format.type is %s%.40s%s, expected \"text\", \"json_object\" or \"json_schema\"",
-                   json_is_string(ty) ? "'" : "", json_is_string(ty) ? json_string_value(ty) : tname(ty), json_is_string(ty) ? "'" : "");
+                   json_is_string(ty) ? "'" : "", json_is_string(ty) ? json_string_value(ty) : serve_json_type(ty), json_is_string(ty) ? "'" : "");
     if (only_keys(f, fkeys, "text.format", e)) return -1;
     if (!json_is_object(json_object_get(f, "schema")))
-        return BAD("text.format", "text.format.schema is %s, expected a JSON Schema object", tname(json_object_get(f, "schema")));
+        return BAD("text.format", "text.format.schema is %s, expected a JSON Schema object", serve_json_type(json_object_get(f, "schema")));
     json_t *js = json_deep_copy(f);
     json_object_del(js, "type");
     json_object_set_new(b->chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
@@ -377,7 +371,7 @@ static int parse_input(build *b, json_t *v, serve_error *e)
         return 0;
     }
     if (!json_is_array(v) || !json_array_size(v))
-        return BAD("input", "input is %s%s, expected a string or a non-empty array of input items", tname(v),
+        return BAD("input", "input is %s%s, expected a string or a non-empty array of input items", serve_json_type(v),
                    json_is_array(v) ? " (empty)" : "");
     for (size_t i = 0; i < json_array_size(v); i++) {
         json_t *it = json_array_get(v, i);
@@ -391,7 +385,7 @@ static int parse_input(build *b, json_t *v, serve_error *e)
 
 static int parse_previous(build *b, json_t *v, serve_error *e)
 {
-    if (!json_is_string(v)) return BAD("previous_response_id", "previous_response_id is %s, expected a response id", tname(v));
+    if (!json_is_string(v)) return BAD("previous_response_id", "previous_response_id is %s, expected a response id", serve_json_type(v));
     json_t *items = serve_resp_store_get(json_string_value(v));
     if (!items) {
         BAD("previous_response_id", "previous response with id '%.64s' not found: it was not stored (store false), was "
@@ -409,14 +403,14 @@ static int parse_previous(build *b, json_t *v, serve_error *e)
 static int parse_metadata(build *b, json_t *v, serve_error *e)
 {
     if (!json_is_object(v) || json_object_size(v) > 16)
-        return BAD("metadata", "metadata is %s%s, expected an object of at most 16 string values", tname(v),
+        return BAD("metadata", "metadata is %s%s, expected an object of at most 16 string values", serve_json_type(v),
                    json_is_object(v) ? " with more than 16 keys" : "");
     const char *k;
     json_t *x;
     json_object_foreach(v, k, x) {
         if (strlen(k) > 64 || !json_is_string(x) || json_string_length(x) > 512)
             return BAD("metadata", "metadata.%.64s is %s, expected a key of at most 64 characters with a string of at most "
-                       "512", k, json_is_string(x) ? "too long" : tname(x));
+                       "512", k, json_is_string(x) ? "too long" : serve_json_type(x));
     }
     json_object_set(b->echo, "metadata", v);
     return 0;
@@ -426,48 +420,48 @@ static int parse_metadata(build *b, json_t *v, serve_error *e)
 static int parse_inert(build *b, const char *k, json_t *v, serve_error *e)
 {
     if (!strcmp(k, "store")) {
-        if (!json_is_boolean(v)) return BAD(k, "store is %s, expected a boolean", tname(v));
+        if (!json_is_boolean(v)) return BAD(k, "store is %s, expected a boolean", serve_json_type(v));
         b->store = json_is_true(v);
         return json_object_set(b->echo, k, v);
     }
     if (!strcmp(k, "truncation")) {
         const char *s = json_string_value(v);
         if (!s || (strcmp(s, "auto") && strcmp(s, "disabled")))
-            return BAD(k, "truncation is %s, expected \"auto\" or \"disabled\"", json_is_string(v) ? "another string" : tname(v));
+            return BAD(k, "truncation is %s, expected \"auto\" or \"disabled\"", json_is_string(v) ? "another string" : serve_json_type(v));
         note_ignored("truncation"); /* the chat fit drops the oldest turns either way, keeping the last (api_prepare.c) */
         return json_object_set(b->echo, k, v);
     }
     if (!strcmp(k, "background")) {
         if (!json_is_false(v)) return BAD(k, "background is %s, expected false: kipp-serve answers on the request's connection",
-                                          json_is_true(v) ? "true" : tname(v));
+                                          json_is_true(v) ? "true" : serve_json_type(v));
         return 0;
     }
     if (!strcmp(k, "top_logprobs")) {
         if (!json_is_integer(v) || json_integer_value(v) != 0)
             return BAD(k, "top_logprobs is %s, expected 0: /v1/responses returns no logprobs here (use /v1/chat/completions)",
-                       json_is_integer(v) ? "above 0" : tname(v));
+                       json_is_integer(v) ? "above 0" : serve_json_type(v));
         return 0;
     }
     if (!strcmp(k, "max_tool_calls")) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1) return BAD(k, "max_tool_calls is %s, expected an integer >= 1", tname(v));
+        if (!json_is_integer(v) || json_integer_value(v) < 1) return BAD(k, "max_tool_calls is %s, expected an integer >= 1", serve_json_type(v));
         if (json_integer_value(v) == 1 && json_array_size(json_object_get(b->root, "tools")))
             json_object_set_new(b->chat, "parallel_tool_calls", json_false()); /* one call at most */
         return json_object_set(b->echo, k, v);
     }
     if (!strcmp(k, "include")) {
         for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++)
-            if (!json_is_string(json_array_get(v, i))) return BAD(k, "include[%zu] is %s, expected a string", i, tname(json_array_get(v, i)));
-        if (!json_is_array(v)) return BAD(k, "include is %s, expected an array of strings", tname(v));
+            if (!json_is_string(json_array_get(v, i))) return BAD(k, "include[%zu] is %s, expected a string", i, serve_json_type(json_array_get(v, i)));
+        if (!json_is_array(v)) return BAD(k, "include is %s, expected an array of strings", serve_json_type(v));
         note_ignored("include");
         return 0;
     }
     if (!strcmp(k, "stream_options")) {
-        if (!json_is_object(v)) return BAD(k, "stream_options is %s, expected an object", tname(v));
+        if (!json_is_object(v)) return BAD(k, "stream_options is %s, expected an object", serve_json_type(v));
         note_ignored("stream_options");
         return 0;
     }
     /* user, service_tier, prompt_cache_key, safety_identifier: strings */
-    if (!json_is_string(v)) return BAD(k, "%s is %s, expected a string", k, tname(v));
+    if (!json_is_string(v)) return BAD(k, "%s is %s, expected a string", k, serve_json_type(v));
     if (strcmp(k, "user")) note_ignored(k);
     return strcmp(k, "user") && strcmp(k, "service_tier") ? 0 : json_object_set(b->echo, k, v);
 }
@@ -494,13 +488,13 @@ static int parse_field(build *b, const char *k, json_t *v, serve_error *e)
     }
     if (in(INERT, k)) return parse_inert(b, k, v, e);
     if (!strcmp(k, "instructions")) {
-        if (!json_is_string(v)) return BAD(k, "instructions is %s, expected a string", tname(v));
+        if (!json_is_string(v)) return BAD(k, "instructions is %s, expected a string", serve_json_type(v));
         return json_object_set(b->echo, k, v);
     }
     if (!strcmp(k, "tools")) return parse_tools(b, v, e);
     if (!strcmp(k, "tool_choice")) return parse_tool_choice(b, v, e);
     if (!strcmp(k, "parallel_tool_calls")) {
-        if (!json_is_boolean(v)) return BAD(k, "parallel_tool_calls is %s, expected a boolean", tname(v));
+        if (!json_is_boolean(v)) return BAD(k, "parallel_tool_calls is %s, expected a boolean", serve_json_type(v));
         if (json_array_size(json_object_get(b->root, "tools")) && !json_object_get(b->chat, "parallel_tool_calls"))
             json_object_set(b->chat, k, v);
         return json_object_set(b->echo, k, v);
@@ -510,7 +504,7 @@ static int parse_field(build *b, const char *k, json_t *v, serve_error *e)
     if (!strcmp(k, "metadata")) return parse_metadata(b, v, e);
     if (!strcmp(k, "max_output_tokens")) {
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 30))
-            return BAD(k, "max_output_tokens is %s, expected an integer in [1, %d]", json_is_integer(v) ? "out of range" : tname(v),
+            return BAD(k, "max_output_tokens is %s, expected an integer in [1, %d]", json_is_integer(v) ? "out of range" : serve_json_type(v),
                        1 << 30);
         json_object_set(b->echo, k, v);
         return json_object_set(b->chat, "max_completion_tokens", v);
@@ -601,7 +595,7 @@ int serve_responses_parse(const char *body, size_t len, serve_req *r, serve_erro
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root || !json_is_object(root)) {
         json_decref(root);
-        return root ? BAD("", "request body is a JSON %s, expected an object", tname(root))
+        return root ? BAD("", "request body is a JSON %s, expected an object", serve_json_type(root))
                     : BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
     build b = {.chat = json_object(), .echo = echo_defaults(), .history = json_array(), .root = root, .store = 1};

@@ -15,19 +15,7 @@
 #define BAD(param, ...) serve_fail(e, 400, "invalid_request_error", param, __VA_ARGS__)
 #define OOM(param) serve_fail(e, 503, "server_error", param, "out of memory")
 
-static const char *tname(const json_t *v)
-{
-    if (!v) return "missing";
-    static const char *names[] = {"an object", "an array", "a string", "an integer", "a number", "true", "false", "null"};
-    return names[json_typeof(v)];
-}
 
-static char *dupn(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n), d[n] = 0;
-    return d;
-}
 
 int serve_tools_active(const serve_req *r) { return r->n_tools > 0 && r->tool_choice != SERVE_TOOL_NONE; }
 
@@ -79,7 +67,7 @@ static int params_object(const json_t *p, size_t i, serve_error *e)
     if (ty && (!json_is_string(ty) || strcmp(json_string_value(ty), "object")))
         return BAD("tools", "tools[%zu].function.parameters has \"type\" %s%.40s%s, expected \"object\": a function's "
                    "arguments are a JSON object", i, json_is_string(ty) ? "\"" : "", json_is_string(ty) ?
-                   json_string_value(ty) : tname(ty), json_is_string(ty) ? "\"" : "");
+                   json_string_value(ty) : serve_json_type(ty), json_is_string(ty) ? "\"" : "");
     for (size_t k = 0; !ty && other[k]; k++)
         if (json_object_get(p, other[k]))
             return BAD("tools", "tools[%zu].function.parameters uses \"%s\" without \"type\": \"object\", expected a "
@@ -103,20 +91,20 @@ static int parse_tool(serve_req *r, const json_t *t, size_t i, serve_error *e)
                  *p = json_object_get(f, "parameters"), *st = json_object_get(f, "strict");
     if (!json_is_string(nm) || !name_ok(json_string_value(nm), json_string_length(nm)))
         return BAD("tools", "tools[%zu].function.name is %s, expected 1..64 characters of a-z, A-Z, 0-9, _ and -", i,
-                   json_is_string(nm) ? "not a valid name" : tname(nm));
+                   json_is_string(nm) ? "not a valid name" : serve_json_type(nm));
     if (d && !json_is_null(d) && !json_is_string(d))
-        return BAD("tools", "tools[%zu].function.description is %s, expected a string", i, tname(d));
+        return BAD("tools", "tools[%zu].function.description is %s, expected a string", i, serve_json_type(d));
     if (p && !json_is_null(p) && !json_is_object(p))
-        return BAD("tools", "tools[%zu].function.parameters is %s, expected a JSON Schema object", i, tname(p));
+        return BAD("tools", "tools[%zu].function.parameters is %s, expected a JSON Schema object", i, serve_json_type(p));
     if (json_is_object(p) && params_object(p, i, e)) return -1;
     if (st && !json_is_null(st) && !json_is_boolean(st))
-        return BAD("tools", "tools[%zu].function.strict is %s, expected a boolean", i, tname(st));
+        return BAD("tools", "tools[%zu].function.strict is %s, expected a boolean", i, serve_json_type(st));
     for (size_t k = 0; k < r->n_tools; k++)
         if (!strcmp(r->tools[k].name, json_string_value(nm)))
             return BAD("tools", "tools[%zu].function.name '%s' repeats tools[%zu]; expected unique names", i,
                        json_string_value(nm), k);
     serve_tool *d_out = &r->tools[r->n_tools++];
-    d_out->name = dupn(json_string_value(nm), json_string_length(nm));
+    d_out->name = serve_dupn(json_string_value(nm), json_string_length(nm));
     if (json_is_object(p)) d_out->parameters = json_dumps(p, JSON_COMPACT | JSON_REAL_PRECISION(17));
     if (!d_out->name || (json_is_object(p) && !d_out->parameters)) return OOM("tools");
     return 0;
@@ -137,7 +125,7 @@ static int parse_tool_choice(serve_req *r, const json_t *v, serve_error *e)
     if (!json_is_object(v) || json_object_size(v) != 2 || !json_is_string(ty) || strcmp(json_string_value(ty), "function") ||
         !json_is_object(f) || json_object_size(f) != 1 || !json_is_string(nm))
         return BAD("tool_choice", "tool_choice is %s, expected \"none\", \"auto\", \"required\" or "
-                   "{\"type\": \"function\", \"function\": {\"name\": ...}}", json_is_object(v) ? "an object of another shape" : tname(v));
+                   "{\"type\": \"function\", \"function\": {\"name\": ...}}", json_is_object(v) ? "an object of another shape" : serve_json_type(v));
     for (size_t k = 0; k < r->n_tools; k++)
         if (!strcmp(r->tools[k].name, json_string_value(nm))) {
             r->tool_choice = SERVE_TOOL_NAMED, r->tool_named = k;
@@ -177,7 +165,7 @@ int serve_parse_tools(serve_req *r, const json_t *root, serve_error *e)
     if (tools && !json_is_null(tools)) {
         size_t n = json_is_array(tools) ? json_array_size(tools) : 0;
         if (n == 0 || n > SERVE_MAX_TOOLS)
-            return BAD("tools", "tools is %s%s, expected an array of 1..%d function tools (omit it for none)", tname(tools),
+            return BAD("tools", "tools is %s%s, expected an array of 1..%d function tools (omit it for none)", serve_json_type(tools),
                        json_is_array(tools) ? (n ? " (too long)" : " (empty)") : "", SERVE_MAX_TOOLS);
         if (!(r->tools = calloc(n, sizeof *r->tools))) return OOM("tools");
         for (size_t i = 0; i < n; i++)
@@ -193,7 +181,7 @@ int serve_parse_tools(serve_req *r, const json_t *root, serve_error *e)
                        "\"required\"", r->response_format == SERVE_RF_JSON_OBJECT ? "json_object" : "json_schema");
     }
     if (par && !json_is_null(par)) {
-        if (!json_is_boolean(par)) return BAD("parallel_tool_calls", "parallel_tool_calls is %s, expected a boolean", tname(par));
+        if (!json_is_boolean(par)) return BAD("parallel_tool_calls", "parallel_tool_calls is %s, expected a boolean", serve_json_type(par));
         if (!r->n_tools) return BAD("parallel_tool_calls", "parallel_tool_calls is only allowed when tools are given");
         r->parallel_tool_calls = json_is_true(par);
     }
@@ -212,11 +200,11 @@ static int call_arguments(const json_t *a, size_t i, size_t k, char **out, serve
             return BAD("messages", "messages[%zu].tool_calls[%zu].function.arguments is not valid JSON text: %s "
                        "(column %d); expected a JSON object as a string", i, k, je.text, je.column);
         json_decref(v);
-        return (*out = dupn(json_string_value(a), json_string_length(a))) ? 0 : OOM("messages");
+        return (*out = serve_dupn(json_string_value(a), json_string_length(a))) ? 0 : OOM("messages");
     }
     if (!json_is_object(a))
         return BAD("messages", "messages[%zu].tool_calls[%zu].function.arguments is %s, expected a JSON string or an object",
-                   i, k, tname(a));
+                   i, k, serve_json_type(a));
     char *text = json_dumps(a, JSON_COMPACT | JSON_REAL_PRECISION(17));
     int rc = text ? kipp_chat_json_dumps(text, strlen(text), out, err, sizeof err) : KIPP_ENOMEM;
     free(text);
@@ -238,21 +226,21 @@ static int parse_call(serve_msg *d, const json_t *c, size_t i, size_t k, serve_e
     snprintf(at, sizeof at, "%s[%zu].function", where, k);
     if (only_keys(f, fkeys, at, "messages", "name and arguments", e)) return -1;
     if (!json_is_string(id) || json_string_length(id) == 0)
-        return BAD("messages", "%s[%zu].id is %s, expected a non-empty string", where, k, tname(id));
+        return BAD("messages", "%s[%zu].id is %s, expected a non-empty string", where, k, serve_json_type(id));
     if (!json_is_string(ty) || strcmp(json_string_value(ty), "function"))
-        return BAD("messages", "%s[%zu].type is %s, expected \"function\"", where, k, json_is_string(ty) ? "not \"function\"" : tname(ty));
+        return BAD("messages", "%s[%zu].type is %s, expected \"function\"", where, k, json_is_string(ty) ? "not \"function\"" : serve_json_type(ty));
     const json_t *nm = json_object_get(f, "name");
     if (!json_is_string(nm) || !name_ok(json_string_value(nm), json_string_length(nm)))
         return BAD("messages", "%s[%zu].function.name is %s, expected 1..64 characters of a-z, A-Z, 0-9, _ and -", where, k,
-                   json_is_string(nm) ? "not a valid name" : tname(nm));
+                   json_is_string(nm) ? "not a valid name" : serve_json_type(nm));
     for (size_t p = 0; p < d->n_calls; p++)
         if (!strcmp(d->call_ids[p], json_string_value(id)))
             return BAD("messages", "%s[%zu].id '%.64s' repeats call %zu; expected unique ids", where, k, json_string_value(id), p);
     char *args = NULL;
     if (call_arguments(json_object_get(f, "arguments"), i, k, &args, e)) return -1;
     kipp_tool_call *t = &d->calls[d->n_calls];
-    d->call_ids[d->n_calls++] = dupn(json_string_value(id), json_string_length(id));
-    t->name = dupn(json_string_value(nm), json_string_length(nm));
+    d->call_ids[d->n_calls++] = serve_dupn(json_string_value(id), json_string_length(id));
+    t->name = serve_dupn(json_string_value(nm), json_string_length(nm));
     t->arguments = args;
     return d->call_ids[d->n_calls - 1] && t->name ? 0 : OOM("messages");
 }
@@ -263,7 +251,7 @@ int serve_parse_msg_tools(serve_msg *d, const json_t *m, size_t i, serve_error *
     if (tc && !json_is_null(tc)) {
         if (d->role != KIPP_ROLE_ASSISTANT) return BAD("messages", "messages[%zu].tool_calls is not supported on this role, only on assistant messages", i);
         size_t n = json_is_array(tc) ? json_array_size(tc) : 0;
-        if (!json_is_array(tc)) return BAD("messages", "messages[%zu].tool_calls is %s, expected an array of calls", i, tname(tc));
+        if (!json_is_array(tc)) return BAD("messages", "messages[%zu].tool_calls is %s, expected an array of calls", i, serve_json_type(tc));
         if (n && (!(d->calls = calloc(n, sizeof *d->calls)) || !(d->call_ids = calloc(n, sizeof *d->call_ids))))
             return OOM("messages");
         for (size_t k = 0; k < n; k++)
@@ -272,8 +260,8 @@ int serve_parse_msg_tools(serve_msg *d, const json_t *m, size_t i, serve_error *
     if (d->role == KIPP_ROLE_TOOL) {
         if (!json_is_string(id) || json_string_length(id) == 0)
             return BAD("messages", "messages[%zu].tool_call_id is %s, expected the id of the call this tool message answers",
-                       i, json_is_string(id) ? "empty" : tname(id));
-        if (!(d->tool_call_id = dupn(json_string_value(id), json_string_length(id)))) return OOM("messages");
+                       i, json_is_string(id) ? "empty" : serve_json_type(id));
+        if (!(d->tool_call_id = serve_dupn(json_string_value(id), json_string_length(id)))) return OOM("messages");
     } else if (id) {
         return BAD("messages", "messages[%zu].tool_call_id is not supported on this role, only on tool messages", i);
     }

@@ -57,6 +57,10 @@ int serve_fail(serve_error *e, int status, const char *type, const char *param, 
 char *serve_error_json(const serve_error *e);
 /** A new JSON string of the bytes p[n], invalid UTF-8 replaced by U+FFFD (client or model bytes may be cut mid-character). */
 json_t *serve_json_text(const char *p, size_t n);
+/** What a message calls v's JSON type: "an object", "a string", "a boolean", ... ("missing" for NULL). */
+const char *serve_json_type(const json_t *v);
+/** malloc'd copy of s[n] with a NUL after it (s may hold NULs); NULL when out of memory. */
+char *serve_dupn(const char *s, size_t n);
 
 /** One chat message as parsed: text parts already joined with "\n", as the
  * engine joins kipp_chat_message content parts (kipp.h; vLLM does the same). */

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "server/serve_http.h"
 
@@ -141,20 +140,6 @@ int serve_tokenize(serve_http *h, const char *body, size_t len, char **json, ser
     return rc;
 }
 
-/* JSON string of bytes p[n], invalid UTF-8 (a token cut mid-character) as U+FFFD. */
-static json_t *utf8_text(const char *p, size_t n)
-{
-    serve_buf b = {0};
-    for (size_t i = 0; i < n;) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)p + i, (utf8proc_ssize_t)(n - i), &cp);
-        if (k > 0) serve_buf_put(&b, p + i, (size_t)k), i += (size_t)k;
-        else serve_buf_put(&b, "\xEF\xBF\xBD", 3), i++;
-    }
-    json_t *s = json_stringn(b.p ? b.p : "", b.n);
-    serve_buf_free(&b);
-    return s;
-}
 
 int serve_detokenize(serve_http *h, const char *body, size_t len, char **json, serve_error *e)
 {
@@ -191,7 +176,7 @@ int serve_detokenize(serve_http *h, const char *body, size_t len, char **json, s
     if (!rc && kipp_detokenize(h->info.model, ids, n, text, need + 1, &need, err, sizeof err))
         rc = serve_fail(e, 500, "server_error", "", "detokenize failed: %s", err);
     if (!rc) {
-        json_t *out = json_pack("{s:o}", "prompt", utf8_text(text, need));
+        json_t *out = json_pack("{s:o}", "prompt", serve_json_text(text, need));
         *json = json_dumps(out, JSON_COMPACT);
         json_decref(out);
     }

@@ -46,12 +46,6 @@ static int all_ws(const char *s, size_t n)
     return 1;
 }
 
-static char *dupn(const char *s, size_t n)
-{
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n), d[n] = 0;
-    return d;
-}
 
 /* Skip one JSON value at s[i..n) already known valid (jansson parsed it):
  * strings with their escapes, brackets by depth. Returns the end offset. */
@@ -115,9 +109,9 @@ static int block_call(const serve_tool *tools, size_t n_tools, const char *s, si
     int rc = 0;
     if (ok) {
         size_t off, len;
-        call->name = dupn(tools[t].name, strlen(tools[t].name));
+        call->name = serve_dupn(tools[t].name, strlen(tools[t].name));
         call->arguments = arguments_span(s, n, &off, &len) ? json_dumps(args, JSON_COMPACT | JSON_REAL_PRECISION(17))
-                                                          : dupn(s + off, len);
+                                                          : serve_dupn(s + off, len);
         rc = call->name && call->arguments ? 1 : -1;
         if (rc < 0) free(call->name), free(call->arguments);
     }
