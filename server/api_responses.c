@@ -593,10 +593,11 @@ int serve_responses_parse(const char *body, size_t len, serve_req *r, serve_erro
     serve_req_init(r, 1);
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root || !json_is_object(root)) {
+    if (!root || !json_is_object(root)) { /* the message names root's type before root is freed */
+        int rc = root ? BAD("", "request body is a JSON %s, expected an object", serve_json_type(root))
+                      : BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         json_decref(root);
-        return root ? BAD("", "request body is a JSON %s, expected an object", serve_json_type(root))
-                    : BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return rc;
     }
     build b = {.chat = json_object(), .echo = echo_defaults(), .history = json_array(), .root = root, .store = 1};
     int rc = build_request(&b, e);
