@@ -124,11 +124,16 @@ def test_pool_refusal_names_the_budget_the_client_set(synthetic_gguf):
         assert r["usage"]["completion_tokens"] == 4 * 32 - n_prompt, r
         st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 4 * 32 - n_prompt})
         assert st == 200 and r["usage"]["prompt_tokens"] == n_prompt, r
+        # past the context itself: the context is what refuses (issue 51), saying by how much
         st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 1000})
+        assert st == 400 and r["error"]["param"] == "max_completion_tokens", r
+        assert r["error"]["code"] == "context_length_exceeded" and f"{n_prompt + 1000 - 512} more" in r["error"]["message"], r
+        # within the context but past the pool: the pool is what refuses, naming the budget to send
+        st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 400})
         assert st == 400 and r["error"]["param"] == "max_completion_tokens", r
         assert r["error"]["code"] == "kv_budget_exceeded", r
         msg = r["error"]["message"]
-        assert f"{512 - n_prompt} generated (max_completion_tokens 1000, cut to the rest of the context)" in msg, msg
+        assert f"({n_prompt} prompt + 400 max_completion_tokens) positions do not fit the KV pool" in msg, msg
         assert f"send max_completion_tokens <= {4 * 32 - n_prompt}," in msg, msg
         # too many choices for the pool whatever max_tokens: n is the field to change
         st, r = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "n": 5})
