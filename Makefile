@@ -152,7 +152,7 @@ $(BUILD)/bin/kcheck_emu: $(patsubst %.c,$(BUILD)/emu512/%.o,$(EMU_LEVEL_SRC) $(K
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/profile_avx512_bf16.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/bin/kipp_profile: $(BUILD)/bench/profile.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	@mkdir -p $(@D)
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 

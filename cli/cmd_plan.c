@@ -1,6 +1,7 @@
 /*
- * cmd_plan.c - `kipp plan --model FILE [--json] [--results DIR]`: measure this
- * machine and print the planner's prediction for the model (seed 002 "Planner").
+ * cmd_plan.c - `kipp plan --model FILE [--json] [--results DIR] [--profile FILE]`:
+ * measure this machine (or take its peaks from a machine profile) and print the
+ * planner's prediction for the model (seed 002 "Planner").
  *
  * The file's read speed is measured before the model is mapped, so no page of
  * it is pinned by this process while the sample is read. The model is opened
@@ -21,12 +22,15 @@
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: kipp plan --model FILE.gguf [--json] [--results DIR]\n"
-               "  measures cores, ISA level, RAM, RAM read bandwidth, the FP32 peak and the model file's\n"
-               "  read speed, then prints resident vs streamed layers, the context whose KV fits a quarter\n"
-               "  of the usable RAM and predicted decode/prefill tok/s per weight format, with the arithmetic.\n"
+    fprintf(f, "usage: kipp plan --model FILE.gguf [--json] [--results DIR] [--profile FILE]\n"
+               "  measures cores, ISA level, RAM, RAM read bandwidth, the FP32 FMA, BF16 dot and int8 dot peaks\n"
+               "  and the model file's read speed, then prints resident vs streamed layers, the context whose\n"
+               "  KV fits a quarter of the usable RAM and, per weight format, predicted decode, prefill and\n"
+               "  batch-of-8 tok/s and the server's aggregate at the --max-batch it picks, with the arithmetic.\n"
                "  --json     print the plan as JSON (schema kipp.plan.v1)\n"
-               "  --results  where the model benchmarks are (default: results/ beside the build directory)\n");
+               "  --results  where the model benchmarks are (default: results/ beside the build directory)\n"
+               "  --profile  take the read bandwidth, peaks, ISA level and CPU id from this machine profile\n"
+               "             (make profile: profiles/<host>-<level>-<cpu id>.json) instead of probing them\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -46,19 +50,22 @@ static void default_results(char *out, size_t n)
 
 int cmd_plan(int argc, char **argv)
 {
-    const char *model = NULL, *results = NULL;
+    const char *model = NULL, *results = NULL, *profile = NULL;
     int json = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
         if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results")) {
+        else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results") || !strcmp(argv[i], "--profile")) {
+            char k = argv[i][2];
             if (i + 1 == argc) {
-                cli_errorf("plan", "%s needs a value: %s", argv[i], argv[i][2] == 'm' ? "a .gguf path" : "a directory");
+                cli_errorf("plan", "%s needs a value: %s", argv[i],
+                           k == 'm' ? "a .gguf path" : k == 'r' ? "a directory" : "a machine profile (.json)");
                 return usage(stderr);
             }
-            *(argv[i][2] == 'm' ? &model : &results) = argv[i + 1], i++;
+            *(k == 'm' ? &model : k == 'r' ? &results : &profile) = argv[i + 1], i++;
         } else {
-            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json or --results DIR", argv[i]);
+            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json, --results DIR or --profile FILE",
+                       argv[i]);
             return usage(stderr);
         }
     }
@@ -78,7 +85,7 @@ int cmd_plan(int argc, char **argv)
     int rc = kipp_model_open(model, "none", NULL, &m, err, sizeof err);
     if (rc) return cli_model_error("plan", model, err), 1;
     kipp_machine mc;
-    rc = kipp_machine_measure(model, &mc, err, sizeof err);
+    rc = kipp_machine_measure_with(model, profile, &mc, err, sizeof err);
     kipp_plan p;
     if (!rc) rc = kipp_plan_make(m, &mc, results, &p, err, sizeof err);
     kipp_model_close(m);

@@ -163,6 +163,10 @@ typedef struct {
  * enforces what these files say). Same results and errors. */
 int kipp_plan_ram_at(const kipp_ram_paths *at, uint64_t *total, uint64_t *avail, char *err, size_t errlen);
 
+/** Write o->rationale: the arithmetic of o's predictions on p's machine as one paragraph (engine/plan_out.c);
+ * streamed_bytes: the bytes of a decode step read from the file (0 when none). */
+void kipp_plan_rationale(const kipp_plan *p, kipp_plan_format *o, double streamed_bytes);
+
 /**
  * Decide layer streaming for m (engine/stream_mode.c): opts->stream (or, when
  * AUTO, the environment's KIPP_STREAM), else streamed when m's weight bytes

@@ -23,6 +23,14 @@ typedef struct {
     uint64_t ram_available_bytes; /* MemAvailable, capped by the memory cgroup's limit - usage */
     double ram_read_gbps;         /* all-core streaming read, 1e9 B/s (median of the passes of 1.5 s over a buffer >> LLC) */
     double peak_gflops;           /* FP32 FMA peak, all physical cores, at isa's vector width; 0 for "ref" */
+    double bf16_dot_gflops;       /* vdpbf16ps peak, all physical cores; 0 below the avx512_bf16 level */
+    double int8_dot_gops;         /* vpdpbusd peak, 1e9 multiplies and adds per second (2 per byte product, as
+                                     FLOPs count), all physical cores; 0 below the avx512_bf16 level, whose q8_0
+                                     and affine4 tiles are the ones that run it */
+    char bf16_act[8];             /* how the cpu backend reads bf16 projections (KIPP_BF16_ACT, cpu_backend.c):
+                                     "f32", "mixed" (Q|K|V FP32, the rest and attention through the BF16 dot)
+                                     or "bf16" */
+    char peaks_from[200];         /* "probe", or the machine profile ram_read_gbps and the peaks were read from */
     double disk_read_gbps;        /* sequential read of the model file, 1e9 B/s; 0 when it could not be read */
     uint64_t disk_sample_bytes;   /* bytes of the file read for disk_read_gbps (bounded sample) */
     int disk_direct;              /* 1: O_DIRECT (page cache bypassed); 0: posix_fadvise DONTNEED before reading */
@@ -31,14 +39,29 @@ typedef struct {
 /**
  * Measure this machine for the planner: topology (hwloc), ISA level, RAM
  * (/proc/meminfo and cgroup v2 limits), all-core RAM read bandwidth, the FP32
- * FMA peak and, when model_path is non-NULL, the sequential read speed of that
- * file over a bounded sample (at most 256 MiB or about 1 s). Takes two to
- * three seconds (the RAM probe's median spans 1.5 s); allocates and frees a 256 MiB buffer (a quarter of the available RAM
+ * FMA peak, the BF16 and int8 dot peaks where the level runs them and, when
+ * model_path is non-NULL, the sequential read speed of that
+ * file over a bounded sample (at most 256 MiB or about 1 s). Takes three to
+ * four seconds (the RAM probe's median spans 1.5 s, each peak about 0.4 s); allocates and frees a 256 MiB buffer (a quarter of the available RAM
  * when that is less, at least 8 MiB). Errors: KIPP_EIO when
  * /proc/meminfo cannot be read, KIPP_ENOMEM. A model file that cannot be read
  * is not an error: disk_read_gbps stays 0.
  */
 int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, size_t errlen);
+
+/**
+ * kipp_machine_measure, but the read bandwidth, the peaks, the ISA level and the CPU id come from a machine
+ * profile (kipp.profile.v1, `make profile`: profiles/<host>-<level>-<cpu id>.json) instead of the probes,
+ * so a plan can be made for a machine as recorded (and exactly, in tests). Profiles of every age load:
+ * one without int8_dot_gops_all (before it was measured) or with null peaks has 0 for them; one without
+ * cpu.cpu_id keeps this machine's. The read bandwidth is the larger of read_gbps_all and read_gbps_1t (as
+ * kipp-bench takes it). bf16_act follows KIPP_BF16_ACT when set, else "mixed" where the profile's level is
+ * avx512_bf16 and its BF16 dot outruns its FP32 FMA, else "f32" (the cpu backend's default rule).
+ * profile_path NULL: kipp_machine_measure. Errors: KIPP_EIO (unreadable, not JSON), KIPP_EINVAL (another
+ * schema, no read bandwidth or FP32 peak), naming the file and the key.
+ */
+int kipp_machine_measure_with(const char *model_path, const char *profile_path, kipp_machine *out, char *err,
+                              size_t errlen);
 
 /** A benchmark run counts as quiet, and its shares are preferred, when other processes and the hypervisor
  * used less than this share of the CPUs in the second before it (config.cpu_busy_others_at_start; older
@@ -46,19 +69,41 @@ int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, s
 #define KIPP_QUIET_BUSY_MAX 0.25
 
 #define KIPP_PLAN_MAX_FORMATS 3
+#define KIPP_PLAN_BATCH 8          /* the batched decode the plan predicts: kipp-bench's batch8 row */
+#define KIPP_PLAN_SERVE_PROMPT 110 /* the server workload the plan predicts: `make bench-serve`'s prompts ... */
+#define KIPP_PLAN_SERVE_TOKENS 64  /* ... and tokens generated per stream */
+
 /** The planner's prediction for one weight format of the model's shape. */
 typedef struct {
     char format[16];               /* kipp.quant.scheme: "bf16", "q8_0", "affine4_gs32" */
     double weight_bytes;           /* every tensor in this format, bytes (norms, embedding and head stay BF16) */
     double decode_bytes_per_token; /* weights + KV read by one decode step at a short context, bytes */
     double prefill_flops_per_token;/* FLOPs per token of a 512-token prefill */
+    double prefill_peak_gflops;    /* this format's own peak for that prefill: its FLOPs over the sum of each part's
+                                      FLOPs at the peak of the instruction the cpu backend runs it with */
+    char arith[160];               /* which part runs which instruction, e.g. "q|k|v fp32, o/gate|up/down bf16, ..." */
     double decode_eff;             /* share of ram_read_gbps Kipp's decode reaches */
-    double prefill_eff;            /* share of peak_gflops Kipp's prefill reaches (> 1 where a BF16/int8 dot wins) */
+    double prefill_eff;            /* share of prefill_peak_gflops Kipp's prefill reaches */
     char decode_source[320];       /* the runs the decode share is the median of ("FILE share" each, FILE in
                                       kipp_plan.results_dir), or "assumed" */
     char prefill_source[320];      /* the same for the prefill share */
     double decode_tps, prefill_tps;/* predicted tokens per second */
-    char rationale[1024];           /* the arithmetic above, as one paragraph */
+    double prefill_limit_tps;      /* prefill at the whole format peak (prefill_tps / prefill_eff) */
+    /* batched decode: KIPP_PLAN_BATCH sequences, one token each per step, every row sampling */
+    double batch_bytes_per_step;   /* weights once + each sequence's KV at kipp-bench's batch context, bytes */
+    double batch_flops_per_step;   /* B x (projections + attention + head), FLOPs */
+    double batch_limit_tps;        /* B / max(bytes / ram_read_gbps, FLOPs at the format's peaks): the step limit */
+    double batch_eff;              /* share of that limit Kipp's batch8 row reaches (1 / (1 + overhead / limit)) */
+    double batch_overhead_ms;      /* the step time beyond the limit the share implies, ms */
+    char batch_source[320];        /* the runs the batch share is the median of, or "assumed" */
+    double batch_tps;              /* predicted aggregate tok/s at B = KIPP_PLAN_BATCH */
+    /* the server: --max-batch streams of KIPP_PLAN_SERVE_PROMPT prompt tokens and KIPP_PLAN_SERVE_TOKENS each */
+    uint32_t serve_max_batch;      /* the --max-batch the plan picks: the smallest of 8, 16, 32, 64 whose decode
+                                      rate is within 10% of 64's (past it a step is compute-bound: more streams
+                                      only lengthen each token's wait) */
+    double serve_tps;              /* that many streams' aggregate: all their tokens over the prefill of every
+                                      prompt plus (tokens - 1) decode steps of that batch */
+    char rationale[2560];          /* the arithmetic above, as one paragraph */
 } kipp_plan_format;
 
 /** A plan: the machine, the model's needs and the predictions (kipp_plan_make). */
@@ -87,8 +132,10 @@ typedef struct {
  * machine: resident vs streamed layers (streamed when the file's weights exceed
  * 0.75 x available RAM), the context whose KV fits a quarter of the usable RAM,
  * and per format the predicted decode tok/s (bytes per token over the read
- * bandwidth, times Kipp's measured share) and prefill tok/s (FLOPs per token
- * over the peak, times the share). Shares come from the newest model benchmark (results/DATE-HOST-CPUID-cpu-SHA.json)
+ * bandwidth, times Kipp's measured share), prefill tok/s (FLOPs per token
+ * over the format's own peak, times the share), batched decode at B = 8
+ * (the step limit times the share) and the server's aggregate. Shares come
+ * from the newest model benchmarks (results/DATE-HOST-CPUID-cpu-SHA.json)
  * of this cpu_id and ISA level in results_dir (NULL: none, assumed shares); such a file that does not
  * parse is named in results_skipped, not an error.
  * Errors: KIPP_EINVAL for NULL arguments.

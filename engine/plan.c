@@ -1,16 +1,22 @@
 /*
  * plan.c - kipp_plan_make: from the measured machine (plan_probe.c) and the
  * model's shape to a context size, resident vs streamed layers and predicted
- * tok/s per weight format, with the arithmetic as text (seed 002 "Planner").
+ * tok/s per weight format, with the arithmetic as text (seed 002 "Planner";
+ * the JSON and text views are plan_out.c).
  *
  * The model: decode reads every weight byte once per token, so its rate is
- * the read bandwidth over the bytes per token; prefill does 2 FLOPs per weight
- * per token, so its rate is the FP32 FMA peak over the FLOPs per token. Each is
- * multiplied by the share of that roofline Kipp's own kernels reached on this
- * CPU and level: the median over the newest model benchmarks in results/ of
- * this model (else any), from quiet runs where there are any (pick_share; the
- * same byte and FLOP counts as bench/bench_model.c, so the shares carry over);
- * the shares assumed without one are the bench's targets, stated as assumed.
+ * the read bandwidth over the bytes per token. Prefill does 2 FLOPs per weight
+ * per token, each part with the instruction the cpu backend runs it with
+ * (arith_of: FP32 FMA, the BF16 dot or the int8 VNNI dot), so its limit is the
+ * time of each part's FLOPs at that instruction's peak. A batched decode step
+ * of B sequences reads the weights once and does B tokens' FLOPs: its limit is
+ * the larger of the read time and the compute time. Each limit is multiplied by
+ * the share of it Kipp's own kernels reached on this CPU and level: the median
+ * over the newest model benchmarks in results/ of this model (else any), from
+ * quiet runs where there are any (pick_share; the same byte and FLOP counts as
+ * bench/bench_model.c, so the shares carry over; make bench records the plan's
+ * limit beside each pp512 and batch8 row); the shares assumed without one are
+ * stated as assumed.
  *
  * Streaming: when the file's weights exceed 0.75 x available RAM, the layers
  * that do not fit are read from the file for every token, so a token costs
@@ -36,12 +42,17 @@
 #define CTX_BLOCK 32u       /* the KV pool's block: contexts are whole blocks */
 #define TG_CONTEXT 80.5     /* mean attended positions of the bench's tg128 row (16-token prompt, 128 tokens) */
 #define PP_TOKENS 512.0     /* the bench's pp512 row: 512 tokens, mean context 256.5 */
+#define BATCH_CONTEXT 32.5  /* mean attended positions of the bench's batch rows (16-token prompts, 32 steps) */
 #define ASSUMED_DECODE_EFF 0.80  /* without results: the bench's decode target share (TARGET_DECODE is 0.95) less a margin */
-#define ASSUMED_PREFILL_EFF 0.50 /* without results: about what the FP32 path reached in results/ of other CPUs */
+#define ASSUMED_PREFILL_EFF 0.60 /* without results: of the format's own peak; pp512 reached 0.53-0.73 of it on
+                                    Zen 4 and Zen 5 in every format (docs/PLANNING.md) */
+#define ASSUMED_BATCH_EFF 0.60   /* without results: of the batch8 step limit; 0.56-0.77 on Zen 4 (issue 52) */
+#define SERVE_NEAR_TOP 0.90      /* --max-batch: the smallest whose decode rate is within 10% of the largest's */
 
 /* Bytes and FLOPs of the model's shape in one format (as bench/bench_model.c cost_of counts them). */
 typedef struct {
     double layer_params;     /* projection weights, all layers */
+    double qkv_params;       /* of which Q|K|V's (the part KIPP_BF16_ACT=mixed keeps on FP32 activations) */
     double layer_bytes;      /* projections in the format + norms in BF16, all layers */
     double head_bytes;       /* output head [vocab][d_model] in its format (BF16 unless kipp.quant.head) */
     double embd_bytes;       /* token embedding when stored apart from the head (untied or quant head), else 0 */
@@ -53,6 +64,7 @@ static void cost_of(const kipp_model_info *in, const kipp_fmt_facts *f, shape_co
     double D = in->d_model, A = (double)in->n_q_head * in->head_dim, KV = (double)in->n_kv_head * in->head_dim;
     double F = in->d_ff, L = in->n_layer;
     c->layer_params = L * ((A + 2 * KV) * D + D * A + 3 * F * D);
+    c->qkv_params = L * (A + 2 * KV) * D;
     c->layer_bytes = c->layer_params * f->block_bytes / f->block + 2 * L * (2 * D + 2 * in->head_dim);
     /* A --quant-head file reads its head in that format at every token and
      * keeps the BF16 embedding as a separate tensor even when tied. */
@@ -81,6 +93,9 @@ typedef struct {
     size_t n, cap;
 } share_rows;
 
+enum { ROW_DECODE, ROW_PREFILL, ROW_BATCH, ROW_KINDS }; /* the rows a share comes from: tg128, pp512, batch8 */
+static const char *const ROW_NAMES[ROW_KINDS] = {"tg128", "pp512", "batch8"};
+
 /* Bytes >= 0x80 of s become '?': file names go into the plan's JSON, which needs valid UTF-8. */
 static void ascii_only(char *s)
 {
@@ -100,22 +115,22 @@ static const char *str(const json_t *o, const char *k)
     return json_is_string(v) ? json_string_value(v) : "";
 }
 
-/* A row's share of the FP32 FMA peak (prefill) or of the read bandwidth (decode); < 0 when it has none. */
-static double row_share(const json_t *r, int prefill)
+/* The row's share of its limit, < 0 when it has none: tg128 of the read bandwidth (the probes beside its reps);
+ * pp512 and batch8 of the plan's limit (plan.limit_share, written by make bench from the plan made just
+ * before the row: rows from before the format peaks have none, since their shares were of the FP32 or BF16
+ * peak alone). */
+static double row_share(const json_t *r, int kind)
 {
-    const char *ref = str(r, "roofline_ref");
-    double s = num(r, "roofline_share");
-    if (!prefill) return !strncmp(ref, "read_gbps", 9) ? s : -1;
-    if (!strcmp(ref, "fp32_gflops_all")) return s;
-    return !strcmp(ref, "bf16_gflops_all") ? num(r, "fp32_peak_share") : -1;
+    if (kind == ROW_DECODE) return !strncmp(str(r, "roofline_ref"), "read_gbps", 9) ? num(r, "roofline_share") : -1;
+    return num(json_object_get(r, "plan"), "limit_share");
 }
 
 /* Append row r of file `name` when it has a share; a row that cannot be kept (out of memory) is left out,
  * which only narrows the median. */
 static void add_row(share_rows *rows, const json_t *r, const char *name, const char *date, int quiet, int same,
-                    int prefill)
+                    int kind)
 {
-    double s = row_share(r, prefill);
+    double s = row_share(r, kind);
     if (s <= 0) return;
     if (rows->n == rows->cap) {
         size_t cap = rows->cap ? 2 * rows->cap : 16;
@@ -163,13 +178,40 @@ static double pick_share(share_rows *rows, const char *what, char *src, size_t s
     return kipp_median(s, m);
 }
 
-/* Every format's tg128 and pp512 rows of this cpu_id and ISA level in results/. */
+/* Every format's tg128, pp512 and batch8 rows of this cpu_id and ISA level in results/, and the model name
+ * (kipp-bench's: the file's stem) a row of the planned model has in each format. */
 typedef struct {
-    share_rows dec[KIPP_FMT_COUNT], pre[KIPP_FMT_COUNT];
+    share_rows rows[KIPP_FMT_COUNT][ROW_KINDS];
+    char stem[KIPP_FMT_COUNT][160];
 } share_set;
 
+/* The stems tools/bench_models.py gives the planned checkpoint's files: <id>[-<scheme>][-head_<head>]. */
+static void set_stems(share_set *set, const kipp_model_info *in)
+{
+    const char *qh = in->quant_head && strcmp(in->quant_head, "bf16") ? in->quant_head : NULL;
+    for (size_t k = 0; k < KIPP_FMT_COUNT; k++)
+        snprintf(set->stem[k], sizeof set->stem[k], "%s%s%s%s%s", in->checkpoint_id, k ? "-" : "",
+                 k ? kipp_fmts[k].scheme : "", qh ? "-head_" : "", qh ? qh : "");
+}
+
+/* The format of row r: its "format", except that kipp-bench wrote "bf16" for every file before it read the
+ * file's scheme; such a row's model stem still names it (<id>-<scheme>[-head_<head>]). NULL when unknown. */
+static const kipp_fmt_facts *row_format(const json_t *r)
+{
+    const char *fmt = str(r, "format"), *model = str(r, "model");
+    const kipp_fmt_facts *f = kipp_fmt_by_scheme(fmt, strlen(fmt));
+    if (f != &kipp_fmts[KIPP_FMT_BF16]) return f;
+    const char *h = strstr(model, "-head_");
+    size_t n = h ? (size_t)(h - model) : strlen(model);
+    for (size_t k = 1; k < KIPP_FMT_COUNT; k++) {
+        size_t m = strlen(kipp_fmts[k].scheme);
+        if (n > m && model[n - m - 1] == '-' && !strncmp(model + n - m, kipp_fmts[k].scheme, m)) return &kipp_fmts[k];
+    }
+    return f;
+}
+
 /* Add file `name`'s rows (parsed as o) to set when it is a model benchmark of this machine's cpu_id and level. */
-static void add_file(share_set *set, const json_t *o, const char *name, const kipp_machine *mc, const char *model_id)
+static void add_file(share_set *set, const json_t *o, const char *name, const kipp_machine *mc)
 {
     const json_t *cpu = json_object_get(o, "cpu"), *cfg = json_object_get(o, "config");
     if (strcmp(str(cpu, "cpu_id"), mc->cpu_id) || strcmp(str(cfg, "isa"), mc->isa)) return;
@@ -178,13 +220,13 @@ static void add_file(share_set *set, const json_t *o, const char *name, const ki
     const json_t *rows = json_object_get(o, "results");
     for (size_t i = 0; i < json_array_size(rows); i++) {
         const json_t *r = json_array_get(rows, i);
-        const char *fmt = str(r, "format");
-        const kipp_fmt_facts *f = kipp_fmt_by_scheme(fmt, strlen(fmt));
+        const kipp_fmt_facts *f = row_format(r);
         if (!f) continue;
         size_t k = (size_t)(f - kipp_fmts);
-        int same = !strcmp(str(r, "model"), model_id);
-        if (!strcmp(str(r, "name"), "tg128")) add_row(&set->dec[k], r, name, str(o, "date"), quiet, same, 0);
-        if (!strcmp(str(r, "name"), "pp512")) add_row(&set->pre[k], r, name, str(o, "date"), quiet, same, 1);
+        int same = !strcmp(str(r, "model"), set->stem[k]);
+        for (int kind = 0; kind < ROW_KINDS; kind++)
+            if (!strcmp(str(r, "name"), ROW_NAMES[kind]))
+                add_row(&set->rows[k][kind], r, name, str(o, "date"), quiet, same, kind);
     }
 }
 
@@ -203,8 +245,7 @@ static void note_skip(char *note, size_t notelen, size_t *l, size_t *shown, cons
  * directory that cannot be opened, or an entry of that name that is not a regular file, does not parse or
  * is not schema kipp.bench.v1, is named in note (the plan says which measurements it could not use; when
  * the note is full it ends with how many in all) and otherwise left out. */
-static void load_shares(const char *dir, const kipp_machine *mc, const char *model_id, share_set *set, char *note,
-                        size_t notelen)
+static void load_shares(const char *dir, const kipp_machine *mc, share_set *set, char *note, size_t notelen)
 {
     size_t l = 0, shown = 0, bad = 0;
     note[0] = 0;
@@ -232,7 +273,7 @@ static void load_shares(const char *dir, const kipp_machine *mc, const char *mod
             if (!o) snprintf(why, sizeof why, "line %d: %s", je.line, je.text);
             else if (strcmp(schema, "kipp.bench.v1"))
                 snprintf(why, sizeof why, "schema \"%s\", expected \"kipp.bench.v1\"", schema);
-            else add_file(set, o, e->d_name, mc, model_id);
+            else add_file(set, o, e->d_name, mc);
         }
         if (why[0]) bad++, note_skip(note, notelen, &l, &shown, e->d_name, why);
         json_decref(o);
@@ -295,49 +336,149 @@ int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t 
     return 0;
 }
 
+/* ---- the arithmetic of a step ---- */
+
+/* The instruction a part of a step runs, and its peak on mc (GFLOP/s; int8: Gop/s, counted as FLOPs are). */
+typedef enum { AR_FP32, AR_BF16, AR_INT8 } arith;
+static const char *const ARITH_NAMES[] = {"fp32", "bf16", "int8"};
+
+static double arith_peak(const kipp_machine *mc, arith a)
+{
+    return a == AR_BF16 ? mc->bf16_dot_gflops : a == AR_INT8 ? mc->int8_dot_gops : mc->peak_gflops;
+}
+
+/* Which instruction each part of a layer step runs in format f, as the cpu backend picks its kernels
+ * (cpu_backend.c): bf16 projections read FP32 activations, except through the BF16 dot where bf16_act says
+ * so (mixed: all but Q|K|V; bf16: all four); q8_0 and affine4 tiles run the int8 VNNI dot at the level that
+ * has it (int8_dot_gops > 0), FP32-held integer arithmetic below it; attention runs the BF16 dot in the
+ * mixed and bf16 modes, whatever the format; the head reads FP32 activations unless it is quantized. */
+typedef struct {
+    arith qkv, rest, attn, head;
+} arith_map;
+
+static arith_map arith_of(const kipp_machine *mc, const kipp_model_info *in, const kipp_fmt_facts *f)
+{
+    int dot = mc->bf16_dot_gflops > 0 && strcmp(mc->bf16_act, "f32"), vnni = mc->int8_dot_gops > 0;
+    arith_map a = {.qkv = AR_FP32, .rest = AR_FP32, .attn = dot ? AR_BF16 : AR_FP32, .head = AR_FP32};
+    if (f == &kipp_fmts[KIPP_FMT_BF16]) {
+        a.rest = dot ? AR_BF16 : AR_FP32;
+        a.qkv = dot && !strcmp(mc->bf16_act, "bf16") ? AR_BF16 : AR_FP32;
+    } else
+        a.qkv = a.rest = vnni ? AR_INT8 : AR_FP32;
+    const char *qh = in->quant_head ? in->quant_head : "bf16";
+    const kipp_fmt_facts *h = kipp_fmt_by_scheme(qh, strlen(qh));
+    if (h && h->block > 1 && vnni) a.head = AR_INT8;
+    return a;
+}
+
+/* FLOPs of `rows` tokens attending `ctx` positions each on average, `head_rows` of them through the head;
+ * *sec = the seconds they take with each part at its instruction's peak (INFINITY when a peak is 0). */
+static double step_flops(const kipp_model_info *in, const shape_cost *c, const arith_map *a, const kipp_machine *mc,
+                         double rows, double ctx, double head_rows, double *sec)
+{
+    double part[4] = {rows * 2 * c->qkv_params, rows * 2 * (c->layer_params - c->qkv_params),
+                      rows * c->attn_flops_per_pos * ctx, head_rows * 2.0 * in->vocab_size * in->d_model};
+    arith ar[4] = {a->qkv, a->rest, a->attn, a->head};
+    double flops = 0, s = 0;
+    for (int i = 0; i < 4; i++) {
+        double pk = arith_peak(mc, ar[i]);
+        flops += part[i];
+        s += part[i] <= 0 ? 0 : pk > 0 ? part[i] / (pk * 1e9) : INFINITY;
+    }
+    *sec = s;
+    return flops;
+}
+
+/* Seconds to read `bytes` of format f's weights and KV at eff x the RAM bandwidth, the streamed layers (and a
+ * head that does not fit) at the disk's speed when this is the streamed file's format; *streamed = those
+ * bytes. INFINITY when a needed speed is 0. */
+static double read_seconds(const kipp_plan *p, const kipp_model_info *in, const shape_cost *c,
+                           const kipp_fmt_facts *f, double bytes, double eff, double *streamed)
+{
+    const kipp_machine *mc = &p->machine;
+    double ram = mc->ram_read_gbps * 1e9 * eff, disk = mc->disk_read_gbps * 1e9;
+    *streamed = 0;
+    if (p->streamed && !strcmp(f->scheme, p->file_format) && (p->layers_streamed || !p->head_resident))
+        *streamed = c->layer_bytes / in->n_layer * p->layers_streamed + (p->head_resident ? 0 : c->head_bytes);
+    double s = (bytes - *streamed) / ram + (*streamed > 0 ? *streamed / disk : 0);
+    return ram > 0 && isfinite(s) && s > 0 ? s : INFINITY;
+}
+
+/* Seconds of one decode step of n sequences at mean context ctx at the whole limit: the larger of reading the
+ * weights once and the KV of n sequences, and the n rows' FLOPs (every row sampling) at their peaks. */
+static double batch_step_limit(const kipp_plan *p, const kipp_model_info *in, const shape_cost *c,
+                               const kipp_fmt_facts *f, const arith_map *a, double n, double ctx, double *bytes,
+                               double *flops)
+{
+    double streamed, sc;
+    *bytes = c->layer_bytes + c->head_bytes + n * (4.0 * in->d_model + ctx * in->kv_bytes_per_token);
+    double sm = read_seconds(p, in, c, f, *bytes, 1, &streamed);
+    *flops = step_flops(in, c, a, &p->machine, n, ctx, n, &sc);
+    return sm > sc ? sm : sc;
+}
+
+/* Share of a limit: the median of the rows (pick_share), else the assumed one; src says which. */
+static double share_of(share_rows *rows, const char *what, double assumed, char *src, size_t srclen)
+{
+    double s = pick_share(rows, what, src, srclen);
+    if (s > 0) return s;
+    snprintf(src, srclen, "assumed");
+    return assumed;
+}
+
+/* The server's --max-batch and aggregate (kipp_plan_format.serve_*): decode steps of n streams at their mean
+ * context, at the batch share; every prompt prefilled at the prefill share. */
+static void plan_serve(const kipp_plan *p, const kipp_model_info *in, const shape_cost *c, const kipp_fmt_facts *f,
+                       const arith_map *a, kipp_plan_format *o)
+{
+    const double P = KIPP_PLAN_SERVE_PROMPT, G = KIPP_PLAN_SERVE_TOKENS, ctx = P + G / 2;
+    static const uint32_t sizes[] = {8, 16, 32, 64};
+    double rate[4], step[4], b, fl;
+    for (int i = 0; i < 4; i++) {
+        step[i] = batch_step_limit(p, in, c, f, a, sizes[i], ctx, &b, &fl) / o->batch_eff;
+        rate[i] = isfinite(step[i]) ? sizes[i] / step[i] : 0;
+    }
+    int k = 0;
+    while (k < 3 && rate[k] < SERVE_NEAR_TOP * rate[3]) k++;
+    double pre_s, N = sizes[k];
+    step_flops(in, c, a, &p->machine, 1, (P + 1) / 2, 1 / P, &pre_s);
+    double wall = N * P * pre_s / o->prefill_eff + (G - 1) * step[k];
+    o->serve_max_batch = sizes[k];
+    o->serve_tps = isfinite(wall) && wall > 0 ? N * G / wall : 0;
+}
+
 static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kipp_fmt_facts *f, share_set *set,
                         kipp_plan_format *o)
 {
     const kipp_machine *mc = &p->machine;
     shape_cost c;
     cost_of(in, f, &c);
+    arith_map a = arith_of(mc, in, f);
     snprintf(o->format, sizeof o->format, "%s", f->scheme);
+    snprintf(o->arith, sizeof o->arith, "q|k|v %s, o/gate|up/down %s, attention %s, head %s", ARITH_NAMES[a.qkv],
+             ARITH_NAMES[a.rest], ARITH_NAMES[a.attn], ARITH_NAMES[a.head]);
     o->weight_bytes = c.layer_bytes + c.head_bytes + c.embd_bytes;
     o->decode_bytes_per_token = c.layer_bytes + c.head_bytes + 4.0 * in->d_model + TG_CONTEXT * in->kv_bytes_per_token;
-    o->prefill_flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * (PP_TOKENS + 1) / 2 +
-                                 2.0 * in->vocab_size * in->d_model / PP_TOKENS;
+    double pre_s;
+    o->prefill_flops_per_token = step_flops(in, &c, &a, mc, 1, (PP_TOKENS + 1) / 2, 1 / PP_TOKENS, &pre_s);
     size_t k = (size_t)(f - kipp_fmts);
-    char dsrc[sizeof o->decode_source], psrc[sizeof o->prefill_source];
-    double dec = pick_share(&set->dec[k], "tg128", dsrc, sizeof dsrc);
-    double pre = pick_share(&set->pre[k], "pp512", psrc, sizeof psrc);
-    o->decode_eff = dec > 0 ? dec : ASSUMED_DECODE_EFF;
-    o->prefill_eff = pre > 0 ? pre : ASSUMED_PREFILL_EFF;
-    snprintf(o->decode_source, sizeof o->decode_source, "%s", dec > 0 ? dsrc : "assumed");
-    snprintf(o->prefill_source, sizeof o->prefill_source, "%s", pre > 0 ? psrc : "assumed");
-    double ram = mc->ram_read_gbps * 1e9 * o->decode_eff;
-    o->decode_tps = ram > 0 ? ram / o->decode_bytes_per_token : 0;
-    double stream_note_bytes = 0;
-    if (p->streamed && !strcmp(f->scheme, p->file_format) && (p->layers_streamed || !p->head_resident)) {
-        /* the streamed layers (and a head that does not fit) come from the file every token, at disk speed */
-        double per_layer = c.layer_bytes / in->n_layer;
-        stream_note_bytes = per_layer * p->layers_streamed + (p->head_resident ? 0 : c.head_bytes);
-        double disk = mc->disk_read_gbps * 1e9;
-        double sec = (o->decode_bytes_per_token - stream_note_bytes) / (ram > 0 ? ram : 1) +
-                     (disk > 0 ? stream_note_bytes / disk : INFINITY);
-        o->decode_tps = isfinite(sec) && sec > 0 ? 1 / sec : 0;
-    }
-    o->prefill_tps = mc->peak_gflops > 0 ? mc->peak_gflops * 1e9 * o->prefill_eff / o->prefill_flops_per_token : 0;
-    char stream[200] = "";
-    if (stream_note_bytes > 0)
-        snprintf(stream, sizeof stream, ", of which %.3g GB of %u streamed layers%s come from the file at %.2f GB/s",
-                 stream_note_bytes * 1e-9, p->layers_streamed, p->head_resident ? "" : " and the head",
-                 mc->disk_read_gbps);
-    snprintf(o->rationale, sizeof o->rationale,
-             "decode: %.3g GB read per token%s over %.1f GB/s RAM read x %.0f%% = %.1f tok/s; prefill: %.3g "
-             "GFLOP per token over %.0f GFLOP/s FP32 peak x %.0f%% = %.1f tok/s; decode share: %s; prefill share: %s",
-             o->decode_bytes_per_token * 1e-9, stream, mc->ram_read_gbps, 100 * o->decode_eff, o->decode_tps,
-             o->prefill_flops_per_token * 1e-9, mc->peak_gflops, 100 * o->prefill_eff, o->prefill_tps,
-             dec > 0 ? dsrc : "assumed", pre > 0 ? psrc : "assumed");
+    share_rows *rows = set->rows[k];
+    o->decode_eff = share_of(&rows[ROW_DECODE], "tg128", ASSUMED_DECODE_EFF, o->decode_source, sizeof o->decode_source);
+    o->prefill_eff = share_of(&rows[ROW_PREFILL], "pp512", ASSUMED_PREFILL_EFF, o->prefill_source,
+                              sizeof o->prefill_source);
+    o->batch_eff = share_of(&rows[ROW_BATCH], "batch8", ASSUMED_BATCH_EFF, o->batch_source, sizeof o->batch_source);
+    double streamed, dec_s = read_seconds(p, in, &c, f, o->decode_bytes_per_token, o->decode_eff, &streamed);
+    o->decode_tps = isfinite(dec_s) ? 1 / dec_s : 0;
+    o->prefill_peak_gflops = isfinite(pre_s) ? o->prefill_flops_per_token / pre_s * 1e-9 : 0;
+    o->prefill_limit_tps = isfinite(pre_s) ? 1 / pre_s : 0;
+    o->prefill_tps = o->prefill_limit_tps * o->prefill_eff;
+    double lim = batch_step_limit(p, in, &c, f, &a, KIPP_PLAN_BATCH, BATCH_CONTEXT, &o->batch_bytes_per_step,
+                                  &o->batch_flops_per_step);
+    o->batch_limit_tps = isfinite(lim) ? KIPP_PLAN_BATCH / lim : 0;
+    o->batch_tps = o->batch_limit_tps * o->batch_eff;
+    o->batch_overhead_ms = isfinite(lim) ? lim * (1 / o->batch_eff - 1) * 1e3 : 0;
+    plan_serve(p, in, &c, f, &a, o);
+    kipp_plan_rationale(p, o, streamed);
 }
 
 int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
@@ -355,76 +496,16 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
     out->layers_streamed = in.n_layer - out->layers_resident;
     out->usable_ram_bytes = mc->ram_available_bytes > res ? mc->ram_available_bytes - res : 0;
     out->ctx = pick_ctx(out->usable_ram_bytes, in.kv_bytes_per_token, in.context_length);
-    share_set set = {0};
+    share_set *set = calloc(1, sizeof *set);
+    if (!set) return kipp_err(err, errlen, KIPP_ENOMEM, "kipp_plan_make: out of memory");
+    set_stems(set, &in);
     snprintf(out->results_dir, sizeof out->results_dir, "%s", results_dir ? results_dir : "");
     ascii_only(out->results_dir);
-    load_shares(results_dir, mc, in.checkpoint_id, &set, out->results_skipped, sizeof out->results_skipped);
+    load_shares(results_dir, mc, set, out->results_skipped, sizeof out->results_skipped);
     for (size_t i = 0; i < KIPP_FMT_COUNT && out->n_formats < KIPP_PLAN_MAX_FORMATS; i++)
-        plan_format(out, &in, &kipp_fmts[i], &set, &out->formats[out->n_formats++]);
-    for (size_t i = 0; i < KIPP_FMT_COUNT; i++) free(set.dec[i].v), free(set.pre[i].v);
+        plan_format(out, &in, &kipp_fmts[i], set, &out->formats[out->n_formats++]);
+    for (size_t i = 0; i < KIPP_FMT_COUNT; i++)
+        for (int kind = 0; kind < ROW_KINDS; kind++) free(set->rows[i][kind].v);
+    free(set);
     return 0;
-}
-
-char *kipp_plan_json(const kipp_plan *p)
-{
-    const kipp_machine *m = &p->machine;
-    json_t *fm = json_array();
-    for (size_t i = 0; fm && i < p->n_formats; i++) {
-        const kipp_plan_format *f = &p->formats[i];
-        json_array_append_new(fm, json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:s, s:s, s:f, s:f, s:s}", "format", f->format,
-                                            "weight_bytes", f->weight_bytes, "decode_bytes_per_token",
-                                            f->decode_bytes_per_token, "prefill_flops_per_token",
-                                            f->prefill_flops_per_token, "decode_share", f->decode_eff, "prefill_share",
-                                            f->prefill_eff, "decode_share_source", f->decode_source,
-                                            "prefill_share_source", f->prefill_source, "decode_tok_s",
-                                            f->decode_tps, "prefill_tok_s", f->prefill_tps, "rationale", f->rationale));
-    }
-    json_t *mj = json_pack("{s:s, s:s, s:i, s:i, s:I, s:I, s:f, s:f, s:f, s:I, s:b}", "cpu_id", m->cpu_id, "isa",
-                           m->isa, "physical_cores", m->physical_cores, "logical_cpus", m->logical_cpus,
-                           "ram_total_bytes", (json_int_t)m->ram_total_bytes, "ram_available_bytes",
-                           (json_int_t)m->ram_available_bytes, "ram_read_gbps", m->ram_read_gbps, "peak_gflops",
-                           m->peak_gflops, "disk_read_gbps", m->disk_read_gbps, "disk_sample_bytes",
-                           (json_int_t)m->disk_sample_bytes, "disk_direct", m->disk_direct);
-    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:o}", "schema",
-                          "kipp.plan.v1",
-                          "machine", mj, "model", p->model_id, "file_format", p->file_format, "kv_bytes_per_token",
-                          (json_int_t)p->kv_bytes_per_token, "usable_ram_bytes", (json_int_t)p->usable_ram_bytes, "ctx",
-                          (int)p->ctx, "context_length", (int)p->context_length, "n_layer", (int)p->n_layer,
-                          "layers_resident", (int)p->layers_resident, "layers_streamed", (int)p->layers_streamed,
-                          "streamed", p->streamed, "head_resident", p->head_resident, "results_dir",
-                          p->results_dir, "results_skipped", p->results_skipped, "formats", fm);
-    char *s = o ? json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(9)) : NULL;
-    json_decref(o);
-    return s;
-}
-
-char *kipp_plan_text(const kipp_plan *p)
-{
-    const kipp_machine *m = &p->machine;
-    size_t cap = 4096 + p->n_formats * 1024, l = 0;
-    char *s = malloc(cap);
-    if (!s) return NULL;
-#define OUT(...) (l += (size_t)snprintf(s + l, l < cap ? cap - l : 0, __VA_ARGS__))
-    OUT("machine: %s, ISA level %s, %d physical cores / %d logical CPUs\n", m->cpu_id, m->isa, m->physical_cores,
-        m->logical_cpus);
-    OUT("  RAM %.2f GB total, %.2f GB available; read %.1f GB/s (all cores); FP32 peak %.0f GFLOP/s\n",
-        m->ram_total_bytes * 1e-9, m->ram_available_bytes * 1e-9, m->ram_read_gbps, m->peak_gflops);
-    OUT("  model file read %.2f GB/s over %.0f MiB (%s)\n", m->disk_read_gbps, m->disk_sample_bytes / 1048576.0,
-        m->disk_direct ? "O_DIRECT" : "page cache dropped first");
-    OUT("model: %s (%s), %u layers: %u resident, %u streamed%s%s\n", p->model_id, p->file_format, p->n_layer,
-        p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "",
-        p->head_resident ? "" : "; the head is streamed too");
-    OUT("  KV %llu bytes per token; context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u)\n",
-        (unsigned long long)p->kv_bytes_per_token, p->ctx, p->usable_ram_bytes * 1e-9, p->context_length);
-    for (size_t i = 0; i < p->n_formats; i++) {
-        const kipp_plan_format *f = &p->formats[i];
-        OUT("%-13s decode %8.1f tok/s  prefill %8.1f tok/s  (%.2f GB of weights)%s\n  %s\n", f->format, f->decode_tps,
-            f->prefill_tps, f->weight_bytes * 1e-9, strcmp(f->format, p->file_format) ? "" : "  <- this file",
-            f->rationale);
-    }
-    if (p->results_dir[0]) OUT("shares from the model benchmarks in %s\n", p->results_dir);
-    if (p->results_skipped[0]) OUT("results not read (shares taken without them): %s\n", p->results_skipped);
-#undef OUT
-    if (l >= cap) s[cap - 1] = 0;
-    return s;
 }

@@ -2,9 +2,10 @@
  * plan_probe.c - kipp_machine_measure: what the planner needs to know about
  * this machine, measured at start (seed 002 "Planner").
  *
- * The RAM read and FP32 FMA loops are the ones `make profile` uses
- * (kernels/cpu/probe.h), so the planner's bandwidth and peak are on the same
- * scale as the profiles that results/ quote Kipp's shares against. Threads are
+ * The RAM read, FP32 FMA, BF16 dot and int8 dot loops are the ones `make
+ * profile` uses (kernels/cpu/probe.h), so the planner's bandwidth and peaks
+ * are on the same scale as the profiles that results/ quote Kipp's shares
+ * against; kipp_machine_measure_with takes them from such a profile instead. Threads are
  * plain pthreads, one per physical core: a probe runs once, before any backend
  * pool exists. The memory limits of the process's cgroup (v2 memory.max and
  * memory.current, or v1's limit and usage) cap the /proc/meminfo figures, so a
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hwloc.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +119,7 @@ typedef struct {
     const unsigned char *buf;
     size_t bytes;            /* this thread's slice */
     int use512;
+    float (*loop)(long, float); /* peak: the register-only loop */
     long iters;              /* peak: loop iterations */
     pthread_barrier_t *bar;
     double t0, t1;
@@ -139,7 +142,7 @@ static void *peak_thread(void *arg)
     probe_job *j = arg;
     pthread_barrier_wait(j->bar);
     j->t0 = now_s();
-    j->fsink += j->use512 ? kipp_prof_fma_avx512(j->iters, (float)j->t0) : kipp_prof_fma_avx2(j->iters, (float)j->t0);
+    j->fsink += j->loop(j->iters, (float)j->t0);
     j->t1 = now_s();
     return NULL;
 }
@@ -206,17 +209,18 @@ static double ram_read_gbps(int n, int use512, size_t bytes)
     return kipp_median(g, (size_t)reps);
 }
 
-static double peak_gflops(int n, int use512)
+/* GFLOP/s (Gop/s) of n threads each running loop, flops per iteration: the fastest of three runs of 0.1 s. */
+static double peak_gflops(int n, float (*loop)(long, float), double flops)
 {
     probe_job jobs[MAX_PROBE_THREADS];
-    double flops = use512 ? KIPP_PROF_FMA_AVX512_FLOPS : KIPP_PROF_FMA_AVX2_FLOPS, best = 0;
+    double best = 0;
     long iters = 100000;
-    for (int i = 0; i < n; i++) jobs[i] = (probe_job){.iters = iters, .use512 = use512};
+    for (int i = 0; i < n; i++) jobs[i] = (probe_job){.iters = iters, .loop = loop};
     double dt = run_team(n, jobs, peak_thread); /* size the runs to about 0.1 s each */
     iters = (long)(iters * (0.1 / (dt > 1e-6 ? dt : 1e-6)));
     if (iters < 1000) iters = 1000;
     for (int r = 0; r < 3; r++) { /* the fastest run: a peak is what the core can do, not what it did */
-        for (int i = 0; i < n; i++) jobs[i] = (probe_job){.iters = iters, .use512 = use512};
+        for (int i = 0; i < n; i++) jobs[i] = (probe_job){.iters = iters, .loop = loop};
         dt = run_team(n, jobs, peak_thread);
         double g = dt > 0 ? (double)iters * flops * n / dt * 1e-9 : 0;
         if (g > best) best = g;
@@ -272,13 +276,87 @@ static double disk_gbps(const char *path, uint64_t *sampled, int *direct)
     return off && dt > 0 ? (double)off / dt * 1e-9 : 0;
 }
 
+/* ---- how bf16 projections will be read ---- */
+
+/* The cpu backend's KIPP_BF16_ACT mode (cpu_backend.c choose_bf16_read): the variable when it names a mode
+ * the level can run (otherwise the backend refuses the model, and the plan shows the default), else "mixed"
+ * where the level has the BF16 dot and it outruns FP32 FMA (dot_fast), else "f32". */
+static void pick_bf16_act(kipp_machine *mc, int dot_fast)
+{
+    const char *e = getenv("KIPP_BF16_ACT");
+    int has_dot = !strcmp(mc->isa, "avx512_bf16");
+    if (e && (!strcmp(e, "f32") || (has_dot && (!strcmp(e, "mixed") || !strcmp(e, "bf16"))))) {
+        snprintf(mc->bf16_act, sizeof mc->bf16_act, "%s", e);
+        return;
+    }
+    snprintf(mc->bf16_act, sizeof mc->bf16_act, "%s", has_dot && dot_fast ? "mixed" : "f32");
+}
+
+/* ---- a machine profile in place of the probes ---- */
+
+/* o[sect][key] as a number; 0 when absent or null (older profiles lack some peaks). */
+static double prof_num(const json_t *o, const char *sect, const char *key)
+{
+    const json_t *v = json_object_get(json_object_get(o, sect), key);
+    return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+static const char *prof_str(const json_t *o, const char *sect, const char *key)
+{
+    const json_t *v = json_object_get(json_object_get(o, sect), key);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* Fill mc's bandwidth, peaks, level and CPU id from the profile at path (kipp_machine_measure_with). */
+static int from_profile(const char *path, kipp_machine *mc, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o)
+        return kipp_err(err, errlen, KIPP_EIO, "machine profile '%s': line %d: %s; expected a kipp.profile.v1 file "
+                        "(make profile)", path, je.line, je.text);
+    const json_t *schema = json_object_get(o, "schema");
+    double rd = prof_num(o, "bandwidth", "read_gbps_all"), r1 = prof_num(o, "bandwidth", "read_gbps_1t");
+    double fp32 = prof_num(o, "peaks", "fp32_fma_gflops_all");
+    const char *isa = prof_str(o, "isa", "kernel_isa"), *cpu = prof_str(o, "cpu", "cpu_id");
+    int rc = 0;
+    if (!json_is_string(schema) || strcmp(json_string_value(schema), "kipp.profile.v1"))
+        rc = kipp_err(err, errlen, KIPP_EINVAL, "machine profile '%s': schema %s, expected \"kipp.profile.v1\"", path,
+                      json_is_string(schema) ? json_string_value(schema) : "missing");
+    else if (rd <= 0 || fp32 <= 0 || !isa)
+        rc = kipp_err(err, errlen, KIPP_EINVAL, "machine profile '%s' lacks %s; expected bandwidth.read_gbps_all, "
+                      "peaks.fp32_fma_gflops_all and isa.kernel_isa", path,
+                      rd <= 0 ? "bandwidth.read_gbps_all" : fp32 <= 0 ? "peaks.fp32_fma_gflops_all" : "isa.kernel_isa");
+    if (!rc) {
+        mc->ram_read_gbps = rd > r1 ? rd : r1; /* an all-core figure below one core's: a disturbed profile run */
+        mc->peak_gflops = fp32;
+        mc->bf16_dot_gflops = prof_num(o, "peaks", "bf16_dot_gflops_all");
+        mc->int8_dot_gops = prof_num(o, "peaks", "int8_dot_gops_all");
+        snprintf(mc->isa, sizeof mc->isa, "%s", isa);
+        if (cpu) snprintf(mc->cpu_id, sizeof mc->cpu_id, "%s", cpu);
+        snprintf(mc->peaks_from, sizeof mc->peaks_from, "%s", path);
+        for (char *c = mc->peaks_from; *c; c++) /* the plan's JSON needs UTF-8 */
+            if ((unsigned char)*c >= 0x80) *c = '?';
+        pick_bf16_act(mc, mc->bf16_dot_gflops > mc->peak_gflops);
+    }
+    json_decref(o);
+    return rc;
+}
+
 int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, size_t errlen)
+{
+    return kipp_machine_measure_with(model_path, NULL, out, err, errlen);
+}
+
+int kipp_machine_measure_with(const char *model_path, const char *profile_path, kipp_machine *out, char *err,
+                              size_t errlen)
 {
     if (!out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_machine_measure: out is NULL, expected a kipp_machine");
     *out = (kipp_machine){0};
     snprintf(out->cpu_id, sizeof out->cpu_id, "%s", kipp_cpu_id());
     kipp_isa isa = kipp_isa_select(NULL);
     snprintf(out->isa, sizeof out->isa, "%s", kipp_isa_name(isa));
+    snprintf(out->peaks_from, sizeof out->peaks_from, "probe");
     hwloc_topology_t t;
     if (hwloc_topology_init(&t) == 0 && hwloc_topology_load(t) == 0) {
         out->physical_cores = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_CORE);
@@ -291,12 +369,19 @@ int kipp_machine_measure(const char *model_path, kipp_machine *out, char *err, s
     int rc = kipp_plan_ram(&out->ram_total_bytes, &out->ram_available_bytes, err, errlen);
     if (rc) return rc;
     if (model_path) out->disk_read_gbps = disk_gbps(model_path, &out->disk_sample_bytes, &out->disk_direct);
+    if (profile_path) return from_profile(profile_path, out, err, errlen);
+    pick_bf16_act(out, kipp_cpu_get()->bf16_dot_fast);
     if (isa == KIPP_ISA_REF) return 0; /* no vector loops to run: bandwidth and peak stay 0 */
 #if KIPP_X86_LEVELS
     int n = out->physical_cores < MAX_PROBE_THREADS ? out->physical_cores : MAX_PROBE_THREADS;
     int use512 = isa >= KIPP_ISA_AVX512;
     out->ram_read_gbps = ram_read_gbps(n, use512, probe_bytes(out->ram_available_bytes));
-    out->peak_gflops = peak_gflops(n, use512);
+    out->peak_gflops = use512 ? peak_gflops(n, kipp_prof_fma_avx512, KIPP_PROF_FMA_AVX512_FLOPS)
+                              : peak_gflops(n, kipp_prof_fma_avx2, KIPP_PROF_FMA_AVX2_FLOPS);
+    if (isa == KIPP_ISA_AVX512_BF16) { /* the level whose kernels run vdpbf16ps and vpdpbusd */
+        out->bf16_dot_gflops = peak_gflops(n, kipp_prof_bf16_avx512, KIPP_PROF_BF16_AVX512_FLOPS);
+        out->int8_dot_gops = peak_gflops(n, kipp_prof_int8_avx512, KIPP_PROF_INT8_AVX512_OPS);
+    }
     if (out->ram_read_gbps <= 0) return kipp_err(err, errlen, KIPP_ENOMEM, "no memory for the %zu MiB read probe",
                                                  probe_bytes(out->ram_available_bytes) >> 20);
 #endif

@@ -24,12 +24,22 @@ float kipp_prof_fma_avx512(long iters, float seed);
 #define KIPP_PROF_FMA_AVX2_FLOPS (12.0 * 8 * 2)
 #define KIPP_PROF_FMA_AVX512_FLOPS (30.0 * 16 * 2)
 
+/* The avx512_bf16 level's dot peaks (probe_avx512_bf16.c): iters x 30
+ * vdpbf16ps chains (2 BF16 pairs per lane: 4 FLOPs) and iters x 16 vpdpbusd
+ * chains (4 byte products per lane, each a multiply and an add: 8 ops, counted
+ * as FLOPs are). Ops per call: iters * KIPP_PROF_*_AVX512_*. */
+float kipp_prof_bf16_avx512(long iters, float seed);
+float kipp_prof_int8_avx512(long iters, float seed);
+
+#define KIPP_PROF_BF16_AVX512_FLOPS (30.0 * 16 * 2 * 2)
+#define KIPP_PROF_INT8_AVX512_OPS (16.0 * 16 * 4 * 2)
+
 /* Define `float fn(long iters, float seed)`, a register-only peak loop: n
  * independent vf chains a[i] = STEP(a[i]) (STEP a macro of one vf), seeded
  * seed + i, iters rounds fully unrolled so the chains stay in registers (n <=
  * 32), returning the sum of every lane. Expanded after a
  * kernels/cpu/simd_*.h (the vf vocabulary): kernels/cpu/probe_simd.h (FMA)
- * and bench/profile_avx512_bf16.c (BF16 dot). */
+ * and kernels/cpu/probe_avx512_bf16.c (BF16 dot). */
 #define K_PEAK_F32_FN(fn, n, STEP)                                                \
     float fn(long iters, float seed)                                              \
     {                                                                             \

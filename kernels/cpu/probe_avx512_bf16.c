@@ -1,9 +1,9 @@
-/* profile_avx512_bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
- * (vpdpbusd) peak loops with 30 independent accumulators (bench/profile.h),
- * compiled for the avx512_bf16 level (which includes VNNI). */
+/* probe_avx512_bf16.c - the BF16 dot (vdpbf16ps) and int8 VNNI dot
+ * (vpdpbusd) peak loops of kernels/cpu/probe.h, compiled for the avx512_bf16
+ * level (which includes VNNI). `make profile` and the planner's probe both
+ * run them, so the plan's peaks are on the profile's scale. */
 #include "kernels/cpu/simd_avx512.h"
 
-#include "bench/profile.h"
 #include "kernels/cpu/probe.h"
 
 /* vdpbf16ps against BF16 pairs (1.0, 1.0) and (6e-8, 6e-8) */
