@@ -127,12 +127,25 @@ def test_kv_context_and_residency(p, cfg):
     assert p["ctx"] == want
 
 
-def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
-    """(decode share, prefill share vs the FP32 peak) by docs/PLANNING.md's rule: the tg128/pp512 rows of this CPU id,
-    level and format; only the planned model's rows when it has any; of those only runs that started quiet
-    (others used under 25% of the CPUs in the second before; runs without that figure: a load average below
-    half the cores, or none recorded) when there are any; the median of the newest three."""
-    rows = {"tg128": [], "pp512": []}
+SCHEMES = ("q8_0", "affine4_gs32")
+
+
+def row_format(r: dict) -> str:
+    """A row's format; kipp-bench wrote "bf16" for every file before it read the file's scheme, and such a row's
+    model name (<id>-<scheme>[-head_<head>]) still says it."""
+    fmt, model = r.get("format"), r.get("model", "").split("-head_")[0]
+    if fmt == "bf16":
+        fmt = next((q for q in SCHEMES if model.endswith("-" + q)), fmt)
+    return fmt
+
+
+def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int, stem: str):
+    """(decode, prefill, batch8 share) by docs/PLANNING.md's rule: the tg128/pp512/batch8 rows of this CPU id,
+    level and format (tg128: its share of the read bandwidth; pp512 and batch8: plan.limit_share); only the
+    planned model's rows (model == stem) when it has any; of those only runs that started quiet (others used
+    under 25% of the CPUs in the second before; runs without that figure: a load average below half the cores,
+    or none recorded) when there are any; the median of the newest three."""
+    rows = {"tg128": [], "pp512": [], "batch8": []}
     for f in (REPO_ROOT / "results").glob("*-cpu-*.json"):
         d = json.loads(f.read_text())
         if d.get("schema") != "kipp.bench.v1" or d.get("cpu", {}).get("cpu_id") != cpu_id:
@@ -140,21 +153,19 @@ def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
         if d.get("config", {}).get("isa") != isa:
             continue
         for r in d["results"]:
-            if r.get("format") != fmt or r.get("name") not in rows:
+            if row_format(r) != fmt or r.get("name") not in rows:
                 continue
-            ref = r.get("roofline_ref", "")
             if r["name"] == "tg128":
-                s = r.get("roofline_share") if ref.startswith("read_gbps") else None
+                s = r.get("roofline_share") if r.get("roofline_ref", "").startswith("read_gbps") else None
             else:
-                s = r.get("roofline_share") if ref == "fp32_gflops_all" else r.get("fp32_peak_share") \
-                    if ref == "bf16_gflops_all" else None
+                s = (r.get("plan") or {}).get("limit_share")
             if not s or s <= 0:
                 continue
             busy, load = d["config"].get("cpu_busy_others_at_start"), d["config"].get("load_avg_1min_at_start")
             quiet = busy < 0.25 if busy is not None and busy >= 0 else load is None or load < 0.5 * cores
-            rows[r["name"]].append((d["date"], s, quiet, r["model"] == "synthetic-tiny"))
+            rows[r["name"]].append((d["date"], s, quiet, r["model"] == stem))
     out = []
-    for name in ("tg128", "pp512"):
+    for name in ("tg128", "pp512", "batch8"):
         rs = rows[name]
         if any(x[3] for x in rs):
             rs = [x for x in rs if x[3]]
@@ -165,6 +176,31 @@ def newest_shares(cpu_id: str, isa: str, fmt: str, cores: int):
     return tuple(out)
 
 
+def arith(m: dict, fmt: str, quant_head: bool = False) -> dict:
+    """The instruction each part runs (docs/PLANNING.md): bf16 projections on the BF16 dot where the plan's
+    bf16_act says so (mixed: all but Q|K|V; bf16: all), q8_0/affine4 on the int8 dot where the machine has one,
+    attention on the BF16 dot in the mixed and bf16 modes, the head on FP32 unless quantized; else FP32 FMA."""
+    dot = m["bf16_dot_gflops"] > 0 and m["bf16_act"] != "f32"
+    vnni = m["int8_dot_gops"] > 0
+    if fmt == "bf16":
+        qkv, rest = ("bf16" if dot and m["bf16_act"] == "bf16" else "fp32"), ("bf16" if dot else "fp32")
+    else:
+        qkv = rest = "int8" if vnni else "fp32"
+    return {"qkv": qkv, "rest": rest, "attn": "bf16" if dot else "fp32",
+            "head": "int8" if quant_head and vnni else "fp32"}
+
+
+def parts_seconds(cfg: dict, m: dict, a: dict, rows: float, ctx: float, head_rows: float) -> float:
+    """Seconds of a step's FLOPs with each part at its instruction's peak."""
+    D, L, F, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = cfg.get("head_dim") or D // cfg["num_attention_heads"]
+    A, KV = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    peak = {"fp32": m["peak_gflops"], "bf16": m["bf16_dot_gflops"], "int8": m["int8_dot_gops"]}
+    flops = {"qkv": rows * 2 * L * (A + 2 * KV) * D, "rest": rows * 2 * L * (D * A + 3 * F * D),
+             "attn": rows * L * 4 * A * ctx, "head": head_rows * 2 * V * D}
+    return sum(f / (peak[a[k]] * 1e9) for k, f in flops.items())
+
+
 def test_predictions_follow_the_stated_arithmetic(p, cfg):
     m, facts = p["machine"], block_facts()
     assert [f["format"] for f in p["formats"]] == list(facts)
@@ -173,14 +209,114 @@ def test_predictions_follow_the_stated_arithmetic(p, cfg):
         assert f["weight_bytes"] == pytest.approx(weights, rel=1e-9)
         assert f["decode_bytes_per_token"] == pytest.approx(decode_b, rel=1e-9)
         assert f["prefill_flops_per_token"] == pytest.approx(prefill_f, rel=1e-9)
-        d_share, p_share = newest_shares(m["cpu_id"], m["isa"], f["format"], m["physical_cores"])
+        stem = "synthetic-tiny" + ("" if f["format"] == "bf16" else "-" + f["format"])
+        d_share, p_share, b_share = newest_shares(m["cpu_id"], m["isa"], f["format"], m["physical_cores"], stem)
         assert f["decode_share"] == pytest.approx(d_share if d_share else 0.80, rel=1e-6), f
-        assert f["prefill_share"] == pytest.approx(p_share if p_share else 0.50, rel=1e-6), f
+        assert f["prefill_share"] == pytest.approx(p_share if p_share else 0.60, rel=1e-6), f
+        assert f["batch8"]["share"] == pytest.approx(b_share if b_share else 0.60, rel=1e-6), f
         assert (f["decode_share_source"] == "assumed") == (d_share is None)
         assert (f["prefill_share_source"] == "assumed") == (p_share is None)
         assert f["decode_tok_s"] == pytest.approx(m["ram_read_gbps"] * 1e9 * f["decode_share"] / decode_b, rel=1e-6)
-        assert f["prefill_tok_s"] == pytest.approx(m["peak_gflops"] * 1e9 * f["prefill_share"] / prefill_f, rel=1e-6)
+        limit = 1 / parts_seconds(cfg, m, arith(m, f["format"]), 1, (PP + 1) / 2, 1 / PP)
+        assert f["prefill_limit_tok_s"] == pytest.approx(limit, rel=1e-6)
+        assert f["prefill_tok_s"] == pytest.approx(limit * f["prefill_share"], rel=1e-6)
         assert f"{f['decode_tok_s']:.1f} tok/s" in f["rationale"] and f"{f['prefill_tok_s']:.1f} tok/s" in f["rationale"]
+
+
+def fake_profile(tmp_path: Path, **peaks) -> Path:
+    """A kipp.profile.v1 file with round figures (an old profile's shape when a peak is None or left out)."""
+    doc = {"schema": "kipp.profile.v1", "isa": {"kernel_isa": peaks.pop("isa", "avx512_bf16")},
+           "cpu": {"cpu_id": "test-cpu"}, "bandwidth": {"read_gbps_all": 10.0, "read_gbps_1t": 6.0},
+           "peaks": {"fp32_fma_gflops_all": 100.0} | {k: v for k, v in peaks.items()}}
+    f = tmp_path / "profile.json"
+    f.write_text(json.dumps(doc))
+    return f
+
+
+def test_a_fake_profile_gives_the_hand_figures(tmp_path):
+    """--profile: the peaks and bandwidth of the file, not probes (the JSON's 9 digits bound the match); synthetic-tiny's pp512 and batch8 limits at
+    10 GB/s, FP32 100, BF16 dot 200, int8 dot 400 (GFLOP/s), worked out by hand in tests/test_plan_arith.c."""
+    prof = fake_profile(tmp_path, bf16_dot_gflops_all=200.0, int8_dot_gops_all=400.0)
+    env = {k: v for k, v in os.environ.items() if k != "KIPP_BF16_ACT"}
+    q = plan("--profile", str(prof), "--results", str(tmp_path), env=env)
+    m = q["machine"]
+    assert (m["ram_read_gbps"], m["peak_gflops"], m["bf16_dot_gflops"], m["int8_dot_gops"]) == (10, 100, 200, 400)
+    assert m["cpu_id"] == "test-cpu" and m["isa"] == "avx512_bf16" and m["bf16_act"] == "mixed"
+    assert m["peaks_from"] == str(prof)
+    bf16, q8, a4 = q["formats"]
+    assert bf16["prefill_limit_tok_s"] == pytest.approx(1 / 82.82496e-6, rel=1e-8)
+    assert q8["prefill_limit_tok_s"] == pytest.approx(1 / 42.19264e-6, rel=1e-8)
+    assert a4["prefill_limit_tok_s"] == pytest.approx(1 / 42.19264e-6, rel=1e-8)
+    assert bf16["prefill_tok_s"] == pytest.approx(0.60 / 82.82496e-6, rel=1e-8)
+    # batch8, bf16: 87796736 bytes at 10 GB/s (8.78 ms) outlast 8 rows of 840.86784 us
+    assert bf16["batch8"]["limit_tok_s"] == pytest.approx(8 / 8.7796736e-3, rel=1e-8)
+    assert bf16["batch8"]["tok_s"] == pytest.approx(0.60 * 8 / 8.7796736e-3, rel=1e-8)
+    assert bf16["serve"]["max_batch"] == 16
+    # no dot at all: every part on FP32 FMA
+    prof = fake_profile(tmp_path, isa="avx2", bf16_dot_gflops_all=None)
+    q = plan("--profile", str(prof), "--results", str(tmp_path), env=env)
+    assert q["machine"]["bf16_act"] == "f32" and q["machine"]["int8_dot_gops"] == 0
+    for f in q["formats"]:
+        assert f["prefill_limit_tok_s"] == pytest.approx(100e9 / f["prefill_flops_per_token"], rel=1e-8)
+        assert f["arith"] == "q|k|v fp32, o/gate|up/down fp32, attention fp32, head fp32"
+
+
+def test_every_committed_profile_loads(tmp_path):
+    """Profiles of every age (before the int8 peak was measured, with null BF16 peaks, without cpu.cpu_id) load:
+    the plan takes their figures, 0 for what they lack."""
+    profs = sorted((REPO_ROOT / "profiles").glob("*.json"))
+    assert profs
+    for prof in profs:
+        d = json.loads(prof.read_text())
+        q = plan("--profile", str(prof), "--results", str(tmp_path))
+        m, pk, bw = q["machine"], d["peaks"], d["bandwidth"]
+        assert m["peak_gflops"] == pytest.approx(pk["fp32_fma_gflops_all"])
+        assert m["bf16_dot_gflops"] == pytest.approx(pk.get("bf16_dot_gflops_all") or 0)
+        assert m["int8_dot_gops"] == pytest.approx(pk.get("int8_dot_gops_all") or 0)
+        assert m["ram_read_gbps"] == pytest.approx(max(bw["read_gbps_all"], bw["read_gbps_1t"]))
+        assert m["isa"] == d["isa"]["kernel_isa"]
+        assert all(f["prefill_tok_s"] > 0 and f["batch8"]["tok_s"] > 0 for f in q["formats"]), prof.name
+
+
+def test_a_bad_profile_is_named(tmp_path):
+    for text, why in (("{", "line 1"), ('{"schema": "kipp.bench.v1"}', 'expected "kipp.profile.v1"'),
+                      ('{"schema": "kipp.profile.v1", "bandwidth": {}}', "lacks bandwidth.read_gbps_all")):
+        f = tmp_path / "bad.json"
+        f.write_text(text)
+        r = subprocess.run([str(KIPP), "plan", "--model", str(tiny()), "--profile", str(f)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and str(f) in r.stderr and why in r.stderr, r.stderr
+    r = subprocess.run([str(KIPP), "plan", "--model", str(tiny()), "--profile"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--profile needs a value" in r.stderr, r.stderr
+
+
+def test_make_bench_writes_the_prediction_beside_each_row(tmp_path):
+    """tools/bench_models.py attach_prediction: tg128, pp512 and batch8 rows of the file get the plan's
+    prediction, both ratios, the target and, for pp512 and batch8, the share of the plan's limit."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import bench_models
+    rows = [{"name": n, "model": "synthetic-0.6b-q8_0", "format": "q8_0", "median": v}
+            for n, v in (("tg128", 40.0), ("pp512", 500.0), ("batch8", 200.0), ("tg4k", 30.0))]
+    rows.append({"name": "pp512", "model": "synthetic-0.6b", "format": "bf16", "median": 300.0})
+    res = tmp_path / "20260101-vm-test-cpu-cpu-abc.json"
+    res.write_text(json.dumps({"schema": "kipp.bench.v1", "results": rows}))
+    fmt = {"format": "q8_0", "decode_tok_s": 50.0, "decode_share": 0.8, "decode_share_source": "assumed",
+           "prefill_tok_s": 400.0, "prefill_limit_tok_s": 1000.0, "prefill_share": 0.4,
+           "prefill_share_source": "x", "batch8": {"tok_s": 250.0, "limit_tok_s": 400.0, "share": 0.625,
+                                                   "share_source": "y"}}
+    machine = {"ram_read_gbps": 30.0, "peak_gflops": 500.0, "bf16_dot_gflops": 1000.0, "int8_dot_gops": 2000.0,
+               "disk_read_gbps": 1.0, "bf16_act": "mixed"}
+    bench_models.attach_prediction(tmp_path, tmp_path / "synthetic-0.6b-q8_0.gguf", "q8_0",
+                                   {"formats": [fmt], "machine": machine})
+    out = {(r["name"], r["format"]): r for r in json.loads(res.read_text())["results"]}
+    tg, pp, b8 = out["tg128", "q8_0"], out["pp512", "q8_0"], out["batch8", "q8_0"]
+    assert (tg["predicted_tok_s"], tg["pred_over_measured"], tg["measured_over_predicted"]) == (50.0, 1.25, 0.8)
+    assert tg["pred_target"] == 0.15 and tg["pred_target_met"] is False and "limit_share" not in tg["plan"]
+    assert (pp["predicted_tok_s"], pp["measured_over_predicted"], pp["pred_target_met"]) == (400.0, 1.25, True)
+    assert pp["plan"]["limit_share"] == 0.5 and pp["plan"]["int8_dot_gops"] == 2000.0
+    assert (b8["predicted_tok_s"], b8["pred_target"], b8["plan"]["limit_share"]) == (250.0, 0.20, 0.5)
+    assert b8["pred_target_met"] is False  # 250 / 200 = 1.25
+    assert "predicted_tok_s" not in out["tg4k", "q8_0"] and "predicted_tok_s" not in out["pp512", "bf16"]
 
 
 @pytest.mark.parametrize("level", cpu_levels())

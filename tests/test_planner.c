@@ -77,7 +77,7 @@ static void test_resident_when_it_fits(void)
     CHECK(fabs(f->decode_tps / want - 1) < 1e-9, "decode %.6f, expected %.6f", f->decode_tps, want);
     double A = (double)in.n_q_head * in.head_dim;
     double flops = 2 * in.n_layer * ppl + in.n_layer * 4 * A * 256.5 + 2 * head / 2 / 512;
-    want = 100e9 * 0.50 / flops;
+    want = 100e9 * 0.60 / flops; /* all on FP32 FMA here (avx2: no dot), at the assumed 60% */
     CHECK(fabs(f->prefill_tps / want - 1) < 1e-9, "prefill %.3f, expected %.3f", f->prefill_tps, want);
     CHECK(!strcmp(f->decode_source, "assumed") && !strcmp(f->prefill_source, "assumed"), "%s", f->decode_source);
     CHECK(p.head_resident && !p.results_skipped[0], "head %d, skipped \"%s\"", p.head_resident, p.results_skipped);
@@ -222,7 +222,8 @@ static void write_file(const char *path, const char *text)
     if (f) fclose(f);
 }
 
-/* A kipp.bench.v1 results file with one tg128 and one pp512 row of `model` in bf16. */
+/* A kipp.bench.v1 results file with one tg128 and one pp512 row of `model` in bf16: the decode share of the
+ * read bandwidth, the prefill share of the plan's limit as make bench records it (plan.limit_share). */
 static void write_result(const char *dir, const char *name, const char *cpu, const char *isa, const char *date,
                          double load, double busy, const char *model, double dec, double pre)
 {
@@ -235,7 +236,7 @@ static void write_result(const char *dir, const char *name, const char *cpu, con
              "{\"name\": \"tg128\", \"model\": \"%s\", \"format\": \"bf16\", \"roofline_ref\": \"read_gbps_all\","
              " \"roofline_share\": %g},"
              "{\"name\": \"pp512\", \"model\": \"%s\", \"format\": \"bf16\", \"roofline_ref\": \"bf16_gflops_all\","
-             " \"roofline_share\": 0.3, \"fp32_peak_share\": %g}]}",
+             " \"roofline_share\": 0.3, \"plan\": {\"limit_share\": %g}}]}",
              date, cpu, isa, load, busy_key, model, dec, model, pre);
     write_file(path, text);
 }

@@ -15,9 +15,10 @@ Before the first model it re-measures the machine profile (build/bin/kipp_profil
 -> profiles/<host>-<level>-<cpu id>.json) so the roofline shares compare rates measured in the
 same run (a profile from another load would skew them); --reuse-profile keeps an existing one. Before each
 benchmark it runs `kipp plan` on the file and, after it, writes the plan's
-predicted tok/s beside the measured median of the tg128 and pp512 rows
-(predicted_tok_s, pred_over_measured; the planner's accuracy targets: decode
-within 15%, prefill within 25%).
+predicted tok/s beside the measured median of the tg128, pp512 and batch8 rows
+(predicted_tok_s, pred_over_measured, measured_over_predicted, and plan.limit_share,
+the share of the plan's limit the row reached, which later plans take their shares from;
+the planner's accuracy targets: decode within 15%, prefill within 25%, batch8 within 20%).
 kipp-bench writes results/<YYYYMMDD>-<host>-<cpu id>-<backend>-<sha>.json (kipp.bench.v1,
 bench/README.md), replacing earlier results of the same (bench, model) in that
 file. Models run smallest first: the 4B shape needs ~8 GB for the packed
@@ -125,7 +126,14 @@ def ensure_model(mid: str, models_dir: Path, keep_hf: bool, quant: str = "bf16",
     return gguf
 
 
-PLAN_ROWS = {"tg128": ("decode_tok_s", 0.15), "pp512": ("prefill_tok_s", 0.25)}  # the planner's |pred/meas - 1| targets
+# row -> (the plan's prediction, its limit, its share, the share's source: keys of the plan's format entry; the
+# planner's |pred/meas - 1| target)
+PLAN_ROWS = {"tg128": (("decode_tok_s",), None, ("decode_share",), ("decode_share_source",), 0.15),
+             "pp512": (("prefill_tok_s",), ("prefill_limit_tok_s",), ("prefill_share",), ("prefill_share_source",),
+                       0.25),
+             "batch8": (("batch8", "tok_s"), ("batch8", "limit_tok_s"), ("batch8", "share"),
+                        ("batch8", "share_source"), 0.20)}
+PLAN_MACHINE = ("ram_read_gbps", "peak_gflops", "bf16_dot_gflops", "int8_dot_gops", "disk_read_gbps", "bf16_act")
 
 
 def plan_of(gguf: Path, results: Path) -> dict | None:
@@ -139,9 +147,32 @@ def plan_of(gguf: Path, results: Path) -> dict | None:
         return None
 
 
+def dig(d: dict, path: tuple):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def prediction_keys(r: dict, fmt: dict, machine: dict) -> dict:
+    """What a measured row of PLAN_ROWS gets from the plan made just before it: predicted_tok_s,
+    pred_over_measured, measured_over_predicted, pred_target(_met) and plan (the machine figures it used, the
+    share and its source, and for pp512 and batch8 the limit at the whole peak or step limit and the row's share
+    of it, limit_share: what the next plans of this CPU take their shares from)."""
+    pred_k, lim_k, share_k, src_k, target = PLAN_ROWS[r["name"]]
+    pred, meas = dig(fmt, pred_k), r.get("median") or 0
+    ratio = pred / meas if meas > 0 and pred else None
+    plan = {k: machine.get(k) for k in PLAN_MACHINE} | {"share": dig(fmt, share_k), "share_source": dig(fmt, src_k)}
+    if lim_k:
+        lim = dig(fmt, lim_k)
+        plan |= {"limit_tok_s": lim, "limit_share": meas / lim if lim else None}
+    return {"predicted_tok_s": pred, "pred_over_measured": ratio,
+            "measured_over_predicted": 1 / ratio if ratio else None, "pred_target": target,
+            "pred_target_met": ratio is not None and abs(ratio - 1) <= target, "plan": plan}
+
+
 def attach_prediction(results: Path, gguf: Path, quant: str, plan: dict) -> None:
-    """Add the plan's prediction to the tg128 and pp512 rows of gguf in the newest model results file:
-    predicted_tok_s, pred_over_measured, pred_target and pred_target_met, and plan (its inputs)."""
+    """Add the plan's prediction (prediction_keys) to the tg128, pp512 and batch8 rows of gguf in the newest model
+    results file."""
     files = sorted(results.glob("*-cpu-*.json"), key=lambda f: f.stat().st_mtime)
     fmt = next((f for f in plan["formats"] if f["format"] == quant), None)
     if not files or fmt is None:
@@ -151,19 +182,12 @@ def attach_prediction(results: Path, gguf: Path, quant: str, plan: dict) -> None
     for r in doc.get("results", []):
         if r.get("model") != gguf.stem or r.get("format") != quant or r.get("name") not in PLAN_ROWS:
             continue
-        key, target = PLAN_ROWS[r["name"]]
-        pred, meas = fmt[key], r.get("median") or 0
-        ratio = pred / meas if meas > 0 else None
-        met = ratio is not None and abs(ratio - 1) <= target
-        r.update({"predicted_tok_s": pred, "pred_over_measured": ratio, "pred_target": target,
-                  "pred_target_met": met,
-                  "plan": {k: plan["machine"][k] for k in ("ram_read_gbps", "peak_gflops", "disk_read_gbps")}
-                  | {"share": fmt["decode_share" if key == "decode_tok_s" else "prefill_share"],
-                     "share_source": fmt["decode_share_source" if key == "decode_tok_s" else "prefill_share_source"]}})
+        r.update(prediction_keys(r, fmt, plan["machine"]))
         changed = True
-        print(f"  plan   {r['name']:<6} predicted {pred:9.2f} tok/s, measured {meas:9.2f}: pred/meas "
-              f"{ratio if ratio is not None else float('nan'):.3f} (target |pred/meas - 1| <= {target:.0%}: "
-              f"{'met' if met else 'not met'})", flush=True)
+        ratio = r["pred_over_measured"]
+        print(f"  plan   {r['name']:<6} predicted {r['predicted_tok_s']:9.2f} tok/s, measured {r.get('median') or 0:9.2f}:"
+              f" measured/predicted {1 / ratio if ratio else float('nan'):.3f} (target |pred/meas - 1| <= "
+              f"{r['pred_target']:.0%}: {'met' if r['pred_target_met'] else 'not met'})", flush=True)
     if changed:
         files[-1].write_text(json.dumps(doc, indent=1) + "\n")
 
