@@ -38,6 +38,11 @@ typedef struct {
     int rs_index, msg_index;  /* output_index of the open reasoning / message item, -1 = none yet */
     int rs_closed, msg_closed;
     size_t rs_sent, msg_sent; /* bytes of reasoning / content already streamed */
+    size_t calls_sent;        /* parsed calls whose function_call item is done */
+    int part_open, part_index; /* a function_call item is open, its arguments streaming; its output_index */
+    size_t part_at;           /* its call's serve_call.at */
+    const char *part_name;    /* its function's name (the request's tools own it) */
+    serve_buf part_args;      /* its arguments sent so far */
     int done;                 /* the terminal event is sent */
     int stored;               /* put in the store already */
 } serve_resp;

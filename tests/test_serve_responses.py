@@ -15,6 +15,7 @@ Responses endpoint passes on) forces "<think>" for reasoning, and tool_choice
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -334,6 +335,52 @@ def test_stream_function_call(client, compact):
     assert item.name == calls[0].name and item.arguments == "" and item.call_id.startswith("call_")
     assert args[i] == calls[0].arguments == final.output[i].arguments
     assert text == whole.output_text
+
+
+def test_stream_arguments_as_written(client, compact):
+    """response.function_call_arguments.delta events come as the model writes
+    the call: its item (id, call_id, name) is added once, before them; more
+    than one delta for a call with two fields, concatenating to the item's
+    arguments."""
+    events = list(client.responses.create(input="Weather in Paris?", stream=True, **call_kw(compact, 11)))
+    final, *_ = collect(events)
+    fc = [o for o in final.output if o.type == "function_call"]
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    adds = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    assert len(fc) == len(adds) == 1 and len(deltas) > 1, events
+    assert adds[0].item.id == fc[0].id and adds[0].item.call_id == fc[0].call_id
+    assert all(d.item_id == fc[0].id and d.output_index == adds[0].output_index for d in deltas)
+    assert "".join(d.delta for d in deltas) == fc[0].arguments and events.index(adds[0]) < events.index(deltas[0])
+
+
+def test_stream_cut_call(client, compact):
+    """max_output_tokens cuts the call after its head: the Response is
+    incomplete with no function_call item (the block stays text); the stream
+    added the call's item, sent the arguments written so far (a prefix of the
+    whole call's) and ended the item "incomplete"."""
+    kw = call_kw(compact, 11)
+    c = chat(client, [{"role": "user", "content": "Weather in Paris?"}], tools=[CHAT_WEATHER], tool_choice="required",
+             parallel_tool_calls=False, max_completion_tokens=300, temperature=0.8, seed=11, logit_bias=compact,
+             logprobs=True, extra_body={"chat_template_kwargs": NO_THINK})
+    args = c.choices[0].message.tool_calls[0].function.arguments
+    toks = [bytes(t.bytes) for t in c.choices[0].logprobs.content]
+    raw = b"".join(toks).decode()
+    start, n, pos = re.search(r'"arguments"\s*:\s*\{', raw).end(), 0, 0
+    while pos <= start:  # the tokens up to the arguments' first byte, then three more
+        pos += len(toks[n])
+        n += 1
+    kw["max_output_tokens"] = n + 3
+    whole = client.responses.create(input="Weather in Paris?", **kw)
+    assert whole.status == "incomplete" and [o.type for o in whole.output] == ["message"], whole.output
+    assert raw.startswith(whole.output_text) and whole.output_text.startswith("<tool_call>")
+    events = list(client.responses.create(input="Weather in Paris?", stream=True, **kw))
+    adds = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    dones = [e for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    part = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert len(adds) == len(dones) == 1 and dones[0].item.status == "incomplete" and dones[0].item.arguments == part
+    assert part and args.startswith(part) and len(part) < len(args), (part, args)
+    assert not [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == whole.output_text
 
 
 def test_stream_helper(client, compact):

@@ -17,6 +17,7 @@ a named function makes it write real calls (constrained decoding).
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -335,6 +336,81 @@ def test_round_trip_streamed_and_not(srv, client, compact):
     assert_reply_matches_raw(answer.choices[0], SCHEMAS)
     streamed = post_stream(srv, dict(kw, messages=history, max_tokens=16, seed=3, chat_template_kwargs=NO_THINK))
     assert streamed[0] == (answer.choices[0].message.content or "") and streamed[1] == answer.choices[0].finish_reason
+
+
+# ---- streamed arguments ----
+
+@pytest.fixture(scope="module")
+def odd_bias(compact, hf):
+    """compact's first 100 entries (the server takes 300 at most), plus a push
+    towards 200 tokens that carry part of a character's UTF-8 bytes or a
+    backslash, so that string escapes and split characters land in the
+    arguments (the grammar keeps them inside strings)."""
+    odd = [i for i in range(151643) if "\ufffd" in hf.decode([i]) or "\\" in hf.decode([i])][:200]
+    return dict(list(compact.items())[:100], **{str(i): 4 for i in odd})
+
+
+def sdk_stream_calls(client, **kw):
+    """The openai SDK's stream of a chat request: (content, finish, per call
+    index {ids, names, args}: every id, name and arguments delta it carried)."""
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            finish = ch.finish_reason or finish
+            for tc in ch.delta.tool_calls or []:
+                c = calls.setdefault(tc.index, {"ids": [], "names": [], "args": []})
+                c["ids"] += [tc.id] if tc.id else []
+                c["names"] += [tc.function.name] if tc.function and tc.function.name else []
+                c["args"] += [tc.function.arguments] if tc.function and tc.function.arguments else []
+    return content, finish, [calls[k] for k in sorted(calls)]
+
+
+STREAM_KW = dict(model="synthetic-tiny", messages=USER, tools=TOOLS, max_tokens=300, temperature=1.0,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+                 extra_body={"chat_template_kwargs": NO_THINK})
+
+
+def test_arguments_stream_as_written(srv, client, odd_bias):
+    """A call's arguments stream as the model writes them: its id and name once,
+    then several arguments deltas that concatenate to exactly the whole
+    response's arguments, byte for byte, also where a character's UTF-8 bytes
+    or a string escape span tokens."""
+    odd = 0
+    for seed in range(4):
+        r = client.chat.completions.create(seed=seed, logit_bias=odd_bias, **STREAM_KW)
+        assert r.choices[0].finish_reason == "tool_calls", r
+        want = r.choices[0].message.tool_calls[0].function.arguments
+        content, finish, calls = sdk_stream_calls(client, seed=seed, logit_bias=odd_bias, **STREAM_KW)
+        assert finish == "tool_calls" and content == "" and len(calls) == 1
+        c = calls[0]
+        assert len(c["ids"]) == 1 and c["ids"][0].startswith("call_") and c["names"] == ["get_weather"], c
+        assert len(c["args"]) > 1 and "".join(c["args"]) == want, (c["args"], want)
+        odd += "\\" in want or any(ord(ch) > 127 for ch in want)
+    assert odd, "no seed wrote an escape or a non-ASCII character into the arguments"
+
+
+def test_cut_call_streams_its_prefix_and_is_no_call(srv, client, compact):
+    """max_tokens cuts the call after its head: the whole reply has no call
+    (finish length, the block stays content); its stream sent the call's head
+    once and the arguments written so far (a prefix of what the whole call
+    would have), with the same content and finish (docs/SERVING.md, "Streamed calls")."""
+    full = client.chat.completions.create(seed=5, logit_bias=compact, logprobs=True, **STREAM_KW)
+    raw, args = raw_text(full.choices[0]), full.choices[0].message.tool_calls[0].function.arguments
+    start, n, pos = re.search(r'"arguments"\s*:\s*\{', raw).end(), 0, 0
+    while pos <= start:  # the tokens up to the arguments' first byte, then three more
+        pos += len(bytes(full.choices[0].logprobs.content[n].bytes))
+        n += 1
+    kw = dict(STREAM_KW, max_tokens=n + 3)
+    cut = client.chat.completions.create(seed=5, logit_bias=compact, **kw).choices[0]
+    assert cut.finish_reason == "length" and not cut.message.tool_calls
+    assert raw.startswith(cut.message.content) and cut.message.content.startswith("<tool_call>")
+    content, finish, calls = sdk_stream_calls(client, seed=5, logit_bias=compact, **kw)
+    assert finish == "length" and content == cut.message.content and len(calls) == 1
+    c = calls[0]
+    assert len(c["ids"]) == 1 and c["names"] == ["get_weather"]
+    part = "".join(c["args"])
+    assert part and args.startswith(part) and len(part) < len(args), (part, args)
 
 
 def test_required_with_thinking_leaves_the_thinking_free(srv, client, compact):
