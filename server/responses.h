@@ -75,9 +75,17 @@ int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job
 
 /* ---- the previous_response_id store (responses_store.c); thread-safe ---- */
 
-/** Keep items (a JSON array, reference stolen) under id; evicts LRU entries past the bounds. 0, or -1 when not kept. */
-int serve_resp_store_put(const char *id, json_t *items);
+/**
+ * Keep items (the conversation, a JSON array) and response (the Response
+ * object) under id, both references stolen; evicts LRU entries past the
+ * bounds. 0, or -1 when not kept.
+ */
+int serve_resp_store_put(const char *id, json_t *items, json_t *response);
 /** A deep copy of the items stored under id (the caller's reference), or NULL when unknown or evicted. */
 json_t *serve_resp_store_get(const char *id);
+/** A deep copy of the Response stored under id (GET /v1/responses/{id}), or NULL when unknown or evicted. */
+json_t *serve_resp_store_response(const char *id);
+/** Forget id (DELETE /v1/responses/{id}): 1 when it was stored, 0 when unknown or evicted. */
+int serve_resp_store_delete(const char *id);
 
 #endif

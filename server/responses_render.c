@@ -158,7 +158,7 @@ static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_
         json_t *items = json_deep_copy(x->history), *copy = json_deep_copy(out); /* shares nothing with o */
         json_array_extend(items, copy);
         json_decref(copy);
-        serve_resp_store_put(json_string_value(json_object_get(o, "id")), items);
+        serve_resp_store_put(json_string_value(json_object_get(o, "id")), items, json_deep_copy(o));
         x->stored = 1;
     }
     json_decref(out);

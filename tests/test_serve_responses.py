@@ -485,3 +485,26 @@ def test_store_keeps_the_last_256(srv):
     assert st == 400 and r["error"]["code"] == "previous_response_not_found", r
     st, r = srv.post("/v1/responses", {"input": "x", "max_output_tokens": 1, "previous_response_id": ids[1]})
     assert st == 200 and r["previous_response_id"] == ids[1], r  # the 256th newest is still kept
+    st, r = srv.request("GET", f"/v1/responses/{ids[0]}")  # evicted: gone for GET too
+    assert st == 404 and ids[0] in json.loads(r)["error"]["message"], r
+    st, r = srv.request("GET", f"/v1/responses/{ids[1]}")
+    assert st == 200 and json.loads(r)["id"] == ids[1], r
+
+
+def test_retrieve_and_delete(client, srv):
+    """GET /v1/responses/{id} (client.responses.retrieve) returns the stored
+    Response as created; DELETE forgets it; an id never stored (store false,
+    unknown) or deleted is a 404 in OpenAI's error shape naming it, for both."""
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=6, temperature=0, metadata={"k": "v"})
+    assert client.responses.retrieve(r.id).model_dump() == r.model_dump()
+    unstored = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, store=False).id
+    assert client.responses.delete(r.id) is None
+    for rid in (r.id, unstored, "resp_0123456789abcdef"):
+        with pytest.raises(openai.NotFoundError) as ei:
+            client.responses.retrieve(rid)
+        err = ei.value.body
+        assert err["type"] == "invalid_request_error" and rid in err["message"], err
+        st, body = srv.request("DELETE", f"/v1/responses/{rid}")
+        assert st == 404 and rid in json.loads(body)["error"]["message"], body
+    st, body = srv.request("PUT", f"/v1/responses/{r.id}")
+    assert st == 405 and "GET or DELETE" in json.loads(body)["error"]["message"], body
