@@ -59,19 +59,18 @@ int serve_responses_parse(const char *body, size_t len, serve_req *r, serve_erro
 
 /**
  * The finished job's Response object as JSON text (malloc'd); stores it when
- * the request asked to. tok: the tokenizer lock (taken inside, after the sched
- * mutex, to count reasoning tokens). Sched mutex held.
+ * the request asked to. Sched mutex held.
  */
-char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_job *job);
+char *serve_responses_render(const serve_info *si, serve_job *job);
 
 /**
  * Append to sse the events that job's progress allows since its cursor
  * (r->api_ctx): response.created / in_progress first, text and reasoning
- * deltas as they become final, items closed in order, function calls and
- * response.completed (or .incomplete / .failed) once done. Returns 1 when the
+ * deltas as they become final, function calls as they are written, items
+ * closed in order, and response.completed (or .incomplete / .failed) once done. Returns 1 when the
  * terminal event is written. Sched mutex held.
  */
-int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job *job, serve_buf *sse);
+int serve_responses_chunks(const serve_info *si, serve_job *job, serve_buf *sse);
 
 /* ---- the previous_response_id store (responses_store.c); thread-safe ---- */
 

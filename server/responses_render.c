@@ -100,28 +100,6 @@ static json_t *outputs(const serve_resp *x, const shown *sh, int incomplete)
 
 /* ---- the Response object ---- */
 
-/* Reasoning tokens: the model's "<think>" and "</think>" tokens and the text
- * between them re-tokenized (the generated ids are not kept): exact when the
- * model wrote the tokenizer's own split of that text. At most n_gen. */
-static uint64_t reasoning_tokens(const serve_info *si, pthread_mutex_t *tok, const serve_job *j)
-{
-    const serve_req *r = &j->req;
-    const serve_choice_out *o = &j->out[0];
-    const char *raw = o->raw.p ? o->raw.p : "";
-    size_t n = o->raw.n, start = r->starts_in_reasoning ? 0 : 7;
-    if (!r->thinking || (!r->starts_in_reasoning && (n < 7 || memcmp(raw, "<think>", 7)))) return 0;
-    const char *close = memmem(raw + start, n - start, "</think>", 8);
-    size_t end = close ? (size_t)(close - raw) : n, count = 0;
-    uint32_t *ids = malloc((end - start + 16) * sizeof *ids);
-    pthread_mutex_lock(tok);
-    if (!ids || kipp_tokenize(si->model, raw + start, end - start, KIPP_TOK_SPECIAL, ids, end - start + 16, &count, NULL, 0))
-        count = 0;
-    pthread_mutex_unlock(tok);
-    free(ids);
-    count += !r->starts_in_reasoning + (close != NULL);
-    return count < o->n_gen ? count : o->n_gen;
-}
-
 static json_t *usage_obj(const serve_job *j, uint64_t reasoning)
 {
     uint64_t gen = j->out[0].n_gen;
@@ -143,13 +121,13 @@ static json_t *response_obj(const serve_info *si, const serve_job *j, const char
 }
 
 /* The finished Response, stored when the request asked (once). */
-static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_job *j, const shown *sh)
+static json_t *final_response(const serve_info *si, serve_job *j, const shown *sh)
 {
     serve_resp *x = j->req.api_ctx;
     int failed = j->out[0].finish == FIN_ERROR || j->error[0], incomplete = !failed && j->out[0].finish == FIN_LENGTH;
     json_t *out = outputs(x, sh, incomplete);
     json_t *o = response_obj(si, j, failed ? "failed" : incomplete ? "incomplete" : "completed", json_incref(out),
-                             usage_obj(j, reasoning_tokens(si, tok, j)));
+                             usage_obj(j, serve_reasoning_tokens(&j->req, &j->out[0])));
     if (failed)
         json_object_set_new(o, "error", json_pack("{s:s, s:s+}", "code", "server_error", "message", "generation failed: ",
                                                   j->error[0] ? j->error : "engine error"));
@@ -165,11 +143,11 @@ static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_
     return o;
 }
 
-char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_job *job)
+char *serve_responses_render(const serve_info *si, serve_job *job)
 {
     shown sh;
     shown_make(&job->req, &job->out[0], 1, &sh);
-    json_t *o = final_response(si, tok, job, &sh);
+    json_t *o = final_response(si, job, &sh);
     serve_reply_free(&sh);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -343,10 +321,10 @@ static void stream_calls(serve_resp *x, const shown *sh, serve_buf *b)
     if (p->args_len > x->part_args.n) args_delta(x, p->args + x->part_args.n, p->args_len - x->part_args.n, b);
 }
 
-static void stream_end(const serve_info *si, pthread_mutex_t *tok, serve_job *j, const shown *sh, serve_buf *b)
+static void stream_end(const serve_info *si, serve_job *j, const shown *sh, serve_buf *b)
 {
     serve_resp *x = j->req.api_ctx;
-    json_t *o = final_response(si, tok, j, sh);
+    json_t *o = final_response(si, j, sh);
     const char *status = json_string_value(json_object_get(o, "status"));
     int incomplete = !strcmp(status, "incomplete");
     close_reasoning(x, sh, rs_status(sh, incomplete), b);
@@ -358,7 +336,7 @@ static void stream_end(const serve_info *si, pthread_mutex_t *tok, serve_job *j,
     x->done = 1;
 }
 
-int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job *job, serve_buf *sse)
+int serve_responses_chunks(const serve_info *si, serve_job *job, serve_buf *sse)
 {
     serve_resp *x = job->req.api_ctx;
     const serve_choice_out *o = &job->out[0];
@@ -376,7 +354,7 @@ int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job
     stream_reasoning(x, &sh, sse);
     stream_content(x, &sh, sse);
     if (!fin) stream_calls(x, &sh, sse);
-    if (fin && job->done) stream_end(si, tok, job, &sh, sse);
+    if (fin && job->done) stream_end(si, job, &sh, sse);
     serve_reply_free(&sh);
     return x->done;
 }

@@ -361,10 +361,22 @@ typedef struct {
     serve_lp *lp;             /* [n_lp] when logprobs */
     size_t n_lp, cap_lp;
     uint32_t n_gen;           /* generated tokens (stop token excluded) */
+    uint32_t *tok_off;        /* [n_tok] with thinking on: each generated token's first byte in raw (serve_reasoning_tokens) */
+    size_t n_tok, cap_tok;
     int finish;               /* FIN_* */
     int stop_matched;         /* FIN_STOP by a stop string: 1 + its index in req.stop; 0 = none (a stop id, ...) */
     double t_first, t_last;   /* seconds (monotonic) of first / latest token */
 } serve_choice_out;
+
+/**
+ * Reasoning tokens of finished choice o of request r, as the state machine
+ * splits its raw text (no re-tokenizing): the generated tokens that start
+ * inside the REASONING state, its markers included: a leading "<think>", the
+ * text, and the "</think>" that ends it (not the newlines after it); up to a
+ * "<tool_call>" that ends it; all of them when the reply was cut off inside
+ * it. 0 without thinking, or when the reply did not open reasoning.
+ */
+uint64_t serve_reasoning_tokens(const serve_req *r, const serve_choice_out *o);
 
 /** A request in flight; shared by its HTTP thread and the scheduler (refcounted). */
 typedef struct serve_job {
@@ -455,6 +467,8 @@ void serve_job_unref(serve_job *job);
 void serve_logprob_of(const float *row, uint32_t V, uint32_t id, int n_top, serve_lp *rec);
 /** Append rec to o's logprob list (sched mutex held); -1 when out of memory. */
 int serve_push_lp(serve_choice_out *o, const serve_lp *rec);
+/** Append a generated token's first byte offset to o->tok_off (sched mutex held); -1 when out of memory. */
+int serve_push_tok(serve_choice_out *o, uint32_t off);
 
 /* ---- metrics (metrics.c) ---- */
 

@@ -114,7 +114,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             int done;
             if (anth) done = serve_anthropic_events(&s->h->info, s->job, &s->ast, &s->out);
             else if (s->job->req.api == SERVE_API_RESPONSES)
-                done = s->st.done_sent = serve_responses_chunks(&s->h->info, serve_tokenizer_mutex(s->h->sched), s->job, &s->out);
+                done = s->st.done_sent = serve_responses_chunks(&s->h->info, s->job, &s->out);
             else
                 done = serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
             if (s->out.n || done) break;
@@ -184,7 +184,7 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
         out = job->req.api == SERVE_API_ANTHROPIC ? serve_anthropic_error_json(&e) : serve_error_json(&e), *status = 500;
     } else {
         out = job->req.api == SERVE_API_ANTHROPIC   ? serve_anthropic_response(&h->info, job)
-              : job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, serve_tokenizer_mutex(h->sched), job)
+              : job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, job)
                                                     : serve_render_response(&h->info, job);
         *status = 200;
     }

@@ -162,11 +162,42 @@ def test_reasoning_and_content_match_chat(client, tid, seed):
     r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=16, temperature=1.0,
                                 extra_body={"logit_bias": bias, "seed": seed})
     c = chat(client, [{"role": "user", "content": "Hi"}], max_completion_tokens=16, temperature=1.0, logit_bias=bias,
-             seed=seed)
+             seed=seed, logprobs=True)
     m = c.choices[0].message
     assert reasoning_text(r) == ((m.model_extra or {}).get("reasoning_content") or "")
     assert r.output_text == m.content
-    assert 0 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
+    assert r.usage.output_tokens_details.reasoning_tokens == reasoning_token_count(c.choices[0].logprobs.content)
+
+
+def reasoning_token_count(tokens) -> int:
+    """The generated tokens (chat logprobs: each token's bytes, as sampled, not
+    re-tokenized) from a leading <think> up to and including the first
+    </think> after it; all of them when it never comes; 0 without <think>."""
+    raw, starts = b"", []
+    for t in tokens:
+        starts.append(len(raw))
+        raw += bytes(t.bytes)
+    if not raw.startswith(b"<think>"):
+        return 0
+    close = raw.find(b"</think>", 7)
+    end = close + 8 if close >= 0 else len(raw)
+    return sum(1 for s in starts if s < end)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reasoning_tokens_are_the_sampled_tokens(client, tid, seed):
+    """reasoning_tokens counts the tokens the model sampled from <think> to
+    </think>, markers included (each token's offset against the state
+    machine's split), as chat's logprobs list them: not a re-tokenization of
+    the reasoning text, which /tokenize would split its own way (the exact
+    cases, with splits the tokenizer would merge, are in test_serve_text)."""
+    bias = {str(tid("<think>")): 100, str(tid("</think>")): 99, str(tid("c")): 100}
+    kw = dict(temperature=1.0, frequency_penalty=1.0)
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=12, extra_body=dict(kw, logit_bias=bias, seed=seed))
+    c = chat(client, [{"role": "user", "content": "Hi"}], max_completion_tokens=12, logit_bias=bias, seed=seed,
+             logprobs=True, **kw)
+    toks = c.choices[0].logprobs.content
+    assert r.usage.output_tokens_details.reasoning_tokens == reasoning_token_count(toks), [bytes(t.bytes) for t in toks]
 
 
 def test_reasoning_history_item(client):

@@ -13,6 +13,7 @@
  *   - the call in progress (streamed arguments): a prefix of the final
  *     arguments at every byte, whole before the block closes, and cut before
  *     the first byte that no JSON object can continue with;
+ *   - reasoning_tokens: the sampled tokens that start inside the reasoning;
  *   - kipp_chat_tokenize equals render + special tokenize without typed
  *     markers, and keeps typed markers as plain text.
  */
@@ -217,6 +218,42 @@ static void test_call_part(void)
     }
 }
 
+/* serve_reasoning_tokens: the generated tokens that start inside the
+ * reasoning, markers included, over hand-written token splits (some that
+ * re-tokenizing would merge: "a" "b", "bc"). */
+static void test_reasoning_tokens(void)
+{
+    static const struct {
+        const char *raw;
+        uint32_t off[8];
+        size_t n_tok, want;
+        int starts_in_reasoning, tools;
+    } cases[] = {
+        {"<think>ab c</think>\n\nok", {0, 7, 8, 9, 11, 19, 21}, 7, 5, 0, 0},  /* <think> a b " c" </think> */
+        {"<think>abc", {0, 7, 8, 9}, 4, 4, 0, 0},                              /* cut off inside: all */
+        {"<think>x" CALL, {0, 7, 8, 19, 20}, 5, 2, 0, 1},                    /* a call ends it */
+        {"<think>x" CALL, {0, 7, 8, 19, 20}, 5, 5, 0, 0},                    /* without tools, it does not */
+        {"hello</think>", {0, 2, 5}, 3, 0, 0, 0},                              /* no <think>: no reasoning */
+        {"abc</think>x", {0, 1, 3, 11}, 4, 3, 1, 0},                          /* the template opened it */
+    };
+    serve_req r;
+    serve_req_init(&r, 1);
+    r.chat = 1;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        r.thinking = 1, r.starts_in_reasoning = cases[c].starts_in_reasoning;
+        r.tools = cases[c].tools ? (serve_tool *)SPLIT_TOOLS : NULL, r.n_tools = cases[c].tools;
+        serve_choice_out o = {.raw = {.p = (char *)cases[c].raw, .n = strlen(cases[c].raw)},
+                              .tok_off = (uint32_t *)cases[c].off, .n_tok = cases[c].n_tok};
+        uint64_t got = serve_reasoning_tokens(&r, &o);
+        CHECK(got == cases[c].want, "case %zu '%s': %llu reasoning tokens, expected %zu", c, cases[c].raw,
+              (unsigned long long)got, cases[c].want);
+        r.thinking = 0;
+        CHECK(serve_reasoning_tokens(&r, &o) == 0, "case %zu: reasoning tokens with thinking off", c);
+    }
+    r.tools = NULL, r.n_tools = 0;
+    serve_req_free(&r);
+}
+
 static int count_id(const uint32_t *ids, size_t n, uint32_t id)
 {
     int c = 0;
@@ -263,6 +300,7 @@ int main(void)
     RUN(test_think_split);
     RUN(test_reply_split);
     RUN(test_call_part);
+    RUN(test_reasoning_tokens);
     RUN(test_chat_tokenize);
     return th_finish();
 }
