@@ -25,7 +25,7 @@ import pytest
 from serve_harness import Server
 
 anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")  # conftest.oai, the oracle
 jsonschema = pytest.importorskip("jsonschema")
 
 N_CTX = 1024
@@ -51,20 +51,8 @@ THINK_ID = 151667  # Qwen3's <think> (data/qwen3 tokenizer)
 
 
 @pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def client(srv):
     return anthropic.Anthropic(base_url=srv.base, api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def oai(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-
 
 # ---- a strict parser of Anthropic's event stream ----
 

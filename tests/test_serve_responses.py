@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
-
-from serve_harness import REPO, Server
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-KIPP = REPO / "build" / "kipp"
 N_CTX = 1024
 MODEL = "synthetic-tiny"
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -35,44 +31,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                                  "parameters": WEATHER_PARAMS}}
 NO_THINK = {"enable_thinking": False}
-
-
-@pytest.fixture(scope="module")
-def model(synthetic_gguf):
-    return synthetic_gguf("synthetic-tiny")
-
-
-@pytest.fixture(scope="module")
-def srv(model):
-    with Server(model, "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tid(model):
-    def get(text):
-        r = subprocess.run([str(KIPP), "tokenize", "--model", str(model), "--special", "--text", text],
-                           capture_output=True, text=True, timeout=60)
-        ids = json.loads(r.stdout)
-        assert len(ids) == 1, (text, ids)
-        return ids[0]
-    return get
-
-
-@pytest.fixture(scope="module")
-def compact(tid):
-    """logit_bias -100 on whitespace-only tokens, so the random model spends few
-    tokens on the whitespace JSON allows (as test_serve_tools.py)."""
-    from tokenizers import Tokenizer
-    hf = Tokenizer.from_file(str(REPO / "data" / "qwen3" / "qwen3-tokenizer" / "tokenizer.json"))
-    ws = sorted(i for i in hf.get_vocab().values() if i < 151643 and not hf.decode([i]).strip(" \t\r\n")
-                and hf.decode([i]))
-    return {str(i): -100 for i in ws[:300]}
 
 
 def chat(client, messages, **kw):

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import json
 import re
-import os
-import subprocess
-import sys
 
 import pytest
 
-from serve_harness import REPO, Server, check_stream, parse_sse
+from serve_harness import check_stream, parse_sse
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-KIPP = REPO / "build" / "kipp"
-QWEN3_DATA = REPO / "data" / "qwen3"
 CH = "/v1/chat/completions"
 N_CTX = 1024
 
@@ -93,65 +88,18 @@ def raw_text(choice) -> str:
     return b"".join(bytes(t.bytes) for t in choice.logprobs.content).decode("utf-8")
 
 
-def token_id(text: str) -> int:
-    r = subprocess.run([str(KIPP), "tokenize", "--model", str(_model_path()), "--special", "--text", text],
-                       capture_output=True, text=True, timeout=60)
-    ids = json.loads(r.stdout)
-    assert len(ids) == 1, (text, ids)
-    return ids[0]
-
-
-_MODEL = {}
-
-
-def _model_path():
-    return _MODEL["path"]
-
-
 @pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    _MODEL["path"] = synthetic_gguf("synthetic-tiny")
-    with Server(_MODEL["path"], "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def oracle():
+def oracle(hf_render):
     """(messages, tools, thinking) -> the prompt text HF's template renders."""
-    pytest.importorskip("jinja2")
-    sys.path.insert(0, str(REPO / "tools"))
-    from gen_chat_cases import make_renderer
-    template = json.load(open(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer_config.json"))["chat_template"]
-    render = make_renderer(str(QWEN3_DATA))
-    return lambda msgs, tools, thinking: render(template, msgs, tools, True, thinking)
+    return lambda msgs, tools, thinking: hf_render(msgs, tools, True, thinking)
 
 
 @pytest.fixture(scope="module")
-def hf():
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def alphabet(srv):
+def alphabet(tid):
     """logit_bias that keeps the model on tool-call pieces: random, mostly malformed blocks."""
     pieces = ["<tool_call>", "</tool_call>", "{\"", "name", "\":", " \"", "get", "_time", "\",", "arguments", " {}",
               "}", "\n", " ", "x"]
-    return {str(token_id(p)): 100 for p in pieces}
-
-
-@pytest.fixture(scope="module")
-def compact(hf):
-    """logit_bias -100 on 300 whitespace-only tokens (the API's most entries), so
-    the random model spends few tokens on the whitespace JSON allows."""
-    ws = sorted(i for i in hf.get_vocab().values() if i < 151643 and not hf.decode([i]).strip(" \t\r\n")
-                and hf.decode([i]))
-    return {str(i): -100 for i in ws[:300]}
+    return {str(tid(p)): 100 for p in pieces}
 
 
 def stream_collect(chunks):
@@ -257,10 +205,10 @@ def test_malformed_blocks_stay_content(srv, client, alphabet, seed):
         [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
 
 
-def test_open_block_forever_is_content(srv, client):
+def test_open_block_forever_is_content(srv, client, tid):
     """Only "<tool_call>" allowed: an unterminated block, returned whole as content."""
     r = client.chat.completions.create(model="synthetic-tiny", messages=USER, tools=TOOLS, max_tokens=8,
-                                       logit_bias={str(token_id("<tool_call>")): 100}, logprobs=True,
+                                       logit_bias={str(tid("<tool_call>")): 100}, logprobs=True,
                                        extra_body={"chat_template_kwargs": NO_THINK})
     c = r.choices[0]
     assert c.message.content == "<tool_call>" * 8 and c.message.tool_calls is None and c.finish_reason == "length"
@@ -413,13 +361,13 @@ def test_cut_call_streams_its_prefix_and_is_no_call(srv, client, compact):
     assert part and args.startswith(part) and len(part) < len(args), (part, args)
 
 
-def test_required_with_thinking_leaves_the_thinking_free(srv, client, compact):
+def test_required_with_thinking_leaves_the_thinking_free(srv, client, compact, tid):
     """Thinking on: a reply that opens with <think> is free until "</think>",
     then constrained; one that does not is constrained throughout. Calls are
     read from the content only. logit_bias makes the free part think markers
     only, and frequency_penalty ends a run of <think>, so the thinking closes
     within a few tokens."""
-    bias = {**dict(list(compact.items())[:298]), str(token_id("<think>")): 100, str(token_id("</think>")): 100}
+    bias = {**dict(list(compact.items())[:298]), str(tid("<think>")): 100, str(tid("</think>")): 100}
     opened = 0
     for seed in range(6):
         r = client.chat.completions.create(model="synthetic-tiny", messages=USER, tools=TOOLS, tool_choice="required",
