@@ -42,10 +42,11 @@ char *serve_anthropic_response(const serve_info *si, const serve_job *job);
 typedef struct {
     int started;              /* message_start (and its ping) sent */
     int n_blocks;             /* content blocks started so far: the next block's index */
-    int open;                 /* the open block: 0 none, 1 thinking, 2 text */
+    int open;                 /* the open block: 0 none, 1 thinking, 2 text, 3 tool_use (its input streaming) */
     size_t sent_reasoning;    /* bytes of the view's reasoning sent as thinking_delta */
     size_t sent_content;      /* bytes of the content (calls taken out) sent as text_delta */
-    size_t sent_calls;        /* tool_use blocks sent (each whole: start, one input_json_delta, stop) */
+    size_t sent_calls;        /* parsed calls whose tool_use block is sent and stopped */
+    size_t part_at, part_sent; /* the open tool_use block: its call's serve_call.at, input bytes sent */
     int done_sent;            /* message_stop (or an error event) sent */
     double last_event;        /* monotonic seconds of the last event (pings while nothing else comes) */
 } serve_anth_stream;

@@ -6,9 +6,12 @@
  * splits thinking from text, serve_tool_parse takes the <tool_call> blocks
  * out of the text), so streamed deltas and the non-streamed reply are cut
  * from the same bytes: thinking_delta pieces concatenate to the thinking
- * block, text_delta pieces to the text, and each tool_use block's one
- * input_json_delta is its input's JSON, sent once the call is complete (its
- * id and name go once, in content_block_start).
+ * block, text_delta pieces to the text, and each tool_use block's
+ * input_json_delta pieces to its input's JSON as the model wrote it, streamed
+ * as it is written (serve_call_part; its id and name go once, in
+ * content_block_start). A call max_tokens cuts keeps the input streamed so
+ * far in the stream, and is no tool_use block of the whole reply
+ * (docs/ANTHROPIC.md).
  *
  * One difference is structural only: text the model writes after a tool call
  * streams as a new text block after that tool_use block, where the
@@ -93,7 +96,8 @@ static void hex_id(const serve_job *j, uint64_t salt, const char *prefix, char o
     snprintf(out, 48, "%s%016llx%08llx", prefix, (unsigned long long)h[0], (unsigned long long)(h[1] & 0xffffffffu));
 }
 
-static void tool_id(const serve_job *j, size_t k, char out[48]) { hex_id(j, k + 1, "toolu_", out); }
+/* A call's id, from its block's offset in the content (the same streamed and whole). */
+static void tool_id(const serve_job *j, size_t at, char out[48]) { hex_id(j, at + 1, "toolu_", out); }
 
 /* stop_reason (and *seq, the stop string matched, or NULL) of a finished choice 0. */
 static const char *stop_reason(const serve_job *j, const shown *sh, const char **seq)
@@ -146,7 +150,7 @@ char *serve_anthropic_response(const serve_info *si, const serve_job *j)
         json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text", serve_json_text(sh.content, sh.content_len)));
     for (size_t k = 0; k < sh.calls.n_calls; k++) {
         char id[48];
-        tool_id(j, k, id);
+        tool_id(j, sh.calls.calls[k].at, id);
         json_array_append_new(content, json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", id, "name",
                                                  sh.calls.calls[k].name, "input", call_input(&sh.calls.calls[k])));
     }
@@ -184,7 +188,9 @@ static void block_delta(serve_buf *b, const serve_anth_stream *st, json_t *delta
     event(b, json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index", st->n_blocks - 1, "delta", delta));
 }
 
-/* Close the open block: a thinking block gets its (empty: Qwen3 signs nothing) signature first. */
+/* Close the open block: a thinking block gets its (empty: Qwen3 signs nothing)
+ * signature first. A tool_use block whose call never completed (cut by
+ * max_tokens, or a broken format) closes with the input sent so far. */
 static void block_close(serve_buf *b, serve_anth_stream *st)
 {
     if (!st->open) return;
@@ -193,7 +199,54 @@ static void block_close(serve_buf *b, serve_anth_stream *st)
     st->open = 0;
 }
 
-/* New thinking and text bytes, and complete tool calls, since st. */
+/* The open tool_use block's call is parsed whole: the rest of its input, and its stop. */
+static void finish_part(serve_anth_stream *st, const serve_call *c, serve_buf *out)
+{
+    size_t len = strlen(c->arguments);
+    if (len > st->part_sent)
+        block_delta(out, st, json_pack("{s:s, s:o}", "type", "input_json_delta", "partial_json",
+                                       serve_json_text(c->arguments + st->part_sent, len - st->part_sent)));
+    block_close(out, st);
+}
+
+/* A tool_use block for the call at text offset at, left open (st->open 3). */
+static void open_tool(const serve_job *j, serve_anth_stream *st, size_t at, const char *name, serve_buf *out)
+{
+    char id[48];
+    tool_id(j, at, id);
+    block_close(out, st);
+    block_start(out, st, json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", id, "name", name, "input"));
+    st->open = 3, st->part_at = at, st->part_sent = 0;
+}
+
+/* Parsed calls not yet sent: the open tool_use block's completes; any other
+ * gets a whole block. The input_json_delta pieces are its arguments as the
+ * model wrote them (they parse to the reply's input). */
+static void done_calls(const serve_job *j, const shown *sh, serve_anth_stream *st, serve_buf *out)
+{
+    for (size_t k = st->sent_calls; k < sh->calls.n_calls; k++) {
+        const serve_call *c = &sh->calls.calls[k];
+        if (st->open != 3 || st->part_at != c->at || st->part_sent > strlen(c->arguments))
+            open_tool(j, st, c->at, c->name, out);
+        finish_part(st, c, out);
+    }
+    st->sent_calls = sh->calls.n_calls;
+}
+
+/* The call in progress: its block opens once its head is read, and its input
+ * streams as far as it is a valid JSON prefix (serve_call_part). */
+static void part_call(const serve_job *j, const shown *sh, serve_anth_stream *st, serve_buf *out)
+{
+    const serve_call_part *p = &sh->calls.part;
+    if (!p->name) return;
+    if (st->open != 3 || st->part_at != p->at) open_tool(j, st, p->at, p->name, out);
+    if (p->args_len > st->part_sent)
+        block_delta(out, st, json_pack("{s:s, s:o}", "type", "input_json_delta", "partial_json",
+                                       serve_json_text(p->args + st->part_sent, p->args_len - st->part_sent)));
+    st->part_sent = p->args_len;
+}
+
+/* New thinking and text bytes, and tool calls, since st. */
 static void blocks(const serve_job *j, const shown *sh, int fin, serve_anth_stream *st, serve_buf *out)
 {
     if (sh->reasoning_len > st->sent_reasoning) {
@@ -202,28 +255,17 @@ static void blocks(const serve_job *j, const shown *sh, int fin, serve_anth_stre
                                        serve_json_text(sh->reasoning + st->sent_reasoning, sh->reasoning_len - st->sent_reasoning)));
         st->sent_reasoning = sh->reasoning_len;
     }
-    if (st->open == 1 && (sh->content_len > st->sent_content || sh->calls.n_calls > st->sent_calls || fin))
+    if (st->open == 1 && (sh->content_len > st->sent_content || sh->calls.n_calls > st->sent_calls || sh->calls.part.name || fin))
         block_close(out, st); /* reasoning is over once anything else shows */
+    if (st->open == 3) done_calls(j, sh, st, out); /* the call in progress ends before text after it */
     if (sh->content_len > st->sent_content) {
         if (st->open != 2) block_close(out, st), block_start(out, st, json_pack("{s:s, s:s}", "type", "text", "text", "")), st->open = 2;
         block_delta(out, st, json_pack("{s:s, s:o}", "type", "text_delta", "text",
                                        serve_json_text(sh->content + st->sent_content, sh->content_len - st->sent_content)));
         st->sent_content = sh->content_len;
     }
-    for (size_t k = st->sent_calls; k < sh->calls.n_calls; k++) {
-        char id[48];
-        tool_id(j, k, id);
-        block_close(out, st);
-        block_start(out, st, json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", id, "name", sh->calls.calls[k].name, "input"));
-        /* the whole input at once: the fragments (one) concatenate to exactly the final input's JSON */
-        json_t *in = call_input(&sh->calls.calls[k]);
-        char *text = json_dumps(in, JSON_COMPACT | JSON_REAL_PRECISION(17));
-        json_decref(in);
-        block_delta(out, st, json_pack("{s:s, s:s}", "type", "input_json_delta", "partial_json", text ? text : "{}"));
-        free(text);
-        event(out, json_pack("{s:s, s:i}", "type", "content_block_stop", "index", st->n_blocks - 1));
-    }
-    st->sent_calls = sh->calls.n_calls;
+    done_calls(j, sh, st, out);
+    part_call(j, sh, st, out);
 }
 
 static int stream_error(const serve_job *j, serve_anth_stream *st, serve_buf *out)

@@ -148,13 +148,13 @@ static void shown_make(const serve_req *r, const char *raw, size_t n, int final,
 }
 
 /* "call_" and 24 hex digits, a function of (job's random public id, choice,
- * call): the same in a stream and in the whole response, and as unique
- * across processes as the public id. */
+ * the call's offset in the content): the same in a stream and in the whole
+ * response, and as unique across processes as the public id. */
 static void call_id(const serve_job *j, int i, size_t k, char out[32])
 {
     uint64_t x = 0xcbf29ce484222325ull, h[2]; /* FNV-1a of pub_id */
     for (const char *p = j->pub_id; *p; p++) x = (x ^ (unsigned char)*p) * 0x100000001b3ull;
-    x ^= ((uint64_t)i << 56) ^ ((uint64_t)k << 48);
+    x ^= ((uint64_t)i << 56) ^ ((uint64_t)k * 0x9e3779b97f4a7c15ull); /* k odd-multiplied: every offset its own */
     for (int r = 0; r < 2; r++) { /* splitmix64: every input bit reaches both halves */
         x += 0x9e3779b97f4a7c15ull;
         uint64_t z = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -183,7 +183,7 @@ static json_t *chat_message(const serve_job *j, int i, const shown *sh)
     json_t *calls = json_array();
     for (size_t k = 0; k < sh->calls.n_calls; k++) {
         char id[32];
-        call_id(j, i, k, id);
+        call_id(j, i, sh->calls.calls[k].at, id);
         json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
                                                sh->calls.calls[k].name, "arguments", sh->calls.calls[k].arguments));
     }
@@ -248,23 +248,58 @@ static json_t *chunk(const serve_info *si, const serve_job *j, json_t *choices)
                      "created", (json_int_t)j->created, "model", si->model_id, "choices", choices);
 }
 
-/* The calls of choice i not yet streamed, each as two deltas (OpenAI's
- * shape): index, id, type and name with empty arguments, then the arguments. */
+/* One tool_calls delta of choice i as a chunk; tc stolen. */
+static void call_chunk(const serve_info *si, const serve_job *j, int i, json_t *tc, serve_buf *out)
+{
+    sse(out, chunk(si, j, json_pack("[{s:i, s:{s:[o]}, s:n, s:n}]", "index", i, "delta", "tool_calls", tc, "logprobs",
+                                    "finish_reason")));
+}
+
+/* A call's first delta (OpenAI's shape): stream index, id, type and name, empty arguments. */
+static void call_head(const serve_info *si, const serve_job *j, int i, size_t index, size_t at, const char *name,
+                      serve_buf *out)
+{
+    char id[32];
+    call_id(j, i, at, id);
+    call_chunk(si, j, i, json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", (json_int_t)index, "id", id, "type",
+                                   "function", "function", "name", name, "arguments", ""), out);
+}
+
+static void call_args(const serve_info *si, const serve_job *j, int i, size_t index, const char *a, size_t n, serve_buf *out)
+{
+    if (n) call_chunk(si, j, i, json_pack("{s:I, s:{s:o}}", "index", (json_int_t)index, "function", "arguments",
+                                          serve_json_text(a, n)), out);
+}
+
+/* Choice i's calls since st: a call in progress gets its head once, then its
+ * arguments as the model writes them (serve_call_part); a call parsed whole
+ * gets the rest of them, or head and arguments when it was not in progress.
+ * A call in progress whose block ends as no call (the model broke the format)
+ * keeps what was sent: its stream index is not reused (docs/SERVING.md, "Streamed calls"). */
 static void call_chunks(const serve_info *si, const serve_job *j, int i, const shown *sh, serve_stream_state *st,
                         serve_buf *out)
 {
     for (size_t k = st->sent_calls[i]; k < sh->calls.n_calls; k++) {
-        char id[32];
-        call_id(j, i, k, id);
-        json_t *head = json_pack("{s:I, s:s, s:s, s:{s:s, s:s}}", "index", (json_int_t)k, "id", id, "type", "function",
-                                 "function", "name", sh->calls.calls[k].name, "arguments", "");
-        json_t *args = json_pack("{s:I, s:{s:s}}", "index", (json_int_t)k, "function", "arguments", sh->calls.calls[k].arguments);
-        json_t *parts[2] = {head, args};
-        for (int p = 0; p < 2; p++)
-            sse(out, chunk(si, j, json_pack("[{s:i, s:{s:[o]}, s:n, s:n}]", "index", i, "delta", "tool_calls", parts[p],
-                                            "logprobs", "finish_reason")));
+        const serve_call *c = &sh->calls.calls[k];
+        size_t len = strlen(c->arguments);
+        if (!st->part_open[i] || st->part_at[i] != c->at || st->part_sent[i] > len) {
+            st->part_index[i] = st->stream_calls[i]++, st->part_sent[i] = 0;
+            call_head(si, j, i, st->part_index[i], c->at, c->name, out);
+        }
+        call_args(si, j, i, st->part_index[i], c->arguments + st->part_sent[i], len - st->part_sent[i], out);
+        st->part_open[i] = 0;
     }
     st->sent_calls[i] = sh->calls.n_calls;
+    const serve_call_part *p = &sh->calls.part;
+    if (!p->name) return;
+    if (!st->part_open[i] || st->part_at[i] != p->at) {
+        st->part_open[i] = 1, st->part_at[i] = p->at, st->part_sent[i] = 0, st->part_index[i] = st->stream_calls[i]++;
+        call_head(si, j, i, st->part_index[i], p->at, p->name, out);
+    }
+    if (p->args_len > st->part_sent[i]) {
+        call_args(si, j, i, st->part_index[i], p->args + st->part_sent[i], p->args_len - st->part_sent[i], out);
+        st->part_sent[i] = p->args_len;
+    }
 }
 
 /* One choice's delta chunk: new reasoning/content bytes and new logprobs, or its finish. */

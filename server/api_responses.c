@@ -556,6 +556,7 @@ static void resp_free(void *p)
     serve_resp *x = p;
     if (!x) return;
     json_decref(x->echo), json_decref(x->history);
+    serve_buf_free(&x->part_args);
     free(x);
 }
 

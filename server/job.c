@@ -66,7 +66,7 @@ serve_job *serve_job_new(serve_req *req)
 void serve_job_unref(serve_job *j)
 {
     if (!j || --j->refs > 0) return;
-    for (int i = 0; i < SERVE_MAX_N; i++) serve_buf_free(&j->out[i].raw), free(j->out[i].lp);
+    for (int i = 0; i < SERVE_MAX_N; i++) serve_buf_free(&j->out[i].raw), free(j->out[i].lp), free(j->out[i].tok_off);
     free(j->prompt_top);
     serve_req_free(&j->req);
     free(j);

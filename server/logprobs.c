@@ -1,7 +1,8 @@
 /*
  * logprobs.c - log-probabilities of the raw logits for the OpenAI logprobs
  * fields: the chosen token's and the n best alternatives', and the growing
- * per-choice list the renderer reads.
+ * per-choice list the renderer reads; and each token's offset in the text,
+ * from which reasoning_tokens is counted.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -43,5 +44,17 @@ int serve_push_lp(serve_choice_out *o, const serve_lp *rec)
         o->lp = p, o->cap_lp = cap;
     }
     o->lp[o->n_lp++] = *rec;
+    return 0;
+}
+
+int serve_push_tok(serve_choice_out *o, uint32_t off)
+{
+    if (o->n_tok == o->cap_tok) {
+        size_t cap = o->cap_tok ? o->cap_tok * 2 : 64;
+        uint32_t *p = realloc(o->tok_off, cap * sizeof *p);
+        if (!p) return -1;
+        o->tok_off = p, o->cap_tok = cap;
+    }
+    o->tok_off[o->n_tok++] = off;
     return 0;
 }

@@ -38,6 +38,11 @@ typedef struct {
     int rs_index, msg_index;  /* output_index of the open reasoning / message item, -1 = none yet */
     int rs_closed, msg_closed;
     size_t rs_sent, msg_sent; /* bytes of reasoning / content already streamed */
+    size_t calls_sent;        /* parsed calls whose function_call item is done */
+    int part_open, part_index; /* a function_call item is open, its arguments streaming; its output_index */
+    size_t part_at;           /* its call's serve_call.at */
+    const char *part_name;    /* its function's name (the request's tools own it) */
+    serve_buf part_args;      /* its arguments sent so far */
     int done;                 /* the terminal event is sent */
     int stored;               /* put in the store already */
 } serve_resp;
@@ -54,25 +59,32 @@ int serve_responses_parse(const char *body, size_t len, serve_req *r, serve_erro
 
 /**
  * The finished job's Response object as JSON text (malloc'd); stores it when
- * the request asked to. tok: the tokenizer lock (taken inside, after the sched
- * mutex, to count reasoning tokens). Sched mutex held.
+ * the request asked to. Sched mutex held.
  */
-char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_job *job);
+char *serve_responses_render(const serve_info *si, serve_job *job);
 
 /**
  * Append to sse the events that job's progress allows since its cursor
  * (r->api_ctx): response.created / in_progress first, text and reasoning
- * deltas as they become final, items closed in order, function calls and
- * response.completed (or .incomplete / .failed) once done. Returns 1 when the
+ * deltas as they become final, function calls as they are written, items
+ * closed in order, and response.completed (or .incomplete / .failed) once done. Returns 1 when the
  * terminal event is written. Sched mutex held.
  */
-int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job *job, serve_buf *sse);
+int serve_responses_chunks(const serve_info *si, serve_job *job, serve_buf *sse);
 
 /* ---- the previous_response_id store (responses_store.c); thread-safe ---- */
 
-/** Keep items (a JSON array, reference stolen) under id; evicts LRU entries past the bounds. 0, or -1 when not kept. */
-int serve_resp_store_put(const char *id, json_t *items);
+/**
+ * Keep items (the conversation, a JSON array) and response (the Response
+ * object) under id, both references stolen; evicts LRU entries past the
+ * bounds. 0, or -1 when not kept.
+ */
+int serve_resp_store_put(const char *id, json_t *items, json_t *response);
 /** A deep copy of the items stored under id (the caller's reference), or NULL when unknown or evicted. */
 json_t *serve_resp_store_get(const char *id);
+/** A deep copy of the Response stored under id (GET /v1/responses/{id}), or NULL when unknown or evicted. */
+json_t *serve_resp_store_response(const char *id);
+/** Forget id (DELETE /v1/responses/{id}): 1 when it was stored, 0 when unknown or evicted. */
+int serve_resp_store_delete(const char *id);
 
 #endif

@@ -8,12 +8,15 @@
  *   reasoning     when the reply has reasoning text (thinking on)
  *   message       when it has content, or nothing else at all (an empty message)
  *   function_call one per parsed call
- * The stream opens the reasoning item with the first reasoning byte and the
- * message with the first content byte (closing the reasoning), and sends the
- * calls once the reply is final (a call is only known once its block closes,
- * and Qwen3 ends its turn after its calls); since every prefix's view and calls
- * are prefixes of the final ones, the streamed items, indexes and deltas add
- * up to the non-streamed output byte for byte. Callers hold the sched mutex.
+ * The stream opens the reasoning item with the first reasoning byte, the
+ * message with the first content byte and a function_call item once its
+ * call's head is read (either closing the reasoning); a call's arguments
+ * stream as the model writes them (serve_call_part). Since every prefix's view
+ * and calls are prefixes of the final ones, the streamed items, indexes and
+ * deltas add up to the non-streamed output byte for byte, except where a
+ * call never completes (its item ends "incomplete" in the stream and is no
+ * item of the Response) or text follows a call (the message item comes after
+ * it in the stream): docs/RESPONSES.md. Callers hold the sched mutex.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,14 +66,21 @@ static json_t *message_item(const serve_resp *x, const shown *sh, const char *st
                      "content", content);
 }
 
-static json_t *call_item(const serve_resp *x, const shown *sh, size_t k, int done)
+/* A function_call item for the call whose block is at content offset at (its
+ * ids derive from it: the same streamed and whole). */
+static json_t *call_json(const serve_resp *x, size_t at, const char *name, json_t *args, const char *status)
 {
     char id[48], call[48];
-    snprintf(id, sizeof id, "fc_%s%02zx", x->hex, k);
-    snprintf(call, sizeof call, "call_%.24s%02zx", x->hex, k);
-    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "id", id, "type", "function_call", "call_id", call, "name",
-                     sh->calls.calls[k].name, "arguments", done ? sh->calls.calls[k].arguments : "", "status",
-                     done ? "completed" : "in_progress");
+    snprintf(id, sizeof id, "fc_%s%06zx", x->hex, at);
+    snprintf(call, sizeof call, "call_%.24s%06zx", x->hex, at);
+    return json_pack("{s:s, s:s, s:s, s:s, s:o, s:s}", "id", id, "type", "function_call", "call_id", call, "name", name,
+                     "arguments", args, "status", status);
+}
+
+static json_t *call_item(const serve_resp *x, const shown *sh, size_t k)
+{
+    const serve_call *c = &sh->calls.calls[k];
+    return call_json(x, c->at, c->name, json_string(c->arguments), "completed");
 }
 
 /* The reasoning item's final status: incomplete only when the cut fell inside it. */
@@ -84,33 +94,11 @@ static json_t *outputs(const serve_resp *x, const shown *sh, int incomplete)
     json_t *a = json_array();
     if (sh->reasoning_len) json_array_append_new(a, reasoning_item(x, sh, rs_status(sh, incomplete)));
     if (has_message(sh)) json_array_append_new(a, message_item(x, sh, incomplete ? "incomplete" : "completed"));
-    for (size_t k = 0; k < sh->calls.n_calls; k++) json_array_append_new(a, call_item(x, sh, k, 1));
+    for (size_t k = 0; k < sh->calls.n_calls; k++) json_array_append_new(a, call_item(x, sh, k));
     return a;
 }
 
 /* ---- the Response object ---- */
-
-/* Reasoning tokens: the model's "<think>" and "</think>" tokens and the text
- * between them re-tokenized (the generated ids are not kept): exact when the
- * model wrote the tokenizer's own split of that text. At most n_gen. */
-static uint64_t reasoning_tokens(const serve_info *si, pthread_mutex_t *tok, const serve_job *j)
-{
-    const serve_req *r = &j->req;
-    const serve_choice_out *o = &j->out[0];
-    const char *raw = o->raw.p ? o->raw.p : "";
-    size_t n = o->raw.n, start = r->starts_in_reasoning ? 0 : 7;
-    if (!r->thinking || (!r->starts_in_reasoning && (n < 7 || memcmp(raw, "<think>", 7)))) return 0;
-    const char *close = memmem(raw + start, n - start, "</think>", 8);
-    size_t end = close ? (size_t)(close - raw) : n, count = 0;
-    uint32_t *ids = malloc((end - start + 16) * sizeof *ids);
-    pthread_mutex_lock(tok);
-    if (!ids || kipp_tokenize(si->model, raw + start, end - start, KIPP_TOK_SPECIAL, ids, end - start + 16, &count, NULL, 0))
-        count = 0;
-    pthread_mutex_unlock(tok);
-    free(ids);
-    count += !r->starts_in_reasoning + (close != NULL);
-    return count < o->n_gen ? count : o->n_gen;
-}
 
 static json_t *usage_obj(const serve_job *j, uint64_t reasoning)
 {
@@ -133,13 +121,13 @@ static json_t *response_obj(const serve_info *si, const serve_job *j, const char
 }
 
 /* The finished Response, stored when the request asked (once). */
-static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_job *j, const shown *sh)
+static json_t *final_response(const serve_info *si, serve_job *j, const shown *sh)
 {
     serve_resp *x = j->req.api_ctx;
     int failed = j->out[0].finish == FIN_ERROR || j->error[0], incomplete = !failed && j->out[0].finish == FIN_LENGTH;
     json_t *out = outputs(x, sh, incomplete);
     json_t *o = response_obj(si, j, failed ? "failed" : incomplete ? "incomplete" : "completed", json_incref(out),
-                             usage_obj(j, reasoning_tokens(si, tok, j)));
+                             usage_obj(j, serve_reasoning_tokens(&j->req, &j->out[0])));
     if (failed)
         json_object_set_new(o, "error", json_pack("{s:s, s:s+}", "code", "server_error", "message", "generation failed: ",
                                                   j->error[0] ? j->error : "engine error"));
@@ -148,18 +136,18 @@ static json_t *final_response(const serve_info *si, pthread_mutex_t *tok, serve_
         json_t *items = json_deep_copy(x->history), *copy = json_deep_copy(out); /* shares nothing with o */
         json_array_extend(items, copy);
         json_decref(copy);
-        serve_resp_store_put(json_string_value(json_object_get(o, "id")), items);
+        serve_resp_store_put(json_string_value(json_object_get(o, "id")), items, json_deep_copy(o));
         x->stored = 1;
     }
     json_decref(out);
     return o;
 }
 
-char *serve_responses_render(const serve_info *si, pthread_mutex_t *tok, serve_job *job)
+char *serve_responses_render(const serve_info *si, serve_job *job)
 {
     shown sh;
     shown_make(&job->req, &job->out[0], 1, &sh);
-    json_t *o = final_response(si, tok, job, &sh);
+    json_t *o = final_response(si, job, &sh);
     serve_reply_free(&sh);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
@@ -264,39 +252,91 @@ static void close_message(serve_resp *x, const shown *sh, const char *status, se
     x->msg_closed = 1;
 }
 
-/* Each call as an item: added (no arguments yet), its arguments as one delta, done. */
-static void stream_calls(serve_resp *x, const shown *sh, serve_buf *b)
+/* ---- function_call items, streamed as the model writes them ---- */
+
+static void part_id(const serve_resp *x, char id[48]) { snprintf(id, 48, "fc_%s%06zx", x->hex, x->part_at); }
+
+/* Open an item for the call at offset at (reasoning is over: closed first). */
+static void open_call(serve_resp *x, const shown *sh, size_t at, const char *name, serve_buf *b)
 {
-    for (size_t k = 0; k < sh->calls.n_calls; k++) {
-        int idx = x->next_index++;
-        json_t *item = call_item(x, sh, k, 0);
-        json_t *id = json_incref(json_object_get(item, "id"));
-        event(b, x, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", idx, "item", item));
-        event(b, x, "response.function_call_arguments.delta", json_pack("{s:O, s:i, s:s}", "item_id", id, "output_index", idx,
-                                                                        "delta", sh->calls.calls[k].arguments));
-        event(b, x, "response.function_call_arguments.done", json_pack("{s:O, s:i, s:s, s:s}", "item_id", id, "output_index",
-                                                                       idx, "name", sh->calls.calls[k].name, "arguments",
-                                                                       sh->calls.calls[k].arguments));
-        event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", idx, "item", call_item(x, sh, k, 1)));
-        json_decref(id);
-    }
+    close_reasoning(x, sh, "completed", b);
+    x->part_open = 1, x->part_index = x->next_index++, x->part_at = at, x->part_name = name, x->part_args.n = 0;
+    event(b, x, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", x->part_index, "item",
+                                                        call_json(x, at, name, json_string(""), "in_progress")));
 }
 
-static void stream_end(const serve_info *si, pthread_mutex_t *tok, serve_job *j, const shown *sh, serve_buf *b)
+static void args_delta(serve_resp *x, const char *a, size_t n, serve_buf *b)
+{
+    char id[48];
+    part_id(x, id);
+    if (!n) return;
+    event(b, x, "response.function_call_arguments.delta", json_pack("{s:s, s:i, s:o}", "item_id", id, "output_index",
+                                                                    x->part_index, "delta", serve_json_text(a, n)));
+    serve_buf_put(&x->part_args, a, n);
+}
+
+/* The open item's call is parsed whole: the rest of its arguments, then done. */
+static void done_call(serve_resp *x, const serve_call *c, serve_buf *b)
+{
+    char id[48];
+    part_id(x, id);
+    size_t len = strlen(c->arguments);
+    args_delta(x, c->arguments + x->part_args.n, len - x->part_args.n, b);
+    event(b, x, "response.function_call_arguments.done", json_pack("{s:s, s:i, s:s, s:s}", "item_id", id, "output_index",
+                                                                   x->part_index, "name", c->name, "arguments", c->arguments));
+    event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", x->part_index, "item",
+                                                       call_json(x, c->at, c->name, json_string(c->arguments), "completed")));
+    x->part_open = 0;
+}
+
+/* The open item's call never completed (max_tokens cut it, or the model broke
+ * the format): done as "incomplete" with the arguments streamed; the whole
+ * Response has no such call (docs/RESPONSES.md). */
+static void drop_call(serve_resp *x, serve_buf *b)
+{
+    if (!x->part_open) return;
+    event(b, x, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", x->part_index, "item",
+                                                       call_json(x, x->part_at, x->part_name,
+                                                                 serve_json_text(x->part_args.p ? x->part_args.p : "", x->part_args.n),
+                                                                 "incomplete")));
+    x->part_open = 0;
+}
+
+/* Parsed calls not yet done, then the call in progress (serve_call_part). */
+static void stream_calls(serve_resp *x, const shown *sh, serve_buf *b)
+{
+    for (size_t k = x->calls_sent; k < sh->calls.n_calls; k++) {
+        const serve_call *c = &sh->calls.calls[k];
+        if (!x->part_open || x->part_at != c->at || x->part_args.n > strlen(c->arguments)) {
+            drop_call(x, b);
+            open_call(x, sh, c->at, c->name, b);
+        }
+        done_call(x, c, b);
+    }
+    x->calls_sent = sh->calls.n_calls;
+    const serve_call_part *p = &sh->calls.part;
+    if (!p->name) return;
+    if (x->part_open && x->part_at != p->at) drop_call(x, b);
+    if (!x->part_open) open_call(x, sh, p->at, p->name, b);
+    if (p->args_len > x->part_args.n) args_delta(x, p->args + x->part_args.n, p->args_len - x->part_args.n, b);
+}
+
+static void stream_end(const serve_info *si, serve_job *j, const shown *sh, serve_buf *b)
 {
     serve_resp *x = j->req.api_ctx;
-    json_t *o = final_response(si, tok, j, sh);
+    json_t *o = final_response(si, j, sh);
     const char *status = json_string_value(json_object_get(o, "status"));
     int incomplete = !strcmp(status, "incomplete");
     close_reasoning(x, sh, rs_status(sh, incomplete), b);
-    close_message(x, sh, incomplete ? "incomplete" : "completed", b);
     stream_calls(x, sh, b);
+    drop_call(x, b);
+    close_message(x, sh, incomplete ? "incomplete" : "completed", b);
     const char *type = !strcmp(status, "failed") ? "response.failed" : incomplete ? "response.incomplete" : "response.completed";
     event(b, x, type, json_pack("{s:o}", "response", o));
     x->done = 1;
 }
 
-int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job *job, serve_buf *sse)
+int serve_responses_chunks(const serve_info *si, serve_job *job, serve_buf *sse)
 {
     serve_resp *x = job->req.api_ctx;
     const serve_choice_out *o = &job->out[0];
@@ -313,7 +353,8 @@ int serve_responses_chunks(const serve_info *si, pthread_mutex_t *tok, serve_job
     shown_make(&job->req, o, fin, &sh);
     stream_reasoning(x, &sh, sse);
     stream_content(x, &sh, sse);
-    if (fin && job->done) stream_end(si, tok, job, &sh, sse);
+    if (!fin) stream_calls(x, &sh, sse);
+    if (fin && job->done) stream_end(si, job, &sh, sse);
     serve_reply_free(&sh);
     return x->done;
 }

@@ -2,9 +2,9 @@
  * responses_store.c - the in-memory store behind previous_response_id.
  *
  * Bounded: at most SERVE_RESP_STORE_MAX responses and SERVE_RESP_STORE_BYTES
- * of their items' compact JSON, the least recently used (stored or looked up)
- * evicted first. Each entry holds the whole conversation up to and including
- * its output, so a chain of follow-ups costs the sum of its prefixes; the byte
+ * of their items' compact JSON, the least recently used (stored, continued or retrieved)
+ * evicted first. Each entry holds the Response object (GET /v1/responses/{id})
+ * and the whole conversation up to and including its output, so a chain of follow-ups costs the sum of its prefixes; the byte
  * bound keeps that finite. Nothing survives a restart, and replicas do not
  * share it: a follow-up sent to another process gets "not found". One mutex
  * guards the list (HTTP handlers run on several threads); it is never held
@@ -17,8 +17,9 @@
 
 typedef struct entry {
     char id[48];
-    json_t *items;
-    size_t bytes;
+    json_t *items;            /* the conversation, for previous_response_id */
+    json_t *response;         /* the Response object, for GET /v1/responses/{id} */
+    size_t bytes;             /* both as compact JSON */
     struct entry *prev, *next; /* most recently used first */
 } entry;
 
@@ -47,7 +48,7 @@ static void drop(entry *x)
 {
     unlink_entry(x);
     n_entries--, n_bytes -= x->bytes;
-    json_decref(x->items);
+    json_decref(x->items), json_decref(x->response);
     free(x);
 }
 
@@ -58,18 +59,24 @@ static entry *find(const char *id)
     return NULL;
 }
 
-int serve_resp_store_put(const char *id, json_t *items)
+static size_t json_bytes(const json_t *v)
 {
-    char *text = json_dumps(items, JSON_COMPACT);
-    size_t bytes = text ? strlen(text) : 0;
+    char *text = json_dumps(v, JSON_COMPACT);
+    size_t n = text ? strlen(text) : 0;
     free(text);
-    entry *x = text && strlen(id) < sizeof x->id && bytes <= SERVE_RESP_STORE_BYTES ? calloc(1, sizeof *x) : NULL;
+    return n;
+}
+
+int serve_resp_store_put(const char *id, json_t *items, json_t *response)
+{
+    size_t bytes = json_bytes(items) + json_bytes(response);
+    entry *x = items && response && strlen(id) < sizeof x->id && bytes <= SERVE_RESP_STORE_BYTES ? calloc(1, sizeof *x) : NULL;
     if (!x) {
-        json_decref(items);
+        json_decref(items), json_decref(response);
         return -1;
     }
     strcpy(x->id, id);
-    x->items = items, x->bytes = bytes;
+    x->items = items, x->response = response, x->bytes = bytes;
     pthread_mutex_lock(&mu);
     entry *old = find(id);
     if (old) drop(old);
@@ -80,15 +87,29 @@ int serve_resp_store_put(const char *id, json_t *items)
     return 0;
 }
 
-json_t *serve_resp_store_get(const char *id)
+/* A deep copy of entry id's items (response 0) or Response (1), marking it used; NULL when absent. */
+static json_t *get(const char *id, int response)
 {
     pthread_mutex_lock(&mu);
     entry *x = find(id);
     json_t *copy = NULL;
     if (x) {
         unlink_entry(x), push_front(x);
-        copy = json_deep_copy(x->items);
+        copy = json_deep_copy(response ? x->response : x->items);
     }
     pthread_mutex_unlock(&mu);
     return copy;
+}
+
+json_t *serve_resp_store_get(const char *id) { return get(id, 0); }
+
+json_t *serve_resp_store_response(const char *id) { return get(id, 1); }
+
+int serve_resp_store_delete(const char *id)
+{
+    pthread_mutex_lock(&mu);
+    entry *x = find(id);
+    if (x) drop(x);
+    pthread_mutex_unlock(&mu);
+    return x != NULL;
 }

@@ -679,7 +679,7 @@ static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, do
         if (r->logprobs) serve_logprob_of(ev->logits + (size_t)ev->token_row[i] * V, V, ev->tokens[i], r->top_logprobs, &rec);
         rec.text_off = (uint32_t)c->text_pos, rec.text_len = ev->token_bytes[i];
         c->text_pos += ev->token_bytes[i];
-        if (r->logprobs && serve_push_lp(o, &rec)) return FIN_ERROR;
+        if ((r->logprobs && serve_push_lp(o, &rec)) || (r->thinking && serve_push_tok(o, rec.text_off))) return FIN_ERROR;
     }
     if (publish_text(c)) return FIN_ERROR;
     switch (kipp_gen_finished(c->g)) {

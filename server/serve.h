@@ -264,13 +264,29 @@ void serve_text_view(const serve_req *r, const char *raw, size_t n, int final, s
 typedef struct {
     char *name;               /* a function of the request's tools */
     char *arguments;          /* the arguments object's JSON text, as the model wrote it */
+    size_t at;                /* byte offset of its "<tool_call>" in the parsed text: names the call in ids and streams */
 } serve_call;
+
+/**
+ * The call being written in the block still open at the end of a not-final
+ * text, once its head is read: "<tool_call>" {"name": "<an offered tool>",
+ * "arguments": then the arguments' first bytes, as far as they are a valid
+ * JSON prefix of one object (never past its closing brace). When the block
+ * closes as a call, that call's arguments start with these bytes.
+ */
+typedef struct {
+    const char *name;         /* the tool's name (tools[t].name, not owned), NULL: no call in progress */
+    const char *args;         /* into the parsed text */
+    size_t args_len;
+    size_t at;                /* as serve_call.at */
+} serve_call_part;
 
 /** A reply's content split into calls and the text around them. */
 typedef struct {
     serve_buf content;        /* text outside the valid blocks (whitespace-only pieces next to a block dropped) */
     serve_call *calls;        /* [n_calls] in order */
     size_t n_calls, cap_calls;
+    serve_call_part part;     /* not final: the call in progress after them, if any (streams its arguments) */
 } serve_tool_out;
 
 /**
@@ -282,7 +298,9 @@ typedef struct {
  * block, a block still open, and a whitespace-only piece that may yet sit
  * next to a block are held back, so the content and calls of any prefix are
  * prefixes of the final ones (streaming shows exactly what the whole reply
- * gives). *out is initialised here; 0, or -1 when out of memory.
+ * gives). The open block's call so far, when its head is read, goes to
+ * out->part (see serve_call_part). *out is initialised here; 0, or -1 when
+ * out of memory.
  */
 int serve_tool_parse(const serve_tool *tools, size_t n_tools, const char *text, size_t n, int final,
                      serve_tool_out *out);
@@ -343,10 +361,22 @@ typedef struct {
     serve_lp *lp;             /* [n_lp] when logprobs */
     size_t n_lp, cap_lp;
     uint32_t n_gen;           /* generated tokens (stop token excluded) */
+    uint32_t *tok_off;        /* [n_tok] with thinking on: each generated token's first byte in raw (serve_reasoning_tokens) */
+    size_t n_tok, cap_tok;
     int finish;               /* FIN_* */
     int stop_matched;         /* FIN_STOP by a stop string: 1 + its index in req.stop; 0 = none (a stop id, ...) */
     double t_first, t_last;   /* seconds (monotonic) of first / latest token */
 } serve_choice_out;
+
+/**
+ * Reasoning tokens of finished choice o of request r, as the state machine
+ * splits its raw text (no re-tokenizing): the generated tokens that start
+ * inside the REASONING state, its markers included: a leading "<think>", the
+ * text, and the "</think>" that ends it (not the newlines after it); up to a
+ * "<tool_call>" that ends it; all of them when the reply was cut off inside
+ * it. 0 without thinking, or when the reply did not open reasoning.
+ */
+uint64_t serve_reasoning_tokens(const serve_req *r, const serve_choice_out *o);
 
 /** A request in flight; shared by its HTTP thread and the scheduler (refcounted). */
 typedef struct serve_job {
@@ -437,6 +467,8 @@ void serve_job_unref(serve_job *job);
 void serve_logprob_of(const float *row, uint32_t V, uint32_t id, int n_top, serve_lp *rec);
 /** Append rec to o's logprob list (sched mutex held); -1 when out of memory. */
 int serve_push_lp(serve_choice_out *o, const serve_lp *rec);
+/** Append a generated token's first byte offset to o->tok_off (sched mutex held); -1 when out of memory. */
+int serve_push_tok(serve_choice_out *o, uint32_t off);
 
 /* ---- metrics (metrics.c) ---- */
 
@@ -547,7 +579,10 @@ char *serve_render_response(const serve_info *si, const serve_job *job);
 typedef struct {
     size_t sent_reasoning[SERVE_MAX_N], sent_content[SERVE_MAX_N], sent_lp[SERVE_MAX_N];
     int role_sent[SERVE_MAX_N], finish_sent[SERVE_MAX_N], echo_sent[SERVE_MAX_N];
-    size_t sent_calls[SERVE_MAX_N]; /* tool calls already streamed */
+    size_t sent_calls[SERVE_MAX_N]; /* parsed calls already streamed whole */
+    size_t stream_calls[SERVE_MAX_N]; /* tool_calls indexes used in the stream (one per head sent) */
+    int part_open[SERVE_MAX_N];     /* a call's head is sent and its arguments are streaming */
+    size_t part_at[SERVE_MAX_N], part_sent[SERVE_MAX_N], part_index[SERVE_MAX_N]; /* its serve_call.at, bytes sent, index */
     int done_sent;
 } serve_stream_state;
 int serve_render_chunks(const serve_info *si, const serve_job *job, serve_stream_state *st, serve_buf *sse);

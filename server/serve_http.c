@@ -114,7 +114,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             int done;
             if (anth) done = serve_anthropic_events(&s->h->info, s->job, &s->ast, &s->out);
             else if (s->job->req.api == SERVE_API_RESPONSES)
-                done = s->st.done_sent = serve_responses_chunks(&s->h->info, serve_tokenizer_mutex(s->h->sched), s->job, &s->out);
+                done = s->st.done_sent = serve_responses_chunks(&s->h->info, s->job, &s->out);
             else
                 done = serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
             if (s->out.n || done) break;
@@ -184,7 +184,7 @@ static char *wait_response(serve_http *h, struct MHD_Connection *c, serve_job *j
         out = job->req.api == SERVE_API_ANTHROPIC ? serve_anthropic_error_json(&e) : serve_error_json(&e), *status = 500;
     } else {
         out = job->req.api == SERVE_API_ANTHROPIC   ? serve_anthropic_response(&h->info, job)
-              : job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, serve_tokenizer_mutex(h->sched), job)
+              : job->req.api == SERVE_API_RESPONSES ? serve_responses_render(&h->info, job)
                                                     : serve_render_response(&h->info, job);
         *status = 200;
     }
@@ -281,6 +281,23 @@ static enum MHD_Result model_one(serve_http *h, struct MHD_Connection *c, const 
     return send_error(h, c, -1, &e);
 }
 
+/* GET /v1/responses/{id}: the stored Response (client.responses.retrieve);
+ * DELETE: forget it. Unknown, stored with store false, or evicted: a 404 in OpenAI's shape. */
+static enum MHD_Result response_one(serve_http *h, struct MHD_Connection *c, const char *id, int del)
+{
+    json_t *o = del ? (serve_resp_store_delete(id) ? json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1) : NULL)
+                    : serve_resp_store_response(id);
+    if (o) {
+        char *s = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+        return send_json(h, c, 200, s);
+    }
+    serve_error e;
+    serve_fail(&e, 404, "invalid_request_error", "", "Response with id '%.100s' not found: never stored (store: false), "
+               "deleted, or evicted (the store keeps the last %d responses, in memory, per process)", id, SERVE_RESP_STORE_MAX);
+    return send_error(h, c, -1, &e);
+}
+
 static enum MHD_Result metrics(serve_http *h, struct MHD_Connection *c)
 {
     pthread_mutex_lock(serve_sched_mutex(h->sched));
@@ -306,10 +323,10 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(0, (char *)"", MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
-    MHD_add_response_header(r, "Allow", "GET, HEAD, POST, OPTIONS");
+    MHD_add_response_header(r, "Allow", "GET, HEAD, POST, DELETE, OPTIONS");
     if (h->cors_origin) {
         const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
-        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, HEAD, POST, DELETE, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers", want ? want : "Authorization, Content-Type, X-Api-Key");
         MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
     }
@@ -317,10 +334,11 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
 }
 
 static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, "
-                                     "POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id}, "
+                                     "GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, "
+                                     "GET /v1/models, GET /v1/models/{id}, "
                                      "POST /tokenize, POST /detokenize, GET /health, GET /metrics";
 
-/* Which method an endpoint takes: "POST", "GET", or NULL when url is none. */
+/* Which method an endpoint takes: "POST", "GET", "GET or DELETE", or NULL when url is none. */
 static const char *endpoint_method(const char *url)
 {
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") ||
@@ -329,6 +347,7 @@ static const char *endpoint_method(const char *url)
         return "POST";
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
         return "GET";
+    if (!strncmp(url, "/v1/responses/", 14) && url[14]) return "GET or DELETE";
     return NULL;
 }
 
@@ -352,7 +371,8 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
         serve_fail(&e, 404, "not_found_error", "", "no endpoint at %.200s; endpoints: %s", url, ENDPOINTS);
         return send_error(h, c, -1, &e);
     }
-    if (strcmp(want, "POST") ? !get : !post) {
+    int del = !strcmp(method, "DELETE");
+    if (!strcmp(want, "POST") ? !post : !(get || (del && strchr(want, 'D')))) {
         serve_fail(&e, 405, "invalid_request_error", "", "method %.16s is not allowed on %.100s, expected %s", method, url, want);
         return send_error(h, c, -1, &e);
     }
@@ -367,6 +387,7 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
     if (!strcmp(url, "/metrics")) return metrics(h, c);
     if (!strcmp(url, "/v1/models")) return models(h, c);
     if (!strncmp(url, "/v1/models/", 11)) return model_one(h, c, url + 11);
+    if (!strncmp(url, "/v1/responses/", 14)) return response_one(h, c, url + 14, del);
     if (draining) {
         serve_fail(&e, 503, "server_error", "", "the server is shutting down and takes no new requests; retry on another replica");
         snprintf(e.code, sizeof e.code, "shutting_down");

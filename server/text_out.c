@@ -122,6 +122,20 @@ int serve_reply_split(const serve_req *r, const char *raw, size_t n, int final, 
     return 0;
 }
 
+uint64_t serve_reasoning_tokens(const serve_req *r, const serve_choice_out *o)
+{
+    const char *raw = o->raw.p ? o->raw.p : "";
+    serve_view v;
+    serve_text_view(r, raw, o->raw.n, 1, &v);
+    int opened = r->starts_in_reasoning || (o->raw.n >= 7 && !memcmp(raw, "<think>", 7));
+    if (!r->chat || !r->thinking || !opened) return 0;
+    size_t end = v.reasoning_off + v.reasoning_len; /* where the marker that ended it starts, or the text's end */
+    if (o->raw.n - end >= 8 && !memcmp(raw + end, "</think>", 8)) end += 8;
+    uint64_t n = 0;
+    while (n < o->n_tok && o->tok_off[n] < end) n++;
+    return n;
+}
+
 void serve_reply_free(serve_reply *out)
 {
     serve_tool_out_free(&out->calls);

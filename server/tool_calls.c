@@ -119,6 +119,144 @@ static int block_call(const serve_tool *tools, size_t n_tools, const char *s, si
     return rc;
 }
 
+/* ---- the call in progress (streaming) ---- */
+
+/* After ws at s[*i]: 1 and *i past lit when s[*i..n) starts with it. */
+static int eat(const char *s, size_t n, size_t *i, const char *lit)
+{
+    while (*i < n && is_ws(s[*i])) (*i)++;
+    size_t k = strlen(lit);
+    if (n - *i < k || memcmp(s + *i, lit, k)) return 0;
+    *i += k;
+    return 1;
+}
+
+/* The head of block inner text s[n]: {"name": "<tools[t]>", "arguments": and
+ * the '{' that opens the arguments (its offset returned, t set), or 0 when not
+ * (yet) read or not a tool's. Spelled literally, as Qwen3's template writes it. */
+static size_t call_head(const serve_tool *tools, size_t n_tools, const char *s, size_t n, size_t *t)
+{
+    size_t i = 0;
+    if (!eat(s, n, &i, "{") || !eat(s, n, &i, "\"name\"") || !eat(s, n, &i, ":") || !eat(s, n, &i, "\"")) return 0;
+    const char *q = memchr(s + i, '"', n - i);
+    if (!q) return 0;
+    size_t len = (size_t)(q - s) - i;
+    for (*t = 0; *t < n_tools && (strlen(tools[*t].name) != len || memcmp(tools[*t].name, s + i, len)); (*t)++) {}
+    i += len + 1;
+    if (*t == n_tools || !eat(s, n, &i, ",") || !eat(s, n, &i, "\"arguments\"") || !eat(s, n, &i, ":")) return 0;
+    return eat(s, n, &i, "{") ? i - 1 : 0;
+}
+
+/* JSON lexer states of json_prefix. */
+enum { J_VALUE, J_VALUE_OR_END, J_KEY, J_KEY_OR_END, J_COLON, J_AFTER, J_STR, J_ESC, J_HEX, J_NUM, J_LIT };
+
+#define J_MAX_DEPTH 256 /* deeper arguments are held back until the block closes */
+
+/* Number bytes: 1 when c may follow the number text so far in s[a..i) (RFC 8259). */
+static int num_next(const char *s, size_t a, size_t i, char c)
+{
+    char p = i > a ? s[i - 1] : 0;
+    int digit = c >= '0' && c <= '9', has_e = 0, has_dot = 0;
+    for (size_t k = a; k < i; k++) has_e |= s[k] == 'e' || s[k] == 'E', has_dot |= s[k] == '.';
+    if (digit) return !(i - a == 1 && p == '0') && !(i - a == 2 && s[a] == '-' && p == '0');
+    if (c == '.') return !has_dot && !has_e && p >= '0' && p <= '9';
+    if (c == 'e' || c == 'E') return !has_e && p >= '0' && p <= '9';
+    return (c == '+' || c == '-') && (p == 'e' || p == 'E');
+}
+
+/* 1 when the number s[a..i) may end here. */
+static int num_done(const char *s, size_t a, size_t i) { return i > a && s[i - 1] >= '0' && s[i - 1] <= '9'; }
+
+/* The longest prefix of s[n] (which starts with '{') that is a prefix of a
+ * valid JSON object, ending at that object's closing brace at the latest. */
+static size_t json_prefix(const char *s, size_t n)
+{
+    unsigned char obj[J_MAX_DEPTH]; /* per depth: 1 object, 0 array */
+    int depth = 0, st = J_VALUE, key = 0, hex = 0;
+    size_t a = 0; /* where the number or literal began */
+    const char *lit = NULL;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (st == J_STR) {
+            if (c == '"') st = key ? J_COLON : J_AFTER;
+            else if (c == '\\') st = J_ESC;
+            else if ((unsigned char)c < 0x20) return i;
+            continue;
+        }
+        if (st == J_ESC) {
+            if (c == 'u') st = J_HEX, hex = 0;
+            else if (strchr("\"\\/bfnrt", c) && c) st = J_STR;
+            else return i;
+            continue;
+        }
+        if (st == J_HEX) {
+            if (!strchr("0123456789abcdefABCDEF", c) || !c) return i;
+            if (++hex == 4) st = J_STR;
+            continue;
+        }
+        if (st == J_NUM) {
+            if (num_next(s, a, i, c)) continue;
+            if (!num_done(s, a, i)) return i;
+            st = J_AFTER; /* and c is read below */
+        }
+        if (st == J_LIT) {
+            if (lit[i - a]) {
+                if (c != lit[i - a]) return i;
+                continue;
+            }
+            st = J_AFTER;
+        }
+        if (is_ws(c)) continue;
+        switch (st) {
+        case J_VALUE:
+        case J_VALUE_OR_END:
+            if (st == J_VALUE_OR_END && c == ']') goto close;
+            if (c == '{' || c == '[') {
+                if (depth == J_MAX_DEPTH) return i;
+                obj[depth++] = c == '{', st = c == '{' ? J_KEY_OR_END : J_VALUE_OR_END;
+            } else if (c == '"') {
+                st = J_STR, key = 0;
+            } else if (c == '-' || (c >= '0' && c <= '9')) {
+                st = J_NUM, a = i;
+            } else if (c == 't' || c == 'f' || c == 'n') {
+                st = J_LIT, a = i, lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+            } else {
+                return i;
+            }
+            break;
+        case J_KEY:
+        case J_KEY_OR_END:
+            if (st == J_KEY_OR_END && c == '}') goto close;
+            if (c != '"') return i;
+            st = J_STR, key = 1;
+            break;
+        case J_COLON:
+            if (c != ':') return i;
+            st = J_VALUE;
+            break;
+        default: /* J_AFTER */
+            if (c == ',') st = obj[depth - 1] ? J_KEY : J_VALUE;
+            else if (c == (obj[depth - 1] ? '}' : ']')) goto close;
+            else return i;
+        }
+        continue;
+    close:
+        if (c != (obj[depth - 1] ? '}' : ']')) return i;
+        if (--depth == 0) return i + 1;
+        st = J_AFTER;
+    }
+    return n;
+}
+
+/* The open block at text[s..n) (no "</tool_call>" yet): its call so far, if its head is read. */
+static void call_part(const serve_tool *tools, size_t n_tools, const char *text, size_t s, size_t n, serve_call_part *p)
+{
+    const char *in = text + s + OPEN_LEN;
+    size_t t, a = call_head(tools, n_tools, in, n - s - OPEN_LEN, &t);
+    if (!a) return;
+    *p = (serve_call_part){.name = tools[t].name, .args = in + a, .args_len = json_prefix(in + a, n - s - OPEN_LEN - a), .at = s};
+}
+
 static int add_call(serve_tool_out *out, const serve_call *c)
 {
     if (out->n_calls == out->cap_calls) {
@@ -155,6 +293,7 @@ int serve_tool_parse(const serve_tool *tools, size_t n_tools, const char *text, 
         if (!c) {
             if (final) break; /* unterminated at the end: plain content */
             /* still open: hold it back, and the piece before it when it may be dropped */
+            call_part(tools, n_tools, text, s, n, &out->part);
             int ws = all_ws(text + piece, s - piece);
             return ws ? 0 : serve_buf_put(&out->content, text + piece, s - piece);
         }
@@ -162,6 +301,7 @@ int serve_tool_parse(const serve_tool *tools, size_t n_tools, const char *text, 
         serve_call call = {0};
         int got = block_call(tools, n_tools, text + s + OPEN_LEN, e - s - OPEN_LEN, &call);
         if (got < 0) return -1;
+        call.at = s;
         if (!got) { /* not a call: it stays text; a later "<tool_call>" inside it may still open one */
             scan = s + 1;
             continue;

@@ -83,3 +83,78 @@ def synthetic_gguf(tmp_path_factory, synthetic_dir) -> Callable[[str], Path]:
         return cache[id_]
 
     return get
+
+
+# ---- kipp-serve on the tiny model (the test_serve_*.py modules and others) ----
+
+@pytest.fixture(scope="session")
+def model(synthetic_gguf) -> Path:
+    """The synthetic-tiny GGUF: the model the kipp-serve tests serve."""
+    return synthetic_gguf("synthetic-tiny")
+
+
+@pytest.fixture(scope="module")
+def srv(request, model):
+    """kipp-serve on synthetic-tiny for one test module: --ctx the module's
+    N_CTX (1024 when it has none), then its SERVE_ARGS (a tuple of flags)."""
+    from serve_harness import Server
+    args = ("--ctx", str(getattr(request.module, "N_CTX", 1024)), *getattr(request.module, "SERVE_ARGS", ()))
+    with Server(model, *args) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oai(srv):
+    """The official openai client on srv's /v1 (no retries: a failure shows at once)."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def client(oai):
+    """The module's SDK client: the openai one (test_serve_anthropic overrides it with anthropic's)."""
+    return oai
+
+
+@pytest.fixture(scope="session")
+def hf():
+    """The Qwen3 tokenizer as HF tokenizers loads it (data/qwen3)."""
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def tid(model) -> Callable[[str], int]:
+    """text -> its one token id in the tiny model's vocabulary (kipp tokenize --special)."""
+    import json
+    import subprocess
+
+    def get(text: str) -> int:
+        r = subprocess.run([str(REPO_ROOT / "build" / "kipp"), "tokenize", "--model", str(model), "--special", "--text", text],
+                           capture_output=True, text=True, timeout=60)
+        ids = json.loads(r.stdout)
+        assert len(ids) == 1, (text, ids)
+        return ids[0]
+    return get
+
+
+@pytest.fixture(scope="session")
+def compact(hf) -> dict:
+    """logit_bias -100 on 300 whitespace-only tokens (the API's most entries), so
+    the random model spends few tokens on the whitespace JSON allows."""
+    ws = sorted(i for i in hf.get_vocab().values() if i < 151643 and not hf.decode([i]).strip(" \t\r\n")
+                and hf.decode([i]))
+    return {str(i): -100 for i in ws[:300]}
+
+
+@pytest.fixture(scope="session")
+def hf_render() -> Callable:
+    """(messages, tools, add_generation_prompt, thinking) -> the prompt text
+    Qwen3's chat template renders, by jinja2 as transformers does
+    (tools/gen_chat_cases.py): the independent oracle of Kipp's renderer."""
+    pytest.importorskip("jinja2")
+    import json
+    from gen_chat_cases import make_renderer
+    template = json.load(open(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer_config.json"))["chat_template"]
+    render = make_renderer(str(QWEN3_DATA))
+    return lambda msgs, tools, agp, thinking: render(template, msgs, tools, agp, thinking)

@@ -11,7 +11,8 @@
  * and calls are prefixes of the whole text's. A body that parses is also used as raw model output against its own
  * stop strings, streamed and final, which must agree, and as a reply parsed
  * for tool calls (server/tool_calls.c): every prefix's content and calls are
- * prefixes of the whole text's.
+ * prefixes of the whole text's, and the arguments of a call in progress start
+ * the final call's of its block.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +35,12 @@ static void tool_prefixes(const char *text, size_t n)
             abort();
         for (size_t c = 0; c < o.n_calls; c++)
             if (strcmp(o.calls[c].name, whole.calls[c].name) || strcmp(o.calls[c].arguments, whole.calls[c].arguments))
+                abort();
+        /* the call in progress: its arguments so far start the final call's of the same block, if it is one */
+        for (size_t c = o.n_calls; o.part.name && c < whole.n_calls; c++)
+            if (whole.calls[c].at == o.part.at &&
+                (strcmp(whole.calls[c].name, o.part.name) || strlen(whole.calls[c].arguments) < o.part.args_len ||
+                 memcmp(whole.calls[c].arguments, o.part.args, o.part.args_len)))
                 abort();
         serve_tool_out_free(&o);
     }

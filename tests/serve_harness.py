@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -91,6 +92,16 @@ class Server:
                 return True
             time.sleep(0.05)
         return False
+
+
+def open_stream(port: int, body: dict) -> socket.socket:
+    """POST body to /v1/completions on a raw socket and return it unread: a
+    client that holds a stream open (or hangs up) at the byte level."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock
 
 
 def parse_sse(raw: bytes) -> list:

@@ -196,7 +196,7 @@ static void test_response(void)
 typedef struct {
     char seq[1024];
     serve_buf thinking, text, json;
-    int pings, bad;
+    int pings, bad, n_json; /* n_json: input_json_delta events */
 } events_t;
 
 static void events_read(const serve_buf *b, events_t *ev)
@@ -218,6 +218,7 @@ static void events_read(const serve_buf *b, events_t *ev)
         if (!strcmp(type, "ping")) ev->pings++;
         if (dt && !strcmp(dt, "thinking_delta")) serve_buf_put(&ev->thinking, json_string_value(json_object_get(delta, "thinking")), strlen(json_string_value(json_object_get(delta, "thinking"))));
         if (dt && !strcmp(dt, "text_delta")) serve_buf_put(&ev->text, json_string_value(json_object_get(delta, "text")), strlen(json_string_value(json_object_get(delta, "text"))));
+        ev->n_json += dt && !strcmp(dt, "input_json_delta");
         if (dt && !strcmp(dt, "input_json_delta")) serve_buf_put(&ev->json, json_string_value(json_object_get(delta, "partial_json")), strlen(json_string_value(json_object_get(delta, "partial_json"))));
         if (strcmp(word, last) || !dt || strcmp(type, "content_block_delta"))
             snprintf(ev->seq + strlen(ev->seq), sizeof ev->seq - strlen(ev->seq), "%s%s", ev->seq[0] ? " " : "", word);
@@ -260,7 +261,9 @@ static void test_stream(void)
     CHECK(!ev.bad && !strcmp(ev.seq, want), "events (%d bad):\n  %s\nexpected\n  %s", ev.bad, ev.seq, want);
     CHECK(ev.thinking.n == 11 && !memcmp(ev.thinking.p, "reason here", 11), "thinking '%s'", ev.thinking.p);
     CHECK(ev.text.n == 6 && !memcmp(ev.text.p, "Hello ", 6), "text '%s'", ev.text.p);
-    CHECK(ev.json.p && !strcmp(ev.json.p, "{\"a\":1}"), "input json '%s'", ev.json.p);
+    /* the input streams as the model wrote it, a byte a step here: pieces that concatenate to its arguments */
+    CHECK(ev.json.p && !strcmp(ev.json.p, "{\"a\": 1}"), "input json '%s'", ev.json.p);
+    CHECK(ev.n_json == 8, "%d input_json_delta events, expected one per byte of {\"a\": 1}", ev.n_json);
     CHECK(strstr(out.p, "\"stop_reason\":\"tool_use\""), "message_delta lacks tool_use");
     serve_buf_free(&ev.thinking), serve_buf_free(&ev.text), serve_buf_free(&ev.json), serve_buf_free(&out);
     /* a failed generation ends the stream with an error event */

@@ -19,7 +19,6 @@ import json
 import random
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -28,7 +27,6 @@ from serve_harness import REPO, Server
 openai = pytest.importorskip("openai")
 
 KIPP = REPO / "build" / "kipp"
-QWEN3_DATA = REPO / "data" / "qwen3"
 CH = "/v1/chat/completions"
 N_CTX = 256
 IM_END = 151645
@@ -38,19 +36,12 @@ WORDS = ("cat dog river stone light paper seven blue quick slow north garden win
 
 
 @pytest.fixture(scope="module")
-def count():
+def count(hf_render, hf):
     """messages -> prompt tokens of the template's render (generation prompt on, default thinking)."""
-    pytest.importorskip("jinja2")
-    from tokenizers import Tokenizer
-    sys.path.insert(0, str(REPO / "tools"))
-    from gen_chat_cases import make_renderer
-    template = json.load(open(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer_config.json"))["chat_template"]
-    render = make_renderer(str(QWEN3_DATA))
-    hf = Tokenizer.from_file(str(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer.json"))
 
     def n_tokens(msgs):
-        return len(hf.encode(render(template, msgs, None, True, None), add_special_tokens=False).ids)
-    n_tokens.render = lambda msgs: render(template, msgs, None, True, None)
+        return len(hf.encode(hf_render(msgs, None, True, None), add_special_tokens=False).ids)
+    n_tokens.render = lambda msgs: hf_render(msgs, None, True, None)
     n_tokens.hf = hf
     return n_tokens
 
@@ -90,12 +81,6 @@ def conversation(seed):
             msgs += [{"role": "tool", "tool_call_id": c["id"], "content": text(rng, 1, 20)} for c in calls]
         msgs.append({"role": "assistant", "content": text(rng, 1, 40)})
     return msgs
-
-
-@pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
-        yield s
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))

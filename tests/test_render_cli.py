@@ -4,14 +4,12 @@ the ids equal HF tokenizers' encoding of that text, with control tokens marked."
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIPP = os.path.join(ROOT, "build", "kipp")
 MODEL = os.path.join(ROOT, os.environ.get("KIPP_TEST_MODELS", "build/models"), "synthetic-tiny.gguf")
-QWEN3_DATA = os.path.join(ROOT, "data", "qwen3")
 
 REQUEST = {
     "messages": [
@@ -46,19 +44,8 @@ def kipp(*args, data=None):
 
 
 @pytest.fixture(scope="module")
-def oracle():
-    pytest.importorskip("jinja2")
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from gen_chat_cases import make_renderer
-    template = json.load(open(os.path.join(QWEN3_DATA, "qwen3-tokenizer", "tokenizer_config.json")))["chat_template"]
-    render = make_renderer(QWEN3_DATA)
-    return lambda req, agp, thinking: render(template, as_template_sees(req), req.get("tools"), agp, thinking)
-
-
-@pytest.fixture(scope="module")
-def hf():
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(os.path.join(QWEN3_DATA, "qwen3-tokenizer", "tokenizer.json"))
+def oracle(hf_render):
+    return lambda req, agp, thinking: hf_render(as_template_sees(req), req.get("tools"), agp, thinking)
 
 
 @pytest.mark.parametrize("extra,agp,thinking", [([], True, False), (["--no-generation-prompt"], False, False),

@@ -18,13 +18,14 @@ deterministic at temperature 0.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from serve_harness import Server
 
 anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
+pytest.importorskip("openai")  # conftest.oai, the oracle
 jsonschema = pytest.importorskip("jsonschema")
 
 N_CTX = 1024
@@ -50,20 +51,8 @@ THINK_ID = 151667  # Qwen3's <think> (data/qwen3 tokenizer)
 
 
 @pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def client(srv):
     return anthropic.Anthropic(base_url=srv.base, api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def oai(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-
 
 # ---- a strict parser of Anthropic's event stream ----
 
@@ -125,12 +114,17 @@ def rebuild(events: list) -> dict:
             if b["type"] == "thinking":
                 assert b.pop("signature_seen", False), "a thinking block closes after its signature_delta"
             if b["type"] == "tool_use":
-                b["input"] = json.loads(b.pop("partial"))
+                try:
+                    b["input"] = json.loads(b["partial"])
+                    del b["partial"]
+                except ValueError:
+                    b["cut"] = True  # a call max_tokens cut: the input as far as it was written
             open_ = None
         else:
             raise AssertionError(f"unexpected event {ev}")
     assert open_ is None, "a block was never closed"
     delta = events[-2]
+    assert delta["delta"]["stop_reason"] == "max_tokens" or not any(b.get("cut") for b in blocks), blocks
     return {"content": blocks, "stop_reason": delta["delta"]["stop_reason"],
             "stop_sequence": delta["delta"]["stop_sequence"], "usage": msg["usage"],
             "output_tokens": delta["usage"]["output_tokens"], "events": events}
@@ -144,10 +138,12 @@ def raw_stream(srv, body: dict, headers: dict | None = None) -> dict:
 
 
 def texts(content) -> tuple[str, str, list]:
-    """(thinking, text, [(name, input)]) of a content list (dicts or SDK blocks)."""
+    """(thinking, text, [(name, input)]) of a content list (dicts or SDK blocks), without cut calls."""
     th, tx, calls = "", "", []
     for b in content:
         b = b if isinstance(b, dict) else b.model_dump()
+        if b.get("cut"):  # streamed only: the whole reply has no call max_tokens cut
+            continue
         if b["type"] == "thinking":
             th += b["thinking"]
         elif b["type"] == "text":
@@ -318,7 +314,69 @@ def test_forced_tool_call_matches_openai(client, oai, srv, choice, o_choice, par
     assert len(set(ids)) == len(ids)  # one id per call, each sent once (content_block_start)
     with sdk_stream(client, **body) as st:
         final = st.get_final_message()
-    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == texts(r.content)[2]
+    uses = [(b.name, b.input) for b in final.content if b.type == "tool_use"]
+    cut = [b["name"] for b in s["content"] if b.get("cut")]  # streamed as far as written, then max_tokens
+    assert uses[:len(uses) - len(cut)] == texts(r.content)[2] and [n for n, _ in uses[len(uses) - len(cut):]] == cut
+
+
+FORCE_WEATHER = {"model": MODEL, "max_tokens": 128, "temperature": 0, "messages": USER, "tools": A_TOOLS,
+                 "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+                 "thinking": OFF}
+
+
+def json_pieces(events):
+    return [e["delta"]["partial_json"] for e in events
+            if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta"]
+
+
+def test_tool_input_streams_as_written(client, srv):
+    """input_json_delta pieces come as the model writes the call: more than one
+    for a call with two fields, and concatenated they are the input's JSON; the
+    id goes once, in content_block_start. The SDK's stream sees the same
+    pieces and builds the same input as the whole reply."""
+    whole = create(client, **FORCE_WEATHER)
+    use = [b for b in whole.content if b.type == "tool_use"]
+    assert whole.stop_reason == "tool_use" and len(use) == 1, whole.content
+    s = raw_stream(srv, FORCE_WEATHER)
+    starts = [e for e in s["events"] if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use"]
+    pieces = json_pieces(s["events"])
+    assert len(starts) == 1 and starts[0]["content_block"]["name"] == "get_weather"
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == use[0].input, pieces
+    with sdk_stream(client, **FORCE_WEATHER) as st:
+        sdk_pieces = [e.partial_json for e in st if e.type == "input_json"]
+        final = st.get_final_message()
+    assert sdk_pieces == pieces
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [("get_weather", use[0].input)]
+
+
+def test_cut_tool_input_streams_its_prefix(client, oai, srv):
+    """max_tokens cuts the call after its head: the whole reply has no tool_use
+    (stop_reason max_tokens, the block stays text); the stream opened the
+    tool_use block once, sent the input written so far (a prefix of the whole
+    call's arguments, as the chat endpoint writes them) and closed it, and the
+    SDK's stream takes that without error."""
+    o, ch = openai_reply(oai, USER, max_tokens=128, tools=O_TOOLS, logprobs=True, parallel_tool_calls=False,
+                         tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                         extra_body={"chat_template_kwargs": NO_THINK})
+    args = ch.message.tool_calls[0].function.arguments
+    toks = [bytes(t.bytes) for t in ch.logprobs.content]
+    raw = b"".join(toks).decode()
+    start, n, pos = re.search(r'"arguments"\s*:\s*\{', raw).end(), 0, 0
+    while pos <= start:  # the tokens up to the arguments' first byte, then three more
+        pos += len(toks[n])
+        n += 1
+    body = dict(FORCE_WEATHER, max_tokens=n + 3)
+    whole = create(client, **body)
+    assert whole.stop_reason == "max_tokens" and all(b.type == "text" for b in whole.content), whole.content
+    assert raw.startswith(texts(whole.content)[1])
+    s = raw_stream(srv, body)
+    cut = [b for b in s["content"] if b.get("cut")]
+    assert s["stop_reason"] == "max_tokens" and len(cut) == 1 and cut[0]["name"] == "get_weather"
+    assert cut[0]["partial"] and args.startswith(cut[0]["partial"]), (cut, args)
+    assert texts(s["content"]) == texts(whole.content)
+    with sdk_stream(client, **body) as st:
+        final = st.get_final_message()
+    assert final.stop_reason == "max_tokens" and [b.type for b in final.content].count("tool_use") == 1
 
 
 def test_tool_round_trip(client, oai, srv):

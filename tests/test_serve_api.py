@@ -22,17 +22,6 @@ KIPP = REPO / "build" / "kipp"
 N_CTX = 256
 
 
-@pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
 def test_health_models(srv, client):
     assert srv.request("GET", "/health") == (200, b'{"status":"ok"}')
     models = client.models.list()

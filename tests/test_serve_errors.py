@@ -15,6 +15,7 @@ import pytest
 from serve_harness import Server
 
 N_CTX = 128
+SERVE_ARGS = ("--max-body", "65536", "--max-header", "8192", "--idle-timeout", "2")  # conftest.srv
 C, CH = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -79,13 +80,6 @@ CASES = [
     (C, {"prompt": "a", "model": "gpt-4"}, 404, "model", "not served"),
     (C, {"prompt": "a" * 2000}, 400, "prompt", "n_ctx"),
 ]
-
-
-@pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX), "--max-body", "65536", "--max-header", "8192",
-                "--idle-timeout", "2") as s:
-        yield s
 
 
 def _check_error(st, body, status, param):

@@ -13,8 +13,6 @@ import json
 
 import pytest
 
-from serve_harness import Server
-
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -58,17 +56,6 @@ SCHEMA_TOOLISH = {  # the shape of tool parameters, with definitions
     "required": ["city", "unit", "days"],
     "definitions": {"Unit": {"type": "string", "enum": ["c", "f"]}},
 }
-
-
-@pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
 def rf_schema(schema: dict) -> dict:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from serve_harness import REPO, SERVE, Server
+from serve_harness import REPO, SERVE, Server, open_stream
 
 openai = pytest.importorskip("openai")
 prom = pytest.importorskip("prometheus_client.parser")
@@ -26,11 +26,6 @@ prom = pytest.importorskip("prometheus_client.parser")
 KEY = "sekret-key-123"
 ORIGIN = "https://app.example.com"
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z kipp-serve: ")
-
-
-@pytest.fixture(scope="module")
-def model(synthetic_gguf):
-    return synthetic_gguf("synthetic-tiny")
 
 
 def oa(s: Server, key: str = "none") -> "openai.OpenAI":
@@ -198,14 +193,6 @@ def test_queue_limit_counts_waiting_only(model):
             assert out == [200] * 6
 
 
-def _stream(port, body):
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    data = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return sock
-
-
 def _vllm(s: Server) -> dict:
     fams = {f.name: f for f in prom.text_string_to_metric_families(s.metrics())}
     return {n: fams[n].samples for n in ("vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -223,12 +210,12 @@ def test_vllm_router_gauges(model):
         pool = {x.labels["state"]: x.value for x in prom_samples(s, "kipp_kv_pool_blocks")}
         assert info[0].labels["num_gpu_blocks"] == str(int(pool["total"]))
         # one n=8 request fills the batch, a second waits: running 1, waiting 1
-        busy = _stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
+        busy = open_stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
         busy.recv(100)
         end = time.time() + 30
         while s.gauge("kipp_active_choices") < 8 and time.time() < end:
             time.sleep(0.02)
-        queued = _stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
+        queued = open_stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
         end = time.time() + 30
         while (s.gauge("kipp_queue_depth") < 1 or s.gauge("kipp_generation_tokens_total") < 16) and time.time() < end:
             time.sleep(0.02)  # blocks are taken as positions are evaluated: wait for tokens

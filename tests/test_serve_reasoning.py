@@ -40,17 +40,6 @@ THINK, END_THINK, IM_END = 151667, 151668, 151645
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
 def ok(srv, path, body):
     st, r = srv.post(path, body)
     assert st == 200, r

@@ -15,16 +15,13 @@ Responses endpoint passes on) forces "<think>" for reasoning, and tool_choice
 from __future__ import annotations
 
 import json
-import subprocess
+import re
 
 import pytest
-
-from serve_harness import REPO, Server
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-KIPP = REPO / "build" / "kipp"
 N_CTX = 1024
 MODEL = "synthetic-tiny"
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -34,44 +31,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Weather fo
 CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                                  "parameters": WEATHER_PARAMS}}
 NO_THINK = {"enable_thinking": False}
-
-
-@pytest.fixture(scope="module")
-def model(synthetic_gguf):
-    return synthetic_gguf("synthetic-tiny")
-
-
-@pytest.fixture(scope="module")
-def srv(model):
-    with Server(model, "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tid(model):
-    def get(text):
-        r = subprocess.run([str(KIPP), "tokenize", "--model", str(model), "--special", "--text", text],
-                           capture_output=True, text=True, timeout=60)
-        ids = json.loads(r.stdout)
-        assert len(ids) == 1, (text, ids)
-        return ids[0]
-    return get
-
-
-@pytest.fixture(scope="module")
-def compact(tid):
-    """logit_bias -100 on whitespace-only tokens, so the random model spends few
-    tokens on the whitespace JSON allows (as test_serve_tools.py)."""
-    from tokenizers import Tokenizer
-    hf = Tokenizer.from_file(str(REPO / "data" / "qwen3" / "qwen3-tokenizer" / "tokenizer.json"))
-    ws = sorted(i for i in hf.get_vocab().values() if i < 151643 and not hf.decode([i]).strip(" \t\r\n")
-                and hf.decode([i]))
-    return {str(i): -100 for i in ws[:300]}
 
 
 def chat(client, messages, **kw):
@@ -161,11 +120,42 @@ def test_reasoning_and_content_match_chat(client, tid, seed):
     r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=16, temperature=1.0,
                                 extra_body={"logit_bias": bias, "seed": seed})
     c = chat(client, [{"role": "user", "content": "Hi"}], max_completion_tokens=16, temperature=1.0, logit_bias=bias,
-             seed=seed)
+             seed=seed, logprobs=True)
     m = c.choices[0].message
     assert reasoning_text(r) == ((m.model_extra or {}).get("reasoning_content") or "")
     assert r.output_text == m.content
-    assert 0 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
+    assert r.usage.output_tokens_details.reasoning_tokens == reasoning_token_count(c.choices[0].logprobs.content)
+
+
+def reasoning_token_count(tokens) -> int:
+    """The generated tokens (chat logprobs: each token's bytes, as sampled, not
+    re-tokenized) from a leading <think> up to and including the first
+    </think> after it; all of them when it never comes; 0 without <think>."""
+    raw, starts = b"", []
+    for t in tokens:
+        starts.append(len(raw))
+        raw += bytes(t.bytes)
+    if not raw.startswith(b"<think>"):
+        return 0
+    close = raw.find(b"</think>", 7)
+    end = close + 8 if close >= 0 else len(raw)
+    return sum(1 for s in starts if s < end)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reasoning_tokens_are_the_sampled_tokens(client, tid, seed):
+    """reasoning_tokens counts the tokens the model sampled from <think> to
+    </think>, markers included (each token's offset against the state
+    machine's split), as chat's logprobs list them: not a re-tokenization of
+    the reasoning text, which /tokenize would split its own way (the exact
+    cases, with splits the tokenizer would merge, are in test_serve_text)."""
+    bias = {str(tid("<think>")): 100, str(tid("</think>")): 99, str(tid("c")): 100}
+    kw = dict(temperature=1.0, frequency_penalty=1.0)
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=12, extra_body=dict(kw, logit_bias=bias, seed=seed))
+    c = chat(client, [{"role": "user", "content": "Hi"}], max_completion_tokens=12, logit_bias=bias, seed=seed,
+             logprobs=True, **kw)
+    toks = c.choices[0].logprobs.content
+    assert r.usage.output_tokens_details.reasoning_tokens == reasoning_token_count(toks), [bytes(t.bytes) for t in toks]
 
 
 def test_reasoning_history_item(client):
@@ -336,6 +326,52 @@ def test_stream_function_call(client, compact):
     assert text == whole.output_text
 
 
+def test_stream_arguments_as_written(client, compact):
+    """response.function_call_arguments.delta events come as the model writes
+    the call: its item (id, call_id, name) is added once, before them; more
+    than one delta for a call with two fields, concatenating to the item's
+    arguments."""
+    events = list(client.responses.create(input="Weather in Paris?", stream=True, **call_kw(compact, 11)))
+    final, *_ = collect(events)
+    fc = [o for o in final.output if o.type == "function_call"]
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    adds = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    assert len(fc) == len(adds) == 1 and len(deltas) > 1, events
+    assert adds[0].item.id == fc[0].id and adds[0].item.call_id == fc[0].call_id
+    assert all(d.item_id == fc[0].id and d.output_index == adds[0].output_index for d in deltas)
+    assert "".join(d.delta for d in deltas) == fc[0].arguments and events.index(adds[0]) < events.index(deltas[0])
+
+
+def test_stream_cut_call(client, compact):
+    """max_output_tokens cuts the call after its head: the Response is
+    incomplete with no function_call item (the block stays text); the stream
+    added the call's item, sent the arguments written so far (a prefix of the
+    whole call's) and ended the item "incomplete"."""
+    kw = call_kw(compact, 11)
+    c = chat(client, [{"role": "user", "content": "Weather in Paris?"}], tools=[CHAT_WEATHER], tool_choice="required",
+             parallel_tool_calls=False, max_completion_tokens=300, temperature=0.8, seed=11, logit_bias=compact,
+             logprobs=True, extra_body={"chat_template_kwargs": NO_THINK})
+    args = c.choices[0].message.tool_calls[0].function.arguments
+    toks = [bytes(t.bytes) for t in c.choices[0].logprobs.content]
+    raw = b"".join(toks).decode()
+    start, n, pos = re.search(r'"arguments"\s*:\s*\{', raw).end(), 0, 0
+    while pos <= start:  # the tokens up to the arguments' first byte, then three more
+        pos += len(toks[n])
+        n += 1
+    kw["max_output_tokens"] = n + 3
+    whole = client.responses.create(input="Weather in Paris?", **kw)
+    assert whole.status == "incomplete" and [o.type for o in whole.output] == ["message"], whole.output
+    assert raw.startswith(whole.output_text) and whole.output_text.startswith("<tool_call>")
+    events = list(client.responses.create(input="Weather in Paris?", stream=True, **kw))
+    adds = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    dones = [e for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    part = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert len(adds) == len(dones) == 1 and dones[0].item.status == "incomplete" and dones[0].item.arguments == part
+    assert part and args.startswith(part) and len(part) < len(args), (part, args)
+    assert not [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == whole.output_text
+
+
 def test_stream_helper(client, compact):
     """client.responses.stream: its accumulated final response equals the
     non-streamed one (the helper needs response.completed: a reply that ends)."""
@@ -438,3 +474,26 @@ def test_store_keeps_the_last_256(srv):
     assert st == 400 and r["error"]["code"] == "previous_response_not_found", r
     st, r = srv.post("/v1/responses", {"input": "x", "max_output_tokens": 1, "previous_response_id": ids[1]})
     assert st == 200 and r["previous_response_id"] == ids[1], r  # the 256th newest is still kept
+    st, r = srv.request("GET", f"/v1/responses/{ids[0]}")  # evicted: gone for GET too
+    assert st == 404 and ids[0] in json.loads(r)["error"]["message"], r
+    st, r = srv.request("GET", f"/v1/responses/{ids[1]}")
+    assert st == 200 and json.loads(r)["id"] == ids[1], r
+
+
+def test_retrieve_and_delete(client, srv):
+    """GET /v1/responses/{id} (client.responses.retrieve) returns the stored
+    Response as created; DELETE forgets it; an id never stored (store false,
+    unknown) or deleted is a 404 in OpenAI's error shape naming it, for both."""
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=6, temperature=0, metadata={"k": "v"})
+    assert client.responses.retrieve(r.id).model_dump() == r.model_dump()
+    unstored = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, store=False).id
+    assert client.responses.delete(r.id) is None
+    for rid in (r.id, unstored, "resp_0123456789abcdef"):
+        with pytest.raises(openai.NotFoundError) as ei:
+            client.responses.retrieve(rid)
+        err = ei.value.body
+        assert err["type"] == "invalid_request_error" and rid in err["message"], err
+        st, body = srv.request("DELETE", f"/v1/responses/{rid}")
+        assert st == 404 and rid in json.loads(body)["error"]["message"], body
+    st, body = srv.request("PUT", f"/v1/responses/{r.id}")
+    assert st == 405 and "GET or DELETE" in json.loads(body)["error"]["message"], body

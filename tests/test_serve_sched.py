@@ -14,15 +14,12 @@ import time
 
 import pytest
 
-from serve_harness import Server, concurrent_equals_alone
+from serve_harness import Server, concurrent_equals_alone, open_stream
 
 prom = pytest.importorskip("prometheus_client.parser")
 
-
-@pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "256", "--max-batch", "16") as s:
-        yield s
+N_CTX = 256
+SERVE_ARGS = ("--max-batch", "16")  # conftest.srv
 
 
 def _bodies():
@@ -64,18 +61,10 @@ def test_concurrent_mixed_requests_match_isolated(srv):
     assert srv.wait_idle()
 
 
-def _open_stream(port, body):
-    s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    data = json.dumps(body).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-    return s
-
-
 def test_client_hangs_up_mid_stream(srv):
     assert srv.wait_idle()
     before = srv.gauge("kipp_cancelled_total")
-    s = _open_stream(srv.port, {"prompt": "x", "max_tokens": 200, "n": 4, "stream": True, "temperature": 0})
+    s = open_stream(srv.port, {"prompt": "x", "max_tokens": 200, "n": 4, "stream": True, "temperature": 0})
     got = b""
     deadline = time.time() + 30
     while got.count(b"data: ") < 3 and time.time() < deadline:
@@ -95,12 +84,12 @@ def test_queue_full_answers_429(synthetic_gguf):
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--max-batch", "8", "--max-queue", "1") as s:
         # greedy: the tiny model's greedy text never reaches EOS, so the busy
         # request holds the batch for all 400 tokens whatever the machine's speed
-        busy = _open_stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
+        busy = open_stream(s.port, {"prompt": "x", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
         busy.recv(100)  # the response has started; admission may still be pending
         deadline = time.time() + 30
         while s.gauge("kipp_active_choices") < 8 and time.time() < deadline:  # admitted: the batch is full
             time.sleep(0.02)
-        queued = _open_stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
+        queued = open_stream(s.port, {"prompt": "y", "max_tokens": 400, "n": 8, "stream": True, "temperature": 0})
         deadline = time.time() + 30
         while s.gauge("kipp_queue_depth") < 1 and time.time() < deadline:
             time.sleep(0.02)

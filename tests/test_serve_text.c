@@ -10,9 +10,14 @@
  *     <tool_call> made while thinking, a stray </think> or trailing <think>
  *     in the content, each checked against hand-written parts and, byte by
  *     byte, as a stream whose prefixes never show what the whole does not;
+ *   - the call in progress (streamed arguments): a prefix of the final
+ *     arguments at every byte, whole before the block closes, and cut before
+ *     the first byte that no JSON object can continue with;
+ *   - reasoning_tokens: the sampled tokens that start inside the reasoning;
  *   - kipp_chat_tokenize equals render + special tokenize without typed
  *     markers, and keeps typed markers as plain text.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -156,6 +161,99 @@ static void test_reply_split(void)
     serve_req_free(&r);
 }
 
+/* The call in progress (serve_call_part): every prefix of a well-formed
+ * block shows its head once read and arguments that are a prefix of the final
+ * call's, growing, whole before "</tool_call>" arrives. */
+static void test_call_part(void)
+{
+    static const serve_tool tools[] = {{.name = "get_time"}, {.name = "f"}};
+    static const char *const cases[] = {
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\", \"n\": [1, -2.5e+3, 0, true, null, {}]}}\n</tool_call>",
+        "x<tool_call>\n{ \"name\" : \"f\",\n  \"arguments\" :{\"s\": \"a\\\"\\\\\\u00e9\\n\\u20ac \xe2\x82\xac\", \"o\": {\"p\": [[], [false]]}} }\n</tool_call>",
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const char *t = cases[c];
+        size_t n = strlen(t), prev = 0, close = (size_t)(strstr(t, "</tool_call>") - t);
+        serve_tool_out fin, p;
+        CHECK(serve_tool_parse(tools, 2, t, n, 1, &fin) == 0 && fin.n_calls == 1 && !fin.part.name, "case %zu: not one call", c);
+        const char *args = fin.calls[0].arguments;
+        size_t len = strlen(args);
+        for (size_t k = 0; k < close; k++) {
+            serve_tool_parse(tools, 2, t, k, 0, &p);
+            if (p.part.name) {
+                CHECK(!strcmp(p.part.name, fin.calls[0].name) && p.part.at == fin.calls[0].at, "case %zu prefix %zu: head", c, k);
+                CHECK(p.part.args_len >= prev && p.part.args_len <= len && !memcmp(p.part.args, args, p.part.args_len),
+                      "case %zu prefix %zu: arguments '%.*s' of '%s'", c, k, (int)p.part.args_len, p.part.args, args);
+                prev = p.part.args_len;
+            }
+            serve_tool_out_free(&p);
+        }
+        CHECK(prev == len, "case %zu: %zu of %zu argument bytes before the block closed", c, prev, len);
+        serve_tool_out_free(&fin);
+    }
+    /* the arguments stop before the first byte no valid JSON object can continue with */
+    static const struct { const char *args; size_t ok; } bad[] = {
+        {"{\"a\": trux", 9}, {"{\"a\": 01", 7}, {"{\"a\": \"x\\q\"", 9}, {"{\"a\" 1", 5}, {"{\"a\": 1,}", 8},
+        {"{\"a\": [1 2]", 9}, {"{\"a\": -.5", 7}, {"{\"a\": 1}}", 8}, {"{\"a\": \"\\u12g\"", 11}, {"{1", 1}
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof *bad; c++) {
+        char t[128];
+        snprintf(t, sizeof t, "<tool_call>\n{\"name\": \"f\", \"arguments\": %s", bad[c].args);
+        serve_tool_out p;
+        serve_tool_parse(tools, 2, t, strlen(t), 0, &p);
+        CHECK(p.part.name && p.part.args_len == bad[c].ok, "'%s': %zu argument bytes, expected %zu", bad[c].args,
+              p.part.name ? p.part.args_len : 0, bad[c].ok);
+        serve_tool_out_free(&p);
+    }
+    /* no head yet, another tool's name, or arguments that are not an object: nothing in progress */
+    static const char *const none[] = {"<tool_call>\n{\"name\": \"get_ti", "<tool_call>\n{\"name\": \"g\", \"arguments\": {",
+                                       "<tool_call>\n{\"arguments\": {}, \"name\": \"f\"", "<tool_call>{\"name\": \"f\", \"arguments\": [",
+                                       "<tool_call>{\"name\": \"f\", \"arguments\": "};
+    for (size_t c = 0; c < sizeof none / sizeof *none; c++) {
+        serve_tool_out p;
+        serve_tool_parse(tools, 2, none[c], strlen(none[c]), 0, &p);
+        CHECK(!p.part.name, "'%s' shows a call in progress", none[c]);
+        serve_tool_out_free(&p);
+    }
+}
+
+/* serve_reasoning_tokens: the generated tokens that start inside the
+ * reasoning, markers included, over hand-written token splits (some that
+ * re-tokenizing would merge: "a" "b", "bc"). */
+static void test_reasoning_tokens(void)
+{
+    static const struct {
+        const char *raw;
+        uint32_t off[8];
+        size_t n_tok, want;
+        int starts_in_reasoning, tools;
+    } cases[] = {
+        {"<think>ab c</think>\n\nok", {0, 7, 8, 9, 11, 19, 21}, 7, 5, 0, 0},  /* <think> a b " c" </think> */
+        {"<think>abc", {0, 7, 8, 9}, 4, 4, 0, 0},                              /* cut off inside: all */
+        {"<think>x" CALL, {0, 7, 8, 19, 20}, 5, 2, 0, 1},                    /* a call ends it */
+        {"<think>x" CALL, {0, 7, 8, 19, 20}, 5, 5, 0, 0},                    /* without tools, it does not */
+        {"hello</think>", {0, 2, 5}, 3, 0, 0, 0},                              /* no <think>: no reasoning */
+        {"abc</think>x", {0, 1, 3, 11}, 4, 3, 1, 0},                          /* the template opened it */
+    };
+    serve_req r;
+    serve_req_init(&r, 1);
+    r.chat = 1;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        r.thinking = 1, r.starts_in_reasoning = cases[c].starts_in_reasoning;
+        r.tools = cases[c].tools ? (serve_tool *)SPLIT_TOOLS : NULL, r.n_tools = cases[c].tools;
+        serve_choice_out o = {.raw = {.p = (char *)cases[c].raw, .n = strlen(cases[c].raw)},
+                              .tok_off = (uint32_t *)cases[c].off, .n_tok = cases[c].n_tok};
+        uint64_t got = serve_reasoning_tokens(&r, &o);
+        CHECK(got == cases[c].want, "case %zu '%s': %llu reasoning tokens, expected %zu", c, cases[c].raw,
+              (unsigned long long)got, cases[c].want);
+        r.thinking = 0;
+        CHECK(serve_reasoning_tokens(&r, &o) == 0, "case %zu: reasoning tokens with thinking off", c);
+    }
+    r.tools = NULL, r.n_tools = 0;
+    serve_req_free(&r);
+}
+
 static int count_id(const uint32_t *ids, size_t n, uint32_t id)
 {
     int c = 0;
@@ -201,6 +299,8 @@ int main(void)
     RUN(test_stop_incremental);
     RUN(test_think_split);
     RUN(test_reply_split);
+    RUN(test_call_part);
+    RUN(test_reasoning_tokens);
     RUN(test_chat_tokenize);
     return th_finish();
 }

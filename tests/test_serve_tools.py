@@ -17,19 +17,15 @@ a named function makes it write real calls (constrained decoding).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
 
 import pytest
 
-from serve_harness import REPO, Server, check_stream, parse_sse
+from serve_harness import check_stream, parse_sse
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-KIPP = REPO / "build" / "kipp"
-QWEN3_DATA = REPO / "data" / "qwen3"
 CH = "/v1/chat/completions"
 N_CTX = 1024
 
@@ -92,65 +88,18 @@ def raw_text(choice) -> str:
     return b"".join(bytes(t.bytes) for t in choice.logprobs.content).decode("utf-8")
 
 
-def token_id(text: str) -> int:
-    r = subprocess.run([str(KIPP), "tokenize", "--model", str(_model_path()), "--special", "--text", text],
-                       capture_output=True, text=True, timeout=60)
-    ids = json.loads(r.stdout)
-    assert len(ids) == 1, (text, ids)
-    return ids[0]
-
-
-_MODEL = {}
-
-
-def _model_path():
-    return _MODEL["path"]
-
-
 @pytest.fixture(scope="module")
-def srv(synthetic_gguf):
-    _MODEL["path"] = synthetic_gguf("synthetic-tiny")
-    with Server(_MODEL["path"], "--ctx", str(N_CTX)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def oracle():
+def oracle(hf_render):
     """(messages, tools, thinking) -> the prompt text HF's template renders."""
-    pytest.importorskip("jinja2")
-    sys.path.insert(0, str(REPO / "tools"))
-    from gen_chat_cases import make_renderer
-    template = json.load(open(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer_config.json"))["chat_template"]
-    render = make_renderer(str(QWEN3_DATA))
-    return lambda msgs, tools, thinking: render(template, msgs, tools, True, thinking)
+    return lambda msgs, tools, thinking: hf_render(msgs, tools, True, thinking)
 
 
 @pytest.fixture(scope="module")
-def hf():
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(QWEN3_DATA / "qwen3-tokenizer" / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def alphabet(srv):
+def alphabet(tid):
     """logit_bias that keeps the model on tool-call pieces: random, mostly malformed blocks."""
     pieces = ["<tool_call>", "</tool_call>", "{\"", "name", "\":", " \"", "get", "_time", "\",", "arguments", " {}",
               "}", "\n", " ", "x"]
-    return {str(token_id(p)): 100 for p in pieces}
-
-
-@pytest.fixture(scope="module")
-def compact(hf):
-    """logit_bias -100 on 300 whitespace-only tokens (the API's most entries), so
-    the random model spends few tokens on the whitespace JSON allows."""
-    ws = sorted(i for i in hf.get_vocab().values() if i < 151643 and not hf.decode([i]).strip(" \t\r\n")
-                and hf.decode([i]))
-    return {str(i): -100 for i in ws[:300]}
+    return {str(tid(p)): 100 for p in pieces}
 
 
 def stream_collect(chunks):
@@ -256,10 +205,10 @@ def test_malformed_blocks_stay_content(srv, client, alphabet, seed):
         [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
 
 
-def test_open_block_forever_is_content(srv, client):
+def test_open_block_forever_is_content(srv, client, tid):
     """Only "<tool_call>" allowed: an unterminated block, returned whole as content."""
     r = client.chat.completions.create(model="synthetic-tiny", messages=USER, tools=TOOLS, max_tokens=8,
-                                       logit_bias={str(token_id("<tool_call>")): 100}, logprobs=True,
+                                       logit_bias={str(tid("<tool_call>")): 100}, logprobs=True,
                                        extra_body={"chat_template_kwargs": NO_THINK})
     c = r.choices[0]
     assert c.message.content == "<tool_call>" * 8 and c.message.tool_calls is None and c.finish_reason == "length"
@@ -337,13 +286,88 @@ def test_round_trip_streamed_and_not(srv, client, compact):
     assert streamed[0] == (answer.choices[0].message.content or "") and streamed[1] == answer.choices[0].finish_reason
 
 
-def test_required_with_thinking_leaves_the_thinking_free(srv, client, compact):
+# ---- streamed arguments ----
+
+@pytest.fixture(scope="module")
+def odd_bias(compact, hf):
+    """compact's first 100 entries (the server takes 300 at most), plus a push
+    towards 200 tokens that carry part of a character's UTF-8 bytes or a
+    backslash, so that string escapes and split characters land in the
+    arguments (the grammar keeps them inside strings)."""
+    odd = [i for i in range(151643) if "\ufffd" in hf.decode([i]) or "\\" in hf.decode([i])][:200]
+    return dict(list(compact.items())[:100], **{str(i): 4 for i in odd})
+
+
+def sdk_stream_calls(client, **kw):
+    """The openai SDK's stream of a chat request: (content, finish, per call
+    index {ids, names, args}: every id, name and arguments delta it carried)."""
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            finish = ch.finish_reason or finish
+            for tc in ch.delta.tool_calls or []:
+                c = calls.setdefault(tc.index, {"ids": [], "names": [], "args": []})
+                c["ids"] += [tc.id] if tc.id else []
+                c["names"] += [tc.function.name] if tc.function and tc.function.name else []
+                c["args"] += [tc.function.arguments] if tc.function and tc.function.arguments else []
+    return content, finish, [calls[k] for k in sorted(calls)]
+
+
+STREAM_KW = dict(model="synthetic-tiny", messages=USER, tools=TOOLS, max_tokens=300, temperature=1.0,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False,
+                 extra_body={"chat_template_kwargs": NO_THINK})
+
+
+def test_arguments_stream_as_written(srv, client, odd_bias):
+    """A call's arguments stream as the model writes them: its id and name once,
+    then several arguments deltas that concatenate to exactly the whole
+    response's arguments, byte for byte, also where a character's UTF-8 bytes
+    or a string escape span tokens."""
+    odd = 0
+    for seed in range(4):
+        r = client.chat.completions.create(seed=seed, logit_bias=odd_bias, **STREAM_KW)
+        assert r.choices[0].finish_reason == "tool_calls", r
+        want = r.choices[0].message.tool_calls[0].function.arguments
+        content, finish, calls = sdk_stream_calls(client, seed=seed, logit_bias=odd_bias, **STREAM_KW)
+        assert finish == "tool_calls" and content == "" and len(calls) == 1
+        c = calls[0]
+        assert len(c["ids"]) == 1 and c["ids"][0].startswith("call_") and c["names"] == ["get_weather"], c
+        assert len(c["args"]) > 1 and "".join(c["args"]) == want, (c["args"], want)
+        odd += "\\" in want or any(ord(ch) > 127 for ch in want)
+    assert odd, "no seed wrote an escape or a non-ASCII character into the arguments"
+
+
+def test_cut_call_streams_its_prefix_and_is_no_call(srv, client, compact):
+    """max_tokens cuts the call after its head: the whole reply has no call
+    (finish length, the block stays content); its stream sent the call's head
+    once and the arguments written so far (a prefix of what the whole call
+    would have), with the same content and finish (docs/SERVING.md, "Streamed calls")."""
+    full = client.chat.completions.create(seed=5, logit_bias=compact, logprobs=True, **STREAM_KW)
+    raw, args = raw_text(full.choices[0]), full.choices[0].message.tool_calls[0].function.arguments
+    start, n, pos = re.search(r'"arguments"\s*:\s*\{', raw).end(), 0, 0
+    while pos <= start:  # the tokens up to the arguments' first byte, then three more
+        pos += len(bytes(full.choices[0].logprobs.content[n].bytes))
+        n += 1
+    kw = dict(STREAM_KW, max_tokens=n + 3)
+    cut = client.chat.completions.create(seed=5, logit_bias=compact, **kw).choices[0]
+    assert cut.finish_reason == "length" and not cut.message.tool_calls
+    assert raw.startswith(cut.message.content) and cut.message.content.startswith("<tool_call>")
+    content, finish, calls = sdk_stream_calls(client, seed=5, logit_bias=compact, **kw)
+    assert finish == "length" and content == cut.message.content and len(calls) == 1
+    c = calls[0]
+    assert len(c["ids"]) == 1 and c["names"] == ["get_weather"]
+    part = "".join(c["args"])
+    assert part and args.startswith(part) and len(part) < len(args), (part, args)
+
+
+def test_required_with_thinking_leaves_the_thinking_free(srv, client, compact, tid):
     """Thinking on: a reply that opens with <think> is free until "</think>",
     then constrained; one that does not is constrained throughout. Calls are
     read from the content only. logit_bias makes the free part think markers
     only, and frequency_penalty ends a run of <think>, so the thinking closes
     within a few tokens."""
-    bias = {**dict(list(compact.items())[:298]), str(token_id("<think>")): 100, str(token_id("</think>")): 100}
+    bias = {**dict(list(compact.items())[:298]), str(tid("<think>")): 100, str(tid("</think>")): 100}
     opened = 0
     for seed in range(6):
         r = client.chat.completions.create(model="synthetic-tiny", messages=USER, tools=TOOLS, tool_choice="required",

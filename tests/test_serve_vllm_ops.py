@@ -31,11 +31,6 @@ REQ_HISTS = ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_second
              "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds")
 
 
-@pytest.fixture(scope="module")
-def model(synthetic_gguf):
-    return synthetic_gguf("synthetic-tiny")
-
-
 def families(s: Server) -> dict:
     return {f.name: f for f in prom.text_string_to_metric_families(s.metrics())}
 

@@ -10,14 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIPP = os.path.join(ROOT, "build", "kipp")
 MODEL = os.path.join(ROOT, os.environ.get("KIPP_TEST_MODELS", "build/models"), "synthetic-tiny.gguf")
-QWEN3_DATA = os.path.join(ROOT, "data", "qwen3")
 TEXTS = ["Hello world", "<|im_start|>user\nHi<|im_end|>", "naïve café 中文 😀 'LL", "  \t\r\n x", ""]
-
-
-@pytest.fixture(scope="module")
-def hf():
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(os.path.join(QWEN3_DATA, "qwen3-tokenizer", "tokenizer.json"))
 
 
 def kipp(*args, data=None):

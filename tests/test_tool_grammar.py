@@ -97,7 +97,8 @@ def test_every_forced_call_validates(srv, choice, temperature):
 
 
 def test_cut_call_says_length_and_is_no_call(srv):
-    """max_tokens ends the call mid-way: finish_reason length, the block stays content, streamed or not."""
+    """max_tokens ends the call before its head is written: finish_reason length, the block stays content,
+    streamed or not (a cut after the head streams the partial call: test_serve_tools)."""
     st, r = ask(srv, "book", 1.0, 5, max_tokens=8)
     assert st == 200, r
     c = r["choices"][0]
