@@ -460,7 +460,7 @@ int serve_parse(const char *body, size_t len, int chat, serve_req *r, serve_erro
         return BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     }
     int rc = json_is_object(root) ? parse_object(r, root, e)
-                                  : BAD("", "request body is a JSON %s, expected an object", serve_json_type(root));
+                                  : BAD("", "request body is %s, expected a JSON object", serve_json_type(root));
     json_decref(root);
     if (rc) serve_req_free(r);
     return rc;

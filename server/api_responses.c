@@ -470,7 +470,8 @@ static const char *const INERT[] = {"store", "truncation", "background", "top_lo
                                     "stream_options", "user", "service_tier", "prompt_cache_key", "safety_identifier", NULL};
 /* Sampling fields passed on as they are (kipp extensions beside OpenAI's temperature and top_p, as vLLM accepts them). */
 static const char *const PASS[] = {"model", "temperature", "top_p", "stream", "top_k", "min_p", "seed", "logit_bias",
-                                   "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", NULL};
+                                   "presence_penalty", "frequency_penalty", "repetition_penalty", "stop",
+                                   "thinking_token_budget", "thinking_budget_tokens", NULL};
 
 static int in(const char *const *list, const char *k)
 {
@@ -595,7 +596,7 @@ int serve_responses_parse(const char *body, size_t len, serve_req *r, serve_erro
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root || !json_is_object(root)) { /* the message names root's type before root is freed */
-        int rc = root ? BAD("", "request body is a JSON %s, expected an object", serve_json_type(root))
+        int rc = root ? BAD("", "request body is %s, expected a JSON object", serve_json_type(root))
                       : BAD("", "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         json_decref(root);
         return rc;

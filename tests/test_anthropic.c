@@ -95,7 +95,7 @@ static void test_parse_errors(void)
     static const struct {
         const char *body, *needle;
     } cases[] = {
-        {"[]", "expected an object"},
+        {"[]", "request body is an array, expected a JSON object"},
         {"{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"n\":2}", "field 'n'"},
         {"{\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", "max_tokens 0"},
         {"{\"max_tokens\":5,\"temperature\":2,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}", "temperature 2"},

@@ -24,7 +24,7 @@ CASES = [
     (C, b"{not json", 400, None, "not valid JSON"),
     (C, b"\xff\xfe{}", 400, None, "invalid UTF-8"),
     (C, b'{"prompt": "a\xc3("}', 400, None, "UTF-8"),
-    (C, b"[1, 2]", 400, None, "expected an object"),
+    (C, b"[1, 2]", 400, None, "request body is an array, expected a JSON object"),
     (C, b'{"prompt": "a", "prompt": "b"}', 400, None, "duplicate"),
     (C, {"max_tokens": 3}, 400, "prompt", "prompt is required"),
     (CH, {"max_tokens": 3}, 400, "messages", "messages is required"),

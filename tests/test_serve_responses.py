@@ -127,6 +127,23 @@ def test_reasoning_and_content_match_chat(client, tid, seed):
     assert r.usage.output_tokens_details.reasoning_tokens == reasoning_token_count(c.choices[0].logprobs.content)
 
 
+@pytest.mark.parametrize("field", ["thinking_token_budget", "thinking_budget_tokens"])
+@pytest.mark.parametrize("budget", [0, 3])
+def test_thinking_budget(client, tid, field, budget):
+    """<think> pinned by logit_bias: the budget closes the reasoning after
+    `budget` tokens with the forced "\n</think>\n\n", then the model answers;
+    the reasoning item and message equal chat's under the same budget."""
+    bias = {str(tid("<think>")): 100}
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=12, temperature=0,
+                                extra_body={"logit_bias": bias, field: budget})
+    c = chat(client, [{"role": "user", "content": "Hi"}], max_completion_tokens=12, temperature=0, logit_bias=bias,
+             extra_body={field: budget})
+    m = c.choices[0].message
+    assert reasoning_text(r) == ((m.model_extra or {}).get("reasoning_content") or "") == ("<think>" * budget + "\n" if budget else "")
+    assert r.output_text == m.content == "<think>" * (12 - budget - 4)
+    assert r.usage.output_tokens_details.reasoning_tokens == budget + 3  # <think>, the budget, "\n", </think>
+
+
 def reasoning_token_count(tokens) -> int:
     """The generated tokens (chat logprobs: each token's bytes, as sampled, not
     re-tokenized) from a leading <think> up to and including the first
@@ -429,6 +446,8 @@ BAD = [
     ({"metadata": {"k": 1}}, "metadata"),
     ({"frobnicate": 1}, "frobnicate"),
     ({"previous_response_id": 7}, "previous_response_id"),
+    ({"thinking_token_budget": -2}, "thinking_token_budget"),
+    ({"thinking_budget_tokens": "a"}, "thinking_budget_tokens"),
 ]
 
 
@@ -441,7 +460,7 @@ def test_bad_input_is_400_naming_the_field(srv, body, param):
     assert param.split("[")[0].split(".")[0] in err["message"], err
 
 
-@pytest.mark.parametrize("raw,words", [(b"[]", "a JSON an array, expected an object"), (b"[1, 2]", "expected an object"),
+@pytest.mark.parametrize("raw,words", [(b"[]", "request body is an array, expected a JSON object"), (b"[1, 2]", "expected a JSON object"),
                                        (b"{", "not valid JSON")])
 def test_body_that_is_not_an_object_is_400(srv, raw, words):
     """The message names the body's type, read before the body is freed (fuzz_http found
