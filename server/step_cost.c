@@ -70,9 +70,12 @@ void serve_cost_observe(serve_cost_model *m, const serve_step_load *load, double
         m->xty[i] = SERVE_COST_DECAY * m->xty[i] + x[i] * seconds;
     }
     m->n++;
-    /* minimise sum w (y - theta.x)^2 + ridge |theta - theta_prev|^2 */
+    if (load->decode_tokens > 0 && m->dec_first == 0) m->dec_first = load->decode_tokens;
+    else if (load->decode_tokens > 0 && load->decode_tokens != m->dec_first) m->dec_varied = 1;
+    /* minimise sum w (y - theta.x)^2 + ridge |theta - theta_prev|^2 (+ tie (b - c)^2 until varied) */
     memcpy(a, m->xtx, sizeof a);
     for (int i = 0; i < SERVE_COST_TERMS; i++) a[i][i] += SERVE_COST_RIDGE, b[i] = m->xty[i] + SERVE_COST_RIDGE * m->theta[i];
+    if (!m->dec_varied) a[1][1] += SERVE_COST_TIE, a[2][2] += SERVE_COST_TIE, a[1][2] -= SERVE_COST_TIE, a[2][1] -= SERVE_COST_TIE;
     if (solve(a, b, th)) return;
     for (int i = 0; i < SERVE_COST_TERMS; i++) m->theta[i] = th[i] > 0 && isfinite(th[i]) ? th[i] : 0;
 }

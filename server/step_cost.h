@@ -9,6 +9,11 @@
  * least squares (each step's weight is SERVE_COST_DECAY times the next one's),
  * regularized toward the previous fit so a term the recent steps do not vary
  * (no prefill for a while) keeps its last value instead of drifting to 0.
+ * Until the steps have shown two different decode batch sizes, a and b
+ * cannot be told apart (a fresh server decodes one stream first), so b is
+ * tied to c meanwhile (on a CPU a decode row costs about what a prompt
+ * token does, the output head aside): the cost of a larger decode batch is
+ * then not guessed as zero.
  * attention_kpairs counts (query, key) position pairs in units of 1024: a
  * chunk of n tokens evaluated after pos positions attends n*pos + n(n+1)/2.
  *
@@ -25,6 +30,7 @@
 #define SERVE_COST_TERMS 4      /* a, b, c, d above */
 #define SERVE_COST_DECAY 0.97   /* weight of a step relative to the next one (a memory of ~33 steps) */
 #define SERVE_COST_RIDGE 1e-3   /* pull toward the previous fit, in units of feature^2 (features are O(1..1000)) */
+#define SERVE_COST_TIE 10.0     /* pull of b toward c until two decode batch sizes were seen (see below) */
 #define SERVE_MIN_CHUNK 16      /* prompt tokens the oldest prefilling choice gets in any step (progress) */
 
 /** What one step evaluates, in the model's features. */
@@ -40,6 +46,8 @@ typedef struct {
     double xty[SERVE_COST_TERMS];                   /* decayed sum of x * seconds */
     double theta[SERVE_COST_TERMS];                 /* the fit: a, b, c, d (each clamped at >= 0) */
     uint64_t n;                                     /* steps observed */
+    double dec_first;                               /* the first positive decode token count seen (0 = none) */
+    int dec_varied;                                 /* 1: another one has been seen since: b is fitted freely */
 } serve_cost_model;
 
 /** Reset m to no observations and every coefficient 0. */

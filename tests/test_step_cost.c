@@ -118,6 +118,27 @@ static void test_fit(void)
     CHECK(m.n == 3300, "%llu", (unsigned long long)m.n);
 }
 
+/* A fresh server decodes one stream at a time at first: a and b are not
+ * identifiable, and b is tied to c until a second batch size shows up. */
+static void test_tie_until_varied(void)
+{
+    const double truth[4] = {0.03, 0.002, 0.002, 0.0};
+    serve_cost_model m;
+    serve_cost_init(&m);
+    for (int i = 0; i < 50; i++) {
+        serve_step_load l = {.decode_tokens = 1, .prefill_tokens = (i % 3) * 50.0};
+        serve_cost_observe(&m, &l, truth[0] + truth[1] + truth[2] * l.prefill_tokens);
+    }
+    CHECK(!m.dec_varied && fabs(m.theta[1] - m.theta[2]) <= 1e-3 * m.theta[2], "b %.9g c %.9g", m.theta[1], m.theta[2]);
+    CHECK(fabs(m.theta[0] - truth[0]) <= 1e-3 * truth[0], "a %.9g", m.theta[0]);
+    serve_step_load eight = {.decode_tokens = 8};
+    double want = truth[0] + 8 * truth[1];
+    CHECK(fabs(serve_cost_predict(&m, &eight) - want) <= 1e-3 * want, "B=8 %.9g vs %.9g", serve_cost_predict(&m, &eight), want);
+    serve_step_load two = {.decode_tokens = 2};
+    serve_cost_observe(&m, &two, truth[0] + 2 * truth[1]);
+    CHECK(m.dec_varied, "a second batch size frees b");
+}
+
 int main(void)
 {
     RUN(test_attention_pairs);
@@ -125,5 +146,6 @@ int main(void)
     RUN(test_time_target);
     RUN(test_min_chunk);
     RUN(test_fit);
+    RUN(test_tie_until_varied);
     return th_finish();
 }

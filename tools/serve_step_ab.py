@@ -8,7 +8,8 @@ an order that rotates per round, so a neighbour's load hits all alike.
 
 Per setting: aggregate tok/s, TTFT p50/p99 and ITL p50/p99 (ms) per round and
 their medians over the rounds, plus the load average before and after. JSON on
-stdout's last line; a table above it.
+stdout's last line; a table above it. --stagger S starts stream k S*k seconds
+after the first (arrivals while others decode: where a prefill stalls them).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import json
 import os
 import statistics
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +29,25 @@ import serve_bench  # noqa: E402
 from serve_harness import Server  # noqa: E402
 
 KEYS = ("tok_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
+
+
+def staggered(port: int, conc: int, max_tokens: int, stagger: float) -> dict:
+    """serve_bench.level with stream k started stagger*k seconds after the first."""
+    if stagger <= 0:
+        return serve_bench.level(port, conc, max_tokens)
+    res: list = [None] * conc
+
+    def go(k: int) -> None:
+        time.sleep(stagger * k)
+        serve_bench.one_stream(port, res, k, max_tokens)
+
+    ts = [threading.Thread(target=go, args=(k,)) for k in range(conc)]
+    [t.start() for t in ts]
+    [t.join(timeout=900) for t in ts]
+    bad = [k for k, r in enumerate(res) if not r or "error" in r]
+    if bad:
+        raise RuntimeError(f"streams {bad} failed: {[res[k] for k in bad][:2]}")
+    return serve_bench.round_figures(res)
 
 
 def phase_means(text: str) -> dict:
@@ -51,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=640)
+    ap.add_argument("--stagger", type=float, default=0, help="seconds between stream starts (0: all at once)")
     args = ap.parse_args(argv)
     settings = [s for s in args.settings.split(",") if s]
     got: dict[str, list[dict]] = {s: [] for s in settings}
@@ -61,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             with Server(args.model, "--ctx", str(args.ctx), "--max-batch", "16", "--threads", str(args.threads),
                         "--no-spec", "--step-ms", st) as srv:
                 serve_bench.level(srv.port, 1, 4)  # warm-up: page in the weights
-                f = serve_bench.level(srv.port, args.streams, args.max_tokens)
+                f = staggered(srv.port, args.streams, args.max_tokens, args.stagger)
                 f["load1"] = os.getloadavg()[0]
                 f["step_ms_mean"] = phase_means(srv.metrics())
             got[st].append(f)
@@ -69,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" (load {f['load1']:.2f}); per step ms: " +
                   ", ".join(f"{k} {v:.2f}" for k, v in f["step_ms_mean"].items()), flush=True)
     load.append(os.getloadavg()[0])
-    out = {"streams": args.streams, "max_tokens": args.max_tokens, "reps": args.reps, "load1_start_end": load,
+    out = {"streams": args.streams, "max_tokens": args.max_tokens, "stagger_s": args.stagger, "reps": args.reps, "load1_start_end": load,
            "settings": {st: {"median": {k: statistics.median(x[k] for x in got[st]) for k in KEYS}, "rounds": got[st]}
                         for st in settings}}
     print(f"{'--step-ms':>10} " + " ".join(f"{k:>12}" for k in KEYS))
