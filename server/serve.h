@@ -39,6 +39,7 @@
 #define SERVE_STEP_AUTO 2.0    /* --step-ms auto: a step with prefill may take this times the predicted cost of a
                                 * decode-only step of every resident choice (the steady step they will reach) */
 #define SERVE_STEP_MS_MAX 60000 /* --step-ms's upper bound */
+#define SERVE_STEP_MS_DEFAULT 0 /* --step-ms's default: off (docs/SERVING.md has the A/B that chose it); -1 = auto */
 #define SERVE_RESERVE 16       /* pooled: KV positions a choice reserves beyond its prompt (admission, resumption) */
 #define SERVE_MAX_TOOLS 128    /* tools per request (OpenAI allows 128) */
 #define SERVE_MAX_PARALLEL 8   /* tool calls one constrained reply may make with parallel_tool_calls */

@@ -70,12 +70,11 @@ static void usage(FILE *f)
             "  --step-tokens N    tokens one engine step evaluates, 16..8192, default 512: every decoding\n"
             "                     choice's tokens first, then prompt chunks oldest first (each prefilling\n"
             "                     choice gets up to 32 while the budget lasts, the rest lengthens them)\n"
-            "  --step-ms auto|MS  time target of a step that prefills while other choices decode (stall-free\n"
-            "                     batching): the prompt chunks are cut to what the measured step cost says\n"
-            "                     fits beside the decodes (the oldest prompt still gets 16 tokens); auto (the\n"
-            "                     default) = twice the cost of a step where every active choice decodes,\n"
-            "                     MS in 1..60000 fixes it, 0 = off\n"
-            "                     (the token budget alone). Trades TTFT under load for steadier ITL\n"
+            "  --step-ms 0|auto|MS  time target of a step that prefills while other choices decode (stall-\n"
+            "                     free batching): prompt chunks get only the tokens the measured step cost says\n"
+            "                     fit beside the decodes (the oldest prompt still gets 16 a step); auto = twice\n"
+            "                     the cost of a step where every active choice decodes, MS in 1..60000 fixes\n"
+            "                     it; default 0 = off (the token budget alone). Lower ITL p99 for higher TTFT\n"
             "  --max-body N       request body bytes, default 1048576 (larger: 413)\n"
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
@@ -118,7 +117,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
 {
     *o = (serve_opts){.backend = "cpu", .host = "127.0.0.1", .port = 8080, .max_batch = 16, .max_queue = 64,
                       .max_body = 1 << 20, .max_header = 32768, .idle = 60, .max_conn = 128, .kv_mib = -1,
-                      .step_tokens = SERVE_STEP_TOKENS, .step_ms = -1, .kv_pool_mib = -1, .shutdown_timeout = 30, .ctx = -1,
+                      .step_tokens = SERVE_STEP_TOKENS, .step_ms = SERVE_STEP_MS_DEFAULT, .kv_pool_mib = -1, .shutdown_timeout = 30, .ctx = -1,
                       .api_key = getenv("KIPP_API_KEY")};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},

@@ -43,7 +43,7 @@ def test_step_ms_usage_errors(synthetic_gguf):
     r = subprocess.run([str(SERVE), "--model", model, "--step-ms"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--step-ms needs a value" in r.stderr, r.stderr
     r = subprocess.run([str(SERVE), "--help"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and "--step-ms auto|MS" in r.stdout
+    assert r.returncode == 0 and "--step-ms 0|auto|MS" in r.stdout
 
 
 def _bodies():
@@ -52,7 +52,7 @@ def _bodies():
             for k in range(4)]
 
 
-@pytest.mark.parametrize("step_ms", ["1", "0"])
+@pytest.mark.parametrize("step_ms", ["1", "0", "auto"])
 def test_capped_steps_keep_outputs(synthetic_gguf, step_ms):
     # a 64-token budget spreads the prompts over several steps, so later ones prefill while earlier ones decode
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "256", "--step-ms", step_ms, "--step-tokens", "64",
@@ -78,7 +78,8 @@ def test_capped_steps_keep_outputs(synthetic_gguf, step_ms):
             assert [o[1]["choices"][0]["text"] for o in out] == alone
         capped = s.gauge("kipp_step_prefill_capped_total")
         # 1 ms is below any step here: every step that decodes beside a prompt of more than 16 tokens is cut
-        assert capped >= 1 if step_ms == "1" else capped == 0, capped
+        if step_ms != "auto":  # auto's cuts depend on the measured costs
+            assert capped >= 1 if step_ms == "1" else capped == 0, capped
         assert s.wait_idle()
 
 
