@@ -556,8 +556,9 @@ static int plan(serve_sched *s, kipp_batch_item *items)
     s->capped = s->target_s > 0 && got < serve_step_plan_prefill(&pp, want, n_pre, all);
     s->load = dec;
     for (int p = 0; p < n_pre; p++) {
-        if (give[p]) kipp_gen_next(pre[p]->g, give[p], &pre[p]->it, NULL, 0);
-        s->load.prefill_tokens += give[p], s->load.attn_kpairs += serve_attn_kpairs(want[p].pos, give[p]);
+        if (give[p]) kipp_gen_next(pre[p]->g, give[p], &pre[p]->it, NULL, 0); /* echo rows may take fewer */
+        uint32_t t = pre[p]->it.token_count;
+        s->load.prefill_tokens += t, s->load.attn_kpairs += serve_attn_kpairs(want[p].pos, t);
     }
     for (int k = 0; k < s->n_act; k++)
         if (s->act[k]->it.token_count) items[n++] = s->act[k]->it;
