@@ -1,10 +1,11 @@
 /*
  * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
  * counts, token counts, TTFT and inter-token latency histograms, queue depth,
- * active choices, KV blocks held, and the KV pool's
- * occupancy and reuse counters, and vLLM's router gauges, request counters
- * and latency histograms beside them (vllm_metrics, vllm_requests). All
- * numbers are guarded by the scheduler's mutex and written only through the
+ * active choices, KV blocks held, the KV pool's occupancy and reuse counters,
+ * each scheduler step's time by phase and the stall-free planner's state
+ * (step_metrics), and vLLM's router gauges, request counters and latency
+ * histograms beside them (vllm_metrics, vllm_requests). All numbers are
+ * guarded by the scheduler's mutex and written only through the
  * serve_metrics_on_* events (serve.h).
  */
 #include <stdio.h>
