@@ -129,6 +129,8 @@ $(BUILD)/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libkipp.a
 
 # test_serve_text checks the server's text view: link those server objects too.
 $(BUILD)/bin/test_serve_text: $(BUILD)/server/text_out.o $(BUILD)/server/tool_calls.o $(BUILD)/server/api_parse.o $(BUILD)/server/api_compat.o $(BUILD)/server/api_tools.o $(BUILD)/server/serve_error.o
+# test_step_cost checks the stall-free step planner's arithmetic (server/step_cost.c).
+$(BUILD)/bin/test_step_cost: $(BUILD)/server/step_cost.o
 # test_tool_calls checks the reply's tool-call parser (server/tool_calls.c).
 $(BUILD)/bin/test_tool_calls: $(BUILD)/server/tool_calls.o $(BUILD)/server/text_out.o $(BUILD)/server/serve_error.o
 # test_anthropic checks the Anthropic Messages parser and renderer (server/api_anthropic.c, anthropic_render.c).

@@ -1,10 +1,11 @@
 /*
  * metrics.c - GET /metrics in the Prometheus text format 0.0.4: request
  * counts, token counts, TTFT and inter-token latency histograms, queue depth,
- * active choices, KV blocks held, and the KV pool's
- * occupancy and reuse counters, and vLLM's router gauges, request counters
- * and latency histograms beside them (vllm_metrics, vllm_requests). All
- * numbers are guarded by the scheduler's mutex and written only through the
+ * active choices, KV blocks held, the KV pool's occupancy and reuse counters,
+ * each scheduler step's time by phase and the stall-free planner's state
+ * (step_metrics), and vLLM's router gauges, request counters and latency
+ * histograms beside them (vllm_metrics, vllm_requests). All numbers are
+ * guarded by the scheduler's mutex and written only through the
  * serve_metrics_on_* events (serve.h).
  */
 #include <stdio.h>
@@ -75,7 +76,37 @@ void serve_metrics_set_model(const char *model_name) { g_metrics.model_name = mo
 void serve_metrics_on_start(uint64_t kv_capacity) { g_metrics.kv_capacity = kv_capacity; }
 void serve_metrics_on_queue(int queued, int active) { g_metrics.queue_depth = queued, g_metrics.active_choices = active; }
 void serve_metrics_on_kv(uint64_t blocks) { g_metrics.kv_blocks = blocks; }
-void serve_metrics_on_step(void) { g_metrics.steps++; }
+/* Step phases span 100 us (sampling a few rows) to seconds (a long prefill chunk). */
+static const double STEP_B[SERVE_STEP_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                  0.05,   0.1,     0.15,   0.2,   0.3,    0.5,   1,    2.5};
+/* vllm:iteration_tokens_total's bounds (vllm/v1/metrics/loggers.py) */
+static const double ITER_B[SERVE_ITER_BUCKETS] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+static const char *PHASE[SERVE_STEP_PHASES] = {"plan", "engine", "sample", "lock", "publish"};
+
+static void step_hist_add(serve_step_hist *h, double seconds)
+{
+    int b = 0;
+    while (b < SERVE_STEP_BUCKETS && seconds > STEP_B[b]) b++;
+    h->count[b]++;
+    h->sum += seconds;
+    h->n++;
+}
+
+void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], double tokens, double target_s, int capped,
+                           const double cost[4])
+{
+    double all = 0;
+    g_metrics.steps++;
+    for (int i = 0; i < SERVE_STEP_PHASES; i++) step_hist_add(&g_metrics.phase[i], phase[i]), all += phase[i];
+    step_hist_add(&g_metrics.step, all);
+    int b = 0;
+    while (b < SERVE_ITER_BUCKETS && tokens > ITER_B[b]) b++;
+    g_metrics.iter_tokens[b]++;
+    g_metrics.iter_sum += tokens;
+    g_metrics.capped_steps += capped != 0;
+    g_metrics.target_s = target_s;
+    for (int i = 0; i < 4; i++) g_metrics.cost[i] = cost[i];
+}
 void serve_metrics_on_preempt(void) { g_metrics.preemptions++; }
 void serve_metrics_on_cancel(void) { g_metrics.cancelled++; }
 
@@ -257,6 +288,59 @@ static void vllm_requests(serve_buf *b, const serve_metrics *m)
     for (int k = 0; k < SERVE_VH_COUNT; k++) vllm_hist(b, model, k, &m->vh[k]);
 }
 
+/* One kipp_step_* histogram; label: "" or one pair such as phase="engine". */
+static void step_hist(serve_buf *b, const char *name, const char *label, const serve_step_hist *h)
+{
+    const char *sep = label[0] ? "," : "", *open = label[0] ? "{" : "", *close = label[0] ? "}" : "";
+    uint64_t cum = 0;
+    for (int i = 0; i <= SERVE_STEP_BUCKETS; i++) {
+        char le[32];
+        cum += h->count[i];
+        if (i < SERVE_STEP_BUCKETS) snprintf(le, sizeof le, "%g", STEP_B[i]);
+        else snprintf(le, sizeof le, "+Inf");
+        put(b, "%s_bucket{%s%sle=\"%s\"} %llu\n", name, label, sep, le, (unsigned long long)cum);
+    }
+    put(b, "%s_sum%s%s%s %.6f\n%s_count%s%s%s %llu\n", name, open, label, close, h->sum, name, open, label, close,
+        (unsigned long long)h->n);
+}
+
+/* Where a scheduler step's time goes (the phases of sched.c's step), the
+ * whole step, the tokens per step under vLLM's name, and the stall-free
+ * planner's state: its time target, the steps it capped, the fitted costs. */
+static void step_metrics(serve_buf *b, const serve_metrics *m)
+{
+    const char *model = m->model_name ? m->model_name : "";
+    put(b, "# HELP kipp_step_seconds Scheduler step time by phase: plan and publish hold the lock, engine is "
+           "kipp_eval_batch, sample is sampling + detokenizing + stop strings, lock is waiting for HTTP threads.\n"
+           "# TYPE kipp_step_seconds histogram\n");
+    for (int i = 0; i < SERVE_STEP_PHASES; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "phase=\"%s\"", PHASE[i]);
+        step_hist(b, "kipp_step_seconds", label, &m->phase[i]);
+    }
+    put(b, "# HELP kipp_step_total_seconds Scheduler step time, all phases (what a decoding stream waits per token).\n"
+           "# TYPE kipp_step_total_seconds histogram\n");
+    step_hist(b, "kipp_step_total_seconds", "", &m->step);
+    put(b, "# HELP vllm:iteration_tokens_total Histogram of number of tokens per engine_step.\n"
+           "# TYPE vllm:iteration_tokens_total histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < SERVE_ITER_BUCKETS; i++)
+        cum += m->iter_tokens[i], put(b, "vllm:iteration_tokens_total_bucket{model_name=\"%s\",engine=\"0\",le=\"%.1f\"} %llu\n",
+                                      model, ITER_B[i], (unsigned long long)cum);
+    cum += m->iter_tokens[SERVE_ITER_BUCKETS];
+    put(b, "vllm:iteration_tokens_total_bucket{model_name=\"%s\",engine=\"0\",le=\"+Inf\"} %llu\n", model, (unsigned long long)cum);
+    put(b, "vllm:iteration_tokens_total_count{model_name=\"%s\",engine=\"0\"} %llu\n"
+           "vllm:iteration_tokens_total_sum{model_name=\"%s\",engine=\"0\"} %.1f\n", model, (unsigned long long)m->steps, model,
+        m->iter_sum);
+    gauge(b, "kipp_step_target_seconds", "The latest step's time target (--step-ms), 0 when none applied.", "gauge", m->target_s);
+    gauge(b, "kipp_step_prefill_capped_total", "Steps whose prefill share the time target cut below the token budget's.",
+          "counter", (double)m->capped_steps);
+    const char *term[4] = {"base", "decode_token", "prefill_token", "attention_kpair"};
+    put(b, "# HELP kipp_step_cost_seconds The step-cost fit: seconds per step (base), per decode token, per prefill "
+           "token, per 1024 attention pairs.\n# TYPE kipp_step_cost_seconds gauge\n");
+    for (int i = 0; i < 4; i++) put(b, "kipp_step_cost_seconds{term=\"%s\"} %.9g\n", term[i], m->cost[i]);
+}
+
 char *serve_metrics_text(const serve_metrics *m)
 {
     serve_buf b = {0};
@@ -289,6 +373,7 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_spec_accepted_tokens_total", "Draft tokens accepted (equal to the greedy token).", "counter",
           (double)m->spec_accepted);
     gauge(&b, "kipp_spec_emitted_tokens_total", "Tokens emitted by speculative steps.", "counter", (double)m->spec_emitted);
+    step_metrics(&b, m);
     vllm_metrics(&b, m);
     vllm_requests(&b, m);
     return b.p;

@@ -18,7 +18,12 @@
  *      choice gets up to SERVE_CHUNK tokens while the budget lasts (the oldest
  *      always gets one chunk), and what is left lengthens the chunks, oldest
  *      first. A lone prompt prefills in budget-sized chunks; a decode never
- *      waits behind a prefill; a new request starts within one step;
+ *      waits behind a prefill; a new request starts within one step.
+ *      Stall-free (Sarathi-Serve): while choices decode, the prefill share is
+ *      also cut to what fits the step time target (--step-ms) beside the
+ *      decode part, as the online step-cost fit predicts it (step_cost.h,
+ *      fed each step's measured time); the oldest prefilling choice still
+ *      gets SERVE_MIN_CHUNK tokens, so every prompt progresses.
  *      Pooled, when the planned step needs more blocks than the pool can
  *      hand out, the least urgent resident choice (highest priority value,
  *      then youngest) is preempted: its session is
@@ -27,8 +32,9 @@
  *      kipp_gen_rebind, re-evaluating what the pool no longer holds. The
  *      most urgent choice is never preempted, so it always progresses;
  *   4. evaluates all items with one kipp_eval_batch (weights read once per
- *      step), with no lock held, and advances each choice's kipp_gen
- *      (sampling, speculative acceptance, detokenizing, stop strings);
+ *      step) and advances each choice's kipp_gen (sampling, speculative
+ *      acceptance, detokenizing, stop strings), with no lock held: only this
+ *      thread touches the engine and the gens, and changes act[];
  *   5. publishes text, logprobs and finishes under `mu`.
  * Request state (serve_job) is shared with the HTTP threads under `mu`; they
  * never touch the engine but to tokenize (serve_prepare, under `tok`). Each
@@ -43,6 +49,7 @@
 #include <time.h>
 
 #include "server/serve.h"
+#include "server/step_cost.h"
 
 typedef struct {
     serve_job *job;
@@ -54,6 +61,12 @@ typedef struct {
     int echo;                 /* 1: prompt rows get logits (echo + logprobs) */
     kipp_batch_item it;       /* this step's item; token_count 0 = none */
     size_t text_pos;          /* bytes of the gen's text before its next token (logprob offsets) */
+    /* kipp_gen_advance's outcome, computed outside `mu` and published under it */
+    int adv_rc;
+    kipp_gen_event ev;
+    uint64_t spec_d[3];       /* drafted, accepted, emitted by this step when it was a speculative one */
+    int spec_step;
+    char err[256];
 } sched_choice;
 
 struct serve_sched {
@@ -78,6 +91,10 @@ struct serve_sched {
     int end_all;              /* drain: end every running and queued job at the next step boundary */
     int resume_waits;         /* the oldest preempted choice did not fit at resume_at */
     uint64_t resume_at;       /* n_finished + preemptions then: room can only have grown when this moves */
+    serve_cost_model cost;    /* the step-cost fit (step_cost.h): only the scheduler thread touches it */
+    serve_step_load load;     /* what the planned step evaluates */
+    double target_s;          /* its time target (0 = none applied) */
+    int capped;               /* 1: the target cut its prefill share below the token budget's */
 };
 
 double serve_now(void)
@@ -107,96 +124,6 @@ void serve_sched_cancel(serve_sched *s, serve_job *j)
     pthread_cond_broadcast(&s->cv);
 }
 
-static uint64_t blocks_of(uint32_t cap) { return (cap + 31) / 32; }
-
-/* KV blocks a job's sessions hold: n choices of prompt + max_tokens positions. */
-static uint64_t job_blocks(const serve_job *j)
-{
-    return (uint64_t)j->req.n * blocks_of((uint32_t)(j->req.n_prompt + (size_t)j->req.max_tokens));
-}
-
-/* What a choice may generate, as the client set it: a sent max_tokens (or
- * max_completion_tokens), cut to the context, or the default when none was. */
-static void gen_text(const serve_req *r, char *buf, size_t cap)
-{
-    const char *f = r->max_tokens_field;
-    long long g = (long long)r->max_tokens, asked = (long long)r->max_tokens_asked;
-    if (asked < 0 && r->chat)
-        snprintf(buf, cap, "%lld generated (no max_tokens was sent, so the rest of the context)", g);
-    else if (asked < 0)
-        snprintf(buf, cap, "%lld generated (no max_tokens was sent: the completions default 16%s)", g,
-                 g < 16 ? ", cut to the rest of the context" : "");
-    else if (asked > g)
-        snprintf(buf, cap, "%lld generated (%s %lld, cut to the rest of the context)", g, f, asked);
-    else
-        snprintf(buf, cap, "%lld %s", g, f);
-}
-
-/* The 400 for a job whose worst case alone exceeds the KV budget. It names
- * the generation budget as the client set it and the one change that fits:
- * a smaller max_tokens, else fewer choices, else a shorter prompt (a choice
- * needs its prompt and one generated position), with `param` on that field. */
-static int budget_fail(const serve_sched *s, const serve_job *j, uint64_t budget, serve_error *e)
-{
-    const serve_req *r = &j->req;
-    const char *flag = s->o.pool_blocks ? "--kv-pool-mib" : "--kv-mib";
-    char gen[160], hint[160];
-    gen_text(r, gen, sizeof gen);
-    int64_t fit = (int64_t)(budget / (uint64_t)r->n * 32) - (int64_t)r->n_prompt; /* a choice's room to generate */
-    uint64_t min_blocks = blocks_of((uint32_t)(r->n_prompt + 1)), n_fit = budget / min_blocks;
-    const char *param = r->max_tokens_field;
-    if (fit > 0)
-        snprintf(hint, sizeof hint, "send %s <= %lld%s", r->max_tokens_field, (long long)fit, r->n > 1 ? " or lower n" : "");
-    else if (n_fit > 0)
-        param = "n", snprintf(hint, sizeof hint, "lower n to at most %llu with this prompt", (unsigned long long)n_fit);
-    else
-        param = r->chat ? "messages" : "prompt", snprintf(hint, sizeof hint, "shorten the prompt");
-    serve_fail(e, 400, "invalid_request_error", param,
-               "n %d x (%zu prompt + %s) positions need %llu KV blocks of 32, above the server's budget of %llu (%s); "
-               "%s, or start kipp-serve with a larger %s", r->n, r->n_prompt, gen, (unsigned long long)job_blocks(j),
-               (unsigned long long)budget, flag, hint, flag);
-    snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
-    return -1;
-}
-
-/* Pooled: positions a new choice reserves at admission (its prompt and a step budget). */
-static size_t admit_positions(const serve_req *r)
-{
-    return r->n_prompt + (r->max_tokens < SERVE_RESERVE ? (size_t)r->max_tokens : SERVE_RESERVE);
-}
-
-/* Pooled admission rule at submission: one choice alone must fit the pool
- * with its worst case, so the oldest choice can always finish (a generation
- * budget the client did not send is cut to the pool instead, ending in
- * finish_reason "length"); all n choices must fit with their admission
- * reservation. Otherwise the 400 names the field to change. */
-static int pool_check(const serve_sched *s, serve_job *j, serve_error *e)
-{
-    serve_req *r = &j->req;
-    uint64_t total = s->o.pool_blocks, pos = total * 32;
-    const char *param;
-    char gen[160], hint[160];
-    if (r->n_prompt + 1 > pos) {
-        param = r->chat ? "messages" : "prompt";
-        snprintf(hint, sizeof hint, "shorten the prompt");
-    } else if (r->n_prompt + (size_t)r->max_tokens > pos && r->max_tokens_asked >= 0) {
-        param = r->max_tokens_field;
-        snprintf(hint, sizeof hint, "send %s <= %llu", r->max_tokens_field, (unsigned long long)(pos - r->n_prompt));
-    } else {
-        if (r->n_prompt + (size_t)r->max_tokens > pos) r->max_tokens = (int64_t)(pos - r->n_prompt); /* nobody asked for more */
-        uint64_t each = blocks_of((uint32_t)admit_positions(r));
-        if ((uint64_t)r->n * each <= total) return 0;
-        param = "n", snprintf(hint, sizeof hint, "lower n to at most %llu with this prompt", (unsigned long long)(total / each));
-    }
-    gen_text(r, gen, sizeof gen);
-    serve_fail(e, 400, "invalid_request_error", param,
-               "n %d x (%zu prompt + %s) positions do not fit the KV pool of %llu blocks of 32 (--kv-pool-mib): one "
-               "choice must fit it whole, and all n together with their prompt and up to %d more positions; %s, or start "
-               "kipp-serve with a larger --kv-pool-mib", r->n, r->n_prompt, gen, (unsigned long long)total, SERVE_RESERVE,
-               hint);
-    snprintf(e->code, sizeof e->code, "kv_budget_exceeded");
-    return -1;
-}
 
 /* Queued requests that would still wait after the scheduler's next admission
  * (mu held): those that do not fit the free batch slots, in FIFO order. The
@@ -231,7 +158,7 @@ static void enqueue(serve_sched *s, serve_job *j)
 
 int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 {
-    if (s->o.pool_blocks ? pool_check(s, j, e) : job_blocks(j) > s->o.kv_budget_blocks ? budget_fail(s, j, s->o.kv_budget_blocks, e) : 0)
+    if (s->o.pool_blocks ? serve_pool_check(&s->o, j, e) : serve_job_blocks(j) > s->o.kv_budget_blocks ? serve_budget_fail(&s->o, j, s->o.kv_budget_blocks, e) : 0)
         return -1;
     pthread_mutex_lock(&s->mu);
     int new_waits, q = waiting_jobs(s, j->req.n, &new_waits);
@@ -256,7 +183,7 @@ int serve_sched_submit(serve_sched *s, serve_job *j, serve_error *e)
 
 static void choice_free(serve_sched *s, sched_choice *c)
 {
-    if (c->s && !s->o.pool_blocks) s->kv_held -= blocks_of(kipp_session_capacity(c->s)), serve_metrics_on_kv(s->kv_held);
+    if (c->s && !s->o.pool_blocks) s->kv_held -= serve_blocks_of(kipp_session_capacity(c->s)), serve_metrics_on_kv(s->kv_held);
     kipp_gen_destroy(c->g);
     kipp_session_destroy(c->s); /* pooled: publishes the choice's full blocks (publish-at-finish) */
     free(c);
@@ -355,7 +282,7 @@ static int choice_new(serve_sched *s, serve_job *j, int idx, char *err, size_t e
         choice_free(s, c);
         return rc;
     }
-    if (!s->o.pool_blocks) s->kv_held += blocks_of(cap), serve_metrics_on_kv(s->kv_held);
+    if (!s->o.pool_blocks) s->kv_held += serve_blocks_of(cap), serve_metrics_on_kv(s->kv_held);
     s->act[s->n_act++] = c;
     return 0;
 }
@@ -481,7 +408,7 @@ static void admit(serve_sched *s)
 {
     int resumed = !s->o.pool_blocks || resume(s);
     while (resumed && s->head && s->n_act + s->head->req.n <= s->o.max_choices &&
-           (s->o.pool_blocks || s->kv_held + job_blocks(s->head) <= s->o.kv_budget_blocks)) {
+           (s->o.pool_blocks || s->kv_held + serve_job_blocks(s->head) <= s->o.kv_budget_blocks)) {
         serve_job *j = s->head;
         if (!j->cancelled && j == s->blocked && s->n_finished == s->blocked_at) break; /* no room freed since */
         s->blocked = NULL;
@@ -588,33 +515,51 @@ static int prefill_order(serve_sched *s, sched_choice **pre)
     return n;
 }
 
+/* The step's time target (step_cost.h): --step-ms, or in auto
+ * SERVE_STEP_AUTO x the predicted cost of the decode-only step the resident
+ * choices will reach (each one token at its position after its prompt), so
+ * a step with prefill takes at most that many times a steady decode step;
+ * 0 = none. */
+static double step_target(const serve_sched *s, const serve_step_load *steady)
+{
+    if (s->o.step_ms > 0) return s->o.step_ms * 1e-3;
+    return s->o.step_ms < 0 ? SERVE_STEP_AUTO * serve_cost_predict(&s->cost, steady) : 0;
+}
+
 /* Plan the step (mu held): every decode item, then prefill chunks within the
- * token budget (the rule in the header comment). Returns the item count. */
+ * token budget and the time target (the rule in the header comment; the
+ * arithmetic is serve_step_plan_prefill's). Returns the item count. */
 static int plan(serve_sched *s, kipp_batch_item *items)
 {
     sched_choice *pre[SERVE_MAX_BATCH];
-    uint32_t give[SERVE_MAX_BATCH] = {0}, used = 0, budget = s->o.step_tokens;
+    serve_prefill_want want[SERVE_MAX_BATCH];
+    uint32_t give[SERVE_MAX_BATCH], all[SERVE_MAX_BATCH], used = 0;
     int n = 0, n_pre = prefill_order(s, pre);
+    serve_step_load dec = {0};
     for (int k = 0; k < s->n_act; k++) {
         sched_choice *c = s->act[k];
         c->it.token_count = 0;
         if (!c->s || kipp_gen_prompt_left(c->g) || kipp_gen_next(c->g, 1, &c->it, NULL, 0)) continue;
-        used += c->it.token_count;
+        used += c->it.token_count, dec.decode_tokens += c->it.token_count;
+        dec.attn_kpairs += serve_attn_kpairs(kipp_session_length(c->s), c->it.token_count);
     }
-    for (int p = 0; p < n_pre; p++) { /* a chunk each, while the budget lasts; the oldest always */
-        uint32_t left = kipp_gen_prompt_left(pre[p]->g), room = used < budget ? budget - used : 0;
-        give[p] = left < SERVE_CHUNK ? left : SERVE_CHUNK;
-        if (p > 0 && give[p] > room) give[p] = room;
-        used += give[p];
+    serve_step_load steady = dec;
+    for (int p = 0; p < n_pre; p++) {
+        want[p] = (serve_prefill_want){kipp_gen_prompt_left(pre[p]->g), kipp_session_length(pre[p]->s)};
+        steady.decode_tokens++, steady.attn_kpairs += serve_attn_kpairs(want[p].pos + want[p].left, 1);
     }
-    for (int p = 0; p < n_pre && used < budget; p++) { /* the rest lengthens the chunks, oldest first */
-        uint32_t more = kipp_gen_prompt_left(pre[p]->g) - give[p];
-        if (give[p] == 0) continue;
-        if (more > budget - used) more = budget - used;
-        give[p] += more, used += more;
+    serve_prefill_plan pp = {.token_room = used < s->o.step_tokens ? s->o.step_tokens - used : 0, .chunk = SERVE_CHUNK,
+                             .min_chunk = SERVE_MIN_CHUNK, .target_s = step_target(s, &steady), .cost = &s->cost, .decode = dec};
+    uint32_t got = serve_step_plan_prefill(&pp, want, n_pre, give);
+    s->target_s = n_pre && dec.decode_tokens > 0 ? pp.target_s : 0;
+    pp.target_s = 0;
+    s->capped = s->target_s > 0 && got < serve_step_plan_prefill(&pp, want, n_pre, all);
+    s->load = dec;
+    for (int p = 0; p < n_pre; p++) {
+        if (give[p]) kipp_gen_next(pre[p]->g, give[p], &pre[p]->it, NULL, 0); /* echo rows may take fewer */
+        uint32_t t = pre[p]->it.token_count;
+        s->load.prefill_tokens += t, s->load.attn_kpairs += serve_attn_kpairs(want[p].pos, t);
     }
-    for (int p = 0; p < n_pre; p++)
-        if (give[p]) kipp_gen_next(pre[p]->g, give[p], &pre[p]->it, NULL, 0);
     for (int k = 0; k < s->n_act; k++)
         if (s->act[k]->it.token_count) items[n++] = s->act[k]->it;
     return n;
@@ -690,42 +635,61 @@ static int publish(serve_sched *s, sched_choice *c, const kipp_gen_event *ev, do
     }
 }
 
-/* Advance choice c after the batch (mu held); spec counters into the metrics. */
-static int advance(serve_sched *s, sched_choice *c, double secs, double now)
+/* Advance choice c after the batch, outside `mu` (only this thread touches
+ * its gen): sampling, detokenizing, stop strings; the outcome and the
+ * speculative counters wait in c for publishing. */
+static void advance(sched_choice *c, double secs)
 {
     kipp_spec_stats before = {0}, after = {0};
     const kipp_spec *sp = kipp_gen_spec(c->g);
     int spec_step = sp && !kipp_gen_prompt_left(c->g);
     if (sp) kipp_spec_get_stats(sp, &before);
-    kipp_gen_event ev;
-    if (kipp_gen_advance(c->g, secs, &ev, c->job->error, sizeof c->job->error)) return FIN_ERROR;
+    c->err[0] = 0;
+    c->adv_rc = kipp_gen_advance(c->g, secs, &c->ev, c->err, sizeof c->err);
     if (sp) kipp_spec_get_stats(sp, &after);
-    if (spec_step && after.steps > before.steps)
-        serve_metrics_on_spec(after.drafted - before.drafted, after.accepted - before.accepted, after.emitted - before.emitted);
-    return publish(s, c, &ev, now);
+    c->spec_step = spec_step && after.steps > before.steps;
+    c->spec_d[0] = after.drafted - before.drafted, c->spec_d[1] = after.accepted - before.accepted;
+    c->spec_d[2] = after.emitted - before.emitted;
 }
 
-/* Run one step over the active choices (mu held on entry and exit). */
+/* Run one step over the active choices (mu held on entry and exit): plan
+ * under `mu`, evaluate and advance without it (HTTP threads render chunks
+ * meanwhile), publish under it; each phase's time goes to /metrics and the
+ * whole step's to the cost fit. */
 static void step(serve_sched *s)
 {
     kipp_batch_item items[SERVE_MAX_BATCH];
+    double t[6];
+    t[0] = serve_now();
     int n = plan_fitting(s, items);
     pthread_mutex_unlock(&s->mu);
     char err[256] = "";
-    double t0 = serve_now();
+    t[1] = serve_now();
     int rc = kipp_eval_batch(s->m, items, (size_t)n, err, sizeof err);
-    double now = serve_now();
+    t[2] = serve_now();
+    for (int k = 0; k < s->n_act && !rc; k++) /* the scheduler alone changes act[] */
+        if (s->act[k]->it.token_count) advance(s->act[k], t[2] - t[1]);
+    t[3] = serve_now();
     pthread_mutex_lock(&s->mu);
-    serve_metrics_on_step();
+    t[4] = serve_now();
     /* choice_finish swaps the last active choice into slot k: walk backwards. */
     for (int k = s->n_act; k-- > 0;) {
         sched_choice *c = s->act[k];
         if (!c->it.token_count) continue;
-        int why = rc ? FIN_ERROR : advance(s, c, now - t0, now);
+        int why = FIN_ERROR;
         if (rc) snprintf(c->job->error, sizeof c->job->error, "evaluation failed: %s", err);
+        else if (c->adv_rc) snprintf(c->job->error, sizeof c->job->error, "%s", c->err);
+        else {
+            if (c->spec_step) serve_metrics_on_spec(c->spec_d[0], c->spec_d[1], c->spec_d[2]);
+            why = publish(s, c, &c->ev, t[4]);
+        }
         if (!why && c->job->cancelled) why = FIN_CANCELLED;
         if (why) choice_finish(s, k, why);
     }
+    t[5] = serve_now();
+    const double phase[SERVE_STEP_PHASES] = {t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]};
+    serve_metrics_on_step(phase, s->load.decode_tokens + s->load.prefill_tokens, s->target_s, s->capped, s->cost.theta);
+    if (!rc) serve_cost_observe(&s->cost, &s->load, t[5] - t[0]);
 }
 
 static void drop_cancelled(serve_sched *s)

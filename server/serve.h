@@ -12,6 +12,8 @@
  *   api_tools.c      tools, tool_choice, tool messages -> serve_req (validation)
  *   tool_calls.c     <tool_call> blocks in a reply -> calls + remaining content
  *   sched.c          priority queue + continuous batching over kipp_eval_batch
+ *   sched_budget.c   KV admission arithmetic and its 400s at submission
+ *   step_cost.c      the online step-cost fit and each step's prefill share (step_cost.h)
  *   job.c            jobs: creation, references, random public ids (serve_job_set_id)
  *   metrics.c        counters and histograms, Prometheus text
  *
@@ -34,6 +36,10 @@
 #define SERVE_MAX_MSGS 256     /* chat messages per request */
 #define SERVE_CHUNK 32         /* prefill chunk every prefilling choice gets per step while the budget lasts */
 #define SERVE_STEP_TOKENS 512  /* default token budget of one step (--step-tokens) */
+#define SERVE_STEP_AUTO 2.0    /* --step-ms auto: a step with prefill may take this times the predicted cost of a
+                                * decode-only step of every resident choice (the steady step they will reach) */
+#define SERVE_STEP_MS_MAX 60000 /* --step-ms's upper bound */
+#define SERVE_STEP_MS_DEFAULT 0 /* --step-ms's default: off (docs/SERVING.md has the A/B that chose it); -1 = auto */
 #define SERVE_RESERVE 16       /* pooled: KV positions a choice reserves beyond its prompt (admission, resumption) */
 #define SERVE_MAX_TOOLS 128    /* tools per request (OpenAI allows 128) */
 #define SERVE_MAX_PARALLEL 8   /* tool calls one constrained reply may make with parallel_tool_calls */
@@ -410,8 +416,26 @@ typedef struct {
     uint64_t pool_blocks;     /* pooled model: blocks of its KV pool (--kv-pool-mib); 0 = unpooled */
     int no_spec;              /* --no-spec: greedy choices decode one token per step */
     uint32_t step_tokens;     /* --step-tokens: tokens one step evaluates (decodes first, then prefill chunks) */
+    double step_ms;           /* --step-ms: time target of a step that prefills beside decodes, in ms; 0 = none
+                               * (the token budget alone); < 0 = auto (SERVE_STEP_AUTO x a steady decode step) */
 } serve_sched_opts;
 
+/** KV blocks of 32 positions that cap positions take. */
+uint64_t serve_blocks_of(uint32_t cap);
+/** KV blocks a job's sessions hold at worst: n choices of prompt + max_tokens positions. */
+uint64_t serve_job_blocks(const serve_job *j);
+/**
+ * Unpooled: the 400 (code kv_budget_exceeded) for job j, whose worst case
+ * exceeds budget blocks, naming the generation budget as the client set it
+ * and the one change that fits (max_tokens, else n, else the prompt); -1.
+ */
+int serve_budget_fail(const serve_sched_opts *o, const serve_job *j, uint64_t budget, serve_error *e);
+/**
+ * Pooled admission rule at submission: one choice alone must fit the pool
+ * with its worst case, all n with their admission reservation (prompt +
+ * SERVE_RESERVE); 0 (an unsent max_tokens cut to the pool), or -1 with the 400.
+ */
+int serve_pool_check(const serve_sched_opts *o, serve_job *j, serve_error *e);
 /** Create and start the scheduler thread over model m; NULL on failure (err filled). */
 serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *err, size_t errlen);
 /** Stop the thread, cancel everything, free; NULL accepted. */
@@ -480,6 +504,18 @@ typedef struct {
     uint64_t n;
 } serve_hist;
 
+/* A scheduler step's phases (kipp_step_seconds{phase}): plan (under the lock), engine (kipp_eval_batch),
+ * sample (kipp_gen_advance: sampling, detokenizing, stop strings), lock (waiting for the lock the HTTP
+ * threads hold while they render chunks), publish (text, logprobs, finishes, under the lock). */
+enum { SERVE_PH_PLAN = 0, SERVE_PH_ENGINE, SERVE_PH_SAMPLE, SERVE_PH_LOCK, SERVE_PH_PUBLISH, SERVE_STEP_PHASES };
+#define SERVE_STEP_BUCKETS 16
+#define SERVE_ITER_BUCKETS 13
+typedef struct {
+    uint64_t count[SERVE_STEP_BUCKETS + 1];
+    double sum;
+    uint64_t n;
+} serve_step_hist;
+
 /* vLLM's histograms, each with vLLM's bucket upper bounds (vllm/v1/metrics/loggers.py). */
 enum { SERVE_VH_TTFT = 0, SERVE_VH_ITL, SERVE_VH_E2E, SERVE_VH_QUEUE, SERVE_VH_PREFILL, SERVE_VH_DECODE, SERVE_VH_INFERENCE,
        SERVE_VH_COUNT };
@@ -510,6 +546,13 @@ typedef struct {
     uint64_t recomputed_tokens; /* positions evaluated again after a preemption */
     int preempted_choices;    /* choices waiting to resume */
     int preempted_requests;   /* requests whose choices are all preempted (counted as waiting for vllm:*) */
+    serve_step_hist phase[SERVE_STEP_PHASES]; /* seconds per step phase (SERVE_PH_*) */
+    serve_step_hist step;     /* seconds per whole step */
+    uint64_t iter_tokens[SERVE_ITER_BUCKETS + 1]; /* tokens per step (vllm:iteration_tokens_total) */
+    double iter_sum;
+    uint64_t capped_steps;    /* steps whose prefill share the time target cut */
+    double target_s;          /* the latest step's time target (0 = none applied) */
+    double cost[4];           /* the step-cost fit: base, per decode token, per prefill token, per 1024 attention pairs */
 } serve_metrics;
 
 /** The process-wide metrics, for /metrics to export (guarded by the sched mutex); nothing reads them as state. */
@@ -538,8 +581,13 @@ void serve_metrics_on_admit(uint64_t n_prompt, uint64_t cached);
 void serve_metrics_on_kv(uint64_t blocks);
 /** The scheduler's snapshot of the KV pool (pooled models). */
 void serve_metrics_on_pool(const kipp_pool_stats *st);
-/** One scheduler step (one kipp_eval_batch). */
-void serve_metrics_on_step(void);
+/**
+ * One scheduler step (one kipp_eval_batch): seconds per phase (SERVE_PH_*),
+ * tokens evaluated, its time target (0 = none), capped 1 when that target cut
+ * its prefill share, and the cost fit after it (4 coefficients, step_cost.h).
+ */
+void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], double tokens, double target_s, int capped,
+                           const double cost[4]);
 /** A choice's session was preempted to free KV blocks. */
 void serve_metrics_on_preempt(void);
 /** A client went away before its request finished. */

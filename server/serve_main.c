@@ -34,6 +34,7 @@ typedef struct {
     long long shutdown_timeout; /* seconds running requests may take to finish after SIGTERM */
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
+    double step_ms;           /* --step-ms: ms, 0 = off, < 0 = auto */
     int no_spec;              /* --no-spec */
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
     kipp_lora_spec lora[SERVE_MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
@@ -69,6 +70,11 @@ static void usage(FILE *f)
             "  --step-tokens N    tokens one engine step evaluates, 16..8192, default 512: every decoding\n"
             "                     choice's tokens first, then prompt chunks oldest first (each prefilling\n"
             "                     choice gets up to 32 while the budget lasts, the rest lengthens them)\n"
+            "  --step-ms 0|auto|MS  time target of a step that prefills while other choices decode (stall-\n"
+            "                     free batching): prompt chunks get only the tokens the measured step cost says\n"
+            "                     fit beside the decodes (the oldest prompt still gets 16 a step); auto = twice\n"
+            "                     the cost of a step where every active choice decodes, MS in 1..60000 fixes\n"
+            "                     it; default 0 = off (the token budget alone). Lower ITL p99 for higher TTFT\n"
             "  --max-body N       request body bytes, default 1048576 (larger: 413)\n"
             "  --max-header N     per-connection header memory in bytes, default 32768 (larger: 431)\n"
             "  --idle-timeout S   close idle connections after S seconds, default 60\n"
@@ -111,7 +117,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
 {
     *o = (serve_opts){.backend = "cpu", .host = "127.0.0.1", .port = 8080, .max_batch = 16, .max_queue = 64,
                       .max_body = 1 << 20, .max_header = 32768, .idle = 60, .max_conn = 128, .kv_mib = -1,
-                      .step_tokens = SERVE_STEP_TOKENS, .kv_pool_mib = -1, .shutdown_timeout = 30, .ctx = -1,
+                      .step_tokens = SERVE_STEP_TOKENS, .step_ms = SERVE_STEP_MS_DEFAULT, .kv_pool_mib = -1, .shutdown_timeout = 30, .ctx = -1,
                       .api_key = getenv("KIPP_API_KEY")};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
@@ -149,6 +155,17 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!strcmp(a, "--stream")) {
             o->stream = !strcmp(v, "auto") ? KIPP_STREAM_AUTO : !strcmp(v, "on") ? KIPP_STREAM_ON : !strcmp(v, "off") ? KIPP_STREAM_OFF : -1;
             if (o->stream < 0) return fprintf(stderr, "kipp-serve: --stream '%s' is invalid, expected auto, on or off\n", v), 2;
+            continue;
+        }
+        if (!strcmp(a, "--step-ms")) {
+            char *end;
+            errno = 0;
+            int is_auto = !strcmp(v, "auto");
+            long long x = is_auto ? -1 : strtoll(v, &end, 10);
+            if (!is_auto && (errno || !*v || *end || x < 0 || x > SERVE_STEP_MS_MAX))
+                return fprintf(stderr, "kipp-serve: --step-ms '%s' is invalid, expected auto, 0 (off: the token budget "
+                                       "alone) or a target in 1..%d ms\n", v, SERVE_STEP_MS_MAX), 2;
+            o->step_ms = (double)x;
             continue;
         }
         if (!strcmp(a, "--kv-events")) { o->kv_events = v; continue; }
@@ -324,7 +341,7 @@ static int run(const serve_opts *o, kipp_model *m)
     serve_sched_opts so = {.max_choices = (int)o->max_batch, .max_queue = (int)o->max_queue, .n_ctx = n_ctx,
                            .kv_budget_blocks = ((uint64_t)o->kv_mib << 20) / block_bytes,
                            .pool_blocks = info.kv_pool_blocks, .no_spec = o->no_spec,
-                           .step_tokens = (uint32_t)o->step_tokens};
+                           .step_tokens = (uint32_t)o->step_tokens, .step_ms = o->step_ms};
     serve_http h = {.max_body = (size_t)o->max_body, .max_header = (size_t)o->max_header, .started = time(NULL),
                     .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
                     .access_log = o->access_log, .canonical = info.checkpoint_id};

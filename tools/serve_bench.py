@@ -563,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                     help="run llama-server in the same run (default: when build/peers holds it)")
     ap.add_argument("--llama-server", type=Path, help="llama-server binary (default: build/peers/*/bin/llama-server)")
+    ap.add_argument("--kipp-arg", action="append", default=[], metavar="ARG",
+                    help="one more kipp-serve argument (repeatable), e.g. --kipp-arg=--step-ms --kipp-arg=0")
     ap.add_argument("--llama-model", type=Path, help="the model in llama.cpp's layout (default: build/peers/models/<id>.gguf)")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x]
@@ -586,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serve_bench.py: peer: {peers}", flush=True)
     cpu = machine.cpu_facts()
     load_start = os.getloadavg()[0]
-    kipp_args = ("--ctx", str(args.ctx), "--max-batch", str(max(16, max(levels))), "--threads", str(threads), "--no-spec")
+    kipp_args = ("--ctx", str(args.ctx), "--max-batch", str(max(16, max(levels))), "--threads", str(threads), "--no-spec",
+                 *args.kipp_arg)
     starts = {KIPP: lambda: Server(gguf, *kipp_args)}
     if peer:
         starts[LLAMA] = lambda: LlamaServer(peer["bin"], peer["model"], threads, args.ctx)
