@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     with Server(gguf, *serve_args) as srv:
         served = json.loads(srv.request("GET", "/v1/models")[1])["data"][0]["id"]  # what requests must name
         for mt in maxes:
-            got = run_check(srv.post, served, args.requests, mt, args.workers)
+            post = lambda path, b: srv.post(path, b, timeout=3600)  # noqa: E731  (a loaded CPU queues requests long)
+            got = run_check(post, served, args.requests, mt, args.workers)
             for r in got:
                 print(f"tool_call_check.py: {mid} {r['choice']} t={r['temperature']:g} max_tokens={mt}: "
                       f"{r['valid']}/{r['requests']} valid, finish {r['finish_reasons']}", flush=True)
