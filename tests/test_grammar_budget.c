@@ -239,6 +239,9 @@ static void test_tight_budget_walks(void)
          "\"arguments\"],\"additionalProperties\":false}]}", 1},
         {"{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\"},\"tags\":{\"type\":\"array\",\"items\":"
          "{\"type\":\"string\",\"minLength\":2},\"minItems\":2}},\"required\":[\"q\",\"tags\"]}", 0},
+        {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},"
+         "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},\"maxItems\":3}},\"required\":[\"name\","
+         "\"kids\"]}},\"$ref\":\"#/$defs/node\"}", 0}, /* the README's recursive schema */
         {NULL, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
