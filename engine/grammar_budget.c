@@ -23,6 +23,10 @@
  * completion in bytes + 2; a byte-level vocabulary spells n bytes in at most
  * n tokens) the mask is the plain one, bit for bit; when the need is already
  * past the budget nothing can help and the mask is the plain one too.
+ * The automaton's own bounds can break the argument (alternatives past
+ * KG_MAX_STACKS are dropped; a value whose shortest completion would pass
+ * the depth bound does not start): a canonical text it refuses counts as no
+ * known completion, and where no token fits, those of least need are kept.
  */
 #include <stdlib.h>
 #include <string.h>
