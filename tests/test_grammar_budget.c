@@ -8,11 +8,14 @@
  * synthetic-tiny, random walks under the tightest budget (the start's need)
  * always end, with the end of turn, within it, and no state's shortest
  * completion passes the grammar's worst; far from the budget the mask is the
- * plain one, bit for bit.
+ * plain one, bit for bit; through kipp_gen, a free string still closes in a
+ * valid document within max_tokens or the session's room.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "engine/grammar_impl.h"
 #include "tests/test_harness.h"
@@ -262,6 +265,69 @@ static void test_tight_budget_walks(void)
     }
 }
 
+/* One generation over g at temperature 1 (seed): its finish, token count and text; max_tokens 0 = until the
+ * session of capacity cap is full; prompt: n_prompt copies of one token. */
+static int gen_run(kipp_grammar *g, uint32_t max_tokens, uint32_t cap, uint32_t n_prompt, uint64_t seed,
+                   uint32_t *n_gen, char *text, size_t text_cap)
+{
+    char err[512] = "";
+    uint32_t prompt[64];
+    for (uint32_t i = 0; i < n_prompt && i < 64; i++) prompt[i] = 1;
+    kipp_gen_options o = {.sp = kipp_sample_params_default(), .max_tokens = max_tokens, .grammar = g, .seed = seed};
+    o.sp.temperature = 1.0f;
+    kipp_session *s = NULL;
+    kipp_gen *gen = NULL;
+    int rc = kipp_session_create(model, cap, &s, err, sizeof err);
+    if (!rc) rc = kipp_gen_create(model, s, prompt, n_prompt, &o, &gen, err, sizeof err);
+    while (!rc && !kipp_gen_finished(gen)) {
+        kipp_batch_item it;
+        kipp_gen_event ev;
+        rc = kipp_gen_next(gen, 64, &it, err, sizeof err);
+        if (!rc) rc = kipp_eval_batch(model, &it, 1, err, sizeof err);
+        if (!rc) rc = kipp_gen_advance(gen, 0.001, &ev, err, sizeof err);
+    }
+    CHECK(rc == 0, "%s", err);
+    const char *t = "";
+    size_t tl = 0;
+    kipp_gen_text(gen, &t, &tl, NULL);
+    snprintf(text, text_cap, "%.*s", (int)tl, t);
+    *n_gen = kipp_gen_generated(gen);
+    int fin = rc ? -1 : kipp_gen_finished(gen);
+    kipp_gen_destroy(gen);
+    kipp_session_destroy(s);
+    return fin;
+}
+
+/* Through kipp_gen: a free string (random weights rarely close one) still ends in a valid document within
+ * max_tokens = the start's need, and within a session whose room is just the need (max_tokens 0); one
+ * token less cannot hold it: "length" (or "full"), as without the rule. */
+static void test_gen_within_budget(void)
+{
+    kipp_grammar *g = real_grammar("{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\"}},"
+                                   "\"required\":[\"q\"]}", 0);
+    if (!g) return;
+    kipp_grammar_matcher *m = kipp_grammar_matcher_create(g);
+    uint32_t need = kipp_grammar_matcher_need(m) + 6, n = 0; /* room for 6 tokens of the string */
+    kipp_grammar_matcher_destroy(m);
+    char text[4096];
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        int fin = gen_run(g, need, 256, 4, seed, &n, text, sizeof text);
+        json_t *j = json_loads(text, 0, NULL);
+        CHECK(fin == KIPP_FIN_STOP && n < need && json_is_string(json_object_get(j, "q")),
+              "max_tokens %u, seed %llu: finish %d after %u tokens: %s", need, (unsigned long long)seed, fin, n, text);
+        json_decref(j);
+        /* the session's room: capacity 40 with a 40 - need + 1 token prompt leaves need tokens to sample */
+        fin = gen_run(g, 0, 40, 40 - need + 1, seed, &n, text, sizeof text);
+        j = json_loads(text, 0, NULL);
+        CHECK(fin == KIPP_FIN_STOP && n < need && json_is_string(json_object_get(j, "q")),
+              "room %u, seed %llu: finish %d after %u tokens: %s", need, (unsigned long long)seed, fin, n, text);
+        json_decref(j);
+    }
+    int fin = gen_run(g, 2, 256, 4, 1, &n, text, sizeof text);
+    CHECK(fin == KIPP_FIN_LENGTH && n == 2, "max_tokens 2 (below the need): finish %d after %u tokens", fin, n);
+    kipp_grammar_destroy(g);
+}
+
 int main(void)
 {
     RUN(test_tool_call_needs);
@@ -275,6 +341,7 @@ int main(void)
         return th_finish();
     }
     RUN(test_tight_budget_walks);
+    RUN(test_gen_within_budget);
     kipp_model_close(model);
     return th_finish();
 }
