@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
     sha = git_sha()
     cpu = machine.cpu_facts()
-    config = {"model": str(gguf), "model_id": mid, "served_id": served, "quant": "from --model" if args.model else args.quant,
+    config = {"model": str(gguf), "model_id": mid, "served_id": served, "quant": args.quant if not args.model else
+              next((q for q in ("q8_0", "affine4_gs32") if f"-{q}" in gguf.name), "bf16") + " (by the file name)",
               "requests_per_max_tokens": args.requests, "max_tokens": maxes, "workers": args.workers,
               "kipp_serve_args": serve_args, "tools": TOOLS, "choices": CHOICES, "temperatures": TEMPERATURES,
               "oracle": "python jsonschema " + importlib.metadata.version("jsonschema"),
