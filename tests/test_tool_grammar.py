@@ -10,8 +10,8 @@ enums and nested objects. 64 tokens hold a call of "book" only because the
 grammar knows the budget (engine/grammar_budget.c): on random weights its
 integers may take 15 one-digit tokens each and its 12-code-point string 24+
 byte tokens: without the budget rule (main at 3cb6098), 45 of the 200 ended
-at "length" with no call. A run at max_tokens 160 (past the rule's reach for
-these tools: the mask is the plain one) checks the same. synthetic-tiny only:
+at "length" with no call. A run at max_tokens 160 (where the rule is computed only
+once fewer than 108 tokens are left) checks the same. synthetic-tiny only:
 the 0.6B synthetic is too slow for the suite (tools/tool_call_check.py runs it; results/*-toolcalls-*).
 KIPP_TOOL_GRAMMAR_REQUESTS sets the requests at max_tokens 64.
 
