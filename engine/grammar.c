@@ -405,7 +405,7 @@ static void walk(const kipp_grammar *g, const kg_trie *t, const uint8_t *st, uin
     for (uint32_t i = 0; i < t->n_nodes;) {
         const kg_trie_node *nd = &t->nodes[i];
         if (!kg_step(g, scratch + (size_t)(nd->depth - 1) * KG_STATE_MAX, nd->byte,
-                  scratch + (size_t)nd->depth * KG_STATE_MAX)) {
+                     scratch + (size_t)nd->depth * KG_STATE_MAX)) {
             i = nd->end;
             continue;
         }
