@@ -17,7 +17,10 @@
  * after a 16-token prompt) stands in, and the config says so. Also: compiling
  * the tool-call grammar of 64 tools as kipp-serve does for tool_choice
  * "required" (server/api_tools.c: an anyOf of one call schema per tool, in
- * Qwen3's <tool_call> framing), and its first mask, in ms.
+ * Qwen3's <tool_call> framing), and its first mask, in ms. The *_tight_budget
+ * row walks under a max_tokens just past the start's need, where every step
+ * takes the budgeted mask (engine/grammar_budget.c: the need of each token's
+ * next state), the cost a reply pays near its max_tokens.
  * Writes results/<YYYYMMDD>-<host>-<cpu id>-grammar-<sha>.json (kipp.bench.v1,
  * kind "grammar").
  */
@@ -31,20 +34,26 @@
 #include "bench/bench_harness.h"
 #include "engine/grammar_impl.h"
 
+#define TOOL_ARGS "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":24}," \
+    "\"unit\":{\"anyOf\":[{\"$ref\":\"#/$defs/Unit\"},{\"type\":\"null\"}]},\"days\":{\"type\":\"array\"," \
+    "\"items\":{\"type\":\"integer\"},\"maxItems\":4},\"detail\":{\"type\":\"boolean\"},\"note\":" \
+    "{\"type\":\"string\"}},\"required\":[\"city\",\"unit\",\"days\",\"detail\",\"note\"]," \
+    "\"additionalProperties\":false,\"$defs\":{\"Unit\":{\"enum\":[\"celsius\",\"fahrenheit\"]}}}"
+
+/* tight: the walk runs under a token budget of the start's need + tight (engine/grammar_budget.c), so every
+ * step takes the budgeted mask; 0: the plain mask, no budget. */
 static const struct {
     const char *name, *schema;
+    int tight;
 } SCHEMAS[] = {
-    {"tool_args", "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":24},"
-                  "\"unit\":{\"anyOf\":[{\"$ref\":\"#/$defs/Unit\"},{\"type\":\"null\"}]},\"days\":{\"type\":\"array\","
-                  "\"items\":{\"type\":\"integer\"},\"maxItems\":4},\"detail\":{\"type\":\"boolean\"},\"note\":"
-                  "{\"type\":\"string\"}},\"required\":[\"city\",\"unit\",\"days\",\"detail\",\"note\"],"
-                  "\"additionalProperties\":false,\"$defs\":{\"Unit\":{\"enum\":[\"celsius\",\"fahrenheit\"]}}}"},
+    {"tool_args", TOOL_ARGS, 0},
     {"record", "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":40},\"age\":"
                "{\"type\":\"integer\"},\"score\":{\"type\":\"number\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
                "\"string\",\"maxLength\":12},\"maxItems\":5},\"address\":{\"type\":\"object\",\"properties\":{\"street\":"
                "{\"type\":\"string\"},\"zip\":{\"type\":[\"string\",\"null\"]}},\"required\":[\"street\",\"zip\"]}},"
-               "\"required\":[\"name\",\"age\",\"score\",\"tags\",\"address\"]}"},
-    {"json_object", NULL},
+               "\"required\":[\"name\",\"age\",\"score\",\"tags\",\"address\"]}", 0},
+    {"json_object", NULL, 0},
+    {"tool_args_tight_budget", TOOL_ARGS, 8},
 };
 
 static uint64_t rng_next(uint64_t *s)
@@ -158,7 +167,7 @@ typedef struct {
 } tally;
 
 /* One document over a fresh grammar; per-token overheads appended to t. */
-static int one_doc(kipp_model *m, const char *schema, uint64_t seed, const float *logits, tally *t)
+static int one_doc(kipp_model *m, const char *schema, int tight, uint64_t seed, const float *logits, tally *t)
 {
     char err[512];
     kipp_grammar_spec spec = {.schema = schema};
@@ -175,10 +184,12 @@ static int one_doc(kipp_model *m, const char *schema, uint64_t seed, const float
     kipp_rng rng;
     kipp_rng_seed(&rng, seed);
     int done = 0;
+    uint32_t budget = tight && mt ? kipp_grammar_matcher_need(mt) + (uint32_t)tight : 0;
     for (int step = 0; step < 2000 && !done && mt && allowed; step++) {
         uint32_t n = 0, k = 0, tok;
         double t0 = kipp_timer_now();
-        const uint64_t *b = kipp_grammar_matcher_mask(mt, &n);
+        const uint64_t *b = budget ? kipp_grammar_matcher_mask_budget(mt, budget - (uint32_t)step, &n)
+                                   : kipp_grammar_matcher_mask(mt, &n);
         double t1 = kipp_timer_now();
         sp.allowed = b;
         kipp_sample_ex(logits, vi->vocab, &sp, &rng, &tok, NULL, 0);
@@ -261,7 +272,7 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < sizeof SCHEMAS / sizeof SCHEMAS[0]; k++) {
         tally t = {0};
         for (int d = 0; d < docs; d++)
-            if (one_doc(m, SCHEMAS[k].schema, 1000 + (uint64_t)d, logits, &t)) return 1;
+            if (one_doc(m, SCHEMAS[k].schema, SCHEMAS[k].tight, 1000 + (uint64_t)d, logits, &t)) return 1;
         double sum = 0;
         for (size_t i = 0; i < t.n; i++) sum += t.us[i];
         qsort(t.us, t.n, sizeof *t.us, kipp_cmp_double);

@@ -410,12 +410,23 @@ static int grammar_step(kipp_gen *g, uint32_t tok, size_t from, char *err, size_
     return 0;
 }
 
-/* The grammar's mask of allowed tokens now, into p->allowed; 1 when it allows none (a grammar that
+/* Tokens the reply may still take, this one and the end of turn included: what max_tokens leaves, and the
+ * session's room (the token sampled when it is full is the last, emit's KIPP_FIN_FULL). */
+static uint32_t budget_left(const kipp_gen *g)
+{
+    uint32_t left = g->max_tokens ? g->max_tokens - g->n_gen : UINT32_MAX;
+    uint32_t len = kipp_session_length(g->s), cap = kipp_session_capacity(g->s);
+    uint32_t room = cap > len ? cap - len + 1 : 1;
+    return left < room ? left : room;
+}
+
+/* The grammar's mask of allowed tokens now, into p->allowed, within the budget left (grammar_budget.c: near
+ * it, only tokens after which the shortest completion still fits); 1 when it allows none (a grammar that
  * cannot be completed: kipp_grammar_create refuses those, so this is a safety net, never an error). */
 static int grammar_mask(kipp_gen *g, kipp_sample_params *p, char *err, size_t errlen)
 {
     uint32_t n_allowed = 0;
-    p->allowed = kipp_grammar_matcher_mask(g->gm, &n_allowed);
+    p->allowed = kipp_grammar_matcher_mask_budget(g->gm, budget_left(g), &n_allowed);
     if (!p->allowed) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a token mask");
     if (!n_allowed) return 1;
     if (g->open_pending) {

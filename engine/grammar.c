@@ -20,7 +20,6 @@
 
 #include "engine/grammar_impl.h"
 
-#define KG_STATE_MAX (1 + KG_MAX_STACKS * (1 + KG_MAX_DEPTH * sizeof(kg_frame)))
 #define KG_BUCKETS 1024u
 #define KG_CACHE_MAX 1024u /* masks per grammar (each vocab/8 bytes); past this they are computed per step */
 #define KG_HOPS 64         /* alternatives followed at most when starting one value (a $ref cycle ends here) */
@@ -334,8 +333,7 @@ static void feed(const kipp_grammar *g, kg_stack *s, uint8_t c, kg_emit *e)
     }
 }
 
-/* One byte over a serialized state; the new state's size, 0 when no stack survives. */
-static size_t step(const kipp_grammar *g, const uint8_t *in, uint8_t c, uint8_t *out)
+size_t kg_step(const kipp_grammar *g, const uint8_t *in, uint8_t c, uint8_t *out)
 {
     kg_emit e = {.out = out, .len = 1};
     const uint8_t *p = in + 1;
@@ -350,15 +348,15 @@ static size_t step(const kipp_grammar *g, const uint8_t *in, uint8_t c, uint8_t 
     return e.n ? e.len : 0;
 }
 
-static size_t state_len(const uint8_t *st)
+size_t kg_state_len(const uint8_t *st)
 {
     const uint8_t *p = st + 1;
     for (uint8_t i = 0; i < st[0]; i++) p += 1 + p[0] * sizeof(kg_frame);
     return (size_t)(p - st);
 }
 
-/* 1 when some stack can end here: only lazily ending values (numbers, prefix literals) above a finished root. */
-static int state_complete(const kipp_grammar *g, const uint8_t *st)
+/* Some stack can end here: only lazily ending values (numbers, prefix literals) above a finished root. */
+int kg_state_complete(const kipp_grammar *g, const uint8_t *st)
 {
     const uint8_t *p = st + 1;
     for (uint8_t i = 0; i < st[0]; i++) {
@@ -378,8 +376,8 @@ static int state_complete(const kipp_grammar *g, const uint8_t *st)
     return 0;
 }
 
-/* 1 when every stack is outside the documents: at the root or in framing text. */
-static int state_framing(const kipp_grammar *g, const uint8_t *st)
+/* Every stack is outside the documents: at the root or in framing text. */
+int kg_state_framing(const kipp_grammar *g, const uint8_t *st)
 {
     const uint8_t *p = st + 1;
     for (uint8_t i = 0; i < st[0]; i++) {
@@ -396,35 +394,49 @@ static int state_framing(const kipp_grammar *g, const uint8_t *st)
 
 /* ---- masks ---- */
 
-struct kipp_grammar_matcher {
-    const kipp_grammar *g;
-    uint8_t *cur, *tmp;   /* [KG_STATE_MAX] the state, and a step's output */
-    uint8_t *scratch;     /* [(max trie depth + 1) * KG_STATE_MAX] one state per walk depth */
-    uint64_t *own;        /* a mask not kept by the cache */
-    int ended;            /* an end-of-turn id was accepted */
-};
-
 static size_t mask_words(const kipp_grammar *g) { return (g->vi->vocab + 63) / 64; }
 static void bit_set(uint64_t *b, uint32_t id) { b[id >> 6] |= 1ull << (id & 63); }
 
-/* Allow every token of trie t whose bytes st can take. */
-static void walk(const kipp_grammar *g, const kg_trie *t, const uint8_t *st, uint8_t *scratch, uint64_t *bits)
+/* Allow every token of trie t whose bytes st can take (and, with fit, whose state after them fits). */
+static void walk(const kipp_grammar *g, const kg_trie *t, const uint8_t *st, uint8_t *scratch, uint64_t *bits,
+                 kg_fit_fn fit, void *ctx)
 {
-    memcpy(scratch, st, state_len(st));
+    memcpy(scratch, st, kg_state_len(st));
     for (uint32_t i = 0; i < t->n_nodes;) {
         const kg_trie_node *nd = &t->nodes[i];
-        if (!step(g, scratch + (size_t)(nd->depth - 1) * KG_STATE_MAX, nd->byte,
-                  scratch + (size_t)nd->depth * KG_STATE_MAX)) {
+        if (!kg_step(g, scratch + (size_t)(nd->depth - 1) * KG_STATE_MAX, nd->byte,
+                     scratch + (size_t)nd->depth * KG_STATE_MAX)) {
             i = nd->end;
             continue;
         }
-        for (uint32_t k = 0; k < nd->ntok; k++) bit_set(bits, t->ids[nd->tok + k]);
+        if (nd->ntok && (!fit || fit(ctx, scratch + (size_t)nd->depth * KG_STATE_MAX)))
+            for (uint32_t k = 0; k < nd->ntok; k++) bit_set(bits, t->ids[nd->tok + k]);
         i++;
     }
 }
 
+/* With fit: whether the state after a plain token of cp code points fits (the top frame gains them, up to its
+ * cap), remembered per cp in seen[257] (0 unknown, 1 no, 2 yes). */
+static int plain_fits(const kipp_grammar *g, const uint8_t *st, uint32_t cp, uint8_t *buf, int8_t *seen,
+                      kg_fit_fn fit, void *ctx)
+{
+    if (cp <= 256 && seen[cp]) return seen[cp] == 2;
+    size_t len = kg_state_len(st), at = 2 + (st[1] - 1) * sizeof(kg_frame);
+    kg_frame f;
+    memcpy(buf, st, len);
+    memcpy(&f, buf + at, sizeof f);
+    const kg_node *nd = &g->nodes[f.node];
+    uint32_t cap = nd->max != KG_UNBOUNDED ? nd->max : nd->min;
+    if (nd->min > 0 || nd->max != KG_UNBOUNDED) f.n = f.n + cp < cap ? f.n + cp : cap; /* as feed_str counts */
+    memcpy(buf + at, &f, sizeof f);
+    int ok = fit(ctx, buf);
+    if (cp <= 256) seen[cp] = (int8_t)(ok ? 2 : 1);
+    return ok;
+}
+
 /* Inside a string with one stack: plain tokens keep the state (or add code points), so only the others walk. */
-static int plain_fast(const kipp_grammar *g, const uint8_t *st, uint64_t *bits)
+static int plain_fast(const kipp_grammar *g, const uint8_t *st, uint64_t *bits, uint8_t *buf, kg_fit_fn fit,
+                      void *ctx)
 {
     if (st[0] != 1) return 0;
     kg_frame f;
@@ -433,31 +445,34 @@ static int plain_fast(const kipp_grammar *g, const uint8_t *st, uint64_t *bits)
     if (nd->kind != KN_STR || f.st != 1) return 0;
     const kipp_vocab_index *vi = g->vi;
     uint32_t room = nd->max == KG_UNBOUNDED ? UINT32_MAX : nd->max - f.n;
+    int8_t seen[257] = {0};
     for (uint32_t i = 0; i < vi->n_plain; i++)
-        if (vi->plain_cp[i] <= room) bit_set(bits, vi->plain[i]);
+        if (vi->plain_cp[i] <= room && (!fit || plain_fits(g, st, vi->plain_cp[i], buf, seen, fit, ctx)))
+            bit_set(bits, vi->plain[i]);
     return 1;
 }
 
-static void compute_mask(kipp_grammar_matcher *m, uint64_t *bits)
+void kg_compute_mask(kipp_grammar_matcher *m, uint64_t *bits, kg_fit_fn fit, void *ctx)
 {
     const kipp_grammar *g = m->g;
     const kipp_vocab_index *vi = g->vi;
     memset(bits, 0, mask_words(g) * sizeof *bits);
     if (m->ended) return;
-    if (state_complete(g, m->cur))
+    if (kg_state_complete(g, m->cur))
         for (uint32_t i = 0; i < vi->n_stop; i++) bit_set(bits, vi->stop_ids[i]);
-    walk(g, plain_fast(g, m->cur, bits) ? &vi->odd : &vi->all, m->cur, m->scratch, bits);
+    int plain = plain_fast(g, m->cur, bits, m->scratch, fit, ctx);
+    walk(g, plain ? &vi->odd : &vi->all, m->cur, m->scratch, bits, fit, ctx);
     for (uint32_t i = 0; i < vi->n_framing; i++) { /* added tokens spell framing text only */
         uint32_t id = vi->framing[i];
         uint8_t *a = m->scratch, *b = m->scratch + KG_STATE_MAX;
-        memcpy(a, m->cur, state_len(m->cur));
+        memcpy(a, m->cur, kg_state_len(m->cur));
         uint32_t k = vi->off[id];
-        for (; k < vi->off[id + 1] && state_framing(g, a); k++) {
-            if (!step(g, a, (uint8_t)vi->blob[k], b)) break;
+        for (; k < vi->off[id + 1] && kg_state_framing(g, a); k++) {
+            if (!kg_step(g, a, (uint8_t)vi->blob[k], b)) break;
             uint8_t *t = a;
             a = b, b = t;
         }
-        if (k == vi->off[id + 1]) bit_set(bits, id);
+        if (k == vi->off[id + 1] && (!fit || fit(ctx, a))) bit_set(bits, id);
     }
 }
 
@@ -471,7 +486,7 @@ static uint64_t popcount_bits(const uint64_t *b, size_t n)
 const uint64_t *kipp_grammar_matcher_mask(kipp_grammar_matcher *m, uint32_t *n_allowed)
 {
     kipp_grammar *g = (kipp_grammar *)m->g; /* the cache is the only mutable part, under g->mu */
-    size_t klen = state_len(m->cur), words = mask_words(g);
+    size_t klen = kg_state_len(m->cur), words = mask_words(g);
     uint64_t h = XXH3_64bits(m->cur, klen) ^ (uint64_t)m->ended;
     kg_cache_entry *hit = NULL;
     pthread_mutex_lock(&g->mu);
@@ -483,7 +498,7 @@ const uint64_t *kipp_grammar_matcher_mask(kipp_grammar_matcher *m, uint32_t *n_a
         kg_cache_entry *c = g->n_cached < KG_CACHE_MAX ? calloc(1, sizeof *c) : NULL;
         if (c) c->key = malloc(klen), c->bits = malloc(words * sizeof *c->bits);
         bits = c && c->key && c->bits ? c->bits : m->own;
-        compute_mask(m, bits);
+        kg_compute_mask(m, bits, NULL, NULL);
         if (c && bits == c->bits) {
             memcpy(c->key, m->cur, klen);
             c->hash = h, c->klen = (uint32_t)klen;
@@ -522,6 +537,8 @@ void kipp_grammar_matcher_destroy(kipp_grammar_matcher *m)
 {
     if (!m) return;
     free(m->cur), free(m->tmp), free(m->scratch), free(m->own);
+    free(m->bud);
+    kg_need_memo_free(m->memo);
     free(m);
 }
 
@@ -530,13 +547,13 @@ static int run_bytes(kipp_grammar_matcher *m, const char *bytes, size_t n, int c
 {
     if (m->ended && n) return KIPP_EINVAL;
     uint8_t *a = m->tmp, *b = m->scratch;
-    memcpy(a, m->cur, state_len(m->cur));
+    memcpy(a, m->cur, kg_state_len(m->cur));
     for (size_t i = 0; i < n; i++) {
-        if (!step(m->g, a, (uint8_t)bytes[i], b)) return KIPP_EINVAL;
+        if (!kg_step(m->g, a, (uint8_t)bytes[i], b)) return KIPP_EINVAL;
         uint8_t *t = a;
         a = b, b = t;
     }
-    if (commit) memcpy(m->cur, a, state_len(a));
+    if (commit) memcpy(m->cur, a, kg_state_len(a));
     return 0;
 }
 
@@ -555,7 +572,7 @@ int kipp_grammar_matcher_accept(kipp_grammar_matcher *m, uint32_t id)
     const kipp_vocab_index *vi = m->g->vi;
     for (uint32_t i = 0; i < vi->n_stop; i++)
         if (vi->stop_ids[i] == id) {
-            if (m->ended || !state_complete(m->g, m->cur)) return KIPP_EINVAL;
+            if (m->ended || !kg_state_complete(m->g, m->cur)) return KIPP_EINVAL;
             m->ended = 1;
             return 0;
         }
@@ -563,7 +580,7 @@ int kipp_grammar_matcher_accept(kipp_grammar_matcher *m, uint32_t id)
     return kipp_grammar_matcher_feed(m, vi->blob + vi->off[id], vi->off[id + 1] - vi->off[id]);
 }
 
-int kipp_grammar_matcher_complete(const kipp_grammar_matcher *m) { return m->ended || state_complete(m->g, m->cur); }
+int kipp_grammar_matcher_complete(const kipp_grammar_matcher *m) { return m->ended || kg_state_complete(m->g, m->cur); }
 
 /* ---- create / destroy ---- */
 
@@ -613,6 +630,7 @@ int kipp_grammar_create_vi(kipp_vocab_index *vi, int own, const kipp_grammar_spe
     if (!rc && kg_add_node(g, (kg_node){.kind = KN_ROOT, .child = doc}, &g->root))
         rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a grammar");
     if (!rc) kg_set_needs(g);
+    if (!rc && kg_set_shortest(g)) rc = kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a grammar");
     if (rc) {
         kipp_grammar_destroy(g);
         return rc;

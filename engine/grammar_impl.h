@@ -29,6 +29,8 @@
 #define KG_FRAC_DIGITS 15   /* digits at most after a number's '.' */
 #define KG_EXP_DIGITS 3     /* digits at most in an exponent */
 #define KG_UNBOUNDED UINT32_MAX
+#define KG_FAR (1u << 24)   /* bytes or tokens past any budget: no finite completion, or one too long to keep */
+#define KG_CANON_MAX 8192u  /* bytes at most in a kept shortest completion (grammar_budget.c) */
 
 /** Schema node kinds. */
 enum {
@@ -50,6 +52,7 @@ typedef struct {
     uint8_t terminal; /* 1: a whole literal ends here */
     uint16_t n_kids;
     uint32_t first_kid; /* index into the literal trie array */
+    uint32_t dist;      /* bytes from here to the nearest terminal (grammar_budget.c) */
 } kg_lit_node;
 
 /** One compiled schema node. */
@@ -58,6 +61,9 @@ typedef struct {
     uint8_t framing;      /* KN_LIT: framing text (added tokens may spell it) */
     uint8_t need;         /* frames the shortest completion of a fresh value takes at its deepest (this node's
                            * own included; KG_NEED_INF: none is finite): a value starts only where they fit */
+    uint32_t minb;        /* bytes of the shortest fresh value (KG_FAR: none finite, or over KG_CANON_MAX) */
+    uint32_t pick;        /* ANYOF: the alternative whose shortest text is the least in byte order among the
+                           * shortest (grammar_budget.c: the canonical completion) */
     uint32_t min, max;    /* STR: code points; ARR: items; KG_UNBOUNDED = no max */
     uint32_t child;       /* ARR: items; ROOT: the document */
     uint32_t first, n;    /* OBJ: props[first..first+n); ANYOF: alts[first..first+n); LIT: lit trie root index */
@@ -109,6 +115,8 @@ typedef struct kipp_vocab_index {
     uint32_t *framing;       /* [n_framing] added non-special tokens */
     uint32_t n_framing;
     uint32_t stop_ids[2], n_stop;
+    uint32_t all_kid[256];   /* the all trie's first-level node of each byte, or UINT32_MAX */
+    int all_bytes;           /* 1: every byte value is an ordinary token (byte-level BPE): any text can be spelled */
 } kipp_vocab_index;
 
 /**
@@ -145,6 +153,7 @@ struct kipp_grammar {
     uint32_t root, prefix, suffix, separator; /* LIT nodes, or UINT32_MAX: none */
     uint32_t max_count;
     uint32_t n_any, n_str_any, n_num_any, n_tfn, n_obj_any, n_arr_any; /* the free-form nodes */
+    uint32_t worst;           /* bytes: no state's shortest completion is longer (KG_FAR: unbounded) */
     pthread_mutex_t mu;
     kg_cache_entry **buckets; /* [KG_BUCKETS] */
     uint32_t n_cached;
@@ -161,9 +170,61 @@ int kg_compile_schema(kipp_grammar *g, const char *schema, uint32_t *doc, char *
 /** Set every node's need (kg_node) by a fixpoint over the node graph (cycles through $ref included). */
 void kg_set_needs(kipp_grammar *g);
 
+/* ---- the automaton over serialized states (grammar.c) ---- */
+
+#define KG_STATE_MAX (1 + KG_MAX_STACKS * (1 + KG_MAX_DEPTH * sizeof(kg_frame)))
+
+/** One byte over serialized state in into out[KG_STATE_MAX]; the new state's size, 0 when no stack survives. */
+size_t kg_step(const kipp_grammar *g, const uint8_t *in, uint8_t c, uint8_t *out);
+/** Bytes of a serialized state. */
+size_t kg_state_len(const uint8_t *st);
+/** 1 when some stack of st is complete (an end-of-turn id may come). */
+int kg_state_complete(const kipp_grammar *g, const uint8_t *st);
+/** 1 when every stack of st is outside the documents (added tokens may spell framing text here). */
+int kg_state_framing(const kipp_grammar *g, const uint8_t *st);
+
 /* ---- the matcher: one generation's position in a grammar (grammar.c) ---- */
 
 typedef struct kipp_grammar_matcher kipp_grammar_matcher;
+typedef struct kg_need_memo kg_need_memo;
+
+struct kipp_grammar_matcher {
+    const kipp_grammar *g;
+    uint8_t *cur, *tmp;   /* [KG_STATE_MAX] the state, and a step's output */
+    uint8_t *scratch;     /* [(max trie depth + 2) * KG_STATE_MAX] one state per walk depth */
+    uint64_t *own;        /* a mask not kept by the cache */
+    int ended;            /* an end-of-turn id was accepted */
+    /* the token budget (grammar_budget.c), allocated on first use */
+    uint64_t *bud;        /* the budgeted mask */
+    kg_need_memo *memo;   /* tokens needed per state, and the work buffers of computing them */
+};
+
+/** Whether a token leads to a state that fits (a mask walk's filter); ctx is the filter's. */
+typedef int (*kg_fit_fn)(void *ctx, const uint8_t *state);
+/** The allowed tokens of the matcher's state into bits[vocab words]; with fit, only those whose state after
+ * the token fits (end-of-turn ids always do: nothing follows them). */
+void kg_compute_mask(kipp_grammar_matcher *m, uint64_t *bits, kg_fit_fn fit, void *ctx);
+
+/* ---- the token budget (grammar_budget.c) ---- */
+
+/** Free a matcher's memo of needs (NULL: nothing). */
+void kg_need_memo_free(kg_need_memo *memo);
+/** Set every node's minb and pick, each literal node's dist, and the grammar's worst. Errors: KIPP_ENOMEM. */
+int kg_set_shortest(kipp_grammar *g);
+/** The shortest completion of serialized state st, the least in byte order among those (the end of turn not
+ * included), into out[cap] (tmp[cap]: work; out and tmp NULL: only its length); its length, or KG_FAR when
+ * none is known or it passes cap. */
+size_t kg_shortest_text(const kipp_grammar *g, const uint8_t *st, char *out, char *tmp, size_t cap);
+/** The matcher's shortest completion (kg_shortest_text) into out[cap]; its length, or KG_FAR. */
+size_t kipp_grammar_matcher_shortest(kipp_grammar_matcher *m, char *out, size_t cap);
+/** Tokens the matcher needs at least to finish: its shortest completion, spelled in fewest tokens, plus the
+ * end of turn (an upper bound on the true least: a completion longer in bytes may take fewer tokens);
+ * 0 once ended, KG_FAR when unknown. */
+uint32_t kipp_grammar_matcher_need(kipp_grammar_matcher *m);
+/** The matcher's mask when budget tokens are left (this one and the end of turn included): where the need
+ * could pass the budget, only the tokens after which the need still fits in budget - 1; the plain mask
+ * where no token can pass it (budget >= worst + 2) or where the need already does. NULL on out of memory. */
+const uint64_t *kipp_grammar_matcher_mask_budget(kipp_grammar_matcher *m, uint32_t budget, uint32_t *n_allowed);
 
 /** Compile spec over an explicit vocabulary index (tests; vi is then owned by the grammar when own is 1). */
 int kipp_grammar_create_vi(kipp_vocab_index *vi, int own, const kipp_grammar_spec *spec, kipp_grammar **out,

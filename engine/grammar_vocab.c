@@ -119,6 +119,13 @@ static int build_tries(kipp_vocab_index *vi)
         free(odd);
         return rc;
     }
+    int bytes = 0;
+    for (uint32_t b = 0; b < 256; b++) vi->all_kid[b] = UINT32_MAX;
+    for (uint32_t i = 0; i < vi->all.n_nodes; i = vi->all.nodes[i].end) { /* the first level, in byte order */
+        vi->all_kid[vi->all.nodes[i].byte] = i;
+        bytes += vi->all.nodes[i].ntok > 0;
+    }
+    vi->all_bytes = bytes == 256;
     return trie_build(vi, odd, no, &vi->odd);
 }
 

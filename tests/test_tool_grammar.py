@@ -1,20 +1,25 @@
 """test_tool_grammar.py - issue 51's "tool calls that never break", through kipp-serve.
 
-The done-when check: with tool_choice "required" or a named function, at
-temperature 0 and 1, every request with max_tokens MAX_TOKENS (160) returns a
-parsed call whose arguments validate against the tool's schema with the
-`jsonschema` package (the oracle; not the server's parser). The tools: one
+The done-when check (tools/tool_call_check.py's run_check, shared with the
+script that runs it on other models): with tool_choice "required" or a named
+function, at temperature 0 and 1, each of 200 requests with max_tokens 64
+returns a parsed call whose arguments validate against the tool's schema with
+the `jsonschema` package (the oracle; not the server's parser). The tools: one
 without arguments, ones whose strings carry maxLength <= 16, ones with integers,
-enums and nested objects. 64 tokens do not always hold a call of "book" at
-temperature 1 on random weights: its integers may take 15 one-digit tokens each
-and its 12-code-point string 24+ byte tokens, bounds the schema sets, not the
-grammar. synthetic-tiny only: the 0.6B synthetic is too slow for the suite (run
-this file by hand with KIPP_TOOL_GRAMMAR_MODEL=synthetic-0.6b).
-KIPP_TOOL_GRAMMAR_N sets the requests per (choice, temperature) cell.
+enums and nested objects. 64 tokens hold a call of "book" only because the
+grammar knows the budget (engine/grammar_budget.c): on random weights its
+integers may take 15 one-digit tokens each and its 12-code-point string 24+
+byte tokens: without the budget rule (main at 3cb6098), 45 of the 200 ended
+at "length" with no call. A run at max_tokens 160 (where the rule is computed only
+once fewer than 108 tokens are left) checks the same. synthetic-tiny only:
+the 0.6B synthetic is too slow for the suite (tools/tool_call_check.py runs it; results/*-toolcalls-*).
+KIPP_TOOL_GRAMMAR_REQUESTS sets the requests at max_tokens 64.
 
 Also: the 400s for non-object parameters, schemas past the depth limit and
-unsatisfiable $ref cycles; a call cut by max_tokens says "length" and is no
-call; the README's recursive schema never fails at temperature 1.
+unsatisfiable $ref cycles; a call cut by a max_tokens below the shortest call
+says "length" and is no call; response_format json_schema ends in a valid
+document within a small max_tokens; the README's recursive schema never fails
+at temperature 1.
 """
 from __future__ import annotations
 
@@ -24,37 +29,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import tool_call_check as tcc
 from serve_harness import Server, parse_sse
 
 jsonschema = pytest.importorskip("jsonschema")
 
 CH = "/v1/chat/completions"
-N = int(os.environ.get("KIPP_TOOL_GRAMMAR_N", "6"))
-MAX_TOKENS = 160
+REQUESTS = int(os.environ.get("KIPP_TOOL_GRAMMAR_REQUESTS", "200"))
 MODEL_ID = os.environ.get("KIPP_TOOL_GRAMMAR_MODEL", "synthetic-tiny")
-NO_THINK = {"enable_thinking": False}
+NO_THINK = tcc.NO_THINK
 USER = [{"role": "user", "content": "Use a tool."}]
-
-
-def fn(name, parameters):
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": parameters}}
-
-
-TOOLS = [
-    fn("ping", {"type": "object", "properties": {}}),  # no arguments, as LangChain sends it
-    fn("lookup", {"type": "object", "properties": {"query": {"type": "string", "maxLength": 16},
-                                                  "lang": {"type": "string", "maxLength": 2}},
-                  "required": ["query"], "additionalProperties": False}),
-    fn("book", {"type": "object", "properties": {
-        "count": {"type": "integer"}, "unit": {"enum": ["c", "f", 3]},
-        "where": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                   "floor": {"type": "integer"},
-                                                   "open": {"type": ["boolean", "null"]}},
-                  "required": ["city", "open"]}},
-        "required": ["count", "unit", "where"]}),
-]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-CHOICES = ["required", "ping", "lookup", "book"]
+fn, TOOLS = tcc.fn, tcc.TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -63,37 +48,21 @@ def srv(synthetic_gguf):
         yield s
 
 
-def ask(srv, choice, temperature, seed, max_tokens=MAX_TOKENS, **extra):
+def ask(srv, choice, temperature, seed, max_tokens=160, **extra):
     tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
     body = dict(model=MODEL_ID, messages=USER, tools=TOOLS, tool_choice=tc, temperature=temperature, seed=seed,
                 max_tokens=max_tokens, chat_template_kwargs=NO_THINK, **extra)
     return srv.post(CH, body)
 
 
-def check_call(st, r, choice):
-    """One parsed call at least; every call of an allowed tool, its arguments valid (jsonschema)."""
-    assert st == 200, r
-    msg = r["choices"][0]["message"]
-    calls = msg.get("tool_calls") or []
-    assert calls, f"no call: finish {r['choices'][0]['finish_reason']}, content {msg.get('content')!r}"
-    for c in calls:
-        name, args = c["function"]["name"], json.loads(c["function"]["arguments"])
-        assert choice == "required" or name == choice, (choice, name)
-        jsonschema.validate(args, SCHEMAS[name])
-        if name == "ping":
-            assert args == {}, args  # empty properties in tool arguments: no arguments at all
-    return [c["function"]["name"] for c in calls]
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("choice", CHOICES)
-def test_every_forced_call_validates(srv, choice, temperature):
-    seeds = range(N)
-    with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(lambda s: ask(srv, choice, temperature, s, parallel_tool_calls=s % 4 == 3), seeds))
-    names = [check_call(st, r, choice) for st, r in replies]
-    if choice == "required" and temperature > 0 and N >= 6:
-        assert len({n[0] for n in names}) >= 2, names  # the choice among the tools is the model's
+@pytest.mark.parametrize("max_tokens,requests", [(64, REQUESTS), (160, 48)])
+def test_every_forced_call_validates(srv, max_tokens, requests):
+    rows = tcc.run_check(srv.post, MODEL_ID, requests, max_tokens, workers=4)
+    assert sum(r["requests"] for r in rows) == requests
+    bad = [(r["name"], r["requests"] - r["valid"], r["failures"]) for r in rows if r["valid"] != r["requests"]]
+    assert not bad, bad
+    req1 = next(r for r in rows if r["choice"] == "required" and r["temperature"] == 1)
+    assert len(req1["calls_by_tool"]) >= 2, req1  # the choice among the tools is the model's
 
 
 def test_cut_call_says_length_and_is_no_call(srv):
@@ -112,6 +81,30 @@ def test_cut_call_says_length_and_is_no_call(srv):
     deltas = [ch["delta"] for c in chunks for ch in c["choices"]]
     assert not any(d.get("tool_calls") for d in deltas), deltas
     assert [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]] == ["length"]
+
+
+FREE = {"type": "object", "properties": {"q": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"},
+                                                                        "minItems": 1}},
+        "required": ["q", "tags"]}
+
+
+def test_json_schema_ends_within_max_tokens(srv):
+    """Unbounded strings at temperature 1 on random weights rarely close: without the budget rule every reply
+    below ends at "length" mid-string. With it each ends, at max_tokens or before, in a document the schema
+    accepts; below the shortest document's tokens it says "length" (nothing could fit)."""
+    def one(seed, max_tokens=24):
+        return srv.post(CH, {"messages": USER, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
+                             "chat_template_kwargs": NO_THINK, "response_format": rf(FREE)})
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(one, range(12)))
+    for st, r in replies:
+        assert st == 200, r
+        c = r["choices"][0]
+        assert c["finish_reason"] == "stop", c
+        jsonschema.validate(json.loads(c["message"]["content"]), FREE)
+        assert r["usage"]["completion_tokens"] <= 24, r["usage"]
+    st, r = one(0, max_tokens=3)
+    assert st == 200 and r["choices"][0]["finish_reason"] == "length", r
 
 
 def nested(k, required=True):
