@@ -70,8 +70,9 @@ static void cost_of(const kipp_model_info *in, model_cost *c)
 
 /* Replace the BF16 estimates by the file's real tensor bytes, so quantized
  * files (q8_0, affine4_gs32) report effective bandwidth on the bytes a token
- * really reads: every blk.* tensor, and the head (output.weight, or the tied
- * token_embd). */
+ * really reads: every blk.* tensor, and the head: output.weight where the file
+ * has one (untied, or a tied checkpoint's --quant-head, which the engine reads
+ * in place of token_embd: engine/model.c), else the tied token_embd. */
 static void real_bytes(const kipp_model *m, const kipp_model_info *in, model_cost *c)
 {
     double layers = 0, head = 0, embd = 0;
@@ -83,7 +84,7 @@ static void real_bytes(const kipp_model *m, const kipp_model_info *in, model_cos
         else if (t.name_len == 17 && !strncmp(t.name, "token_embd.weight", 17)) embd = (double)t.nbytes;
     }
     c->layer_weight_bytes = layers;
-    c->head_bytes = in->tied_embeddings ? embd : head;
+    c->head_bytes = head > 0 ? head : embd;
 }
 
 /* Bytes one decode step reads at context ctx: all weights, one embedding row,

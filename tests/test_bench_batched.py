@@ -304,3 +304,10 @@ def test_kipp_bench_batched_step_keys(tmp_path: Path) -> None:
         assert pp["bound"] == "compute" and b2["bound"] == "memory" and pp["target_share"] == 0.80
         # the step reads every weight once: pp8x128's extra bytes are its 1,024 tokens' rows and KV only
         assert pp["weight_bytes_per_step"] == b2["weight_bytes_per_step"] < pp["bytes_per_step"]
+        # those weights are the file's blk.* tensors and the head it reads: its own output.weight when it has one
+        # (the q8_0 head of a tied checkpoint), not the BF16 token_embd beside it
+        import gguf
+        ts = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(models_dir() / name).tensors}
+        head = ts.get("output.weight", ts["token_embd.weight"])
+        assert b2["weight_bytes_per_step"] == pytest.approx(sum(v for k, v in ts.items() if k.startswith("blk.")) + head,
+                                                            rel=1e-5), (name, ts.keys())
