@@ -311,3 +311,18 @@ def test_kipp_bench_batched_step_keys(tmp_path: Path) -> None:
         head = ts.get("output.weight", ts["token_embd.weight"])
         assert b2["weight_bytes_per_step"] == pytest.approx(sum(v for k, v in ts.items() if k.startswith("blk.")) + head,
                                                             rel=1e-5), (name, ts.keys())
+
+
+def test_serve_pp512_reference_of_a_quantized_file(tmp_path: Path) -> None:
+    """A quantized serve row compares with kipp-bench's pp512 of the same file (its model id), whether the row
+    names the file's scheme (kipp-bench now) or says bf16 (rows before it did); another file's row is not taken."""
+    def doc(name: str, model: str, fmt: str, tps: float, date: str) -> None:
+        d = {"schema": "kipp.bench.v1", "kind": "model", "date": date, "cpu": {"cpu_id": "c1"},
+             "results": [{"name": "pp512", "model": model, "format": fmt, "median": tps}]}
+        (tmp_path / name).write_text(json.dumps(d))
+    doc("a.json", "synthetic-0.6b-q8_0-head_q8_0", "bf16", 400.0, "2026-12-01T00:00:00Z")
+    assert serve_bench.pp512_reference(tmp_path, "synthetic-0.6b-q8_0-head_q8_0", "c1", "q8_0") == (400.0, "a.json")
+    doc("b.json", "synthetic-0.6b-q8_0-head_q8_0", "q8_0", 450.0, "2026-12-02T00:00:00Z")
+    doc("c.json", "synthetic-0.6b-q8_0", "q8_0", 999.0, "2026-12-03T00:00:00Z")
+    assert serve_bench.pp512_reference(tmp_path, "synthetic-0.6b-q8_0-head_q8_0", "c1", "q8_0") == (450.0, "b.json")
+    assert serve_bench.pp512_reference(tmp_path, "synthetic-0.6b-q8_0-head_q8_0", "c1", "affine4_gs32") == (400.0, "a.json")

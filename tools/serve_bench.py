@@ -241,8 +241,9 @@ def prefill_once(port: int, prompt: str = PREFILL_PROMPT) -> dict:
     return out
 
 
-def pp512_reference(results: Path, mid: str, cpu_id: str | None) -> tuple[float, str] | None:
-    """The newest kipp-bench pp512 (tok/s, file name) of mid in bf16 on this CPU under results/."""
+def pp512_reference(results: Path, mid: str, cpu_id: str | None, fmt: str = "bf16") -> tuple[float, str] | None:
+    """The newest kipp-bench pp512 (tok/s, file name) of the file mid (its model id: the GGUF's stem) in format
+    fmt on this CPU under results/ (rows written before kipp-bench named the file's scheme say bf16 for every file)."""
     best = None
     for p in sorted(results.glob("*.json")) if results.is_dir() else []:
         try:
@@ -255,7 +256,7 @@ def pp512_reference(results: Path, mid: str, cpu_id: str | None) -> tuple[float,
             continue
         for r in d.get("results") or []:
             if (isinstance(r, dict) and r.get("name") == "pp512" and r.get("model") == mid
-                    and r.get("format", "bf16") == "bf16" and isinstance(r.get("median"), (int, float))):
+                    and r.get("format", "bf16") in (fmt, "bf16") and isinstance(r.get("median"), (int, float))):
                 if best is None or str(d.get("date", "")) >= best[0]:
                     best = (str(d.get("date", "")), float(r["median"]), p.name)
     return (best[1], best[2]) if best else None
@@ -675,7 +676,7 @@ def run_format(args: argparse.Namespace, mid: str, fmt: str, gguf: Path, peer: d
         for who in order:
             print(f"serve_bench.py: {mid} {fmt} round {r + 1}/{args.reps}: {who}", flush=True)
             got[who].append(one_server_round(who, starts[who], args.levels, args.max_tokens, args.prefill))
-    pp512 = pp512_reference(args.results, gguf.stem, cpu.get("cpu_id")) if args.prefill else None
+    pp512 = pp512_reference(args.results, gguf.stem, cpu.get("cpu_id"), fmt) if args.prefill else None
     files = {"kipp_file": gguf.name, "kipp_head": "bf16" if fmt == "bf16" else fmt,
              "kipp_serve_args": list(kipp_args)}
     if peer:
