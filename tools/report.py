@@ -14,8 +14,9 @@ A third panel plots Kipp / llama.cpp ratios from the peers documents
 (tools/bench_peers.py) over commits. With --table FILE it also rewrites the full
 performance tables between `<!-- perf-table:begin -->` and `<!-- perf-table:end -->`
 in FILE (docs/PERFORMANCE.md) from the newest results, so the figures are
-generated, never typed: the model table, the quantized peer cells and the serve
-table (tools/serve_bench.py: kipp-serve and llama-server per stream count, same
+generated, never typed: the model table, the quantized peer cells, the batched
+peer cells (kipp-bench's batchB and pp8x128 against llama-batched-bench, with
+Kipp's step limit) and the serve table (tools/serve_bench.py: kipp-serve and llama-server per stream count, same
 run) when a serve document with the side-by-side exists. With --headline FILE it
 rewrites only the few rows between `<!-- perf-headline:begin -->` and
 `<!-- perf-headline:end -->` in FILE (README.md); text outside the markers is kept
@@ -78,13 +79,18 @@ def doc_problem(d: dict) -> str | None:
                     return f"results[{i}] ({r['name']} {r['model']}).{k}.median is missing or not a number"
             if not _num(r.get("ratio")):
                 return f"results[{i}] ({r['name']} {r['model']}).ratio is {r.get('ratio')!r}, expected a number"
+            lim = r.get("step_limit")
+            if lim is not None and (not isinstance(lim, dict) or not _num(lim.get("limit_tok_s"))
+                                    or not (lim.get("share") is None or _num(lim["share"]))):
+                return (f"results[{i}] ({r['name']} {r['model']}).step_limit is {lim!r}, expected null or an object "
+                        "with a number limit_tok_s and a number or null share")
         if d.get("kind") == "serve" and isinstance(r.get("kipp"), dict):  # the side-by-side rows (tools/serve_bench.py)
             why = serve_row_problem(r)
             if why:
                 return f"results[{i}] ({r['name']}).{why}"
-            cell = (r.get("model"), r["name"])
+            cell = (r.get("model"), r["name"], r.get("format", "bf16"))
             if cell in cells:
-                return f"results[{cells[cell]}] and results[{i}] are both {r.get('model')} {r['name']}"
+                return f"results[{cells[cell]}] and results[{i}] are both {' '.join(map(str, cell))}"
             cells[cell] = i
         if d.get("kind") in ("model", "peers") and r.get("unit", "tok/s") == "tok/s":
             cell = (r["model"], r["name"], r.get("format", "bf16"), r.get("kipp_head", "bf16"), r.get("peer_format"),
@@ -249,7 +255,8 @@ def plot_peers(ax, docs: list[dict]) -> int:
         if d.get("kind") != "peers":
             continue
         for r in d.get("results", []):
-            series[(r.get("model"), r.get("name"))].append((d.get("git_sha", "?"), r.get("ratio")))
+            if not batched_cell(r):  # the batched cells have their own table; 7 more lines each would hide these
+                series[(r.get("model"), r.get("name"))].append((d.get("git_sha", "?"), r.get("ratio")))
     for (model, bench), pts in sorted(series.items()):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {bench}")
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
@@ -261,9 +268,16 @@ def plot_peers(ax, docs: list[dict]) -> int:
     return len(series)
 
 
-TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80,
+TARGETS = {"pp512": 0.80, "tg128": 0.95, "tg4k": 0.90, "pp4096": 0.80, "pp8x128": 0.80,
            # batched decode (the target is stated for B = 8): share of B * read BW / bytes per step
-           "batch1": 0.70, "batch4": 0.70, "batch8": 0.70, "batch16": 0.70}
+           "batch1": 0.70, "batch2": 0.70, "batch4": 0.70, "batch8": 0.70, "batch16": 0.70, "batch32": 0.70}
+BENCH_ORDER = {b: i for i, b in enumerate(("pp512", "tg128", "tg4k", "pp4096", "batch1", "batch2", "batch4", "batch8",
+                                           "batch16", "batch32", "pp8x128"))}
+
+
+def batched_cell(r: dict) -> bool:
+    """Whether a peers cell is a batched one (llama-batched-bench beside kipp-bench's batched rows)."""
+    return r.get("peer_tool") == "llama-batched-bench"
 
 
 def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tuple[dict, dict]]:
@@ -275,8 +289,8 @@ def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tup
             for r in d.get("results", []):
                 if r.get("unit", "tok/s") != "tok/s":
                     continue  # the table's columns are token rates
-                if "peer_format" in r:
-                    continue  # a quantized peer cell: quant_peers_table
+                if "peer_format" in r or batched_cell(r):
+                    continue  # a quantized or batched peer cell: quant_peers_table, batched_peers_table
                 key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
                 out[key + (cpu_key(d),) if by_cpu else key] = (r, d)
     return out
@@ -357,7 +371,7 @@ def readme_table(docs: list[dict]) -> str:
     marked: dict[str, str] = {}
     rows = ["| model | format | bench | CPU (level) | Kipp tok/s (bench run) | share of this machine's roofline (bench run) | llama.cpp tok/s (peers run) | Kipp / llama.cpp (peers run: Kipp's figure in it) | files |",
             "|---|---|---|---|---|---|---|---|---|"]
-    order = {"pp512": 0, "tg128": 1, "tg4k": 2, "pp4096": 3, "batch1": 4, "batch4": 5, "batch8": 6, "batch16": 7}
+    order = BENCH_ORDER
 
     def date_of(k: tuple) -> str:
         return max(str(x[1].get("date", "")) for x in (models.get(k), peers.get(k)) if x)
@@ -388,6 +402,10 @@ def _ms(x) -> str:
     return f"{x:.0f}" if _num(x) else "-"
 
 
+def _ms1(x) -> str:
+    return f"{x:.1f}" if _num(x) else "-"
+
+
 def serve_table(docs: list[dict]) -> str:
     """Markdown: per model, CPU and stream count, kipp-serve's and llama-server's aggregate
     tok/s from the newest serve run with the side-by-side on that CPU (tools/serve_bench.py:
@@ -399,20 +417,24 @@ def serve_table(docs: list[dict]) -> str:
             continue
         for r in d.get("results", []):
             if isinstance(r.get("kipp"), dict):
-                rows_of[(str(r.get("model")), cpu_key(d), r["name"])] = (r, d)
+                rows_of[(str(r.get("model")), cpu_key(d), str(r.get("format", "bf16")), r["name"])] = (r, d)
     if not rows_of:
         return ""
-    out = ["| model | streams | CPU (level) | kipp-serve tok/s | llama-server tok/s | kipp / llama-server | "
-           "TTFT p50 ms (kipp / llama) | ITL p50 ms (kipp / llama) | file |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | format | streams | CPU (level) | kipp-serve tok/s | llama-server tok/s | kipp / llama-server | "
+           "TTFT p50 ms (kipp / llama) | TTFT p99 ms (kipp / llama) | ITL p50 ms (kipp / llama) | "
+           "ITL p99 ms (kipp / llama) | file |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     newest_cpu = {}
-    for (model, cpu, _), (_, d) in rows_of.items():
+    for (model, cpu, _, _), (_, d) in rows_of.items():
         newest_cpu[(model, cpu)] = max(newest_cpu.get((model, cpu), ""), str(d.get("date", "")))
+
+    fmt_order = {"bf16": 0, "q8_0": 1, "affine4_gs32": 2}
 
     def order(key: tuple) -> tuple:
         r = rows_of[key][0]
         prefill = r["name"].startswith("serve_prefill")
-        return (key[0], [-ord(c) for c in newest_cpu[key[:2]]], key[1], prefill, r.get("concurrency") or 0)
+        return (key[0], [-ord(c) for c in newest_cpu[key[:2]]], key[1], fmt_order.get(key[2], 9), key[2], prefill,
+                r.get("concurrency") or 0)
 
     for key in sorted(rows_of, key=order):
         r, d = rows_of[key]
@@ -426,10 +448,15 @@ def serve_table(docs: list[dict]) -> str:
         ratio = f"**{q['tok_s']:.2f}x**" if _num(q.get("tok_s")) else "-"
         lat = "latency_ms" if prefill else "ttft_ms_p50"
         first = f"{_ms(k.get(lat))} / {_ms(l.get(lat) if l else None)}" + (" (latency)" if prefill else "")
-        itl = "-" if prefill else f"{k.get('itl_ms_p50', 0):.1f} / " + (f"{l['itl_ms_p50']:.1f}" if l and _num(l.get("itl_ms_p50")) else "-")
-        out.append(f"| {key[0]} | {streams} | {cpu_of(d)} | {kipp} | {llama} | {ratio} | {first} | {itl} | `{d['_file']}` |")
+        ttft99 = "-" if prefill else f"{_ms(k.get('ttft_ms_p99'))} / {_ms(l.get('ttft_ms_p99') if l else None)}"
+        itl = ["-" if prefill else f"{_ms1(k.get(m))} / {_ms1(l.get(m) if l else None)}" for m in ("itl_ms_p50", "itl_ms_p99")]
+        fmt = key[2] + (f" / {r['peer_format']}" if r.get("peer_format") else "")
+        out.append(f"| {key[0]} | {fmt} | {streams} | {cpu_of(d)} | {kipp} | {llama} | {ratio} | {first} | {ttft99} | "
+                   f"{itl[0]} | {itl[1]} | `{d['_file']}` |")
     note = ("\nServe rows: `make bench-serve` (tools/serve_bench.py), kipp-serve and llama-server in one run, rounds "
-            "alternating which server goes first; medians over the rounds; tok/s is aggregate over all streams.\n")
+            "alternating which server goes first; medians over the rounds; tok/s is aggregate over all streams. "
+            "Format: Kipp's file / llama-server's llama-quantize type (the quantized rows: Kipp's head quantized "
+            "like its layers, llama-quantize's default head).\n")
     return "\n".join(out) + "\n" + note
 
 
@@ -443,7 +470,7 @@ def quant_peers_table(docs: list[dict]) -> str:
         if d.get("kind") != "peers":
             continue
         for r in d.get("results", []):
-            if "peer_format" in r:
+            if "peer_format" in r and not batched_cell(r):
                 key = (cpu_key(d), r["model"], r["name"], r["format"], r.get("kipp_head", "bf16"), r["peer_format"],
                        r.get("peer_head", "default"))
                 newest[key] = (r, d)
@@ -483,6 +510,56 @@ def quant_peers_table(docs: list[dict]) -> str:
             "head of Q4_0/Q4_1, Q8_0 for Q8_0); *bf16 head*: `--token-embedding-type bf16 --output-tensor-type bf16`, "
             "the same bytes per token as Kipp's BF16 head; Kipp's quantized head is `--quant-head` (docs/FORMAT.md).\n")
     return "\n".join(out) + "\n" + note + "".join(notes[k] for k in sorted(notes))
+
+
+def batched_peers_table(docs: list[dict]) -> str:
+    """Markdown: the batched peer cells (tools/bench_peers.py: kipp-bench's batchB and pp8x128
+    against llama-batched-bench's S_TG and S_PP), each cell from the newest peers run that has
+    it: both figures and the ratio from that one run, and Kipp's step limit (tools/step_limit.py)
+    with its bound and the share of it Kipp reached. Empty text when no run has them."""
+    cells: dict[tuple, tuple[dict, dict]] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        if d.get("kind") != "peers":
+            continue
+        for r in d.get("results", []):
+            if batched_cell(r):
+                cells[(cpu_key(d), r["model"], r["name"], r.get("format", "bf16"), r.get("kipp_head", "bf16"),
+                       r.get("peer_format", "BF16"), r.get("peer_head", "bf16"))] = (r, d)
+    if not cells:
+        return ""
+    out = ["| model | Kipp format (head) vs llama.cpp type (head) | bench | CPU (level) | Kipp tok/s | "
+           "llama.cpp tok/s | Kipp / llama.cpp | Kipp's step limit tok/s (bound) | share of it | run | file |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt_order = {"bf16": 0, "q8_0": 1, "affine4_gs32": 2}
+    notes: dict[str, str] = {}
+
+    def sort_key(k: tuple) -> tuple:
+        return (str(cpu_of(cells[k][1])), k[1], fmt_order.get(k[3], 9), k[4] != "bf16", k[5], k[6] != "default",
+                BENCH_ORDER.get(k[2], 99))
+
+    for k in sorted(cells, key=sort_key):
+        r, d = cells[k]
+        cfg = d.get("config", {}) if isinstance(d.get("config"), dict) else {}
+        load = [cfg.get(x) for x in ("load_avg_1min_at_start", "load_avg_1min_at_end")]
+        run = f"{cfg.get('rounds', '?')} rounds, load {'/'.join(f'{x:.1f}' for x in load if _num(x)) or '?'}"
+        if cfg.get("note"):
+            run += "; marked (note below)"
+            notes[d["_file"]] = f"\nMarked run `{d['_file']}`: {cfg['note']}\n"
+        lim = r.get("step_limit")
+        limit = f"{lim['limit_tok_s']:.1f} ({lim.get('bound', '?')})" if lim else "-"
+        share = f"{floor_fmt(100 * lim['share'], 1)}%" if lim and _num(lim.get("share")) else "-"
+        what = f"{k[3]} ({k[4]} head) vs {k[5]} ({k[6]} head)"
+        out.append(f"| {k[1]} | {what} | {k[2]} | {cpu_of(d)} | {r['kipp']['median']:.2f} | "
+                   f"{r['llama_cpp']['median']:.2f} | **{r['ratio']:.2f}x** | {limit} | {share} | {run} | `{d['_file']}` |")
+    note = ("\nBatched cells: `make bench-peers` (tools/bench_peers.py), kipp-bench's batchB (B sequences after a "
+            "16-token prompt each, 32 steps of one batched call, every row sampled) against `llama-batched-bench -npp 16 "
+            "-ntg 32 -npl B -fa on` (S_TG), and pp8x128 (8 prompts of 128 tokens in one call) against `-npp 128 -npl 8` "
+            "(S_PP); same weights, threads and machine, interleaved rounds, medians. Kipp's step limit: tokens per step over "
+            "the larger of the step's bytes over the read bandwidth probed beside the row and its FLOPs (head included) "
+            "over the profile's peak of each part's arithmetic (BF16 dot for bf16, int8 VNNI for q8_0 and affine4_gs32 "
+            "where the CPU has them; bound: which of the two is larger); share: the median over the rounds of each "
+            "round's rate over its own limit.\n")
+    return "\n".join(out) + "\n" + note + "".join(notes[x] for x in sorted(notes))
 
 
 HEADLINE_MODELS = ("synthetic-0.6b", "synthetic-1.7b")
@@ -546,10 +623,9 @@ def rewrite_between(path: Path, begin: str, end: str, body: str) -> None:
 
 
 def rewrite_readme(path: Path, docs: list[dict]) -> None:
-    """The full tables (model, quantized peer cells, serve) between the perf-table markers in path."""
-    serve, quant = serve_table(docs), quant_peers_table(docs)
-    rewrite_between(path, *TABLE_MARKERS,
-                    readme_table(docs) + ("\n" + quant if quant else "") + ("\n" + serve if serve else ""))
+    """The full tables (model, quantized peer cells, batched peer cells, serve) between the perf-table markers in path."""
+    serve, quant, batched = serve_table(docs), quant_peers_table(docs), batched_peers_table(docs)
+    rewrite_between(path, *TABLE_MARKERS, readme_table(docs) + "".join("\n" + t for t in (quant, batched, serve) if t))
 
 
 def rewrite_headline(path: Path, docs: list[dict]) -> None:

