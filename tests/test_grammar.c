@@ -469,13 +469,7 @@ int main(void)
     RUN(test_refusals);
     RUN(test_tiny_masks);
     RUN(test_sampler_mask);
-    char path[512], err[256] = "";
-    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
-    if (kipp_model_open(path, "cpu", NULL, &model, err, sizeof err)) {
-        printf("FAIL open %s: %s\n", path, err);
-        th_failed++;
-        return th_finish();
-    }
+    if (th_open_model("synthetic-tiny", &model)) return th_finish();
     RUN(test_real_vocab);
     RUN(test_gen_constrained);
     RUN(test_tool_framing);

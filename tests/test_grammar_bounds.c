@@ -427,13 +427,7 @@ int main(int argc, char **argv)
 {
     RUN_IF(test_whitespace_verdicts);
     RUN_IF(test_unsatisfiable);
-    char path[512], err[256] = "";
-    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
-    if (kipp_model_open(path, "cpu", NULL, &model, err, sizeof err)) {
-        printf("FAIL open %s: %s\n", path, err);
-        th_failed++;
-        return th_finish();
-    }
+    if (th_open_model("synthetic-tiny", &model)) return th_finish();
     RUN_IF(test_depth_limits);
     RUN_IF(test_whitespace_adversary);
     RUN_IF(test_recursive_adversary);

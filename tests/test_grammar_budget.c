@@ -333,13 +333,7 @@ int main(void)
     RUN(test_tool_call_needs);
     RUN(test_shortest_texts);
     RUN(test_spelling);
-    char path[512], err[256] = "";
-    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
-    if (kipp_model_open(path, "cpu", NULL, &model, err, sizeof err)) {
-        printf("FAIL open %s: %s\n", path, err);
-        th_failed++;
-        return th_finish();
-    }
+    if (th_open_model("synthetic-tiny", &model)) return th_finish();
     RUN(test_tight_budget_walks);
     RUN(test_gen_within_budget);
     kipp_model_close(model);

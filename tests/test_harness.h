@@ -48,6 +48,21 @@ static inline const char *th_models_dir(void)
     return d ? d : "build/models";
 }
 
+#ifdef KIPP_H
+/** Opens th_models_dir()/<name>.gguf on the cpu backend into *m. On failure
+ * prints "FAIL open <path>: <why>", counts one failed test and returns -1:
+ * the caller returns th_finish(). Only where engine/kipp.h came first. */
+static inline int th_open_model(const char *name, kipp_model **m)
+{
+    char path[512], err[256] = "";
+    snprintf(path, sizeof path, "%s/%s.gguf", th_models_dir(), name);
+    if (!kipp_model_open(path, "cpu", NULL, m, err, sizeof err)) return 0;
+    printf("FAIL open %s: %s\n", path, err);
+    th_failed++;
+    return -1;
+}
+#endif
+
 /** Normalised mean squared error sum((a-b)^2)/sum(b^2), b = reference. */
 static inline double th_nmse(const float *a, const float *ref, size_t n)
 {
