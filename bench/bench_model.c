@@ -4,7 +4,7 @@
  * through the public engine API.
  *
  *   kipp-bench --model models/synthetic-0.6b.gguf [--model ...] [--backend cpu]
- *              [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]
+ *              [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,batch16,batch32]
  *              [--reps N] [--warmup N] [--threads N]
  *              [--profiles DIR] [--out DIR]
  * (the machine profile comes from `make profile`, build/bin/kipp_profile)
@@ -56,7 +56,7 @@
  * one-read-per-step limit (B tokens per read of the weights). */
 #define TARGET_BATCH 0.70
 #define BATCH_STEPS 32u   /* kipp_eval_batch steps timed per rep of a batch row */
-#define BATCH_MAX 16u     /* the largest B of BATCH_SIZES */
+#define BATCH_MAX 32u     /* the largest B of BATCH_SIZES */
 
 #define MAX_LORA 8 /* --lora entries */
 
@@ -399,9 +399,9 @@ static json_t *result_json(const char *model_id, const bench_meta *bm, const kip
 }
 
 /* The benchmarks --bench may name, in the order they run. */
-static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096", "batch1", "batch4", "batch8", "batch16"};
+static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096", "batch1", "batch2", "batch4", "batch8", "batch16", "batch32"};
 /* B of each batch row, in BENCH_NAMES order after pp4096. */
-static const uint32_t BATCH_SIZES[] = {1, 4, 8, 16};
+static const uint32_t BATCH_SIZES[] = {1, 2, 4, 8, 16, 32};
 #define N_BATCH (sizeof BATCH_SIZES / sizeof BATCH_SIZES[0])
 #define N_BENCH_NAMES (sizeof BENCH_NAMES / sizeof BENCH_NAMES[0])
 
@@ -721,7 +721,7 @@ static void usage(FILE *f)
     char backends[128];
     fprintf(f,
             "usage: kipp-bench --model FILE.gguf [--model ...] [--backend %s]\n"
-            "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch4,batch8,batch16]\n"
+            "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,batch16,batch32]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n",
             kipp_backend_names(backends, sizeof backends, "|"));

@@ -250,7 +250,7 @@ def test_kipp_bench_batch_rows_bookkeeping(tmp_path):
     assert res["target_share"] == 0.70, res
     assert b"one-read-per-step limit 4 x" in r.stdout, r.stdout
     r = run(BENCH, "--model", models_dir() / "synthetic-tiny.gguf", "--bench", "batch3", timeout=60)
-    assert r.returncode == 2 and b"batch1, batch4, batch8, batch16" in r.stderr, r.stderr
+    assert r.returncode == 2 and b"batch1, batch2, batch4, batch8, batch16, batch32" in r.stderr, r.stderr
 
 
 def test_kipp_bench_says_when_the_read_probe_cannot_run(tmp_path):

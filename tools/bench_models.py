@@ -9,7 +9,7 @@ the real Qwen3 shapes with deterministic random weights) it:
      With --quant q8_0,affine4_gs32 each model is also converted to
      models/<id>-<scheme>.gguf (the HF directory is kept until the last scheme);
   2. runs build/kipp-bench on it (pp512, tg128, tg4k, pp4096 and the batched-decode rows
-     batch1, batch4, batch8, batch16; warm-up + N reps) in its
+     batch1, batch2, batch4, batch8, batch16, batch32; warm-up + N reps) in its
      own process, so one model's memory is released before the next loads.
 Before the first model it re-measures the machine profile (build/bin/kipp_profile
 -> profiles/<host>-<level>-<cpu id>.json) so the roofline shares compare rates measured in the
@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from safe_io import parse_names  # noqa: E402
 
-BENCH_NAMES = ("pp512", "tg128", "tg4k", "pp4096", "batch1", "batch4", "batch8", "batch16")  # bench/bench_model.c BENCH_NAMES
+BENCH_NAMES = ("pp512", "tg128", "tg4k", "pp4096", "batch1", "batch2", "batch4", "batch8", "batch16", "batch32")  # bench/bench_model.c BENCH_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODELS = ["synthetic-0.6b", "synthetic-1.7b", "synthetic-4b"]
