@@ -349,8 +349,8 @@ static void test_bf16_act_modes(void)
     tmodel *t = shape(0);
     const char *vals[5] = {NULL, "f32", "mixed", "bf16", "fp16"};
     const char *lines[3] = {"q|k|v bf16/f32, o bf16/f32, gate|up bf16/f32, down bf16/f32, head bf16/f32",
-                            "q|k|v bf16/f32, o bf16dot/bf16, gate|up bf16dot/bf16, down bf16dot/bf16, head bf16/f32",
-                            "q|k|v bf16dot/bf16, o bf16dot/bf16, gate|up bf16dot/bf16, down bf16dot/bf16, head bf16/f32"};
+                            "q|k|v bf16/f32, o bf16dot/bf16, gate|up bf16dot/bf16, down bf16dot/bf16, head bf16dot/bf16",
+                            "q|k|v bf16dot/bf16, o bf16dot/bf16, gate|up bf16dot/bf16, down bf16dot/bf16, head bf16dot/bf16"};
     for (int isa = KIPP_ISA_REF; isa < KIPP_ISA_COUNT; isa++) {
         if (!isa_available((kipp_isa)isa)) continue;
         setenv("KIPP_ISA", kipp_isa_name((kipp_isa)isa), 1);

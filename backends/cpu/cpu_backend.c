@@ -33,16 +33,22 @@ static void cpu_model_destroy(void *bm);
  * not kept. KIPP_BF16_ACT=f32 keeps FP32
  * activations everywhere (the arithmetic of every other level), =bf16 reads
  * all four through the dot (llama.cpp's precision; faster prefill than mixed).
- * The output head reads FP32 either way: prefill runs it on one row per
- * sequence, so the dot would save nothing there. Decode and prefill read a
- * projection the same way, so row invariance holds in every mode. */
+ * The output head (read[4]) goes through the dot in both dot modes: a
+ * batched decode step runs it on every sampling row (B rows of 151,936 x
+ * d_model), where FP32 FMA made it the largest cost of the step (perf, 0.6B
+ * BF16 at B = 8: the FP32 matmul of Q|K|V and the head 41% of the samples,
+ * the dot matmuls of the other three 26%), and its one BF16 rounding of the
+ * final-norm row moved the 0.6B logits' NMSE against the ref backend by
+ * 2-3e-6 (3.86e-5 -> 4.11e-5 on a 19-token prompt, 2.87e-5 -> 3.14e-5 on 81
+ * tokens), inside the 5e-5 contract. Decode and prefill read a projection
+ * (and the head) the same way, so row invariance holds in every mode. */
 static const struct {
     const char *name;
-    k_fmt read[4]; /* per projection */
+    k_fmt read[5]; /* per projection, then the head */
 } bf16_modes[] = {
-    {"f32", {K_FMT_BF16, K_FMT_BF16, K_FMT_BF16, K_FMT_BF16}},
-    {"mixed", {K_FMT_BF16, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT}},
-    {"bf16", {K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT}},
+    {"f32", {K_FMT_BF16, K_FMT_BF16, K_FMT_BF16, K_FMT_BF16, K_FMT_BF16}},
+    {"mixed", {K_FMT_BF16, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT}},
+    {"bf16", {K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT, K_FMT_BF16DOT}},
 };
 
 static int choose_bf16_read(cpu_model *m, char *err, size_t errlen)
@@ -240,7 +246,7 @@ static int pack_weights(cpu_model *m)
         cur += plan_layer(m, &m->w.layers[l], &m->lw[l], jobs, &nj, cur);
         pack_span(m, jobs, j0, nj);
     }
-    k_fmt hf = (k_fmt)k_fmt_from_gguf(m->w.output.dtype);
+    k_fmt hf = kipp_cpu_head_fmt(m, &m->w);
     const k_fmt_info *hi = k_fmt_get(hf);
     m->head = (k_weight){hf, cur, m->w.output.rows, m->w.output.cols};
     /* The head (311 MB at 0.6B) in row slices of whole panels, each packed

@@ -72,9 +72,9 @@ typedef struct cpu_model {
     kipp_isa isa;
     char isa_note[200];        /* fallback sentence, "" when the best path runs */
     const char *bf16_mode;     /* KIPP_BF16_ACT mode in force: "f32", "mixed" or "bf16" (cpu_backend.c) */
-    k_fmt bf16_read[4];        /* the read format of a bf16 projection, in plan_layer's order Q|K|V, O,
-                                  Gate|Up, Down: K_FMT_BF16 (FP32 activations) or K_FMT_BF16DOT (BF16
-                                  through vdpbf16ps); the head reads K_FMT_BF16 */
+    k_fmt bf16_read[5];        /* the read format of a bf16 projection, in plan_layer's order Q|K|V, O,
+                                  Gate|Up, Down, then the head: K_FMT_BF16 (FP32 activations) or
+                                  K_FMT_BF16DOT (BF16 through vdpbf16ps) */
     k_flash_gqa_bf16_fn flash_gqa;   /* the mode's attention walks: flash_*_bf16 (f32) or flash_*_dot (mixed, bf16) */
     k_flash_rows_bf16_fn flash_rows;
     kipp_threadpool *pool;
@@ -140,6 +140,21 @@ static inline void kipp_cpu_act(const cpu_model *m, const k_weight *w, const flo
 {
     k_act a = k_fmt_get(w->fmt)->act;
     if (a != K_ACT_F32) m->k->act[a](src, (char *)m->xa + k_act_row_bytes(a, dst), cnt);
+}
+
+/**
+ * The read mode of the output head: its file format's, except that a bf16
+ * head of a model whose projections are bf16 too follows the mode
+ * (bf16_read[4], cpu_backend.c says why). A bf16 head beside quantized
+ * projections keeps FP32 activations: their accuracy gates (test_quant_forward's
+ * outlier fixture) are measured with it, and its rounding flipped one more
+ * near-tie argmax there.
+ */
+static inline k_fmt kipp_cpu_head_fmt(const cpu_model *m, const kipp_qwen3_weights *w)
+{
+    k_fmt hf = (k_fmt)k_fmt_from_gguf(w->output.dtype);
+    int bf16_model = k_fmt_from_gguf(w->layers[0].wq.dtype) == K_FMT_BF16;
+    return hf == K_FMT_BF16 && bf16_model ? m->bf16_read[4] : hf;
 }
 
 /* ---- streaming (cpu_stream.c; seed 002 "Layer streaming") ----

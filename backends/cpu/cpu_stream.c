@@ -244,7 +244,7 @@ int kipp_cpu_stream_create(cpu_model *m, const kipp_model_view *v, char *err, si
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) add_range(st, l, all[i], v);
     }
     const kipp_tensor_view *head[1] = {&v->w.output};
-    k_fmt hf = (k_fmt)k_fmt_from_gguf(v->w.output.dtype);
+    k_fmt hf = kipp_cpu_head_fmt(m, &v->w); /* as pack_weights */
     set_weight(&m->head, &st->fw[(size_t)d->n_layer * 4], hf, head, 1);
     size_t hb = k_fmt_get(hf)->packed_bytes(STREAM_MM_ROWS, m->head.cols);
     need = hb > need ? hb : need;

@@ -11,6 +11,8 @@
  *             panel block pb with activation block x[t * xs], t < T; an
  *             always_inline function, so T is a constant once inlined
  *   #define PD_PF     the decode prefetch distance in bytes; without it no matvec
+ *   #define PD_MM_PF  the prefill tile's prefetch distance in bytes (default
+ *             K_PANEL_MM_PF), issued by the first token tile of each panel only
  *   #define PD_SFX    the name suffix (default: the level's, K_SFX)
  *   #define PD_RV     row vectors per 16-row panel (default: the level's K_PANEL_RV)
  *   #define PD_TT     prefill tokens per tile: 4, 8 or 12 (tile_switch.h;
@@ -31,6 +33,9 @@
 #endif
 #ifndef PD_SFX
 #define PD_SFX K_SFX()
+#endif
+#ifndef PD_MM_PF
+#define PD_MM_PF K_PANEL_MM_PF
 #endif
 #ifndef PD_FMT
 #error "define PD_FMT first"
@@ -65,26 +70,35 @@ void PD_CAT(PD_CAT(k_matvec_, PD_FMT), PD_SFX)(const void *wpv, const void *xv, 
 }
 #endif
 
-/* ---- prefill: a 16-row panel x T tokens; each block unpacked once per token tile ---- */
+/* ---- prefill: a 16-row panel x T tokens; each block unpacked once per token tile ----
+ * The first token tile of a panel brings its blocks in from DRAM (later tiles
+ * find them in L1/L2), so it prefetches pf bytes ahead (0: none): a batched
+ * decode step is one tile per panel, and without it every panel waited on
+ * its lines as the bf16dot tile did (linear_bf16dot_avx512_bf16.c DM_PF).
+ * Prefetches change no bit of y. */
 
 static inline __attribute__((always_inline)) void
-pd_tile(const uint8_t *panel, size_t nb, const k_act_q8_block *xa, float *y, size_t ldy, int T, int load)
+pd_tile(const uint8_t *panel, size_t nb, const k_act_q8_block *xa, float *y, size_t ldy, int T, int load, size_t pf)
 {
     vf acc[PD_TT][PD_RV];
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++)
         for (int v = 0; v < PD_RV; v++)
             acc[t][v] = load ? vf_load(y + (size_t)t * ldy + (size_t)v * VF_LANES) : vf_zero();
-    for (size_t b = 0; b < nb; b++) PD_BLOCK(panel + b * PD_BYTES, xa + b, nb, T, acc);
+    for (size_t b = 0; b < nb; b++) {
+        if (pf)
+            for (unsigned q = 0; q < (PD_BYTES + 63) / 64; q++) k_prefetch(panel + b * PD_BYTES + pf + 64 * q);
+        PD_BLOCK(panel + b * PD_BYTES, xa + b, nb, T, acc);
+    }
 #pragma GCC unroll 12
     for (int t = 0; t < T; t++)
         for (int v = 0; v < PD_RV; v++) vf_store(y + (size_t)t * ldy + (size_t)v * VF_LANES, acc[t][v]);
 }
 
 static void pd_tile_any(const uint8_t *panel, size_t nb, const k_act_q8_block *xa, float *y, size_t ldy, int T,
-                        int load)
+                        int load, size_t pf)
 {
-#define PD_TILE(n) pd_tile(panel, nb, xa, y, ldy, n, load)
+#define PD_TILE(n) pd_tile(panel, nb, xa, y, ldy, n, load, pf)
     K_TILE_SWITCH(T, PD_TT, PD_TILE)
 #undef PD_TILE
 }
@@ -102,13 +116,14 @@ void PD_MATMUL(const void *wpv, const void *xav, float *y, size_t rows, size_t c
         const uint8_t *panel = (const uint8_t *)wpv + r / 16 * nb * PD_BYTES;
         for (size_t t = 0; t < n_tok; t += PD_TT) {
             int T = (int)(n_tok - t < PD_TT ? n_tok - t : PD_TT);
-            pd_tile_any(panel, nb, xa + t * nb, y + t * rows + r, rows, T, accumulate);
+            pd_tile_any(panel, nb, xa + t * nb, y + t * rows + r, rows, T, accumulate, t == 0 ? PD_MM_PF : 0);
         }
     }
 }
 
 #undef PD_FMT
 #undef PD_PF
+#undef PD_MM_PF
 #undef PD_SFX
 #undef PD_RV
 #undef PD_TT

@@ -23,6 +23,7 @@
 #define K_MM_TT 6 /* prefill tile tokens: 2 x 6 accumulators + 2 weights + 1 broadcast of 16 ymm */
 #define K_PANEL_TT 4 /* q8_0/affine4 prefill tile tokens (linear_panel_simd.h) */
 #define K_PANEL_RV 2 /* row vectors per 16-row panel */
+#define K_PANEL_MM_PF 2048u /* q8_0/affine4 prefill: first-tile prefetch distance in bytes (linear_panel_simd.h) */
 #define K_MV_PANELS 4 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 256u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
 #define K_MM_GROUP 128u  /* bf16 FP32-FMA matmul: rows per group, 128 KB of widened weights in L2 */

@@ -98,6 +98,7 @@ static inline __m512 kemu_cvtph_ps(__m256i v)
 #define K_MM_TT 12 /* prefill tile tokens: 2 x 12 accumulators + 2 weights + 1 broadcast of 32 zmm */
 #define K_PANEL_TT 8 /* q8_0/affine4 prefill tile tokens (linear_panel_simd.h) */
 #define K_PANEL_RV 1 /* row vectors per 16-row panel */
+#define K_PANEL_MM_PF 2048u /* q8_0/affine4 prefill: first-tile prefetch distance in bytes (linear_panel_simd.h) */
 #define K_MV_PANELS 1 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 128u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
 #define K_MM_GROUP 32u   /* bf16 FP32-FMA matmul: rows per group, 16 KB of widened weights in L1 */
