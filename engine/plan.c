@@ -351,7 +351,8 @@ static double arith_peak(const kipp_machine *mc, arith a)
  * (cpu_backend.c): bf16 projections read FP32 activations, except through the BF16 dot where bf16_act says
  * so (mixed: all but Q|K|V; bf16: all four); q8_0 and affine4 tiles run the int8 VNNI dot at the level that
  * has it (int8_dot_gops > 0), FP32-held integer arithmetic below it; attention runs the BF16 dot in the
- * mixed and bf16 modes, whatever the format; the head reads FP32 activations unless it is quantized. */
+ * mixed and bf16 modes, whatever the format; a bf16 file's own head runs the BF16 dot in those modes too,
+ * a quantized head the int8 dot where VNNI is, and a bf16 head beside quantized projections FP32 FMA. */
 typedef struct {
     arith qkv, rest, attn, head;
 } arith_map;
@@ -361,7 +362,7 @@ static arith_map arith_of(const kipp_machine *mc, const kipp_model_info *in, con
     int dot = mc->bf16_dot_gflops > 0 && strcmp(mc->bf16_act, "f32"), vnni = mc->int8_dot_gops > 0;
     arith_map a = {.qkv = AR_FP32, .rest = AR_FP32, .attn = dot ? AR_BF16 : AR_FP32, .head = AR_FP32};
     if (f == &kipp_fmts[KIPP_FMT_BF16]) {
-        a.rest = dot ? AR_BF16 : AR_FP32;
+        a.rest = a.head = dot ? AR_BF16 : AR_FP32;
         a.qkv = dot && !strcmp(mc->bf16_act, "bf16") ? AR_BF16 : AR_FP32;
     } else
         a.qkv = a.rest = vnni ? AR_INT8 : AR_FP32;

@@ -34,14 +34,14 @@ static void cpu_model_destroy(void *bm);
  * activations everywhere (the arithmetic of every other level), =bf16 reads
  * all four through the dot (llama.cpp's precision; faster prefill than mixed).
  * The output head (read[4]) goes through the dot in both dot modes: a
- * batched decode step runs it on every sampling row (B rows of 151,936 x
- * d_model), where FP32 FMA made it the largest cost of the step (perf, 0.6B
- * BF16 at B = 8: the FP32 matmul of Q|K|V and the head 41% of the samples,
- * the dot matmuls of the other three 26%), and its one BF16 rounding of the
- * final-norm row moved the 0.6B logits' NMSE against the ref backend by
- * 2-3e-6 (3.86e-5 -> 4.11e-5 on a 19-token prompt, 2.87e-5 -> 3.14e-5 on 81
- * tokens), inside the 5e-5 contract. Decode and prefill read a projection
- * (and the head) the same way, so row invariance holds in every mode. */
+ * batched decode step runs it on every sampling row (B rows of vocab x
+ * d_model), where on FP32 FMA it was the largest cost of the step (commit
+ * ac57cd5 has the profile), and the one BF16 rounding of the final-norm row
+ * keeps the logits inside the NMSE contract against the ref backend. A bf16
+ * head beside quantized projections stays FP32 (kipp_cpu_head_fmt): there the
+ * rounding added argmax flips on the outlier fixture. Decode and prefill read
+ * a projection (and the head) the same way, so row invariance holds in every
+ * mode. */
 static const struct {
     const char *name;
     k_fmt read[5]; /* per projection, then the head */
