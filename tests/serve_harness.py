@@ -173,3 +173,16 @@ def concurrent_equals_alone(s: "Server", max_tokens: int) -> None:
     assert [o[0] for o in out] == [200] * 3
     assert [o[1]["choices"][0]["text"] for o in out] == alone
     assert s.wait_idle()
+
+
+# A required const whose shortest completion is longer than the cut tests' max_tokens: the grammar
+# finishes a forced call within max_tokens only when max_tokens holds that completion
+# (docs/STRUCTURED_OUTPUT.md), so with this field max_tokens can still cut a call after its head.
+LONG_NOTE = ("for the next three days, in degrees Celsius, with the wind, the rain, the humidity, the pressure "
+             "and the hours of sunshine of every one of them")
+
+
+def with_long_note(params: dict) -> dict:
+    """params (an object schema) with the required const field "note" = LONG_NOTE added last."""
+    return {**params, "properties": {**params["properties"], "note": {"const": LONG_NOTE}},
+            "required": params["required"] + ["note"]}

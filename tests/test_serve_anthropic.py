@@ -22,7 +22,7 @@ import re
 
 import pytest
 
-from serve_harness import Server
+from serve_harness import Server, with_long_note
 
 anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("openai")  # conftest.oai, the oracle
@@ -355,7 +355,10 @@ def test_cut_tool_input_streams_its_prefix(client, oai, srv):
     tool_use block once, sent the input written so far (a prefix of the whole
     call's arguments, as the chat endpoint writes them) and closed it, and the
     SDK's stream takes that without error."""
-    o, ch = openai_reply(oai, USER, max_tokens=128, tools=O_TOOLS, logprobs=True, parallel_tool_calls=False,
+    long_schema = with_long_note(WEATHER_SCHEMA)  # the call needs more than max_tokens (serve_harness.LONG_NOTE)
+    o_tools = [{"type": "function", "function": dict(O_TOOLS[0]["function"], parameters=long_schema)}, O_TOOLS[1]]
+    a_tools = [dict(A_TOOLS[0], input_schema=long_schema), A_TOOLS[1]]
+    o, ch = openai_reply(oai, USER, max_tokens=256, tools=o_tools, logprobs=True, parallel_tool_calls=False,
                          tool_choice={"type": "function", "function": {"name": "get_weather"}},
                          extra_body={"chat_template_kwargs": NO_THINK})
     args = ch.message.tool_calls[0].function.arguments
@@ -365,7 +368,7 @@ def test_cut_tool_input_streams_its_prefix(client, oai, srv):
     while pos <= start:  # the tokens up to the arguments' first byte, then three more
         pos += len(toks[n])
         n += 1
-    body = dict(FORCE_WEATHER, max_tokens=n + 3)
+    body = dict(FORCE_WEATHER, tools=a_tools, max_tokens=n + 3)
     whole = create(client, **body)
     assert whole.stop_reason == "max_tokens" and all(b.type == "text" for b in whole.content), whole.content
     assert raw.startswith(texts(whole.content)[1])

@@ -19,6 +19,8 @@ import re
 
 import pytest
 
+from serve_harness import with_long_note
+
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -364,8 +366,10 @@ def test_stream_cut_call(client, compact):
     incomplete with no function_call item (the block stays text); the stream
     added the call's item, sent the arguments written so far (a prefix of the
     whole call's) and ended the item "incomplete"."""
-    kw = call_kw(compact, 11)
-    c = chat(client, [{"role": "user", "content": "Weather in Paris?"}], tools=[CHAT_WEATHER], tool_choice="required",
+    long_params = with_long_note(WEATHER_PARAMS)  # the call needs more than the budget (serve_harness.LONG_NOTE)
+    kw = dict(call_kw(compact, 11), tools=[dict(WEATHER, parameters=long_params)])
+    c = chat(client, [{"role": "user", "content": "Weather in Paris?"}], tool_choice="required",
+             tools=[{"type": "function", "function": dict(CHAT_WEATHER["function"], parameters=long_params)}],
              parallel_tool_calls=False, max_completion_tokens=300, temperature=0.8, seed=11, logit_bias=compact,
              logprobs=True, extra_body={"chat_template_kwargs": NO_THINK})
     args = c.choices[0].message.tool_calls[0].function.arguments

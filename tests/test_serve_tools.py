@@ -21,7 +21,7 @@ import re
 
 import pytest
 
-from serve_harness import check_stream, parse_sse
+from serve_harness import check_stream, parse_sse, with_long_note
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
@@ -343,13 +343,15 @@ def test_cut_call_streams_its_prefix_and_is_no_call(srv, client, compact):
     (finish length, the block stays content); its stream sent the call's head
     once and the arguments written so far (a prefix of what the whole call
     would have), with the same content and finish (docs/SERVING.md, "Streamed calls")."""
-    full = client.chat.completions.create(seed=5, logit_bias=compact, logprobs=True, **STREAM_KW)
+    long_weather = {"type": "function", "function": dict(WEATHER["function"], parameters=with_long_note(SCHEMAS["get_weather"]))}
+    base = dict(STREAM_KW, tools=[long_weather, TIME])  # the call needs more than max_tokens (serve_harness.LONG_NOTE)
+    full = client.chat.completions.create(seed=5, logit_bias=compact, logprobs=True, **base)
     raw, args = raw_text(full.choices[0]), full.choices[0].message.tool_calls[0].function.arguments
     start, n, pos = re.search(r'"arguments"\s*:\s*\{', raw).end(), 0, 0
     while pos <= start:  # the tokens up to the arguments' first byte, then three more
         pos += len(bytes(full.choices[0].logprobs.content[n].bytes))
         n += 1
-    kw = dict(STREAM_KW, max_tokens=n + 3)
+    kw = dict(base, max_tokens=n + 3)
     cut = client.chat.completions.create(seed=5, logit_bias=compact, **kw).choices[0]
     assert cut.finish_reason == "length" and not cut.message.tool_calls
     assert raw.startswith(cut.message.content) and cut.message.content.startswith("<tool_call>")
