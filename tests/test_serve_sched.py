@@ -128,12 +128,13 @@ def test_long_generation_outlives_idle_timeout(synthetic_gguf):
     wire is not idle; streamed and non-streamed both finish, and the connection's
     idle timer runs again afterwards."""
     no_eos = {"151643": -100, "151645": -100}
-    # --no-spec: greedy copying text would otherwise finish in well under a second
-    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "512", "--idle-timeout", "1", "--no-spec") as s:
-        body = {"prompt": "x", "max_tokens": 400, "temperature": 0, "logit_bias": no_eos, "n": 4}
+    # --no-spec: greedy copying text would otherwise finish in well under a second; 1600 steps of
+    # 4 rows, since a quiet Zen 5 ran 400 of them in 1.3 s once the head took the BF16 dot
+    with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "2048", "--idle-timeout", "1", "--no-spec") as s:
+        body = {"prompt": "x", "max_tokens": 1600, "temperature": 0, "logit_bias": no_eos, "n": 4}
         t0 = time.time()
         st, r = s.post("/v1/completions", body)
-        assert st == 200 and r["usage"]["completion_tokens"] == 4 * 400, r
+        assert st == 200 and r["usage"]["completion_tokens"] == 4 * 1600, r
         assert time.time() - t0 > 1.5, "too fast to test the idle timeout: raise max_tokens"
         st, raw = s.request("POST", "/v1/completions", {**body, "stream": True})
         assert st == 200 and raw.endswith(b"data: [DONE]\n\n")
