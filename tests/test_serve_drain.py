@@ -96,12 +96,14 @@ def check_replies(out: dict, ref_texts: list, ref_chat: str, exact: bool) -> lis
 
 
 def test_drain_lets_running_requests_finish(synthetic_gguf):
-    """Graceful path: the five finish on their own during the drain, with the undisturbed texts."""
+    """Graceful path: the five finish on their own during the drain, with the undisturbed texts.
+    They are long (1500 tokens, seconds of work) so the server is still draining when the
+    503 checks run: with 60 tokens a fast machine finished all five and exited first."""
     model = synthetic_gguf("synthetic-tiny")
-    ref_texts, ref_chat = reference(model, 60)
-    with Server(model, *ARGS, "--shutdown-timeout", "60") as s:
+    ref_texts, ref_chat = reference(model, 1500)
+    with Server(model, *ARGS, "--shutdown-timeout", "300") as s:
         out: dict = {}
-        ts = run_in_flight(s, 60, out)
+        ts = run_in_flight(s, 1500, out)
         wait_running(s, 5)
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.1)
@@ -113,7 +115,8 @@ def test_drain_lets_running_requests_finish(synthetic_gguf):
         with pytest.raises(openai.APIStatusError) as ei:
             client(s).completions.create(model="synthetic-tiny", prompt="new", max_tokens=2)
         assert ei.value.status_code == 503
-        [t.join(timeout=120) for t in ts]
+        assert s.gauge("kipp_active_choices") >= 1, "the five ended before the checks: nothing was draining"
+        [t.join(timeout=300) for t in ts]
         assert s.proc.wait(timeout=30) == 0
         fins = check_replies(out, ref_texts, ref_chat, exact=True)
         assert fins == ["length"] * 5  # the tiny model's greedy text never reaches EOS
