@@ -32,8 +32,13 @@ static json_t *usage(const serve_job *j)
     json_t *u = json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)j->req.n_prompt, "completion_tokens",
                           (json_int_t)gen, "total_tokens", (json_int_t)(j->req.n_prompt + gen), "prompt_tokens_details",
                           "cached_tokens", (json_int_t)j->cached_tokens);
-    /* chat: how many of the oldest messages were left out to fit the context (0 when none) */
-    if (u && j->req.chat) json_object_set_new(u, "truncated_messages", json_integer((json_int_t)j->req.truncated_messages));
+    if (!u || !j->req.chat) return u;
+    /* chat: how many of the oldest messages were left out to fit the context (0 when none), and
+     * OpenAI's completion_tokens_details.reasoning_tokens: the tokens up to and with </think> */
+    uint64_t reasoning = 0;
+    for (int i = 0; i < j->req.n; i++) reasoning += serve_reasoning_tokens(&j->req, &j->out[i]);
+    json_object_set_new(u, "truncated_messages", json_integer((json_int_t)j->req.truncated_messages));
+    json_object_set_new(u, "completion_tokens_details", json_pack("{s:I}", "reasoning_tokens", (json_int_t)reasoning));
     return u;
 }
 

@@ -99,6 +99,7 @@ def test_thinking_budget(srv, client, field, budget):
     msg = r["choices"][0]["message"]
     assert msg.get("reasoning_content", "") == ("<think>" * budget + "\n" if budget else ""), msg
     assert msg["content"] == "<think>" * (12 - budget - 4), msg
+    assert r["usage"]["completion_tokens_details"] == {"reasoning_tokens": budget + 3}, r["usage"]  # <think> .. </think>
     stream = client.chat.completions.create(model="synthetic-tiny", messages=USER, max_tokens=12, temperature=0, stream=True,
                                             logit_bias={str(THINK): 100}, extra_body={field: budget})
     rc, cc = "", ""
@@ -111,7 +112,9 @@ def test_thinking_budget(srv, client, field, budget):
 
 def test_budget_leaves_a_reply_without_reasoning_alone(srv):
     base = {"messages": USER, "max_tokens": 8, "temperature": 0}
-    assert ok(srv, CH, {**base, "thinking_token_budget": 2})["choices"] == ok(srv, CH, base)["choices"]
+    r = ok(srv, CH, base)
+    assert ok(srv, CH, {**base, "thinking_token_budget": 2})["choices"] == r["choices"]
+    assert r["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}, r
 
 
 def test_cut_off_inside_reasoning(srv):

@@ -175,6 +175,7 @@ def test_reasoning_tokens_are_the_sampled_tokens(client, tid, seed):
              logprobs=True, **kw)
     toks = c.choices[0].logprobs.content
     assert r.usage.output_tokens_details.reasoning_tokens == reasoning_token_count(toks), [bytes(t.bytes) for t in toks]
+    assert c.usage.completion_tokens_details.reasoning_tokens == reasoning_token_count(toks)  # chat's OpenAI field
 
 
 def test_reasoning_history_item(client):
