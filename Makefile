@@ -267,7 +267,7 @@ FUZZ_SECONDS ?= 60
 # The loader sources and the view check (kipp_model_validate_image runs both) are
 # instrumented; the rest of libkipp.a (tokenizer, backends, unreachable from
 # kipp_model_validate_image) only satisfies the link.
-FUZZ_SRC := tests/fuzz_gguf.c engine/gguf.c engine/model.c engine/checkpoints.c base/errors.c engine/view_check.c
+FUZZ_SRC := tests/fuzz_gguf.c engine/gguf.c engine/model.c engine/rope_scaling.c engine/checkpoints.c base/errors.c engine/view_check.c
 fuzz: models-test $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \
