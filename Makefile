@@ -202,7 +202,10 @@ QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 OUTLIER_TEST_MODELS := synthetic-tiny-outliers synthetic-tiny-outliers-q8_0 synthetic-tiny-outliers-affine4_gs32
 # The opt-in quantized head (--quant-head), gated against the files above.
 HEAD_TEST_MODELS := synthetic-tiny-q8_0-head_q8_0 synthetic-tiny-affine4_gs32-head_affine4_gs32 synthetic-tiny-untied-head_q8_0
-ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS)
+# YaRN (docs/FORMAT.md "RoPE scaling"): synthetic-tiny with factor 4 over a 64-token original context,
+# so positions past 64 run scaled (tests/test_yarn.c against tools/np_forward.py --yarn).
+YARN_TEST_MODELS := synthetic-tiny-yarn
+ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS) $(YARN_TEST_MODELS)
 
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by
@@ -238,6 +241,10 @@ $(BUILD)/models/synthetic-tiny-affine4_gs32-head_affine4_gs32.gguf: $(BUILD)/mod
 
 $(BUILD)/models/synthetic-tiny-untied-head_q8_0.gguf: $(BUILD)/models/synthetic-tiny-untied.gguf tools/quant_blocks.py
 	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny-untied --input $(BUILD)/models/synthetic-tiny-untied --out $@ --quant-head q8_0 --quiet
+	cd $(@D) && sha256sum $(@F) > $(@F).sha256
+
+$(BUILD)/models/synthetic-tiny-yarn.gguf: $(BUILD)/models/synthetic-tiny.gguf tools/yarn_config.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny --input $(BUILD)/models/synthetic-tiny --out $@ --rope-scaling yarn:4:64 --quiet
 	cd $(@D) && sha256sum $(@F) > $(@F).sha256
 
 $(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py tools/safe_io.py
