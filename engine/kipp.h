@@ -262,6 +262,14 @@ typedef struct {
  */
 int kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
 
+/**
+ * Why a model's context is info->context_length tokens, for messages about an
+ * over-long --ctx: "the YaRN limit 32768 x 4 of qwen3-8b" or "the context
+ * length of qwen3-8b (no RoPE scaling; --rope-scaling yarn:4 would allow
+ * 131072)". Writes at most len bytes into buf (NUL-terminated) and returns buf.
+ */
+const char *kipp_context_limit_note(const kipp_model_info *info, char *buf, size_t len);
+
 /** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
 typedef struct {
     const char *name;     /* GGUF tensor name, name_len bytes, as stored: may hold any byte */

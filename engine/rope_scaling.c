@@ -9,6 +9,7 @@
  * modeling_rope_utils._compute_yarn_parameters.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,4 +148,23 @@ int kipp_rope_apply(kipp_model *m, const kipp_rope_scaling *want, const char *or
                                  .beta_fast = r.beta_fast, .beta_slow = r.beta_slow};
     m->rope = r;
     return KIPP_OK;
+}
+
+const char *kipp_context_limit_note(const kipp_model_info *info, char *buf, size_t len)
+{
+    if (!buf || !len) return buf;
+    if (!info) return snprintf(buf, len, "this model's context length"), buf;
+    if (info->rope.yarn) {
+        snprintf(buf, len, "the YaRN limit %u x %g of %s", info->rope.original_context, info->rope.factor,
+                 info->checkpoint_id);
+        return buf;
+    }
+    const kipp_checkpoint *c = kipp_checkpoint_by_id(info->checkpoint_id);
+    if (c && c->yarn_factor > 0)
+        snprintf(buf, len, "the context length of %s (no RoPE scaling; --rope-scaling yarn:%g allows %u, its model "
+                 "card's YaRN)", info->checkpoint_id, c->yarn_factor, kipp_yarn_context(c));
+    else
+        snprintf(buf, len, "the context length of %s (no RoPE scaling; --rope-scaling yarn:F:ORIG allows ORIG x F)",
+                 info->checkpoint_id);
+    return buf;
 }
