@@ -140,3 +140,52 @@ def test_ctx_over_the_limit_named():
     assert r.returncode == 2 and "--ctx 1000 is above 256 tokens, the YaRN limit 64 x 4" in r.stderr, r.stderr
     r = run(KIPP, "generate", "--model", model("synthetic-tiny"), "--prompt", "hi", "--rope-scaling", "yarn:64:32768")
     assert r.returncode != 0 and "2097152" in r.stderr and "1048576" in r.stderr, r.stderr
+
+
+def _patched(tmp_path: Path, edit) -> Path:
+    """synthetic-tiny-yarn.gguf with edit(header bytearray, reader) applied to its metadata, as a new file."""
+    from gguf import GGUFReader
+    src = model("synthetic-tiny-yarn")
+    r = GGUFReader(str(src))
+    raw = bytearray(src.read_bytes())
+    out = tmp_path / "p.gguf"
+    out.write_bytes(edit(raw, r))
+    return out
+
+
+def _drop_key(raw: bytearray, r, key: str) -> bytes:
+    """The file without one metadata entry: kv_count - 1, directory re-padded to 64 (data unchanged)."""
+    f = r.fields[key]
+    off, n = f.offset, sum(p.nbytes for p in f.parts)
+    last = r.tensors[-1].field
+    dir_end = last.offset + sum(p.nbytes for p in last.parts)
+    kv_count = int.from_bytes(raw[16:24], "little") - 1
+    head = raw[:16] + kv_count.to_bytes(8, "little") + raw[24:off] + raw[off + n:dir_end]
+    head += bytes(-len(head) % 64)
+    return bytes(head) + bytes(raw[r.data_offset:])
+
+
+@pytest.mark.parametrize("case, want", [
+    ("drop", "4 of the 5 qwen3.rope.scaling.* keys are present"),
+    ("type", "qwen3.rope.scaling.type is 'yarm', expected 'yarn'"),
+    ("gguf_type", "metadata key 'qwen3.rope.scaling.factor' has GGUF type u32 (4), expected f32 (6)"),
+    ("factor", "YaRN factor 0.5, expected above 1"),
+])
+def test_loader_refuses_bad_keys(tmp_path, case, want):
+    import struct
+
+    def edit(raw: bytearray, r) -> bytes:
+        if case == "drop":
+            return _drop_key(raw, r, "qwen3.rope.scaling.yarn_beta_slow")
+        f = r.fields["qwen3.rope.scaling.type" if case == "type" else "qwen3.rope.scaling.factor"]
+        type_at = f.offset + 8 + len(f.name.encode())
+        if case == "type":
+            raw[type_at + 4 + 8 + 3] = ord("m")  # u32 type, u64 length, "yarn" -> "yarm"
+        elif case == "gguf_type":
+            raw[type_at:type_at + 4] = struct.pack("<I", 4)
+        else:
+            raw[type_at + 4:type_at + 8] = struct.pack("<f", 0.5)
+        return bytes(raw)
+
+    r = run(KIPP, "inspect", _patched(tmp_path, edit))
+    assert r.returncode != 0 and want in r.stderr, r.stderr
