@@ -153,7 +153,7 @@ static void test_yarn_matches_oracle(void)
     yarn_ref y = {0};
     if (load_ref(&y)) goto out;
     static const char *const backends[] = {"ref", "cpu"};
-    setenv("KIPP_BF16_ACT", "f32", 1);
+    setenv("KIPP_BF16_ACT", "f32", 1); /* mixed (BF16 O/Gate/Up/Down inputs) measured 1.3e-5..5.4e-5 */
     for (int b = 0; b < 2; b++) {
         kipp_model *m = open_with(YARN_STEM, backends[b], NULL);
         if (!m) continue;
