@@ -202,7 +202,10 @@ QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 OUTLIER_TEST_MODELS := synthetic-tiny-outliers synthetic-tiny-outliers-q8_0 synthetic-tiny-outliers-affine4_gs32
 # The opt-in quantized head (--quant-head), gated against the files above.
 HEAD_TEST_MODELS := synthetic-tiny-q8_0-head_q8_0 synthetic-tiny-affine4_gs32-head_affine4_gs32 synthetic-tiny-untied-head_q8_0
-ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS)
+# YaRN (docs/FORMAT.md "RoPE scaling"): synthetic-tiny with factor 4 over a 64-token original context,
+# so positions past 64 run scaled (tests/test_yarn.c against tools/np_forward.py --yarn).
+YARN_TEST_MODELS := synthetic-tiny-yarn
+ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS) $(YARN_TEST_MODELS)
 
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by
@@ -240,6 +243,10 @@ $(BUILD)/models/synthetic-tiny-untied-head_q8_0.gguf: $(BUILD)/models/synthetic-
 	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny-untied --input $(BUILD)/models/synthetic-tiny-untied --out $@ --quant-head q8_0 --quiet
 	cd $(@D) && sha256sum $(@F) > $(@F).sha256
 
+$(BUILD)/models/synthetic-tiny-yarn.gguf: $(BUILD)/models/synthetic-tiny.gguf tools/yarn_config.py
+	$(PYTHON) tools/convert_to_gguf.py --checkpoint synthetic-tiny --input $(BUILD)/models/synthetic-tiny --out $@ --rope-scaling yarn:4:64 --quiet
+	cd $(@D) && sha256sum $(@F) > $(@F).sha256
+
 $(BUILD)/models/%.gguf: tools/make_checkpoint.py tools/convert_to_gguf.py tools/checkpoints.py tools/safe_io.py
 	@mkdir -p $(@D)
 	$(PYTHON) tools/make_checkpoint.py --checkpoint $* --out $(BUILD)/models/$* $(QUIET_IF_PIPE)
@@ -267,7 +274,7 @@ FUZZ_SECONDS ?= 60
 # The loader sources and the view check (kipp_model_validate_image runs both) are
 # instrumented; the rest of libkipp.a (tokenizer, backends, unreachable from
 # kipp_model_validate_image) only satisfies the link.
-FUZZ_SRC := tests/fuzz_gguf.c engine/gguf.c engine/model.c engine/checkpoints.c base/errors.c engine/view_check.c
+FUZZ_SRC := tests/fuzz_gguf.c engine/gguf.c engine/model.c engine/rope_scaling.c engine/checkpoints.c base/errors.c engine/view_check.c
 fuzz: models-test $(BUILD)/libkipp.a
 	@mkdir -p $(BUILD)/fuzz fuzz-corpus
 	clang -std=c11 $(CPPFLAGS) -g -O1 -fsanitize=fuzzer,address,undefined \

@@ -456,7 +456,8 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
 {
     kipp_model *m = NULL;
     kipp_session *s = NULL;
-    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora};
+    kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora,
+                             .rope_override = o->rope_override, .rope = o->rope};
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
@@ -466,6 +467,11 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     int rc = kipp_model_open(path, o->backend, &mo, &m, err, errlen);
     if (rc) return rc;
     printf("%s: opened with backend %s in %.1f s\n", id, o->backend, kipp_timer_now() - t0);
+    kipp_model_info ri;
+    kipp_model_get_info(m, &ri);
+    if (ri.rope.yarn)
+        printf("%s: YaRN RoPE scaling %g x %u: context %u tokens\n", id, ri.rope.factor, ri.rope.original_context,
+               ri.context_length);
     double load_peak = peak_rss();
     bf16_run act;
     bf16_act_of(m, &act);
@@ -565,7 +571,8 @@ static void usage(FILE *f)
             "usage: kipp-bench --model FILE.gguf [--model ...] [--backend %s]\n"
             "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,batch16,batch32,pp8x128]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
-            "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n",
+            "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n"
+            "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n",
             kipp_backend_names(backends, sizeof backends, "|"));
 }
 
@@ -598,6 +605,14 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
+        else if (!strcmp(a, "--rope-scaling") && v) {
+            char err[384];
+            if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) {
+                fprintf(stderr, "kipp-bench: %s\n", err);
+                return -1;
+            }
+            o->rope_override = 1;
+        }
         else if (!strcmp(a, "--lora") && v) {
             char err[256];
             if (o->n_lora >= MAX_LORA) { fprintf(stderr, "kipp-bench: --lora '%s': at most %d adapters\n", v, MAX_LORA); return -1; }

@@ -35,6 +35,8 @@ typedef struct {
     kipp_lora_spec lora[MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
     char lora_path[MAX_LORA][4096];
     uint32_t n_lora;
+    int rope_override;             /* --rope-scaling given: rope replaces the file's scaling */
+    kipp_rope_scaling rope;
 } options;
 
 /* Bytes and FLOPs of one model, from its dimensions (seed 000 shapes); the

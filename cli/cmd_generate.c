@@ -34,7 +34,7 @@ double cli_now(void)
 int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
 {
     kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora, .stream = o->stream,
-                             .no_prefetch = o->no_prefetch};
+                             .no_prefetch = o->no_prefetch, .rope_override = o->rope_override, .rope = o->rope};
     char err[512];
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
@@ -55,8 +55,9 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
             rc = 2;
         }
     if (!rc && o->ctx > info.context_length) {
-        fprintf(stderr, "kipp %s: --ctx '%s' is above the %u-token context length of %s, expected 1..%u\n", cmd,
-                o->ctx_arg, info.context_length, info.checkpoint_id, info.context_length);
+        char why[256];
+        fprintf(stderr, "kipp %s: --ctx '%s' is above %u tokens, %s; expected 1..%u\n", cmd, o->ctx_arg,
+                info.context_length, kipp_context_limit_note(&info, why, sizeof why), info.context_length);
         rc = 2;
     }
     if (rc) {

@@ -44,6 +44,12 @@ static void print_header(const kipp_model *m)
     printf("vocab           %u\n", in.vocab_size);
     printf("context         %u tokens\n", in.context_length);
     printf("rope_theta      %g\n", (double)in.rope_theta);
+    if (in.rope.yarn)
+        printf("rope scaling    yarn: factor %g over %u original tokens (beta_fast %g, beta_slow %g); the file's "
+               "context_length is %u\n", in.rope.factor, in.rope.original_context, in.rope.beta_fast,
+               in.rope.beta_slow, in.file_context_length);
+    else
+        printf("rope scaling    none\n");
     printf("embeddings      %s\n", !in.tied_embeddings ? "untied"
                                    : strcmp(in.quant_head, "bf16") ? "tied (output.weight: the embedding, quantized)"
                                                                    : "tied (output = token_embd)");

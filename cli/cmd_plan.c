@@ -23,6 +23,7 @@
 static int usage(FILE *f)
 {
     fprintf(f, "usage: kipp plan --model FILE.gguf [--json] [--results DIR] [--profile FILE]\n"
+               "                 [--rope-scaling none|yarn:F[:ORIG]]\n"
                "  measures cores, ISA level, RAM, RAM read bandwidth, the FP32 FMA, BF16 dot and int8 dot peaks\n"
                "  and the model file's read speed, then prints resident vs streamed layers, the context whose\n"
                "  KV fits a quarter of the usable RAM and, per weight format, predicted decode, prefill and\n"
@@ -30,7 +31,9 @@ static int usage(FILE *f)
                "  --json     print the plan as JSON (schema kipp.plan.v1)\n"
                "  --results  where the model benchmarks are (default: results/ beside the build directory)\n"
                "  --profile  take the read bandwidth, peaks, ISA level and CPU id from this machine profile\n"
-               "             (make profile: profiles/<host>-<level>-<cpu id>.json) instead of probing them\n");
+               "             (make profile: profiles/<host>-<level>-<cpu id>.json) instead of probing them\n"
+               "  --rope-scaling  plan with this RoPE scaling instead of the file's: YaRN raises the context\n"
+               "             limit to ORIG x F (kipp generate --help; `kipp registry` lists the cards' yarn_ctx)\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -52,9 +55,16 @@ int cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *results = NULL, *profile = NULL;
     int json = 0;
+    kipp_model_options mo = {0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
         if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--rope-scaling")) {
+            char err[384];
+            if (i + 1 == argc) return cli_errorf("plan", "--rope-scaling needs a value: none, yarn:F or yarn:F:ORIG"), 2;
+            if (kipp_rope_scaling_parse(argv[++i], &mo.rope, err, sizeof err)) return cli_errorf("plan", "%s", err), 2;
+            mo.rope_override = 1;
+        }
         else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results") || !strcmp(argv[i], "--profile")) {
             char k = argv[i][2];
             if (i + 1 == argc) {
@@ -64,7 +74,8 @@ int cmd_plan(int argc, char **argv)
             }
             *(k == 'm' ? &model : k == 'r' ? &results : &profile) = argv[i + 1], i++;
         } else {
-            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json, --results DIR or --profile FILE",
+            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json, --results DIR, --profile FILE or "
+                       "--rope-scaling SPEC",
                        argv[i]);
             return usage(stderr);
         }
@@ -82,7 +93,7 @@ int cmd_plan(int argc, char **argv)
     }
     if (!results) default_results(dir, sizeof dir), results = dir;
     kipp_model *m = NULL;
-    int rc = kipp_model_open(model, "none", NULL, &m, err, sizeof err);
+    int rc = kipp_model_open(model, "none", &mo, &m, err, sizeof err);
     if (rc) return cli_model_error("plan", model, err), 1;
     kipp_machine mc;
     rc = kipp_machine_measure_with(model, profile, &mc, err, sizeof err);

@@ -35,7 +35,7 @@ static json_t *entry_json(const kipp_checkpoint *c)
 {
     json_t *stops = json_array();
     for (uint32_t i = 0; i < c->n_stop; i++) json_array_append_new(stops, json_integer(c->stop_ids[i]));
-    return json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b,s:i,s:o,s:I,s:s}",
+    return json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b,s:i,s:o,s:I,s:s,s:f,s:i,s:i}",
                      "id", c->id, "repository", c->repository, "revision", c->revision,
                      "synthetic", c->synthetic, "variant", variant_name(c->variant),
                      "chat_template", chat_name(c->chat), "d_model", c->d_model,
@@ -44,7 +44,9 @@ static json_t *entry_json(const kipp_checkpoint *c)
                      "context_length", c->context_length, "rope_theta", c->rope_theta,
                      "tied_embeddings", c->tied_embeddings, "eos_token_id", c->eos_token_id,
                      "stop_token_ids", stops, "kv_bytes_per_token",
-                     (json_int_t)kipp_kv_bytes_per_token(c), "revision_status", revision_status(c));
+                     (json_int_t)kipp_kv_bytes_per_token(c), "revision_status", revision_status(c),
+                     "yarn_factor", c->yarn_factor, "yarn_original_context", c->yarn_original,
+                     "yarn_context", kipp_yarn_context(c));
 }
 
 static void usage(FILE *f)
@@ -54,7 +56,8 @@ static void usage(FILE *f)
                "  --help, -h   print this help\n"
                "lists the compiled-in checkpoint registry: id, repository, pinned revision and its\n"
                "status (synthetic; pinned-unverified: a public pin that tools/download_model.sh\n"
-               "verifies file by file when it downloads; unpinned), and the model shape\n");
+               "verifies file by file when it downloads; unpinned), and the model shape; yarn_ctx is the\n"
+               "context the model card allows with YaRN (--rope-scaling yarn:F), - when it gives none\n");
 }
 
 int cmd_registry(int argc, char **argv)
@@ -77,13 +80,15 @@ int cmd_registry(int argc, char **argv)
         json_decref(arr);
         return 0;
     }
-    printf("%-24s %-32s %-40s %-17s %6s %4s %4s %6s %7s %s\n", "id", "repository", "revision", "status", "d", "L",
-           "nq", "ff", "ctx", "tied");
+    printf("%-24s %-32s %-40s %-17s %6s %4s %4s %6s %7s %8s %s\n", "id", "repository", "revision", "status", "d",
+           "L", "nq", "ff", "ctx", "yarn_ctx", "tied");
     for (size_t i = 0; i < kipp_checkpoints_count; i++) {
         const kipp_checkpoint *c = &kipp_checkpoints[i];
-        printf("%-24s %-32s %-40s %-17s %6u %4u %4u %6u %7u %s\n", c->id, c->repository,
+        char yc[16] = "-";
+        if (c->yarn_factor > 0) snprintf(yc, sizeof yc, "%u", kipp_yarn_context(c));
+        printf("%-24s %-32s %-40s %-17s %6u %4u %4u %6u %7u %8s %s\n", c->id, c->repository,
                c->revision ? c->revision : "-", revision_status(c), c->d_model, c->n_layer, c->n_q_head, c->d_ff,
-               c->context_length, c->tied_embeddings ? "yes" : "no");
+               c->context_length, yc, c->tied_embeddings ? "yes" : "no");
     }
     return 0;
 }

@@ -62,6 +62,9 @@ static const opt_def OPTS[] = {
                                       "      copy (models larger than RAM); default auto: when they exceed 0.75 x\n"
                                       "      available RAM (`kipp plan` says which), else KIPP_STREAM"},
     {"--no-prefetch", NULL, C_ALL, "streamed: no one-layer-ahead madvise(MADV_WILLNEED) prefetch thread"},
+    {"--rope-scaling", "none|yarn:F[:ORIG]", C_ALL, "RoPE scaling instead of the file's: YaRN with factor F over ORIG original\n"
+                                                   "      context tokens (default ORIG: the model card's, e.g. 32768, else the file's\n"
+                                                   "      context length), so --ctx may reach ORIG x F; none turns it off"},
     {"--help", NULL, C_ALL, "print this help and exit"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -213,7 +216,11 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--system")) o->system = v;
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else if (!strcmp(f, "--lora")) return parse_lora(cmd, v, o);
-    else if (!strcmp(f, "--stream")) {
+    else if (!strcmp(f, "--rope-scaling")) {
+        char err[384];
+        if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) return cli_errorf(cmd, "%s", err), 2;
+        o->rope_override = 1;
+    } else if (!strcmp(f, "--stream")) {
         if (!strcmp(v, "auto")) o->stream = KIPP_STREAM_AUTO;
         else if (!strcmp(v, "on")) o->stream = KIPP_STREAM_ON;
         else if (!strcmp(v, "off")) o->stream = KIPP_STREAM_OFF;

@@ -49,6 +49,8 @@ typedef struct {
     uint32_t n_lora;
     int stream;               /* --stream auto|on|off: KIPP_STREAM_* */
     int no_prefetch;          /* --no-prefetch */
+    int rope_override;        /* 1: --rope-scaling given (rope below), else the file's scaling */
+    kipp_rope_scaling rope;   /* --rope-scaling */
 } cli_gen_opts;
 
 /**

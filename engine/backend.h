@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "kernels/formats.h"
+#include "kernels/qwen3_shape.h"
 
 /** Tensor element types (GGUF type numbers), from the format table kernels/formats.h. */
 #define KIPP_DTYPE_F32 ((uint32_t)KIPP_TTYPE_F32)
@@ -56,10 +57,11 @@ typedef struct {
 typedef struct {
     uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;
     uint32_t vocab_size;     /* 151936 */
-    uint32_t context_length; /* tokens */
+    uint32_t context_length; /* tokens: the longest session; with YaRN original_context x factor */
     float rope_theta;
     float rms_eps;           /* 1e-6 */
     int tied_embeddings;
+    k_rope_yarn rope_yarn;   /* YaRN scaling; factor 0 = none (then context_length is the file's) */
 } kipp_dims;
 
 /** What a backend sees of a model: the validated mapping, dimensions and weights. */

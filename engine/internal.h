@@ -40,6 +40,7 @@ struct kipp_model {
     uint32_t lora_tensors;         /* tensors replaced by merged copies */
     uint64_t lora_bytes;           /* bytes of lora_bufs */
     double lora_merge_ms;          /* wall time of kipp_lora_apply, ms */
+    kipp_rope_scaling rope;        /* RoPE scaling in use, resolved (engine/rope_scaling.c); yarn 0 = none */
 };
 
 /**

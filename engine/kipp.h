@@ -55,6 +55,31 @@ int kipp_lora_parse_arg(const char *arg, kipp_lora_spec *out, char *path_buf, si
  */
 const char *kipp_backend_names(char *buf, size_t len, const char *sep);
 
+/**
+ * RoPE scaling (docs/FORMAT.md "RoPE scaling"): YaRN as Hugging Face
+ * transformers' _compute_yarn_parameters computes it. A model's session
+ * limit with YaRN is floor(original_context x factor) tokens.
+ */
+typedef struct {
+    int yarn;                  /* 1: YaRN; 0: none (the other fields are ignored) */
+    double factor;             /* context multiplier, 1 < factor <= KIPP_ROPE_MAX_FACTOR */
+    uint32_t original_context; /* original_max_position_embeddings, tokens; 0 in an override = the
+                                  registry card's (Qwen3 hybrid 4B+: 32768), else the file's context_length */
+    double beta_fast;          /* 0 = 32 (transformers' default) */
+    double beta_slow;          /* 0 = 1 */
+} kipp_rope_scaling;
+
+#define KIPP_ROPE_MAX_FACTOR 64.0          /* largest YaRN factor accepted */
+#define KIPP_ROPE_MAX_CONTEXT (1u << 20)   /* largest scaled context, tokens (the cpu RoPE table is 512 B each) */
+
+/**
+ * Parse a --rope-scaling value: "none", "yarn:F" or "yarn:F:ORIG" (F the
+ * factor, ORIG original_max_position_embeddings in tokens). Range checks
+ * that need the model (ORIG x F) happen at kipp_model_open. Errors:
+ * KIPP_EINVAL naming the value and the expected form or range.
+ */
+int kipp_rope_scaling_parse(const char *s, kipp_rope_scaling *out, char *err, size_t errlen);
+
 /** Options for kipp_model_open; zero-initialise for defaults. */
 typedef struct {
     /* Worker threads for the backend; 0 = one per physical core. Backend "ref"
@@ -78,6 +103,10 @@ typedef struct {
      * defaults) change nothing for it. */
     int stream;      /* KIPP_STREAM_*; backend ref refuses ON (KIPP_EINVAL): it has no streamed mode */
     int no_prefetch; /* streamed: 1 = no prefetch thread (also KIPP_PREFETCH=0); ref refuses 1 */
+    /* --rope-scaling: 1 = use `rope` instead of the file's qwen3.rope.scaling.* keys
+     * (rope.yarn 0 turns scaling off); 0 = the file's. Bad values: KIPP_EINVAL. */
+    int rope_override;
+    kipp_rope_scaling rope;
 } kipp_model_options;
 
 #define KIPP_STREAM_AUTO 0
@@ -207,7 +236,9 @@ typedef struct {
     int tied_embeddings;
     uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;
     uint32_t vocab_size;        /* logits per row: 151936 */
-    uint32_t context_length;    /* tokens */
+    uint32_t context_length;    /* tokens: the longest session (with YaRN original_context x factor) */
+    uint32_t file_context_length; /* kipp.context_length (max_position_embeddings), tokens */
+    kipp_rope_scaling rope;     /* the scaling in use (file's or override), defaults resolved */
     uint32_t n_stop;
     uint32_t stop_ids[2];
     uint64_t kv_bytes_per_token; /* logical KV bytes per cached token (all layers) */
@@ -230,6 +261,14 @@ typedef struct {
  * callers holding one may ignore the result.
  */
 int kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
+
+/**
+ * Why a model's context is info->context_length tokens, for messages about an
+ * over-long --ctx: "the YaRN limit 32768 x 4 of qwen3-8b" or "the context
+ * length of qwen3-8b (no RoPE scaling; --rope-scaling yarn:4 would allow
+ * 131072)". Writes at most len bytes into buf (NUL-terminated) and returns buf.
+ */
+const char *kipp_context_limit_note(const kipp_model_info *info, char *buf, size_t len);
 
 /** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
 typedef struct {

@@ -65,37 +65,43 @@ typedef struct {
     uint32_t eos_token_id;   /* eos in config.json */
     uint32_t n_stop;         /* entries used in stop_ids */
     uint32_t stop_ids[2];    /* generation stops at any of these */
+    double yarn_factor;      /* YaRN the model card gives: factor (0 = none) ... */
+    uint32_t yarn_original;  /* ... and original_max_position_embeddings, tokens (0 = none) */
 } kipp_checkpoint;
 
 #define KIPP_STOP_BASE 1, { 151643u, 0u }
 #define KIPP_STOP_CHAT 2, { 151645u, 151643u }
 #define KIPP_SYNTH_REV "kipp-synth-v1-seed"
+/* Qwen3-4B/8B/14B/32B cards: "32,768 natively and 131,072 tokens with YaRN" (factor 4 over 32768);
+ * the 0.6B/1.7B cards give 32,768 only, Base cards no YaRN, 2507 cards 262,144 natively. */
+#define KIPP_YARN_CARD , 4.0, 32768u
+#define KIPP_YARN_NONE , 0.0, 0u
 
 /* Columns: id, repository, revision, synthetic, variant, chat,
  * d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff, vocab, ctx, theta, tied,
- * eos, stops. */
+ * eos, stops, YaRN of the card (factor, original context). */
 #define KIPP_CHECKPOINT_TABLE \
-  {"qwen3-0.6b-base", "Qwen/Qwen3-0.6B-Base", "da87bfb608c14b7cf20ba1ce41287e8de496c0cd", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
-  {"qwen3-0.6b",      "Qwen/Qwen3-0.6B",      "c1899de289a04d12100db370d81485cdf75e47ca", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-1.7b-base", "Qwen/Qwen3-1.7B-Base", "ea980cb0a6c2ae4b936e82123acc929f1cec04c1", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
-  {"qwen3-1.7b",      "Qwen/Qwen3-1.7B",      "70d244cc86ccca08cf5af4e1e306ecf908b1ad5e", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-4b-base",   "Qwen/Qwen3-4B-Base",   "906bfd4b4dc7f14ee4320094d8b41684abff8539", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
-  {"qwen3-4b",        "Qwen/Qwen3-4B",        "1cfa9a7208912126459214e8b04321603b3df60c", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-4b-instruct-2507", "Qwen/Qwen3-4B-Instruct-2507", "cdbee75f17c01a7cc42f958dc650907174af0554", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_INSTRUCT_2507, 2560, 36, 32, 8, 128, 9728, KIPP_VOCAB_SIZE, 262144, 5e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-4b-thinking-2507", "Qwen/Qwen3-4B-Thinking-2507", "768f209d9ea81521153ed38c47d515654e938aea", 0, KIPP_VARIANT_THINKING, KIPP_CHAT_THINKING_2507, 2560, 36, 32, 8, 128, 9728, KIPP_VOCAB_SIZE, 262144, 5e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-8b-base",   "Qwen/Qwen3-8B-Base",   "49e3418fbbbca6ecbdf9608b4d22e5a407081db4", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
-  {"qwen3-8b",        "Qwen/Qwen3-8B",        "b968826d9c46dd6066d109eabc6255188de91218", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-14b-base",  "Qwen/Qwen3-14B-Base",  "0b0bd3732e2c374d483664439ea334928b65f304", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
-  {"qwen3-14b",       "Qwen/Qwen3-14B",       "40c069824f4251a91eefaf281ebe4c544efd3e18", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
-  {"qwen3-32b",       "Qwen/Qwen3-32B",       "9216db5781bf21249d130ec9da846c4624c16137", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 64, 64, 8, 128, 25600, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
+  {"qwen3-0.6b-base", "Qwen/Qwen3-0.6B-Base", "da87bfb608c14b7cf20ba1ce41287e8de496c0cd", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"qwen3-0.6b",      "Qwen/Qwen3-0.6B",      "c1899de289a04d12100db370d81485cdf75e47ca", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"qwen3-1.7b-base", "Qwen/Qwen3-1.7B-Base", "ea980cb0a6c2ae4b936e82123acc929f1cec04c1", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"qwen3-1.7b",      "Qwen/Qwen3-1.7B",      "70d244cc86ccca08cf5af4e1e306ecf908b1ad5e", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"qwen3-4b-base",   "Qwen/Qwen3-4B-Base",   "906bfd4b4dc7f14ee4320094d8b41684abff8539", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE,  32768, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"qwen3-4b",        "Qwen/Qwen3-4B",        "1cfa9a7208912126459214e8b04321603b3df60c", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE,  40960, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_CARD}, \
+  {"qwen3-4b-instruct-2507", "Qwen/Qwen3-4B-Instruct-2507", "cdbee75f17c01a7cc42f958dc650907174af0554", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_INSTRUCT_2507, 2560, 36, 32, 8, 128, 9728, KIPP_VOCAB_SIZE, 262144, 5e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"qwen3-4b-thinking-2507", "Qwen/Qwen3-4B-Thinking-2507", "768f209d9ea81521153ed38c47d515654e938aea", 0, KIPP_VARIANT_THINKING, KIPP_CHAT_THINKING_2507, 2560, 36, 32, 8, 128, 9728, KIPP_VOCAB_SIZE, 262144, 5e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"qwen3-8b-base",   "Qwen/Qwen3-8B-Base",   "49e3418fbbbca6ecbdf9608b4d22e5a407081db4", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"qwen3-8b",        "Qwen/Qwen3-8B",        "b968826d9c46dd6066d109eabc6255188de91218", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT KIPP_YARN_CARD}, \
+  {"qwen3-14b-base",  "Qwen/Qwen3-14B-Base",  "0b0bd3732e2c374d483664439ea334928b65f304", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"qwen3-14b",       "Qwen/Qwen3-14B",       "40c069824f4251a91eefaf281ebe4c544efd3e18", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT KIPP_YARN_CARD}, \
+  {"qwen3-32b",       "Qwen/Qwen3-32B",       "9216db5781bf21249d130ec9da846c4624c16137", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 64, 64, 8, 128, 25600, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT KIPP_YARN_CARD}, \
   /* Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes. */ \
-  {"synthetic-tiny",        "synthetic/qwen3-tiny",        KIPP_SYNTH_REV "1", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,  256, 2, 16, 8, 128,   512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", KIPP_SYNTH_REV "2", 1, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,      384, 3,  8, 8, 128,   640, KIPP_VOCAB_SIZE, 4096, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
-  {"synthetic-tiny-outliers", "synthetic/qwen3-tiny-outliers", KIPP_SYNTH_REV "7", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 256, 4, 16, 8, 128, 768, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"synthetic-0.6b", "synthetic/qwen3-0.6b-shape", KIPP_SYNTH_REV "3", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"synthetic-1.7b", "synthetic/qwen3-1.7b-shape", KIPP_SYNTH_REV "4", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"synthetic-4b",   "synthetic/qwen3-4b-shape",   KIPP_SYNTH_REV "5", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"synthetic-8b",   "synthetic/qwen3-8b-shape",   KIPP_SYNTH_REV "6", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}
+  {"synthetic-tiny",        "synthetic/qwen3-tiny",        KIPP_SYNTH_REV "1", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,  256, 2, 16, 8, 128,   512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", KIPP_SYNTH_REV "2", 1, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,      384, 3,  8, 8, 128,   640, KIPP_VOCAB_SIZE, 4096, 1e6, 0, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"synthetic-tiny-outliers", "synthetic/qwen3-tiny-outliers", KIPP_SYNTH_REV "7", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 256, 4, 16, 8, 128, 768, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"synthetic-0.6b", "synthetic/qwen3-0.6b-shape", KIPP_SYNTH_REV "3", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"synthetic-1.7b", "synthetic/qwen3-1.7b-shape", KIPP_SYNTH_REV "4", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_NONE}, \
+  {"synthetic-4b",   "synthetic/qwen3-4b-shape",   KIPP_SYNTH_REV "5", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT KIPP_YARN_CARD}, \
+  {"synthetic-8b",   "synthetic/qwen3-8b-shape",   KIPP_SYNTH_REV "6", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151645u, KIPP_STOP_CHAT KIPP_YARN_CARD}
 
 /** The registry, in table order. */
 extern const kipp_checkpoint kipp_checkpoints[];
@@ -120,6 +126,12 @@ static inline uint32_t kipp_attn_width(const kipp_checkpoint *c) { return c->n_q
 static inline uint64_t kipp_kv_bytes_per_token(const kipp_checkpoint *c)
 {
     return (uint64_t)c->n_layer * 2u * c->n_kv_head * c->head_dim * 2u;
+}
+
+/** The card's YaRN context in tokens (original x factor), 0 when the card gives none. */
+static inline uint32_t kipp_yarn_context(const kipp_checkpoint *c)
+{
+    return (uint32_t)((double)c->yarn_original * c->yarn_factor);
 }
 
 #endif

@@ -114,7 +114,13 @@ typedef struct {
     uint64_t kv_bytes_per_token;   /* all layers, K and V */
     uint64_t usable_ram_bytes;     /* ram_available_bytes minus the resident weights (0 when they do not fit) */
     uint32_t ctx;                  /* tokens: KV of ctx fits usable_ram_bytes / 4; multiple of 32, <= context_length */
-    uint32_t context_length;       /* the model's trained context */
+    uint32_t context_length;       /* the model's longest context: the file's max_position_embeddings, or with YaRN
+                                      (the file's or --rope-scaling) original_context x factor */
+    char context_limit[256];       /* why context_length (kipp_context_limit_note): "the YaRN limit 32768 x 4 of
+                                      qwen3-8b", or the file's length and what the card's YaRN would allow */
+    double rope_factor;            /* YaRN factor in use, 0 = none */
+    uint32_t rope_original_context;/* YaRN original context in use, tokens; 0 = none */
+    uint32_t card_yarn_context;    /* the context the registry's model card gives with YaRN, 0 = none */
     uint32_t n_layer, layers_resident, layers_streamed; /* resident + streamed == n_layer */
     int streamed;                  /* 1: file weights > 0.75 x available RAM: layers are read from disk per token */
     int head_resident;             /* 1: the output head stays in RAM (always, unless streamed and the head alone

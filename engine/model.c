@@ -23,6 +23,7 @@
 #include "engine/grammar_impl.h"
 #include "engine/kv_pool.h"
 #include "engine/lora.h"
+#include "engine/rope_scaling.h"
 #include "kernels/formats.h"
 
 #define KIPP_FORMAT_VERSION 1u
@@ -76,6 +77,12 @@ static const key_spec keys[] = {
     {"kipp.tokenizer.added_special", KIPP_GGUF_ARRAY, KIPP_GGUF_BOOL, 0},
     {"kipp.tokenizer.pre_regex", KIPP_GGUF_STRING, 0, 0},
     {"kipp.tokenizer.normalizer", KIPP_GGUF_STRING, 0, 0},
+    /* docs/FORMAT.md "RoPE scaling": llama.cpp's names, all five or none (engine/rope_scaling.c) */
+    {KIPP_KEY_ROPE_TYPE, KIPP_GGUF_STRING, 0, 1},
+    {KIPP_KEY_ROPE_FACTOR, KIPP_GGUF_F32, 0, 1},
+    {KIPP_KEY_ROPE_ORIG, KIPP_GGUF_U32, 0, 1},
+    {KIPP_KEY_ROPE_BETA_FAST, KIPP_GGUF_F32, 0, 1},
+    {KIPP_KEY_ROPE_BETA_SLOW, KIPP_GGUF_F32, 0, 1},
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -592,9 +599,11 @@ static int bind_weights(kipp_model *m, char *err, size_t errlen)
     m->weight_bytes = 0;
     for (uint64_t i = 0; i < m->gguf.n_tensors; i++) m->weight_bytes += t[i].nbytes;
     kipp_dims *d = &m->view.dims;
-    *d = (kipp_dims){c->d_model, c->n_layer, c->n_q_head, c->n_kv_head, c->head_dim, c->d_ff,
-                     c->vocab_size, c->context_length, (float)c->rope_theta, KIPP_RMS_EPS,
-                     c->tied_embeddings};
+    *d = (kipp_dims){.d_model = c->d_model, .n_layer = c->n_layer, .n_q_head = c->n_q_head,
+                     .n_kv_head = c->n_kv_head, .head_dim = c->head_dim, .d_ff = c->d_ff,
+                     .vocab_size = c->vocab_size, .context_length = c->context_length,
+                     .rope_theta = (float)c->rope_theta, .rms_eps = KIPP_RMS_EPS,
+                     .tied_embeddings = c->tied_embeddings};
     m->view.checkpoint_id = c->id;
     return KIPP_OK;
 }
@@ -617,7 +626,10 @@ static int model_bind(kipp_model *m, const void *buf, size_t size, char *err, si
     m->quant_head = head ? head->scheme : "bf16";
     m->view.map = buf;
     m->view.map_size = size;
-    return bind_weights(m, err, errlen);
+    kipp_rope_scaling rope;
+    if ((rc = bind_weights(m, err, errlen)) || (rc = kipp_rope_from_file(&m->gguf, &rope, err, errlen)))
+        return rc;
+    return kipp_rope_apply(m, &rope, "the file's " KIPP_KEY_ROPE_TYPE " keys", err, errlen);
 }
 
 /* Tokenizer views: string indexes from the parser, an aligned copy of the added ids. */
@@ -762,6 +774,8 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
         kipp_model_close(m);
         return rc;
     }
+    if (opts && opts->rope_override && (rc = kipp_rope_apply(m, &opts->rope, "--rope-scaling", err, errlen)))
+        return kipp_model_close(m), rc;
     if (!ops) { /* "none": read-only use of the file, no weights touched */
         *out = m;
         return KIPP_OK;
@@ -823,7 +837,9 @@ int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->head_dim = c->head_dim;
     info->d_ff = c->d_ff;
     info->vocab_size = c->vocab_size;
-    info->context_length = c->context_length;
+    info->context_length = m->view.dims.context_length;
+    info->file_context_length = c->context_length;
+    info->rope = m->rope;
     info->n_stop = c->n_stop;
     memcpy(info->stop_ids, c->stop_ids, sizeof info->stop_ids);
     info->kv_bytes_per_token = kipp_kv_bytes_per_token(c);

@@ -492,6 +492,11 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
                        .context_length = in.context_length};
     snprintf(out->model_id, sizeof out->model_id, "%s", in.checkpoint_id);
     snprintf(out->file_format, sizeof out->file_format, "%s", in.quant);
+    kipp_context_limit_note(&in, out->context_limit, sizeof out->context_limit);
+    out->rope_factor = in.rope.yarn ? in.rope.factor : 0;
+    out->rope_original_context = in.rope.yarn ? in.rope.original_context : 0;
+    const kipp_checkpoint *ck = kipp_checkpoint_by_id(in.checkpoint_id);
+    out->card_yarn_context = ck ? kipp_yarn_context(ck) : 0;
     uint64_t res = resident_bytes(&in, mc->ram_available_bytes, &out->layers_resident, &out->streamed,
                                   &out->head_resident);
     out->layers_streamed = in.n_layer - out->layers_resident;

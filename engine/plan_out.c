@@ -75,14 +75,17 @@ char *kipp_plan_json(const kipp_plan *p)
                            m->peak_gflops, "bf16_dot_gflops", m->bf16_dot_gflops, "int8_dot_gops", m->int8_dot_gops,
                            "bf16_act", m->bf16_act, "peaks_from", m->peaks_from, "disk_read_gbps", m->disk_read_gbps,
                            "disk_sample_bytes", (json_int_t)m->disk_sample_bytes, "disk_direct", m->disk_direct);
-    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:o}", "schema",
+    json_t *o = json_pack("{s:s, s:o, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:o, s:s, s:f, "
+                          "s:i, s:i}", "schema",
                           "kipp.plan.v1",
                           "machine", mj, "model", p->model_id, "file_format", p->file_format, "kv_bytes_per_token",
                           (json_int_t)p->kv_bytes_per_token, "usable_ram_bytes", (json_int_t)p->usable_ram_bytes, "ctx",
                           (int)p->ctx, "context_length", (int)p->context_length, "n_layer", (int)p->n_layer,
                           "layers_resident", (int)p->layers_resident, "layers_streamed", (int)p->layers_streamed,
                           "streamed", p->streamed, "head_resident", p->head_resident, "results_dir",
-                          p->results_dir, "results_skipped", p->results_skipped, "formats", fm);
+                          p->results_dir, "results_skipped", p->results_skipped, "formats", fm, "context_limit",
+                          p->context_limit, "rope_factor", p->rope_factor, "rope_original_context",
+                          (int)p->rope_original_context, "card_yarn_context", (int)p->card_yarn_context);
     char *s = o ? json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(9)) : NULL;
     json_decref(o);
     return s;
@@ -107,8 +110,9 @@ char *kipp_plan_text(const kipp_plan *p)
     OUT("model: %s (%s), %u layers: %u resident, %u streamed%s%s\n", p->model_id, p->file_format, p->n_layer,
         p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "",
         p->head_resident ? "" : "; the head is streamed too");
-    OUT("  KV %llu bytes per token; context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u)\n",
-        (unsigned long long)p->kv_bytes_per_token, p->ctx, p->usable_ram_bytes * 1e-9, p->context_length);
+    OUT("  KV %llu bytes per token; context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u: %s)\n",
+        (unsigned long long)p->kv_bytes_per_token, p->ctx, p->usable_ram_bytes * 1e-9, p->context_length,
+        p->context_limit);
     for (size_t i = 0; i < p->n_formats; i++) {
         const kipp_plan_format *f = &p->formats[i];
         OUT("%-13s decode %8.1f tok/s  prefill %8.1f tok/s  batch%d %8.1f tok/s  serve %8.1f tok/s at --max-batch "

@@ -11,4 +11,18 @@
 #define KIPP_N_KV_HEAD 8u   /* KV heads; n_q_head is a multiple of this */
 #define KIPP_KV_BLOCK 32u   /* positions per KV page (block table entry) */
 
+#include <stdint.h>
+
+/**
+ * YaRN RoPE scaling of a model (docs/FORMAT.md "RoPE scaling"; factor 0 =
+ * none): the engine fills it from the file or --rope-scaling, every backend's
+ * RoPE table (k_rope_table_yarn) reads it.
+ */
+typedef struct {
+    double factor;             /* context multiplier, > 1; 0 = no scaling */
+    uint32_t original_context; /* original_max_position_embeddings, tokens */
+    double beta_fast;          /* rotations where extrapolation ends (32 by default) */
+    double beta_slow;          /* rotations where interpolation starts (1 by default) */
+} k_rope_yarn;
+
 #endif

@@ -37,6 +37,8 @@ typedef struct {
     double step_ms;           /* --step-ms: ms, 0 = off, < 0 = auto */
     int no_spec;              /* --no-spec */
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
+    int rope_override;        /* --rope-scaling given: rope replaces the file's scaling */
+    kipp_rope_scaling rope;
     kipp_lora_spec lora[SERVE_MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
     char lora_path[SERVE_MAX_LORA][4096];
     uint32_t n_lora;
@@ -64,6 +66,9 @@ static void usage(FILE *f)
             "                     repeatable, at most 8 (their deltas add up)\n"
             "  --ctx N            tokens per choice (prompt + output), default min(8192, model context);\n"
             "                     0: measure this machine, print the plan (`kipp plan`) and use its context\n"
+            "  --rope-scaling none|yarn:F[:ORIG]  RoPE scaling instead of the file's: YaRN, factor F over ORIG\n"
+            "                     original context tokens (default: the model card's, else the file's context\n"
+            "                     length), so --ctx may reach ORIG x F; none turns it off\n"
             "  --max-batch N      active choices per step, 8..64, default 16\n"
             "  --max-queue N      requests waiting for a batch slot before 429, 1..4096, default 64 (requests\n"
             "                     that free slots will take at the next step do not count)\n"
@@ -150,6 +155,12 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             if (kipp_lora_parse_arg(v, &o->lora[o->n_lora], o->lora_path[o->n_lora], sizeof o->lora_path[0], err, sizeof err))
                 return fprintf(stderr, "kipp-serve: %s\n", err), 2;
             o->n_lora++;
+            continue;
+        }
+        if (!strcmp(a, "--rope-scaling")) {
+            char err[384];
+            if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) return fprintf(stderr, "kipp-serve: %s\n", err), 2;
+            o->rope_override = 1;
             continue;
         }
         if (!strcmp(a, "--stream")) {
@@ -329,8 +340,10 @@ static int run(const serve_opts *o, kipp_model *m)
     kipp_model_get_info(m, &info);
     uint32_t n_ctx = o->ctx > 0 ? (uint32_t)o->ctx : (info.context_length < 8192 ? info.context_length : 8192);
     if (o->ctx == 0 && plan_ctx(o, m, &n_ctx)) return 1;
+    char why[256];
     if (n_ctx > info.context_length)
-        return fprintf(stderr, "kipp-serve: --ctx %u is above the model's context length %u\n", n_ctx, info.context_length), 2;
+        return fprintf(stderr, "kipp-serve: --ctx %u is above %u tokens, %s; expected 1..%u\n", n_ctx,
+                       info.context_length, kipp_context_limit_note(&info, why, sizeof why), info.context_length), 2;
     char pool_why[128] = "--kv-pool-mib";
     if (o->kv_pool_mib < 0 && default_pool(o, m, n_ctx, pool_why, sizeof pool_why)) return 1;
     kipp_model_get_info(m, &info);
@@ -418,7 +431,7 @@ int main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     kipp_log_set_sink(engine_note, NULL);
     kipp_model_options mo = {.n_threads = (int)o.threads, .lora = o.lora, .n_lora = o.n_lora, .stream = o.stream,
-                             .no_prefetch = o.no_prefetch};
+                             .no_prefetch = o.no_prefetch, .rope_override = o.rope_override, .rope = o.rope};
     kipp_model *m = NULL;
     char err[512];
     /* Pooled by default (seed 000: the server uses pooled models on CPU): --kv-pool-mib N sizes the pool

@@ -4,6 +4,7 @@
  *
  *   kipp-cuda-gate --model F.gguf [--model ...] [--prompt N] [--decode N]
  *                  [--batch B] [--long N] [--nmse X] [--json FILE] [--oracle ref]
+ *                  [--rope-scaling none|yarn:F[:ORIG]]
  *
  * For each model, the "cuda" backend against the "ref" oracle, row by row:
  *   isolated  one session: a prompt of N tokens with logits for every row,
@@ -39,6 +40,7 @@ typedef struct {
     uint32_t prompt, decode, batch, long_n;
     double nmse_max;
     const char *json, *oracle;
+    kipp_model_options mo; /* --rope-scaling: YaRN on every model opened (docs/FORMAT.md "RoPE scaling") */
 } opts;
 
 typedef struct {
@@ -268,7 +270,8 @@ static int usage(void)
 {
     fprintf(stderr, "usage: kipp-cuda-gate --model F.gguf [--model ...] [--prompt N (default 24)] [--decode N (8)]\n"
                     "                      [--batch B (1..8, default 3)] [--long N (0)] [--nmse X (1e-4)] [--json FILE]\n"
-                    "                      [--oracle ref|cpu (the backend cuda is compared with, default ref)]\n");
+                    "                      [--oracle ref|cpu (the backend cuda is compared with, default ref)]\n"
+                    "                      [--rope-scaling none|yarn:F[:ORIG] (every model opened with it)]\n");
     return 2;
 }
 
@@ -286,7 +289,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--nmse")) o.nmse_max = strtod(v, NULL);
         else if (!strcmp(a, "--json")) o.json = v;
         else if (!strcmp(a, "--oracle")) o.oracle = v;
-        else return usage();
+        else if (!strcmp(a, "--rope-scaling")) {
+            char err[384];
+            if (kipp_rope_scaling_parse(v, &o.mo.rope, err, sizeof err)) return fprintf(stderr, "%s\n", err), 2;
+            o.mo.rope_override = 1;
+        } else return usage();
         i++;
     }
     if (!o.n_models || o.prompt < 1 || o.batch < 1 || o.batch > MAX_BATCH) return usage();
@@ -302,9 +309,9 @@ int main(int argc, char **argv)
         kipp_model *mr = NULL, *mc = NULL, *mp = NULL;
         const char *path = o.models[k];
         printf("%s\n", path);
-        int rc = kipp_model_open(path, o.oracle, NULL, &mr, err, sizeof err);
-        if (!rc) rc = kipp_model_open(path, "cuda", NULL, &mc, err, sizeof err);
-        if (!rc) rc = kipp_model_open_pooled(path, "cuda", NULL, 256, &mp, err, sizeof err);
+        int rc = kipp_model_open(path, o.oracle, &o.mo, &mr, err, sizeof err);
+        if (!rc) rc = kipp_model_open(path, "cuda", &o.mo, &mc, err, sizeof err);
+        if (!rc) rc = kipp_model_open_pooled(path, "cuda", &o.mo, 256, &mp, err, sizeof err);
         if (rc) {
             printf("  open: %s (%s)  FAIL\n", err, kipp_strerror(rc));
             all_ok = 0;

@@ -43,7 +43,7 @@ static kipp_tensor_view fx_tensor(kipp_bf16 **cur, uint64_t rows, uint64_t cols,
 static fx_model *fx_model_create(const char *backend, char *err, size_t errlen)
 {
     fx_model *fx = calloc(1, sizeof *fx);
-    kipp_dims d = {64, 2, 16, 8, 128, 96, FX_VOCAB, FX_CTX, 1e6f, 1e-6f, 0};
+    kipp_dims d = {64, 2, 16, 8, 128, 96, FX_VOCAB, FX_CTX, 1e6f, 1e-6f, 0, {0, 0, 0, 0}};
     uint64_t A = d.n_q_head * 128u, D = d.d_model, F = d.d_ff;
     uint64_t per_layer = 3 * D + 2 * 128 + A * D + 2 * 1024 * D + D * A + 3 * F * D + 11 * 32;
     fx->arena = kipp_aligned_alloc((2 * FX_VOCAB * D + D + 64 + d.n_layer * per_layer) * 2);

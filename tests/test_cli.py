@@ -284,12 +284,12 @@ OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora",
-                 "--stream", "--no-prefetch"},
+                 "--stream", "--no-prefetch", "--rope-scaling"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
-             "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch"},
+             "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch", "--rope-scaling"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora",
-               "--stream", "--no-prefetch"},
+               "--stream", "--no-prefetch", "--rope-scaling"},
 }
 ALL_OPTS = set().union(*OWN.values())
 

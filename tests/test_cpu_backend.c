@@ -88,7 +88,7 @@ static kipp_tensor_view tensor(kipp_bf16 **cur, uint64_t rows, uint64_t cols, fl
 static tmodel *tmodel_build(uint32_t d_model, uint32_t n_q_head, uint32_t d_ff, uint32_t vocab, int tied, uint64_t seed)
 {
     tmodel *t = calloc(1, sizeof *t);
-    kipp_dims d = {d_model, 2, n_q_head, 8, 128, d_ff, vocab, 1024, 1e6f, 1e-6f, tied};
+    kipp_dims d = {d_model, 2, n_q_head, 8, 128, d_ff, vocab, 1024, 1e6f, 1e-6f, tied, {0, 0, 0, 0}};
     uint64_t A = n_q_head * 128u, D = d_model, F = d_ff;
     uint64_t per_layer = 3 * D + 256 + A * D + 2048 * D + D * A + 3 * F * D + 11 * 32;
     t->arena = kipp_aligned_alloc((2 * vocab * D + D + 64 + 2 * per_layer) * 2);

@@ -412,6 +412,42 @@ static void test_ram_from_cgroup_files(void)
     CHECK(system(cmd) == 0, "%s", cmd);
 }
 
+/* YaRN (docs/PLANNING.md "RoPE scaling"): the plan's limit is original x factor, from the file or an override;
+ * the context is that limit when RAM is plenty, else the KV rule below it. */
+static void test_yarn_context(void)
+{
+    char path[512], err[256] = "";
+    kipp_machine mc = machine(20ull << 30);
+    kipp_plan p;
+    snprintf(path, sizeof path, "%s/synthetic-tiny-yarn.gguf", th_models_dir());
+    kipp_model *m = NULL;
+    CHECK(kipp_model_open(path, "none", NULL, &m, err, sizeof err) == 0, "open %s: %s", path, err);
+    if (m && !kipp_plan_make(m, &mc, NULL, &p, err, sizeof err)) {
+        CHECK(p.context_length == 64 * 4 && p.ctx == 256 && p.rope_factor == 4 && p.rope_original_context == 64,
+              "limit %u ctx %u factor %g orig %u, expected 256 = 64 x 4", p.context_length, p.ctx, p.rope_factor,
+              p.rope_original_context);
+        CHECK(strstr(p.context_limit, "YaRN limit 64 x 4") != NULL, "context_limit '%s'", p.context_limit);
+    }
+    kipp_model_close(m);
+    /* synthetic-tiny with yarn:64 over its 4096: 262144 tokens; 8192 B of KV each, so 1 GiB available holds
+     * (1 GiB - weights) / 4 / 8192 of them, below the limit. */
+    snprintf(path, sizeof path, "%s/synthetic-tiny.gguf", th_models_dir());
+    kipp_model_options o = {.rope_override = 1};
+    CHECK(kipp_rope_scaling_parse("yarn:64", &o.rope, err, sizeof err) == 0, "%s", err);
+    m = NULL;
+    CHECK(kipp_model_open(path, "none", &o, &m, err, sizeof err) == 0, "open %s yarn:64: %s", path, err);
+    kipp_model_info in;
+    if (m && !kipp_model_get_info(m, &in)) {
+        mc = machine(1ull << 30);
+        CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+        uint32_t want = (uint32_t)(((1ull << 30) - in.weight_bytes) / 4 / in.kv_bytes_per_token / 32 * 32);
+        CHECK(p.context_length == 262144 && p.ctx == want && want < 262144 && want > 4096,
+              "limit %u ctx %u, expected 262144 and %u", p.context_length, p.ctx, want);
+        CHECK(p.card_yarn_context == 0, "synthetic-tiny's card gives no YaRN, plan says %u", p.card_yarn_context);
+    }
+    kipp_model_close(m);
+}
+
 int main(void)
 {
     RUN(test_resident_when_it_fits);
@@ -422,5 +458,6 @@ int main(void)
     RUN(test_shares_are_a_median_of_recent_runs);
     RUN(test_unreadable_results_are_named);
     RUN(test_ram_from_cgroup_files);
+    RUN(test_yarn_context);
     return th_finish();
 }

@@ -26,7 +26,8 @@ import make_checkpoint as mk
 REPO = Path(__file__).resolve().parent.parent
 C_FIELDS = ["id", "repository", "revision", "synthetic", "variant", "chat_template", "d_model", "n_layer",
             "n_q_head", "n_kv_head", "head_dim", "d_ff", "vocab_size", "context_length", "rope_theta",
-            "tied_embeddings", "eos_token_id", "stop_token_ids", "kv_bytes_per_token", "revision_status"]
+            "tied_embeddings", "eos_token_id", "stop_token_ids", "kv_bytes_per_token", "revision_status",
+            "yarn_factor", "yarn_original_context", "yarn_context"]
 
 
 # ---------------------------------------------------------------- registry

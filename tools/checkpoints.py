@@ -112,6 +112,16 @@ class Checkpoint:
     files: dict[str, FileFact] = field(default_factory=dict)  # recorded file facts
     weights: str = "gaussian"   # synthetic only: "gaussian", or "outliers" (loud rows and heavy
                                 # tails in the projections, tools/make_checkpoint.py)
+    # YaRN the model card allows (kipp_checkpoint's yarn_factor / yarn_original_context): factor and
+    # original_max_position_embeddings; 0 / 0 = the card gives none. kipp plan and --rope-scaling yarn:F
+    # (no ORIG) read them; the scaled limit is yarn_original_context x yarn_factor.
+    yarn_factor: float = 0.0
+    yarn_original_context: int = 0
+
+    @property
+    def yarn_context(self) -> int:
+        """The card's YaRN context, tokens (0 without one): original_max_position_embeddings x factor."""
+        return int(self.yarn_original_context * self.yarn_factor)
 
     @property
     def attn_width(self) -> int:
@@ -150,10 +160,14 @@ class Checkpoint:
     def registry_json(self) -> dict:
         """The dict `kipp registry --json` prints for this entry (same keys, same order)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("revision_status", "weight_shards", "files", "weights")}
+             if f.name not in ("revision_status", "weight_shards", "files", "weights", "yarn_factor",
+                               "yarn_original_context")}
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["kv_bytes_per_token"] = self.kv_bytes_per_token
         d["revision_status"] = self.revision_status
+        d["yarn_factor"] = self.yarn_factor
+        d["yarn_original_context"] = self.yarn_original_context
+        d["yarn_context"] = self.yarn_context
         return d
 
 
@@ -226,6 +240,15 @@ CHECKPOINTS: tuple[Checkpoint, ...] = (
     _synth("synthetic-4b", "synthetic/qwen3-4b-shape", 5, "instruct", "hybrid", 2560, 36, 32, 9728, 40960, True),
     _synth("synthetic-8b", "synthetic/qwen3-8b-shape", 6, "instruct", "hybrid", 4096, 36, 32, 12288, 40960, False),
 )
+
+# Model cards that give YaRN: Qwen3-4B/8B/14B/32B, "32,768 natively and 131,072 tokens with YaRN"
+# (rope_scaling {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32768}); the 0.6B and
+# 1.7B cards give 32,768 only, the Base cards no YaRN, the 2507 cards 262,144 natively. The synthetic
+# 4B and 8B shapes mirror their hybrid entries.
+YARN_CARD = (4.0, 32768)
+_YARN_IDS = ("qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "synthetic-4b", "synthetic-8b")
+CHECKPOINTS = tuple(dataclasses.replace(c, yarn_factor=YARN_CARD[0], yarn_original_context=YARN_CARD[1])
+                    if c.id in _YARN_IDS else c for c in CHECKPOINTS)
 
 _BY_ID = {c.id: c for c in CHECKPOINTS}
 

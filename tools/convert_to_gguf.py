@@ -43,6 +43,7 @@ from typing import BinaryIO, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
+import yarn_config as yc  # noqa: E402
 from safe_io import SameFileError, atomic_output, refuse_same_file, term_escape  # noqa: E402
 
 ALIGNMENT = 64               # docs/FORMAT.md: one cache line, one zmm load
@@ -271,12 +272,21 @@ def config_mismatches(cfg: dict, c: reg.Checkpoint) -> list[str]:
     if dtype != "bfloat16":
         bad.append(f"torch_dtype: expected \"bfloat16\", found "
                    f"{'missing' if dtype is _MISSING else json.dumps(dtype)}")
-    if cfg.get("rope_scaling") is not None:
-        bad.append(f"rope_scaling: expected null, found {json.dumps(cfg['rope_scaling'])}")
     if cfg.get("use_sliding_window", False) is not False:
         bad.append(f"use_sliding_window: expected false (no sliding window), found "
                    f"{json.dumps(cfg['use_sliding_window'])}")
     return bad
+
+
+def yarn_metadata(y: Optional[yc.Yarn]) -> list[bytes]:
+    """The five qwen3.rope.scaling.* keys (llama.cpp's names), or none."""
+    if y is None:
+        return []
+    return [_kv("qwen3.rope.scaling.type", T_STRING, "yarn"),
+            _kv("qwen3.rope.scaling.factor", T_F32, y.factor),
+            _kv("qwen3.rope.scaling.original_context_length", T_U32, y.original_context),
+            _kv("qwen3.rope.scaling.yarn_beta_fast", T_F32, y.beta_fast),
+            _kv("qwen3.rope.scaling.yarn_beta_slow", T_F32, y.beta_slow)]
 
 
 def gguf_tensor_plan(c: reg.Checkpoint, head_quant: bool = False) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -475,10 +485,12 @@ def _kv_array(key: str, etype: int, values: list) -> bytes:
     raise ValueError(f"unsupported array type {etype}")
 
 
-def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData, head: Optional[str] = None) -> list[bytes]:
+def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData, head: Optional[str] = None,
+                  yarn: Optional[yc.Yarn] = None) -> list[bytes]:
     """All metadata entries, in the order of docs/FORMAT.md's table; kipp.quant.head
     follows kipp.quant.scheme only when the head is quantized (a BF16-head file is
-    byte-identical to one written before the option existed)."""
+    byte-identical to one written before the option existed); the RoPE scaling keys
+    come last, only with YaRN (likewise)."""
     return [
         _kv("general.architecture", T_STRING, "qwen3"),
         _kv("general.alignment", T_U32, ALIGNMENT),
@@ -511,6 +523,7 @@ def gguf_metadata(c: reg.Checkpoint, quant: str, tk: TokenizerData, head: Option
         _kv_array("kipp.tokenizer.added_special", T_BOOL, tk.added_special),
         _kv("kipp.tokenizer.pre_regex", T_STRING, tk.pre_regex),
         _kv("kipp.tokenizer.normalizer", T_STRING, "NFC"),
+        *yarn_metadata(yarn),
     ]
 
 
@@ -612,9 +625,10 @@ def check_output_path(out: Path) -> None:
 
 
 def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quiet: bool = True,
-            head: Optional[str] = None) -> int:
+            head: Optional[str] = None, rope_scaling: Optional[str] = None) -> int:
     """Validate and convert; returns the number of tensors written. Raises ConvertError.
-    head: --quant-head, the output head's format (None: BF16, the seed's default)."""
+    head: --quant-head, the output head's format (None: BF16, the seed's default).
+    rope_scaling: --rope-scaling (None: config.json's rope_scaling, usually null)."""
     if quant not in QUANT_SCHEMES:
         raise ConvertError(f"--quant is '{quant}'; expected one of {', '.join(QUANT_SCHEMES)}")
     if head is not None and HEAD_SCHEMES.get(head) is None:
@@ -627,9 +641,14 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
         refuse_same_file(out, input_files(indir))  # before any work; atomic_output checks again
     except SameFileError as e:
         raise ConvertError(str(e)) from None
-    bad = config_mismatches(_load_json(indir / "config.json"), c)
+    cfg = _load_json(indir / "config.json")
+    bad = config_mismatches(cfg, c)
     if bad:
         raise ConvertError(f"config.json does not match registry entry {c.id}:\n  " + "\n  ".join(bad))
+    try:
+        yarn = yc.parse_rope_scaling(rope_scaling, c) if rope_scaling is not None else yc.yarn_from_config(cfg)
+    except yc.YarnError as e:
+        raise ConvertError(str(e)) from None
     tensors = select_tensors(read_source_tensors(indir), c, head is not None)
     tok_cfg = _load_json(indir / "tokenizer_config.json")
     tk = build_tokenizer(_load_json(indir / "tokenizer.json"), tok_cfg)
@@ -638,7 +657,7 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     if eos != tk.tokens[c.eos_token_id]:
         raise ConvertError(f"tokenizer_config.json eos_token is {eos!r}; expected "
                            f"{tk.tokens[c.eos_token_id]!r} (id {c.eos_token_id}) for {c.id}")
-    meta = gguf_metadata(c, quant, tk, head)
+    meta = gguf_metadata(c, quant, tk, head, yarn)
     bar = None
     if not quiet:
         from tqdm import tqdm
@@ -692,6 +711,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"also quantize the output head: {', '.join(HEAD_SCHEMES)} (opt-in; default: the "
                     "head stays BF16. Tied checkpoints keep token_embd BF16 and gain a quantized output.weight; "
                     "docs/FORMAT.md \"Quantized head\")")
+    ap.add_argument("--rope-scaling", default=None, metavar="SPEC",
+                    help="RoPE scaling to write: none, yarn:F or yarn:F:ORIG (factor F over ORIG original "
+                    "context tokens; ORIG defaults to the model card's, else max_position_embeddings). Default: "
+                    "config.json's rope_scaling (docs/FORMAT.md \"RoPE scaling\")")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
@@ -700,7 +723,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"convert_to_gguf: {e.args[0]}", file=sys.stderr)
         return 1
     try:
-        n = convert(c, args.input, args.out, args.quant, args.quiet, args.quant_head)
+        n = convert(c, args.input, args.out, args.quant, args.quiet, args.quant_head, args.rope_scaling)
     except (ConvertError, SameFileError, OSError) as e:
         print(f"convert_to_gguf: {term_escape(str(e))}", file=sys.stderr)
         return 1

@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import platform
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -57,6 +59,10 @@ TOLERANCE_NOTES = {
                                "reference' does not hold there for affine4_gs32"}
 
 
+YARN_KEYS = ("qwen3.rope.scaling.type", "qwen3.rope.scaling.factor", "qwen3.rope.scaling.original_context_length",
+             "qwen3.rope.scaling.yarn_beta_fast", "qwen3.rope.scaling.yarn_beta_slow")
+
+
 def load_weights(path: Path) -> tuple[dict, dict]:
     """(metadata, name -> float32 array) through the gguf package."""
     from gguf import GGUFReader, quants
@@ -66,6 +72,9 @@ def load_weights(path: Path) -> tuple[dict, dict]:
               "kipp.d_ff", "kipp.rope_theta", "kipp.rms_norm_eps", "kipp.tied_embeddings",
               "kipp.quant.scheme", "kipp.checkpoint.id"):
         meta[k] = r.fields[k].contents()
+    for k in YARN_KEYS:  # docs/FORMAT.md "RoPE scaling": all five or none
+        if k in r.fields:
+            meta[k] = r.fields[k].contents()
     w = {t.name: np.ascontiguousarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
          for t in r.tensors}
     return meta, w
@@ -83,6 +92,57 @@ def rope_tables(n: int, theta: float, dim: int = 128) -> tuple[np.ndarray, np.nd
     ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :].astype(np.float32)
     emb = np.concatenate([ang, ang], axis=-1)
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def yarn_parameters(theta: float, dim: int, factor: float, original_max_position_embeddings: int,
+                    beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True) -> tuple[np.ndarray, float]:
+    """(inv_freq, attention_factor) of Hugging Face transformers' _compute_yarn_parameters
+    (src/transformers/modeling_rope_utils.py, the version with `truncate`), transcribed from its source:
+    get_mscale(factor) = 0.1 ln(factor) + 1 as the attention factor (no attention_factor / mscale in the
+    config); find_correction_dim / find_correction_range in Python floats, floor/ceil'd when truncate
+    (the default; Qwen3 configs do not set it); linear_ramp_factor over dim // 2 in float32;
+    pos_freqs = base ** (arange(0, dim, 2) / dim) in float32; inv_freq blends
+    1 / (factor * pos_freqs) (interpolation) and 1 / pos_freqs (extrapolation) by 1 - ramp."""
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    def find_correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = find_correction_dim(beta_fast), find_correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers: "Prevent singularity"
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    pos_freqs = np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    inv_extrapolation = np.float32(1.0) / pos_freqs
+    inv_interpolation = np.float32(1.0) / (np.float32(factor) * pos_freqs)
+    extrapolation_factor = np.float32(1.0) - ramp.astype(np.float32)
+    inv = (inv_interpolation * (np.float32(1.0) - extrapolation_factor)
+           + inv_extrapolation * extrapolation_factor).astype(np.float32)
+    return inv, get_mscale(factor)
+
+
+def yarn_of(meta: dict) -> Optional[dict]:
+    """The file's YaRN keys as yarn_parameters' keyword arguments, or None."""
+    if "qwen3.rope.scaling.type" not in meta:
+        return None
+    assert meta["qwen3.rope.scaling.type"] == "yarn", meta["qwen3.rope.scaling.type"]
+    return {"factor": float(meta["qwen3.rope.scaling.factor"]),
+            "original_max_position_embeddings": int(meta["qwen3.rope.scaling.original_context_length"]),
+            "beta_fast": float(meta["qwen3.rope.scaling.yarn_beta_fast"]),
+            "beta_slow": float(meta["qwen3.rope.scaling.yarn_beta_slow"])}
+
+
+def rope_tables_yarn(n: int, theta: float, dim: int, yarn: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen3RotaryEmbedding.forward with rope_type "yarn": angle = pos * inv_freq in float32, then
+    cos and sin each multiplied by attention_scaling (the attention factor), in float32."""
+    inv, att = yarn_parameters(theta, dim, **yarn)
+    ang = np.arange(n, dtype=np.float32)[:, None] * inv[None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    return ((np.cos(emb) * np.float32(att)).astype(np.float32), (np.sin(emb) * np.float32(att)).astype(np.float32))
 
 
 def rotate_half(x: np.ndarray) -> np.ndarray:
@@ -107,7 +167,9 @@ def forward(meta: dict, w: dict, ids: list[int], rows: list[int], act=_same, kv_
     eps = float(meta["kipp.rms_norm_eps"])
     n = len(ids)
     x = w["token_embd.weight"][np.asarray(ids)].astype(np.float32)
-    cos, sin = rope_tables(n, float(meta["kipp.rope_theta"]), hd)
+    yarn = yarn_of(meta)
+    cos, sin = (rope_tables_yarn(n, float(meta["kipp.rope_theta"]), hd, yarn) if yarn
+                else rope_tables(n, float(meta["kipp.rope_theta"]), hd))
     mask = np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1)
     group = hq // hk
     for i in range(nl):

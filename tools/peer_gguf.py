@@ -73,6 +73,12 @@ def write_peer(src: Path, dst: Path) -> None:
     w.add_key_length(int(field(r, "kipp.head_dim")))
     w.add_value_length(int(field(r, "kipp.head_dim")))
     w.add_rope_freq_base(float(field(r, "kipp.rope_theta")))
+    if "qwen3.rope.scaling.type" in r.fields:  # docs/FORMAT.md "RoPE scaling": already llama.cpp's names
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(field(r, "qwen3.rope.scaling.factor")))
+        w.add_rope_scaling_orig_ctx_len(int(field(r, "qwen3.rope.scaling.original_context_length")))
+        w.add_rope_scaling_yarn_beta_fast(float(field(r, "qwen3.rope.scaling.yarn_beta_fast")))
+        w.add_rope_scaling_yarn_beta_slow(float(field(r, "qwen3.rope.scaling.yarn_beta_slow")))
     w.add_layer_norm_rms_eps(float(field(r, "kipp.rms_norm_eps")))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")

@@ -331,7 +331,7 @@ static int cpu_model_create(const kipp_model_view *v, void **out, char *err, siz
         cpu_model_destroy(m);
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu bytes of cpu round scratch", need);
     }
-    k_rope_table(m->rope, m->d.context_length, m->d.rope_theta);
+    k_rope_table_yarn(m->rope, m->d.context_length, m->d.rope_theta, &m->d.rope_yarn);
     *out = m;
     return 0;
 }

@@ -147,7 +147,7 @@ static int session_new(ref_model *m, uint32_t n_blocks, const kipp_kv_store *sla
     else if (kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 1)) goto oom;
     s->rope = kipp_aligned_alloc((size_t)s->n_pos * KIPP_HEAD_DIM * sizeof(float));
     if (!s->rope) goto oom;
-    k_rope_table(s->rope, s->n_pos, m->d.rope_theta);
+    k_rope_table_yarn(s->rope, s->n_pos, m->d.rope_theta, &m->d.rope_yarn);
     *backend_session = s;
     return 0;
 oom:

@@ -318,7 +318,7 @@ static int cu_model_create(const kipp_model_view *mv, void **backend_model, char
             cu_model_destroy(m);
             return fail(err, errlen, KIPP_ENOMEM, "cuda backend: out of host memory for the RoPE table%s%s", "", "");
         }
-        k_rope_table(cs, n_pos, m->d.rope_theta);
+        k_rope_table_yarn(cs, n_pos, m->d.rope_theta, &m->d.rope_yarn);
         e = dalloc((void **)&m->rope, n_pos * KIPP_HEAD_DIM * sizeof(float), &tot);
         if (!e) e = cudaMemcpy(m->rope, cs, n_pos * KIPP_HEAD_DIM * sizeof(float), cudaMemcpyHostToDevice);
         free(cs);

@@ -674,6 +674,17 @@ static inline void k_attn_merge(size_t n, float *m, float *l, float *acc, const 
  */
 void k_rope_table(float *cs, size_t n_pos, double theta);
 
+/**
+ * k_rope_table with YaRN: inv_freq blends interpolation (inv/factor) and
+ * extrapolation per dimension along transformers' linear ramp between the
+ * beta_fast/beta_slow correction dims (truncated: floor/ceil), and every
+ * cos/sin is multiplied by 0.1 ln(factor) + 1, as HF
+ * modeling_rope_utils._compute_yarn_parameters and Qwen3RotaryEmbedding do
+ * (f32 throughout, like k_rope_table). y NULL or y->factor 0: exactly
+ * k_rope_table. cs: [n_pos][128] f32, caller-owned.
+ */
+void k_rope_table_yarn(float *cs, size_t n_pos, double theta, const k_rope_yarn *y);
+
 /** Row range [*r0, *r1) of thread ith out of nth for rows rows, in multiples of align rows. */
 static inline void k_split_rows(size_t rows, int ith, int nth, size_t align, size_t *r0, size_t *r1)
 {

@@ -8,6 +8,8 @@
 
 #include "kernels/cpu/kernels.h"
 
+#define K_PI 3.14159265358979323846
+
 void k_rmsnorm_f32_ref(const float *x, const kipp_bf16 *w, float *y, size_t n_rows, size_t n,
                        float eps)
 {
@@ -110,6 +112,56 @@ void k_rope_table(float *cs, size_t n_pos, double theta)
             float ang = (float)pos * inv[i];
             row[i] = (float)cos((double)ang);
             row[half + i] = (float)sin((double)ang);
+        }
+    }
+}
+
+/* find_correction_dim of transformers' _compute_yarn_parameters: the dimension index
+ * (of 128) whose wavelength fits n_rot rotations into orig positions; in double, as Python. */
+static double yarn_correction_dim(double n_rot, double theta, double orig)
+{
+    return (double)KIPP_HEAD_DIM * log(orig / (n_rot * 2.0 * K_PI)) / (2.0 * log(theta));
+}
+
+/* YaRN inv_freq, transformers' _compute_yarn_parameters step by step (truncate = True, the
+ * default Qwen3 configs keep): pos_freqs = theta^(2i/128) in f32, extrapolation 1/pos_freqs,
+ * interpolation 1/(factor*pos_freqs), blended by 1 - ramp(i) where the ramp rises from 0 at
+ * floor(dim(beta_fast)) to 1 at ceil(dim(beta_slow)), both clamped to [0, 127]. */
+static void yarn_inv_freq(float *inv, double theta, const k_rope_yarn *y)
+{
+    double lo_d = floor(yarn_correction_dim(y->beta_fast, theta, (double)y->original_context));
+    double hi_d = ceil(yarn_correction_dim(y->beta_slow, theta, (double)y->original_context));
+    double lo = lo_d > 0.0 ? lo_d : 0.0, hi = hi_d < KIPP_HEAD_DIM - 1.0 ? hi_d : KIPP_HEAD_DIM - 1.0;
+    if (lo == hi) hi += 0.001; /* transformers: "Prevent singularity" */
+    float span = (float)(hi - lo), factor = (float)y->factor;
+    for (size_t i = 0; i < KIPP_HEAD_DIM / 2; i++) {
+        float pf = powf((float)theta, (float)(2 * i) / (float)KIPP_HEAD_DIM);
+        float extra = 1.0f / pf, inter = 1.0f / (factor * pf);
+        float ramp = ((float)i - (float)lo) / span;
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        float ef = 1.0f - ramp;
+        inv[i] = inter * (1.0f - ef) + extra * ef;
+    }
+}
+
+void k_rope_table_yarn(float *cs, size_t n_pos, double theta, const k_rope_yarn *y)
+{
+    if (!y || y->factor <= 0.0) {
+        k_rope_table(cs, n_pos, theta);
+        return;
+    }
+    const size_t half = KIPP_HEAD_DIM / 2;
+    float inv[KIPP_HEAD_DIM / 2];
+    yarn_inv_freq(inv, theta, y);
+    /* get_mscale(factor) = 0.1 ln(factor) + 1 (1 at factor <= 1): Qwen3RotaryEmbedding
+     * multiplies cos and sin by it in f32, so q.k scales by its square. */
+    float ms = y->factor <= 1.0 ? 1.0f : (float)(0.1 * log(y->factor) + 1.0);
+    for (size_t pos = 0; pos < n_pos; pos++) {
+        float *row = cs + pos * KIPP_HEAD_DIM;
+        for (size_t i = 0; i < half; i++) {
+            float ang = (float)pos * inv[i];
+            row[i] = (float)cos((double)ang) * ms;
+            row[half + i] = (float)sin((double)ang) * ms;
         }
     }
 }
