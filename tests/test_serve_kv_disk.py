@@ -298,3 +298,20 @@ def test_lru_keeps_the_directory_within_budget(synthetic_gguf, tmp_path):
         last = _chain(_prompt(402, 70))
         assert {f.stem for f in d.glob("*.kvb")} >= {f"{h:016x}" for h in last}, "the newest blocks stay"
 
+
+
+def test_kipp_chat_adopts_its_predecessors_blocks(synthetic_gguf, tmp_path):
+    """`kipp chat --kv-cache-dir`: a second process adopts the first one's
+    system prompt from disk (fewer prompt tokens evaluated) and replies as
+    --no-cache-reuse does."""
+    kipp = SERVE.parent / "kipp"
+    base = [str(kipp), "chat", "--model", str(synthetic_gguf("synthetic-tiny")), "--threads", "1", "--max-tokens", "8",
+            "--system", "You are a helpful assistant. " * 20]
+    line = "hello there, tell me a story\n"
+    runs = [subprocess.run(base + ["--kv-cache-dir", str(tmp_path / "kv")], input=line, capture_output=True, text=True,
+                           timeout=120) for _ in range(2)]
+    oracle = subprocess.run(base + ["--no-cache-reuse"], input=line, capture_output=True, text=True, timeout=120)
+    assert all(r.returncode == 0 for r in runs + [oracle]), [r.stderr for r in runs + [oracle]]
+    assert runs[0].stdout == runs[1].stdout == oracle.stdout
+    evaluated = [int(re.search(r"prompt (\d+) tokens", r.stderr).group(1)) for r in runs]
+    assert evaluated[1] == evaluated[0] - 128, evaluated  # 4 blocks of the system prompt came from disk
