@@ -285,7 +285,7 @@ OWN = {
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora",
                  "--stream", "--no-prefetch"},
-    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
+    "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system", "--kv-cache-dir", "--kv-cache-disk-mib",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora",
