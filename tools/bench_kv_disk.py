@@ -9,6 +9,12 @@
   disk_dropped  the same after `echo 3 > /proc/sys/vm/drop_caches` (true disk
             reads), where this machine allows it (else recorded as why not).
 
+The ITL row (--itl-reps rounds, default 2) is an interleaved A/B, tier off and on
+(order swapped each round), of a 96-token greedy stream's inter-token latency while
+--itl-writers requests of unique 256-token prompts are admitted one after another
+(their blocks published, and with the tier written to disk, while the stream
+decodes): medians over rounds of each arm's p50 and p99.
+
 TTFT is the latency of a non-streamed request with max_tokens 1 (its one
 token is the first). Every request carries a distinct last-block suffix, so
 only the shared prefix can be adopted. Rounds (--reps, default 3) each run the
@@ -23,6 +29,7 @@ kind "kvdisk").
 from __future__ import annotations
 
 import argparse
+import http.client
 import datetime as dt
 import json
 import os
@@ -31,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -109,6 +117,81 @@ def one_round(model: Path, args, k: int, shared: list[int]) -> dict:
     return row
 
 
+NO_EOS = {"151643": -100, "151645": -100}  # <|endoftext|>, <|im_end|>: the stream runs to its budget
+
+
+def stream_gaps(port: int, ids: list[int], max_tokens: int, started: threading.Event) -> list[float]:
+    """Inter-token gaps (s) of one streamed greedy completion; sets started at its first token."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    c.request("POST", "/v1/completions", json.dumps({"prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+                                                     "stream": True, "logit_bias": NO_EOS}),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    times = []
+    for line in r:
+        if line.startswith(b"data: {") and b'"text"' in line:
+            times.append(time.perf_counter())
+            started.set()
+    c.close()
+    started.set()
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def itl_arm(model: Path, args, tier: bool, k: int) -> dict:
+    """One arm of the ITL A/B: a 96-token stream decodes while --itl-writers requests of
+    unique 256-token prompts (8 blocks each) are admitted one after another; with the tier
+    their blocks are written to disk while the stream runs."""
+    d = Path(tempfile.mkdtemp(prefix="kvdisk-itl-", dir=args.dir))
+    srv = ["--ctx", "1024", "--kv-pool-mib", str(args.pool_mib), "--threads", str(args.threads), "--no-spec"]
+    if tier:
+        srv += ["--kv-cache-dir", str(d / "kv"), "--kv-cache-disk-mib", str(args.disk_mib)]
+    try:
+        with Server(model, *srv) as s:
+            started, out = threading.Event(), {}
+            t = threading.Thread(target=lambda: out.__setitem__("gaps", stream_gaps(s.port, prompt(5000 + k, 40), 96, started)))
+            t.start()
+            started.wait(600)
+            for w in range(args.itl_writers):
+                ttft(s, prompt(6000 + 100 * k + w, 257))
+            t.join(600)
+            writes = s.gauge("kipp_kv_disk_writes_total") if tier else 0.0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    gaps = sorted(out["gaps"])
+    return {"tier": tier, "itl_ms_p50": 1e3 * gaps[len(gaps) // 2], "itl_ms_p99": 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
+            "tokens": len(gaps) + 1, "blocks_written": writes}
+
+
+def itl_row(model: Path, args) -> dict:
+    arms = []
+    for k in range(args.itl_reps):
+        for tier in ((False, True) if k % 2 == 0 else (True, False)):  # interleaved, order swapped each round
+            arms.append(itl_arm(model, args, tier, k))
+            print(f"itl round {k}: {json.dumps(arms[-1])}", flush=True)
+    med = {}
+    for tier in (False, True):
+        a = [x for x in arms if x["tier"] == tier]
+        med["on" if tier else "off"] = {q: statistics.median(x[q] for x in a) for q in ("itl_ms_p50", "itl_ms_p99")}
+    return {"name": "itl_while_writing", "itl_median_over_rounds": med,
+            "p99_on_over_off": med["on"]["itl_ms_p99"] / med["off"]["itl_ms_p99"], "arms": arms}
+
+
+def restart_row(model: Path, args, shared: list[int]) -> dict:
+    rounds = []
+    for k in range(args.reps):
+        rounds.append(one_round(model, args, k, shared))
+        print(f"round {k}: {json.dumps(rounds[-1])}", flush=True)
+    med = {key: statistics.median(r[key] for r in rounds) for key in ("cold_s", "ram_s", "disk_s")}
+    if all("disk_dropped_s" in r for r in rounds):
+        med["disk_dropped_s"] = statistics.median(r["disk_dropped_s"] for r in rounds)
+    row = {"name": f"restart_prefix{args.prefix}", "ttft_s_median": med,
+           "disk_over_cold": med["disk_s"] / med["cold_s"], "ram_over_cold": med["ram_s"] / med["cold_s"],
+           "rounds": rounds}
+    if "disk_dropped_s" in med:
+        row["disk_dropped_over_cold"] = med["disk_dropped_s"] / med["cold_s"]
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(ROOT / "models" / "synthetic-0.6b.gguf"))
@@ -118,23 +201,19 @@ def main() -> int:
     ap.add_argument("--pool-mib", type=int, default=1024)
     ap.add_argument("--disk-mib", type=int, default=2048)
     ap.add_argument("--dir", default=None, help="parent of the per-round --kv-cache-dir (default: the system temp dir)")
+    ap.add_argument("--itl-reps", type=int, default=2, help="rounds of the ITL A/B (0: skip it)")
+    ap.add_argument("--itl-writers", type=int, default=4, help="256-token requests admitted during the stream")
+    ap.add_argument("--no-restart", action="store_true", help="skip the restart row")
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args()
     model = Path(args.model)
     shared = prompt(7, args.prefix)
     load0, t0 = uptime(), time.time()
-    rounds = []
-    for k in range(args.reps):
-        rounds.append(one_round(model, args, k, shared))
-        print(f"round {k}: {json.dumps(rounds[-1])}", flush=True)
-    med = {key: statistics.median(r[key] for r in rounds) for key in ("cold_s", "ram_s", "disk_s") }
-    if all("disk_dropped_s" in r for r in rounds):
-        med["disk_dropped_s"] = statistics.median(r["disk_dropped_s"] for r in rounds)
-    row = {"name": f"restart_prefix{args.prefix}", "ttft_s_median": med,
-           "disk_over_cold": med["disk_s"] / med["cold_s"], "ram_over_cold": med["ram_s"] / med["cold_s"],
-           "rounds": rounds}
-    if "disk_dropped_s" in med:
-        row["disk_dropped_over_cold"] = med["disk_dropped_s"] / med["cold_s"]
+    rows = []
+    if not args.no_restart:
+        rows.append(restart_row(model, args, shared))
+    if args.itl_reps:
+        rows.append(itl_row(model, args))
     sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     now = dt.datetime.now(dt.timezone.utc)
     doc = {"schema": "kipp.bench.v1", "kind": "kvdisk", "git_sha": sha, "date": f"{now:%Y-%m-%dT%H:%M:%SZ}",
@@ -144,12 +223,20 @@ def main() -> int:
                       "kv_pool_mib": args.pool_mib, "kv_cache_disk_mib": args.disk_mib,
                       "ttft": "latency of a non-streamed max_tokens 1 request",
                       "uptime_at_start": load0, "uptime_at_end": uptime(), "wall_s": round(time.time() - t0, 1)},
-           "results": [row]}
+           "results": rows}
     out = Path(args.results) / f"{now:%Y%m%d}-{machine.host_tag()}-kvdisk-{sha}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"cold {med['cold_s']:.2f} s, ram {med['ram_s']:.2f} s, disk after restart {med['disk_s']:.2f} s "
-          f"({row['disk_over_cold']:.3f}x cold) -> {out}")
+    for row in rows:
+        if "ttft_s_median" in row:
+            med = row["ttft_s_median"]
+            print(f"cold {med['cold_s']:.2f} s, ram {med['ram_s']:.2f} s, disk after restart {med['disk_s']:.2f} s "
+                  f"({row['disk_over_cold']:.3f}x cold)")
+        else:
+            med = row["itl_median_over_rounds"]
+            print(f"ITL p99 while writing: tier off {med['off']['itl_ms_p99']:.0f} ms, on {med['on']['itl_ms_p99']:.0f} ms "
+                  f"({row['p99_on_over_off']:.2f}x)")
+    print(f"-> {out}")
     return 0
 
 
