@@ -480,7 +480,9 @@ int kipp_kv_disk_get(kipp_kv_disk *d, uint64_t h, int has_parent, uint64_t paren
     uint32_t *file_ids = malloc((size_t)n_ids * 4);
     int rc = 0;
     if (!file_ids) rc = -2;
-    else if (fstat(fd, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != size)
+    else if (fstat(fd, &sb) || !S_ISREG(sb.st_mode))
+        rc = -1, snprintf(why, sizeof why, "not a readable regular file");
+    else if ((uint64_t)sb.st_size != size)
         rc = -1, snprintf(why, sizeof why, "%lld bytes, expected %llu (truncated or another layout)", (long long)sb.st_size,
                           (unsigned long long)size);
     else if (read_at(fd, head, sizeof head, 0) || read_at(fd, file_ids, (size_t)n_ids * 4, KIPP_KV_FILE_HEAD))

@@ -126,7 +126,8 @@ def test_tier_outputs_equal_alone_batched_and_after_restart(synthetic_gguf, orac
 
 def test_small_pool_evicts_then_reads_back(synthetic_gguf, oracle, tmp_path):
     """Prompts that do not fit the RAM pool together evict each other; the
-    evicted blocks come back from disk, and outputs stay bitwise equal."""
+    evicted blocks come back from disk, and outputs stay bitwise equal, also
+    for batched choices that are preempted and resumed."""
     model, d = synthetic_gguf("synthetic-tiny"), tmp_path / "kv"
     others = [_prompt(50 + k, 200) for k in range(3)]  # 6 blocks each: the 16-block pool cannot keep them all
     with _tier(model, d) as s:
@@ -141,6 +142,16 @@ def test_small_pool_evicts_then_reads_back(synthetic_gguf, oracle, tmp_path):
             assert _text(s, PROMPTS[k])[0] == oracle[k]
         assert s.gauge("kipp_kv_pool_evictions_total") > 0
         assert _m(s, "hits") > hits, "evicted blocks were read back from disk"
+        # all four at once with long replies (8 blocks each) outgrow the 16 blocks: choices are preempted,
+        # their blocks published (and written), and resumed through the prefix match, RAM or disk
+        body = lambda k: {"prompt": PROMPTS[k], "max_tokens": 100, "temperature": 0}
+        alone = [s.post("/v1/completions", body(k))[1]["choices"][0]["text"] for k in range(4)]
+        out = {}
+        ts = [threading.Thread(target=lambda k=k: out.__setitem__(k, s.post("/v1/completions", body(k))[1])) for k in range(4)]
+        [t.start() for t in ts]
+        [t.join(timeout=120) for t in ts]
+        assert [out[k]["choices"][0]["text"] for k in range(4)] == alone
+        assert s.gauge("kipp_preemptions_total") > 0, "the premise: some choice was preempted"
 
 
 def _set_u32(raw: bytearray, off: int, v: int) -> None:
