@@ -69,7 +69,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-kv-disk bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -307,6 +307,11 @@ bench-serve: $(BUILD)/kipp-serve $(BUILD)/bin/bench_grammar models-test
 	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(SERVE_ARGS)
 	$(BUILD)/bin/bench_grammar --model $(BUILD)/models/synthetic-tiny.gguf
 
+# The KV disk tier's restart row (issue 54): TTFT of a 4K-token shared prefix cold, warm in RAM, and read
+# from --kv-cache-dir after a restart (tools/bench_kv_disk.py) -> results/<date>-<host>-<cpu id>-kvdisk-<sha>.json
+bench-kv-disk: $(BUILD)/kipp-serve | $(VENV_PY)
+	$(PYTHON) tools/bench_kv_disk.py $(KVDISK_ARGS)
+
 # N kipp-serve replicas behind vllm-router: round-robin vs cache-aware on a shared-prefix multi-tenant load,
 # plus a replica killed mid-load (tools/cluster_bench.py) -> results/<date>-<host>-<cpu id>-cluster-<sha>.json
 bench-cluster: $(BUILD)/kipp-serve
@@ -437,6 +442,7 @@ help:
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
 	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams -> results/"
+	@echo "make bench-kv-disk [KVDISK_ARGS=--reps 3]   the KV disk tier's restart row: 4K-token prefix TTFT cold / RAM / disk -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"

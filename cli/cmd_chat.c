@@ -28,6 +28,10 @@
  * (so the next turns keep reusing the KV of what is left) and stderr says how
  * many. When even the system message and the new line do not fit, the turn fails.
  *
+ * --kv-cache-dir DIR puts the disk tier under that pool (kipp_model_enable_disk_tier):
+ * the blocks published at /reset and at exit are written there, and a later
+ * `kipp chat` of the same model adopts its first prompt's prefix from them.
+ *
  * --no-cache-reuse re-evaluates the whole conversation every turn, without a
  * pool; the tests use it as the oracle that KV reuse must reproduce exactly.
  *
@@ -331,6 +335,12 @@ int cmd_chat(int argc, char **argv)
     uint64_t pool_mib = (2 * (((uint64_t)cap + 31) / 32) * 32 * info.kv_bytes_per_token + (1u << 20) - 1) >> 20;
     if (!o.no_reuse && kipp_model_enable_pool(m, pool_mib, err, sizeof err))
         fprintf(stderr, "kipp chat: no KV pool (%s); /reset starts from an empty cache\n", err);
+    else if (o.kv_cache_dir && kipp_model_enable_disk_tier(m, o.kv_cache_dir, o.kv_cache_disk_mib ? o.kv_cache_disk_mib : 4096,
+                                                           err, sizeof err)) {
+        cli_errorf("chat", "%s", err);
+        kipp_model_close(m);
+        return 1;
+    }
     if (kipp_session_create(m, cap, &s, err, sizeof err)) {
         cli_errorf("chat", "%s", err);
         rc = 1;

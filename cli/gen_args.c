@@ -54,6 +54,10 @@ static const opt_def OPTS[] = {
     {"--system", "TEXT", C_CHAT, "a system message opening the conversation; it is always kept when the\n"
                                  "      oldest turns are dropped to fit --ctx"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
+    {"--kv-cache-dir", "DIR", C_CHAT, "a disk tier under the KV pool: published blocks are written to DIR\n"
+                                       "      (created 0700) and a later conversation or `kipp chat` process adopts them\n"
+                                       "      (kipp-serve's option, docs/SERVING.md); default off"},
+    {"--kv-cache-disk-mib", "N", C_CHAT, "with --kv-cache-dir: its size in MiB, 1..2^30; default 4096"},
     {"--seed", "S", C_SAMPLE, "0..2^64-1; default 0, so unseeded runs repeat; printed in the timings line"},
     {"--logit-bias", "ID=BIAS", C_SAMPLE, "add BIAS in [-100, 100] to token ID's logit; repeatable, at most 64"},
     {"--lora", "PATH[:SCALE]", C_ALL, "merge a LoRA adapter GGUF into the weights at load, scaled (default 1);\n"
@@ -172,6 +176,9 @@ static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_
     } else if (!strcmp(f, "--max-tokens")) {
         if (parse_u64(v, 1u << 30, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..1073741824 (2^30)");
         o->max_tokens = (uint32_t)u;
+    } else if (!strcmp(f, "--kv-cache-disk-mib")) {
+        if (parse_u64(v, 1u << 30, &o->kv_cache_disk_mib) || o->kv_cache_disk_mib == 0)
+            return bad_arg(cmd, f, v, "an integer in 1..1073741824 (MiB)");
     } else if (!strcmp(f, "--spec-k")) {
         if (parse_u64(v, KIPP_SPEC_K_MAX, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..16 (draft tokens)");
         o->spec_k = (uint32_t)u;
@@ -214,6 +221,7 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--backend")) o->backend = v;
     else if (!strcmp(f, "--out")) o->out = v;
     else if (!strcmp(f, "--system")) o->system = v;
+    else if (!strcmp(f, "--kv-cache-dir")) o->kv_cache_dir = v;
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else if (!strcmp(f, "--lora")) return parse_lora(cmd, v, o);
     else if (!strcmp(f, "--rope-scaling")) {
@@ -260,6 +268,14 @@ static int check_combination(const char *cmd, const cli_gen_opts *o)
 {
     unsigned bit = cmd_bit(cmd);
     if (!o->model) return cli_missing(cmd, "--model", "a .gguf path");
+    if (o->kv_cache_disk_mib && !o->kv_cache_dir) {
+        fprintf(stderr, "kipp %s: --kv-cache-disk-mib sizes the disk tier, which is off; add --kv-cache-dir DIR\n", cmd);
+        return 2;
+    }
+    if (o->kv_cache_dir && o->no_reuse) {
+        fprintf(stderr, "kipp %s: --kv-cache-dir sits under the KV pool, which --no-cache-reuse turns off; drop one\n", cmd);
+        return 2;
+    }
     if (bit != C_CHAT && !o->prompt) return cli_missing(cmd, "--prompt", "the prompt text");
     if (bit == C_LOGITS && !o->out) return cli_missing(cmd, "--out", "an output file");
     if (bit != C_CHAT && !o->think && !o->chat) {

@@ -33,6 +33,8 @@ typedef struct {
     int show_ids;             /* --show-ids: print generated ids to stderr */
     int no_reuse;             /* --no-cache-reuse (chat): re-prefill every turn; a test oracle */
     const char *system;       /* --system TEXT (chat): the system message; NULL = none */
+    const char *kv_cache_dir; /* --kv-cache-dir DIR (chat): the KV disk tier; NULL = off */
+    uint64_t kv_cache_disk_mib; /* --kv-cache-disk-mib N (chat); 0 = not given (4096) */
     int spec;                 /* --spec (generate): prompt-lookup speculative decoding, greedy only */
     uint32_t spec_k;          /* --spec-k N: longest draft, 1..16; default 8 */
     int spec_fixed;           /* --spec-fixed: no adaptive gate, always draft up to --spec-k */

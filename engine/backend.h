@@ -135,6 +135,12 @@ typedef struct {
     /** Copy slab block src to dst (K and V of every layer): copy-on-truncate of a shared block. */
     void (*pool_copy_block)(void *backend_model, uint32_t src, uint32_t dst);
     /**
+     * Optional (the disk tier, engine/kv_disk.h): the host address of segment
+     * seg of slab block b - seg 2l is layer l's K, 2l+1 its V, each 32 x 8 x
+     * 128 bf16 - and its bytes in *bytes. NULL op: the slab is not host memory.
+     */
+    void *(*pool_block_seg)(void *backend_model, uint32_t b, uint32_t seg, size_t *bytes);
+    /**
      * 1 when model_create copies the seven per-layer projections and the output
      * head into the backend's own layout and never reads those views afterwards
      * (only token_embd and the norms stay read through the view); the engine

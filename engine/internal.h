@@ -33,6 +33,7 @@ struct kipp_model {
     const char *quant;             /* kipp.quant.scheme, a scheme of kernels/formats.h (static) */
     const char *quant_head;        /* kipp.quant.head's scheme, "bf16" when absent (static) */
     struct kipp_kv_pool *pool;     /* pooled models: block bookkeeping of the backend's KV slab; else NULL */
+    struct kipp_kv_disk *disk;     /* the disk tier under the pool (kipp_model_enable_disk_tier); else NULL */
     uint32_t n_sessions;           /* live sessions (a pool can only be enabled at 0) */
     struct kipp_vocab_index *gvi;  /* constrained output's vocabulary index, built on first use (grammar_vocab.c) */
     void **lora_bufs;              /* [lora_tensors] merged tensors (kipp_aligned_alloc), owned; views point here */

@@ -186,6 +186,9 @@ typedef enum {
     KIPP_KV_EVENT_CLEARED = 3, /* every published block was dropped (kipp_model_pool_clear) */
 } kipp_kv_event_kind;
 
+/** The tier of a KV event's block (vLLM's "medium"): the RAM pool or the disk tier (kipp_model_enable_disk_tier). */
+typedef enum { KIPP_KV_MEDIUM_CPU = 0, KIPP_KV_MEDIUM_DISK = 1 } kipp_kv_medium;
+
 /**
  * One KV pool block event, in the terms a prefix-aware router indexes
  * (vLLM's BlockStored / BlockRemoved / AllBlocksCleared). A block's hash
@@ -199,6 +202,7 @@ typedef struct {
     uint64_t parent_hash;      /* when has_parent: the chain hash of the block before it */
     const uint32_t *token_ids; /* STORED: [block_tokens] ids, valid only during the call; else NULL */
     uint32_t block_tokens;     /* positions per block: 32 */
+    kipp_kv_medium medium;     /* where the block now is (STORED) or was (REMOVED): RAM or the disk tier */
 } kipp_kv_event;
 
 /** Receives KV pool events (kipp_model_set_kv_listener). */
@@ -208,10 +212,52 @@ typedef void (*kipp_kv_event_fn)(void *ctx, const kipp_kv_event *event);
  * Call fn(ctx, event) for every block stored, evicted or cleared in the
  * model's KV pool from now on (fn NULL stops). fn runs on the thread that is
  * calling into the model (evaluating, destroying a session), inside that call:
- * it must be quick and must not call the model. Errors: KIPP_EINVAL for a NULL
+ * it must be quick and must not call the model. With a disk tier, its DISK
+ * events (a block written, a file removed) come from the tier's I/O thread:
+ * fn must then be thread-safe. Errors: KIPP_EINVAL for a NULL
  * model, KIPP_ENOTSUP when the model is not pooled.
  */
 int kipp_model_set_kv_listener(kipp_model *model, kipp_kv_event_fn fn, void *ctx);
+
+/**
+ * Put a disk tier under the model's KV pool (issue 54): every block the pool
+ * publishes is written, off the calling thread, to one file in dir (created
+ * 0700; a directory owned by another user or writable by group or world is
+ * refused), and kipp_session_match_prefix reads blocks missing in RAM back
+ * from there, verified against the model's identity (XXH3_128 of the whole
+ * GGUF file, the backend and its kernel paths), the KV layout, the prompt
+ * prefix and a payload checksum. The files are kept within max_mib MiB, least
+ * recently used removed first. A later process with the same model finds
+ * them. Must follow the pool (kipp_model_enable_pool) and precede the first
+ * session. Errors: KIPP_EINVAL (not pooled, sessions open, a tier already
+ * there, LoRA adapters merged, or the directory refused, with the reason),
+ * KIPP_ENOTSUP (a backend whose KV is not in host memory), KIPP_ERANGE
+ * (max_mib below one block file), KIPP_EIO, KIPP_ENOMEM.
+ */
+int kipp_model_enable_disk_tier(kipp_model *model, const char *dir, uint64_t max_mib, char *err, size_t errlen);
+
+/** The disk tier's counters (kipp_model_disk_stats); all zero when there is none. */
+typedef struct {
+    int enabled;           /* 1 when the model has a disk tier */
+    uint64_t max_bytes;    /* the budget */
+    uint64_t bytes, files; /* block files there now */
+    uint64_t hits;         /* blocks a prefix match read from disk and adopted */
+    uint64_t misses;       /* full blocks looked up on disk (missing in RAM) and not found */
+    uint64_t reads, read_bytes;   /* files read and verified */
+    uint64_t writes, write_bytes; /* files written */
+    uint64_t rejects;      /* files refused at read: corrupt, truncated, another model, KV layout or prefix */
+    uint64_t dropped;      /* writes not done: queue full, or the block reused before its turn */
+    uint64_t write_errors; /* writes that failed (disk full, I/O error) */
+    uint64_t evictions;    /* files removed to keep within the budget */
+    uint64_t tmp_removed;  /* temporary files of an interrupted writer removed at start */
+    uint64_t queued;       /* writes waiting now */
+} kipp_disk_stats;
+
+/**
+ * The disk tier's statistics; callable from any thread. Errors: KIPP_EINVAL
+ * for NULL arguments, KIPP_ENOTSUP when there is no tier (*out zeroed).
+ */
+int kipp_model_disk_stats(const kipp_model *model, kipp_disk_stats *out);
 
 /**
  * Drop every published block of the model's KV pool (one KIPP_KV_EVENT_CLEARED

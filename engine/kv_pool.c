@@ -29,6 +29,8 @@ struct kipp_kv_pool {
     uint64_t hits, misses, evictions;
     kipp_kv_event_fn listener; /* block events go here when set (kipp_model_set_kv_listener) */
     void *listener_ctx;
+    void (*reuse)(void *ctx, uint32_t b); /* kipp_kv_pool_set_reuse_hook */
+    void *reuse_ctx;
 };
 
 /* Tell the listener that block b was stored (became findable) or removed
@@ -153,6 +155,7 @@ static uint32_t evict_one(kipp_kv_pool *p)
     if (p->parent[b] != KIPP_POOL_NONE) p->n_child[p->parent[b]]--;
     p->n_published--;
     p->evictions++;
+    if (p->reuse) p->reuse(p->reuse_ctx, b);
     return b;
 }
 
@@ -251,12 +254,19 @@ void kipp_kv_pool_set_listener(kipp_kv_pool *p, kipp_kv_event_fn fn, void *ctx)
     p->listener_ctx = ctx;
 }
 
+void kipp_kv_pool_set_reuse_hook(kipp_kv_pool *p, void (*fn)(void *ctx, uint32_t b), void *ctx)
+{
+    p->reuse = fn;
+    p->reuse_ctx = ctx;
+}
+
 int kipp_kv_pool_clear(kipp_kv_pool *p, char *err, size_t errlen)
 {
     if (p->n_private || p->n_lru != p->n_published)
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "the KV pool cannot be cleared while sessions use it: %u blocks private and %u published blocks "
                         "referenced, expected 0 and 0 (destroy the sessions first)", p->n_private, p->n_published - p->n_lru);
+    if (p->reuse) p->reuse(p->reuse_ctx, KIPP_POOL_NONE);
     for (uint32_t b = 0; b < p->n; b++) {
         if (p->state[b] != KIPP_BLOCK_PUBLISHED) continue;
         p->state[b] = KIPP_BLOCK_FREE;

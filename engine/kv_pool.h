@@ -91,6 +91,13 @@ void kipp_kv_pool_stats(const kipp_kv_pool *p, kipp_pool_stats *out);
 void kipp_kv_pool_set_listener(kipp_kv_pool *p, kipp_kv_event_fn fn, void *ctx);
 
 /**
+ * Call fn(ctx, b) before evicted block b is handed out again, and
+ * fn(ctx, KIPP_POOL_NONE) before a clear: the disk tier (engine/kv_disk.h)
+ * reads published blocks from another thread and must be done with them.
+ */
+void kipp_kv_pool_set_reuse_hook(kipp_kv_pool *p, void (*fn)(void *ctx, uint32_t b), void *ctx);
+
+/**
  * Free every published block, reporting one "all cleared" event. Refused
  * (KIPP_EINVAL, nothing changes) while any block is private or referenced.
  */

@@ -21,6 +21,7 @@
 
 #include "engine/internal.h"
 #include "engine/grammar_impl.h"
+#include "engine/kv_disk.h"
 #include "engine/kv_pool.h"
 #include "engine/lora.h"
 #include "engine/rope_scaling.h"
@@ -802,6 +803,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
 void kipp_model_close(kipp_model *m)
 {
     if (!m) return;
+    kipp_kv_disk_close(m->disk); /* finishes its writes: reads the slab */
     if (m->ops && m->bm) m->ops->model_destroy(m->bm);
     kipp_kv_pool_destroy(m->pool);
     kipp_vocab_index_free(m->gvi);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/kv_disk.h"
 #include "engine/kv_pool.h"
 
 static const uint32_t BLOCK = KIPP_KV_BLOCK;
@@ -86,6 +87,7 @@ int kipp_model_set_kv_listener(kipp_model *m, kipp_kv_event_fn fn, void *ctx)
     if (!m) return KIPP_EINVAL;
     if (!m->pool) return KIPP_ENOTSUP;
     kipp_kv_pool_set_listener(m->pool, fn, ctx);
+    if (m->disk) kipp_kv_disk_set_listener(m->disk, fn, ctx);
     return 0;
 }
 
@@ -123,17 +125,21 @@ void kipp_pool_session_release(kipp_session *s)
 {
     kipp_kv_pool *p = s->model->pool;
     uint32_t full = s->length / BLOCK, parent = KIPP_POOL_NONE;
-    uint64_t h = KIPP_POOL_ROOT_HASH;
+    uint64_t h = KIPP_POOL_ROOT_HASH, ph;
     for (uint32_t b = 0; b < full; b++) {
         const uint32_t *ids = s->tokens + (size_t)b * BLOCK;
+        ph = h;
         h = kipp_kv_pool_hash(h, ids);
         if (b < s->n_shared) {
             parent = s->block_table[b];
             continue;
         }
         /* Publishing turns the private block into a shared one mapped by this
-         * session: take the reference unmap_from drops below. */
+         * session: take the reference unmap_from drops below. A block new to
+         * the pool is written through to the disk tier (engine/kv_disk.c). */
         parent = kipp_kv_pool_publish(p, s->block_table[b], h, parent, ids);
+        if (s->model->disk && parent == s->block_table[b] && !kipp_kv_disk_has(s->model->disk, h))
+            kipp_kv_disk_put(s->model->disk, parent, h, b > 0, ph, s->tokens, (b + 1) * BLOCK);
         kipp_kv_pool_ref(p, parent);
         s->block_table[b] = parent;
         s->n_shared = b + 1;
@@ -144,6 +150,34 @@ void kipp_pool_session_release(kipp_session *s)
 
 /* ---- prefix adoption ---- */
 
+/* Blocks [b, max) of tokens are not in RAM: read those on disk back (until
+ * the first one that is not there, fails its checks, or finds no pool block),
+ * publish each and map it as a shared block. h: the chain hash of block
+ * b - 1 (the root seed for b == 0), parent its pool block. Returns the new b. */
+static uint32_t adopt_from_disk(kipp_session *s, const uint32_t *tokens, uint32_t b, uint32_t max, uint64_t h,
+                                uint32_t parent)
+{
+    kipp_model *m = s->model;
+    uint32_t first = b;
+    for (; b < max; b++) {
+        const uint32_t *ids = tokens + (size_t)b * BLOCK;
+        uint64_t hb = kipp_kv_pool_hash(h, ids);
+        if (!kipp_kv_disk_has(m->disk, hb)) break;
+        uint32_t nb = kipp_kv_pool_alloc(m->pool);
+        if (nb == KIPP_POOL_NONE) break;
+        if (kipp_kv_disk_get(m->disk, hb, b > 0, h, tokens, (b + 1) * BLOCK, nb) != 1) {
+            kipp_kv_pool_free(m->pool, nb);
+            break;
+        }
+        parent = kipp_kv_pool_publish(m->pool, nb, hb, parent, ids);
+        kipp_kv_pool_ref(m->pool, parent);
+        s->block_table[b] = parent;
+        h = hb;
+    }
+    kipp_kv_disk_count(m->disk, b - first, max - b);
+    return b;
+}
+
 int kipp_session_match_prefix(kipp_session *s, const uint32_t *tokens, uint32_t n, char *err, size_t errlen)
 {
     if (!s || (!tokens && n)) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_session_match_prefix: NULL session or tokens");
@@ -153,16 +187,18 @@ int kipp_session_match_prefix(kipp_session *s, const uint32_t *tokens, uint32_t 
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "kipp_session_match_prefix needs an empty session; this one holds %u tokens (reset it first)", s->length);
     uint32_t max = (n < s->capacity ? n : s->capacity) / BLOCK, parent = KIPP_POOL_NONE, b = 0;
-    uint64_t h = KIPP_POOL_ROOT_HASH;
+    uint64_t h = KIPP_POOL_ROOT_HASH; /* chain hash of block b - 1 */
     for (; b < max; b++) {
         const uint32_t *ids = tokens + (size_t)b * BLOCK;
-        h = kipp_kv_pool_hash(h, ids);
-        uint32_t hit = kipp_kv_pool_find(p, h, parent, ids);
+        uint64_t hb = kipp_kv_pool_hash(h, ids);
+        uint32_t hit = kipp_kv_pool_find(p, hb, parent, ids);
         if (hit == KIPP_POOL_NONE) break;
         kipp_kv_pool_ref(p, hit);
         s->block_table[b] = parent = hit;
+        h = hb;
     }
     kipp_kv_pool_count(p, b, max - b);
+    if (s->model->disk && b < max) b = adopt_from_disk(s, tokens, b, max, h, parent);
     s->n_shared = s->n_alloc = b;
     s->length = b * BLOCK;
     memcpy(s->tokens, tokens, (size_t)s->length * sizeof *tokens);

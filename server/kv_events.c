@@ -116,17 +116,17 @@ static void mp_f64(mp_buf *b, double d)
 
 /* ---- batch encoding ---- */
 
-/* Events [i, j) are one run: consecutive STORED blocks each naming the one
- * before as parent, or consecutive REMOVED blocks. */
+/* Events [i, j) are one run: consecutive STORED blocks of one medium each
+ * naming the one before as parent, or consecutive REMOVED blocks of one medium. */
 static size_t run_end(const kipp_kv_event *ev, size_t n, size_t i)
 {
     size_t j = i + 1;
     if (ev[i].kind == KIPP_KV_EVENT_STORED)
         while (j < n && ev[j].kind == KIPP_KV_EVENT_STORED && ev[j].has_parent && ev[j].parent_hash == ev[j - 1].hash &&
-               ev[j].block_tokens == ev[i].block_tokens)
+               ev[j].block_tokens == ev[i].block_tokens && ev[j].medium == ev[i].medium)
             j++;
     else if (ev[i].kind == KIPP_KV_EVENT_REMOVED)
-        while (j < n && ev[j].kind == KIPP_KV_EVENT_REMOVED) j++;
+        while (j < n && ev[j].kind == KIPP_KV_EVENT_REMOVED && ev[j].medium == ev[i].medium) j++;
     return j;
 }
 
@@ -173,7 +173,7 @@ int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, int for
             st_key(&b, mf, "lora_id");
             mp_nil(&b); /* no adapters */
             st_key(&b, mf, "medium");
-            mp_str(&b, "CPU");
+            mp_str(&b, ev[i].medium == KIPP_KV_MEDIUM_DISK ? "DISK" : "CPU");
             st_key(&b, mf, "lora_name");
             mp_nil(&b); /* newer vLLM decoders want it, older ones ignore trailing fields */
         } else if (ev[i].kind == KIPP_KV_EVENT_REMOVED) {
@@ -182,7 +182,7 @@ int serve_kv_events_encode(const kipp_kv_event *ev, size_t n, double ts, int for
             mp_array(&b, (uint32_t)(j - i));
             for (size_t k = i; k < j; k++) mp_uint(&b, ev[k].hash);
             st_key(&b, mf, "medium");
-            mp_str(&b, "CPU");
+            mp_str(&b, ev[i].medium == KIPP_KV_MEDIUM_DISK ? "DISK" : "CPU");
         } else {
             st_begin(&b, mf, "AllBlocksCleared", 0);
         }

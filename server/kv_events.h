@@ -21,7 +21,8 @@
  * Consecutive stored blocks of one chain become one BlockStored (its token
  * ids are the blocks' ids in order), as vLLM sends a request's new blocks.
  * Hashes are Kipp's 64-bit chain hashes (kipp_kv_event), sent as integers,
- * as vLLM does by default. The medium is "CPU": Kipp's KV lives in RAM.
+ * as vLLM does by default. The medium is "CPU" for the RAM pool and "DISK" for
+ * the disk tier (--kv-cache-dir): a block written there, or its file removed.
  *
  * The engine reports events through kipp_model_set_kv_listener on the
  * scheduler's thread; serve_kv_events_on_event only copies them into a queue,

@@ -73,6 +73,9 @@ static void vhist_add(int k, double seconds)
 }
 
 void serve_metrics_set_model(const char *model_name) { g_metrics.model_name = model_name; }
+
+static const kipp_model *g_disk_model; /* the model whose disk tier /metrics reads (thread-safe stats) */
+void serve_metrics_set_disk(const kipp_model *m) { g_disk_model = m; }
 void serve_metrics_on_start(uint64_t kv_capacity) { g_metrics.kv_capacity = kv_capacity; }
 void serve_metrics_on_queue(int queued, int active) { g_metrics.queue_depth = queued, g_metrics.active_choices = active; }
 void serve_metrics_on_kv(uint64_t blocks) { g_metrics.kv_blocks = blocks; }
@@ -341,6 +344,32 @@ static void step_metrics(serve_buf *b, const serve_metrics *m)
     for (int i = 0; i < 4; i++) put(b, "kipp_step_cost_seconds{term=\"%s\"} %.9g\n", term[i], m->cost[i]);
 }
 
+/* The KV disk tier (issue 54), read fresh: its I/O thread counts between steps. */
+static void disk_metrics(serve_buf *b)
+{
+    kipp_disk_stats d;
+    if (!g_disk_model || kipp_model_disk_stats(g_disk_model, &d)) return;
+    gauge(b, "kipp_kv_disk_bytes", "Bytes of KV block files in --kv-cache-dir.", "gauge", (double)d.bytes);
+    gauge(b, "kipp_kv_disk_capacity_bytes", "The disk tier's budget (--kv-cache-disk-mib).", "gauge", (double)d.max_bytes);
+    gauge(b, "kipp_kv_disk_files", "KV block files in --kv-cache-dir.", "gauge", (double)d.files);
+    gauge(b, "kipp_kv_disk_hits_total", "Blocks missing in RAM read back from disk at a prefix match.", "counter", (double)d.hits);
+    gauge(b, "kipp_kv_disk_misses_total", "Full prompt blocks missing in RAM and on disk.", "counter", (double)d.misses);
+    gauge(b, "kipp_kv_disk_reads_total", "Block files read and verified.", "counter", (double)d.reads);
+    gauge(b, "kipp_kv_disk_read_bytes_total", "Bytes of block files read.", "counter", (double)d.read_bytes);
+    gauge(b, "kipp_kv_disk_writes_total", "Block files written (write-through at publish).", "counter", (double)d.writes);
+    gauge(b, "kipp_kv_disk_write_bytes_total", "Bytes of block files written.", "counter", (double)d.write_bytes);
+    gauge(b, "kipp_kv_disk_rejects_total", "Block files refused at read: corrupt, truncated, another model, KV type or prefix.",
+          "counter", (double)d.rejects);
+    gauge(b, "kipp_kv_disk_dropped_total", "Writes not done: queue full, or the block reused before its turn.", "counter",
+          (double)d.dropped);
+    gauge(b, "kipp_kv_disk_write_errors_total", "Block file writes that failed.", "counter", (double)d.write_errors);
+    gauge(b, "kipp_kv_disk_evictions_total", "Block files removed to stay within the budget, least recently used first.",
+          "counter", (double)d.evictions);
+    gauge(b, "kipp_kv_disk_tmp_removed_total", "Temporary files of an interrupted writer removed at start.", "counter",
+          (double)d.tmp_removed);
+    gauge(b, "kipp_kv_disk_queued", "Block writes waiting for the I/O thread.", "gauge", (double)d.queued);
+}
+
 char *serve_metrics_text(const serve_metrics *m)
 {
     serve_buf b = {0};
@@ -362,6 +391,7 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_prompt_tokens_cached_total", "Prompt tokens adopted from the KV pool instead of prefilled.", "counter",
           (double)m->prompt_tokens_cached);
     if (m->pooled) pool_metrics(&b, &m->pool);
+    disk_metrics(&b);
     gauge(&b, "kipp_preemptions_total", "Choices whose session was taken to free KV blocks (recomputed later).", "counter",
           (double)m->preemptions);
     gauge(&b, "kipp_recomputed_tokens_total", "Positions evaluated again after a preemption.", "counter",

@@ -568,6 +568,8 @@ char *serve_metrics_text(const serve_metrics *m);
  */
 /** Before any thread starts: the reported model id, the vllm:* model_name label (static string). */
 void serve_metrics_set_model(const char *model_name);
+/** The model whose KV disk tier /metrics exports (kipp_model_disk_stats, thread-safe); NULL = none. Before any thread reads it. */
+void serve_metrics_set_disk(const kipp_model *m);
 /** At scheduler start: the KV blocks the pool (pooled) or the budget (unpooled) holds. */
 void serve_metrics_on_start(uint64_t kv_capacity);
 /** The queue and batch gauges changed: queued requests, active choices. */

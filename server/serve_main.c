@@ -34,6 +34,8 @@ typedef struct {
     long long shutdown_timeout; /* seconds running requests may take to finish after SIGTERM */
     long long port, threads, ctx, max_batch, max_queue, max_body, max_header, idle, max_conn, kv_mib, step_tokens;
     long long kv_pool_mib; /* -1: not given (one full context of KV); 0: unpooled */
+    const char *kv_cache_dir;    /* --kv-cache-dir: the KV disk tier's directory, NULL = off */
+    long long kv_cache_disk_mib; /* --kv-cache-disk-mib: its budget; -1 = not given */
     double step_ms;           /* --step-ms: ms, 0 = off, < 0 = auto */
     int no_spec;              /* --no-spec */
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
@@ -114,6 +116,10 @@ static void usage(FILE *f)
             "  --stream auto|on|off  read the weights through the file mapping per token, no packed copy\n"
             "                     (models larger than RAM); default auto: when they exceed 0.75 x available RAM\n"
             "  --no-prefetch      streamed: no one-layer-ahead madvise(MADV_WILLNEED) prefetch thread\n"
+            "  --kv-cache-dir DIR a disk tier under the KV pool: published blocks are written to DIR (created\n"
+            "                     0700) in the background and read back, verified, by later prompts and by later\n"
+            "                     processes of the same model; default off\n"
+            "  --kv-cache-disk-mib N  the tier's size in MiB, least recently used files removed first; default 4096\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
             "                     by default they use prompt-lookup speculative decoding (same tokens)\n");
 }
@@ -123,6 +129,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     *o = (serve_opts){.backend = "cpu", .host = "127.0.0.1", .port = 8080, .max_batch = 16, .max_queue = 64,
                       .max_body = 1 << 20, .max_header = 32768, .idle = 60, .max_conn = 128, .kv_mib = -1,
                       .step_tokens = SERVE_STEP_TOKENS, .step_ms = SERVE_STEP_MS_DEFAULT, .kv_pool_mib = -1, .shutdown_timeout = 30, .ctx = -1,
+                      .kv_cache_disk_mib = -1,
                       .api_key = getenv("KIPP_API_KEY")};
     const int_opt ints[] = {
         {"--port", &o->port, 0, 65535, ""},           {"--threads", &o->threads, 0, 1024, ""},
@@ -132,6 +139,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         {"--max-connections", &o->max_conn, 1, 4096, ""}, {"--kv-mib", &o->kv_mib, 1, 1 << 24, ""},
         {"--kv-pool-mib", &o->kv_pool_mib, 0, 1 << 24, ""}, {"--step-tokens", &o->step_tokens, 16, 8192, ""},
         {"--shutdown-timeout", &o->shutdown_timeout, 0, 86400, ""},
+        {"--kv-cache-disk-mib", &o->kv_cache_disk_mib, 1, 1LL << 30, ""},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -179,6 +187,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             o->step_ms = (double)x;
             continue;
         }
+        if (!strcmp(a, "--kv-cache-dir")) { o->kv_cache_dir = v; continue; }
         if (!strcmp(a, "--kv-events")) { o->kv_events = v; continue; }
         if (!strcmp(a, "--kv-events-format")) { o->kv_events_format = v; continue; }
         if (!strcmp(a, "--kv-events-replay")) { o->kv_events_replay = v; continue; }
@@ -200,6 +209,13 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                                "pool with --kv-pool-mib, or add --kv-pool-mib 0 to budget unpooled sessions with --kv-mib\n",
                        o->kv_mib, o->kv_pool_mib < 0 ? "by default" : "--kv-pool-mib given"), 2;
     if (o->kv_mib < 0) o->kv_mib = 4096;
+    if (o->kv_cache_disk_mib >= 0 && !o->kv_cache_dir)
+        return fprintf(stderr, "kipp-serve: --kv-cache-disk-mib sizes the disk tier, which is off; add --kv-cache-dir DIR\n"), 2;
+    if (o->kv_cache_dir && (!*o->kv_cache_dir || o->kv_pool_mib == 0))
+        return fprintf(stderr, "kipp-serve: --kv-cache-dir '%s': %s\n", o->kv_cache_dir,
+                       *o->kv_cache_dir ? "the disk tier sits under the KV pool, and --kv-pool-mib 0 turns the pool off"
+                                        : "empty, expected a directory"), 2;
+    if (o->kv_cache_disk_mib < 0) o->kv_cache_disk_mib = 4096;
     if (o->api_key && !*o->api_key) return fprintf(stderr, "kipp-serve: --api-key is empty, expected a non-empty key\n"), 2;
     if (o->protect_ops && !o->api_key) return fprintf(stderr, "kipp-serve: --protect-ops needs --api-key KEY\n"), 2;
     if (o->alias && !*o->alias) return fprintf(stderr, "kipp-serve: --alias is empty, expected a model name\n"), 2;
@@ -346,6 +362,12 @@ static int run(const serve_opts *o, kipp_model *m)
                        info.context_length, kipp_context_limit_note(&info, why, sizeof why), info.context_length), 2;
     char pool_why[128] = "--kv-pool-mib";
     if (o->kv_pool_mib < 0 && default_pool(o, m, n_ctx, pool_why, sizeof pool_why)) return 1;
+    if (o->kv_cache_dir) { /* before the listener and the scheduler: the tier reports DISK events, adopts at match */
+        char derr[512];
+        if (kipp_model_enable_disk_tier(m, o->kv_cache_dir, (uint64_t)o->kv_cache_disk_mib, derr, sizeof derr))
+            return serve_log("%s", derr), 1;
+        serve_metrics_set_disk(m);
+    }
     kipp_model_get_info(m, &info);
     struct sockaddr_storage ss;
     if (make_addr(o, &ss)) return 2;
@@ -389,11 +411,13 @@ static int run(const serve_opts *o, kipp_model *m)
         serve_log("cannot listen on %s port %lld (in use, or not an address of this host)", o->host, o->port);
         rc = 1;
     } else {
-        char kv[256];
+        char kv[4608];
         if (info.kv_pool_blocks)
             snprintf(kv, sizeof kv, "KV pool %u blocks, %.2f GiB: %s", info.kv_pool_blocks,
                      (double)info.kv_pool_blocks * (double)block_bytes / (1 << 30), pool_why);
         else snprintf(kv, sizeof kv, "no KV pool, KV budget %llu blocks (--kv-mib)", (unsigned long long)so.kv_budget_blocks);
+        if (o->kv_cache_dir)
+            snprintf(kv + strlen(kv), sizeof kv - strlen(kv), "; disk tier %s, %lld MiB", o->kv_cache_dir, o->kv_cache_disk_mib);
         if (info.kv_pool_blocks && (uint64_t)info.kv_pool_blocks * 32 < n_ctx)
             serve_log("note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a reply "
                       "without max_tokens ends there (finish_reason \"length\"), and a larger max_tokens is refused: "

@@ -416,6 +416,13 @@ static int cpu_session_create_pooled(void *bm, uint32_t n_blocks, void **out, ch
     return 0;
 }
 
+static void *cpu_pool_block_seg(void *bm, uint32_t b, uint32_t seg, size_t *bytes)
+{
+    cpu_model *m = bm;
+    KIPP_ASSERT(b < m->slab.n_blocks && seg < 2 * m->slab.n_layer);
+    return kipp_kv_store_block_seg(&m->slab, b, seg, bytes);
+}
+
 static void cpu_pool_copy_block(void *bm, uint32_t src, uint32_t dst)
 {
     cpu_model *m = bm;
@@ -544,5 +551,6 @@ const kipp_backend_ops cpu_backend_ops = {
     .pool_create = cpu_pool_create,
     .session_create_pooled = cpu_session_create_pooled,
     .pool_copy_block = cpu_pool_copy_block,
+    .pool_block_seg = cpu_pool_block_seg,
     .packs_weights = 1, /* pack_weights: projections and head repacked; forward reads embd and norms only */
 };

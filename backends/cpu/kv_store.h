@@ -65,4 +65,12 @@ void kipp_kv_store_free(kipp_kv_store *st);
 /** Copy physical block src to dst (K and V, every layer); src != dst. */
 void kipp_kv_store_copy_block(const kipp_kv_store *st, uint32_t src, uint32_t dst);
 
+/** Segment seg of block b: layer seg/2's K (seg even) or V (odd); its bytes in *bytes (the disk tier's view). */
+static inline void *kipp_kv_store_block_seg(const kipp_kv_store *st, uint32_t b, uint32_t seg, size_t *bytes)
+{
+    *bytes = kipp_kv_block_elems() * sizeof(kipp_bf16);
+    kipp_bf16 *base = seg & 1 ? kipp_kv_layer_v(st, seg / 2) : kipp_kv_layer_k(st, seg / 2);
+    return base + (size_t)b * kipp_kv_block_elems();
+}
+
 #endif

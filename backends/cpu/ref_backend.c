@@ -181,6 +181,13 @@ static int ref_session_create_pooled(void *bm, uint32_t n_blocks, void **backend
     return session_new(m, n_blocks, &m->slab, backend_session, err, errlen);
 }
 
+static void *ref_pool_block_seg(void *bm, uint32_t b, uint32_t seg, size_t *bytes)
+{
+    ref_model *m = bm;
+    KIPP_ASSERT(b < m->slab.n_blocks && seg < 2 * m->slab.n_layer);
+    return kipp_kv_store_block_seg(&m->slab, b, seg, bytes);
+}
+
 static void ref_pool_copy_block(void *bm, uint32_t src, uint32_t dst)
 {
     ref_model *m = bm;
@@ -351,4 +358,5 @@ const kipp_backend_ops ref_backend_ops = {
     .pool_create = ref_pool_create,
     .session_create_pooled = ref_session_create_pooled,
     .pool_copy_block = ref_pool_copy_block,
+    .pool_block_seg = ref_pool_block_seg,
 };
