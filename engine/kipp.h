@@ -538,6 +538,34 @@ typedef struct {
 int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *err,
                     size_t errlen);
 
+/* ---- embeddings (engine/embed.c) ---- */
+
+/** The token every embedding input ends with and is pooled at: <|endoftext|>. */
+#define KIPP_EMBED_EOT 151643u
+
+/**
+ * Token ids of one embedding input, as the Qwen3-Embedding model card builds
+ * them: with instruct (NUL-terminated, may be NULL) the text becomes
+ * "Instruct: {instruct}\nQuery:{text}" (get_detailed_instruct); text is
+ * tokenized as plain text (no special-token matching) and KIPP_EMBED_EOT is
+ * appended. *ids is malloc'd ([*n]; the caller frees it). Errors as kipp_tokenize.
+ */
+int kipp_embed_tokenize(const kipp_model *model, const char *instruct, const char *text, size_t len,
+                        uint32_t **ids, uint32_t *n, char *err, size_t errlen);
+
+/**
+ * Embed n inputs of token ids (ids[i], lens[i] >= 1 tokens, each within the
+ * context length) in one kipp_eval_batch without logits: each row of out
+ * ([n][dims] floats) is the final-norm hidden state of the input's last token
+ * (last-token pooling), truncated to its first dims values (1..d_model,
+ * Matryoshka) and L2-normalized. Token ids are used as given (no EOT added).
+ * Each input runs on a fresh session, destroyed before returning. Errors:
+ * KIPP_ERANGE (dims, an input longer than the context, an id >= vocab),
+ * KIPP_EINVAL, KIPP_ENOMEM (also a full KV pool), KIPP_ENUMERIC.
+ */
+int kipp_embed(kipp_model *model, const uint32_t *const *ids, const uint32_t *lens, size_t n, uint32_t dims,
+               float *out, char *err, size_t errlen);
+
 /* ---- sampling (engine/sampler.c) ---- */
 
 /** xoshiro256** state; seed with kipp_rng_seed. */
