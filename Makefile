@@ -69,7 +69,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-embed bench-stream bench-lora bench-spec bench-peers bench-serve bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -333,6 +333,11 @@ bench-peers: $(BUILD)/kipp-bench
 	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL)) $(PEERS_ARGS)
 	$(PYTHON) tools/report.py --table docs/PERFORMANCE.md --headline README.md
 
+# Embeddings/s of kipp-serve against llama-server --embedding --pooling last on the 0.6B embedding twin
+# (models/synthetic-0.6b-embedding.gguf, made when missing), interleaved (tools/bench_embed.py).
+bench-embed: $(BUILD)/kipp-serve | $(VENV_PY)
+	$(PYTHON) tools/bench_embed.py $(EMBED_ARGS)
+
 report:
 	$(PYTHON) tools/report.py
 
@@ -434,6 +439,7 @@ help:
 	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"
+	@echo "make bench-embed [EMBED_ARGS=--batches 1,16,64 --tokens 128 --rounds 3]   kipp-serve vs llama-server --embedding, embeddings/s -> results/*-embed-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"
