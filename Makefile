@@ -69,7 +69,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-kv-disk bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-kv-disk bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -195,6 +195,8 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
+# The retrieval twins (issue 56): synthetic-tiny's shape as an embedding and as a reranker model.
+RETRIEVAL_TEST_MODELS := synthetic-tiny-embedding synthetic-tiny-reranker
 # Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
 QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 # Loud rows and heavy-tailed projections (tools/make_checkpoint.py "outliers", own seed), quantized:
@@ -205,7 +207,7 @@ HEAD_TEST_MODELS := synthetic-tiny-q8_0-head_q8_0 synthetic-tiny-affine4_gs32-he
 # YaRN (docs/FORMAT.md "RoPE scaling"): synthetic-tiny with factor 4 over a 64-token original context,
 # so positions past 64 run scaled (tests/test_yarn.c against tools/np_forward.py --yarn).
 YARN_TEST_MODELS := synthetic-tiny-yarn
-ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS) $(YARN_TEST_MODELS)
+ALL_TEST_MODELS := $(TEST_MODELS) $(RETRIEVAL_TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS) $(YARN_TEST_MODELS)
 
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by
@@ -343,6 +345,11 @@ bench-peers: $(BUILD)/kipp-bench
 	$(PYTHON) tools/bench_peers.py $(if $(MODEL),--model $(MODEL)) $(PEERS_ARGS)
 	$(PYTHON) tools/report.py --table docs/PERFORMANCE.md --headline README.md
 
+# Embeddings/s of kipp-serve against llama-server --embedding --pooling last on the 0.6B embedding twin
+# (models/synthetic-0.6b-embedding.gguf, made when missing), interleaved (tools/bench_embed.py).
+bench-embed: $(BUILD)/kipp-serve | $(VENV_PY)
+	$(PYTHON) tools/bench_embed.py $(EMBED_ARGS)
+
 report:
 	$(PYTHON) tools/report.py
 
@@ -445,6 +452,7 @@ help:
 	@echo "make bench-kv-disk [KVDISK_ARGS=--reps 3]   the KV disk tier's restart row: 4K-token prefix TTFT cold / RAM / disk -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"
+	@echo "make bench-embed [EMBED_ARGS=--batches 1,16,64 --tokens 128 --rounds 3]   kipp-serve vs llama-server --embedding, embeddings/s -> results/*-embed-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"
 	@echo "make bench-tokenizer   native tokenizer vs HF tokenizers, single thread, 10 MB corpus -> results/"
 	@echo "make bench-kernels     the bench rows of the kernel case table (kcheck --bench) on the backend pool -> results/*-kernels-*.json"

@@ -13,6 +13,7 @@ KIPP_CMD(cmd_chat);
 KIPP_CMD(cmd_logits);
 KIPP_CMD(cmd_render);
 KIPP_CMD(cmd_plan);
+KIPP_CMD(cmd_embed);
 
 /**
  * Print "kipp CMD: <message>" and a newline to stderr, the formatted message

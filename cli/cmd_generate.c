@@ -54,6 +54,12 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
                     o->bias_arg[i], o->bias[i].token, info.vocab_size);
             rc = 2;
         }
+    if (!rc && strcmp(cmd, "logits") && kipp_model_task(*out) != KIPP_TASK_GENERATE) { /* logits stays: it inspects any model */
+        fprintf(stderr, "kipp %s: %s is %s model (kipp.variant %s) and does not generate text; use %s\n", cmd,
+                info.checkpoint_id, kipp_model_task(*out) == KIPP_TASK_EMBED ? "an embedding" : "a reranker", info.variant,
+                kipp_model_task(*out) == KIPP_TASK_EMBED ? "kipp embed" : "kipp-serve's /v1/rerank");
+        rc = 2;
+    }
     if (!rc && o->ctx > info.context_length) {
         char why[256];
         fprintf(stderr, "kipp %s: --ctx '%s' is above %u tokens, %s; expected 1..%u\n", cmd, o->ctx_arg,

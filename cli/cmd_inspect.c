@@ -35,7 +35,7 @@ static void print_header(const kipp_model *m)
     print_str("", in.revision, "\n");
     print_str("quant scheme    ", in.quant, "\n");
     if (strcmp(in.quant_head, "bf16")) print_str("quant head      ", in.quant_head, " (kipp.quant.head)\n");
-    printf("variant         %s chat template\n", in.has_chat ? "with" : "without");
+    printf("variant         %s, %s chat template\n", in.variant, in.has_chat ? "with" : "without");
     printf("d_model         %u\n", in.d_model);
     printf("n_layer         %u\n", in.n_layer);
     printf("n_q_head        %u (attention width %u)\n", in.n_q_head, in.n_q_head * in.head_dim);

@@ -30,6 +30,7 @@ static const struct {
     {"detokenize", cmd_detokenize, "detokenize --model F --ids 1,2,3"},
     {"generate", cmd_generate, "generate --model F --prompt T [--chat] [--max-tokens N] ..."},
     {"chat", cmd_chat, "chat --model F                   interactive multi-turn chat"},
+    {"embed", cmd_embed, "embed --model F [--dimensions D] [--instruct T] [TEXT ...]  embeddings (stdin: lines or JSON)"},
     {"logits", cmd_logits, "logits --model F --prompt T --out F.f32"},
     {"plan", cmd_plan, "plan --model F [--json] [--results DIR]  measure this machine, predict tok/s, pick a context"},
     {"render", cmd_render, "render --model F --messages F.json  the rendered chat prompt and its tokens"},

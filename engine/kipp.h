@@ -279,6 +279,7 @@ typedef struct {
     const char *quant;          /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" */
     const char *quant_head;     /* kipp.quant.head: "q8_0" or "affine4_gs32"; "bf16" when absent */
     int has_chat;               /* 1: chat template present (instruct/thinking) */
+    const char *variant;        /* kipp.variant: "base", "instruct", "thinking", "embedding" or "reranker" */
     int tied_embeddings;
     uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;
     uint32_t vocab_size;        /* logits per row: 151936 */
@@ -315,6 +316,20 @@ int kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
  * 131072)". Writes at most len bytes into buf (NUL-terminated) and returns buf.
  */
 const char *kipp_context_limit_note(const kipp_model_info *info, char *buf, size_t len);
+
+/** What a model is for, from its kipp.variant (kipp_model_task). */
+enum {
+    KIPP_TASK_GENERATE = 0, /* base, instruct, thinking: text generation */
+    KIPP_TASK_EMBED = 1,    /* embedding: pooled final-norm hidden state (kipp_batch_item.hidden) */
+    KIPP_TASK_RERANK = 2    /* reranker: "yes"/"no" logits at the last position */
+};
+
+/**
+ * The model's task: KIPP_TASK_GENERATE, KIPP_TASK_EMBED or KIPP_TASK_RERANK,
+ * from its registry entry's variant. KIPP_EINVAL (negative) for a NULL model
+ * or one without a registry entry. Servers refuse an endpoint of another task.
+ */
+int kipp_model_task(const kipp_model *model);
 
 /** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
 typedef struct {
@@ -594,6 +609,9 @@ typedef struct {
     uint32_t token_count;    /* >= 1 */
     uint32_t logits_count;   /* 0..token_count; rows for the last positions */
     float *logits;           /* [logits_count][vocab_size] or NULL when logits_count == 0 */
+    float *hidden;           /* NULL, or [d_model] floats: the final-RMSNormed hidden state of the
+                              * item's last position (HF's last_hidden_state row, the embedding
+                              * before pooling); with logits_count == 0 the output head is skipped */
 } kipp_batch_item;
 
 /**
@@ -604,6 +622,34 @@ typedef struct {
  */
 int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *err,
                     size_t errlen);
+
+/* ---- embeddings (engine/embed.c) ---- */
+
+/** The token every embedding input ends with and is pooled at: <|endoftext|>. */
+#define KIPP_EMBED_EOT 151643u
+
+/**
+ * Token ids of one embedding input, as the Qwen3-Embedding model card builds
+ * them: with instruct (NUL-terminated, may be NULL) the text becomes
+ * "Instruct: {instruct}\nQuery:{text}" (get_detailed_instruct); text is
+ * tokenized as plain text (no special-token matching) and KIPP_EMBED_EOT is
+ * appended. *ids is malloc'd ([*n]; the caller frees it). Errors as kipp_tokenize.
+ */
+int kipp_embed_tokenize(const kipp_model *model, const char *instruct, const char *text, size_t len,
+                        uint32_t **ids, uint32_t *n, char *err, size_t errlen);
+
+/**
+ * Embed n inputs of token ids (ids[i], lens[i] >= 1 tokens, each within the
+ * context length) in one kipp_eval_batch without logits: each row of out
+ * ([n][dims] floats) is the final-norm hidden state of the input's last token
+ * (last-token pooling), truncated to its first dims values (1..d_model,
+ * Matryoshka) and L2-normalized. Token ids are used as given (no EOT added).
+ * Each input runs on a fresh session, destroyed before returning. Errors:
+ * KIPP_ERANGE (dims, an input longer than the context, an id >= vocab),
+ * KIPP_EINVAL, KIPP_ENOMEM (also a full KV pool), KIPP_ENUMERIC.
+ */
+int kipp_embed(kipp_model *model, const uint32_t *const *ids, const uint32_t *lens, size_t n, uint32_t dims,
+               float *out, char *err, size_t errlen);
 
 /* ---- sampling (engine/sampler.c) ---- */
 

@@ -95,6 +95,7 @@ struct serve_sched {
     serve_step_load load;     /* what the planned step evaluates */
     double target_s;          /* its time target (0 = none applied) */
     int capped;               /* 1: the target cut its prefill share below the token budget's */
+    serve_embed_queue eq;     /* embedding requests (sched_embed.c), run between steps */
 };
 
 double serve_now(void)
@@ -698,6 +699,24 @@ static void drop_cancelled(serve_sched *s)
         if (s->act[k]->job->cancelled) choice_finish(s, k, FIN_CANCELLED);
 }
 
+void serve_sched_embed(serve_sched *s, serve_embed_job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->end_all || s->stop) j->rc = KIPP_EBACKEND, snprintf(j->error, sizeof j->error, "the server is shutting down"), j->done = 1;
+    else serve_embed_queue_push(&s->eq, j);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* One group of the oldest embedding request: all of it while nothing generates
+ * (up to SERVE_EMBED_IDLE_TOKENS), else a step's token budget (sched_embed.c). */
+static void embed_turn(serve_sched *s)
+{
+    uint64_t tokens = s->n_act ? s->o.step_tokens : SERVE_EMBED_IDLE_TOKENS;
+    if (serve_embed_run(&s->eq, s->m, &s->mu, tokens, s->o.pool_blocks ? s->o.pool_blocks / 2 : UINT64_MAX))
+        pthread_cond_broadcast(&s->cv);
+}
+
 static void *sched_main(void *arg)
 {
     serve_sched *s = arg;
@@ -705,10 +724,12 @@ static void *sched_main(void *arg)
     while (!s->stop) {
         drop_cancelled(s);
         admit(s);
-        if (s->end_all) end_everything(s), pthread_cond_broadcast(&s->cv);
+        if (s->end_all) end_everything(s), serve_embed_fail_all(&s->eq, KIPP_EBACKEND, "the server is shutting down"),
+            pthread_cond_broadcast(&s->cv);
         count_running(s);
+        embed_turn(s);
         if (s->n_act == 0) {
-            pthread_cond_wait(&s->cv, &s->mu);
+            if (!s->eq.head) pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
         step(s);
@@ -716,6 +737,8 @@ static void *sched_main(void *arg)
         pthread_cond_broadcast(&s->cv);
     }
     drop_cancelled(s);
+    serve_embed_fail_all(&s->eq, KIPP_EBACKEND, "the server is shutting down");
+    pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }

@@ -16,6 +16,8 @@
  *   step_cost.c      the online step-cost fit and each step's prefill share (step_cost.h)
  *   job.c            jobs: creation, references, random public ids (serve_job_set_id)
  *   metrics.c        counters and histograms, Prometheus text
+ *   api_embed.c      POST /v1/embeddings: body -> token ids, results -> OpenAI JSON
+ *   sched_embed.c    embedding requests run by the scheduler thread between steps
  *
  * Only engine/kipp.h is below: the server never sees backend state or KV memory.
  */
@@ -639,5 +641,43 @@ int serve_render_chunks(const serve_info *si, const serve_job *job, serve_stream
 
 /** Monotonic seconds. */
 double serve_now(void);
+
+/* ---- embeddings (sched_embed.c; the HTTP side is api_embed.c) ---- */
+
+#define SERVE_EMBED_MAX_INPUTS 2048   /* inputs per /v1/embeddings request (OpenAI's limit) */
+#define SERVE_EMBED_IDLE_TOKENS 16384 /* tokens of one embedding group while nothing generates */
+
+/** One embedding request as the scheduler runs it; fields up to out are the submitter's, set before queuing. */
+typedef struct serve_embed_job {
+    const uint32_t *const *ids; /* [n] token ids of each input (owned by the submitter) */
+    const uint32_t *lens;       /* [n] tokens of each, 1..n_ctx */
+    size_t n;                   /* inputs */
+    uint32_t dims;              /* values kept per embedding (1..d_model) */
+    float *out;                 /* [n][dims] results, unit L2 norm (owned by the submitter) */
+    size_t next;                /* inputs done so far (scheduler; read under mu) */
+    int done, cancelled, rc;    /* done: the scheduler is finished with it; rc: KIPP_* of a failure */
+    char error[256];            /* the engine's message when rc != 0 */
+    struct serve_embed_job *next_job;
+} serve_embed_job;
+
+/** FIFO of embedding jobs, guarded by the sched mutex. */
+typedef struct {
+    serve_embed_job *head, *tail;
+} serve_embed_queue;
+
+/** Append j (mu held). */
+void serve_embed_queue_push(serve_embed_queue *q, serve_embed_job *j);
+/**
+ * Scheduler thread, mu held: run one group of the head job (kipp_embed on
+ * inputs whose tokens stay within max_tokens and KV blocks within max_blocks,
+ * at least one input), with mu released during the evaluation; a finished,
+ * failed or cancelled job leaves the queue with done = 1. Returns 1 when it
+ * did something, 0 when the queue is empty.
+ */
+int serve_embed_run(serve_embed_queue *q, kipp_model *m, pthread_mutex_t *mu, uint64_t max_tokens, uint64_t max_blocks);
+/** Fail every queued job with rc and message (mu held): shutdown. */
+void serve_embed_fail_all(serve_embed_queue *q, int rc, const char *why);
+/** Queue j on the scheduler (call without the sched mutex); wait for j->done under it (serve_sched_wait). */
+void serve_sched_embed(serve_sched *s, serve_embed_job *j);
 
 #endif

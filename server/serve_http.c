@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "server/anthropic.h"
+#include "server/api_embed.h"
 #include "server/responses.h"
 #include "server/serve_http.h"
 
@@ -245,6 +246,64 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
     return body ? send_json(h, c, status, body) : MHD_NO; /* MHD_NO: close the dead connection */
 }
 
+/* ---- embeddings ---- */
+
+static const char *task_role(int task) { return task == KIPP_TASK_EMBED ? "an embedding" : task == KIPP_TASK_RERANK ? "a reranker" : "a generation"; }
+
+/* The 400 for an endpoint the served model's role does not take (docs/SERVING.md "Roles"); 0 when it does. */
+static int role_refuses(const serve_http *h, const char *url, int gen, serve_error *e)
+{
+    kipp_model_info info;
+    kipp_model_get_info(h->info.model, &info);
+    int emb = !strcmp(url, "/v1/embeddings");
+    if (gen && h->task != KIPP_TASK_GENERATE)
+        return serve_fail(e, 400, "invalid_request_error", "model", "model '%s' is %s model (kipp.variant %s) and does not "
+                          "generate text; it serves %s", h->info.model_id, task_role(h->task), info.variant,
+                          h->task == KIPP_TASK_EMBED ? "POST /v1/embeddings" : "POST /v1/rerank and POST /v1/score");
+    if (emb && (h->task == KIPP_TASK_RERANK || (h->task == KIPP_TASK_GENERATE && !h->embeddings)))
+        return serve_fail(e, 400, "invalid_request_error", "model", "model '%s' is %s model (kipp.variant %s); "
+                          "/v1/embeddings needs an embedding model%s", h->info.model_id, task_role(h->task), info.variant,
+                          h->task == KIPP_TASK_GENERATE ? ", or kipp-serve started with --embeddings to pool a generation "
+                          "model's last hidden state" : "");
+    return 0;
+}
+
+/* POST /v1/embeddings: parse, run on the scheduler thread (sched_embed.c), wait polling for a hang-up, render. */
+static enum MHD_Result embeddings(serve_http *h, struct MHD_Connection *c, conn_state *cs)
+{
+    serve_error e;
+    serve_embed_req r;
+    if (cs->too_big) {
+        serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
+        return send_error(h, c, -1, &e);
+    }
+    if (serve_embed_parse(h, cs->body.p ? cs->body.p : "", cs->body.n, &r, &e)) return send_error(h, c, -1, &e);
+    r.out = malloc(r.n * (size_t)r.dims * sizeof *r.out);
+    if (!r.out) {
+        serve_embed_req_free(&r);
+        serve_fail(&e, 503, "server_error", "", "out of memory for %zu embeddings", r.n);
+        return send_error(h, c, -1, &e);
+    }
+    serve_embed_job job = {.ids = (const uint32_t *const *)r.ids, .lens = r.lens, .n = r.n, .dims = r.dims, .out = r.out};
+    serve_sched_embed(h->sched, &job);
+    int fd = conn_fd(c), gone = 0;
+    pthread_mutex_lock(serve_sched_mutex(h->sched));
+    while (!job.done) { /* on a hang-up the job is cancelled, but its buffers stay ours until the scheduler lets go */
+        if (!gone && client_gone(fd)) gone = job.cancelled = 1;
+        serve_sched_wait(h->sched, 50);
+    }
+    pthread_mutex_unlock(serve_sched_mutex(h->sched));
+    char *body = gone || job.rc ? NULL : serve_embed_render(h, &r);
+    serve_embed_req_free(&r);
+    if (gone) return MHD_NO;
+    if (body) return send_json(h, c, 200, body);
+    if (job.rc == KIPP_ENOMEM)
+        serve_fail(&e, 503, "server_error", "", "no room for the embeddings now (%s); retry", job.error);
+    else serve_fail(&e, job.rc == KIPP_EBACKEND ? 503 : 500, "server_error", "", "embedding failed: %s",
+                    job.rc ? job.error : "out of memory rendering the response");
+    return send_error(h, c, -1, &e);
+}
+
 /* ---- other endpoints ---- */
 
 static json_t *model_obj(const serve_http *h, const char *id)
@@ -336,14 +395,14 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
 static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, "
                                      "GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, "
                                      "GET /v1/models, GET /v1/models/{id}, "
-                                     "POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+                                     "POST /v1/embeddings, POST /tokenize, POST /detokenize, GET /health, GET /metrics";
 
 /* Which method an endpoint takes: "POST", "GET", "GET or DELETE", or NULL when url is none. */
 static const char *endpoint_method(const char *url)
 {
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") ||
         !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize") || !strcmp(url, "/v1/messages") ||
-        !strcmp(url, "/v1/messages/count_tokens"))
+        !strcmp(url, "/v1/messages/count_tokens") || !strcmp(url, "/v1/embeddings"))
         return "POST";
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
         return "GET";
@@ -392,6 +451,12 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
         serve_fail(&e, 503, "server_error", "", "the server is shutting down and takes no new requests; retry on another replica");
         snprintf(e.code, sizeof e.code, "shutting_down");
         return send_error(h, c, chat || cmpl ? chat : -1, &e);
+    }
+    if (role_refuses(h, url, chat || cmpl || count, &e)) return send_error(h, c, chat || cmpl ? chat : -1, &e);
+    if (!strcmp(url, "/v1/embeddings")) {
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u); /* a big batch is not idle: hang-ups are polled */
+        cs->untimed = 1;
+        return embeddings(h, c, cs);
     }
     if (!chat && !cmpl && !count) return tokens(h, c, cs, !strcmp(url, "/detokenize"));
     /* Generation may take longer than --idle-timeout without a byte on the wire:

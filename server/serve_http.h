@@ -34,6 +34,8 @@ typedef struct {
     int access_log;           /* 1: one JSON line per request on stderr */
     int draining;             /* set by serve_main on SIGTERM/SIGINT (atomic): new work gets 503 */
     int inflight;             /* completion requests between arrival and their last byte (atomic) */
+    int task;                 /* kipp_model_task of the served model: which endpoints it takes */
+    int embeddings;           /* --embeddings: /v1/embeddings also on a generation model */
 } serve_http;
 
 /**

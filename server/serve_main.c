@@ -38,6 +38,7 @@ typedef struct {
     long long kv_cache_disk_mib; /* --kv-cache-disk-mib: its budget; -1 = not given */
     double step_ms;           /* --step-ms: ms, 0 = off, < 0 = auto */
     int no_spec;              /* --no-spec */
+    int embeddings;           /* --embeddings: /v1/embeddings on a generation model too (llama-server's flag) */
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
     int rope_override;        /* --rope-scaling given: rope replaces the file's scaling */
     kipp_rope_scaling rope;
@@ -121,7 +122,9 @@ static void usage(FILE *f)
             "                     processes of the same model; default off\n"
             "  --kv-cache-disk-mib N  the tier's size in MiB, least recently used files removed first; default 4096\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
-            "                     by default they use prompt-lookup speculative decoding (same tokens)\n");
+            "                     by default they use prompt-lookup speculative decoding (same tokens)\n"
+            "  --embeddings       serve POST /v1/embeddings with a generation model too (last-token pooling of\n"
+            "                     its final hidden state); an embedding model serves it without this flag\n");
 }
 
 static int parse_args(int argc, char **argv, serve_opts *o)
@@ -146,6 +149,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!strcmp(a, "--help")) return usage(stdout), 1;
         if (!strcmp(a, "--version")) return printf("kipp-serve %s (%s)\n", KIPP_VERSION, KIPP_GIT_SHA), 1;
         if (!strcmp(a, "--no-spec")) { o->no_spec = 1; continue; }
+        if (!strcmp(a, "--embeddings")) { o->embeddings = 1; continue; }
         if (!strcmp(a, "--protect-ops")) { o->protect_ops = 1; continue; }
         if (!strcmp(a, "--access-log")) { o->access_log = 1; continue; }
         if (!strcmp(a, "--no-prefetch")) { o->no_prefetch = 1; continue; }
@@ -379,7 +383,8 @@ static int run(const serve_opts *o, kipp_model *m)
                            .step_tokens = (uint32_t)o->step_tokens, .step_ms = o->step_ms};
     serve_http h = {.max_body = (size_t)o->max_body, .max_header = (size_t)o->max_header, .started = time(NULL),
                     .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
-                    .access_log = o->access_log, .canonical = info.checkpoint_id};
+                    .access_log = o->access_log, .canonical = info.checkpoint_id, .task = kipp_model_task(m),
+                    .embeddings = o->embeddings};
     serve_metrics_set_model(o->alias ? o->alias : info.checkpoint_id); /* before any thread reads it */
     serve_kv_events *kev = NULL;
     if (o->kv_events) { /* before the scheduler: every block the pool ever stores is reported */

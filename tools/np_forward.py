@@ -155,7 +155,17 @@ def _same(_kind: str, x: np.ndarray) -> np.ndarray:
 
 
 def forward(meta: dict, w: dict, ids: list[int], rows: list[int], act=_same, kv_store=None) -> np.ndarray:
-    """Logits [len(rows)][vocab] at the given positions of the causal forward over ids.
+    """Logits [len(rows)][vocab] at the given positions of the causal forward over ids
+    (hidden() below, then the tied or untied lm_head)."""
+    xs = hidden(meta, w, ids, rows, act, kv_store)
+    head = w["token_embd.weight"] if meta["kipp.tied_embeddings"] else w["output.weight"]
+    return (xs @ head.T).astype(np.float32)
+
+
+def hidden(meta: dict, w: dict, ids: list[int], rows: list[int], act=_same, kv_store=None) -> np.ndarray:
+    """Final-RMSNormed hidden states [len(rows)][d_model] at the given positions of the causal
+    forward over ids: transformers' last_hidden_state rows (Qwen3Model ends with its norm), the
+    embedding before pooling, and the head's input.
 
     act(kind, x) returns a projection's input as a kernel would read it; kind is
     "qkv", "o", "gate_up" or "down" (the four inputs of seed 000's seven
@@ -198,9 +208,7 @@ def forward(meta: dict, w: dict, ids: list[int], rows: list[int], act=_same, kv_
         u = h @ w[p + "ffn_up.weight"].T
         a = (g / (np.float32(1.0) + np.exp(-g, dtype=np.float32))) * u
         x = x + act("down", a) @ w[p + "ffn_down.weight"].T
-    xs = rmsnorm(x[np.asarray(rows)], w["output_norm.weight"], eps)
-    head = w["token_embd.weight"] if meta["kipp.tied_embeddings"] else w["output.weight"]
-    return (xs @ head.T).astype(np.float32)
+    return rmsnorm(x[np.asarray(rows)], w["output_norm.weight"], eps)
 
 
 def sha256(path: Path) -> str:
