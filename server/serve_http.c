@@ -317,6 +317,18 @@ static enum MHD_Result tokens(serve_http *h, struct MHD_Connection *c, conn_stat
     return send_json(h, c, 200, json);
 }
 
+/* POST /v1/rerank and /v1/score (server/api_rerank.c); scoring may outlast --idle-timeout, so the timer is off. */
+static enum MHD_Result rerank(serve_http *h, struct MHD_Connection *c, conn_state *cs, int score_api)
+{
+    serve_error e;
+    char *json = NULL;
+    if (cs->too_big) serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    cs->untimed = 1;
+    if (cs->too_big || serve_rerank(h, cs->body.p ? cs->body.p : "", cs->body.n, score_api, &json, &e)) return send_error(h, c, -1, &e);
+    return send_json(h, c, 200, json);
+}
+
 /* CORS preflight: 204 with what the browser may send; without --cors-origin
  * the Access-Control headers are absent and the browser refuses, as it should. */
 static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
@@ -336,14 +348,20 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
 static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, "
                                      "GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, "
                                      "GET /v1/models, GET /v1/models/{id}, "
-                                     "POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+                                     "POST /v1/rerank, POST /v1/score, POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+
+/* 1: /v1/rerank (also /rerank, as vLLM and llama-server serve it), 2: /v1/score (also /score), else 0. */
+static int is_rerank(const char *url)
+{
+    return !strcmp(url, "/v1/rerank") || !strcmp(url, "/rerank") ? 1 : !strcmp(url, "/v1/score") || !strcmp(url, "/score") ? 2 : 0;
+}
 
 /* Which method an endpoint takes: "POST", "GET", "GET or DELETE", or NULL when url is none. */
 static const char *endpoint_method(const char *url)
 {
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") ||
         !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize") || !strcmp(url, "/v1/messages") ||
-        !strcmp(url, "/v1/messages/count_tokens"))
+        !strcmp(url, "/v1/messages/count_tokens") || is_rerank(url))
         return "POST";
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
         return "GET";
@@ -393,6 +411,7 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
         snprintf(e.code, sizeof e.code, "shutting_down");
         return send_error(h, c, chat || cmpl ? chat : -1, &e);
     }
+    if (is_rerank(url)) return rerank(h, c, cs, is_rerank(url) == 2);
     if (!chat && !cmpl && !count) return tokens(h, c, cs, !strcmp(url, "/detokenize"));
     /* Generation may take longer than --idle-timeout without a byte on the wire:
      * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */
