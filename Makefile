@@ -195,6 +195,8 @@ $(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
 TEST_MODELS := synthetic-tiny synthetic-tiny-untied
+# The retrieval twins (issue 56): synthetic-tiny's shape as an embedding and as a reranker model.
+RETRIEVAL_TEST_MODELS := synthetic-tiny-embedding synthetic-tiny-reranker
 # Quantized conversions of the same checkpoints (seed 000 "Weight quantization").
 QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 # Loud rows and heavy-tailed projections (tools/make_checkpoint.py "outliers", own seed), quantized:
@@ -202,7 +204,7 @@ QUANT_TEST_MODELS := synthetic-tiny-q8_0 synthetic-tiny-affine4_gs32
 OUTLIER_TEST_MODELS := synthetic-tiny-outliers synthetic-tiny-outliers-q8_0 synthetic-tiny-outliers-affine4_gs32
 # The opt-in quantized head (--quant-head), gated against the files above.
 HEAD_TEST_MODELS := synthetic-tiny-q8_0-head_q8_0 synthetic-tiny-affine4_gs32-head_affine4_gs32 synthetic-tiny-untied-head_q8_0
-ALL_TEST_MODELS := $(TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS)
+ALL_TEST_MODELS := $(TEST_MODELS) $(RETRIEVAL_TEST_MODELS) $(QUANT_TEST_MODELS) $(OUTLIER_TEST_MODELS) $(HEAD_TEST_MODELS)
 
 # A model file is trusted by its content, not its time stamp: each build records
 # the GGUF's sha256 beside it, and one that no longer matches (overwritten by

@@ -35,7 +35,7 @@ int run_batch_once(const bench_case *bc, double *sec, char *err, size_t errlen)
     for (uint32_t i = 0; i < bc->steps && !rc; i++) {
         for (uint32_t j = 0; j < bc->n_seq; j++)
             items[j] = (kipp_batch_item){bc->ss[j], bc->ids + (size_t)j * bc->stride + bc->prefix + i * bc->item_tokens,
-                                         bc->item_tokens, 1, bc->logits + (size_t)j * bc->vocab};
+                                         bc->item_tokens, 1, bc->logits + (size_t)j * bc->vocab, NULL};
         rc = kipp_eval_batch(bc->m, items, bc->n_seq, err, errlen);
     }
     *sec = kipp_timer_now() - t0;

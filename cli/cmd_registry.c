@@ -7,11 +7,6 @@
 #include "cli/cli.h"
 #include "engine/kipp_checkpoints.h"
 
-static const char *variant_name(kipp_variant v)
-{
-    return v == KIPP_VARIANT_BASE ? "base" : v == KIPP_VARIANT_THINKING ? "thinking" : "instruct";
-}
-
 static const char *chat_name(kipp_chat_kind c)
 {
     static const char *n[] = {"none", "hybrid", "instruct-2507", "thinking-2507"};
@@ -37,7 +32,7 @@ static json_t *entry_json(const kipp_checkpoint *c)
     for (uint32_t i = 0; i < c->n_stop; i++) json_array_append_new(stops, json_integer(c->stop_ids[i]));
     return json_pack("{s:s,s:s,s:s,s:b,s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:f,s:b,s:i,s:o,s:I,s:s}",
                      "id", c->id, "repository", c->repository, "revision", c->revision,
-                     "synthetic", c->synthetic, "variant", variant_name(c->variant),
+                     "synthetic", c->synthetic, "variant", kipp_variant_name(c->variant),
                      "chat_template", chat_name(c->chat), "d_model", c->d_model,
                      "n_layer", c->n_layer, "n_q_head", c->n_q_head, "n_kv_head", c->n_kv_head,
                      "head_dim", c->head_dim, "d_ff", c->d_ff, "vocab_size", c->vocab_size,

@@ -95,6 +95,8 @@ typedef struct {
     const uint32_t *block_table; /* [n_blocks] logical block (pos>>5) -> physical block */
     uint32_t logits_count;       /* rows for the last logits_count tokens (0..token_count) */
     float *logits;               /* [logits_count][vocab] FP32, host memory */
+    float *hidden;               /* NULL or [d_model] FP32: final-RMSNormed state of the item's last
+                                    token (the row the head would read); no head when logits_count == 0 */
 } kipp_eval_item;
 
 /** The ops table a backend fills (seed 000 shape plus error outputs). */

@@ -24,3 +24,9 @@ const kipp_checkpoint *kipp_checkpoint_by_id(const char *id)
         if (!strcmp(kipp_checkpoints[i].id, id)) return &kipp_checkpoints[i];
     return NULL;
 }
+
+const char *kipp_variant_name(kipp_variant v)
+{
+    static const char *const n[] = {"base", "instruct", "thinking", "embedding", "reranker"};
+    return (unsigned)v < sizeof n / sizeof n[0] ? n[v] : "?";
+}

@@ -204,6 +204,7 @@ typedef struct {
     const char *quant;          /* kipp.quant.scheme: "bf16", "q8_0" or "affine4_gs32" */
     const char *quant_head;     /* kipp.quant.head: "q8_0" or "affine4_gs32"; "bf16" when absent */
     int has_chat;               /* 1: chat template present (instruct/thinking) */
+    const char *variant;        /* kipp.variant: "base", "instruct", "thinking", "embedding" or "reranker" */
     int tied_embeddings;
     uint32_t d_model, n_layer, n_q_head, n_kv_head, head_dim, d_ff;
     uint32_t vocab_size;        /* logits per row: 151936 */
@@ -230,6 +231,20 @@ typedef struct {
  * callers holding one may ignore the result.
  */
 int kipp_model_get_info(const kipp_model *model, kipp_model_info *info);
+
+/** What a model is for, from its kipp.variant (kipp_model_task). */
+enum {
+    KIPP_TASK_GENERATE = 0, /* base, instruct, thinking: text generation */
+    KIPP_TASK_EMBED = 1,    /* embedding: pooled final-norm hidden state (kipp_batch_item.hidden) */
+    KIPP_TASK_RERANK = 2    /* reranker: "yes"/"no" logits at the last position */
+};
+
+/**
+ * The model's task: KIPP_TASK_GENERATE, KIPP_TASK_EMBED or KIPP_TASK_RERANK,
+ * from its registry entry's variant. KIPP_EINVAL (negative) for a NULL model
+ * or one without a registry entry. Servers refuse an endpoint of another task.
+ */
+int kipp_model_task(const kipp_model *model);
 
 /** One row of the file's tensor table; name points into the model's mapping (not NUL-terminated). */
 typedef struct {
@@ -509,6 +524,9 @@ typedef struct {
     uint32_t token_count;    /* >= 1 */
     uint32_t logits_count;   /* 0..token_count; rows for the last positions */
     float *logits;           /* [logits_count][vocab_size] or NULL when logits_count == 0 */
+    float *hidden;           /* NULL, or [d_model] floats: the final-RMSNormed hidden state of the
+                              * item's last position (HF's last_hidden_state row, the embedding
+                              * before pooling); with logits_count == 0 the output head is skipped */
 } kipp_batch_item;
 
 /**

@@ -29,11 +29,17 @@
 #define KIPP_BOS_ID 151643u       /* <|endoftext|> */
 #define KIPP_N_TOKENS 151669u     /* 151643 BPE tokens + 26 added tokens */
 
-/** Checkpoint variant: base models have no chat template. */
+/**
+ * Checkpoint variant (GGUF kipp.variant): base models have no chat template;
+ * embedding and reranker checkpoints (Qwen3-Embedding-*, Qwen3-Reranker-*)
+ * have none either, and are served for retrieval only (kipp_model_task).
+ */
 typedef enum {
     KIPP_VARIANT_BASE = 0,
     KIPP_VARIANT_INSTRUCT = 1,  /* hybrid Qwen3 and Instruct-2507 */
-    KIPP_VARIANT_THINKING = 2   /* Thinking-2507 */
+    KIPP_VARIANT_THINKING = 2,  /* Thinking-2507 */
+    KIPP_VARIANT_EMBEDDING = 3, /* Qwen3-Embedding: last-token pooled final-norm state */
+    KIPP_VARIANT_RERANKER = 4   /* Qwen3-Reranker: "yes"/"no" logits at the last position */
 } kipp_variant;
 
 /** Which chat template the checkpoint ships (registry.md, "Chat template facts"). */
@@ -88,6 +94,16 @@ typedef struct {
   {"qwen3-14b-base",  "Qwen/Qwen3-14B-Base",  "0b0bd3732e2c374d483664439ea334928b65f304", 0, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,              5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  32768, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
   {"qwen3-14b",       "Qwen/Qwen3-14B",       "40c069824f4251a91eefaf281ebe4c544efd3e18", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 40, 40, 8, 128, 17408, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
   {"qwen3-32b",       "Qwen/Qwen3-32B",       "9216db5781bf21249d130ec9da846c4624c16137", 0, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,        5120, 64, 64, 8, 128, 25600, KIPP_VOCAB_SIZE,  40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
+  /* Retrieval checkpoints (issue 56): the Qwen3 shapes of the same size; revisions are public   \
+   * snapshot pins, unverified; the Hub files have 151669 (8B embedding: 151665) embedding rows,   \
+   * padded to the family's 151936 by the converter (docs/FORMAT.md "Retrieval checkpoints"); */   \
+  /* eos is <|endoftext|> for both roles: the token an embedding pools; a reranker never generates. */ \
+  {"qwen3-embedding-0.6b", "Qwen/Qwen3-Embedding-0.6B", "97b0c614be4d77ee51c0cef4e5f07c00f9eb65b3", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 32768, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-embedding-4b",   "Qwen/Qwen3-Embedding-4B",   "5cf2132abc99cad020ac570b19d031efec650f2b", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-embedding-8b",   "Qwen/Qwen3-Embedding-8B",   "1d8ad4ca9b3dd8059ad90a75d4983776a23d44af", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-reranker-0.6b",  "Qwen/Qwen3-Reranker-0.6B",  "e61197ed45024b0ed8a2d74b80b4d909f1255473", 0, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-reranker-4b",    "Qwen/Qwen3-Reranker-4B",    "22e683669bc0f0bd69640a1354a6d0aebcfeede5", 0, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"qwen3-reranker-8b",    "Qwen/Qwen3-Reranker-8B",    "77d193c791ed757ca307ee72715aa132723da912", 0, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
   /* Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes. */ \
   {"synthetic-tiny",        "synthetic/qwen3-tiny",        KIPP_SYNTH_REV "1", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID,  256, 2, 16, 8, 128,   512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", KIPP_SYNTH_REV "2", 1, KIPP_VARIANT_BASE, KIPP_CHAT_NONE,      384, 3,  8, 8, 128,   640, KIPP_VOCAB_SIZE, 4096, 1e6, 0, 151643u, KIPP_STOP_BASE}, \
@@ -95,7 +111,11 @@ typedef struct {
   {"synthetic-0.6b", "synthetic/qwen3-0.6b-shape", KIPP_SYNTH_REV "3", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-1.7b", "synthetic/qwen3-1.7b-shape", KIPP_SYNTH_REV "4", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2048, 28, 16, 8, 128,  6144, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
   {"synthetic-4b",   "synthetic/qwen3-4b-shape",   KIPP_SYNTH_REV "5", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151645u, KIPP_STOP_CHAT}, \
-  {"synthetic-8b",   "synthetic/qwen3-8b-shape",   KIPP_SYNTH_REV "6", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}
+  {"synthetic-8b",   "synthetic/qwen3-8b-shape",   KIPP_SYNTH_REV "6", 1, KIPP_VARIANT_INSTRUCT, KIPP_CHAT_HYBRID, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151645u, KIPP_STOP_CHAT}, \
+  /* Synthetic retrieval twins: synthetic-tiny's shape, and the 0.6B shape for make bench-embed. */ \
+  {"synthetic-tiny-embedding", "synthetic/qwen3-tiny-embedding", KIPP_SYNTH_REV "8", 1, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 256, 2, 16, 8, 128, 512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"synthetic-tiny-reranker",  "synthetic/qwen3-tiny-reranker",  KIPP_SYNTH_REV "9", 1, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 256, 2, 16, 8, 128, 512, KIPP_VOCAB_SIZE, 4096, 1e6, 1, 151643u, KIPP_STOP_BASE}, \
+  {"synthetic-0.6b-embedding", "synthetic/qwen3-0.6b-embedding", KIPP_SYNTH_REV "10", 1, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 1024, 28, 16, 8, 128, 3072, KIPP_VOCAB_SIZE, 32768, 1e6, 1, 151643u, KIPP_STOP_BASE}
 
 /** The registry, in table order. */
 extern const kipp_checkpoint kipp_checkpoints[];
@@ -109,6 +129,9 @@ extern const size_t kipp_checkpoints_count;
  */
 const kipp_checkpoint *kipp_checkpoint_find(const char *repo, size_t repo_len,
                                             const char *rev, size_t rev_len);
+
+/** kipp.variant's string for v ("base", "instruct", "thinking", "embedding", "reranker"); "?" outside the enum. */
+const char *kipp_variant_name(kipp_variant v);
 
 /** Find an entry by short id (NUL-terminated); NULL when unknown. */
 const kipp_checkpoint *kipp_checkpoint_by_id(const char *id);

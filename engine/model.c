@@ -173,11 +173,6 @@ static int want_f32(const kipp_gguf *g, const char *key, double expect,
                     (double)(float)expect);
 }
 
-static const char *variant_name(kipp_variant v)
-{
-    return v == KIPP_VARIANT_BASE ? "base" : v == KIPP_VARIANT_THINKING ? "thinking" : "instruct";
-}
-
 static const char *chat_name(kipp_chat_kind k)
 {
     static const char *const n[] = {"none", "hybrid", "instruct-2507", "thinking-2507"};
@@ -222,7 +217,7 @@ static int check_values(const kipp_gguf *g, const kipp_checkpoint *c, char *err,
         (rc = want_str(g, "general.architecture", "qwen3", c, err, errlen)) ||
         (rc = want_str(g, "general.name", c->id, c, err, errlen)) ||
         (rc = want_str(g, "kipp.checkpoint.id", c->id, c, err, errlen)) ||
-        (rc = want_str(g, "kipp.variant", variant_name(c->variant), c, err, errlen)) ||
+        (rc = want_str(g, "kipp.variant", kipp_variant_name(c->variant), c, err, errlen)) ||
         (rc = want_str(g, "kipp.chat_template", chat_name(c->chat), c, err, errlen)) ||
         (rc = want_u32(g, "kipp.d_model", c->d_model, c, err, errlen)) ||
         (rc = want_u32(g, "kipp.n_layer", c->n_layer, c, err, errlen)) ||
@@ -815,6 +810,7 @@ int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->quant = m->quant; /* kipp.quant.scheme, validated by check_scheme */
     info->quant_head = m->quant_head ? m->quant_head : "bf16"; /* kipp.quant.head, or "bf16" without it */
     info->has_chat = c->chat != KIPP_CHAT_NONE;
+    info->variant = kipp_variant_name(c->variant);
     info->tied_embeddings = c->tied_embeddings;
     info->d_model = c->d_model;
     info->n_layer = c->n_layer;
@@ -838,6 +834,13 @@ int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->lora_bytes = m->lora_bytes;
     info->lora_merge_ms = m->lora_merge_ms;
     return 0;
+}
+
+int kipp_model_task(const kipp_model *m)
+{
+    if (!m || !m->ckpt) return KIPP_EINVAL;
+    return m->ckpt->variant == KIPP_VARIANT_EMBEDDING ? KIPP_TASK_EMBED
+         : m->ckpt->variant == KIPP_VARIANT_RERANKER  ? KIPP_TASK_RERANK : KIPP_TASK_GENERATE;
 }
 
 int kipp_model_tensor(const kipp_model *m, uint64_t i, kipp_tensor_info *out)

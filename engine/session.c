@@ -190,7 +190,7 @@ int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *e
     for (size_t i = 0; i < n && !rc; i++) {
         const kipp_session *s = items[i].session;
         bi[i] = (kipp_eval_item){s->bs, items[i].tokens, items[i].token_count, s->length, s->block_table,
-                                 items[i].logits_count, items[i].logits};
+                                 items[i].logits_count, items[i].logits, items[i].hidden};
     }
     if (!rc) {
         rc = model->ops->eval(model->bm, bi, n, err, errlen);
@@ -205,6 +205,12 @@ int kipp_eval_batch(kipp_model *model, kipp_batch_item *items, size_t n, char *e
     uint32_t vocab = model->view.dims.vocab_size;
     for (size_t i = 0; i < n; i++) {
         size_t bad;
+        if (items[i].hidden && !check_finite(items[i].hidden, model->view.dims.d_model, &bad)) {
+            if (model->pool) kipp_pool_batch_rollback(model, items, n, alloc0);
+            if (alloc0 != alloc_stack) free(alloc0);
+            return kipp_err(err, errlen, KIPP_ENUMERIC, "item %zu: hidden value %zu is %g, expected a finite value",
+                            i, bad, (double)items[i].hidden[bad]);
+        }
         if (!check_finite(items[i].logits, (size_t)items[i].logits_count * vocab, &bad)) {
             if (model->pool) kipp_pool_batch_rollback(model, items, n, alloc0);
             if (alloc0 != alloc_stack) free(alloc0);
@@ -226,7 +232,7 @@ int kipp_session_eval_n(kipp_session *s, const uint32_t *tokens, uint32_t n, uin
     if (logits_count == 0 || logits_count > n)
         return kipp_err(err, errlen, KIPP_EINVAL, "%u logits rows requested for %u tokens, expected 1..%u",
                         logits_count, n, n);
-    kipp_batch_item it = {s, tokens, n, logits_count, logits};
+    kipp_batch_item it = {s, tokens, n, logits_count, logits, NULL};
     return kipp_eval_batch(s->model, &it, 1, err, errlen);
 }
 
@@ -234,7 +240,7 @@ int kipp_session_eval(kipp_session *s, const uint32_t *tokens, uint32_t n, float
                       size_t errlen)
 {
     if (!s) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_session_eval: session is NULL");
-    kipp_batch_item it = {s, tokens, n, logits ? 1u : 0u, logits};
+    kipp_batch_item it = {s, tokens, n, logits ? 1u : 0u, logits, NULL};
     return kipp_eval_batch(s->model, &it, 1, err, errlen);
 }
 

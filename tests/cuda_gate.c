@@ -182,7 +182,7 @@ static int phase_batched(kipp_model *mr, kipp_model *const mc[2], uint32_t vocab
         TRY(kipp_session_eval_n(sr[j], ids[j], len[j], len[j], lr[j], err, sizeof err));
     }
     for (int k = 0; k < 2; k++) {
-        for (uint32_t j = 0; j < B; j++) items[j] = (kipp_batch_item){sc[k][j], ids[j], len[j], len[j], lc[j]};
+        for (uint32_t j = 0; j < B; j++) items[j] = (kipp_batch_item){sc[k][j], ids[j], len[j], len[j], lc[j], NULL};
         TRY(kipp_eval_batch(mc[k], items, B, err, sizeof err));
         for (uint32_t j = 0; j < B; j++) compare_rows(lc[j], lr[j], len[j], vocab, &st[k]);
     }
@@ -190,7 +190,7 @@ static int phase_batched(kipp_model *mr, kipp_model *const mc[2], uint32_t vocab
     for (uint32_t s = 0; s < o->decode; s++) {
         for (uint32_t j = 0; j < B; j++) TRY(kipp_session_eval_n(sr[j], &tok[j], 1, 1, lr[j], err, sizeof err));
         for (int k = 0; k < 2; k++) {
-            for (uint32_t j = 0; j < B; j++) items[j] = (kipp_batch_item){sc[k][j], &tok[j], 1, 1, lc[j]};
+            for (uint32_t j = 0; j < B; j++) items[j] = (kipp_batch_item){sc[k][j], &tok[j], 1, 1, lc[j], NULL};
             TRY(kipp_eval_batch(mc[k], items, B, err, sizeof err));
             for (uint32_t j = 0; j < B; j++) compare_rows(lc[j], lr[j], 1, vocab, &st[k]);
         }
@@ -238,7 +238,7 @@ static int phase_grow(kipp_model *mr, kipp_model *mc, uint32_t vocab, const opts
     for (uint32_t s = 0; s < o->decode; s++) {
         for (int j = 0; j < 2; j++) {
             TRY(kipp_session_eval_n(sr[j], &tok[j], 1, 1, lr[j], err, sizeof err));
-            items[j] = (kipp_batch_item){sc[j], &tok[j], 1, 1, lc[j]};
+            items[j] = (kipp_batch_item){sc[j], &tok[j], 1, 1, lc[j], NULL};
         }
         TRY(kipp_eval_batch(mc, items, 2, err, sizeof err));
         for (int j = 0; j < 2; j++) {

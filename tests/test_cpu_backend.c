@@ -179,7 +179,7 @@ static int sess_open(const bk *b, sess *s, uint32_t n_blocks, const uint32_t *pe
 static int eval1(const bk *b, sess *s, const uint32_t *tok, uint32_t n, uint32_t nlog, float *logits)
 {
     char err[256] = "";
-    kipp_eval_item it = {s->bs, tok, n, s->len, s->bt, nlog, logits};
+    kipp_eval_item it = {s->bs, tok, n, s->len, s->bt, nlog, logits, NULL};
     int rc = b->ops->eval(b->bm, &it, 1, err, sizeof err);
     CHECK(rc == 0, "%s eval of %u tokens at %u: %d %s", b->ops->name, n, s->len, rc, err);
     if (rc == 0) s->len += n;
@@ -425,14 +425,14 @@ static void test_batched_vs_isolated(void)
     }
     kipp_eval_item items[3];
     float *dst[3] = {lb, lb + 2 * (size_t)V, lb + 3 * (size_t)V};
-    for (int i = 0; i < 3; i++) items[i] = (kipp_eval_item){sb[i].bs, ids[i], len[i], 0, sb[i].bt, nlog[i], dst[i]};
+    for (int i = 0; i < 3; i++) items[i] = (kipp_eval_item){sb[i].bs, ids[i], len[i], 0, sb[i].bt, nlog[i], dst[i], NULL};
     char err[256] = "";
     int rc = b.ops->eval(b.bm, items, 3, err, sizeof err);
     CHECK(rc == 0, "batched prefill: %d %s", rc, err);
     for (int i = 0; i < 3; i++) eval1(&b, &si[i], ids[i], len[i], nlog[i], li + (dst[i] - lb));
     check_rows(lb, li, 4, V, "batched prefill vs isolated");
     CHECK(!memcmp(lb, li, 4 * (size_t)V * sizeof *lb), "batched prefill is not bitwise isolated prefill (row invariance)");
-    for (int i = 0; i < 3; i++) items[i] = (kipp_eval_item){sb[i].bs, ids[i] + len[i], 1, len[i], sb[i].bt, 1, lb + (size_t)i * V};
+    for (int i = 0; i < 3; i++) items[i] = (kipp_eval_item){sb[i].bs, ids[i] + len[i], 1, len[i], sb[i].bt, 1, lb + (size_t)i * V, NULL};
     rc = b.ops->eval(b.bm, items, 3, err, sizeof err);
     CHECK(rc == 0, "batched decode: %d %s", rc, err);
     for (int i = 0; i < 3; i++) eval1(&b, &si[i], ids[i] + len[i], 1, 1, li + (size_t)i * V);
@@ -522,11 +522,11 @@ static void test_bad_input(void)
         err[0] = 0;
         CHECK(kipp_session_eval_n(s, ok, 65, 1, logits, err, sizeof err) == KIPP_ERANGE && strstr(err, "65"),
               "65 tokens in 64 positions: '%s'", err);
-        kipp_batch_item it = {s, ok, 2, 3, logits};
+        kipp_batch_item it = {s, ok, 2, 3, logits, NULL};
         err[0] = 0;
         CHECK(kipp_eval_batch(m, &it, 1, err, sizeof err) == KIPP_EINVAL && strstr(err, "3 logits rows"),
               "logits_count 3 > 2 tokens: '%s'", err);
-        kipp_batch_item two[2] = {{s, ok, 1, 0, NULL}, {s, ok, 1, 0, NULL}};
+        kipp_batch_item two[2] = {{s, ok, 1, 0, NULL, NULL}, {s, ok, 1, 0, NULL, NULL}};
         err[0] = 0;
         CHECK(kipp_eval_batch(m, two, 2, err, sizeof err) == KIPP_EINVAL && strstr(err, "share a session"),
               "duplicate sessions: '%s'", err);

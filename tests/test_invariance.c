@@ -130,7 +130,7 @@ static void batched(const tm *t, const uint32_t *ids, const float *want)
     if (!rc) rc = kipp_session_create(t->m, N_TOK, &c, err, sizeof err);
     if (!rc) rc = kipp_session_eval(a, ids, 40, NULL, err, sizeof err);
     if (!rc) rc = kipp_session_eval(c, idc, 30, NULL, err, sizeof err);
-    kipp_batch_item items[3] = {{a, ids + 40, 32, 32, ga}, {b, idb, 50, 50, gb}, {c, idc + 30, 1, 1, gc}};
+    kipp_batch_item items[3] = {{a, ids + 40, 32, 32, ga, NULL}, {b, idb, 50, 50, gb, NULL}, {c, idc + 30, 1, 1, gc, NULL}};
     if (!rc) rc = kipp_eval_batch(t->m, items, 3, err, sizeof err);
     CHECK(rc == 0 && wb && wc, "%s: batch: %s", t->what, err);
     if (rc == 0 && wb && wc) {

@@ -166,8 +166,8 @@ static void test_mixed_batch(void)
     uint32_t start[3] = {64, 0, 0};
     kipp_batch_item bp[3], bu[3];
     for (int i = 0; i < 3; i++) {
-        bp[i] = (kipp_batch_item){ps[i], ids[i] + start[i], len[i], 1, lp + (size_t)i * FX_VOCAB};
-        bu[i] = (kipp_batch_item){us[i], ids[i] + start[i], len[i], 1, lu + (size_t)i * FX_VOCAB};
+        bp[i] = (kipp_batch_item){ps[i], ids[i] + start[i], len[i], 1, lp + (size_t)i * FX_VOCAB, NULL};
+        bu[i] = (kipp_batch_item){us[i], ids[i] + start[i], len[i], 1, lu + (size_t)i * FX_VOCAB, NULL};
     }
     char err[256] = "";
     CHECK(kipp_eval_batch(&pf->model, bp, 3, err, sizeof err) == 0, "pooled batch: %s", err);

@@ -169,14 +169,14 @@ static void test_eval_batch(void)
     float *la = logits_buf(3), *lb = logits_buf(1), *ref = logits_buf(3);
     char err[256] = "";
     /* A shared session or one bad item rejects the whole batch before compute. */
-    kipp_batch_item dup[2] = {{s[0], a, 37, 1, la}, {s[0], b, 5, 1, lb}};
+    kipp_batch_item dup[2] = {{s[0], a, 37, 1, la, NULL}, {s[0], b, 5, 1, lb, NULL}};
     CHECK(kipp_eval_batch(&fx->model, dup, 2, err, sizeof err) == KIPP_EINVAL, "shared session accepted");
     uint32_t bad[2] = {3, 9999};
-    kipp_batch_item one_bad[2] = {{s[0], a, 37, 1, la}, {s[1], bad, 2, 1, lb}};
+    kipp_batch_item one_bad[2] = {{s[0], a, 37, 1, la, NULL}, {s[1], bad, 2, 1, lb, NULL}};
     CHECK(kipp_eval_batch(&fx->model, one_bad, 2, err, sizeof err) == KIPP_ERANGE, "bad id accepted");
     CHECK(strstr(err, "9999") != NULL, "error '%s' does not name 9999", err);
     CHECK(kipp_session_length(s[0]) == 0 && untouched(la, 3), "rejected batch appended or computed");
-    kipp_batch_item ok[3] = {{s[0], a, 37, 3, la}, {s[1], b, 5, 1, lb}, {s[2], c, 1, 0, NULL}};
+    kipp_batch_item ok[3] = {{s[0], a, 37, 3, la, NULL}, {s[1], b, 5, 1, lb, NULL}, {s[2], c, 1, 0, NULL, NULL}};
     CHECK(kipp_eval_batch(&fx->model, ok, 3, err, sizeof err) == 0, "batch: %s", err);
     CHECK(kipp_session_length(s[0]) == 37 && kipp_session_length(s[1]) == 5 && kipp_session_length(s[2]) == 1,
           "batch lengths");

@@ -84,7 +84,7 @@ static int run(const char *file, int stream, int no_prefetch, outs *o)
     /* The round's rows go a then b, but b's logits come first in bat: the destinations are not
      * consecutive, so the head takes its scattered path (every worker at once on its own vocabulary
      * blocks, cpu_forward.c head), not the direct one that decode and prefill take. */
-    kipp_batch_item items[2] = {{a, ids + 12, 10, 10, o->bat + 2 * V}, {b, ids + 5, 2, 2, o->bat}};
+    kipp_batch_item items[2] = {{a, ids + 12, 10, 10, o->bat + 2 * V, NULL}, {b, ids + 5, 2, 2, o->bat, NULL}};
     if (!rc) rc = kipp_eval_batch(m, items, 2, err, sizeof err);
     CHECK(rc == 0, "%s (stream %d): %s", file, stream, err);
     kipp_session_destroy(s), kipp_session_destroy(a), kipp_session_destroy(b);

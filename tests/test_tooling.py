@@ -53,8 +53,9 @@ def test_family_invariants_every_entry():
     for c in reg.CHECKPOINTS:
         assert (c.vocab_size, c.n_kv_head, c.head_dim) == (151936, 8, 128), c.id
         assert c.eos_token_id in c.stop_token_ids, c.id
-        assert (c.variant == "base") == (c.chat_template == "none"), c.id
-        assert c.stop_token_ids == ((151643,) if c.variant == "base" else (151645, 151643)), c.id
+        assert (c.variant in ("base", "embedding", "reranker")) == (c.chat_template == "none"), c.id
+        assert c.eos_token_id == (151643 if c.chat_template == "none" else 151645), c.id
+        assert c.stop_token_ids == ((151643,) if c.eos_token_id == 151643 else (151645, 151643)), c.id
         if c.synthetic:
             assert c.repository.startswith("synthetic/") and c.revision_status == reg.SYNTHETIC, c.id
             assert re.fullmatch(r"kipp-synth-v1-seed\d+", c.revision), c.id
@@ -62,7 +63,7 @@ def test_family_invariants_every_entry():
             assert re.fullmatch(r"[0-9a-f]{40}", c.revision) and c.is_pinned, c.id
             assert c.revision_status == reg.PINNED_UNVERIFIED, c.id
     assert reg.RMS_EPS == 1e-6 and reg.VOCAB_SIZE == 151936 and reg.N_TOKENS == 151669
-    assert len([c for c in reg.CHECKPOINTS if not c.synthetic]) == 13
+    assert len([c for c in reg.CHECKPOINTS if not c.synthetic]) == 19
     tiny = reg.by_id("synthetic-tiny")
     assert tiny.tied_embeddings and tiny.attn_width != tiny.d_model and tiny.n_layer >= 2
     assert not reg.by_id("synthetic-tiny-untied").tied_embeddings
@@ -79,7 +80,7 @@ def _registry_md_rows(data: Path) -> dict[str, list[str]]:
 
 def test_real_entries_match_registry_md(qwen3_data):
     rows = _registry_md_rows(qwen3_data)
-    real = [c for c in reg.CHECKPOINTS if not c.synthetic]
+    real = [c for c in reg.CHECKPOINTS if not c.synthetic and c.task == "generate"]  # registry.md: generation only
     assert sorted(rows) == sorted(c.id for c in real)
     for c in real:
         _, repo, rev, d, ff, L, nq, ctx, theta, tied, eos, stops = rows[c.id]
@@ -119,8 +120,30 @@ def test_recorded_tokenizer_hashes_match_vendored_files(qwen3_data):
         assert size is None or size == len(data), kind
     # Every real entry verifies its tokenizer_config.json against its own chat kind.
     for c in reg.CHECKPOINTS:
-        if not c.synthetic:
+        if not c.synthetic and c.task == "generate":
             assert c.files["tokenizer_config.json"].sha256 == reg.TOKENIZER_CONFIGS[c.chat_template][1]
+        elif not c.synthetic:  # retrieval checkpoints: no recorded file facts (their tokenizer differs)
+            assert c.files == {} and c.weight_files() is None, c.id
+
+
+# Qwen3-Embedding / Qwen3-Reranker size -> the Qwen3 checkpoint whose shape they share.
+RETRIEVAL_SHAPE_OF = {"0.6b": "qwen3-0.6b", "4b": "qwen3-4b", "8b": "qwen3-8b"}
+
+
+def test_retrieval_entries_share_the_qwen3_shapes():
+    """Issue 56: six retrieval entries, shaped like Qwen3 of their size; tasks follow the variant."""
+    got = {c.id: c for c in reg.CHECKPOINTS if c.variant in ("embedding", "reranker") and not c.synthetic}
+    assert sorted(got) == sorted(f"qwen3-{k}-{s}" for k in ("embedding", "reranker") for s in RETRIEVAL_SHAPE_OF)
+    for c in got.values():
+        base = reg.by_id(RETRIEVAL_SHAPE_OF[c.id.rsplit("-", 1)[1]])
+        assert (c.d_model, c.n_layer, c.n_q_head, c.d_ff) == (base.d_model, base.n_layer, base.n_q_head, base.d_ff)
+        assert c.tied_embeddings == base.tied_embeddings and c.rope_theta == 1e6, c.id
+        role, size = c.id.split("-")[1:]
+        assert c.repository == f"Qwen/Qwen3-{role.capitalize()}-{size.upper()}", c.id
+        assert c.hub_vocab_rows in (151665, 151669) and c.chat_template == "none", c.id
+        assert c.task == ("embed" if c.variant == "embedding" else "rerank")
+    assert reg.by_id("qwen3-embedding-0.6b").context_length == 32768
+    assert reg.by_id("synthetic-tiny").task == "generate" and reg.by_id("synthetic-tiny-embedding").task == "embed"
 
 
 def test_weight_file_facts():

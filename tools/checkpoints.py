@@ -93,7 +93,7 @@ class Checkpoint:
     repository: str
     revision: Optional[str]     # 40-hex commit, "kipp-synth-v1-seedN", or None when unknown
     synthetic: bool
-    variant: str                # base | instruct | thinking
+    variant: str                # base | instruct | thinking | embedding | reranker
     chat_template: str          # none | hybrid | instruct-2507 | thinking-2507
     d_model: int
     n_layer: int
@@ -112,6 +112,13 @@ class Checkpoint:
     files: dict[str, FileFact] = field(default_factory=dict)  # recorded file facts
     weights: str = "gaussian"   # synthetic only: "gaussian", or "outliers" (loud rows and heavy
                                 # tails in the projections, tools/make_checkpoint.py)
+    hub_vocab_rows: Optional[int] = None  # retrieval checkpoints: embedding rows of the Hub file (padded
+                                          # to vocab_size by the converter); None = vocab_size
+
+    @property
+    def task(self) -> str:
+        """"generate", "embed" or "rerank" (kipp_model_task in C), from the variant."""
+        return {"embedding": "embed", "reranker": "rerank"}.get(self.variant, "generate")
 
     @property
     def attn_width(self) -> int:
@@ -150,7 +157,7 @@ class Checkpoint:
     def registry_json(self) -> dict:
         """The dict `kipp registry --json` prints for this entry (same keys, same order)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name not in ("revision_status", "weight_shards", "files", "weights")}
+             if f.name not in ("revision_status", "weight_shards", "files", "weights", "hub_vocab_rows")}
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["kv_bytes_per_token"] = self.kv_bytes_per_token
         d["revision_status"] = self.revision_status
@@ -176,13 +183,30 @@ def _real(id_: str, repo: str, rev: str, variant: str, chat: str, d: int, L: int
                       PINNED_UNVERIFIED, shards, files)
 
 
+# Retrieval checkpoints (issue 56). Sources, all third-party copies (unverified against the Hub):
+# the revisions are Hugging Face cache snapshot paths of public code; the configs follow the Qwen3
+# model of the same size (Qwen3-Embedding-0.6B's config.json, as copied in public code: eos 151643,
+# max_position_embeddings 32768, tied, vocab_size 151669; Qwen3-Embedding-8B: vocab 151665, 40960).
+RETRIEVAL_HUB_VOCAB = {"qwen3-embedding-8b": 151665}
+
+
+def _retrieval(id_: str, repo: str, rev: str, variant: str, d: int, L: int, nq: int, ff: int, ctx: int,
+               tied: bool) -> Checkpoint:
+    """A Qwen3-Embedding / Qwen3-Reranker entry: no chat template (the prompts are fixed by the
+    model cards); eos <|endoftext|> for both roles (the token an embedding pools; a reranker
+    never generates, so its stops are unused)."""
+    return Checkpoint(id_, repo, rev, False, variant, "none", d, L, nq, N_KV_HEAD, HEAD_DIM, ff, VOCAB_SIZE,
+                      ctx, 1e6, tied, BOS_ID, STOP_BASE,
+                      PINNED_UNVERIFIED, None, {}, hub_vocab_rows=RETRIEVAL_HUB_VOCAB.get(id_, 151669))
+
+
 def _synth(id_: str, repo: str, seed: int, variant: str, chat: str, d: int, L: int, nq: int,
            ff: int, ctx: int, tied: bool, weights: str = "gaussian") -> Checkpoint:
     """Build a synthetic entry (tools/make_checkpoint.py writes it; never downloaded)."""
-    eos = 151643 if variant == "base" else 151645
+    eos = 151643 if chat == "none" else 151645
     return Checkpoint(id_, repo, f"{SYNTH_REV_PREFIX}{seed}", True, variant, chat, d, L, nq,
                       N_KV_HEAD, HEAD_DIM, ff, VOCAB_SIZE, ctx, 1e6, tied, eos,
-                      STOP_BASE if variant == "base" else STOP_CHAT, SYNTHETIC, None, {}, weights)
+                      STOP_BASE if eos == 151643 else STOP_CHAT, SYNTHETIC, None, {}, weights)
 
 
 # Same order as KIPP_CHECKPOINT_TABLE. Sources: data/qwen3/qwen3-registry.md.
@@ -215,6 +239,18 @@ CHECKPOINTS: tuple[Checkpoint, ...] = (
           "instruct", "hybrid", 5120, 40, 40, 17408, 40960, 1e6, False, 8),
     _real("qwen3-32b", "Qwen/Qwen3-32B", "9216db5781bf21249d130ec9da846c4624c16137",
           "instruct", "hybrid", 5120, 64, 64, 25600, 40960, 1e6, False, 17),
+    _retrieval("qwen3-embedding-0.6b", "Qwen/Qwen3-Embedding-0.6B", "97b0c614be4d77ee51c0cef4e5f07c00f9eb65b3",
+               "embedding", 1024, 28, 16, 3072, 32768, True),
+    _retrieval("qwen3-embedding-4b", "Qwen/Qwen3-Embedding-4B", "5cf2132abc99cad020ac570b19d031efec650f2b",
+               "embedding", 2560, 36, 32, 9728, 40960, True),
+    _retrieval("qwen3-embedding-8b", "Qwen/Qwen3-Embedding-8B", "1d8ad4ca9b3dd8059ad90a75d4983776a23d44af",
+               "embedding", 4096, 36, 32, 12288, 40960, False),
+    _retrieval("qwen3-reranker-0.6b", "Qwen/Qwen3-Reranker-0.6B", "e61197ed45024b0ed8a2d74b80b4d909f1255473",
+               "reranker", 1024, 28, 16, 3072, 40960, True),
+    _retrieval("qwen3-reranker-4b", "Qwen/Qwen3-Reranker-4B", "22e683669bc0f0bd69640a1354a6d0aebcfeede5",
+               "reranker", 2560, 36, 32, 9728, 40960, True),
+    _retrieval("qwen3-reranker-8b", "Qwen/Qwen3-Reranker-8B", "77d193c791ed757ca307ee72715aa132723da912",
+               "reranker", 4096, 36, 32, 12288, 40960, False),
     # Synthetic: tiny test shapes (attention width != d_model) and real benchmark shapes.
     _synth("synthetic-tiny", "synthetic/qwen3-tiny", 1, "instruct", "hybrid", 256, 2, 16, 512, 4096, True),
     _synth("synthetic-tiny-untied", "synthetic/qwen3-tiny-untied", 2, "base", "none", 384, 3, 8, 640, 4096, False),
@@ -225,6 +261,13 @@ CHECKPOINTS: tuple[Checkpoint, ...] = (
     _synth("synthetic-1.7b", "synthetic/qwen3-1.7b-shape", 4, "instruct", "hybrid", 2048, 28, 16, 6144, 40960, True),
     _synth("synthetic-4b", "synthetic/qwen3-4b-shape", 5, "instruct", "hybrid", 2560, 36, 32, 9728, 40960, True),
     _synth("synthetic-8b", "synthetic/qwen3-8b-shape", 6, "instruct", "hybrid", 4096, 36, 32, 12288, 40960, False),
+    # Synthetic retrieval twins: synthetic-tiny's shape (make models-test), and the 0.6B shape (make bench-embed).
+    _synth("synthetic-tiny-embedding", "synthetic/qwen3-tiny-embedding", 8, "embedding", "none", 256, 2, 16, 512,
+           4096, True),
+    _synth("synthetic-tiny-reranker", "synthetic/qwen3-tiny-reranker", 9, "reranker", "none", 256, 2, 16, 512,
+           4096, True),
+    _synth("synthetic-0.6b-embedding", "synthetic/qwen3-0.6b-embedding", 10, "embedding", "none", 1024, 28, 16, 3072,
+           32768, True),
 )
 
 _BY_ID = {c.id: c for c in CHECKPOINTS}
@@ -300,7 +343,7 @@ def hf_config_text(c: Checkpoint) -> str:
 
 def hf_generation_config(c: Checkpoint) -> dict:
     """generation_config.json per qwen3-registry.md ("generation_config.json")."""
-    if c.variant == "base":
+    if c.eos_token_id == BOS_ID:  # base and retrieval: <|endoftext|> ends the text
         return {"bos_token_id": BOS_ID, "do_sample": False, "eos_token_id": BOS_ID,
                 "max_new_tokens": 2048, "transformers_version": "4.51.0"}
     temp, top_p = (0.7, 0.8) if c.chat_template == "instruct-2507" else (0.6, 0.95)

@@ -133,11 +133,12 @@ static int alloc_scratch(cpu_model *m)
     m->row_tok = malloc(R * sizeof *m->row_tok);
     m->lrow = malloc(R * sizeof *m->lrow);
     m->ldst = malloc(R * sizeof *m->ldst);
+    m->lhid = malloc(R * sizeof *m->lhid);
     m->tile_r0 = malloc(R * sizeof *m->tile_r0);
     m->tile_n = malloc(R * sizeof *m->tile_n);
     t += R * (6 * sizeof(uint32_t) + sizeof(float *));
     m->scratch_bytes = t;
-    return bad || !m->xa || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst || !m->tile_r0 || !m->tile_n ? -1 : 0;
+    return bad || !m->xa || !m->row_item || !m->row_pos || !m->row_tok || !m->lrow || !m->ldst || !m->lhid || !m->tile_r0 || !m->tile_n ? -1 : 0;
 }
 
 /* One matrix to repack: src [rows][cols] in the file layout of fmt -> dst. */
@@ -353,6 +354,7 @@ static void cpu_model_destroy(void *bm)
     free(m->row_tok);
     free(m->lrow);
     free(m->ldst);
+    free(m->lhid);
     free(m->tile_r0);
     free(m->tile_n);
     free(m);
@@ -459,22 +461,32 @@ static void tile_round(cpu_round *r)
 static uint32_t pack_round(cpu_round *r, const kipp_eval_item *items, size_t n, size_t *ci, uint32_t *co)
 {
     cpu_model *m = r->m;
-    uint32_t rows = 0, nl = 0;
-    while (*ci < n && rows < KIPP_CPU_ROUND_TOKENS) {
+    uint32_t rows = 0, nl = 0, nh = 0, R = KIPP_CPU_ROUND_TOKENS;
+    while (*ci < n && rows < R) {
         const kipp_eval_item *it = &items[*ci];
         uint32_t o = *co, first_logit = it->token_count - it->logits_count;
+        float *hid = o + 1 == it->token_count ? it->hidden : NULL;
         m->row_item[rows] = (uint32_t)*ci;
         m->row_pos[rows] = it->start_position + o;
         m->row_tok[rows] = it->tokens[o];
         if (o >= first_logit) {
             m->lrow[nl] = rows;
+            m->lhid[nl] = hid;
             m->ldst[nl++] = it->logits + (size_t)(o - first_logit) * m->d.vocab_size;
+        } else if (hid) { /* hidden only: parked at the end (nl + nh <= rows <= R), moved behind the logits below */
+            m->lrow[R - 1 - nh] = rows;
+            m->lhid[R - 1 - nh++] = hid;
         }
         rows++;
         if (++*co == it->token_count) { (*ci)++; *co = 0; }
     }
+    for (uint32_t k = 0; k < nh; k++) {
+        m->lrow[nl + k] = m->lrow[R - 1 - k];
+        m->lhid[nl + k] = m->lhid[R - 1 - k];
+    }
     r->n_rows = rows;
     r->n_logits = nl;
+    r->n_hidden = nh;
     r->head_direct = 1;
     for (uint32_t j = 1; j < nl; j++)
         if (m->ldst[j] != m->ldst[0] + (size_t)j * m->d.vocab_size) r->head_direct = 0;

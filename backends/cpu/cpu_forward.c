@@ -149,17 +149,20 @@ static void layer(cpu_round *r, uint32_t l, const kipp_tensor_view *next, int it
 }
 
 /* After the last layer: residual add and final RMSNorm of the rows that need
- * logits only, compacted into xn/xa rows [0, n_logits). */
+ * logits or a hidden state only, compacted into xn rows [0, n_logits +
+ * n_hidden): the head reads the first n_logits (and their xa copies); a
+ * hidden row is copied out as normed. */
 static void final_rows(cpu_round *r, int ith, int nth)
 {
     cpu_model *m = r->m;
     size_t D = m->d.d_model, j0, j1;
-    my_rows(r->n_logits, ith, nth, &j0, &j1);
+    my_rows(r->n_logits + r->n_hidden, ith, nth, &j0, &j1);
     for (size_t j = j0; j < j1; j++) {
         float *x = m->x + (size_t)m->lrow[j] * D;
         m->k->add_f32(x, m->tmp + (size_t)m->lrow[j] * D, D);
         m->k->rmsnorm_f32(x, m->w.output_norm.data, m->xn + j * D, 1, D, m->d.rms_eps);
-        kipp_cpu_act(m, &m->head, m->xn + j * D, j * D, D);
+        if (m->lhid[j]) memcpy(m->lhid[j], m->xn + j * D, D * sizeof(float));
+        if (j < r->n_logits) kipp_cpu_act(m, &m->head, m->xn + j * D, j * D, D);
     }
 }
 
@@ -204,8 +207,9 @@ void kipp_cpu_forward_round(void *arg, int ith, int nth)
     kipp_threadpool_barrier(m->pool);
     for (uint32_t l = 0; l < nl; l++)
         layer(r, l, l + 1 < nl ? &m->w.layers[l + 1].attn_norm : NULL, ith, nth);
-    if (r->n_logits == 0) return;
+    if (r->n_logits + r->n_hidden == 0) return;
     final_rows(r, ith, nth);
+    if (r->n_logits == 0) return; /* hidden states only (embeddings): no head */
     kipp_threadpool_barrier(m->pool);
     head(r, ith, nth);
 }

@@ -106,8 +106,9 @@ typedef struct cpu_model {
     uint32_t *row_item;        /* [R] item index of each round row */
     uint32_t *row_pos;         /* [R] position of each round row */
     uint32_t *row_tok;         /* [R] token id of each round row */
-    uint32_t *lrow;            /* [R] round rows that need logits */
-    float **ldst;              /* [R] destination logits row of each */
+    uint32_t *lrow;            /* [R] round rows that need the final norm: n_logits with logits, then n_hidden without */
+    float **ldst;              /* [R] destination logits row of each (the first n_logits) */
+    float **lhid;              /* [R] destination hidden row of each (kipp_eval_item.hidden), or NULL */
     size_t scratch_bytes;      /* all round scratch above plus the RoPE table */
     kipp_kv_store slab;        /* pooled models: the shared KV slab (zeroed store when not pooled) */
     struct cpu_stream *st;     /* streamed model (cpu_stream.c): lw and head data point to file weights; else NULL */
@@ -119,6 +120,7 @@ typedef struct {
     const kipp_eval_item *items;
     uint32_t n_rows;           /* token rows in this round */
     uint32_t n_logits;         /* rows needing logits (lrow/ldst) */
+    uint32_t n_hidden;         /* rows after them needing only the final norm (an item's hidden, no logits) */
     int head_direct;           /* 1: logits rows are consecutive rows of one destination */
     uint32_t n_tiles;          /* query tiles of the round (tile_r0/tile_n) */
     atomic_uint attn_next;     /* dynamic attention work counter */

@@ -299,17 +299,20 @@ static void decoder_layer(const ref_round *r, uint32_t layer)
     step_ffn_residual(r);             /* 9 */
 }
 
-/* Final RMSNorm of round row t, then the head (token_embd when tied; the view
- * already points output at it) -> [vocab] FP32 logits. */
-static void head_row(const ref_round *r, uint32_t t, float *logits)
+/* Final RMSNorm of round row t into hidden (when given), then the head
+ * (token_embd when tied; the view already points output at it) -> [vocab]
+ * FP32 logits when logits is given. */
+static void head_row(const ref_round *r, uint32_t t, float *logits, float *hidden)
 {
     ref_model *m = r->m;
     size_t D = m->d.d_model;
     k_rmsnorm_f32_ref(m->x + t * D, bf(&m->w.output_norm), m->xn + t * D, 1, D, m->d.rms_eps);
-    linear_ref(&m->w.output, m->xn + t * D, logits, 1);
+    if (hidden) memcpy(hidden, m->xn + t * D, D * sizeof *hidden);
+    if (logits) linear_ref(&m->w.output, m->xn + t * D, logits, 1);
 }
 
-/* Evaluate one item in rounds of REF_CHUNK tokens; logits for its last logits_count tokens. */
+/* Evaluate one item in rounds of REF_CHUNK tokens; logits for its last logits_count tokens,
+ * and the final-norm row of its last token into it->hidden when given. */
 static void eval_item(ref_model *m, const kipp_eval_item *it)
 {
     uint32_t first_logit = it->token_count - it->logits_count; /* item index of the first logits row */
@@ -320,9 +323,13 @@ static void eval_item(ref_model *m, const kipp_eval_item *it)
             k_embed_bf16_ref(bf(&m->w.token_embd), it->tokens[r0 + t], m->x + (size_t)t * m->d.d_model,
                              m->d.d_model);
         for (uint32_t layer = 0; layer < m->d.n_layer; layer++) decoder_layer(&r, layer);
-        for (uint32_t t = 0; t < r.n; t++)
-            if (r0 + t >= first_logit)
-                head_row(&r, t, it->logits + (size_t)(r0 + t - first_logit) * m->d.vocab_size);
+        for (uint32_t t = 0; t < r.n; t++) {
+            int last = r0 + t + 1 == it->token_count;
+            float *hidden = last ? it->hidden : NULL;
+            if (r0 + t >= first_logit || hidden)
+                head_row(&r, t, r0 + t >= first_logit ? it->logits + (size_t)(r0 + t - first_logit) * m->d.vocab_size : NULL,
+                         hidden);
+        }
     }
 }
 

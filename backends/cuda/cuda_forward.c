@@ -247,6 +247,12 @@ int cu_eval(void *bm, kipp_eval_item *items, size_t item_count, char *err, size_
         if (err) snprintf(err, errlen, "cuda backend: %s; the device context is unusable, reopen the model", m->broken);
         return KIPP_EBACKEND;
     }
+    for (size_t i = 0; i < item_count; i++)
+        if (items[i].hidden) { /* the final-norm row stays on the device here: not copied out yet */
+            if (err) snprintf(err, errlen, "cuda backend: item %zu asks for its hidden state (embeddings), which this "
+                              "backend does not return yet; use --backend cpu", i);
+            return KIPP_ENOTSUP;
+        }
     int decode = item_count <= CU_GRAPH_MAX;
     for (size_t i = 0; i < item_count; i++) {
         const kipp_eval_item *it = &items[i];
