@@ -193,7 +193,7 @@ static int eval_prefix(kipp_model *m, const kipp_rerank *r, uint32_t np, kipp_se
     if (got < 0) return got;
     st->prefix_cached = (uint32_t)got;
     if ((uint32_t)got < np) {
-        kipp_batch_item it = {*out, r->ids[0] + got, np - (uint32_t)got, 0, NULL};
+        kipp_batch_item it = {.session = *out, .tokens = r->ids[0] + got, .token_count = np - (uint32_t)got};
         rc = kipp_eval_batch(m, &it, 1, err, errlen);
         st->eval_calls++;
         st->tokens_evaluated += np - (uint32_t)got;
@@ -214,7 +214,8 @@ static int eval_group(kipp_model *m, const kipp_rerank *r, kipp_session *pre, ui
         size_t d = d0 + i;
         rc = kipp_session_create(m, r->len[d], &ss[i], err, errlen);
         if (!rc && pre) rc = kipp_pool_session_fork(ss[i], pre, err, errlen);
-        it[i] = (kipp_batch_item){ss[i], r->ids[d] + np, r->len[d] - np, 1, rows + i * V};
+        it[i] = (kipp_batch_item){.session = ss[i], .tokens = r->ids[d] + np, .token_count = r->len[d] - np,
+                                  .logits_count = 1, .logits = rows + i * V};
     }
     if (!rc) rc = kipp_eval_batch(m, it, n, err, errlen);
     for (size_t i = 0; i < n && !rc; i++) {

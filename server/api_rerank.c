@@ -19,7 +19,6 @@
 
 #include "server/serve_http.h"
 
-#define RR_NO_ROLES 1 /* TEMP until embed is merged */
 #define RR_MAX_DOCS 4096 /* documents (or pairs) per request */
 
 /* One query and the documents scored against it. */
@@ -276,10 +275,6 @@ static json_t *render_score(const serve_http *h, const rr_req *q, const char *id
 /* 400 unless the served model is a reranker (kipp.variant "reranker"). */
 static int role_ok(const serve_http *h, int score_api, serve_error *e)
 {
-#ifdef RR_NO_ROLES
-    (void)h, (void)score_api, (void)e;
-    return 0;
-#else
     int task = kipp_model_task(h->info.model);
     if (task == KIPP_TASK_RERANK) return 0;
     kipp_model_info mi;
@@ -289,7 +284,6 @@ static int role_ok(const serve_http *h, int score_api, serve_error *e)
                task == KIPP_TASK_EMBED ? "an embedding" : "a generation", mi.variant ? mi.variant : "?");
     snprintf(e->code, sizeof e->code, "wrong_model_role");
     return -1;
-#endif
 }
 
 int serve_rerank(serve_http *h, const char *body, size_t len, int score_api, char **json, serve_error *e)

@@ -203,6 +203,14 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
         serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
         return send_error(h, c, chat, &e);
     }
+    int task = kipp_model_task(h->info.model);
+    if (task != KIPP_TASK_GENERATE) { /* issue 56: a retrieval model does not generate */
+        serve_fail(&e, 400, "invalid_request_error", "model", "'%s' is %s model: it serves %s, not text generation",
+                   h->info.model_id, task == KIPP_TASK_RERANK ? "a reranker" : "an embedding",
+                   task == KIPP_TASK_RERANK ? "POST /v1/rerank and /v1/score" : "POST /v1/embeddings");
+        snprintf(e.code, sizeof e.code, "wrong_model_role");
+        return send_error(h, c, chat, &e);
+    }
     const char *b = cs->body.p ? cs->body.p : "";
     int bad = cs->api == SERVE_API_ANTHROPIC   ? serve_parse_anthropic(b, cs->body.n, chat < 0, &r, &e)
               : cs->api == SERVE_API_RESPONSES ? serve_responses_parse(b, cs->body.n, &r, &e)

@@ -15,7 +15,7 @@
 #include "engine/kipp.h"
 #include "tests/test_harness.h"
 
-#define MODEL "synthetic-tiny"
+#define MODEL "synthetic-tiny-reranker"
 #define VECTORS "tests/vectors/rerank/" MODEL ".json"
 
 static json_t *vec;
@@ -139,14 +139,14 @@ static void test_scores_cpu_f32(void)
 }
 
 /* cpu backend in its default mode: where the CPU has the BF16 dot, O, gate|up and down read BF16-rounded
- * activations (kernels/README.md); on this twin that moved doc 1 (score 0.75, the steep part) by 5.6e-3
- * (log-odds 0.030). Bounds 1.5e-2 / 0.1: about 3x the measured. */
+ * activations (kernels/README.md); on this twin that moved the scores by up to 1.01e-2 (log-odds 0.041)
+ * on a Zen 5. Bounds 3e-2 / 0.12: about 3x the measured. */
 static void test_scores_cpu_default(void)
 {
     kipp_model *m = open_model("cpu", 1);
     float s[16];
     kipp_rerank_stats st;
-    for (size_t c = 0; m && c < n_cases(); c++) score_case(m, c, 1.5e-2, 0.1, s, &st);
+    for (size_t c = 0; m && c < n_cases(); c++) score_case(m, c, 3e-2, 0.12, s, &st);
     kipp_model_close(m);
 }
 
@@ -175,8 +175,8 @@ static void test_fork_cpu(void)
     float a[16], b[16];
     kipp_rerank_stats sa, sb;
     if (pm && um) {
-        score_case(pm, 0, 1.5e-2, 0.1, a, &sa);
-        score_case(um, 0, 1.5e-2, 0.1, b, &sb);
+        score_case(pm, 0, 3e-2, 0.12, a, &sa);
+        score_case(um, 0, 3e-2, 0.12, b, &sb);
         for (int d = 0; d < 8; d++) CHECK(a[d] == b[d], "doc %d: forked %.9g, whole %.9g", d, a[d], b[d]);
     }
     kipp_model_close(pm);

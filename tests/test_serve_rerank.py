@@ -21,7 +21,7 @@ requests = pytest.importorskip("requests")
 from serve_harness import Server  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-RERANK_MODEL = "synthetic-tiny"
+RERANK_MODEL = "synthetic-tiny-reranker"
 N_CTX = 512
 VEC = json.loads((REPO / "tests" / "vectors" / "rerank" / f"{RERANK_MODEL}.json").read_text())
 
@@ -172,3 +172,16 @@ def test_generation_model_refuses_rerank(srv):
         st, r = post(srv, path, body)
         assert st == 400 and r["error"]["param"] == "model", r
         assert "reranker" in r["error"]["message"] and "generation" in r["error"]["message"], r
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1}),
+    ("/v1/messages", {"model": RERANK_MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}),
+])
+def test_reranker_refuses_generation(rsrv, path, body):
+    st, r = post(rsrv, path, body)
+    assert st == 400, r
+    msg = json.dumps(r)
+    assert "a reranker model" in msg and "/v1/rerank" in msg, r
