@@ -74,7 +74,7 @@ SERVER_SRC:= $(wildcard server/*.c)
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(if $(filter 1,$(KIPP_PORTABLE)),,$(BUILD)/bin/kipp_profile) $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(if $(filter 1,$(KIPP_PORTABLE)),,$(BUILD)/bin/kipp_profile) $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(BUILD)/bin/bench_rerank $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512_bf16.o: %_avx512_bf16.c
 	@mkdir -p $(@D)
@@ -173,6 +173,11 @@ $(VENV_PY):
 
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
+
+# Rerank documents/s through the engine (tools/rerank_bench.py drives it beside llama-server --reranking).
+$(BUILD)/bin/bench_rerank: $(BUILD)/bench/bench_rerank.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 # LoRA merge time at the 0.6B and 1.7B shapes, all seven projections (results/*-lora-*.json).
 $(BUILD)/bin/bench_lora: $(BUILD)/bench/bench_lora.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a

@@ -212,15 +212,22 @@ static int eval_group(kipp_model *m, const kipp_rerank *r, kipp_session *pre, ui
     int rc = ss && it ? 0 : kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu sessions", n);
     for (size_t i = 0; i < n && !rc; i++) {
         size_t d = d0 + i;
+        uint32_t start = np;
         rc = kipp_session_create(m, r->len[d], &ss[i], err, errlen);
         if (!rc && pre) rc = kipp_pool_session_fork(ss[i], pre, err, errlen);
-        it[i] = (kipp_batch_item){.session = ss[i], .tokens = r->ids[d] + np, .token_count = r->len[d] - np,
+        if (!rc && !pre && m->pool) { /* nothing shared in this call: what an earlier one left in the pool */
+            int got = kipp_session_match_prefix(ss[i], r->ids[d], r->len[d] - 1, err, errlen);
+            rc = got < 0 ? got : 0;
+            start = got < 0 ? 0 : (uint32_t)got;
+            st->prefix_cached += start;
+        }
+        it[i] = (kipp_batch_item){.session = ss[i], .tokens = r->ids[d] + start, .token_count = r->len[d] - start,
                                   .logits_count = 1, .logits = rows + i * V};
     }
     if (!rc) rc = kipp_eval_batch(m, it, n, err, errlen);
     for (size_t i = 0; i < n && !rc; i++) {
         scores[d0 + i] = yes_prob(r, rows + i * V);
-        st->tokens_evaluated += r->len[d0 + i] - np;
+        st->tokens_evaluated += it[i].token_count;
     }
     st->eval_calls++;
     for (size_t i = 0; ss && i < n; i++) {
