@@ -43,6 +43,13 @@ def rsrv(synthetic_gguf):
     s.__exit__(None, None, None)
 
 
+def test_vectors_match_the_served_file(synthetic_gguf):
+    """The oracle's scores belong to this exact file: a regenerated twin needs `make vectors-rerank`."""
+    import hashlib
+    sha = hashlib.sha256(synthetic_gguf(RERANK_MODEL).read_bytes()).hexdigest()
+    assert sha == VEC["gguf_sha256"], "the reranker twin changed: run `make vectors-rerank`"
+
+
 def post(s, path, body):
     r = requests.post(s.base + path, json=body, timeout=300)
     return r.status_code, r.json()

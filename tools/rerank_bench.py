@@ -73,7 +73,8 @@ class Llama:
 
     def __enter__(self):
         import requests
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"rerank_bench_llama_{os.getpid()}.log", "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         end = time.time() + 120
         while time.time() < end:
             try:
@@ -82,7 +83,7 @@ class Llama:
             except requests.RequestException:
                 pass
             if self.proc.poll() is not None:
-                raise SystemExit(f"llama-server exited: {self.proc.stderr.read()[-2000:]}")
+                raise SystemExit(f"llama-server exited; its log: {self.log.name}")
             time.sleep(0.5)
         raise SystemExit("llama-server did not become healthy in 120 s")
 
@@ -93,6 +94,7 @@ class Llama:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
     def rerank(self, q: str, docs: list[str]) -> tuple[float, dict]:
         import requests
@@ -147,12 +149,18 @@ def main(argv=None) -> int:
                            "version": (ver.stdout + ver.stderr).strip().splitlines()[-1:]}
     qbase = 0
     for rnd in range(a.rounds):
-        entry = {"round": rnd, "kipp": kipp_round(a, qbase)}
-        if peer:
-            with Llama(a, peer, max(int(x) for x in a.docs.split(","))) as srv:
-                srv.rerank(query(10**6 + rnd), [doc(0, a.doc_tokens)])  # warm-up
-                entry["llama_server"] = llama_round(srv, a, 1000 * (rnd + 1))
+        entry = {"round": rnd, "load_before": load(), "kipp": kipp_round(a, qbase)}
         doc_out["rounds"].append(entry)
+        print(json.dumps({"round": rnd, "kipp": entry["kipp"]["rows"]}), file=sys.stderr, flush=True)
+        if peer:
+            entry["load_between"] = load()
+            try:
+                with Llama(a, peer, max(int(x) for x in a.docs.split(","))) as srv:
+                    srv.rerank(query(10**6 + rnd), [doc(0, a.doc_tokens)])  # warm-up
+                    entry["llama_server"] = llama_round(srv, a, 1000 * (rnd + 1))
+            except Exception as e:  # noqa: BLE001 - a peer failure is recorded, not fatal
+                entry["llama_server_error"] = f"{type(e).__name__}: {e}"
+        entry["load_after"] = load()
         print(json.dumps({"round": rnd, "kipp": [(r["documents"], round(r["docs_per_s"], 2)) for r in entry["kipp"]["rows"]],
                           "llama": [(r["documents"], round(r["docs_per_s"], 2)) for r in
                                     entry.get("llama_server", {}).get("rows", [])]}), file=sys.stderr)
@@ -161,9 +169,10 @@ def main(argv=None) -> int:
     for i, b in enumerate(int(x) for x in a.docs.split(",")):
         k = statistics.median(r["kipp"]["rows"][i]["docs_per_s"] for r in doc_out["rounds"])
         row = {"documents": b, "kipp_docs_per_s": k}
-        if peer:
-            ll = statistics.median(r["llama_server"]["rows"][i]["docs_per_s"] for r in doc_out["rounds"])
-            row.update({"llama_server_docs_per_s": ll, "ratio": k / ll})
+        lls = [r["llama_server"]["rows"][i]["docs_per_s"] for r in doc_out["rounds"] if "llama_server" in r]
+        if lls:
+            ll = statistics.median(lls)
+            row.update({"llama_server_docs_per_s": ll, "ratio": k / ll, "llama_server_rounds": len(lls)})
         row["kipp_prefix"] = doc_out["rounds"][-1]["kipp"]["rows"][i]["last_stats"]
         summary.append(row)
     doc_out["summary"] = summary
