@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             peer_gguf.write_peer(a.model, peer, rerank=True)
         ver = subprocess.run([str(LLAMA), "--version"], capture_output=True, text=True)
         doc_out["peer"] = {"binary": str(LLAMA.relative_to(REPO)), "file": peer.name,
-                           "version": (ver.stdout + ver.stderr).strip().splitlines()[-1:]}
+                           "version": (ver.stdout + ver.stderr).strip().splitlines()}
     qbase = 0
     for rnd in range(a.rounds):
         entry = {"round": rnd, "load_before": load(), "kipp": kipp_round(a, qbase)}
