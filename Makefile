@@ -69,12 +69,12 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-kv-disk bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-kv-disk bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant vectors-rerank bench-rerank report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
 
-all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(if $(filter 1,$(KIPP_PORTABLE)),,$(BUILD)/bin/kipp_profile) $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
+all: $(BUILD)/libkipp.a $(BUILD)/kipp $(BUILD)/kipp-serve $(TEST_BIN) $(BUILD)/bin/kcheck $(EMU_TEST) $(if $(filter 1,$(KIPP_PORTABLE)),,$(BUILD)/bin/kipp_profile) $(BUILD)/bin/bench_tokenizer $(BUILD)/bin/bench_grammar $(BUILD)/bin/bench_lora $(BUILD)/bin/bench_rerank $(if $(wildcard bench/bench_model.c),$(BUILD)/kipp-bench) $(BUILD)/kipp-bench-spec
 
 $(BUILD)/%_avx512_bf16.o: %_avx512_bf16.c
 	@mkdir -p $(@D)
@@ -173,6 +173,14 @@ $(VENV_PY):
 
 bench-tokenizer: $(BUILD)/bin/bench_tokenizer models-test
 	$(PYTHON) tools/bench_tokenizer.py
+
+# Rerank documents/s through the engine (tools/rerank_bench.py drives it beside llama-server --reranking).
+$(BUILD)/bin/bench_rerank: $(BUILD)/bench/bench_rerank.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+	@mkdir -p $(@D)
+	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
+
+bench-rerank: $(BUILD)/bin/bench_rerank | $(VENV_PY)
+	$(PYTHON) tools/rerank_bench.py $(RERANK_ARGS)
 
 # LoRA merge time at the 0.6B and 1.7B shapes, all seven projections (results/*-lora-*.json).
 $(BUILD)/bin/bench_lora: $(BUILD)/bench/bench_lora.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
@@ -360,6 +368,11 @@ vectors: models-test
 vectors-quant: models-test
 	$(PYTHON) tools/np_forward.py --models $(BUILD)/models --out tests/vectors/quant $(QUANT_TEST_MODELS:%=--gguf %.gguf)
 
+# The reranker's oracle (model card prompt + numpy forward): tests/vectors/rerank.
+vectors-rerank: models-test
+	$(PYTHON) tools/rerank_oracle.py --gguf $(BUILD)/models/synthetic-tiny-reranker.gguf \
+	    --tokenizer $(BUILD)/models/synthetic-tiny-reranker/tokenizer.json --out tests/vectors/rerank/synthetic-tiny-reranker.json
+
 deps:
 	tools/install_deps.sh
 
@@ -462,6 +475,8 @@ help:
 	@echo "make profile    hardware profile -> profiles/<host>-<level>-<cpu id>.json"
 	@echo "make vectors    regenerate tests/vectors with transformers (needs torch)"
 	@echo "make vectors-quant   regenerate tests/vectors/quant with the numpy FP32 oracle (tools/np_forward.py)"
+	@echo "make vectors-rerank  regenerate tests/vectors/rerank (the card's prompt + tools/np_forward.py, tools/rerank_oracle.py)"
+	@echo "make bench-rerank [RERANK_ARGS=...]   rerank documents/s at 1/16/64 documents of 128 tokens, 0.6B shape, vs llama-server --reranking -> results/*-rerank-*.json"
 	@echo "make cuda       where nvcc exists: the CUDA kernels and build/cuda/{kipp,kipp-serve,kipp-bench,kcheck_cuda} (--backend cuda)"
 	@echo "make clean      remove build/, build-asan/ and build-portable/ (keeps .venv/)"
 

@@ -75,6 +75,16 @@ int kipp_model_attach_pool(kipp_model *m, uint32_t n_blocks, char *err, size_t e
 int kipp_pool_session_create(kipp_session *s, char *err, size_t errlen);
 /** Publish s's full blocks and release every block (reset/destroy); length becomes 0. */
 void kipp_pool_session_release(kipp_session *s);
+/**
+ * Make the empty pooled session dst (same model, capacity >= src's length)
+ * hold src's tokens and KV, as if it had evaluated them: src's full blocks are
+ * published first and then referenced by both; a partial last block is copied
+ * into a private block of dst. src may go on appending. Results of evaluating
+ * after the fork equal evaluating the whole sequence in dst (the KV is the
+ * same bytes). Errors: KIPP_EINVAL (unpooled, another model, dst not empty or
+ * too small), KIPP_ENOMEM (no block for the tail's copy; nothing changed).
+ */
+int kipp_pool_session_fork(kipp_session *dst, kipp_session *src, char *err, size_t errlen);
 /** Pooled truncation (see kipp_session_truncate); n <= length checked by the caller. */
 int kipp_pool_session_truncate(kipp_session *s, uint32_t n, char *err, size_t errlen);
 /**

@@ -651,6 +651,79 @@ int kipp_embed_tokenize(const kipp_model *model, const char *instruct, const cha
 int kipp_embed(kipp_model *model, const uint32_t *const *ids, const uint32_t *lens, size_t n, uint32_t dims,
                float *out, char *err, size_t errlen);
 
+/* ---- reranking (engine/rerank.c; issue 56, Qwen3-Reranker) ---- */
+
+/** The model card's default instruction, used when a request gives none. */
+#define KIPP_RERANK_DEFAULT_INSTRUCTION "Given a web search query, retrieve relevant passages that answer the query"
+
+/** One query scored against n_docs documents; strings are bytes (may hold NUL), not copied. */
+typedef struct {
+    const char *query;           /* the query text, query_len bytes */
+    size_t query_len;
+    const char *instruction;     /* NULL: KIPP_RERANK_DEFAULT_INSTRUCTION */
+    size_t instruction_len;
+    const char *const *docs;     /* [n_docs] document texts */
+    const size_t *doc_lens;      /* [n_docs] their bytes */
+    size_t n_docs;               /* >= 1 */
+    uint32_t max_tokens;         /* longest prompt accepted (prefix + body + suffix); 0 = the context length */
+} kipp_rerank_request;
+
+/** What a rerank evaluated; prefix = the tokens every prompt shares (system, instruction, query). */
+typedef struct {
+    uint64_t prompt_tokens;      /* sum of the documents' full prompt lengths */
+    uint32_t prefix_tokens;      /* shared leading tokens of all prompts (0 with one document) */
+    uint32_t prefix_cached;      /* of them adopted from the KV pool (an earlier call's prefix) */
+    uint64_t prefix_evaluated;   /* prefix positions this call evaluated: prefix_tokens - prefix_cached when
+                                  * shared (pooled), n_docs x prefix_tokens when each prompt is evaluated whole */
+    uint64_t prefix_reused;      /* document positions forked from the shared prefix instead of evaluated */
+    uint64_t tokens_evaluated;   /* positions evaluated in all */
+    uint32_t eval_calls;         /* kipp_eval_batch calls */
+} kipp_rerank_stats;
+
+/** A tokenized rerank (kipp_rerank_prepare): every prompt's ids; owned by the caller. */
+typedef struct kipp_rerank kipp_rerank;
+
+/**
+ * Build the Qwen3-Reranker prompt of every document and tokenize it, as the
+ * model card's transformers code does: tokens(prefix) + tokens(body) +
+ * tokens(suffix) with prefix "<|im_start|>system\nJudge whether the Document
+ * meets the requirements based on the Query and the Instruct provided. Note
+ * that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n",
+ * body "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}" and
+ * suffix "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+ * (docs/SERVING.md cites the card and vLLM PR #19260). The body is plain text:
+ * marker text typed in a query or document stays text. Errors: KIPP_EINVAL
+ * (NULL arguments, n_docs 0), KIPP_ERANGE (a prompt longer than max_tokens:
+ * naming the document, its token count and the limit), KIPP_EFORMAT ("yes" or
+ * "no" is not one token of this vocabulary), KIPP_ENOMEM.
+ */
+int kipp_rerank_prepare(const kipp_model *model, const kipp_rerank_request *rq, kipp_rerank **out, char *err,
+                        size_t errlen);
+/** Prompt i's ids ([*n], owned by r), or NULL for i out of range. */
+const uint32_t *kipp_rerank_ids(const kipp_rerank *r, size_t i, uint32_t *n);
+/** Documents of r. */
+size_t kipp_rerank_count(const kipp_rerank *r);
+/** Sum of the prompts' lengths (usage's prompt_tokens). */
+uint64_t kipp_rerank_prompt_tokens(const kipp_rerank *r);
+/** Free; NULL accepted. */
+void kipp_rerank_free(kipp_rerank *r);
+
+/**
+ * Score every document of r: P(yes) = exp(l_yes) / (exp(l_yes) + exp(l_no)),
+ * the softmax over the "yes" and "no" logits at each prompt's last position,
+ * into scores[n_docs]. On a pooled model the prompts' shared prefix is
+ * evaluated once (after adopting what the KV pool already holds of it) and
+ * forked into each document's session, so N documents prefill the query once;
+ * documents are evaluated together in kipp_eval_batch calls of at most
+ * batch_tokens tokens (0 = 4096; always at least one document). Unpooled, each
+ * prompt is evaluated whole. st (may be NULL) receives the counts. Uses the
+ * model like any evaluation (one thread at a time). Errors: those of
+ * kipp_session_create and kipp_eval_batch (KIPP_ENOMEM when the pool cannot
+ * hold a batch), KIPP_EINVAL for NULL arguments.
+ */
+int kipp_rerank_score(kipp_model *model, const kipp_rerank *r, uint32_t batch_tokens, float *scores,
+                      kipp_rerank_stats *st, char *err, size_t errlen);
+
 /* ---- sampling (engine/sampler.c) ---- */
 
 /** xoshiro256** state; seed with kipp_rng_seed. */

@@ -121,7 +121,8 @@ static void unmap_from(kipp_session *s, uint32_t from)
     if (s->n_alloc > from) s->n_alloc = from;
 }
 
-void kipp_pool_session_release(kipp_session *s)
+/* Publish s's full private blocks; s keeps mapping them (now shared). */
+static void publish_full(kipp_session *s)
 {
     kipp_kv_pool *p = s->model->pool;
     uint32_t full = s->length / BLOCK, parent = KIPP_POOL_NONE;
@@ -135,8 +136,8 @@ void kipp_pool_session_release(kipp_session *s)
             continue;
         }
         /* Publishing turns the private block into a shared one mapped by this
-         * session: take the reference unmap_from drops below. A block new to
-         * the pool is written through to the disk tier (engine/kv_disk.c). */
+         * session: take the reference the session holds (unmap_from drops it). A block
+         * new to the pool is written through to the disk tier (engine/kv_disk.c). */
         parent = kipp_kv_pool_publish(p, s->block_table[b], h, parent, ids);
         if (s->model->disk && parent == s->block_table[b] && !kipp_kv_disk_has(s->model->disk, h))
             kipp_kv_disk_put(s->model->disk, parent, h, b > 0, ph, s->tokens, (b + 1) * BLOCK);
@@ -144,8 +145,40 @@ void kipp_pool_session_release(kipp_session *s)
         s->block_table[b] = parent;
         s->n_shared = b + 1;
     }
+}
+
+void kipp_pool_session_release(kipp_session *s)
+{
+    publish_full(s);
     unmap_from(s, 0);
     s->length = 0;
+}
+
+int kipp_pool_session_fork(kipp_session *dst, kipp_session *src, char *err, size_t errlen)
+{
+    kipp_kv_pool *p = src->model->pool;
+    if (!p || dst->model != src->model || dst->length || dst->capacity < src->length)
+        return kipp_err(err, errlen, KIPP_EINVAL, "session fork: expected an empty pooled session of the same model with room "
+                        "for %u tokens (has %u of capacity %u)", src->length, dst->length, dst->capacity);
+    uint32_t full = src->length / BLOCK, tail = src->length % BLOCK ? 1 : 0;
+    uint32_t nb = KIPP_POOL_NONE;
+    if (tail && (nb = kipp_kv_pool_alloc(p)) == KIPP_POOL_NONE)
+        return kipp_err(err, errlen, KIPP_ENOMEM, "session fork: the KV pool has no block left for a copy of the %u-token tail",
+                        src->length % BLOCK);
+    publish_full(src);
+    for (uint32_t b = 0; b < full; b++) {
+        kipp_kv_pool_ref(p, src->block_table[b]);
+        dst->block_table[b] = src->block_table[b];
+    }
+    if (tail) {
+        src->model->ops->pool_copy_block(src->model->bm, src->block_table[full], nb);
+        dst->block_table[full] = nb;
+    }
+    dst->n_shared = full;
+    dst->n_alloc = full + tail;
+    dst->length = src->length;
+    memcpy(dst->tokens, src->tokens, (size_t)src->length * sizeof *src->tokens);
+    return 0;
 }
 
 /* ---- prefix adoption ---- */

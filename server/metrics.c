@@ -370,6 +370,30 @@ static void disk_metrics(serve_buf *b)
     gauge(b, "kipp_kv_disk_queued", "Block writes waiting for the I/O thread.", "gauge", (double)d.queued);
 }
 
+void serve_metrics_on_rerank(uint64_t docs, const kipp_rerank_stats *st)
+{
+    uint64_t *r = g_metrics.rerank;
+    r[SERVE_RR_REQUESTS]++, r[SERVE_RR_DOCUMENTS] += docs, r[SERVE_RR_PROMPT] += st->prompt_tokens;
+    r[SERVE_RR_PREFIX_EVAL] += st->prefix_evaluated, r[SERVE_RR_PREFIX_REUSED] += st->prefix_reused;
+    r[SERVE_RR_EVALUATED] += st->tokens_evaluated;
+}
+
+static void rerank_metrics(serve_buf *b, const serve_metrics *m)
+{
+    static const char *const name[6] = {"requests", "documents", "prompt_tokens", "prefix_tokens_evaluated",
+                                         "prefix_tokens_reused", "tokens_evaluated"};
+    static const char *const help[6] = {"Requests to /v1/rerank and /v1/score.", "Documents scored.",
+                                        "Prompt tokens of the scored documents (template and query included).",
+                                        "Positions of the shared query prefix evaluated (once per request when pooled).",
+                                        "Document positions forked from the evaluated query prefix instead of evaluated.",
+                                        "Positions evaluated for rerank and score requests."};
+    char n[64];
+    for (int i = 0; i < 6; i++) {
+        snprintf(n, sizeof n, "kipp_rerank_%s_total", name[i]);
+        gauge(b, n, help[i], "counter", (double)m->rerank[i]);
+    }
+}
+
 char *serve_metrics_text(const serve_metrics *m)
 {
     serve_buf b = {0};
@@ -404,6 +428,7 @@ char *serve_metrics_text(const serve_metrics *m)
           (double)m->spec_accepted);
     gauge(&b, "kipp_spec_emitted_tokens_total", "Tokens emitted by speculative steps.", "counter", (double)m->spec_emitted);
     step_metrics(&b, m);
+    rerank_metrics(&b, m);
     vllm_metrics(&b, m);
     vllm_requests(&b, m);
     return b.p;

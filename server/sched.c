@@ -89,6 +89,7 @@ struct serve_sched {
     serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
     uint64_t blocked_at;      /* n_finished at that refusal */
     int end_all;              /* drain: end every running and queued job at the next step boundary */
+    serve_task *tasks, *tasks_tail; /* serve_sched_run's queue, run between steps */
     int resume_waits;         /* the oldest preempted choice did not fit at resume_at */
     uint64_t resume_at;       /* n_finished + preemptions then: room can only have grown when this moves */
     serve_cost_model cost;    /* the step-cost fit (step_cost.h): only the scheduler thread touches it */
@@ -717,11 +718,44 @@ static void embed_turn(serve_sched *s)
         pthread_cond_broadcast(&s->cv);
 }
 
+int serve_sched_run(serve_sched *s, serve_task *t)
+{
+    pthread_mutex_lock(&s->mu);
+    t->done = 0, t->next = NULL, t->rc = -1;
+    if (s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    if (s->tasks_tail) s->tasks_tail->next = t;
+    else s->tasks = t;
+    s->tasks_tail = t;
+    pthread_cond_broadcast(&s->cv);
+    while (!t->done) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return t->rc;
+}
+
+/* Run the queued tasks (mu held on entry and exit; released while each runs). */
+static void run_tasks(serve_sched *s)
+{
+    while (s->tasks) {
+        serve_task *t = s->tasks;
+        if (!(s->tasks = t->next)) s->tasks_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        int rc = t->fn(s->m, t->ctx);
+        pthread_mutex_lock(&s->mu);
+        t->rc = rc, t->done = 1;
+        pool_snapshot(s);
+        pthread_cond_broadcast(&s->cv);
+    }
+}
+
 static void *sched_main(void *arg)
 {
     serve_sched *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
+        run_tasks(s);
         drop_cancelled(s);
         admit(s);
         if (s->end_all) end_everything(s), serve_embed_fail_all(&s->eq, KIPP_EBACKEND, "the server is shutting down"),
@@ -729,7 +763,7 @@ static void *sched_main(void *arg)
         count_running(s);
         embed_turn(s);
         if (s->n_act == 0) {
-            if (!s->eq.head) pthread_cond_wait(&s->cv, &s->mu);
+            if (!s->eq.head && !s->tasks) pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
         step(s);
@@ -738,6 +772,7 @@ static void *sched_main(void *arg)
     }
     drop_cancelled(s);
     serve_embed_fail_all(&s->eq, KIPP_EBACKEND, "the server is shutting down");
+    run_tasks(s); /* waiters queued before stop still get their answer */
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return NULL;

@@ -466,6 +466,24 @@ int serve_sched_submit(serve_sched *s, serve_job *job, serve_error *e);
  * jobs submitted afterwards end the same way. Call without the sched mutex.
  */
 void serve_sched_end_all(serve_sched *s);
+/**
+ * Work that is not a generation (rerank, score) run on the scheduler thread,
+ * which owns the engine: fn(model, ctx) runs between two steps, alone, without
+ * the sched mutex; its result goes to rc.
+ */
+typedef struct serve_task {
+    int (*fn)(kipp_model *m, void *ctx);
+    void *ctx;
+    int rc;
+    int done;                 /* set (sched mutex held) once fn returned */
+    struct serve_task *next;
+} serve_task;
+/**
+ * Queue t (FIFO, before the next step) and wait until it has run; returns
+ * t->rc. Call without the sched mutex held. While the server is stopping the
+ * task is not run and -1 is returned.
+ */
+int serve_sched_run(serve_sched *s, serve_task *t);
 /** Active choices plus queued jobs (0 = idle); takes the sched mutex. */
 int serve_sched_busy(serve_sched *s);
 /** Wait (sched mutex held) up to ms for any change; returns after a broadcast or the timeout. */
@@ -555,7 +573,14 @@ typedef struct {
     uint64_t capped_steps;    /* steps whose prefill share the time target cut */
     double target_s;          /* the latest step's time target (0 = none applied) */
     double cost[4];           /* the step-cost fit: base, per decode token, per prefill token, per 1024 attention pairs */
+    uint64_t rerank[6];       /* /v1/rerank and /v1/score (SERVE_RR_*): requests, documents, prompt tokens, prefix tokens
+                               * evaluated, prefix positions forked instead of evaluated, positions evaluated */
 } serve_metrics;
+
+enum { SERVE_RR_REQUESTS = 0, SERVE_RR_DOCUMENTS, SERVE_RR_PROMPT, SERVE_RR_PREFIX_EVAL, SERVE_RR_PREFIX_REUSED,
+       SERVE_RR_EVALUATED };
+/** A rerank or score request finished: the sums of its kipp_rerank_stats and its documents. */
+void serve_metrics_on_rerank(uint64_t docs, const kipp_rerank_stats *st);
 
 /** The process-wide metrics, for /metrics to export (guarded by the sched mutex); nothing reads them as state. */
 serve_metrics *serve_metrics_get(void);

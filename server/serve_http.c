@@ -246,16 +246,22 @@ static enum MHD_Result completion(serve_http *h, struct MHD_Connection *c, conn_
     return body ? send_json(h, c, status, body) : MHD_NO; /* MHD_NO: close the dead connection */
 }
 
-/* ---- embeddings ---- */
+/* ---- roles and embeddings ---- */
 
 static const char *task_role(int task) { return task == KIPP_TASK_EMBED ? "an embedding" : task == KIPP_TASK_RERANK ? "a reranker" : "a generation"; }
 
+/* 1: /v1/rerank (also /rerank, as vLLM and llama-server serve it), 2: /v1/score (also /score), else 0. */
+static int is_rerank(const char *url)
+{
+    return !strcmp(url, "/v1/rerank") || !strcmp(url, "/rerank") ? 1 : !strcmp(url, "/v1/score") || !strcmp(url, "/score") ? 2 : 0;
+}
+
 /* The 400 for an endpoint the served model's role does not take (docs/SERVING.md "Roles"); 0 when it does. */
-static int role_refuses(const serve_http *h, const char *url, int gen, serve_error *e)
+static int role_refuses_why(const serve_http *h, const char *url, int gen, serve_error *e)
 {
     kipp_model_info info;
     kipp_model_get_info(h->info.model, &info);
-    int emb = !strcmp(url, "/v1/embeddings");
+    int emb = !strcmp(url, "/v1/embeddings"), rr = is_rerank(url);
     if (gen && h->task != KIPP_TASK_GENERATE)
         return serve_fail(e, 400, "invalid_request_error", "model", "model '%s' is %s model (kipp.variant %s) and does not "
                           "generate text; it serves %s", h->info.model_id, task_role(h->task), info.variant,
@@ -265,7 +271,19 @@ static int role_refuses(const serve_http *h, const char *url, int gen, serve_err
                           "/v1/embeddings needs an embedding model%s", h->info.model_id, task_role(h->task), info.variant,
                           h->task == KIPP_TASK_GENERATE ? ", or kipp-serve started with --embeddings to pool a generation "
                           "model's last hidden state" : "");
+    if (rr && h->task != KIPP_TASK_RERANK)
+        return serve_fail(e, 400, "invalid_request_error", "model", "model '%s' is %s model (kipp.variant %s); %s needs a "
+                          "reranker model (Qwen3-Reranker)", h->info.model_id, task_role(h->task), info.variant,
+                          rr == 2 ? "/v1/score" : "/v1/rerank");
     return 0;
+}
+
+/* As role_refuses_why, with OpenAI's error code "wrong_model_role" on a refusal. */
+static int role_refuses(const serve_http *h, const char *url, int gen, serve_error *e)
+{
+    if (!role_refuses_why(h, url, gen, e)) return 0;
+    snprintf(e->code, sizeof e->code, "wrong_model_role");
+    return -1;
 }
 
 /* POST /v1/embeddings: parse, run on the scheduler thread (sched_embed.c), wait polling for a hang-up, render. */
@@ -376,6 +394,18 @@ static enum MHD_Result tokens(serve_http *h, struct MHD_Connection *c, conn_stat
     return send_json(h, c, 200, json);
 }
 
+/* POST /v1/rerank and /v1/score (server/api_rerank.c); scoring may outlast --idle-timeout, so the timer is off. */
+static enum MHD_Result rerank(serve_http *h, struct MHD_Connection *c, conn_state *cs, int score_api)
+{
+    serve_error e;
+    char *json = NULL;
+    if (cs->too_big) serve_fail(&e, 413, "invalid_request_error", "", "request body is larger than the %zu-byte limit (--max-body)", h->max_body);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    cs->untimed = 1;
+    if (cs->too_big || serve_rerank(h, cs->body.p ? cs->body.p : "", cs->body.n, score_api, &json, &e)) return send_error(h, c, -1, &e);
+    return send_json(h, c, 200, json);
+}
+
 /* CORS preflight: 204 with what the browser may send; without --cors-origin
  * the Access-Control headers are absent and the browser refuses, as it should. */
 static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
@@ -395,14 +425,15 @@ static enum MHD_Result preflight(serve_http *h, struct MHD_Connection *c)
 static const char *const ENDPOINTS = "POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, "
                                      "GET or DELETE /v1/responses/{id}, POST /v1/messages, POST /v1/messages/count_tokens, "
                                      "GET /v1/models, GET /v1/models/{id}, "
-                                     "POST /v1/embeddings, POST /tokenize, POST /detokenize, GET /health, GET /metrics";
+                                     "POST /v1/embeddings, POST /v1/rerank, POST /v1/score, POST /tokenize, POST /detokenize, "
+                                     "GET /health, GET /metrics";
 
 /* Which method an endpoint takes: "POST", "GET", "GET or DELETE", or NULL when url is none. */
 static const char *endpoint_method(const char *url)
 {
     if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/responses") ||
         !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize") || !strcmp(url, "/v1/messages") ||
-        !strcmp(url, "/v1/messages/count_tokens") || !strcmp(url, "/v1/embeddings"))
+        !strcmp(url, "/v1/messages/count_tokens") || !strcmp(url, "/v1/embeddings") || is_rerank(url))
         return "POST";
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics") || !strncmp(url, "/v1/models/", 11))
         return "GET";
@@ -458,6 +489,7 @@ static enum MHD_Result route(serve_http *h, struct MHD_Connection *c, const char
         cs->untimed = 1;
         return embeddings(h, c, cs);
     }
+    if (is_rerank(url)) return rerank(h, c, cs, is_rerank(url) == 2);
     if (!chat && !cmpl && !count) return tokens(h, c, cs, !strcmp(url, "/detokenize"));
     /* Generation may take longer than --idle-timeout without a byte on the wire:
      * a completion is not idle (hang-ups are polled), so its timer is off until on_done. */

@@ -69,6 +69,12 @@ int serve_auth_ok(const serve_http *h, struct MHD_Connection *c, const char *url
 int serve_tokenize(serve_http *h, const char *body, size_t len, char **json, serve_error *e);
 /** POST /detokenize: {"tokens": [ids], "model"?} -> {"prompt": text}; 0 or -1 with e filled. */
 int serve_detokenize(serve_http *h, const char *body, size_t len, char **json, serve_error *e);
+/**
+ * POST /v1/rerank (score_api 0) or /v1/score (1), server/api_rerank.c: parse,
+ * check the model's role (a reranker) and the prompts' lengths (400s), score
+ * on the scheduler thread, render. *json: malloc'd response; 0, or -1 with e.
+ */
+int serve_rerank(serve_http *h, const char *body, size_t len, int score_api, char **json, serve_error *e);
 /** 1 when name is a served model name (NULL: none sent, accepted). */
 int serve_model_known(const serve_http *h, const char *name);
 

@@ -16,6 +16,12 @@ rather than the safetensors guarantees the two engines run bit-identical
 weights.
 
     peer_gguf.py --in models/synthetic-0.6b.gguf --out build/peers/synthetic-0.6b.gguf
+
+--rerank writes what llama.cpp's convert_hf_to_gguf.py writes for a
+Qwen3-Reranker (issue 56): pooling type rank, classifier labels yes/no, a
+"rerank" chat template with the model card's prompt (default instruction), and
+cls.output.weight = the output head's "yes" and "no" rows (F32, exact), whose
+softmax llama.cpp's rank pooling takes as the score: P(yes), as Kipp's.
 """
 from __future__ import annotations
 
@@ -54,7 +60,27 @@ def token_types(n: int, added: list[int], special: list[bool]) -> list[int]:
     return types
 
 
-def write_peer(src: Path, dst: Path) -> None:
+RERANK_TEMPLATE = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                   "Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+                   "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+                   "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def add_rerank(w: gguf.GGUFWriter, r: gguf.GGUFReader, tokens: list[str]) -> None:
+    """The reranker's pooling, labels, template and cls.output ("yes" and "no" rows of the head)."""
+    w.add_pooling_type(gguf.PoolingType.RANK)
+    w.add_classifier_output_labels(["yes", "no"])
+    w.add_chat_template([{"name": "rerank", "template": RERANK_TEMPLATE}])
+    names = {t.name: t for t in r.tensors}
+    head = names.get("output.weight") or names["token_embd.weight"]
+    if head.tensor_type != gguf.GGMLQuantizationType.BF16:
+        raise SystemExit("peer_gguf: --rerank needs a BF16 output head")
+    rows = np.asarray(head.data).view(np.uint16).reshape(int(head.shape[1]), -1)
+    pick = rows[[tokens.index("yes"), tokens.index("no")]].astype(np.uint32) << 16
+    w.add_tensor("cls.output.weight", pick.view(np.float32), raw_dtype=gguf.GGMLQuantizationType.F32)
+
+
+def write_peer(src: Path, dst: Path, rerank: bool = False) -> None:
     """Write dst (via a temporary file renamed into place) from the Kipp GGUF src."""
     r = gguf.GGUFReader(str(src))
     if field(r, "general.architecture") != "qwen3":
@@ -92,6 +118,8 @@ def write_peer(src: Path, dst: Path) -> None:
     w.add_eos_token_id(int(field(r, "kipp.eos_token_id")))
     w.add_pad_token_id(int(field(r, "kipp.bos_token_id")))
     w.add_add_bos_token(False)
+    if rerank:
+        add_rerank(w, r, tokens)
     for t in r.tensors:
         data = np.asarray(t.data)  # raw bytes, [rows][row bytes] uint8
         if len(t.shape) == 1 and t.tensor_type == gguf.GGMLQuantizationType.BF16:
@@ -113,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--in", dest="src", required=True, type=Path, help="Kipp GGUF (tools/convert_to_gguf.py)")
     ap.add_argument("--out", required=True, type=Path, help="llama.cpp-layout GGUF to write")
+    ap.add_argument("--rerank", action="store_true", help="a Qwen3-Reranker for llama-server --reranking")
     a = ap.parse_args(argv)
     if not a.src.is_file():
         ap.error(f"--in {a.src} is not a readable file")
     if a.out.exists() and os.path.samefile(a.src, a.out):
         ap.error(f"--out {a.out} is the input file; refusing to overwrite it")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    write_peer(a.src, a.out)
+    write_peer(a.src, a.out, a.rerank)
     print(f"peer_gguf: wrote {a.out}")
     return 0
 
