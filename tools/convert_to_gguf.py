@@ -10,7 +10,10 @@ Seed 000, "Conversion boundary" and "Strict GGUF subset".
 2. Safetensors (single file or sharded with model.safetensors.index.json) are
    read from their headers; every tensor must be one the entry expects, BF16,
    with its exact shape. A tied checkpoint's lm_head.weight is accepted only if
-   byte-identical to the embedding, and then dropped.
+   byte-identical to the embedding, and then dropped. Retrieval entries are read in
+   their Hub layouts (docs/FORMAT.md "Retrieval checkpoints"): Qwen3-Embedding names
+   without "model." and no lm_head, 151669 (or 151665) rows padded with zero rows to
+   151936; an embedding file is always written tied (token_embd only).
 3. The tokenizer is rebuilt from tokenizer.json with tokenizer_config.json's
    added_tokens_decoder merged over its added tokens, as upstream does.
 4. The GGUF v3 file (64-byte alignment) is written by the small writer below
