@@ -104,9 +104,11 @@ typedef struct {
    * snapshot pins, unverified; the Hub files have 151669 (8B embedding: 151665) embedding rows,   \
    * padded to the family's 151936 by the converter (docs/FORMAT.md "Retrieval checkpoints"); */   \
   /* eos is <|endoftext|> for both roles: the token an embedding pools; a reranker never generates. */ \
+  /* An embedding file is always tied (token_embd only): Qwen3-Embedding-8B is untied on the Hub but */ \
+  /* has no lm_head, and an embedding model never runs its head (tools/checkpoints.py hub_tied). */    \
   {"qwen3-embedding-0.6b", "Qwen/Qwen3-Embedding-0.6B", "97b0c614be4d77ee51c0cef4e5f07c00f9eb65b3", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 32768, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
   {"qwen3-embedding-4b",   "Qwen/Qwen3-Embedding-4B",   "5cf2132abc99cad020ac570b19d031efec650f2b", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
-  {"qwen3-embedding-8b",   "Qwen/Qwen3-Embedding-8B",   "1d8ad4ca9b3dd8059ad90a75d4983776a23d44af", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
+  {"qwen3-embedding-8b",   "Qwen/Qwen3-Embedding-8B",   "1d8ad4ca9b3dd8059ad90a75d4983776a23d44af", 0, KIPP_VARIANT_EMBEDDING, KIPP_CHAT_NONE, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
   {"qwen3-reranker-0.6b",  "Qwen/Qwen3-Reranker-0.6B",  "e61197ed45024b0ed8a2d74b80b4d909f1255473", 0, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 1024, 28, 16, 8, 128,  3072, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
   {"qwen3-reranker-4b",    "Qwen/Qwen3-Reranker-4B",    "22e683669bc0f0bd69640a1354a6d0aebcfeede5", 0, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 2560, 36, 32, 8, 128,  9728, KIPP_VOCAB_SIZE, 40960, 1e6, 1, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \
   {"qwen3-reranker-8b",    "Qwen/Qwen3-Reranker-8B",    "77d193c791ed757ca307ee72715aa132723da912", 0, KIPP_VARIANT_RERANKER,  KIPP_CHAT_NONE, 4096, 36, 32, 8, 128, 12288, KIPP_VOCAB_SIZE, 40960, 1e6, 0, 151643u, KIPP_STOP_BASE KIPP_YARN_NONE}, \

@@ -565,3 +565,144 @@ def test_tokenizer_merges_as_strings_or_pairs_and_missing_ids(tokenizer_files):
     tok4 = dict(tok, model=dict(tok["model"], merges=["a b c"]))
     with pytest.raises(cv.ConvertError, match="merge 0 is 'a b c'"):
         cv.build_tokenizer(tok4, cfg)
+
+
+# ---- retrieval checkpoints in their Hub layouts (issue 56; docs/FORMAT.md "Retrieval checkpoints") ----
+
+def _retrieval_variant(id_: str, **changes) -> reg.Checkpoint:
+    """A tiny retrieval twin with other Hub facts (not a registry entry: convert() takes the object)."""
+    import dataclasses
+    return dataclasses.replace(reg.by_id(id_), **changes)
+
+
+def _make(c: reg.Checkpoint, d: Path) -> Path:
+    import make_checkpoint
+    make_checkpoint.write_checkpoint(c, d)
+    return d
+
+
+def _assert_padded(r: gguf.GGUFReader, gname: str, raw: bytes, hub_rows: int, d: int) -> None:
+    """The GGUF tensor is the Hub tensor's rows, then zero rows up to 151936."""
+    t = next(t for t in r.tensors if t.name == gname)
+    assert list(t.shape) == [d, 151936] and t.tensor_type == gguf.GGMLQuantizationType.BF16
+    data = np.asarray(t.data).tobytes()
+    assert data[:len(raw)] == raw and len(raw) == 2 * hub_rows * d
+    assert data[len(raw):] == bytes(2 * (151936 - hub_rows) * d), f"{gname}: padding rows are not zero"
+
+
+@pytest.mark.parametrize("id_,prefix,files", [
+    ("synthetic-tiny-embedding", "", {"modules.json", "1_Pooling", "config_sentence_transformers.json"}),
+    ("synthetic-tiny-reranker", "model.", set())])
+def test_retrieval_twin_hub_layout(id_, prefix, files, synthetic_dir, synthetic_gguf, reader):
+    """Embedding twin: a Qwen3Model file (no "model." prefix, no lm_head) with the sentence-transformers
+    files; reranker twin: a Qwen3ForCausalLM file. Both hold 151669 rows, padded with zero rows."""
+    c, d = reg.by_id(id_), synthetic_dir(id_)
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["vocab_size"] == 151669 and cfg["tie_word_embeddings"] is True
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"]
+    src = st_tensors(d)
+    assert "lm_head.weight" not in src
+    assert sorted(n for n in src if "layers" not in n) == [prefix + "embed_tokens.weight", prefix + "norm.weight"]
+    assert all(n.startswith(prefix + "layers.") for n in src if "layers" in n)
+    assert files <= {p.name for p in d.iterdir()}
+    if files:
+        pool = json.loads((d / "1_Pooling" / "config.json").read_text())
+        assert pool["pooling_mode_lasttoken"] is True and pool["word_embedding_dimension"] == c.d_model
+        assert not any(v for k, v in pool.items() if k.startswith("pooling_mode_") and k != "pooling_mode_lasttoken")
+        prompts = json.loads((d / "config_sentence_transformers.json").read_text())["prompts"]
+        assert prompts["query"].endswith("\nQuery:") and prompts["document"] == ""
+    shape, _, raw = src[prefix + "embed_tokens.weight"]
+    assert shape == [151669, c.d_model]
+    r = reader(id_)
+    _assert_padded(r, "token_embd.weight", raw, 151669, c.d_model)
+    assert [t.name for t in r.tensors] == [g for g, _ in expected_names(c)]
+    for t, (g, hf) in zip(r.tensors[1:], expected_names(c)[1:]):
+        assert np.asarray(t.data).tobytes() == src[hf.replace("model.", prefix, 1)][2], g
+    assert field_value(r, "kipp.variant") == c.variant and field_value(r, "kipp.vocab_size") == 151936
+
+
+def test_untied_embedding_without_lm_head_is_written_tied(tmp_path):
+    """Qwen3-Embedding-8B's shape of Hub file on the tiny shape: tie_word_embeddings false, 151665 rows,
+    no lm_head. The Kipp file is tied (token_embd only, no output.weight), as registry entry
+    qwen3-embedding-8b says (tied_embeddings true, hub_tied false)."""
+    real = reg.by_id("qwen3-embedding-8b")
+    assert (real.tied_embeddings, real.hub_tie, real.hub_rows, real.hub_lm_head) == (True, False, 151665, False)
+    c = _retrieval_variant("synthetic-tiny-embedding", hub_tied=False, hub_vocab_rows=151665)
+    d = _make(c, tmp_path / "in")
+    cfg = json.loads((d / "config.json").read_text())
+    assert (cfg["tie_word_embeddings"], cfg["vocab_size"]) == (False, 151665)
+    src = st_tensors(d)
+    assert "lm_head.weight" not in src and src["embed_tokens.weight"][0] == [151665, 256]
+    out = tmp_path / "e8.gguf"
+    assert cv.convert(c, d, out) == 1 + 11 * c.n_layer + 1
+    r = gguf.GGUFReader(str(out))
+    assert field_value(r, "kipp.tied_embeddings") is True
+    assert "output.weight" not in [t.name for t in r.tensors]
+    _assert_padded(r, "token_embd.weight", src["embed_tokens.weight"][2], 151665, 256)
+    # The same directory under an entry that expects the tied Hub config is refused by field.
+    with pytest.raises(cv.ConvertError, match=r"tie_word_embeddings: expected true, found false"):
+        cv.convert(reg.by_id("synthetic-tiny-embedding"), d, tmp_path / "x.gguf")
+
+
+def test_untied_reranker_lm_head_padded(tmp_path):
+    """Qwen3-Reranker-8B's layout on the tiny shape: an untied Qwen3ForCausalLM with lm_head [151669, d];
+    output.weight is padded with zero rows (logits 0 there; a reranker reads only yes/no)."""
+    c = _retrieval_variant("synthetic-tiny-reranker", tied_embeddings=False)
+    d = _make(c, tmp_path / "in")
+    src = st_tensors(d)
+    assert src["lm_head.weight"][0] == [151669, 256] and "model.embed_tokens.weight" in src
+    out = tmp_path / "r8.gguf"
+    cv.convert(c, d, out)
+    r = gguf.GGUFReader(str(out))
+    _assert_padded(r, "output.weight", src["lm_head.weight"][2], 151669, 256)
+    _assert_padded(r, "token_embd.weight", src["model.embed_tokens.weight"][2], 151669, 256)
+    yes_no = [9693, 2152]  # "yes", "no": ids of the vendored tokenizer, below 151669
+    tok = json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]
+    assert [tok["yes"], tok["no"]] == yes_no
+
+
+def test_retrieval_layout_refusals(synthetic_dir, tmp_path):
+    emb, rr = synthetic_dir("synthetic-tiny-embedding"), synthetic_dir("synthetic-tiny-reranker")
+    out = tmp_path / "x.gguf"
+    # An embedding directory under a reranker entry: its sentence-transformers files say what it is...
+    assert_refused(run_convert(emb, out, id_="synthetic-tiny-reranker"), out,
+                   "sentence-transformers modules.json", "synthetic-tiny-reranker is a reranker checkpoint")
+    # ... and without them, the unprefixed names do.
+    d = tmp_path / "emb"
+    d.mkdir()
+    for p in emb.iterdir():
+        if p.name not in ("modules.json", "1_Pooling", "config_sentence_transformers.json"):
+            (d / p.name).symlink_to(p)
+    assert_refused(run_convert(d, out, id_="synthetic-tiny-reranker"), out,
+                   "lack the 'model.' prefix", "a Qwen3ForCausalLM file")
+    # A Qwen3ForCausalLM directory under an embedding entry.
+    assert_refused(run_convert(rr, out, id_="synthetic-tiny-embedding"), out,
+                   "carry the 'model.' prefix", "Qwen3Model")
+    # Mean pooling is not what Kipp computes.
+    d2 = tiny_copy(emb, tmp_path / "mean")
+    (d2 / "1_Pooling").unlink()
+    (d2 / "1_Pooling").mkdir()
+    pool = json.loads((emb / "1_Pooling" / "config.json").read_text())
+    pool["pooling_mode_mean_tokens"] = True
+    (d2 / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+    assert_refused(run_convert(d2, out, id_="synthetic-tiny-embedding"), out,
+                   "pooling_mode_mean_tokens", "expected only pooling_mode_lasttoken")
+    # An embedding file has no head to quantize.
+    assert_refused(run_convert(emb, out, "--quant-head", "q8_0", id_="synthetic-tiny-embedding"), out,
+                   "embedding model", "omit --quant-head")
+    # A generation checkpoint's full-vocabulary config is not a retrieval twin's.
+    assert_refused(run_convert(synthetic_dir("synthetic-tiny"), out, id_="synthetic-tiny-embedding"), out,
+                   "vocab_size: expected 151669, found 151936")
+
+
+def test_untied_embedding_with_lm_head_refused(tmp_path):
+    c = _retrieval_variant("synthetic-tiny-embedding", hub_tied=False, hub_vocab_rows=151665)
+    d = _make(c, tmp_path / "in")
+    emb = st_tensors(d)["embed_tokens.weight"][2]
+
+    def add_head(h, n):
+        h["lm_head.weight"] = {"dtype": "BF16", "shape": [151665, 256], "data_offsets": [n, n + len(emb)]}
+        return h
+    rewrite_safetensors(d / "model.safetensors", add_head, emb)
+    with pytest.raises(cv.ConvertError, match="has no head"):
+        cv.convert(c, d, tmp_path / "x.gguf")

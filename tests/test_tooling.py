@@ -138,7 +138,10 @@ def test_retrieval_entries_share_the_qwen3_shapes():
     for c in got.values():
         base = reg.by_id(RETRIEVAL_SHAPE_OF[c.id.rsplit("-", 1)[1]])
         assert (c.d_model, c.n_layer, c.n_q_head, c.d_ff) == (base.d_model, base.n_layer, base.n_q_head, base.d_ff)
-        assert c.tied_embeddings == base.tied_embeddings and c.rope_theta == 1e6, c.id
+        assert c.hub_tie == base.tied_embeddings and c.rope_theta == 1e6, c.id
+        # An embedding file is always tied (token_embd only): the 8B's Hub file has no lm_head.
+        assert c.tied_embeddings == (c.variant == "embedding" or base.tied_embeddings), c.id
+        assert c.hub_prefix == ("" if c.variant == "embedding" else "model.")
         role, size = c.id.split("-")[1:]
         assert c.repository == f"Qwen/Qwen3-{role.capitalize()}-{size.upper()}", c.id
         assert c.hub_vocab_rows in (151665, 151669) and c.chat_template == "none", c.id

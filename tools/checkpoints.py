@@ -125,6 +125,31 @@ class Checkpoint:
 
     hub_vocab_rows: Optional[int] = None  # retrieval checkpoints: embedding rows of the Hub file (padded
                                           # to vocab_size by the converter); None = vocab_size
+    hub_tied: Optional[bool] = None       # config.json's tie_word_embeddings where it differs from the Kipp
+                                          # file's (tied_embeddings): Qwen3-Embedding-8B, untied on the Hub
+                                          # with no lm_head, is written tied (docs/FORMAT.md); None = same
+
+    @property
+    def hub_rows(self) -> int:
+        """Embedding (and lm_head) rows of the Hugging Face file: hub_vocab_rows, else vocab_size."""
+        return self.hub_vocab_rows if self.hub_vocab_rows is not None else self.vocab_size
+
+    @property
+    def hub_tie(self) -> bool:
+        """config.json's tie_word_embeddings of the Hugging Face file."""
+        return self.tied_embeddings if self.hub_tied is None else self.hub_tied
+
+    @property
+    def hub_prefix(self) -> str:
+        """Prefix of the decoder's tensor names in the Hub file: "" for Qwen3-Embedding (a Qwen3Model
+        saved by sentence-transformers: embed_tokens.weight, layers.N..., norm.weight, no lm_head),
+        "model." for the Qwen3ForCausalLM files (generation and Qwen3-Reranker)."""
+        return "" if self.variant == "embedding" else "model."
+
+    @property
+    def hub_lm_head(self) -> bool:
+        """True when the Hub file must hold its own lm_head.weight (an untied Qwen3ForCausalLM)."""
+        return self.variant != "embedding" and not self.hub_tie
 
     @property
     def task(self) -> str:
@@ -169,7 +194,7 @@ class Checkpoint:
         """The dict `kipp registry --json` prints for this entry (same keys, same order)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in ("revision_status", "weight_shards", "files", "weights", "yarn_factor",
-                               "yarn_original_context", "hub_vocab_rows")}
+                               "yarn_original_context", "hub_vocab_rows", "hub_tied")}
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["kv_bytes_per_token"] = self.kv_bytes_per_token
         d["revision_status"] = self.revision_status
@@ -209,19 +234,26 @@ def _retrieval(id_: str, repo: str, rev: str, variant: str, d: int, L: int, nq: 
                tied: bool) -> Checkpoint:
     """A Qwen3-Embedding / Qwen3-Reranker entry: no chat template (the prompts are fixed by the
     model cards); eos <|endoftext|> for both roles (the token an embedding pools; a reranker
-    never generates, so its stops are unused)."""
+    never generates, so its stops are unused). `tied` is the Hub config's tie_word_embeddings;
+    an embedding file never carries a head (the Hub file has no lm_head and the head is never
+    run), so its Kipp file is always tied: token_embd only."""
+    file_tied = tied or variant == "embedding"
     return Checkpoint(id_, repo, rev, False, variant, "none", d, L, nq, N_KV_HEAD, HEAD_DIM, ff, VOCAB_SIZE,
-                      ctx, 1e6, tied, BOS_ID, STOP_BASE,
-                      PINNED_UNVERIFIED, None, {}, hub_vocab_rows=RETRIEVAL_HUB_VOCAB.get(id_, 151669))
+                      ctx, 1e6, file_tied, BOS_ID, STOP_BASE,
+                      PINNED_UNVERIFIED, None, {}, hub_vocab_rows=RETRIEVAL_HUB_VOCAB.get(id_, N_TOKENS),
+                      hub_tied=None if file_tied == tied else tied)
 
 
 def _synth(id_: str, repo: str, seed: int, variant: str, chat: str, d: int, L: int, nq: int,
            ff: int, ctx: int, tied: bool, weights: str = "gaussian") -> Checkpoint:
-    """Build a synthetic entry (tools/make_checkpoint.py writes it; never downloaded)."""
+    """Build a synthetic entry (tools/make_checkpoint.py writes it; never downloaded). A retrieval
+    twin has its real counterpart's Hub vocabulary rows (151669) and layout (hub_prefix)."""
     eos = 151643 if chat == "none" else 151645
+    retrieval = variant in ("embedding", "reranker")
     return Checkpoint(id_, repo, f"{SYNTH_REV_PREFIX}{seed}", True, variant, chat, d, L, nq,
                       N_KV_HEAD, HEAD_DIM, ff, VOCAB_SIZE, ctx, 1e6, tied, eos,
-                      STOP_BASE if eos == 151643 else STOP_CHAT, SYNTHETIC, None, {}, weights)
+                      STOP_BASE if eos == 151643 else STOP_CHAT, SYNTHETIC, None, {}, weights,
+                      hub_vocab_rows=N_TOKENS if retrieval else None)
 
 
 # Same order as KIPP_CHECKPOINT_TABLE. Sources: data/qwen3/qwen3-registry.md.
@@ -327,7 +359,9 @@ def hf_config(c: Checkpoint) -> dict:
     """config.json of this entry exactly as transformers 4.51 writes it for Qwen3ForCausalLM.
 
     The key set and constant values are those of data/qwen3/qwen3-configs/*.config.json;
-    tests/test_tooling.py checks that this reproduces each real file byte for byte.
+    tests/test_tooling.py checks that this reproduces each real file byte for byte. Retrieval
+    entries keep the key set (their Hub configs, as third-party copies show them, are the same
+    Qwen3ForCausalLM config) with the Hub file's vocab_size (hub_rows) and tie_word_embeddings.
     """
     return {
         "architectures": [ARCHITECTURE],
@@ -350,12 +384,12 @@ def hf_config(c: Checkpoint) -> dict:
         "rope_scaling": None,
         "rope_theta": _json_number(c.rope_theta),
         "sliding_window": None,
-        "tie_word_embeddings": c.tied_embeddings,
+        "tie_word_embeddings": c.hub_tie,
         "torch_dtype": "bfloat16",
         "transformers_version": "4.51.0",
         "use_cache": True,
         "use_sliding_window": False,
-        "vocab_size": c.vocab_size,
+        "vocab_size": c.hub_rows,
     }
 
 

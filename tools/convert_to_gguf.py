@@ -10,7 +10,10 @@ Seed 000, "Conversion boundary" and "Strict GGUF subset".
 2. Safetensors (single file or sharded with model.safetensors.index.json) are
    read from their headers; every tensor must be one the entry expects, BF16,
    with its exact shape. A tied checkpoint's lm_head.weight is accepted only if
-   byte-identical to the embedding, and then dropped.
+   byte-identical to the embedding, and then dropped. Retrieval entries are read in
+   their Hub layouts (docs/FORMAT.md "Retrieval checkpoints"): Qwen3-Embedding names
+   without "model." and no lm_head, 151669 (or 151665) rows padded with zero rows to
+   151936; an embedding file is always written tied (token_embd only).
 3. The tokenizer is rebuilt from tokenizer.json with tokenizer_config.json's
    added_tokens_decoder merged over its added tokens, as upstream does.
 4. The GGUF v3 file (64-byte alignment) is written by the small writer below
@@ -33,6 +36,7 @@ Seed 000, "Conversion boundary" and "Strict GGUF subset".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import struct
@@ -43,6 +47,7 @@ from typing import BinaryIO, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
+import st_config  # noqa: E402
 import yarn_config as yc  # noqa: E402
 from safe_io import SameFileError, atomic_output, refuse_same_file, term_escape  # noqa: E402
 
@@ -82,6 +87,8 @@ class SourceTensor:
     path: Path
     begin: int          # absolute byte offset in path
     nbytes: int
+    pad_bytes: int = 0  # zero bytes written after the source's: the rows that pad a Hub file's
+                        # vocabulary to Kipp's 151936 (shape is then the padded shape)
 
 
 # Bits per element of every dtype the safetensors library (0.8) knows; others are refused as it does.
@@ -251,16 +258,21 @@ def _json_equal(got: object, want: object) -> bool:
 def config_mismatches(cfg: dict, c: reg.Checkpoint) -> list[str]:
     """Every config.json field that differs from the registry entry, as readable lines."""
     expect: list[tuple[str, object]] = [
-        ("architectures", [reg.ARCHITECTURE]), ("model_type", "qwen3"),
+        ("model_type", "qwen3"),
         ("hidden_size", c.d_model), ("num_hidden_layers", c.n_layer),
         ("num_attention_heads", c.n_q_head), ("num_key_value_heads", c.n_kv_head),
-        ("head_dim", c.head_dim), ("intermediate_size", c.d_ff), ("vocab_size", c.vocab_size),
+        ("head_dim", c.head_dim), ("intermediate_size", c.d_ff), ("vocab_size", c.hub_rows),
         ("max_position_embeddings", c.context_length), ("rope_theta", c.rope_theta),
-        ("rms_norm_eps", reg.RMS_EPS), ("tie_word_embeddings", c.tied_embeddings),
+        ("rms_norm_eps", reg.RMS_EPS), ("tie_word_embeddings", c.hub_tie),
         ("eos_token_id", c.eos_token_id), ("bos_token_id", reg.BOS_ID),
         ("hidden_act", "silu"), ("attention_bias", False),
     ]
     bad: list[str] = []
+    archs = [[reg.ARCHITECTURE]] + ([["Qwen3Model"]] if c.variant == "embedding" else [])
+    if cfg.get("architectures", _MISSING) not in archs:
+        got = cfg.get("architectures", _MISSING)
+        bad.append(f"architectures: expected {' or '.join(json.dumps(a) for a in archs)}, found "
+                   f"{'missing' if got is _MISSING else json.dumps(got)}")
     for key, want in expect:
         got = cfg.get(key, _MISSING)
         if not _json_equal(got, want):
@@ -276,6 +288,14 @@ def config_mismatches(cfg: dict, c: reg.Checkpoint) -> list[str]:
         bad.append(f"use_sliding_window: expected false (no sliding window), found "
                    f"{json.dumps(cfg['use_sliding_window'])}")
     return bad
+
+
+def check_sentence_transformers(indir: Path, c: reg.Checkpoint) -> None:
+    """tools/st_config.py's check of the sentence-transformers files, as a refusal."""
+    try:
+        st_config.check(indir, c)
+    except ValueError as e:
+        raise ConvertError(str(e)) from None
 
 
 def yarn_metadata(y: Optional[yc.Yarn]) -> list[bytes]:
@@ -294,9 +314,10 @@ def gguf_tensor_plan(c: reg.Checkpoint, head_quant: bool = False) -> list[tuple[
     head_quant: a quantized head (--quant-head) is always its own output.weight, read
     for a tied checkpoint from the embedding (which stays BF16 for the lookup)."""
     d, a, kv, ff, hd = c.d_model, c.attn_width, c.n_kv_head * c.head_dim, c.d_ff, c.head_dim
-    plan = [("token_embd.weight", "model.embed_tokens.weight", (c.vocab_size, d))]
+    m = c.hub_prefix  # "" for a Qwen3-Embedding file (Qwen3Model), "model." otherwise
+    plan = [("token_embd.weight", m + "embed_tokens.weight", (c.vocab_size, d))]
     for i in range(c.n_layer):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
+        p, b = f"{m}layers.{i}.", f"blk.{i}."
         plan += [
             (b + "attn_norm.weight", p + "input_layernorm.weight", (d,)),
             (b + "attn_q.weight", p + "self_attn.q_proj.weight", (a, d)),
@@ -310,12 +331,30 @@ def gguf_tensor_plan(c: reg.Checkpoint, head_quant: bool = False) -> list[tuple[
             (b + "ffn_up.weight", p + "mlp.up_proj.weight", (ff, d)),
             (b + "ffn_down.weight", p + "mlp.down_proj.weight", (d, ff)),
         ]
-    plan.append(("output_norm.weight", "model.norm.weight", (d,)))
+    plan.append(("output_norm.weight", m + "norm.weight", (d,)))
     if not c.tied_embeddings:
         plan.append(("output.weight", "lm_head.weight", (c.vocab_size, d)))
     elif head_quant:
-        plan.append(("output.weight", "model.embed_tokens.weight", (c.vocab_size, d)))
+        plan.append(("output.weight", m + "embed_tokens.weight", (c.vocab_size, d)))
     return plan
+
+
+def _layout_hint(src: dict[str, SourceTensor], c: reg.Checkpoint) -> str:
+    """Why the names may not match: the other Hub layout's prefix (empty when not that)."""
+    if c.hub_prefix == "" and any(n.startswith("model.") for n in src):
+        return (f" (the names carry the 'model.' prefix of a Qwen3ForCausalLM file, but {c.id} is a "
+                "Qwen3-Embedding checkpoint: its Hub file is a Qwen3Model, names without the prefix)")
+    if c.hub_prefix and "embed_tokens.weight" in src:
+        return (f" (the names lack the 'model.' prefix, as in a Qwen3-Embedding file, but {c.id} is a "
+                f"{c.variant} checkpoint: a Qwen3ForCausalLM file)")
+    return ""
+
+
+def _padded(t: SourceTensor, c: reg.Checkpoint, shape: tuple[int, ...]) -> SourceTensor:
+    """An embedding or lm_head of the Hub file's hub_rows rows, padded with zero rows to shape."""
+    if len(shape) != 2 or shape[0] != c.vocab_size or t.shape != (c.hub_rows, shape[1]) or t.shape == shape:
+        return t
+    return dataclasses.replace(t, shape=shape, pad_bytes=2 * (shape[0] - c.hub_rows) * shape[1])
 
 
 def _same_bytes(a: SourceTensor, b: SourceTensor) -> Optional[int]:
@@ -338,8 +377,11 @@ def select_tensors(src: dict[str, SourceTensor], c: reg.Checkpoint,
     plan = gguf_tensor_plan(c, head_quant)
     wanted = {hf for _, hf, _ in plan}
     extra = set(src) - wanted
+    if c.variant == "embedding" and not c.hub_tie and "lm_head.weight" in src:
+        raise ConvertError(f"lm_head.weight found, but {c.id} is an untied Qwen3-Embedding file, which has no "
+                           "head (expected none: an embedding model never runs it)")
     if c.tied_embeddings and "lm_head.weight" in extra:
-        emb = src.get("model.embed_tokens.weight")
+        emb = src.get(c.hub_prefix + "embed_tokens.weight")
         head = src["lm_head.weight"]
         if emb is not None:
             if head.dtype != emb.dtype or head.shape != emb.shape:
@@ -348,26 +390,29 @@ def select_tensors(src: dict[str, SourceTensor], c: reg.Checkpoint,
                                    f"({emb.dtype} {list(emb.shape)})")
             diff = _same_bytes(head, emb)
             if diff is not None:
-                raise ConvertError(f"lm_head.weight differs from model.embed_tokens.weight (first differing "
+                raise ConvertError(f"lm_head.weight differs from {emb.name} (first differing "
                                    f"chunk at byte {diff}) but checkpoint {c.id} is tied: expected a "
                                    "byte-identical copy")
         extra.discard("lm_head.weight")  # verified duplicate of the embedding: dropped
     if extra:
-        raise ConvertError(f"unknown tensor(s) {', '.join(sorted(extra))}: checkpoint {c.id} expects only "
-                           "the Qwen3 tensors of docs/FORMAT.md")
+        shown = sorted(extra)
+        raise ConvertError(f"unknown tensor(s) {', '.join(shown[:8])}{' ...' if len(shown) > 8 else ''}: "
+                           f"checkpoint {c.id} expects only the Qwen3 tensors of docs/FORMAT.md"
+                           f"{_layout_hint(src, c)}")
     missing = [hf for hf in sorted(wanted) if hf not in src]
     if missing:
         raise ConvertError(f"missing tensor(s) {', '.join(missing)} (required by checkpoint {c.id})")
     out = []
     for gname, hf, shape in plan:
-        t = src[hf]
+        t = _padded(src[hf], c, shape)
         if t.dtype != "BF16":
             raise ConvertError(f"tensor {hf} has dtype {t.dtype}; expected BF16")
         if t.shape != shape:
-            raise ConvertError(f"tensor {hf} has shape {list(t.shape)}; expected {list(shape)} for {c.id}")
-        if t.nbytes != 2 * _numel(shape):
-            raise ConvertError(f"tensor {hf} spans {t.nbytes} bytes; expected {2 * _numel(shape)} "
-                               f"for BF16 {list(shape)}")
+            want = list(shape) if c.hub_rows == c.vocab_size or len(shape) != 2 else [c.hub_rows, shape[1]]
+            raise ConvertError(f"tensor {hf} has shape {list(t.shape)}; expected {want} for {c.id}")
+        if t.nbytes + t.pad_bytes != 2 * _numel(shape):
+            raise ConvertError(f"tensor {hf} spans {t.nbytes} bytes; expected {2 * _numel(shape) - t.pad_bytes} "
+                               f"for BF16 {list(src[hf].shape)}")
         out.append((gname, t))
     return out
 
@@ -560,6 +605,7 @@ def _read_bf16(t: SourceTensor):
         raw = src.read(t.nbytes)
     if len(raw) != t.nbytes:
         raise ConvertError(f"{t.path.name} ended inside tensor {t.name}")
+    raw += b"\0" * t.pad_bytes  # the zero rows that pad a Hub vocabulary (BF16 +0.0)
     u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
     return u.view(np.float32).reshape(t.shape)
 
@@ -606,7 +652,8 @@ def write_gguf(f: BinaryIO, meta: list[bytes], tensors: list[tuple[str, SourceTe
                 left -= len(chunk)
                 if bar is not None:
                     bar.update(len(chunk))
-        f.write(b"\0" * _pad(t.nbytes))
+        f.write(b"\0" * t.pad_bytes)  # the zero rows that pad a Hub vocabulary
+        f.write(b"\0" * _pad(t.nbytes + t.pad_bytes))
 
 
 def check_output_path(out: Path) -> None:
@@ -634,6 +681,9 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     if head is not None and HEAD_SCHEMES.get(head) is None:
         raise ConvertError(f"--quant-head is '{head}'; expected one of {', '.join(HEAD_SCHEMES)} "
                            "(omit it to keep the BF16 head)")
+    if head is not None and c.variant == "embedding":
+        raise ConvertError(f"--quant-head {head}: {c.id} is an embedding model, whose file has no head to "
+                           "quantize (the head is never run); omit --quant-head")
     if not indir.is_dir():
         raise ConvertError(f"input directory {indir} does not exist")
     check_output_path(out)
@@ -645,6 +695,7 @@ def convert(c: reg.Checkpoint, indir: Path, out: Path, quant: str = "bf16", quie
     bad = config_mismatches(cfg, c)
     if bad:
         raise ConvertError(f"config.json does not match registry entry {c.id}:\n  " + "\n  ".join(bad))
+    check_sentence_transformers(indir, c)
     try:
         yarn = yc.parse_rope_scaling(rope_scaling, c) if rope_scaling is not None else yc.yarn_from_config(cfg)
     except yc.YarnError as e:

@@ -5,6 +5,12 @@ For a synthetic registry entry (tools/checkpoints.py) it writes into --out:
   config.json, generation_config.json      as transformers 4.51 writes them
   model.safetensors  or  model-0000i-of-0000N.safetensors + model.safetensors.index.json
   tokenizer.json, tokenizer_config.json    copied from data/qwen3/qwen3-tokenizer/
+  modules.json, 1_Pooling/config.json,     embedding entries only: the sentence-transformers
+  config_sentence_transformers.json        files of Qwen3-Embedding (last-token pooling)
+
+Retrieval entries take their real counterparts' Hub layout (tools/checkpoints.py hub_*):
+an embedding file is a Qwen3Model (tensor names without "model.", no lm_head), and both
+roles hold 151669 embedding rows, not 151936; the converter pads them.
 
 Weights are BF16 and byte-deterministic across runs and machines: element e of
 tensor t is a function of (seed, t, e) only, through the splitmix64 finaliser
@@ -51,6 +57,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checkpoints as reg  # noqa: E402
 import safe_io  # noqa: E402
+import st_config  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QWEN3_TOKENIZER = REPO_ROOT / "data" / "qwen3" / "qwen3-tokenizer"  # vendored: data/qwen3/README.md
@@ -199,9 +206,13 @@ def tensor_specs(c: reg.Checkpoint) -> list[TensorSpec]:
     def add(name: str, shape: tuple[int, ...], kind: str = proj, std: float = 0.0) -> None:
         out.append(TensorSpec(name, shape, len(out), kind, std))
 
-    add("model.embed_tokens.weight", (c.vocab_size, d), "head" if c.tied_embeddings else "normal", head_std)
+    # The Hub layout of the entry (tools/checkpoints.py): Qwen3-Embedding files are a Qwen3Model
+    # (no "model." prefix, no lm_head) with 151669 rows; Qwen3-Reranker files a Qwen3ForCausalLM
+    # with 151669 rows; the generation checkpoints a Qwen3ForCausalLM with 151936.
+    m, rows = c.hub_prefix, c.hub_rows
+    add(m + "embed_tokens.weight", (rows, d), "head" if c.hub_tie else "normal", head_std)
     for i in range(c.n_layer):
-        p = f"model.layers.{i}."
+        p = f"{m}layers.{i}."
         add(p + "self_attn.q_proj.weight", (a, d), std=sd)
         add(p + "self_attn.k_proj.weight", (kv, d), std=sd)
         add(p + "self_attn.v_proj.weight", (kv, d), std=sd)
@@ -213,9 +224,9 @@ def tensor_specs(c: reg.Checkpoint) -> list[TensorSpec]:
         add(p + "mlp.down_proj.weight", (d, ff), std=sf)
         add(p + "input_layernorm.weight", (d,), "norm")
         add(p + "post_attention_layernorm.weight", (d,), "norm")
-    add("model.norm.weight", (d,), "norm")
-    if not c.tied_embeddings:
-        add("lm_head.weight", (c.vocab_size, d), "head", head_std)
+    add(m + "norm.weight", (d,), "norm")
+    if c.hub_lm_head:
+        add("lm_head.weight", (rows, d), "head", head_std)
     return out
 
 
@@ -341,8 +352,12 @@ def write_checkpoint(c: reg.Checkpoint, out: Path, shard_bytes: int = DEFAULT_SH
     _write_text(out / "generation_config.json",
                 json.dumps(reg.hf_generation_config(c), indent=2, sort_keys=True) + "\n")
     _copy_tokenizer(c, out)
-    return sorted(written + ["config.json", "generation_config.json", "tokenizer.json",
-                             "tokenizer_config.json"])
+    side = st_config.files(c)
+    for name, text in side.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        _write_text(out / name, text)
+    return sorted(written + list(side) + ["config.json", "generation_config.json", "tokenizer.json",
+                                          "tokenizer_config.json"])
 
 
 def update_manifest(path: Path, c: reg.Checkpoint, out: Path, files: list[str]) -> None:
