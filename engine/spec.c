@@ -20,36 +20,25 @@
  * average, and counts not yet timed are priced by the linear prior
  * 1 + row_cost * (r - 1) decode steps. Timing only changes which k is drafted,
  * never what is emitted.
+ *
+ * With options.draft_model the draft comes from a second model instead
+ * (spec_draft.c), and a non-deterministic sampler is verified by speculative
+ * sampling there. The gate then adds the draft's cost, k draft evaluations
+ * of a learned average (prior: the ratio of the two models' weight bytes),
+ * to the verification's, so a draft that is rarely accepted or too slow
+ * drives k to 0 and the step is a plain decode step.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "engine/internal.h"
+#include "engine/spec_impl.h"
 
 #define SPEC_NGRAM_LIMIT 8u
 #define GATE_DECAY 0.9       /* weight of older steps in the acceptance estimate */
 #define GATE_PROBE_MIN 8u    /* plain steps before the first probe when paused */
 #define GATE_PROBE_MAX 128u  /* longest interval between probes */
 
-struct kipp_spec {
-    const kipp_model *model; /* the model its logits rows, stop ids and reference are for */
-    const kipp_model *same;  /* the last other model found to share its tokenizer: that check reads the whole
-                              * vocabulary, so it runs once per model, not per step */
-    uint32_t vocab;
-    kipp_spec_options o;
-    uint32_t stop[2];
-    float *logits;           /* [k_max+1][vocab] FP32 verification rows */
-    uint32_t *hist;          /* [hist_cap] p->history + emitted-so-far, for penalties */
-    size_t hist_cap;
-    uint32_t *ref;           /* [n_ref] reference tokens (predicted output) */
-    size_t n_ref;
-    double acc, rej;         /* decayed accepted draft tokens / rejections */
-    double t_rows[KIPP_SPEC_K_MAX + 2]; /* [r] average seconds of an r-row verification; 0 = not timed */
-    double fixed_cost[KIPP_SPEC_K_MAX + 1]; /* [k] options.costs; [0] == 0 when none were given */
-    uint32_t idle, probe_every; /* plain steps while paused; interval before the next probe */
-    kipp_spec_stats st;
-};
 
 static int check_opts(const kipp_spec_options *o, char *err, size_t errlen)
 {
@@ -69,6 +58,12 @@ static int check_opts(const kipp_spec_options *o, char *err, size_t errlen)
         if (!(o->costs[k] > 0.0f && o->costs[k] < 1e6f))
             return kipp_err(err, errlen, KIPP_EINVAL, "costs[%u] is %g, expected a positive number of decode steps", k,
                             (double)o->costs[k]);
+    if (o->draft_model && !(o->draft_cost >= 0.0f && o->draft_cost <= 1.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "draft_cost %g is out of range, expected 0..1 decode steps",
+                        (double)o->draft_cost);
+    if (o->draft_min > o->k_max)
+        return kipp_err(err, errlen, KIPP_EINVAL, "draft_min %u is above the longest draft k_max %u, expected "
+                        "0..%u", o->draft_min, o->k_max, o->k_max);
     if (o->n_stop > 2 || (o->n_stop && !o->stop_ids))
         return kipp_err(err, errlen, KIPP_EINVAL, "%u stop ids given, expected 0..2 and an array", o->n_stop);
     return 0;
@@ -100,6 +95,15 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
         free(sp);
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %u logits rows", o.k_max + 1);
     }
+    rc = o.draft_model ? kipp_spec_draft_init(sp, o.draft_model, err, errlen) : 0;
+    if (rc) {
+        kipp_spec_destroy(sp);
+        return rc;
+    }
+    if (o.draft_model) { /* decode is read-bound: a draft evaluation costs about its share of the bytes */
+        double ratio = (double)o.draft_model->weight_bytes / (double)(model->weight_bytes ? model->weight_bytes : 1);
+        sp->draft_prior = o.draft_cost > 0 ? o.draft_cost : ratio < 1.0 ? ratio : 1.0;
+    }
     kipp_spec_reset(sp);
     *out = sp;
     return 0;
@@ -108,6 +112,7 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
 void kipp_spec_destroy(kipp_spec *sp)
 {
     if (!sp) return;
+    if (sp->dm) kipp_spec_draft_free(sp);
     free(sp->logits);
     free(sp->hist);
     free(sp->ref);
@@ -203,9 +208,10 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
 static double gate_cost(const kipp_spec *sp, uint32_t k)
 {
     const double *t = sp->t_rows;
-    if (sp->fixed_cost[0] > 0) return sp->fixed_cost[k] / sp->fixed_cost[0];
-    if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1];
-    return 1.0 + sp->o.row_cost * k;
+    double draft = !sp->dm ? 0.0 : k * (sp->t_deval > 0 && t[1] > 0 ? sp->t_deval / t[1] : sp->draft_prior);
+    if (sp->fixed_cost[0] > 0) return sp->fixed_cost[k] / sp->fixed_cost[0] + draft;
+    if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1] + draft;
+    return 1.0 + sp->o.row_cost * k + draft;
 }
 
 /* The k in 0..k_max maximising (1 + a + ... + a^k) / cost(k). */
@@ -222,7 +228,7 @@ static uint32_t gate_best_k(const kipp_spec *sp)
     return best_k;
 }
 
-static double now_s(void)
+double kipp_spec_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -241,7 +247,7 @@ static uint32_t gate_k(kipp_spec *sp)
 {
     if (sp->o.fixed_k) return sp->o.k_max;
     sp->st.k_now = gate_best_k(sp);
-    if (sp->st.k_now) return sp->st.k_now;
+    if (sp->st.k_now) return sp->st.k_now > sp->o.draft_min ? sp->st.k_now : sp->o.draft_min;
     return sp->idle >= sp->probe_every ? 1u : 0u;
 }
 
@@ -254,8 +260,9 @@ static void gate_update(kipp_spec *sp, uint32_t drafted, uint32_t accepted)
     }
     if (!sp->st.k_now) { /* that was a probe: back off further when it failed */
         sp->idle = 0;
-        sp->probe_every = accepted ? GATE_PROBE_MIN
-                                   : (sp->probe_every * 2 > GATE_PROBE_MAX ? GATE_PROBE_MAX : sp->probe_every * 2);
+        /* a draft model's probe first evaluates the paused stretch in the draft: rarer probes */
+        uint32_t most = sp->dm ? GATE_PROBE_MAX * 4 : GATE_PROBE_MAX;
+        sp->probe_every = accepted ? GATE_PROBE_MIN : (sp->probe_every * 2 > most ? most : sp->probe_every * 2);
     }
     sp->acc = sp->acc * GATE_DECAY + accepted;
     sp->rej = sp->rej * GATE_DECAY + (accepted < drafted ? 1.0 : 0.0);
@@ -269,15 +276,9 @@ int kipp_spec_params_ok(const kipp_sample_params *p)
     return p && (p->temperature == 0.0f || p->top_p == 0.0f || p->top_k == 1);
 }
 
-static int is_stop(const kipp_spec *sp, uint32_t t)
-{
-    for (uint32_t i = 0; i < sp->o.n_stop; i++)
-        if (sp->stop[i] == t) return 1;
-    return 0;
-}
 
 /* Room for the caller's history plus k_max+1 emitted tokens. */
-static int hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
+int kipp_spec_hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
 {
     if (n <= sp->hist_cap) return 0;
     uint32_t *h = realloc(sp->hist, n * sizeof *h);
@@ -291,7 +292,7 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
                        uint32_t n_draft, uint32_t max_new, uint32_t *out, uint32_t *accepted, char *err, size_t errlen)
 {
     kipp_sample_params rp = *p;
-    int rc = hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
+    int rc = kipp_spec_hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
     if (rc) return rc;
     if (p->history_len) memcpy(sp->hist, p->history, p->history_len * sizeof *sp->hist);
     rp.history = sp->hist;
@@ -307,7 +308,7 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
         n++;
         int match = r < n_draft && t == draft[r]; /* row r+1 is valid only after a match */
         *accepted += (uint32_t)match;
-        if (!match || is_stop(sp, t) || n >= max_new) break;
+        if (!match || kipp_spec_is_stop(sp, t) || n >= max_new) break;
     }
     return (int)n;
 }
@@ -340,7 +341,7 @@ static int check_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: NULL drafter, session or context, or an empty context");
     int rc = check_model(sp, s, err, errlen);
     if (rc) return rc;
-    if (p && !kipp_spec_params_ok(p))
+    if (p && !kipp_spec_params_ok(p) && !sp->dm)
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "speculative decoding needs deterministic sampling (temperature 0, top_p 0 or top_k 1), "
                         "got temperature %g top_p %g top_k %d", (double)p->temperature, (double)p->top_p, p->top_k);
@@ -351,8 +352,9 @@ static int check_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
     return 0;
 }
 
-int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
-                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen)
+int kipp_spec_propose_ex(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                         const kipp_sample_params *p, kipp_rng *rng, uint32_t *tokens, uint32_t *n_tokens, char *err,
+                         size_t errlen)
 {
     if (n_tokens) *n_tokens = 0;
     if (!tokens || !n_tokens) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_propose: NULL tokens or n_tokens");
@@ -362,9 +364,19 @@ int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
     if (k > room) k = room;               /* the draft must fit the context */
     if (k > max_new - 1) k = max_new - 1; /* at most max_new tokens come out */
     tokens[0] = ctx[n_ctx - 1];
-    if (k) kipp_spec_draft(sp, ctx, n_ctx, k, tokens + 1, &n_draft);
+    if (k && sp->dm)
+        rc = kipp_spec_draft_model(sp, ctx, n_ctx, k, kipp_session_capacity(s), p, rng, tokens + 1, &n_draft, err,
+                                   errlen);
+    else if (k) kipp_spec_draft(sp, ctx, n_ctx, k, tokens + 1, &n_draft);
+    if (!k || !sp->dm) sp->sampled = 0;
     *n_tokens = n_draft + 1;
-    return 0;
+    return rc;
+}
+
+int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen)
+{
+    return kipp_spec_propose_ex(sp, s, ctx, n_ctx, max_new, NULL, NULL, tokens, n_tokens, err, errlen);
 }
 
 int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uint32_t n_tokens, const float *logits,
@@ -372,15 +384,17 @@ int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uin
                      char *err, size_t errlen)
 {
     if (n_out) *n_out = 0;
-    if (!sp || !s || !tokens || !logits || !rng || !out || !n_out || n_tokens < 1 || n_tokens > sp->o.k_max + 1 ||
+    if (!sp || !s || !tokens || !logits || !p || !rng || !out || !n_out || n_tokens < 1 || n_tokens > sp->o.k_max + 1 ||
         max_new == 0 || kipp_session_length(s) < n_tokens)
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_accept: %u evaluated tokens, expected 1..%u in the session "
                         "and non-NULL buffers", n_tokens, sp ? sp->o.k_max + 1 : 0);
     int rc = check_model(sp, s, err, errlen);
     if (rc) return rc;
-    if (!kipp_spec_params_ok(p)) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
+    if (!kipp_spec_params_ok(p) && !sp->dm) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
     uint32_t len = kipp_session_length(s) - n_tokens, n_draft = n_tokens - 1, accepted = 0;
-    int n = sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
+    int n = kipp_spec_params_ok(p) ? sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen)
+                                   : kipp_spec_sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out,
+                                                           &accepted, err, errlen);
     /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated.
      * The rollback can fail: tokens that end inside an adopted (shared) pool block
      * need a private copy, and the pool may have none (KIPP_ENOMEM, the session
@@ -408,11 +422,11 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
                         errlen);
     if (rc) return rc;
     uint32_t tokens[KIPP_SPEC_K_MAX + 1], n_tokens = 0;
-    rc = kipp_spec_propose(sp, s, ctx, n_ctx, max_new, tokens, &n_tokens, err, errlen);
-    double t0 = now_s();
+    rc = kipp_spec_propose_ex(sp, s, ctx, n_ctx, max_new, p, rng, tokens, &n_tokens, err, errlen);
+    double t0 = kipp_spec_now();
     if (!rc) rc = kipp_session_eval_n(s, tokens, n_tokens, n_tokens, sp->logits, err, errlen);
     if (rc) return rc;
-    kipp_spec_gate_time(sp, n_tokens, now_s() - t0);
+    kipp_spec_gate_time(sp, n_tokens, kipp_spec_now() - t0);
     return kipp_spec_accept(sp, s, tokens, n_tokens, sp->logits, p, rng, max_new, out, n_out, err, errlen);
 }
 
