@@ -703,7 +703,8 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
  * timeline, samples and rng use as n_out plain decode steps. Errors: those of
  * kipp_session_eval_n and kipp_sample_ex (nothing emitted, s unchanged);
  * KIPP_ERANGE when s is full (no room for pending); KIPP_EINVAL for
- * max_new 0 or p not deterministic.
+ * max_new 0 or p not deterministic without a draft model (with one, a
+ * non-deterministic p is verified by speculative sampling: kipp_spec_propose_ex).
  */
 int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx,
                    const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out,
@@ -825,7 +826,8 @@ typedef struct {
     uint32_t max_tokens;         /* tokens to emit at most; 0 = until the session is full */
     const char *const *stop;     /* [n_stop] stop strings, NUL-terminated, 1..KIPP_GEN_MAX_STOP_LEN bytes; copied */
     size_t n_stop;               /* 0..KIPP_GEN_MAX_STOP */
-    int spec;                    /* 1: speculative decoding when sp is deterministic (kipp_spec_params_ok) */
+    int spec;                    /* 1: speculative decoding when sp is deterministic (kipp_spec_params_ok), or
+                                  * with spec_opts.draft_model for any sp (speculative sampling) */
     kipp_spec_options spec_opts; /* the drafter's options when speculating; its stop ids are the model's */
     int prompt_rows;             /* 1: a logits row for every prompt position (echo logprobs), chunks of at
                                   * most KIPP_GEN_ROWS_CHUNK tokens; 0: only the prompt's last row */

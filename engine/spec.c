@@ -124,6 +124,7 @@ void kipp_spec_reset(kipp_spec *sp)
     if (!sp) return;
     memset(&sp->st, 0, sizeof sp->st);
     sp->acc = 1.0, sp->rej = 1.0; /* prior a = 1/2: draft a little until the text shows its kind */
+    if (sp->dm) sp->acc = 4.0;    /* a draft model is made to agree: prior a = 0.8 (its quantized twin: 0.9+) */
     sp->idle = 0, sp->probe_every = GATE_PROBE_MIN;
     memset(sp->t_rows, 0, sizeof sp->t_rows);
     sp->st.k_now = sp->o.k_max;
