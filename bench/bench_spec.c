@@ -70,6 +70,7 @@ typedef struct {
     float costs[KIPP_SPEC_K_MAX + 1]; /* [k] measured verify cost of k drafts in decode steps (the gate's table) */
     int pattern;          /* 1: acceptance follows the recorded plain output g (see recorded_pattern) */
     kipp_model *dm[MAX_DRAFTS]; /* the draft models of --draft-model */
+    double t_phase[3];    /* the last run_spec's seconds in proposal (drafting), verification, acceptance */
 } bench_ctx;
 
 static double median(double *v, int n) { return kipp_median(v, (size_t)n); }
@@ -150,14 +151,19 @@ static int run_spec(bench_ctx *b, const options *o, int w, kipp_model *dm, doubl
     kipp_rng rng;
     kipp_rng_seed(&rng, 0);
     double t0 = kipp_timer_now();
+    b->t_phase[0] = b->t_phase[1] = b->t_phase[2] = 0;
     while (!rc && n_ctx < b->n_prompt + (size_t)o->tokens) {
         uint32_t got[KIPP_SPEC_K_MAX + 1], n_got = 0, tok[KIPP_SPEC_K_MAX + 1], n_tok = 0;
         uint32_t left = (uint32_t)(b->n_prompt + o->tokens - n_ctx);
         /* kipp_spec_step's three parts, so pattern mode can steer the acceptance */
+        double ta = kipp_timer_now();
         rc = kipp_spec_propose(sp, s, ctx, n_ctx, left, tok, &n_tok, err, errlen);
+        double tb = kipp_timer_now();
         if (!rc) rc = kipp_session_eval_n(s, tok, n_tok, n_tok, b->logits, err, errlen);
+        double tc = kipp_timer_now();
         if (!rc && b->pattern) recorded_pattern(b, n_ctx - b->n_prompt, n_tok);
         if (!rc) rc = kipp_spec_accept(sp, s, tok, n_tok, b->logits, &p, &rng, left, got, &n_got, err, errlen);
+        b->t_phase[0] += tb - ta, b->t_phase[1] += tc - tb, b->t_phase[2] += kipp_timer_now() - tc;
         for (uint32_t i = 0; !rc && i < n_got; i++) ctx[n_ctx++] = got[i];
     }
     *secs = kipp_timer_now() - t0;
@@ -284,6 +290,7 @@ static int draft_workloads(bench_ctx *b, const options *o, json_t *results, doub
     double *tps = calloc((size_t)W * o->reps, sizeof *tps), secs = 0;
     uint32_t *scratch = malloc((size_t)o->tokens * sizeof *scratch);
     kipp_spec_stats st[1 + MAX_DRAFTS] = {{0}};
+    double phase[1 + MAX_DRAFTS][3] = {{0}}; /* summed over repetitions: drafting, verification, acceptance */
     int exact[1 + MAX_DRAFTS] = {1, 1, 1, 1, 1};
     if (!tps || !scratch) rc = KIPP_ENOMEM;
     for (int i = 0; !rc && i < o->reps; i++)
@@ -296,6 +303,7 @@ static int draft_workloads(bench_ctx *b, const options *o, json_t *results, doub
             exact[w] &= ex;
             st[w].drafted += one.drafted, st[w].accepted += one.accepted, st[w].emitted += one.emitted;
             st[w].steps += one.steps;
+            for (int ph = 0; w && ph < 3; ph++) phase[w][ph] += b->t_phase[ph];
             tps[w * o->reps + i] = (o->tokens - 1) / secs;
             printf("rep %d %-40s %7.2f tok/s  accepted %llu/%llu, %llu tokens in %llu verifications%s\n", i,
                    w ? base_name(o->draft[w - 1]) : "plain", tps[w * o->reps + i], (unsigned long long)one.accepted,
@@ -312,10 +320,16 @@ static int draft_workloads(bench_ctx *b, const options *o, json_t *results, doub
             json_object_set_new(r, "name", json_string(name));
             json_object_set_new(r, "draft_file", json_string(o->draft[w - 1]));
             json_object_set_new(r, "tokens_per_verify", json_real(st[w].steps ? (double)st[w].emitted / st[w].steps : 0));
+            double per = 1e3 / ((double)(o->tokens - 1) * o->reps); /* ms per emitted token, mean over the reps */
+            json_object_set_new(r, "draft_ms_per_token", json_real(phase[w][0] * per));
+            json_object_set_new(r, "verify_ms_per_token", json_real(phase[w][1] * per));
+            json_object_set_new(r, "accept_ms_per_token", json_real(phase[w][2] * per));
             ratio[w - 1] = json_real_value(json_object_get(r, "over_plain"));
-            printf("%-40s %.3fx plain, acceptance %.1f%%, %.2f tokens per verification%s\n", base_name(o->draft[w - 1]),
-                   ratio[w - 1], st[w].drafted ? 100.0 * st[w].accepted / st[w].drafted : 0.0,
-                   st[w].steps ? (double)st[w].emitted / st[w].steps : 0.0, exact[w] ? "" : ", NOT EXACT");
+            printf("%-40s %.3fx plain, acceptance %.1f%%, %.2f tokens per verification, ms per token: draft %.2f, "
+                   "verify %.2f, accept %.2f%s\n", base_name(o->draft[w - 1]), ratio[w - 1],
+                   st[w].drafted ? 100.0 * st[w].accepted / st[w].drafted : 0.0,
+                   st[w].steps ? (double)st[w].emitted / st[w].steps : 0.0, phase[w][0] * per, phase[w][1] * per,
+                   phase[w][2] * per, exact[w] ? "" : ", NOT EXACT");
         }
         json_array_append_new(results, r);
     }

@@ -33,23 +33,29 @@ double cli_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* --draft-self's file: the converter's quantized twin next to o->model (X.gguf -> X-q8_0.gguf, X-affine4_gs32.gguf),
- * as `make models-test` and the benchmark set name them; Kipp does not quantize at load. */
+/* --draft-self's file: the converter's quantized twin next to o->model, as `make models-test` and the
+ * benchmark set name them: X.gguf -> X-affine4_gs32-head_affine4_gs32.gguf (the head quantized too, so a draft
+ * step reads the fewest bytes), else X-affine4_gs32.gguf; likewise q8_0. Kipp does not quantize at load. */
 static int draft_self_path(const char *cmd, cli_gen_opts *o)
 {
     size_t n = strlen(o->model);
     if (n > 5 && !strcmp(o->model + n - 5, ".gguf")) n -= 5;
-    const char *suffix = !strcmp(o->draft_self, "q8_0") ? "-q8_0.gguf" : "-affine4_gs32.gguf";
-    if (n + strlen(suffix) + 1 > sizeof o->draft_path) {
-        cli_errorf(cmd, "--draft-self: the path of --model '%s' is too long", o->model);
-        return 2;
+    int q8 = !strcmp(o->draft_self, "q8_0");
+    const char *suffix[2] = {q8 ? "-q8_0-head_q8_0.gguf" : "-affine4_gs32-head_affine4_gs32.gguf",
+                             q8 ? "-q8_0.gguf" : "-affine4_gs32.gguf"};
+    for (int i = 0; i < 2; i++) {
+        if (n + strlen(suffix[i]) + 1 > sizeof o->draft_path) {
+            cli_errorf(cmd, "--draft-self: the path of --model '%s' is too long", o->model);
+            return 2;
+        }
+        memcpy(o->draft_path, o->model, n); /* fits: checked above */
+        memcpy(o->draft_path + n, suffix[i], strlen(suffix[i]) + 1);
+        if (access(o->draft_path, R_OK) == 0) return 0;
     }
-    snprintf(o->draft_path, sizeof o->draft_path, "%.*s%s", (int)n, o->model, suffix);
-    if (access(o->draft_path, R_OK) == 0) return 0;
-    cli_errorf(cmd, "--draft-self %s: no file '%s' next to --model '%s'; Kipp does not quantize at load, expected "
-               "the converter's twin (tools/convert_to_gguf.py --quant %s --out %s) or --draft-model FILE",
-               o->draft_self, o->draft_path, o->model, !strcmp(o->draft_self, "q8_0") ? "q8_0" : "affine4_gs32",
-               o->draft_path);
+    cli_errorf(cmd, "--draft-self %s: neither '%.*s%s' nor '%s' is next to --model '%s'; Kipp does not quantize at "
+               "load, expected the converter's twin (tools/convert_to_gguf.py --quant %s [--quant-head %s] --out ...) "
+               "or --draft-model FILE", o->draft_self, (int)n, o->model, suffix[0], o->draft_path, o->model,
+               q8 ? "q8_0" : "affine4_gs32", q8 ? "q8_0" : "affine4_gs32");
     return 2;
 }
 
