@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "bench/bench_harness.h"
+#include "engine/internal.h" /* kipp_spec_gate_time */
 #include "engine/kipp.h"
 #include "kernels/common.h"
 
@@ -164,6 +165,7 @@ static int run_spec(bench_ctx *b, const options *o, int w, kipp_model *dm, doubl
         if (!rc && b->pattern) recorded_pattern(b, n_ctx - b->n_prompt, n_tok);
         if (!rc) rc = kipp_spec_accept(sp, s, tok, n_tok, b->logits, &p, &rng, left, got, &n_got, err, errlen);
         b->t_phase[0] += tb - ta, b->t_phase[1] += tc - tb, b->t_phase[2] += kipp_timer_now() - tc;
+        if (!rc && dm) kipp_spec_gate_time(sp, n_tok, tc - tb); /* prices the draft's evaluations in decode steps */
         for (uint32_t i = 0; !rc && i < n_got; i++) ctx[n_ctx++] = got[i];
     }
     *secs = kipp_timer_now() - t0;

@@ -69,6 +69,16 @@ static int check_opts(const kipp_spec_options *o, char *err, size_t errlen)
     return 0;
 }
 
+/* Bytes one decode step of m reads: its weights, less an embedding table that is not also the head (a
+ * quantized-head file keeps both, and reads one row of the table per token). */
+static double decode_bytes(const kipp_model *m)
+{
+    const kipp_tensor_view *e = &m->view.w.token_embd, *o = &m->view.w.output;
+    uint64_t b = m->weight_bytes;
+    if (o->data && o->data != e->data && b >= e->nbytes) b -= e->nbytes;
+    return (double)b;
+}
+
 int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kipp_spec **out, char *err,
                      size_t errlen)
 {
@@ -101,7 +111,7 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
         return rc;
     }
     if (o.draft_model) { /* decode is read-bound: a draft evaluation costs about its share of the bytes */
-        double ratio = (double)o.draft_model->weight_bytes / (double)(model->weight_bytes ? model->weight_bytes : 1);
+        double ratio = decode_bytes(o.draft_model) / (decode_bytes(model) > 0 ? decode_bytes(model) : 1.0);
         sp->draft_prior = o.draft_cost > 0 ? o.draft_cost : ratio < 1.0 ? ratio : 1.0;
     }
     kipp_spec_reset(sp);
@@ -204,15 +214,31 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
 
 /* ---- the gate ---- */
 
-/* Cost of verifying k drafts (k + 1 rows) in decode steps: measured when both
- * row counts were timed, else the linear prior. */
-static double gate_cost(const kipp_spec *sp, uint32_t k)
+/* Cost of verifying k drafts (k + 1 rows) in decode steps: the given table, else measured when both row
+ * counts were timed, else the linear prior. */
+static double verify_cost(const kipp_spec *sp, uint32_t k)
 {
     const double *t = sp->t_rows;
-    double draft = !sp->dm ? 0.0 : k * (sp->t_deval > 0 && t[1] > 0 ? sp->t_deval / t[1] : sp->draft_prior);
-    if (sp->fixed_cost[0] > 0) return sp->fixed_cost[k] / sp->fixed_cost[0] + draft;
-    if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1] + draft;
-    return 1.0 + sp->o.row_cost * k + draft;
+    if (sp->fixed_cost[0] > 0) return sp->fixed_cost[k] / sp->fixed_cost[0];
+    if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1];
+    return 1.0 + sp->o.row_cost * k;
+}
+
+/* Seconds of one decode step: timed, else from the timed row count with the least rows and its cost
+ * (a draft model accepted every time never verifies 1 row); 0 when nothing was timed. */
+static double decode_step_s(const kipp_spec *sp)
+{
+    for (uint32_t r = 1; r <= sp->o.k_max + 1; r++)
+        if (sp->t_rows[r] > 0) return sp->t_rows[r] / verify_cost(sp, r - 1);
+    return 0.0;
+}
+
+/* Verification cost plus a draft model's k evaluations, in decode steps. */
+static double gate_cost(const kipp_spec *sp, uint32_t k)
+{
+    double step = sp->dm && sp->t_deval > 0 ? decode_step_s(sp) : 0.0;
+    double draft = !sp->dm ? 0.0 : k * (step > 0 ? sp->t_deval / step : sp->draft_prior);
+    return verify_cost(sp, k) + draft;
 }
 
 /* The k in 0..k_max maximising (1 + a + ... + a^k) / cost(k). */
@@ -433,7 +459,8 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
 
 void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs)
 {
-    if (sp && !sp->o.fixed_k && sp->fixed_cost[0] == 0 && secs > 0 && rows >= 1 && rows <= sp->o.k_max + 1)
+    /* with a cost table the times only price a draft model's evaluations (decode_step_s) */
+    if (sp && !sp->o.fixed_k && (sp->fixed_cost[0] == 0 || sp->dm) && secs > 0 && rows >= 1 && rows <= sp->o.k_max + 1)
         gate_time(sp, rows, secs);
 }
 
