@@ -70,7 +70,7 @@ static int open_draft(const char *cmd, cli_gen_opts *o, const kipp_model_options
     dmo.lora = NULL, dmo.n_lora = 0; /* adapters are the target's */
     int rc = kipp_model_open(path, o->backend, &dmo, &o->draft, err, sizeof err);
     if (rc) {
-        cli_errorf(cmd, "--draft-model '%s': %s", path, err);
+        cli_errorf(cmd, "--draft-model '%s' (drafting for --model '%s'): %s", path, o->model, err);
         return 1;
     }
     if (kipp_draft_check(target, o->draft, err, sizeof err)) {
