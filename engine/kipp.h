@@ -640,7 +640,7 @@ typedef struct {
                               * or, for a non-deterministic sampler, by sampling (speculative sampling) */
     uint32_t draft_min;    /* draft model: a draft the gate allows is at least this long, 0..k_max; 0 = 1 */
     float draft_cost;      /* draft model: the gate's prior cost of one draft evaluation in target decode steps,
-                            * (0, 1]; 0 = the ratio of the two models' weight bytes; learned online */
+                            * (0, 1]; 0 = the ratio of the bytes a decode step of each reads; learned online */
 } kipp_spec_options;
 
 /** Counters of one kipp_spec since create or reset. */

@@ -24,7 +24,7 @@
  * With options.draft_model the draft comes from a second model instead
  * (spec_draft.c), and a non-deterministic sampler is verified by speculative
  * sampling there. The gate then adds the draft's cost, k draft evaluations
- * of a learned average (prior: the ratio of the two models' weight bytes),
+ * of a learned average (prior: the ratio of the bytes a decode step of each reads),
  * to the verification's, so a draft that is rarely accepted or too slow
  * drives k to 0 and the step is a plain decode step.
  */
