@@ -313,6 +313,13 @@ static int draft_workloads(bench_ctx *b, const options *o, json_t *results, doub
                    ex ? "" : "  NOT EXACT");
             fflush(stdout);
         }
+    /* per repetition, against that repetition's plain run (load drifts between repetitions); before median()
+     * sorts tps in place */
+    double paired[1 + MAX_DRAFTS] = {0}, per_rep[64];
+    for (int w = 1; !rc && w < W; w++) {
+        for (int i = 0; i < o->reps; i++) per_rep[i] = tps[w * o->reps + i] / tps[i];
+        paired[w] = median(per_rep, o->reps);
+    }
     double plain_med = rc ? 1 : median(tps, o->reps);
     for (int w = 0; !rc && w < W; w++) {
         json_t *r = workload_json(w ? 1 : 0, &tps[w * o->reps], o->reps, &st[w], exact[w], plain_med);
@@ -327,8 +334,9 @@ static int draft_workloads(bench_ctx *b, const options *o, json_t *results, doub
             json_object_set_new(r, "verify_ms_per_token", json_real(phase[w][1] * per));
             json_object_set_new(r, "accept_ms_per_token", json_real(phase[w][2] * per));
             ratio[w - 1] = json_real_value(json_object_get(r, "over_plain"));
-            printf("%-40s %.3fx plain, acceptance %.1f%%, %.2f tokens per verification, ms per token: draft %.2f, "
-                   "verify %.2f, accept %.2f%s\n", base_name(o->draft[w - 1]), ratio[w - 1],
+            json_object_set_new(r, "over_plain_paired_median", json_real(paired[w]));
+            printf("%-40s %.3fx plain (paired median %.3fx), acceptance %.1f%%, %.2f tokens per verification, ms per token: draft %.2f, "
+                   "verify %.2f, accept %.2f%s\n", base_name(o->draft[w - 1]), ratio[w - 1], paired[w],
                    st[w].drafted ? 100.0 * st[w].accepted / st[w].drafted : 0.0,
                    st[w].steps ? (double)st[w].emitted / st[w].steps : 0.0, phase[w][0] * per, phase[w][1] * per,
                    phase[w][2] * per, exact[w] ? "" : ", NOT EXACT");

@@ -38,6 +38,7 @@ struct kipp_spec {
     int sampled;             /* 1: the last proposal sampled its draft (q holds its rows); 0: greedy */
     double t_deval;          /* average seconds of one draft evaluation; 0 = not timed */
     double draft_prior;      /* the gate's cost of one draft evaluation in decode steps until timed */
+    uint32_t ramp;           /* a draft model's longest draft for now: 1, doubled after each whole draft accepted */
 };
 
 /** Seconds on the monotonic clock. */
