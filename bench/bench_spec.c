@@ -29,6 +29,12 @@
  * A backend whose verification rows differ from its decode rows (none now:
  * every backend keeps row invariance, kernels.h) can part from the plain text at a near-tie; then the runs
  * are timed in pattern mode (recorded_pattern), recorded as such in the JSON.
+ * With --draft-model FILE (repeatable, up to 4; issue 55) the workloads are
+ * plain and one draft-model run per file instead, interleaved the same way:
+ * the draft proposes greedily on its own session, the gate prices its
+ * evaluations online (and the verification by the cost model), and each run
+ * is checked token for token against plain greedy. Its rows report the
+ * acceptance, tokens per verification and the speedup over plain.
  * Results: <out>/<YYYYMMDD>-<host>-<cpu id>-spec-<sha>.json (kipp.bench.v1, kind "spec").
  */
 #include <stdio.h>
@@ -36,6 +42,7 @@
 #include <string.h>
 
 #include "bench/bench_harness.h"
+#include "engine/internal.h" /* kipp_spec_gate_time */
 #include "engine/kipp.h"
 #include "kernels/common.h"
 
@@ -44,9 +51,13 @@ static const char *WORK[N_WORK] = {"plain", "copy", "free", "adversarial"};
 static const char *PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman "
                             "who told the same story every evening.";
 
+#define MAX_DRAFTS 4
+
 typedef struct {
     const char *model, *backend, *profiles, *out;
     int threads, reps, tokens, k;
+    const char *draft[MAX_DRAFTS]; /* --draft-model files */
+    int n_draft;
 } options;
 
 typedef struct {
@@ -59,6 +70,8 @@ typedef struct {
     int tokens;           /* length of g */
     float costs[KIPP_SPEC_K_MAX + 1]; /* [k] measured verify cost of k drafts in decode steps (the gate's table) */
     int pattern;          /* 1: acceptance follows the recorded plain output g (see recorded_pattern) */
+    kipp_model *dm[MAX_DRAFTS]; /* the draft models of --draft-model */
+    double t_phase[3];    /* the last run_spec's seconds in proposal (drafting), verification, acceptance */
 } bench_ctx;
 
 static double median(double *v, int n) { return kipp_median(v, (size_t)n); }
@@ -121,15 +134,15 @@ static void recorded_pattern(bench_ctx *b, size_t pos, uint32_t rows)
 }
 
 /* One speculative run of workload w; checks the ids against the oracle. */
-static int run_spec(bench_ctx *b, const options *o, int w, double *secs, kipp_spec_stats *st, int *exact,
-                    uint32_t *ids_out, char *err, size_t errlen)
+static int run_spec(bench_ctx *b, const options *o, int w, kipp_model *dm, double *secs, kipp_spec_stats *st,
+                    int *exact, uint32_t *ids_out, char *err, size_t errlen)
 {
     kipp_session *s = NULL;
     kipp_spec *sp = NULL;
     size_t n_ref = 0, n_ctx = b->n_prompt;
-    uint32_t *ref = reference_for(b, w, o->tokens, &n_ref);
+    uint32_t *ref = dm ? NULL : reference_for(b, w, o->tokens, &n_ref);
     uint32_t *ctx = malloc((b->n_prompt + (size_t)o->tokens + KIPP_SPEC_K_MAX + 1) * sizeof *ctx);
-    kipp_spec_options so = {.k_max = (uint32_t)o->k, .costs = b->costs};
+    kipp_spec_options so = {.k_max = (uint32_t)o->k, .costs = b->costs, .draft_model = dm};
     int rc = ctx ? kipp_spec_create(b->m, &so, &sp, err, errlen) : KIPP_ENOMEM;
     if (!rc && ref) rc = kipp_spec_set_reference(sp, ref, n_ref, err, errlen);
     if (!rc) rc = kipp_session_create(b->m, (uint32_t)(b->n_prompt + o->tokens + KIPP_SPEC_K_MAX + 1), &s, err, errlen);
@@ -139,14 +152,20 @@ static int run_spec(bench_ctx *b, const options *o, int w, double *secs, kipp_sp
     kipp_rng rng;
     kipp_rng_seed(&rng, 0);
     double t0 = kipp_timer_now();
+    b->t_phase[0] = b->t_phase[1] = b->t_phase[2] = 0;
     while (!rc && n_ctx < b->n_prompt + (size_t)o->tokens) {
         uint32_t got[KIPP_SPEC_K_MAX + 1], n_got = 0, tok[KIPP_SPEC_K_MAX + 1], n_tok = 0;
         uint32_t left = (uint32_t)(b->n_prompt + o->tokens - n_ctx);
         /* kipp_spec_step's three parts, so pattern mode can steer the acceptance */
+        double ta = kipp_timer_now();
         rc = kipp_spec_propose(sp, s, ctx, n_ctx, left, tok, &n_tok, err, errlen);
+        double tb = kipp_timer_now();
         if (!rc) rc = kipp_session_eval_n(s, tok, n_tok, n_tok, b->logits, err, errlen);
+        double tc = kipp_timer_now();
         if (!rc && b->pattern) recorded_pattern(b, n_ctx - b->n_prompt, n_tok);
         if (!rc) rc = kipp_spec_accept(sp, s, tok, n_tok, b->logits, &p, &rng, left, got, &n_got, err, errlen);
+        b->t_phase[0] += tb - ta, b->t_phase[1] += tc - tb, b->t_phase[2] += kipp_timer_now() - tc;
+        if (!rc && dm) kipp_spec_gate_time(sp, n_tok, tc - tb); /* prices the draft's evaluations in decode steps */
         for (uint32_t i = 0; !rc && i < n_got; i++) ctx[n_ctx++] = got[i];
     }
     *secs = kipp_timer_now() - t0;
@@ -223,7 +242,7 @@ static int probe_exact(bench_ctx *b, const options *o, int *exact, char *err, si
 {
     double secs;
     kipp_spec_stats st;
-    int rc = run_spec(b, o, 1, &secs, &st, exact, NULL, err, errlen);
+    int rc = run_spec(b, o, 1, NULL, &secs, &st, exact, NULL, err, errlen);
     b->pattern = !rc && !*exact;
     if (b->pattern)
         printf("note: speculative output parts from plain greedy on this backend (verification rows differ from decode "
@@ -241,7 +260,7 @@ static int workloads(bench_ctx *b, const options *o, json_t *results, double *ra
     for (int i = 0; !rc && i < o->reps; i++)
         for (int w = 0; !rc && w < N_WORK; w++) {
             int ex = 1;
-            rc = w ? run_spec(b, o, w, &secs, &st[w], &ex, NULL, err, errlen) : run_plain(b, o->tokens, scratch, &secs, err, errlen);
+            rc = w ? run_spec(b, o, w, NULL, &secs, &st[w], &ex, NULL, err, errlen) : run_plain(b, o->tokens, scratch, &secs, err, errlen);
             if (!w && memcmp(scratch, b->g, (size_t)o->tokens * sizeof *scratch)) ex = 0;
             exact[w] &= ex;
             tps[w * o->reps + i] = (o->tokens - 1) / secs; /* tokens after the first (which the prefill gives) */
@@ -259,12 +278,81 @@ static int workloads(bench_ctx *b, const options *o, json_t *results, double *ra
     return rc;
 }
 
+/* The last path component of path. */
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* Draft-model mode: plain, then one run per draft, reps times, interleaved. ratio[d] = draft d's speedup. */
+static int draft_workloads(bench_ctx *b, const options *o, json_t *results, double *ratio, char *err, size_t errlen)
+{
+    int W = 1 + o->n_draft, rc = 0;
+    double *tps = calloc((size_t)W * o->reps, sizeof *tps), secs = 0;
+    uint32_t *scratch = malloc((size_t)o->tokens * sizeof *scratch);
+    kipp_spec_stats st[1 + MAX_DRAFTS] = {{0}};
+    double phase[1 + MAX_DRAFTS][3] = {{0}}; /* summed over repetitions: drafting, verification, acceptance */
+    int exact[1 + MAX_DRAFTS] = {1, 1, 1, 1, 1};
+    if (!tps || !scratch) rc = KIPP_ENOMEM;
+    for (int i = 0; !rc && i < o->reps; i++)
+        for (int w = 0; !rc && w < W; w++) {
+            int ex = 1;
+            kipp_spec_stats one = {0};
+            rc = w ? run_spec(b, o, 2, b->dm[w - 1], &secs, &one, &ex, NULL, err, errlen)
+                   : run_plain(b, o->tokens, scratch, &secs, err, errlen);
+            if (!w && memcmp(scratch, b->g, (size_t)o->tokens * sizeof *scratch)) ex = 0;
+            exact[w] &= ex;
+            st[w].drafted += one.drafted, st[w].accepted += one.accepted, st[w].emitted += one.emitted;
+            st[w].steps += one.steps;
+            for (int ph = 0; w && ph < 3; ph++) phase[w][ph] += b->t_phase[ph];
+            tps[w * o->reps + i] = (o->tokens - 1) / secs;
+            printf("rep %d %-40s %7.2f tok/s  accepted %llu/%llu, %llu tokens in %llu verifications%s\n", i,
+                   w ? base_name(o->draft[w - 1]) : "plain", tps[w * o->reps + i], (unsigned long long)one.accepted,
+                   (unsigned long long)one.drafted, (unsigned long long)one.emitted, (unsigned long long)one.steps,
+                   ex ? "" : "  NOT EXACT");
+            fflush(stdout);
+        }
+    /* per repetition, against that repetition's plain run (load drifts between repetitions); before median()
+     * sorts tps in place */
+    double paired[1 + MAX_DRAFTS] = {0}, per_rep[64];
+    for (int w = 1; !rc && w < W; w++) {
+        for (int i = 0; i < o->reps; i++) per_rep[i] = tps[w * o->reps + i] / tps[i];
+        paired[w] = median(per_rep, o->reps);
+    }
+    double plain_med = rc ? 1 : median(tps, o->reps);
+    for (int w = 0; !rc && w < W; w++) {
+        json_t *r = workload_json(w ? 1 : 0, &tps[w * o->reps], o->reps, &st[w], exact[w], plain_med);
+        char name[300];
+        snprintf(name, sizeof name, "draft:%s", w ? base_name(o->draft[w - 1]) : "");
+        if (w) {
+            json_object_set_new(r, "name", json_string(name));
+            json_object_set_new(r, "draft_file", json_string(o->draft[w - 1]));
+            json_object_set_new(r, "tokens_per_verify", json_real(st[w].steps ? (double)st[w].emitted / st[w].steps : 0));
+            double per = 1e3 / ((double)(o->tokens - 1) * o->reps); /* ms per emitted token, mean over the reps */
+            json_object_set_new(r, "draft_ms_per_token", json_real(phase[w][0] * per));
+            json_object_set_new(r, "verify_ms_per_token", json_real(phase[w][1] * per));
+            json_object_set_new(r, "accept_ms_per_token", json_real(phase[w][2] * per));
+            ratio[w - 1] = json_real_value(json_object_get(r, "over_plain"));
+            json_object_set_new(r, "over_plain_paired_median", json_real(paired[w]));
+            printf("%-40s %.3fx plain (paired median %.3fx), acceptance %.1f%%, %.2f tokens per verification, ms per token: draft %.2f, "
+                   "verify %.2f, accept %.2f%s\n", base_name(o->draft[w - 1]), ratio[w - 1], paired[w],
+                   st[w].drafted ? 100.0 * st[w].accepted / st[w].drafted : 0.0,
+                   st[w].steps ? (double)st[w].emitted / st[w].steps : 0.0, phase[w][0] * per, phase[w][1] * per,
+                   phase[w][2] * per, exact[w] ? "" : ", NOT EXACT");
+        }
+        json_array_append_new(results, r);
+    }
+    free(tps), free(scratch);
+    return rc;
+}
+
 static void usage(FILE *f)
 {
     char backends[128];
     fprintf(f, "usage: kipp-bench-spec --model M.gguf [--backend %s] [--threads N] [--reps N (1..64, default 5)]\n"
                "                       [--tokens N (32..1024, default 192)] [--k N (1..16, default 8)]\n"
-               "                       [--profiles DIR] [--out DIR]\n",
+               "                       [--profiles DIR] [--out DIR] [--draft-model FILE (repeatable, up to 4)]\n",
                kipp_backend_names(backends, sizeof backends, "|"));
 }
 
@@ -290,6 +378,12 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--backend") && v) o->backend = v;
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
+        else if (!strcmp(a, "--draft-model") && v) {
+            if (o->n_draft == MAX_DRAFTS)
+                return fprintf(stderr, "kipp-bench-spec: more than %d --draft-model files, expected at most %d\n",
+                               MAX_DRAFTS, MAX_DRAFTS), -1;
+            o->draft[o->n_draft++] = v;
+        }
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
         else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 64, &o->reps)) return -1; }
         else if (!strcmp(a, "--tokens")) { if (parse_int(a, v, 32, 1024, &o->tokens)) return -1; }
@@ -313,6 +407,16 @@ static int open_model(bench_ctx *b, const options *o, char *err, size_t errlen)
     b->tokens = o->tokens;
     b->logits = malloc((size_t)(KIPP_SPEC_K_MAX + 1) * b->info.vocab_size * sizeof *b->logits);
     if (!b->prompt || !b->g || !b->logits) return KIPP_ENOMEM;
+    for (int d = 0; d < o->n_draft; d++) {
+        char why[512];
+        rc = kipp_model_open(o->draft[d], o->backend, &mo, &b->dm[d], why, sizeof why);
+        if (!rc) rc = kipp_draft_check(b->m, b->dm[d], why, sizeof why);
+        if (rc) { /* main prints err after "kipp-bench-spec: " */
+            fprintf(stderr, "kipp-bench-spec: --draft-model '%s' for --model '%s':\n", o->draft[d], o->model);
+            snprintf(err, errlen, "%s", why);
+            return rc;
+        }
+    }
     return kipp_tokenize(b->m, PROMPT, strlen(PROMPT), 0, b->prompt, cap, &b->n_prompt, err, errlen);
 }
 
@@ -356,7 +460,11 @@ int main(int argc, char **argv)
     json_object_set_new(config, "tokens", json_integer(o.tokens));
     json_object_set_new(config, "k_max", json_integer(o.k));
     json_object_set_new(config, "prompt_tokens", json_integer((json_int_t)b.n_prompt));
-    json_object_set_new(config, "order", json_string("interleaved per repetition: plain, copy, free, adversarial"));
+    json_object_set_new(config, "order", json_string(o.n_draft ? "interleaved per repetition: plain, then each draft model"
+                                                               : "interleaved per repetition: plain, copy, free, adversarial"));
+    json_t *drafts = json_array();
+    for (int d = 0; d < o.n_draft; d++) json_array_append_new(drafts, json_string(o.draft[d]));
+    json_object_set_new(config, "draft_models", drafts);
     json_object_set_new(config, "copy", json_string("reference = plain greedy output with every 10th token changed"));
     json_object_set_new(config, "free", json_string("no reference: prompt lookup over prompt + reply only"));
     json_object_set_new(config, "adversarial", json_string("reference = plain greedy output interleaved with wrong tokens"));
@@ -366,22 +474,26 @@ int main(int argc, char **argv)
     json_t *results = json_object_get(doc, "results"), *cost = json_array();
     int exact = 0;
     if (!rc) rc = cost_model(&b, &o, cost, err, sizeof err); /* first: the gate prices drafts with it */
-    if (!rc) rc = probe_exact(&b, &o, &exact, err, sizeof err);
+    if (!rc && !o.n_draft) rc = probe_exact(&b, &o, &exact, err, sizeof err);
+    else exact = 1;
     json_object_set_new(config, "spec_exact_unsteered", json_boolean(exact));
     json_object_set_new(config, "acceptance_source", json_string(b.pattern ?
         "pattern mode: each verified row's sampled token is steered to the recorded plain greedy text (this backend's "
         "verification rows are not bitwise its decode rows); compute identical to kipp_spec_step" :
         "the rows' own greedy tokens (kipp_spec_accept), checked equal to plain greedy"));
-    if (!rc) rc = workloads(&b, &o, results, ratio, err, sizeof err);
+    double dratio[MAX_DRAFTS] = {0};
+    if (!rc && o.n_draft) rc = draft_workloads(&b, &o, results, dratio, err, sizeof err);
+    else if (!rc) rc = workloads(&b, &o, results, ratio, err, sizeof err);
     json_object_set_new(config, "load_avg_1min_at_end", json_real(kipp_load_average()));
     json_object_set_new(doc, "cost_model", cost);
-    if (!rc) json_object_set_new(doc, "targets", targets(ratio, cost));
+    if (!rc && !o.n_draft) json_object_set_new(doc, "targets", targets(ratio, cost));
     char path[512];
     if (!rc && kipp_result_write(doc, o.out, "spec", path, sizeof path, err, sizeof err) == 0) printf("wrote %s\n", path);
     else if (!rc) rc = -1;
     if (rc) fprintf(stderr, "kipp-bench-spec: %s\n", err[0] ? err : kipp_strerror(rc));
     json_decref(doc);
     free(b.prompt), free(b.g), free(b.logits);
+    for (int d = 0; d < o.n_draft; d++) kipp_model_close(b.dm[d]);
     kipp_model_close(b.m);
     return rc ? 1 : 0;
 }

@@ -318,12 +318,14 @@ int cmd_chat(int argc, char **argv)
     if (!info.has_chat) {
         fprintf(stderr, "kipp chat: %s is a base checkpoint without a chat template; expected an instruct model\n",
                 info.checkpoint_id);
+        kipp_model_close(o.draft);
         kipp_model_close(m);
         return 2;
     }
     /* cli_gen_open rejected a --ctx above the context length; only the default is capped. */
     uint64_t want = 0;
     if (cli_gen_ctx("chat", m, &o, &want)) {
+        kipp_model_close(o.draft);
         kipp_model_close(m);
         return 1;
     }
@@ -356,6 +358,7 @@ int cmd_chat(int argc, char **argv)
         sigaction(SIGINT, &old, NULL);
     }
     kipp_session_destroy(s);
+    kipp_model_close(o.draft);
     kipp_model_close(m);
     return rc;
 }

@@ -14,6 +14,8 @@
  * 0.7 / 0.8 / 20 without it; pass them explicitly.
  */
 #include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +33,56 @@ double cli_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
+/* --draft-self's file: the converter's quantized twin next to o->model, as `make models-test` and the
+ * benchmark set name them: X.gguf -> X-affine4_gs32-head_affine4_gs32.gguf (the head quantized too, so a draft
+ * step reads the fewest bytes), else X-affine4_gs32.gguf; likewise q8_0. Kipp does not quantize at load. */
+static int draft_self_path(const char *cmd, cli_gen_opts *o)
+{
+    size_t n = strlen(o->model);
+    if (n > 5 && !strcmp(o->model + n - 5, ".gguf")) n -= 5;
+    int q8 = !strcmp(o->draft_self, "q8_0");
+    const char *suffix[2] = {q8 ? "-q8_0-head_q8_0.gguf" : "-affine4_gs32-head_affine4_gs32.gguf",
+                             q8 ? "-q8_0.gguf" : "-affine4_gs32.gguf"};
+    for (int i = 0; i < 2; i++) {
+        if (n + strlen(suffix[i]) + 1 > sizeof o->draft_path) {
+            cli_errorf(cmd, "--draft-self: the path of --model '%s' is too long", o->model);
+            return 2;
+        }
+        memcpy(o->draft_path, o->model, n); /* fits: checked above */
+        memcpy(o->draft_path + n, suffix[i], strlen(suffix[i]) + 1);
+        if (access(o->draft_path, R_OK) == 0) return 0;
+    }
+    cli_errorf(cmd, "--draft-self %s: neither '%.*s%s' nor '%s' is next to --model '%s'; Kipp does not quantize at "
+               "load, expected the converter's twin (tools/convert_to_gguf.py --quant %s [--quant-head %s] --out ...) "
+               "or --draft-model FILE", o->draft_self, (int)n, o->model, suffix[0], o->draft_path, o->model,
+               q8 ? "q8_0" : "affine4_gs32", q8 ? "q8_0" : "affine4_gs32");
+    return 2;
+}
+
+/* Open the draft model into o->draft and check it shares target's tokenizer; an exit status. */
+static int open_draft(const char *cmd, cli_gen_opts *o, const kipp_model_options *mo, kipp_model *target)
+{
+    if (o->draft_self && draft_self_path(cmd, o)) return 2;
+    const char *path = o->draft_self ? o->draft_path : o->draft_model;
+    char err[512];
+    kipp_mapped_file_guard(path);
+    kipp_model_options dmo = *mo;
+    dmo.lora = NULL, dmo.n_lora = 0; /* adapters are the target's */
+    int rc = kipp_model_open(path, o->backend, &dmo, &o->draft, err, sizeof err);
+    if (rc) {
+        cli_errorf(cmd, "--draft-model '%s' (drafting for --model '%s'): %s", path, o->model, err);
+        return 1;
+    }
+    if (kipp_draft_check(target, o->draft, err, sizeof err)) {
+        cli_errorf(cmd, "--draft-model '%s' cannot draft for --model '%s': %s", path, o->model, err);
+        kipp_model_close(o->draft);
+        o->draft = NULL;
+        return 2;
+    }
+    return 0;
+}
+
+int cli_gen_open(const char *cmd, cli_gen_opts *o, kipp_model **out)
 {
     kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora, .stream = o->stream,
                              .no_prefetch = o->no_prefetch, .rope_override = o->rope_override, .rope = o->rope};
@@ -66,6 +117,7 @@ int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out)
                 info.context_length, kipp_context_limit_note(&info, why, sizeof why), info.context_length);
         rc = 2;
     }
+    if (!rc && (o->draft_model || o->draft_self)) rc = open_draft(cmd, o, &mo, *out);
     if (rc) {
         kipp_model_close(*out);
         *out = NULL;
@@ -176,7 +228,7 @@ static kipp_gen_options gen_options(const cli_gen_opts *o, const kipp_rng *rng)
         .rng = rng,
         .max_tokens = o->max_tokens,
         .spec = o->spec,
-        .spec_opts = {.k_max = o->spec_k, .fixed_k = o->spec_fixed},
+        .spec_opts = {.k_max = o->spec_k, .fixed_k = o->spec_fixed, .draft_model = o->draft, .draft_min = o->draft_min},
     };
 }
 
@@ -235,8 +287,8 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
     char spec[256] = "";
     if (st->spec_on) {
         const kipp_spec_stats ss = st->spec_stats;
-        snprintf(spec, sizeof spec, ", spec k %u: acceptance %.1f%% (drafted %llu, accepted %llu, emitted %llu in %llu forwards)",
-                 o->spec_k ? o->spec_k : 8u, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
+        snprintf(spec, sizeof spec, ", %s k %u: acceptance %.1f%% (drafted %llu, accepted %llu, emitted %llu in %llu forwards)",
+                 o->draft ? "draft model" : "spec", o->spec_k ? o->spec_k : 8u, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
                  (unsigned long long)ss.drafted, (unsigned long long)ss.accepted, (unsigned long long)ss.emitted,
                  (unsigned long long)ss.steps);
     }
@@ -272,7 +324,7 @@ static int prompt_text(const char *cmd, kipp_model *m, const cli_gen_opts *o, ch
 }
 
 /* Open, render, tokenize: what generate and logits share. Returns an exit status. */
-static int prepare(const char *cmd, const cli_gen_opts *o, kipp_model **m, uint32_t **ids, size_t *n)
+static int prepare(const char *cmd, cli_gen_opts *o, kipp_model **m, uint32_t **ids, size_t *n)
 {
     char *text = NULL, err[512] = "";
     size_t len = 0;
@@ -353,6 +405,7 @@ int cmd_generate(int argc, char **argv)
     rc = prepare("generate", &o, &m, &ids, &n);
     if (!rc) rc = run_generate(&o, m, ids, n);
     free(ids);
+    kipp_model_close(o.draft);
     kipp_model_close(m);
     return rc;
 }

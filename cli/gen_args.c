@@ -51,6 +51,14 @@ static const opt_def OPTS[] = {
                             "      needs deterministic sampling (temperature 0, the default, or top-k 1)"},
     {"--spec-k", "N", C_GEN, "with --spec: longest draft, 1..16 tokens; default 8"},
     {"--spec-fixed", NULL, C_GEN, "with --spec: always draft up to --spec-k (no adaptive gate)"},
+    {"--draft-model", "FILE.gguf", C_SAMPLE, "draft-model speculative decoding: FILE (same tokenizer, e.g. a\n"
+                                            "      smaller or quantized model) drafts, --model verifies; greedy output is\n"
+                                            "      the plain output bitwise, sampled output keeps its distribution\n"
+                                            "      (speculative sampling); the gate turns drafting off where it does not pay"},
+    {"--draft-self", "q8_0|affine4", C_SAMPLE, "as --draft-model with the converter's quantized twin of --model\n"
+                                               "      next to it (X.gguf: X-q8_0.gguf or X-affine4_gs32.gguf)"},
+    {"--draft-max", "N", C_SAMPLE, "with a draft model: longest draft, 1..16 tokens; default 8"},
+    {"--draft-min", "N", C_SAMPLE, "with a draft model: a draft the gate allows is at least N tokens, 1..--draft-max"},
     {"--system", "TEXT", C_CHAT, "a system message opening the conversation; it is always kept when the\n"
                                  "      oldest turns are dropped to fit --ctx"},
     {"--no-cache-reuse", NULL, C_CHAT, "re-evaluate the whole conversation every turn (a test oracle)"},
@@ -179,6 +187,10 @@ static int parse_int_opt(const char *cmd, const char *f, const char *v, cli_gen_
     } else if (!strcmp(f, "--kv-cache-disk-mib")) {
         if (parse_u64(v, 1u << 30, &o->kv_cache_disk_mib) || o->kv_cache_disk_mib == 0)
             return bad_arg(cmd, f, v, "an integer in 1..1073741824 (MiB)");
+    } else if (!strcmp(f, "--draft-max") || !strcmp(f, "--draft-min")) {
+        if (parse_u64(v, KIPP_SPEC_K_MAX, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..16 (draft tokens)");
+        if (f[9] == 'a') o->spec_k = (uint32_t)u;
+        else o->draft_min = (uint32_t)u;
     } else if (!strcmp(f, "--spec-k")) {
         if (parse_u64(v, KIPP_SPEC_K_MAX, &u) || u == 0) return bad_arg(cmd, f, v, "an integer in 1..16 (draft tokens)");
         o->spec_k = (uint32_t)u;
@@ -222,6 +234,11 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     else if (!strcmp(f, "--out")) o->out = v;
     else if (!strcmp(f, "--system")) o->system = v;
     else if (!strcmp(f, "--kv-cache-dir")) o->kv_cache_dir = v;
+    else if (!strcmp(f, "--draft-model")) o->draft_model = v, o->spec = 1;
+    else if (!strcmp(f, "--draft-self")) {
+        if (strcmp(v, "q8_0") && strcmp(v, "affine4")) return bad_arg(cmd, f, v, "q8_0 or affine4");
+        o->draft_self = v, o->spec = 1;
+    }
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else if (!strcmp(f, "--lora")) return parse_lora(cmd, v, o);
     else if (!strcmp(f, "--rope-scaling")) {
@@ -282,11 +299,25 @@ static int check_combination(const char *cmd, const cli_gen_opts *o)
         fprintf(stderr, "kipp %s: --no-think applies to the chat template, expected it together with --chat\n", cmd);
         return 2;
     }
+    int draft = o->draft_model || o->draft_self;
+    if (o->draft_model && o->draft_self) {
+        fprintf(stderr, "kipp %s: --draft-model and --draft-self both name a draft, expected one of them\n", cmd);
+        return 2;
+    }
+    if (!draft && o->draft_min) {
+        fprintf(stderr, "kipp %s: --draft-min applies to a draft model, expected it with --draft-model or --draft-self\n", cmd);
+        return 2;
+    }
+    if (o->draft_min > (o->spec_k ? o->spec_k : 8u)) {
+        fprintf(stderr, "kipp %s: --draft-min %u is above the longest draft %u, expected at most --draft-max\n", cmd,
+                o->draft_min, o->spec_k ? o->spec_k : 8u);
+        return 2;
+    }
     if (!o->spec && (o->spec_k || o->spec_fixed)) {
         fprintf(stderr, "kipp %s: --spec-k and --spec-fixed apply to speculative decoding, expected them with --spec\n", cmd);
         return 2;
     }
-    if (o->spec && !kipp_spec_params_ok(&o->sp)) {
+    if (o->spec && !draft && !kipp_spec_params_ok(&o->sp)) {
         fprintf(stderr, "kipp %s: --spec needs deterministic sampling, expected --temperature 0 (the default) "
                         "or --top-k 1, got temperature %g\n", cmd, (double)o->sp.temperature);
         return 2;

@@ -38,6 +38,11 @@ typedef struct {
     int spec;                 /* --spec (generate): prompt-lookup speculative decoding, greedy only */
     uint32_t spec_k;          /* --spec-k N: longest draft, 1..16; default 8 */
     int spec_fixed;           /* --spec-fixed: no adaptive gate, always draft up to --spec-k */
+    const char *draft_model;  /* --draft-model FILE: draft-model speculative decoding (sets spec) */
+    const char *draft_self;   /* --draft-self q8_0|affine4: the converter's quantized twin of --model as draft */
+    char draft_path[4096];    /* the --draft-self file's path */
+    uint32_t draft_min;       /* --draft-min N: a draft the gate allows is at least N long; 0 = 1 */
+    kipp_model *draft;        /* the draft model, opened by cli_gen_open (the caller closes it) */
     uint32_t max_tokens;      /* --max-tokens N: generated tokens per reply; default 128 */
     uint64_t ctx;             /* --ctx N: session capacity (generate, chat); 0 = default */
     int ctx_plan;             /* --ctx 0: the planner's context (kipp_plan_context) */
@@ -66,11 +71,13 @@ typedef struct {
 int cli_gen_parse(const char *cmd, int argc, char **argv, cli_gen_opts *o);
 
 /**
- * Open o->model on o->backend and check what needs the model (--logit-bias ids
+ * Open o->model on o->backend, and o->draft_model (or --draft-self's file) into
+ * o->draft when given, refused unless it shares the model's tokenizer (the
+ * message names both files and the difference), and check what needs the model (--logit-bias ids
  * below the vocabulary, --ctx within the context length); prints the error and
  * returns the exit status (1, or 2 for a bad backend or argument).
  */
-int cli_gen_open(const char *cmd, const cli_gen_opts *o, kipp_model **out);
+int cli_gen_open(const char *cmd, cli_gen_opts *o, kipp_model **out);
 
 /**
  * The session capacity --ctx asks for: o->ctx, 0 for the command's default, or

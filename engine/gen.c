@@ -184,7 +184,8 @@ static int gen_init(kipp_gen *g, const uint32_t *prompt, size_t n_prompt, const 
     g->hist = malloc(g->cap_hist * sizeof *g->hist);
     g->ds = kipp_detok_stream_create(g->model);
     /* drafts know no grammar, budget or min_tokens */
-    int spec = o->spec && !o->grammar && !o->think_budget_on && !o->min_tokens && kipp_spec_params_ok(&o->sp);
+    int spec = o->spec && !o->grammar && !o->think_budget_on && !o->min_tokens &&
+               (kipp_spec_params_ok(&o->sp) || o->spec_opts.draft_model); /* a draft model samples too */
     g->rows_cap = g->prompt_rows ? KIPP_GEN_ROWS_CHUNK : 1;
     if (spec && g->rows_cap < KIPP_SPEC_K_MAX + 1) g->rows_cap = KIPP_SPEC_K_MAX + 1;
     g->logits = malloc((size_t)g->rows_cap * g->vocab * sizeof *g->logits);
@@ -258,11 +259,15 @@ static uint32_t redo_count(const kipp_gen *g, uint32_t count)
     return redo < count ? redo : count;
 }
 
-/* The drafter's item: pending token + draft; 0 tokens when it refuses (bad state only). */
+static kipp_sample_params params(const kipp_gen *g);
+
+/* The drafter's item: pending token + draft (a draft model's drawn with the gen's sampler and RNG); 0 tokens
+ * when it refuses (bad state only). */
 static uint32_t spec_item(kipp_gen *g)
 {
     uint32_t left = g->max_tokens ? g->max_tokens - g->n_gen : UINT32_MAX, n = 0;
-    if (kipp_spec_propose(g->spec, g->s, g->hist, g->n_hist, left, g->item, &n, NULL, 0)) return 0;
+    kipp_sample_params p = params(g);
+    if (kipp_spec_propose_ex(g->spec, g->s, g->hist, g->n_hist, left, &p, &g->rng, g->item, &n, NULL, 0)) return 0;
     return n;
 }
 

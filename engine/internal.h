@@ -149,8 +149,8 @@ size_t kipp_stop_scan(const char *const *stop, size_t n_stop, const char *text, 
 
 /**
  * Fold the wall time (seconds) of one verification of `rows` rows into the
- * gate's cost model (engine/spec.c); ignored with fixed_k or fixed costs, and
- * for secs <= 0. kipp_spec_step times its own; a batched caller (kipp_gen)
+ * gate's cost model (engine/spec.c); ignored with fixed_k, with fixed costs
+ * unless a draft model's evaluations are priced by it, and for secs <= 0. kipp_spec_step times its own; a batched caller (kipp_gen)
  * passes its step's time.
  */
 void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs);

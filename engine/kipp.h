@@ -797,6 +797,19 @@ double kipp_sample_field_get(const kipp_sample_params *p, const kipp_sample_fiel
 int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params *p,
                    kipp_rng *rng, uint32_t *token, char *err, size_t errlen);
 
+/**
+ * The distribution kipp_sample_ex draws from for these logits and p, into
+ * probs[n_vocab]: after bias, penalties, mask, temperature, top_k, top_p and
+ * min_p, renormalised over the survivors (0 elsewhere); one-hot at the argmax
+ * when p is greedy. Speculative sampling with a draft model (engine/spec_draft.c)
+ * compares the target's and the draft's. Errors: as kipp_sample_ex.
+ */
+int kipp_sample_probs(const float *logits, size_t n_vocab, const kipp_sample_params *p, float *probs, char *err,
+                      size_t errlen);
+
+/** One uniform draw in [0, 1) (53 bits) from rng, advancing it; 0 for a NULL rng. */
+double kipp_rng_uniform(kipp_rng *rng);
+
 
 /* ---- speculative decoding (engine/spec.c; seed 000 "Greedy self-speculative decoding") ---- */
 
@@ -826,6 +839,12 @@ typedef struct {
     const float *costs;    /* NULL, or [k_max+1] fixed verify costs of k drafts in decode steps (costs[0] = 1,
                             * all > 0; copied): replaces the online timing, so the gate is deterministic
                             * (kipp-bench-spec passes its measured cost model) */
+    kipp_model *draft_model; /* NULL: prompt lookup; else the draft model that proposes tokens (not owned; it
+                              * outlives the drafter, shares the target's tokenizer: kipp_draft_check), greedily
+                              * or, for a non-deterministic sampler, by sampling (speculative sampling) */
+    uint32_t draft_min;    /* draft model: a draft the gate allows is at least this long, 0..k_max; 0 = 1 */
+    float draft_cost;      /* draft model: the gate's prior cost of one draft evaluation in target decode steps,
+                            * (0, 1]; 0 = the ratio of the bytes a decode step of each reads; learned online */
 } kipp_spec_options;
 
 /** Counters of one kipp_spec since create or reset. */
@@ -888,7 +907,8 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
  * timeline, samples and rng use as n_out plain decode steps. Errors: those of
  * kipp_session_eval_n and kipp_sample_ex (nothing emitted, s unchanged);
  * KIPP_ERANGE when s is full (no room for pending); KIPP_EINVAL for
- * max_new 0 or p not deterministic.
+ * max_new 0 or p not deterministic without a draft model (with one, a
+ * non-deterministic p is verified by speculative sampling: kipp_spec_propose_ex).
  */
 int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx,
                    const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out,
@@ -912,6 +932,29 @@ int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
 int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uint32_t n_tokens, const float *logits,
                      const kipp_sample_params *p, kipp_rng *rng, uint32_t max_new, uint32_t *out, uint32_t *n_out,
                      char *err, size_t errlen);
+
+/**
+ * kipp_spec_propose with the sampler's parameters and RNG, which a draft model
+ * needs: its tokens are the samples of its own rows under p (history p's plus
+ * the draft so far), drawn with rng when p is not deterministic (kipp_spec_accept
+ * then verifies by rejection: accept draft x with probability min(1, p(x)/q(x)),
+ * else sample max(0, p - q) renormalised; Leviathan et al. 2023, Chen et al.
+ * 2023). p NULL = greedy on the raw logits; a prompt-lookup drafter ignores
+ * both. Errors: as kipp_spec_propose, and the draft session's (evaluation,
+ * KIPP_ENOMEM).
+ */
+int kipp_spec_propose_ex(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                         const kipp_sample_params *p, kipp_rng *rng, uint32_t *tokens, uint32_t *n_tokens, char *err,
+                         size_t errlen);
+
+/**
+ * Whether draft may draft for target: the same vocabulary size and the same
+ * tokenizer (kipp_tokenizer_same). 0, or KIPP_EINVAL with a sentence naming the
+ * difference (the two vocabulary sizes, or the first token id whose text
+ * differs, or the merges/added tokens), for the caller to prefix with the two
+ * file names.
+ */
+int kipp_draft_check(const kipp_model *target, const kipp_model *draft, char *err, size_t errlen);
 
 /** 1 when sampling with p is a deterministic function of the logits (greedy): speculation is exact. */
 int kipp_spec_params_ok(const kipp_sample_params *p);
@@ -987,7 +1030,8 @@ typedef struct {
     uint32_t max_tokens;         /* tokens to emit at most; 0 = until the session is full */
     const char *const *stop;     /* [n_stop] stop strings, NUL-terminated, 1..KIPP_GEN_MAX_STOP_LEN bytes; copied */
     size_t n_stop;               /* 0..KIPP_GEN_MAX_STOP */
-    int spec;                    /* 1: speculative decoding when sp is deterministic (kipp_spec_params_ok) */
+    int spec;                    /* 1: speculative decoding when sp is deterministic (kipp_spec_params_ok), or
+                                  * with spec_opts.draft_model for any sp (speculative sampling) */
     kipp_spec_options spec_opts; /* the drafter's options when speculating; its stop ids are the model's */
     int prompt_rows;             /* 1: a logits row for every prompt position (echo logprobs), chunks of at
                                   * most KIPP_GEN_ROWS_CHUNK tokens; 0: only the prompt's last row */

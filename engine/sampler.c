@@ -323,8 +323,9 @@ static size_t sorted_nucleus_prefix(cand *c, size_t n, float top_p)
     return m;
 }
 
-static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_params *p, cand *c,
-                              kipp_rng *rng)
+/* Stages 5-9 over x: the surviving candidates in c[0..n), each with its softmax
+ * mass c[i].p (not renormalised over the survivors; draw() divides by their sum). */
+static size_t scaled_candidates(const float *x, size_t n_vocab, const kipp_sample_params *p, cand *c)
 {
     /* Subtracting the max before dividing keeps a tiny temperature from overflowing to
      * +Inf; softmax and every cut below are invariant to that shift. */
@@ -340,27 +341,16 @@ static uint32_t sample_scaled(const float *x, size_t n_vocab, const kipp_sample_
         n = cut_top_p(c, n, p->top_p);
     }
     if (p->min_p > 0.0f) n = cut_min_p(c, n, p->min_p); /* order-independent */
-    return draw(c, n, rng);
+    return n;
 }
 
-int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params *p, kipp_rng *rng,
-                   uint32_t *token, char *err, size_t errlen)
+/* Stages 1-3 and the mask over x[n_vocab], a copy of logits; counts[n_vocab] zeroed scratch. */
+static int prepare(const float *logits, size_t n_vocab, const kipp_sample_params *p, float *x, uint32_t *counts,
+                   char *err, size_t errlen)
 {
-    if (!logits || !p || !rng || !token || n_vocab == 0 || n_vocab > UINT32_MAX)
-        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_sample_ex: NULL argument or vocabulary size %zu, expected 1..2^32-1", n_vocab);
-    int rc = check_params(p, n_vocab, err, errlen);
-    if (rc) return rc;
     for (size_t i = 0; i < n_vocab; i++)
         if (!isfinite(logits[i]))
             return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu is %g, expected a finite value", i, (double)logits[i]);
-    float *x = malloc(n_vocab * sizeof *x);
-    uint32_t *counts = calloc(n_vocab, sizeof *counts);
-    cand *c = p->temperature > 0.0f ? malloc(n_vocab * sizeof *c) : NULL;
-    if (!x || !counts || (p->temperature > 0.0f && !c)) {
-        free(x), free(counts), free(c);
-        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory sampling over %zu logits", n_vocab);
-    }
-    memcpy(x, logits, n_vocab * sizeof *x);
     apply_bias(x, p);
     apply_repetition(x, counts, p);
     apply_freq_presence(x, counts, p);
@@ -378,12 +368,56 @@ int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params
                 if (!(b >> i & 1)) x[base + i] = -INFINITY; /* no argmax or max can pick it */
         }
     }
-    if (!n_allowed) rc = kipp_err(err, errlen, KIPP_EINVAL, "the allowed-token mask is empty, expected at least one token");
-    for (size_t i = 0; i < n_vocab && !rc; i++)
+    if (!n_allowed) return kipp_err(err, errlen, KIPP_EINVAL, "the allowed-token mask is empty, expected at least one token");
+    for (size_t i = 0; i < n_vocab; i++)
         if (!isfinite(x[i]) && !(p->allowed && x[i] == -INFINITY))
-            rc = kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", i, (double)x[i]);
+            return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", i, (double)x[i]);
+    return 0;
+}
+
+/* Shared by kipp_sample_ex and kipp_sample_probs: the token (probs NULL) or the whole distribution. */
+static int sample_or_probs(const float *logits, size_t n_vocab, const kipp_sample_params *p, kipp_rng *rng,
+                           uint32_t *token, float *probs, char *err, size_t errlen)
+{
+    int rc = check_params(p, n_vocab, err, errlen);
+    if (rc) return rc;
+    float *x = malloc(n_vocab * sizeof *x);
+    uint32_t *counts = calloc(n_vocab, sizeof *counts);
     int greedy = p->temperature == 0.0f || p->top_p == 0.0f;
-    if (!rc) *token = greedy ? argmax(x, n_vocab) : sample_scaled(x, n_vocab, p, c, rng);
+    cand *c = !greedy ? malloc(n_vocab * sizeof *c) : NULL;
+    if (!x || !counts || (!greedy && !c)) {
+        free(x), free(counts), free(c);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory sampling over %zu logits", n_vocab);
+    }
+    memcpy(x, logits, n_vocab * sizeof *x);
+    rc = prepare(logits, n_vocab, p, x, counts, err, errlen);
+    size_t n = !rc && !greedy ? scaled_candidates(x, n_vocab, p, c) : 0;
+    if (!rc && !probs) *token = greedy ? argmax(x, n_vocab) : draw(c, n, rng);
+    if (!rc && probs) {
+        memset(probs, 0, n_vocab * sizeof *probs);
+        if (greedy) probs[argmax(x, n_vocab)] = 1.0f;
+        double total = 0.0;
+        for (size_t i = 0; i < n; i++) total += c[i].p;
+        for (size_t i = 0; i < n; i++) probs[c[i].id] = (float)(c[i].p / total);
+    }
     free(x), free(counts), free(c);
     return rc;
 }
+
+int kipp_sample_ex(const float *logits, size_t n_vocab, const kipp_sample_params *p, kipp_rng *rng,
+                   uint32_t *token, char *err, size_t errlen)
+{
+    if (!logits || !p || !rng || !token || n_vocab == 0 || n_vocab > UINT32_MAX)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_sample_ex: NULL argument or vocabulary size %zu, expected 1..2^32-1", n_vocab);
+    return sample_or_probs(logits, n_vocab, p, rng, token, NULL, err, errlen);
+}
+
+int kipp_sample_probs(const float *logits, size_t n_vocab, const kipp_sample_params *p, float *probs, char *err,
+                      size_t errlen)
+{
+    if (!logits || !p || !probs || n_vocab == 0 || n_vocab > UINT32_MAX)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_sample_probs: NULL argument or vocabulary size %zu, expected 1..2^32-1", n_vocab);
+    return sample_or_probs(logits, n_vocab, p, NULL, NULL, probs, err, errlen);
+}
+
+double kipp_rng_uniform(kipp_rng *rng) { return rng ? rng_uniform(rng) : 0.0; }

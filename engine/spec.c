@@ -20,36 +20,25 @@
  * average, and counts not yet timed are priced by the linear prior
  * 1 + row_cost * (r - 1) decode steps. Timing only changes which k is drafted,
  * never what is emitted.
+ *
+ * With options.draft_model the draft comes from a second model instead
+ * (spec_draft.c), and a non-deterministic sampler is verified by speculative
+ * sampling there. The gate then adds the draft's cost, k draft evaluations
+ * of a learned average (prior: the ratio of the bytes a decode step of each reads),
+ * to the verification's, so a draft that is rarely accepted or too slow
+ * drives k to 0 and the step is a plain decode step.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "engine/internal.h"
+#include "engine/spec_impl.h"
 
 #define SPEC_NGRAM_LIMIT 8u
 #define GATE_DECAY 0.9       /* weight of older steps in the acceptance estimate */
 #define GATE_PROBE_MIN 8u    /* plain steps before the first probe when paused */
 #define GATE_PROBE_MAX 128u  /* longest interval between probes */
 
-struct kipp_spec {
-    const kipp_model *model; /* the model its logits rows, stop ids and reference are for */
-    const kipp_model *same;  /* the last other model found to share its tokenizer: that check reads the whole
-                              * vocabulary, so it runs once per model, not per step */
-    uint32_t vocab;
-    kipp_spec_options o;
-    uint32_t stop[2];
-    float *logits;           /* [k_max+1][vocab] FP32 verification rows */
-    uint32_t *hist;          /* [hist_cap] p->history + emitted-so-far, for penalties */
-    size_t hist_cap;
-    uint32_t *ref;           /* [n_ref] reference tokens (predicted output) */
-    size_t n_ref;
-    double acc, rej;         /* decayed accepted draft tokens / rejections */
-    double t_rows[KIPP_SPEC_K_MAX + 2]; /* [r] average seconds of an r-row verification; 0 = not timed */
-    double fixed_cost[KIPP_SPEC_K_MAX + 1]; /* [k] options.costs; [0] == 0 when none were given */
-    uint32_t idle, probe_every; /* plain steps while paused; interval before the next probe */
-    kipp_spec_stats st;
-};
 
 static int check_opts(const kipp_spec_options *o, char *err, size_t errlen)
 {
@@ -69,9 +58,25 @@ static int check_opts(const kipp_spec_options *o, char *err, size_t errlen)
         if (!(o->costs[k] > 0.0f && o->costs[k] < 1e6f))
             return kipp_err(err, errlen, KIPP_EINVAL, "costs[%u] is %g, expected a positive number of decode steps", k,
                             (double)o->costs[k]);
+    if (o->draft_model && !(o->draft_cost >= 0.0f && o->draft_cost <= 1.0f))
+        return kipp_err(err, errlen, KIPP_EINVAL, "draft_cost %g is out of range, expected 0..1 decode steps",
+                        (double)o->draft_cost);
+    if (o->draft_min > o->k_max)
+        return kipp_err(err, errlen, KIPP_EINVAL, "draft_min %u is above the longest draft k_max %u, expected "
+                        "0..%u", o->draft_min, o->k_max, o->k_max);
     if (o->n_stop > 2 || (o->n_stop && !o->stop_ids))
         return kipp_err(err, errlen, KIPP_EINVAL, "%u stop ids given, expected 0..2 and an array", o->n_stop);
     return 0;
+}
+
+/* Bytes one decode step of m reads: its weights, less an embedding table that is not also the head (a
+ * quantized-head file keeps both, and reads one row of the table per token). */
+static double decode_bytes(const kipp_model *m)
+{
+    const kipp_tensor_view *e = &m->view.w.token_embd, *o = &m->view.w.output;
+    uint64_t b = m->weight_bytes;
+    if (o->data && o->data != e->data && b >= e->nbytes) b -= e->nbytes;
+    return (double)b;
 }
 
 int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kipp_spec **out, char *err,
@@ -100,6 +105,15 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
         free(sp);
         return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %u logits rows", o.k_max + 1);
     }
+    rc = o.draft_model ? kipp_spec_draft_init(sp, o.draft_model, err, errlen) : 0;
+    if (rc) {
+        kipp_spec_destroy(sp);
+        return rc;
+    }
+    if (o.draft_model) { /* decode is read-bound: a draft evaluation costs about its share of the bytes */
+        double ratio = decode_bytes(o.draft_model) / (decode_bytes(model) > 0 ? decode_bytes(model) : 1.0);
+        sp->draft_prior = o.draft_cost > 0 ? o.draft_cost : ratio < 1.0 ? ratio : 1.0;
+    }
     kipp_spec_reset(sp);
     *out = sp;
     return 0;
@@ -108,6 +122,7 @@ int kipp_spec_create(const kipp_model *model, const kipp_spec_options *opts, kip
 void kipp_spec_destroy(kipp_spec *sp)
 {
     if (!sp) return;
+    if (sp->dm) kipp_spec_draft_free(sp);
     free(sp->logits);
     free(sp->hist);
     free(sp->ref);
@@ -119,6 +134,11 @@ void kipp_spec_reset(kipp_spec *sp)
     if (!sp) return;
     memset(&sp->st, 0, sizeof sp->st);
     sp->acc = 1.0, sp->rej = 1.0; /* prior a = 1/2: draft a little until the text shows its kind */
+    /* A draft model is made to agree: prior a = 0.8 (a quantized twin: 0.9+), but held lightly, and the first
+     * drafts are short (ramp: 1, doubled after each whole draft accepted), so an unrelated draft costs a few
+     * one-token verifications before the gate pauses it, not several long ones. */
+    if (sp->dm) sp->acc = 1.6, sp->rej = 0.4;
+    sp->ramp = 1;
     sp->idle = 0, sp->probe_every = GATE_PROBE_MIN;
     memset(sp->t_rows, 0, sizeof sp->t_rows);
     sp->st.k_now = sp->o.k_max;
@@ -198,14 +218,31 @@ void kipp_spec_draft(kipp_spec *sp, const uint32_t *ctx, size_t n_ctx, uint32_t 
 
 /* ---- the gate ---- */
 
-/* Cost of verifying k drafts (k + 1 rows) in decode steps: measured when both
- * row counts were timed, else the linear prior. */
-static double gate_cost(const kipp_spec *sp, uint32_t k)
+/* Cost of verifying k drafts (k + 1 rows) in decode steps: the given table, else measured when both row
+ * counts were timed, else the linear prior. */
+static double verify_cost(const kipp_spec *sp, uint32_t k)
 {
     const double *t = sp->t_rows;
     if (sp->fixed_cost[0] > 0) return sp->fixed_cost[k] / sp->fixed_cost[0];
     if (t[1] > 0 && t[k + 1] > 0) return t[k + 1] / t[1];
     return 1.0 + sp->o.row_cost * k;
+}
+
+/* Seconds of one decode step: timed, else from the timed row count with the least rows and its cost
+ * (a draft model accepted every time never verifies 1 row); 0 when nothing was timed. */
+static double decode_step_s(const kipp_spec *sp)
+{
+    for (uint32_t r = 1; r <= sp->o.k_max + 1; r++)
+        if (sp->t_rows[r] > 0) return sp->t_rows[r] / verify_cost(sp, r - 1);
+    return 0.0;
+}
+
+/* Verification cost plus a draft model's k evaluations, in decode steps. */
+static double gate_cost(const kipp_spec *sp, uint32_t k)
+{
+    double step = sp->dm && sp->t_deval > 0 ? decode_step_s(sp) : 0.0;
+    double draft = !sp->dm ? 0.0 : k * (step > 0 ? sp->t_deval / step : sp->draft_prior);
+    return verify_cost(sp, k) + draft;
 }
 
 /* The k in 0..k_max maximising (1 + a + ... + a^k) / cost(k). */
@@ -222,7 +259,7 @@ static uint32_t gate_best_k(const kipp_spec *sp)
     return best_k;
 }
 
-static double now_s(void)
+double kipp_spec_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -241,7 +278,9 @@ static uint32_t gate_k(kipp_spec *sp)
 {
     if (sp->o.fixed_k) return sp->o.k_max;
     sp->st.k_now = gate_best_k(sp);
-    if (sp->st.k_now) return sp->st.k_now;
+    uint32_t k = sp->st.k_now;
+    if (k && sp->dm && k > sp->ramp) k = sp->ramp; /* a draft model's slow start */
+    if (k) return k > sp->o.draft_min ? k : sp->o.draft_min;
     return sp->idle >= sp->probe_every ? 1u : 0u;
 }
 
@@ -254,9 +293,11 @@ static void gate_update(kipp_spec *sp, uint32_t drafted, uint32_t accepted)
     }
     if (!sp->st.k_now) { /* that was a probe: back off further when it failed */
         sp->idle = 0;
-        sp->probe_every = accepted ? GATE_PROBE_MIN
-                                   : (sp->probe_every * 2 > GATE_PROBE_MAX ? GATE_PROBE_MAX : sp->probe_every * 2);
+        /* a draft model's probe first evaluates the paused stretch in the draft: rarer probes */
+        uint32_t most = sp->dm ? GATE_PROBE_MAX * 4 : GATE_PROBE_MAX;
+        sp->probe_every = accepted ? GATE_PROBE_MIN : (sp->probe_every * 2 > most ? most : sp->probe_every * 2);
     }
+    if (accepted == drafted && sp->ramp < sp->o.k_max) sp->ramp *= 2; /* a whole draft taken: allow twice as long */
     sp->acc = sp->acc * GATE_DECAY + accepted;
     sp->rej = sp->rej * GATE_DECAY + (accepted < drafted ? 1.0 : 0.0);
     sp->st.k_now = gate_best_k(sp);
@@ -269,15 +310,9 @@ int kipp_spec_params_ok(const kipp_sample_params *p)
     return p && (p->temperature == 0.0f || p->top_p == 0.0f || p->top_k == 1);
 }
 
-static int is_stop(const kipp_spec *sp, uint32_t t)
-{
-    for (uint32_t i = 0; i < sp->o.n_stop; i++)
-        if (sp->stop[i] == t) return 1;
-    return 0;
-}
 
 /* Room for the caller's history plus k_max+1 emitted tokens. */
-static int hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
+int kipp_spec_hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
 {
     if (n <= sp->hist_cap) return 0;
     uint32_t *h = realloc(sp->hist, n * sizeof *h);
@@ -291,7 +326,7 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
                        uint32_t n_draft, uint32_t max_new, uint32_t *out, uint32_t *accepted, char *err, size_t errlen)
 {
     kipp_sample_params rp = *p;
-    int rc = hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
+    int rc = kipp_spec_hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
     if (rc) return rc;
     if (p->history_len) memcpy(sp->hist, p->history, p->history_len * sizeof *sp->hist);
     rp.history = sp->hist;
@@ -307,7 +342,7 @@ static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng
         n++;
         int match = r < n_draft && t == draft[r]; /* row r+1 is valid only after a match */
         *accepted += (uint32_t)match;
-        if (!match || is_stop(sp, t) || n >= max_new) break;
+        if (!match || kipp_spec_is_stop(sp, t) || n >= max_new) break;
     }
     return (int)n;
 }
@@ -340,7 +375,7 @@ static int check_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec: NULL drafter, session or context, or an empty context");
     int rc = check_model(sp, s, err, errlen);
     if (rc) return rc;
-    if (p && !kipp_spec_params_ok(p))
+    if (p && !kipp_spec_params_ok(p) && !sp->dm)
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "speculative decoding needs deterministic sampling (temperature 0, top_p 0 or top_k 1), "
                         "got temperature %g top_p %g top_k %d", (double)p->temperature, (double)p->top_p, p->top_k);
@@ -351,8 +386,9 @@ static int check_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
     return 0;
 }
 
-int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
-                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen)
+int kipp_spec_propose_ex(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                         const kipp_sample_params *p, kipp_rng *rng, uint32_t *tokens, uint32_t *n_tokens, char *err,
+                         size_t errlen)
 {
     if (n_tokens) *n_tokens = 0;
     if (!tokens || !n_tokens) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_propose: NULL tokens or n_tokens");
@@ -362,9 +398,19 @@ int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_
     if (k > room) k = room;               /* the draft must fit the context */
     if (k > max_new - 1) k = max_new - 1; /* at most max_new tokens come out */
     tokens[0] = ctx[n_ctx - 1];
-    if (k) kipp_spec_draft(sp, ctx, n_ctx, k, tokens + 1, &n_draft);
+    if (k && sp->dm)
+        rc = kipp_spec_draft_model(sp, ctx, n_ctx, k, kipp_session_capacity(s), p, rng, tokens + 1, &n_draft, err,
+                                   errlen);
+    else if (k) kipp_spec_draft(sp, ctx, n_ctx, k, tokens + 1, &n_draft);
+    if (!k || !sp->dm) sp->sampled = 0;
     *n_tokens = n_draft + 1;
-    return 0;
+    return rc;
+}
+
+int kipp_spec_propose(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n_ctx, uint32_t max_new,
+                      uint32_t *tokens, uint32_t *n_tokens, char *err, size_t errlen)
+{
+    return kipp_spec_propose_ex(sp, s, ctx, n_ctx, max_new, NULL, NULL, tokens, n_tokens, err, errlen);
 }
 
 int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uint32_t n_tokens, const float *logits,
@@ -372,15 +418,17 @@ int kipp_spec_accept(kipp_spec *sp, kipp_session *s, const uint32_t *tokens, uin
                      char *err, size_t errlen)
 {
     if (n_out) *n_out = 0;
-    if (!sp || !s || !tokens || !logits || !rng || !out || !n_out || n_tokens < 1 || n_tokens > sp->o.k_max + 1 ||
+    if (!sp || !s || !tokens || !logits || !p || !rng || !out || !n_out || n_tokens < 1 || n_tokens > sp->o.k_max + 1 ||
         max_new == 0 || kipp_session_length(s) < n_tokens)
         return kipp_err(err, errlen, KIPP_EINVAL, "kipp_spec_accept: %u evaluated tokens, expected 1..%u in the session "
                         "and non-NULL buffers", n_tokens, sp ? sp->o.k_max + 1 : 0);
     int rc = check_model(sp, s, err, errlen);
     if (rc) return rc;
-    if (!kipp_spec_params_ok(p)) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
+    if (!kipp_spec_params_ok(p) && !sp->dm) return check_step(sp, s, tokens, 1, max_new, p, err, errlen);
     uint32_t len = kipp_session_length(s) - n_tokens, n_draft = n_tokens - 1, accepted = 0;
-    int n = sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen);
+    int n = kipp_spec_params_ok(p) ? sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out, &accepted, err, errlen)
+                                   : kipp_spec_sample_rows(sp, p, rng, logits, tokens + 1, n_draft, max_new, out,
+                                                           &accepted, err, errlen);
     /* Keep pending + out[0..n-1): exactly what n plain decode steps would have evaluated.
      * The rollback can fail: tokens that end inside an adopted (shared) pool block
      * need a private copy, and the pool may have none (KIPP_ENOMEM, the session
@@ -408,17 +456,18 @@ int kipp_spec_step(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, size_t n
                         errlen);
     if (rc) return rc;
     uint32_t tokens[KIPP_SPEC_K_MAX + 1], n_tokens = 0;
-    rc = kipp_spec_propose(sp, s, ctx, n_ctx, max_new, tokens, &n_tokens, err, errlen);
-    double t0 = now_s();
+    rc = kipp_spec_propose_ex(sp, s, ctx, n_ctx, max_new, p, rng, tokens, &n_tokens, err, errlen);
+    double t0 = kipp_spec_now();
     if (!rc) rc = kipp_session_eval_n(s, tokens, n_tokens, n_tokens, sp->logits, err, errlen);
     if (rc) return rc;
-    kipp_spec_gate_time(sp, n_tokens, now_s() - t0);
+    kipp_spec_gate_time(sp, n_tokens, kipp_spec_now() - t0);
     return kipp_spec_accept(sp, s, tokens, n_tokens, sp->logits, p, rng, max_new, out, n_out, err, errlen);
 }
 
 void kipp_spec_gate_time(kipp_spec *sp, uint32_t rows, double secs)
 {
-    if (sp && !sp->o.fixed_k && sp->fixed_cost[0] == 0 && secs > 0 && rows >= 1 && rows <= sp->o.k_max + 1)
+    /* with a cost table the times only price a draft model's evaluations (decode_step_s) */
+    if (sp && !sp->o.fixed_k && (sp->fixed_cost[0] == 0 || sp->dm) && secs > 0 && rows >= 1 && rows <= sp->o.k_max + 1)
         gate_time(sp, rows, secs);
 }
 

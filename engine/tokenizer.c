@@ -8,6 +8,7 @@
  * tokenizer_encode.c; behaviour is documented in docs/TOKENIZER.md.
  */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/internal.h"
@@ -280,6 +281,23 @@ int kipp_tokenizer_same(const kipp_tokenizer *a, const kipp_tokenizer *b)
         if (a->tokens[i].len != b->tokens[i].len || memcmp(a->tokens[i].ptr, b->tokens[i].ptr, a->tokens[i].len))
             return 0;
     return 1;
+}
+
+int kipp_tokenizer_diff(const kipp_tokenizer *a, const kipp_tokenizer *b, char *buf, size_t len)
+{
+    if (kipp_tokenizer_same(a, b)) return 0;
+    if (!a || !b) return snprintf(buf, len, "a tokenizer is missing"), 1;
+    if (a->n_tokens != b->n_tokens)
+        return snprintf(buf, len, "%zu tokens against %zu", (size_t)a->n_tokens, (size_t)b->n_tokens), 1;
+    for (size_t i = 0; i < a->n_tokens; i++)
+        if (a->tokens[i].len != b->tokens[i].len || memcmp(a->tokens[i].ptr, b->tokens[i].ptr, a->tokens[i].len))
+            return snprintf(buf, len, "token %zu is '%.*s' against '%.*s'", i, (int)(a->tokens[i].len > 40 ? 40 : a->tokens[i].len),
+                            a->tokens[i].ptr, (int)(b->tokens[i].len > 40 ? 40 : b->tokens[i].len), b->tokens[i].ptr), 1;
+    if (a->n_merges != b->n_merges)
+        return snprintf(buf, len, "%zu merges against %zu", (size_t)a->n_merges, (size_t)b->n_merges), 1;
+    if (a->n_added != b->n_added)
+        return snprintf(buf, len, "%zu added tokens against %zu", (size_t)a->n_added, (size_t)b->n_added), 1;
+    return snprintf(buf, len, "the same tokens but different merges, added or special tokens, or pre-tokenizer"), 1;
 }
 
 kipp_str kipp_tokenizer_token_bytes(const kipp_tokenizer *t, uint32_t id, char *buf, size_t cap)

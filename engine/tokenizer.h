@@ -54,6 +54,8 @@ int kipp_tokenizer_decode(const kipp_tokenizer *t, const uint32_t *ids, size_t n
  * caller holding two models, not for a per-token path.
  */
 int kipp_tokenizer_same(const kipp_tokenizer *a, const kipp_tokenizer *b);
+/** 0 when kipp_tokenizer_same(a, b); else 1 with the first difference in words in buf[len] (sizes, a token's text). */
+int kipp_tokenizer_diff(const kipp_tokenizer *a, const kipp_tokenizer *b, char *buf, size_t len);
 /** Bytes of one token (raw bytes, after the byte-level map is undone); len 0 for padding ids. */
 kipp_str kipp_tokenizer_token_bytes(const kipp_tokenizer *t, uint32_t id, char *buf, size_t cap);
 

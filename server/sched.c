@@ -244,6 +244,7 @@ static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, in
         .stop = (const char *const *)r->stop,
         .n_stop = r->n_stop,
         .spec = !s->o.no_spec,
+        .spec_opts = {.draft_model = s->o.draft},
         .prompt_rows = echo,
         .grammar = r->grammar,
         /* the schema binds the answer, not the thoughts (text_out.c splits them the same way) */

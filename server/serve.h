@@ -417,6 +417,8 @@ typedef struct {
     uint64_t kv_budget_blocks;/* unpooled: 32-position KV blocks all live sessions may hold (--kv-mib) */
     uint64_t pool_blocks;     /* pooled model: blocks of its KV pool (--kv-pool-mib); 0 = unpooled */
     int no_spec;              /* --no-spec: greedy choices decode one token per step */
+    kipp_model *draft;        /* --draft-model: drafts for every choice's speculative steps (greedy: exact; sampled:
+                               * speculative sampling), its own session per choice; NULL = prompt lookup */
     uint32_t step_tokens;     /* --step-tokens: tokens one step evaluates (decodes first, then prefill chunks) */
     double step_ms;           /* --step-ms: time target of a step that prefills beside decodes, in ms; 0 = none
                                * (the token budget alone); < 0 = auto (SERVE_STEP_AUTO x a steady decode step) */

@@ -39,6 +39,8 @@ typedef struct {
     double step_ms;           /* --step-ms: ms, 0 = off, < 0 = auto */
     int no_spec;              /* --no-spec */
     int embeddings;           /* --embeddings: /v1/embeddings on a generation model too (llama-server's flag) */
+    const char *draft_model;  /* --draft-model FILE: draft-model speculation, NULL = prompt lookup */
+    kipp_model *draft;        /* the opened draft model */
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
     int rope_override;        /* --rope-scaling given: rope replaces the file's scaling */
     kipp_rope_scaling rope;
@@ -123,6 +125,9 @@ static void usage(FILE *f)
             "  --kv-cache-disk-mib N  the tier's size in MiB, least recently used files removed first; default 4096\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
             "                     by default they use prompt-lookup speculative decoding (same tokens)\n"
+            "  --draft-model FILE a draft model with the model's tokenizer (e.g. its q8_0/affine4 twin) drafts\n"
+            "                     instead: greedy choices keep their exact tokens, sampled ones their\n"
+            "                     distribution (speculative sampling); each choice has its own draft session\n"
             "  --embeddings       serve POST /v1/embeddings with a generation model too (last-token pooling of\n"
             "                     its final hidden state); an embedding model serves it without this flag\n");
 }
@@ -156,6 +161,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (i + 1 >= argc) return fprintf(stderr, "kipp-serve: %s needs a value (or is unknown; see --help)\n", a), 2;
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) { o->model = v; continue; }
+        if (!strcmp(a, "--draft-model")) { o->draft_model = v; continue; }
         if (!strcmp(a, "--backend")) { o->backend = v; continue; }
         if (!strcmp(a, "--host")) { o->host = v; continue; }
         if (!strcmp(a, "--alias")) { o->alias = v; continue; }
@@ -379,7 +385,7 @@ static int run(const serve_opts *o, kipp_model *m)
     uint64_t block_bytes = 32 * info.kv_bytes_per_token;
     serve_sched_opts so = {.max_choices = (int)o->max_batch, .max_queue = (int)o->max_queue, .n_ctx = n_ctx,
                            .kv_budget_blocks = ((uint64_t)o->kv_mib << 20) / block_bytes,
-                           .pool_blocks = info.kv_pool_blocks, .no_spec = o->no_spec,
+                           .pool_blocks = info.kv_pool_blocks, .no_spec = o->no_spec, .draft = o->draft,
                            .step_tokens = (uint32_t)o->step_tokens, .step_ms = o->step_ms};
     serve_http h = {.max_body = (size_t)o->max_body, .max_header = (size_t)o->max_header, .started = time(NULL),
                     .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
@@ -478,7 +484,23 @@ int main(int argc, char **argv)
     if (info.n_lora)
         serve_log("merged %u LoRA adapter(s) into %u tensors (%.1f MiB private RAM) in %.0f ms", info.n_lora,
                   info.lora_tensors, info.lora_bytes / 1048576.0, info.lora_merge_ms);
+    if (o.draft_model && !o.no_spec) { /* unpooled: each choice's draft session is its own */
+        kipp_model_options dmo = {.n_threads = (int)o.threads, .stream = o.stream, .no_prefetch = o.no_prefetch};
+        int drc = kipp_model_open(o.draft_model, o.backend, &dmo, &o.draft, err, sizeof err);
+        if (!drc) drc = kipp_draft_check(m, o.draft, err, sizeof err);
+        if (drc) {
+            serve_log("--draft-model '%s' cannot draft for --model '%s': %s", o.draft_model, o.model, err);
+            kipp_model_close(o.draft);
+            kipp_model_close(m);
+            return 2;
+        }
+    } else if (o.draft_model) {
+        serve_log("--draft-model '%s' and --no-spec: speculation is off, expected one of them", o.draft_model);
+        kipp_model_close(m);
+        return 2;
+    }
     rc = run(&o, m);
+    kipp_model_close(o.draft);
     kipp_model_close(m);
     return rc;
 }

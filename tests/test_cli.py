@@ -284,11 +284,12 @@ OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora",
-                 "--stream", "--no-prefetch", "--rope-scaling"},
+                 "--stream", "--no-prefetch", "--rope-scaling", "--draft-model", "--draft-self", "--draft-max", "--draft-min"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--kv-cache-dir", "--kv-cache-disk-mib",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
-             "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch", "--rope-scaling"},
+             "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch", "--rope-scaling",
+             "--draft-model", "--draft-self", "--draft-max", "--draft-min"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora",
                "--stream", "--no-prefetch", "--rope-scaling"},
 }
@@ -513,3 +514,44 @@ def test_generate_spec_argument_errors(args, needle):
 def test_spec_options_belong_to_generate_only():
     r = kipp("chat", "--model", str(gguf("synthetic-tiny")), "--spec", stdin="")
     assert r.returncode == 2 and "does not apply to `kipp chat`" in r.stderr
+
+
+# ---- --draft-model / --draft-self: draft-model speculative decoding ----
+DRAFT_LINE = re.compile(r"draft model k (\d+): acceptance ([\d.]+)% \(drafted (\d+), accepted (\d+), emitted (\d+) in (\d+) forwards\)")
+
+
+@pytest.mark.parametrize("extra", [["--draft-self", "q8_0"], ["--draft-model", "synthetic-tiny-affine4_gs32", "--draft-max", "3"],
+                                   ["--draft-self", "affine4", "--draft-min", "2"]])
+def test_generate_draft_model_equals_plain_greedy(extra):
+    extra = [str(gguf(a)) if a.startswith("synthetic-") else a for a in extra]
+    base = ["generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "one two three one two", "--max-tokens", "24",
+            "--show-ids"]
+    plain, spec = kipp(*base), kipp(*base, *extra)
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    assert spec_ids(spec) == spec_ids(plain) and spec.stdout == plain.stdout
+    m = DRAFT_LINE.search(spec.stderr)
+    assert m, spec.stderr
+
+
+def test_chat_takes_a_draft_model_and_samples():
+    r = kipp("chat", "--model", str(gguf("synthetic-tiny")), "--draft-self", "q8_0", "--temperature", "0.8",
+             "--max-tokens", "8", stdin="hello\n")
+    assert r.returncode == 0 and "draft model k" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,needle,status", [
+    (["--draft-model", "/nonexistent/draft.gguf"], "'/nonexistent/draft.gguf' (drafting for --model", 1),
+    (["--draft-min", "2"], "expected it with --draft-model or --draft-self", 2),
+    (["--draft-self", "q4"], "--draft-self 'q4' is invalid, expected q8_0 or affine4", 2),
+    (["--draft-self", "q8_0", "--draft-max", "2", "--draft-min", "3"], "--draft-min 3 is above the longest draft 2", 2),
+    (["--draft-self", "q8_0", "--draft-model", "x.gguf"], "both name a draft", 2),
+])
+def test_generate_draft_argument_errors(args, needle, status):
+    r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", *args)
+    assert r.returncode == status and needle in r.stderr, r.stderr
+
+
+def test_draft_self_without_a_twin_names_the_files():
+    model = gguf("synthetic-tiny-untied")
+    r = kipp("generate", "--model", str(model), "--prompt", "x", "--draft-self", "q8_0")
+    assert r.returncode == 2 and "synthetic-tiny-untied-q8_0.gguf" in r.stderr and "does not quantize at load" in r.stderr
