@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/kv_pool.h"
 
 static const char PREFIX[] = "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
                              "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
@@ -240,11 +241,21 @@ static int eval_group(kipp_model *m, const kipp_rerank *r, kipp_session *pre, ui
     return rc;
 }
 
-/* End of the group starting at document a: documents while their own tokens fit budget (at least one). */
-static size_t group_end(const kipp_rerank *r, uint32_t np, uint32_t budget, size_t a)
+/* Pool blocks document d's forked session takes beyond the prefix's shared full blocks. */
+static uint64_t doc_blocks(const kipp_rerank *r, uint32_t np, size_t d)
+{
+    return (r->len[d] + KIPP_KV_BLOCK - 1) / KIPP_KV_BLOCK - np / KIPP_KV_BLOCK;
+}
+
+/* End of the group starting at document a: documents while their own tokens fit budget and
+ * their sessions' blocks fit max_blocks (at least one document). Short documents under a long
+ * shared prefix would otherwise put thousands of sessions, one copied tail block each, in one call. */
+static size_t group_end(const kipp_rerank *r, uint32_t np, uint32_t budget, uint64_t max_blocks, size_t a)
 {
     size_t b = a + 1;
-    for (uint64_t t = r->len[a] - np; b < r->n && t + r->len[b] - np <= budget; b++) t += r->len[b] - np;
+    uint64_t t = r->len[a] - np, blk = doc_blocks(r, np, a);
+    for (; b < r->n && t + r->len[b] - np <= budget && blk + doc_blocks(r, np, b) <= max_blocks; b++)
+        t += r->len[b] - np, blk += doc_blocks(r, np, b);
     return b;
 }
 
@@ -253,13 +264,15 @@ static int eval_docs(kipp_model *m, const kipp_rerank *r, kipp_session *pre, uin
                      kipp_rerank_stats *st, char *err, size_t errlen)
 {
     size_t V = m->view.dims.vocab_size, most = 1;
+    /* half of what the pool can hand out now (the prefix's blocks are held by pre) */
+    uint64_t max_blocks = m->pool ? kipp_kv_pool_available(m->pool) / 2 : UINT64_MAX;
     for (size_t a = 0, b; a < r->n; a = b)
-        if ((b = group_end(r, np, budget, a)) - a > most) most = b - a;
+        if ((b = group_end(r, np, budget, max_blocks, a)) - a > most) most = b - a;
     float *rows = malloc(most * V * sizeof *rows);
     if (!rows) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu logits rows", most);
     int rc = 0;
     for (size_t a = 0, b; a < r->n && !rc; a = b) {
-        b = group_end(r, np, budget, a);
+        b = group_end(r, np, budget, max_blocks, a);
         rc = eval_group(m, r, pre, np, a, b, rows, scores, st, err, errlen);
     }
     free(rows);

@@ -98,12 +98,19 @@ static int parse_input(serve_http *h, serve_embed_req *r, const json_t *in, serv
 /* Every input within the served context; the usage count. */
 static int check_lengths(const serve_http *h, serve_embed_req *r, serve_error *e)
 {
+    kipp_model_info mi;
+    kipp_model_get_info(h->info.model, &mi);
+    uint64_t pool_pos = mi.kv_pool_blocks ? (uint64_t)mi.kv_pool_blocks * SERVE_KV_BLOCK : UINT64_MAX;
     for (size_t i = 0; i < r->n; i++) {
         char where[40] = "input";
         if (r->many) snprintf(where, sizeof where, "input[%zu]", i);
         if (r->lens[i] > h->info.n_ctx)
             return BAD("input", "%s has %u tokens%s, more than the context length %u: shorten it", where, r->lens[i],
                        r->text ? " (with the <|endoftext|> appended)" : "", h->info.n_ctx);
+        if (r->lens[i] > pool_pos) /* it could never be evaluated: a 400, not a 503 to retry */
+            return BAD("input", "%s has %u tokens%s, more than the %llu positions the KV pool holds (--kv-pool-mib): "
+                       "shorten it", where, r->lens[i], r->text ? " (with the <|endoftext|> appended)" : "",
+                       (unsigned long long)pool_pos);
         r->tokens += r->lens[i];
     }
     return 0;
@@ -113,11 +120,12 @@ int serve_embed_parse(serve_http *h, const char *body, size_t len, serve_embed_r
 {
     memset(r, 0, sizeof *r);
     json_error_t je;
-    json_t *o = json_loadb(body, len, 0, &je);
-    if (!json_is_object(o)) {
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(o)) { /* the message reads o's type before o is released */
+        int rc = o ? BAD("", "request body is %s, expected a JSON object", serve_json_type(o))
+                   : BAD("", "request body is not valid JSON: %s", je.text);
         json_decref(o);
-        return BAD("", o ? "the body is %s; expected a JSON object" : "the body is not valid JSON: %s",
-                   o ? serve_json_type(o) : je.text);
+        return rc;
     }
     kipp_model_info info;
     kipp_model_get_info(h->info.model, &info);

@@ -181,16 +181,23 @@ static void req_free(rr_req *q)
 /* Tokenize every group (tokenizer lock held): prompt too long -> 400 naming the document. */
 static int prepare(serve_http *h, rr_req *q, serve_error *e)
 {
+    /* A prompt longer than the pool can hold beside its one copied tail block never fits: a 400, not a 503. */
+    kipp_model_info mi;
+    kipp_model_get_info(h->info.model, &mi);
+    uint32_t limit = h->info.n_ctx;
+    uint64_t pool_pos = mi.kv_pool_blocks > 1 ? ((uint64_t)mi.kv_pool_blocks - 1) * SERVE_KV_BLOCK : UINT64_MAX;
+    if (pool_pos < limit) limit = (uint32_t)pool_pos;
     for (size_t i = 0; i < q->n_groups; i++) {
         rr_group *g = &q->g[i];
         kipp_rerank_request rq = {.query = g->query, .query_len = g->query_len, .instruction = q->instruction,
                                   .instruction_len = q->instruction_len, .docs = g->docs, .doc_lens = g->lens, .n_docs = g->n,
-                                  .max_tokens = h->info.n_ctx};
+                                  .max_tokens = limit};
         char err[256] = "";
         int rc = kipp_rerank_prepare(h->info.model, &rq, &g->r, err, sizeof err);
         if (rc == KIPP_ERANGE) {
-            serve_fail(e, 400, "invalid_request_error", q->score_api ? "text_2" : "documents", "%s%s (n_ctx %u)",
-                       q->n_groups > 1 ? "pair: " : "", err, h->info.n_ctx);
+            serve_fail(e, 400, "invalid_request_error", q->score_api ? "text_2" : "documents", "%s%s (n_ctx %u%s)",
+                       q->n_groups > 1 ? "pair: " : "", err, h->info.n_ctx,
+                       limit < h->info.n_ctx ? "; the KV pool holds one prompt of at most that many tokens: --kv-pool-mib" : "");
             snprintf(e->code, sizeof e->code, "context_length_exceeded");
             return -1;
         }

@@ -795,6 +795,7 @@ serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *e
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->tok, NULL);
     pthread_cond_init(&s->cv, NULL);
+    pool_snapshot(s); /* /metrics shows the pool from the first request, before the thread's first turn */
     if (pthread_create(&s->th, NULL, sched_main, s)) {
         snprintf(err, errlen, "cannot start the scheduler thread");
         free(s);

@@ -424,6 +424,8 @@ typedef struct {
                                * (the token budget alone); < 0 = auto (SERVE_STEP_AUTO x a steady decode step) */
 } serve_sched_opts;
 
+/** Positions per KV block (kipp_model_info.kv_pool_blocks counts these). */
+#define SERVE_KV_BLOCK 32
 /** KV blocks of 32 positions that cap positions take. */
 uint64_t serve_blocks_of(uint32_t cap);
 /** KV blocks a job's sessions hold at worst: n choices of prompt + max_tokens positions. */

@@ -149,6 +149,12 @@ def test_bad_input_400(server, body, needle):
 def test_not_json_and_unknown_model(server):
     st, r = server.post("/v1/embeddings", "{nope")
     assert st == 400 and "not valid JSON" in r["error"]["message"]
+    # the type named is the body's own (it was read after the body was released)
+    for body, kind in (("[1]", "an array"), ("[]", "an array")):
+        st, r = server.post("/v1/embeddings", body)
+        assert st == 400 and r["error"]["message"] == f"request body is {kind}, expected a JSON object", (body, r)
+    st, r = server.post("/v1/embeddings", '{"input": "a", "input": "b"}')
+    assert st == 400 and "duplicate" in r["error"]["message"], r
     st, r = server.post("/v1/embeddings", {"input": "x", "model": "gpt-4"})
     assert st == 404 and r["error"]["code"] == "model_not_found"
 
@@ -192,3 +198,13 @@ def test_embeddings_beside_generation_do_not_starve_decode():
         assert codes == [200, 200, 200]
         st, r = out["gen"]
         assert st == 200 and r["usage"]["completion_tokens"] == 64, r
+
+
+def test_input_the_pool_can_never_hold_is_a_400():
+    """Found by a new-user trial: on an 8 MiB pool (32 blocks, 1,024 positions) a 2,000-token
+    input passed the context check and got a 503 "retry" that could never succeed."""
+    with Server(gguf(EMB), "--ctx", "4096", "--kv-pool-mib", "8") as s:
+        st, r = s.post("/v1/embeddings", {"input": [[5] * 2000]})
+        assert st == 400 and "positions the KV pool holds (--kv-pool-mib)" in r["error"]["message"], r
+        st, r = s.post("/v1/embeddings", {"input": [[5] * 1000]})
+        assert st == 200 and len(r["data"][0]["embedding"]) == 256, r

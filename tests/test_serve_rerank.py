@@ -192,3 +192,23 @@ def test_reranker_refuses_generation(rsrv, path, body):
     assert st == 400, r
     msg = json.dumps(r)
     assert "a reranker model" in msg and "/v1/rerank" in msg, r
+
+
+def test_many_short_documents_and_a_small_pool(synthetic_gguf):
+    """Found by a new-user trial: 2,100 identical one-word documents share all but their last
+    token, so one kipp_eval_batch group held 2,100 forked sessions, one copied tail block each,
+    more than the 2,048-block pool: a 503. Groups now keep to half the pool's free blocks, and
+    every score equals the one-document request's. On an 8 MiB pool (32 blocks) a prompt the
+    pool can never hold is a 400 naming --kv-pool-mib, not a 503 to retry."""
+    with Server(synthetic_gguf(RERANK_MODEL), "--ctx", "4096") as s:
+        st, one = post(s, "/v1/rerank", {"query": "q", "documents": ["x"]})
+        assert st == 200, one
+        st, r = post(s, "/v1/rerank", {"query": "q", "documents": ["x"] * 2100})
+        assert st == 200, r
+        assert len(r["results"]) == 2100
+        assert {x["relevance_score"] for x in r["results"]} == {one["results"][0]["relevance_score"]}, r["results"][:3]
+    with Server(synthetic_gguf(RERANK_MODEL), "--ctx", "4096", "--kv-pool-mib", "8") as s:
+        st, r = post(s, "/v1/rerank", {"query": "q", "documents": ["word " * 1200]})
+        assert st == 400 and "--kv-pool-mib" in r["error"]["message"] and r["error"]["param"] == "documents", r
+        st, r = post(s, "/v1/rerank", {"query": "q", "documents": ["word " * 100, "x"]})
+        assert st == 200 and len(r["results"]) == 2, r
