@@ -83,7 +83,15 @@ static int parse_args(int argc, char **argv, embed_args *a)
         else if (!strcmp(o, "--dimensions")) { if (parse_long(o, argv[++i], 1, 1 << 20, &a->dims)) return 2; }
         else if (!strcmp(o, "--threads")) { if (parse_long(o, argv[++i], 0, 1024, &a->threads)) return 2; }
         else if (!strncmp(o, "--", 2) && o[2]) return bad("unknown option %s (kipp embed --help lists them)", o);
-        else {
+        else if (!strcmp(o, "--")) { /* the rest are texts, even ones that start with -- */
+            a->texts = argv + i + 1, a->n_texts = argc - i - 1;
+            break;
+        } else {
+            /* an option after the first text would otherwise be embedded as text */
+            for (int k = i + 1; k < argc; k++)
+                if (!strncmp(argv[k], "--", 2) && argv[k][2])
+                    return bad("option %s after the first text: options go before the texts (put -- before a "
+                               "text that starts with --)", argv[k]);
             a->texts = argv + i, a->n_texts = argc - i;
             break;
         }

@@ -948,8 +948,9 @@ int kipp_spec_propose_ex(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, si
                          size_t errlen);
 
 /**
- * Whether draft may draft for target: the same vocabulary size and the same
- * tokenizer (kipp_tokenizer_same). 0, or KIPP_EINVAL with a sentence naming the
+ * Whether draft may draft for target: both generation models (not embedding or
+ * reranker files), the same vocabulary size and the same tokenizer
+ * (kipp_tokenizer_same). 0, or KIPP_EINVAL with a sentence naming the
  * difference (the two vocabulary sizes, or the first token id whose text
  * differs, or the merges/added tokens), for the caller to prefix with the two
  * file names.

@@ -31,6 +31,15 @@ int kipp_spec_broken_residual;
 int kipp_draft_check(const kipp_model *target, const kipp_model *draft, char *err, size_t errlen)
 {
     if (!target || !draft) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_draft_check: NULL target or draft model");
+    /* a retrieval model never generates: as a draft it would only cost (0% acceptance) */
+    int tt = kipp_model_task(target), td = kipp_model_task(draft);
+    if (tt == KIPP_TASK_EMBED || tt == KIPP_TASK_RERANK || td == KIPP_TASK_EMBED || td == KIPP_TASK_RERANK)
+        return kipp_err(err, errlen, KIPP_EINVAL, "the %s is %s model (kipp.variant %s), expected a generation model",
+                        td == KIPP_TASK_EMBED || td == KIPP_TASK_RERANK ? "draft" : "target",
+                        (td == KIPP_TASK_EMBED || td == KIPP_TASK_RERANK ? td : tt) == KIPP_TASK_EMBED ? "an embedding"
+                                                                                                        : "a reranker",
+                        (td == KIPP_TASK_EMBED || td == KIPP_TASK_RERANK ? td : tt) == KIPP_TASK_EMBED ? "embedding"
+                                                                                                        : "reranker");
     uint32_t vt = target->view.dims.vocab_size, vd = draft->view.dims.vocab_size;
     if (vt != vd)
         return kipp_err(err, errlen, KIPP_EINVAL, "the draft's vocabulary has %u entries and the target's %u, expected "

@@ -429,6 +429,7 @@ static int run(const serve_opts *o, kipp_model *m)
         else snprintf(kv, sizeof kv, "no KV pool, KV budget %llu blocks (--kv-mib)", (unsigned long long)so.kv_budget_blocks);
         if (o->kv_cache_dir)
             snprintf(kv + strlen(kv), sizeof kv - strlen(kv), "; disk tier %s, %lld MiB", o->kv_cache_dir, o->kv_cache_disk_mib);
+        if (o->draft) snprintf(kv + strlen(kv), sizeof kv - strlen(kv), "; draft model %s", o->draft_model);
         if (info.kv_pool_blocks && (uint64_t)info.kv_pool_blocks * 32 < n_ctx)
             serve_log("note: the KV pool holds %llu positions, fewer than one context (n_ctx %u); a reply "
                       "without max_tokens ends there (finish_reason \"length\"), and a larger max_tokens is refused: "
@@ -485,7 +486,9 @@ int main(int argc, char **argv)
         serve_log("merged %u LoRA adapter(s) into %u tensors (%.1f MiB private RAM) in %.0f ms", info.n_lora,
                   info.lora_tensors, info.lora_bytes / 1048576.0, info.lora_merge_ms);
     if (o.draft_model && !o.no_spec) { /* unpooled: each choice's draft session is its own */
-        kipp_model_options dmo = {.n_threads = (int)o.threads, .stream = o.stream, .no_prefetch = o.no_prefetch};
+        /* the draft sees the target's positions: the same RoPE scaling override */
+        kipp_model_options dmo = {.n_threads = (int)o.threads, .stream = o.stream, .no_prefetch = o.no_prefetch,
+                                  .rope_override = o.rope_override, .rope = o.rope};
         int drc = kipp_model_open(o.draft_model, o.backend, &dmo, &o.draft, err, sizeof err);
         if (!drc) drc = kipp_draft_check(m, o.draft, err, sizeof err);
         if (drc) {

@@ -545,6 +545,9 @@ def test_chat_takes_a_draft_model_and_samples():
     (["--draft-self", "q4"], "--draft-self 'q4' is invalid, expected q8_0 or affine4", 2),
     (["--draft-self", "q8_0", "--draft-max", "2", "--draft-min", "3"], "--draft-min 3 is above the longest draft 2", 2),
     (["--draft-self", "q8_0", "--draft-model", "x.gguf"], "both name a draft", 2),
+    (["--draft-model", str(gguf("synthetic-tiny-embedding"))], "the draft is an embedding model (kipp.variant embedding), "
+     "expected a generation model", 2),
+    (["--draft-model", str(gguf("synthetic-tiny-reranker"))], "the draft is a reranker model (kipp.variant reranker)", 2),
 ])
 def test_generate_draft_argument_errors(args, needle, status):
     r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", *args)

@@ -109,6 +109,17 @@ def test_stdin_lines_json_lines_and_array_agree():
     assert json.loads(args.stdout) == json.loads(lines.stdout) == json.loads(arr.stdout)
 
 
+def test_options_go_before_the_texts():
+    """Found by a new-user trial: `kipp embed --model M a --dimensions 2` embedded "--dimensions"
+    and "2" as texts; now refused. `--` ends the options, and is not itself a text."""
+    base = ["--model", str(gguf(EMB)), "--dimensions", "8"]
+    r = run_embed("--model", str(gguf(EMB)), "a", "--dimensions", "2")
+    assert r.returncode == 2 and "option --dimensions after the first text" in r.stderr, r.stderr
+    dashed, arr = run_embed(*base, "--", "--x"), run_embed(*base, stdin='["--x"]')
+    assert dashed.returncode == 0 and arr.returncode == 0, (dashed.stderr, arr.stderr)
+    assert json.loads(dashed.stdout) == json.loads(arr.stdout) and len(json.loads(arr.stdout)["data"]) == 1
+
+
 @pytest.mark.parametrize("args,stdin,needle", [
     (["--dimensions", "0", "x"], None, "--dimensions '0' is not an integer in 1.."),
     (["--dimensions", "257", "x"], None, "--dimensions 257 is more than synthetic-tiny-embedding's d_model 256"),

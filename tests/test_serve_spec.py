@@ -77,6 +77,7 @@ def drafted(synthetic_gguf):
     twin = model.parent / "synthetic-tiny-q8_0.gguf"
     assert twin.is_file(), f"{twin} is missing: `make models-test` writes it"
     with Server(model, "--ctx", "128", "--draft-model", str(twin), backend="ref") as srv:
+        assert f"; draft model {twin}" in srv.banner, srv.banner  # the startup line names the draft
         yield srv
 
 
@@ -104,3 +105,13 @@ def test_draft_model_missing_file_is_refused(synthetic_gguf, tmp_path):
     r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--draft-model", str(missing),
                         "--port", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and str(missing) in r.stderr and "synthetic-tiny.gguf" in r.stderr
+
+
+@pytest.mark.parametrize("draft,kind", [("synthetic-tiny-embedding", "an embedding"), ("synthetic-tiny-reranker", "a reranker")])
+def test_retrieval_model_is_refused_as_draft(synthetic_gguf, draft, kind):
+    """A retrieval model never generates: as a draft it would only cost; refused at startup, named."""
+    import subprocess
+    from serve_harness import SERVE
+    r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--draft-model",
+                        str(synthetic_gguf(draft)), "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"the draft is {kind} model" in r.stderr and f"{draft}.gguf" in r.stderr, r.stderr
