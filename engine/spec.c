@@ -311,7 +311,6 @@ int kipp_spec_params_ok(const kipp_sample_params *p)
 }
 
 
-/* Room for the caller's history plus k_max+1 emitted tokens. */
 int kipp_spec_hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
 {
     if (n <= sp->hist_cap) return 0;
@@ -321,15 +320,25 @@ int kipp_spec_hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen)
     return 0;
 }
 
+int kipp_spec_rows_begin(kipp_spec *sp, const kipp_sample_params *p, uint32_t n_draft, kipp_sample_params *rp,
+                         char *err, size_t errlen)
+{
+    /* the caller's history plus the rows' emitted tokens */
+    int rc = kipp_spec_hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
+    if (rc) return rc;
+    if (p->history_len) memcpy(sp->hist, p->history, p->history_len * sizeof *sp->hist);
+    *rp = *p;
+    rp->history = sp->hist;
+    return 0;
+}
+
 /* Sample the verified rows in order; returns the count emitted into out, or a KIPP_E* code. */
 static int sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *rng, const float *logits, const uint32_t *draft,
                        uint32_t n_draft, uint32_t max_new, uint32_t *out, uint32_t *accepted, char *err, size_t errlen)
 {
-    kipp_sample_params rp = *p;
-    int rc = kipp_spec_hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
+    kipp_sample_params rp;
+    int rc = kipp_spec_rows_begin(sp, p, n_draft, &rp, err, errlen);
     if (rc) return rc;
-    if (p->history_len) memcpy(sp->hist, p->history, p->history_len * sizeof *sp->hist);
-    rp.history = sp->hist;
     uint32_t n = 0;
     *accepted = 0;
     for (uint32_t r = 0; r <= n_draft; r++) {

@@ -188,11 +188,9 @@ int kipp_spec_sample_rows(kipp_spec *sp, const kipp_sample_params *p, kipp_rng *
                           const uint32_t *draft, uint32_t n_draft, uint32_t max_new, uint32_t *out,
                           uint32_t *accepted, char *err, size_t errlen)
 {
-    kipp_sample_params rp = *p;
-    int rc = kipp_spec_hist_reserve(sp, p->history_len + n_draft + 1, err, errlen);
+    kipp_sample_params rp;
+    int rc = kipp_spec_rows_begin(sp, p, n_draft, &rp, err, errlen);
     if (rc) return rc;
-    if (p->history_len) memcpy(sp->hist, p->history, p->history_len * sizeof *sp->hist);
-    rp.history = sp->hist;
     uint32_t n = 0;
     *accepted = 0;
     for (uint32_t r = 0; r <= n_draft; r++) {

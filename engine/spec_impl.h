@@ -59,6 +59,13 @@ int kipp_spec_draft_init(kipp_spec *sp, kipp_model *dm, char *err, size_t errlen
 void kipp_spec_draft_free(kipp_spec *sp);
 /** Room in sp->hist for n ids; 0 or KIPP_ENOMEM. */
 int kipp_spec_hist_reserve(kipp_spec *sp, size_t n, char *err, size_t errlen);
+/**
+ * Start sampling n_draft + 1 verified rows: *rp = *p with its history moved
+ * into sp->hist (owned by sp), which keeps room for the rows' emitted tokens.
+ * Shared by the prompt-lookup and draft-model row samplers. 0 or KIPP_ENOMEM.
+ */
+int kipp_spec_rows_begin(kipp_spec *sp, const kipp_sample_params *p, uint32_t n_draft, kipp_sample_params *rp,
+                         char *err, size_t errlen);
 
 /** 1 when t is one of the drafter's stop ids. */
 static inline int kipp_spec_is_stop(const kipp_spec *sp, uint32_t t)
