@@ -656,6 +656,10 @@ int kipp_embed(kipp_model *model, const uint32_t *const *ids, const uint32_t *le
 /** The model card's default instruction, used when a request gives none. */
 #define KIPP_RERANK_DEFAULT_INSTRUCTION "Given a web search query, retrieve relevant passages that answer the query"
 
+/** kipp_rerank_prepare's KIPP_ERANGE message starts with this when the query and instruction leave no room for
+ * any document (else a document's prompt is too long and the message names it). */
+#define KIPP_RERANK_QUERY_TOO_LONG "the query and instruction alone"
+
 /** One query scored against n_docs documents; strings are bytes (may hold NUL), not copied. */
 typedef struct {
     const char *query;           /* the query text, query_len bytes */

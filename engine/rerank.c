@@ -105,6 +105,28 @@ static int build_one(const kipp_model *m, const kipp_rerank_request *rq, size_t 
     return 0;
 }
 
+/* The prompt with an empty document: too long means the query (or instruction) is to blame, not a document. */
+static int query_fits(const kipp_model *m, const kipp_rerank_request *rq, size_t n_template, char *err, size_t errlen)
+{
+    static const char *const empty = "";
+    static const size_t zero = 0;
+    kipp_rerank_request q0 = *rq;
+    q0.docs = &empty, q0.doc_lens = &zero, q0.n_docs = 1;
+    size_t blen, nb;
+    char *body = body_text(&q0, 0, &blen);
+    if (!body) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the query's prompt");
+    uint32_t *bids;
+    int rc = tokenize(m, body, blen, 0, &bids, &nb, err, errlen);
+    free(body);
+    if (rc) return rc;
+    free(bids);
+    uint32_t limit = rq->max_tokens ? rq->max_tokens : m->view.dims.context_length;
+    if (n_template + nb > limit)
+        return kipp_err(err, errlen, KIPP_ERANGE, KIPP_RERANK_QUERY_TOO_LONG " make a prompt of %zu tokens before any "
+                        "document (the template included), more than the %u allowed", n_template + nb, limit);
+    return 0;
+}
+
 static int build_all(const kipp_model *m, const kipp_rerank_request *rq, kipp_rerank *r, char *err, size_t errlen)
 {
     uint32_t *pre = NULL, *suf = NULL;
@@ -113,6 +135,7 @@ static int build_all(const kipp_model *m, const kipp_rerank_request *rq, kipp_re
     if (!rc) rc = one_token(m, "no", &r->no, err, errlen);
     if (!rc) rc = tokenize(m, PREFIX, sizeof PREFIX - 1, KIPP_TOK_SPECIAL, &pre, &npre, err, errlen);
     if (!rc) rc = tokenize(m, SUFFIX, sizeof SUFFIX - 1, KIPP_TOK_SPECIAL, &suf, &nsuf, err, errlen);
+    if (!rc) rc = query_fits(m, rq, npre + nsuf, err, errlen);
     for (size_t d = 0; d < rq->n_docs && !rc; d++) rc = build_one(m, rq, d, pre, npre, suf, nsuf, r, err, errlen);
     free(pre);
     free(suf);

@@ -98,9 +98,11 @@ static int parse_rerank(rr_req *q, serve_error *e)
     if (!docs) return BAD("documents", "documents is missing, expected a list of strings or {\"text\": string} objects");
     if (!json_is_array(docs)) return BAD("documents", "documents must be a list, got %s", serve_json_type(docs));
     if (list_len(docs, "documents", e)) return -1;
-    if (top && (!json_is_integer(top) || json_integer_value(top) < 1))
-        return BAD("top_n", "top_n must be an integer >= 1 (omit it for all documents), got %s",
-                   json_is_integer(top) ? "a smaller integer" : serve_json_type(top));
+    if (top && json_is_integer(top) && json_integer_value(top) < 1)
+        return BAD("top_n", "top_n is %lld; expected an integer >= 1 (omit it for all documents)",
+                   (long long)json_integer_value(top));
+    if (top && !json_is_integer(top))
+        return BAD("top_n", "top_n must be an integer >= 1 (omit it for all documents), got %s", serve_json_type(top));
     if (rd && !json_is_boolean(rd)) return BAD("return_documents", "return_documents must be a boolean, got %s", serve_json_type(rd));
     q->top_n = top ? json_integer_value(top) : 0;
     q->return_documents = !rd || json_is_true(rd);
@@ -195,7 +197,9 @@ static int prepare(serve_http *h, rr_req *q, serve_error *e)
         char err[256] = "";
         int rc = kipp_rerank_prepare(h->info.model, &rq, &g->r, err, sizeof err);
         if (rc == KIPP_ERANGE) {
-            serve_fail(e, 400, "invalid_request_error", q->score_api ? "text_2" : "documents", "%s%s (n_ctx %u%s)",
+            int query = !strncmp(err, KIPP_RERANK_QUERY_TOO_LONG, sizeof KIPP_RERANK_QUERY_TOO_LONG - 1);
+            const char *param = q->score_api ? (query ? "text_1" : "text_2") : (query ? "query" : "documents");
+            serve_fail(e, 400, "invalid_request_error", param, "%s%s (n_ctx %u%s)",
                        q->n_groups > 1 ? "pair: " : "", err, h->info.n_ctx,
                        limit < h->info.n_ctx ? "; the KV pool holds one prompt of at most that many tokens: --kv-pool-mib" : "");
             snprintf(e->code, sizeof e->code, "context_length_exceeded");
