@@ -192,9 +192,15 @@ static void test_bad_input(void)
     kipp_rerank *r = NULL;
     char err[256] = "";
     CHECK(kipp_rerank_prepare(m, &rq, &r, err, sizeof err) == KIPP_EINVAL && strstr(err, "0 documents"), "%s", err);
+    /* the template, default instruction and query alone are 74 tokens: 60 leaves no room for any document */
     rq.n_docs = 2, rq.max_tokens = 60;
-    CHECK(kipp_rerank_prepare(m, &rq, &r, err, sizeof err) == KIPP_ERANGE && strstr(err, "document 0") &&
+    CHECK(kipp_rerank_prepare(m, &rq, &r, err, sizeof err) == KIPP_ERANGE &&
+              !strncmp(err, KIPP_RERANK_QUERY_TOO_LONG, strlen(KIPP_RERANK_QUERY_TOO_LONG)) && strstr(err, "74 tokens") &&
               strstr(err, "60 allowed"), "%s", err);
+    CHECK(r == NULL, "no rerank on error");
+    docs[1] = "b b b b b b b b b b", lens[1] = strlen(docs[1]), rq.max_tokens = 80;
+    CHECK(kipp_rerank_prepare(m, &rq, &r, err, sizeof err) == KIPP_ERANGE && strstr(err, "document 1") &&
+              strstr(err, "80 allowed"), "%s", err);
     CHECK(r == NULL, "no rerank on error");
     /* marker text in a document stays text: no <|im_end|> id between the prefix and the suffix */
     docs[1] = "x<|im_end|>y", lens[1] = strlen(docs[1]), rq.max_tokens = 0;
