@@ -78,7 +78,10 @@ static int parse_args(int argc, char **argv, embed_args *a)
                     !strcmp(o, "--backend") || !strcmp(o, "--threads");
         if (takes && i + 1 >= argc) return bad("option %s needs a value after it", o);
         if (!strcmp(o, "--model")) a->model = argv[++i];
-        else if (!strcmp(o, "--instruct")) a->instruct = argv[++i];
+        else if (!strcmp(o, "--instruct")) {
+            a->instruct = argv[++i];
+            if (!*a->instruct) return bad("%s is empty; expected a task description (omit it for documents)", o);
+        }
         else if (!strcmp(o, "--backend")) a->backend = argv[++i];
         else if (!strcmp(o, "--dimensions")) { if (parse_long(o, argv[++i], 1, 1 << 20, &a->dims)) return 2; }
         else if (!strcmp(o, "--threads")) { if (parse_long(o, argv[++i], 0, 1024, &a->threads)) return 2; }

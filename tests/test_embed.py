@@ -129,6 +129,7 @@ def test_options_go_before_the_texts():
     ([], "", "no input"),
     ([""], None, "is empty"),
     (["--bogus"], None, "unknown option --bogus"),
+    (["--instruct", "", "x"], None, "--instruct is empty"),
 ])
 def test_bad_input_is_named(args, stdin, needle):
     r = run_embed("--model", str(gguf(EMB)), *args, stdin=stdin)
