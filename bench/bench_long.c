@@ -25,7 +25,9 @@
 #define TARGET_LONG_PREFILL 0.80
 #define TARGET_LONG_DECODE 0.90
 
-/* The KV type whose bytes kv_bytes_per_pos counts: the cache is BF16 (2 bytes a value). */
+/* The KV type whose bytes kv_bytes_per_pos counts: the cache is BF16 (2 bytes a value). A quantized KV cache
+ * (--kv-type, issue 53 item 2) must set both from the session's type: tools/bench_peers.py refuses a row whose
+ * kv_type is not the one it asked for, and takes the decode limit from kv_bytes_per_step. */
 static const char *const KV_TYPE = "bf16";
 
 /* The step keys of one long row: tokens per step (N for the prefill, 1 for a decode step), the bytes
