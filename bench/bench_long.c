@@ -103,12 +103,17 @@ static int tg_long(const options *o, kipp_session *s, const uint32_t *ids, const
     return 0;
 }
 
+uint32_t long_cap(const options *o)
+{
+    return wants(o, "pplong") || wants(o, "tglong") ? o->long_ctx + LONG_STEPS + 32 : 0;
+}
+
 int long_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof, const bf16_run *act,
               const char *id, json_t *results, char *err, size_t errlen)
 {
     int pp = wants(o, "pplong"), tg = wants(o, "tglong");
     if (!pp && !tg) return 0;
-    uint32_t n = o->long_ctx, cap = n + LONG_STEPS + 32;
+    uint32_t n = o->long_ctx, cap = long_cap(o);
     if (cap > c->info.context_length) {
         snprintf(err, errlen, "--long-ctx %u needs a context of %u positions (%u decode steps after it); %s has a "
                  "context length of %u", n, n + LONG_STEPS, LONG_STEPS, id, c->info.context_length);

@@ -548,7 +548,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
     if ((rc = long_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
 out:
-    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
+    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * ((double)cap + long_cap(o)));
     for (size_t i = first; !rc && i < json_array_size(results); i++) /* the file's scheme, not result_json's "bf16" */
         json_object_set_new(json_array_get(results, i), "format", json_string(c.info.quant));
     for (size_t i = first; !rc && c.info.n_lora && i < json_array_size(results); i++) { /* the merge, timed in the open */

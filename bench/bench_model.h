@@ -121,6 +121,9 @@ int batch_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_
 /* The pplong and tglong rows that --bench asks for, on a session of their own
  * of o->long_ctx positions, appended to results (bench_long.c). 0, or -1 with
  * err set (a --long-ctx beyond the model's context among them). */
+/* Positions of the long rows' session: --long-ctx + their decode steps + 32; 0 when neither is asked for. */
+uint32_t long_cap(const options *o);
+
 int long_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof, const bf16_run *act,
               const char *id, json_t *results, char *err, size_t errlen);
 
