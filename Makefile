@@ -198,7 +198,7 @@ SPEC_MODEL ?= synthetic-tiny-untied
 bench-spec: $(BUILD)/kipp-bench-spec models-test
 	$(BUILD)/kipp-bench-spec --model $(BUILD)/models/$(SPEC_MODEL).gguf --backend $(BACKEND) $(SPEC_ARGS)
 
-$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_long.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
@@ -424,7 +424,7 @@ $(BUILD)/cuda/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
 $(BUILD)/cuda/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
 
-$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
+$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_long.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
 
 $(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/tests/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a

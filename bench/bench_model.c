@@ -5,7 +5,7 @@
  *
  *   kipp-bench --model models/synthetic-0.6b.gguf [--model ...] [--backend cpu]
  *              [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,
- *                       batch16,batch32,pp8x128]
+ *                       batch16,batch32,pp8x128,pplong,tglong] [--long-ctx N]
  *              [--reps N] [--warmup N] [--threads N]
  *              [--profiles DIR] [--out DIR]
  * (the machine profile comes from `make profile`, build/bin/kipp_profile)
@@ -15,7 +15,8 @@
  * steps after a 4096-token KV fill; batchB: 32 steps of B sessions decoding
  * one token each in one kipp_eval_batch per step, after a 16-token prompt
  * each; pp8x128: 8 prompts of 128 tokens in one kipp_eval_batch; the batched
- * rows live in bench_batch.c) with the monotonic clock, and reports
+ * rows live in bench_batch.c; pplong and tglong, a prefill of --long-ctx
+ * tokens and decode after them, only when named: bench_long.c) with the monotonic clock, and reports
  * median/min/max tok/s, ms/token, effective GB/s (weight + KV bytes actually
  * read per token / time), GFLOP/s and the share of the roofline, next to the
  * targets (bench/README.md): prefill's from the machine profile's compute peak, decode's
@@ -317,8 +318,9 @@ json_t *result_json(const char *model_id, const bench_meta *bm, const kipp_bench
 
 /* The benchmarks --bench may name, in the order they run. */
 static const char *const BENCH_NAMES[] = {"pp512", "tg128", "tg4k", "pp4096", "batch1", "batch2", "batch4",
-                                           "batch8", "batch16", "batch32", "pp8x128"};
+                                           "batch8", "batch16", "batch32", "pp8x128", "pplong", "tglong"};
 #define N_BENCH_NAMES (sizeof BENCH_NAMES / sizeof BENCH_NAMES[0])
+#define N_DEFAULT_BENCH (N_BENCH_NAMES - 2) /* without --bench: all but pplong and tglong (minutes each) */
 
 int wants(const options *o, const char *name)
 {
@@ -544,8 +546,9 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
         if (rc) goto out;
     }
     if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
+    if ((rc = long_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
 out:
-    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
+    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * ((double)cap + long_cap(o)));
     for (size_t i = first; !rc && i < json_array_size(results); i++) /* the file's scheme, not result_json's "bf16" */
         json_object_set_new(json_array_get(results, i), "format", json_string(c.info.quant));
     for (size_t i = first; !rc && c.info.n_lora && i < json_array_size(results); i++) { /* the merge, timed in the open */
@@ -571,6 +574,8 @@ static void usage(FILE *f)
             "usage: kipp-bench --model FILE.gguf [--model ...] [--backend %s]\n"
             "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,batch16,batch32,pp8x128]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
+            "                  [--long-ctx N]  (pplong/tglong, named only: prefill of N tokens, decode after N;\n"
+            "                                   default 16384; rows ppN and tgNk)\n"
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n"
             "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n",
             kipp_backend_names(backends, sizeof backends, "|"));
@@ -590,7 +595,8 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 
 static int parse_args(int argc, char **argv, options *o)
 {
-    *o = (options){.backend = "cpu", .reps = 3, .warmup = 1, .profiles = "profiles", .out = "results"};
+    *o = (options){.backend = "cpu", .reps = 3, .warmup = 1, .profiles = "profiles", .out = "results",
+                   .long_ctx = 16384};
     for (int i = 1; i < argc; i += 2) { /* every option but --help takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 1; }
@@ -603,6 +609,11 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--reps")) { if (parse_int(a, v, 1, 64, &o->reps)) return -1; }
         else if (!strcmp(a, "--warmup")) { if (parse_int(a, v, 0, 16, &o->warmup)) return -1; }
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
+        else if (!strcmp(a, "--long-ctx")) {
+            int n;
+            if (parse_int(a, v, 64, 1 << 20, &n)) return -1;
+            o->long_ctx = (uint32_t)n;
+        }
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
         else if (!strcmp(a, "--rope-scaling") && v) {
@@ -625,7 +636,7 @@ static int parse_args(int argc, char **argv, options *o)
         else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(stderr); return -1; }
     }
     o->bench_given = o->benches != 0;
-    if (!o->benches) o->benches = (1u << N_BENCH_NAMES) - 1; /* default: all of them */
+    if (!o->benches) o->benches = (1u << N_DEFAULT_BENCH) - 1; /* default: all but the long rows */
     if (o->n_models == 0) {
         fprintf(stderr, "kipp-bench: missing required option --model (expected a .gguf path)\n");
         usage(stderr);

@@ -37,6 +37,7 @@ typedef struct {
     uint32_t n_lora;
     int rope_override;             /* --rope-scaling given: rope replaces the file's scaling */
     kipp_rope_scaling rope;
+    uint32_t long_ctx;             /* --long-ctx: positions of the pplong/tglong rows (bench_long.c) */
 } options;
 
 /* Bytes and FLOPs of one model, from its dimensions (seed 000 shapes); the
@@ -116,5 +117,14 @@ int run_batch_once(const bench_case *bc, double *sec, char *err, size_t errlen);
  * (bench_batch.c). 0, or -1 with err set. */
 int batch_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof, const bf16_run *act,
                const char *id, json_t *results, char *err, size_t errlen);
+
+/* The pplong and tglong rows that --bench asks for, on a session of their own
+ * of o->long_ctx positions, appended to results (bench_long.c). 0, or -1 with
+ * err set (a --long-ctx beyond the model's context among them). */
+/* Positions of the long rows' session: --long-ctx + their decode steps + 32; 0 when neither is asked for. */
+uint32_t long_cap(const options *o);
+
+int long_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof, const bf16_run *act,
+              const char *id, json_t *results, char *err, size_t errlen);
 
 #endif

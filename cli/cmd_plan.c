@@ -1,12 +1,13 @@
 /*
- * cmd_plan.c - `kipp plan --model FILE [--json] [--results DIR] [--profile FILE]`:
+ * cmd_plan.c - `kipp plan --model FILE | --shape ID [--json] [--results DIR] [--profile FILE]`:
  * measure this machine (or take its peaks from a machine profile) and print the
  * planner's prediction for the model (seed 002 "Planner").
  *
  * The file's read speed is measured before the model is mapped, so no page of
  * it is pinned by this process while the sample is read. The model is opened
  * with backend "none": planning needs the shape and the file, not a prepared
- * copy. Kipp's measured shares come from results/ of the source tree beside
+ * copy. --shape plans a registry entry's shape as a BF16 file of it would be
+ * (kipp_plan_shape), without a file: nothing is read from disk. Kipp's measured shares come from results/ of the source tree beside
  * the binary (build/kipp -> results/), or from --results DIR.
  */
 #include <errno.h>
@@ -22,12 +23,14 @@
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: kipp plan --model FILE.gguf [--json] [--results DIR] [--profile FILE]\n"
+    fprintf(f, "usage: kipp plan --model FILE.gguf | --shape ID [--json] [--results DIR] [--profile FILE]\n"
                "                 [--rope-scaling none|yarn:F[:ORIG]]\n"
                "  measures cores, ISA level, RAM, RAM read bandwidth, the FP32 FMA, BF16 dot and int8 dot peaks\n"
                "  and the model file's read speed, then prints resident vs streamed layers, the context whose\n"
                "  KV fits a quarter of the usable RAM and, per weight format, predicted decode, prefill and\n"
-               "  batch-of-8 tok/s and the server's aggregate at the --max-batch it picks, with the arithmetic.\n"
+               "  batch-of-8 tok/s and the server's aggregate at the --max-batch it picks, with the arithmetic,\n"
+               "  and the longest context the RAM beside each format's weights holds per KV type (bf16, q8_0).\n"
+               "  --shape    plan a registry id's shape (`kipp registry`) as a BF16 file of it, without the file\n"
                "  --json     print the plan as JSON (schema kipp.plan.v1)\n"
                "  --results  where the model benchmarks are (default: results/ beside the build directory)\n"
                "  --profile  take the read bandwidth, peaks, ISA level and CPU id from this machine profile\n"
@@ -53,7 +56,7 @@ static void default_results(char *out, size_t n)
 
 int cmd_plan(int argc, char **argv)
 {
-    const char *model = NULL, *results = NULL, *profile = NULL;
+    const char *model = NULL, *results = NULL, *profile = NULL, *shape = NULL;
     int json = 0;
     kipp_model_options mo = {0};
     for (int i = 1; i < argc; i++) {
@@ -65,22 +68,27 @@ int cmd_plan(int argc, char **argv)
             if (kipp_rope_scaling_parse(argv[++i], &mo.rope, err, sizeof err)) return cli_errorf("plan", "%s", err), 2;
             mo.rope_override = 1;
         }
-        else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results") || !strcmp(argv[i], "--profile")) {
-            char k = argv[i][2];
+        else if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--results") || !strcmp(argv[i], "--profile") ||
+                 !strcmp(argv[i], "--shape")) {
+            char k = argv[i][3];
             if (i + 1 == argc) {
                 cli_errorf("plan", "%s needs a value: %s", argv[i],
-                           k == 'm' ? "a .gguf path" : k == 'r' ? "a directory" : "a machine profile (.json)");
+                           k == 'o' ? "a .gguf path" : k == 'e' ? "a directory" : k == 'h' ? "a registry id" :
+                           "a machine profile (.json)");
                 return usage(stderr);
             }
-            *(k == 'm' ? &model : k == 'r' ? &results : &profile) = argv[i + 1], i++;
+            *(k == 'o' ? &model : k == 'e' ? &results : k == 'h' ? &shape : &profile) = argv[i + 1], i++;
         } else {
-            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --json, --results DIR, --profile FILE or "
-                       "--rope-scaling SPEC",
+            cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --shape ID, --json, --results DIR, "
+                       "--profile FILE or --rope-scaling SPEC",
                        argv[i]);
             return usage(stderr);
         }
     }
-    if (!model) return cli_missing("plan", "--model", "a .gguf path");
+    if (model && shape) return cli_errorf("plan", "--model '%s' and --shape '%s': give one of them", model, shape), 2;
+    if (shape && mo.rope_override)
+        return cli_errorf("plan", "--rope-scaling applies to a --model file; --shape plans the card's own context"), 2;
+    if (!model && !shape) return cli_missing("plan", "--model", "a .gguf path (or --shape ID)");
     char dir[PATH_MAX + 16], err[512] = "";
     if (results) { /* a directory named by the user must exist; the default one may not (assumed shares) */
         struct stat st;
@@ -93,12 +101,19 @@ int cmd_plan(int argc, char **argv)
     }
     if (!results) default_results(dir, sizeof dir), results = dir;
     kipp_model *m = NULL;
-    int rc = kipp_model_open(model, "none", &mo, &m, err, sizeof err);
-    if (rc) return cli_model_error("plan", model, err), 1;
+    kipp_model_info in;
+    int rc;
+    if (shape) {
+        if (kipp_plan_shape(shape, &in, err, sizeof err)) return cli_errorf("plan", "--shape %s", err), 2;
+    } else {
+        rc = kipp_model_open(model, "none", &mo, &m, err, sizeof err);
+        if (rc) return cli_model_error("plan", model, err), 1;
+        kipp_model_get_info(m, &in);
+    }
     kipp_machine mc;
     rc = kipp_machine_measure_with(model, profile, &mc, err, sizeof err);
     kipp_plan p;
-    if (!rc) rc = kipp_plan_make(m, &mc, results, &p, err, sizeof err);
+    if (!rc) rc = kipp_plan_make_info(&in, &mc, results, &p, err, sizeof err);
     kipp_model_close(m);
     if (rc) {
         cli_errorf("plan", "%s", err[0] ? err : kipp_strerror(rc));

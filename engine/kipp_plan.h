@@ -73,6 +73,20 @@ int kipp_machine_measure_with(const char *model_path, const char *profile_path, 
 #define KIPP_PLAN_SERVE_PROMPT 110 /* the server workload the plan predicts: `make bench-serve`'s prompts ... */
 #define KIPP_PLAN_SERVE_TOKENS 64  /* ... and tokens generated per stream */
 
+#define KIPP_PLAN_KV_TYPES 2 /* bf16 and q8_0 (kipp_plan_format.kv_fit) */
+
+/** The longest context one weight format leaves room for with one KV cache type: the KV of every cached
+ * token in all the available RAM beside the format's weights (no quarter kept back, unlike kipp_plan.ctx;
+ * activation scratch not counted: an upper bound). */
+typedef struct {
+    char kv_type[8];               /* "bf16" (2 bytes a value) or "q8_0" (llama.cpp's block: 32 int8 values and
+                                      an FP16 scale, 34 bytes per 32 values) */
+    double kv_bytes_per_token;     /* all layers, K and V, in this type, bytes */
+    uint64_t free_bytes;           /* ram_available_bytes minus the format's weight_bytes; 0 when they do not fit */
+    uint32_t max_ctx;              /* whole 32-token blocks of KV in free_bytes, at most context_length; tokens */
+    uint32_t ram_ctx;              /* the same without the context_length cap: how far the RAM alone goes */
+} kipp_plan_kv_fit;
+
 /** The planner's prediction for one weight format of the model's shape. */
 typedef struct {
     char format[16];               /* kipp.quant.scheme: "bf16", "q8_0", "affine4_gs32" */
@@ -103,6 +117,7 @@ typedef struct {
                                       only lengthen each token's wait) */
     double serve_tps;              /* that many streams' aggregate: all their tokens over the prefill of every
                                       prompt plus (tokens - 1) decode steps of that batch */
+    kipp_plan_kv_fit kv_fit[KIPP_PLAN_KV_TYPES]; /* the longest context per KV type: bf16, q8_0 */
     char rationale[2560];          /* the arithmetic above, as one paragraph */
 } kipp_plan_format;
 
@@ -148,6 +163,21 @@ typedef struct {
  */
 int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
                    char *err, size_t errlen);
+
+/**
+ * kipp_plan_make for a model shape given as its facts (kipp_model_get_info's, or kipp_plan_shape's for a
+ * registry entry without a file). Errors: KIPP_EINVAL for NULL arguments.
+ */
+int kipp_plan_make_info(const kipp_model_info *in, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
+                        char *err, size_t errlen);
+
+/**
+ * The facts a BF16 file of the registry's checkpoint_id would have (dimensions, tied head, context length
+ * without RoPE scaling, BF16 KV bytes per token, the bytes of every tensor in BF16), for planning a shape
+ * no file of which is at hand (`kipp plan --shape ID`). Strings are static. Errors: KIPP_EINVAL naming the
+ * id when the registry has no such entry.
+ */
+int kipp_plan_shape(const char *checkpoint_id, kipp_model_info *out, char *err, size_t errlen);
 
 /**
  * The context kipp_plan_make would pick for this model, from RAM figures only

@@ -448,6 +448,29 @@ static void plan_serve(const kipp_plan *p, const kipp_model_info *in, const shap
     o->serve_tps = isfinite(wall) && wall > 0 ? N * G / wall : 0;
 }
 
+/* KV cache types the planner sizes contexts for (kipp_plan_kv_fit): bytes per `values` values. */
+static const struct {
+    const char *name;
+    double bytes, values;
+} KV_TYPES[KIPP_PLAN_KV_TYPES] = {{"bf16", 2, 1}, {"q8_0", 34, 32}};
+
+/* o->kv_fit: per KV type, the whole 32-token blocks of KV that fit the RAM beside the format's weights. */
+static void plan_kv_fit(const kipp_plan *p, const kipp_model_info *in, kipp_plan_format *o)
+{
+    uint64_t avail = p->machine.ram_available_bytes, w = (uint64_t)o->weight_bytes;
+    for (int k = 0; k < KIPP_PLAN_KV_TYPES; k++) {
+        kipp_plan_kv_fit *x = &o->kv_fit[k];
+        snprintf(x->kv_type, sizeof x->kv_type, "%s", KV_TYPES[k].name);
+        x->kv_bytes_per_token = (double)in->n_layer * 2 * in->n_kv_head * in->head_dim * KV_TYPES[k].bytes /
+                                KV_TYPES[k].values;
+        x->free_bytes = avail > w ? avail - w : 0;
+        double n = floor((double)x->free_bytes / x->kv_bytes_per_token);
+        uint32_t ram = n >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+        x->ram_ctx = ram / CTX_BLOCK * CTX_BLOCK;
+        x->max_ctx = (ram < in->context_length ? ram : in->context_length) / CTX_BLOCK * CTX_BLOCK;
+    }
+}
+
 static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kipp_fmt_facts *f, share_set *set,
                         kipp_plan_format *o)
 {
@@ -479,6 +502,7 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     o->batch_tps = o->batch_limit_tps * o->batch_eff;
     o->batch_overhead_ms = isfinite(lim) ? lim * (1 / o->batch_eff - 1) * 1e3 : 0;
     plan_serve(p, in, &c, f, &a, o);
+    plan_kv_fit(p, in, o);
     kipp_plan_rationale(p, o, streamed);
 }
 
@@ -488,6 +512,35 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
     if (!model || !mc || !out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_plan_make: NULL argument");
     kipp_model_info in;
     kipp_model_get_info(model, &in);
+    return kipp_plan_make_info(&in, mc, results_dir, out, err, errlen);
+}
+
+int kipp_plan_shape(const char *checkpoint_id, kipp_model_info *out, char *err, size_t errlen)
+{
+    if (!checkpoint_id || !out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_plan_shape: NULL argument");
+    const kipp_checkpoint *ck = kipp_checkpoint_by_id(checkpoint_id);
+    if (!ck)
+        return kipp_err(err, errlen, KIPP_EINVAL, "'%s' is not a registry id; expected one of `kipp registry`'s ids "
+                        "(e.g. qwen3-4b-instruct-2507)", checkpoint_id);
+    *out = (kipp_model_info){.checkpoint_id = ck->id, .repository = ck->repository, .revision = ck->revision,
+                             .backend = "none", .quant = "bf16", .quant_head = "bf16",
+                             .variant = kipp_variant_name(ck->variant), .tied_embeddings = ck->tied_embeddings,
+                             .d_model = ck->d_model, .n_layer = ck->n_layer, .n_q_head = ck->n_q_head,
+                             .n_kv_head = ck->n_kv_head, .head_dim = ck->head_dim, .d_ff = ck->d_ff,
+                             .vocab_size = ck->vocab_size, .context_length = ck->context_length,
+                             .file_context_length = ck->context_length, .rope_theta = (float)ck->rope_theta,
+                             .kv_bytes_per_token = kipp_kv_bytes_per_token(ck)};
+    shape_cost c;
+    cost_of(out, &kipp_fmts[KIPP_FMT_BF16], &c);
+    out->weight_bytes = (uint64_t)(c.layer_bytes + c.head_bytes + c.embd_bytes + 2.0 * ck->d_model); /* + output_norm */
+    return 0;
+}
+
+int kipp_plan_make_info(const kipp_model_info *inp, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
+                        char *err, size_t errlen)
+{
+    if (!inp || !mc || !out) return kipp_err(err, errlen, KIPP_EINVAL, "kipp_plan_make_info: NULL argument");
+    const kipp_model_info in = *inp;
     *out = (kipp_plan){.machine = *mc, .kv_bytes_per_token = in.kv_bytes_per_token, .n_layer = in.n_layer,
                        .context_length = in.context_length};
     snprintf(out->model_id, sizeof out->model_id, "%s", in.checkpoint_id);

@@ -59,6 +59,14 @@ static json_t *format_json(const kipp_plan_format *f)
     }
     json_object_set_new(o, "batch8", b);
     json_object_set_new(o, "serve", s);
+    json_t *kv = json_array();
+    for (int k = 0; kv && k < KIPP_PLAN_KV_TYPES; k++) {
+        const kipp_plan_kv_fit *x = &f->kv_fit[k];
+        json_array_append_new(kv, json_pack("{s:s, s:f, s:I, s:i, s:I}", "kv_type", x->kv_type, "kv_bytes_per_token",
+                                            x->kv_bytes_per_token, "free_bytes", (json_int_t)x->free_bytes, "max_ctx",
+                                            (int)x->max_ctx, "ram_ctx", (json_int_t)x->ram_ctx));
+    }
+    json_object_set_new(o, "kv_fit", kv ? kv : json_null());
     json_object_set_new(o, "rationale", json_string(f->rationale));
     return o;
 }
@@ -94,7 +102,7 @@ char *kipp_plan_json(const kipp_plan *p)
 char *kipp_plan_text(const kipp_plan *p)
 {
     const kipp_machine *m = &p->machine;
-    size_t cap = 4096 + p->n_formats * 3072, l = 0;
+    size_t cap = 4096 + p->n_formats * 3584, l = 0;
     char *s = malloc(cap);
     if (!s) return NULL;
 #define OUT(...) (l += (size_t)snprintf(s + l, l < cap ? cap - l : 0, __VA_ARGS__))
@@ -105,8 +113,11 @@ char *kipp_plan_text(const kipp_plan *p)
         m->ram_total_bytes * 1e-9, m->ram_available_bytes * 1e-9, m->ram_read_gbps, m->peak_gflops,
         m->bf16_dot_gflops, m->int8_dot_gops, strcmp(m->peaks_from, "probe") ? m->peaks_from : "probed now",
         m->bf16_act);
-    OUT("  model file read %.2f GB/s over %.0f MiB (%s)\n", m->disk_read_gbps, m->disk_sample_bytes / 1048576.0,
-        m->disk_direct ? "O_DIRECT" : "page cache dropped first");
+    if (m->disk_sample_bytes)
+        OUT("  model file read %.2f GB/s over %.0f MiB (%s)\n", m->disk_read_gbps, m->disk_sample_bytes / 1048576.0,
+            m->disk_direct ? "O_DIRECT" : "page cache dropped first");
+    else
+        OUT("  model file not read (no file, or it could not be read): streamed layers cannot be timed\n");
     OUT("model: %s (%s), %u layers: %u resident, %u streamed%s%s\n", p->model_id, p->file_format, p->n_layer,
         p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "",
         p->head_resident ? "" : "; the head is streamed too");
@@ -119,6 +130,16 @@ char *kipp_plan_text(const kipp_plan *p)
             "%u  (%.2f GB of weights)%s\n  %s\n", f->format, f->decode_tps, f->prefill_tps, KIPP_PLAN_BATCH,
             f->batch_tps, f->serve_tps, f->serve_max_batch, f->weight_bytes * 1e-9,
             strcmp(f->format, p->file_format) ? "" : "  <- this file", f->rationale);
+        OUT("  longest context beside these weights (all %.2f GB left for KV, no scratch counted):",
+            f->kv_fit[0].free_bytes * 1e-9);
+        for (int k = 0; k < KIPP_PLAN_KV_TYPES; k++) {
+            const kipp_plan_kv_fit *x = &f->kv_fit[k];
+            OUT("%s %s KV %u tokens (%.1f KiB per token", k ? ";" : "", x->kv_type, x->max_ctx,
+                x->kv_bytes_per_token / 1024);
+            if (x->ram_ctx > x->max_ctx) OUT("; the model's limit: the RAM would hold %u", x->ram_ctx);
+            OUT(")");
+        }
+        OUT("\n");
     }
     if (p->results_dir[0]) OUT("shares from the model benchmarks in %s\n", p->results_dir);
     if (p->results_skipped[0]) OUT("results not read (shares taken without them): %s\n", p->results_skipped);

@@ -262,6 +262,57 @@ def test_a_fake_profile_gives_the_hand_figures(tmp_path):
         assert f["arith"] == "q|k|v fp32, o/gate|up/down fp32, attention fp32, head fp32"
 
 
+# KV bytes per value by cache type: BF16, and llama.cpp's q8_0 block (32 int8 values and an FP16 scale).
+KV_VALUE_BYTES = {"bf16": 2.0, "q8_0": 34 / 32}
+
+
+def test_kv_fit_of_the_4b_2507_shape(tmp_path):
+    """--shape qwen3-4b-instruct-2507 (262,144 native positions, no file): per weight format and KV type the
+    longest context whose KV fits all the available RAM beside that format's weights, in whole 32-token blocks,
+    at most the model's context; recomputed from the registry's config (tools/checkpoints.py hf_config) and the
+    plan's own available-RAM figure. The issue's figures: 262,144 tokens of BF16 KV are 36 GiB, of q8_0 ~19 GiB."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    import checkpoints
+    cfg = checkpoints.hf_config(checkpoints.by_id("qwen3-4b-instruct-2507"))
+    prof = fake_profile(tmp_path, bf16_dot_gflops_all=200.0, int8_dot_gops_all=400.0)
+    r = subprocess.run([str(KIPP), "plan", "--shape", "qwen3-4b-instruct-2507", "--json", "--profile", str(prof),
+                        "--results", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    q = json.loads(r.stdout)
+    assert q["model"] == "qwen3-4b-instruct-2507" and q["context_length"] == cfg["max_position_embeddings"] == 262144
+    hd = cfg["head_dim"]
+    values = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * hd  # K and V per token, all layers
+    assert values * 2 * 262144 == 36 << 30 and 19 << 30 < values * 34 / 32 * 262144 < 20 << 30
+    avail, facts = q["machine"]["ram_available_bytes"], block_facts()
+    assert [f["format"] for f in q["formats"]] == list(facts)
+    for f in q["formats"]:
+        weights = needs(cfg, *facts[f["format"]])[0]
+        assert f["weight_bytes"] == pytest.approx(weights, rel=1e-8)  # the JSON keeps 9 digits
+        fits = {}
+        for x, kv in zip(f["kv_fit"], KV_VALUE_BYTES):
+            per_tok = values * KV_VALUE_BYTES[kv]
+            free = max(0, avail - int(weights))
+            ram = int(free // per_tok) // 32 * 32
+            assert x["kv_type"] == kv and x["kv_bytes_per_token"] == per_tok and x["free_bytes"] == free, x
+            assert x["ram_ctx"] == ram and x["max_ctx"] == min(ram, 262144 // 32 * 32), (f["format"], x)
+            fits[kv] = x["ram_ctx"]
+        if fits["bf16"] > 1000:  # the q8_0 KV context is about twice the BF16 one: 64/34 of it, to a block
+            assert abs(fits["q8_0"] / fits["bf16"] - 64 / 34) < 64 / fits["bf16"], fits
+    text = subprocess.run([str(KIPP), "plan", "--shape", "qwen3-4b-instruct-2507", "--profile", str(prof),
+                           "--results", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    lines = re.findall(r"^  longest context beside these weights \(all [\d.]+ GB left for KV, no scratch counted\): "
+                       r"bf16 KV \d+ tokens \(144\.0 KiB per token.*; q8_0 KV \d+ tokens \(76\.5 KiB per token",
+                       text.stdout, re.M)
+    assert len(lines) == len(q["formats"]), text.stdout  # one per format (the RAM figure moves between runs)
+    for args, why in ((["--shape", "qwen3-nope"], "--shape 'qwen3-nope' is not a registry id"),
+                      (["--shape", "qwen3-4b", "--model", str(tiny())], "give one of them"),
+                      (["--shape", "qwen3-4b", "--rope-scaling", "yarn:4"], "--rope-scaling applies to a --model"),
+                      (["--shape"], "--shape needs a value: a registry id")):
+        bad = subprocess.run([str(KIPP), "plan", *args], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and why in bad.stderr, (args, bad.stderr)
+
+
 def test_every_committed_profile_loads(tmp_path):
     """Profiles of every age (before the int8 peak was measured, with null BF16 peaks, without cpu.cpu_id) load:
     the plan takes their figures, 0 for what they lack."""

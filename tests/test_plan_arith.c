@@ -237,8 +237,44 @@ static void test_shares_from_plan_limits(void)
     kipp_model_close(m);
 }
 
+/* The longest context per weight format and KV type: the KV of every token in all the RAM beside the
+ * format's weights (kipp_plan_kv_fit), in whole 32-token blocks, capped at synthetic-tiny's 4096. At 100 MiB
+ * available: bf16 weights 85658624 bytes (layers 7867392 + head 77791232, tied) leave 19198976, 2343.6
+ * tokens of BF16 KV (8192 bytes each) -> 2336; of q8_0 KV (34 bytes per 32 values: 4352 bytes) 4411.5 ->
+ * 4384, over the cap -> 4096. q8_0 weights (layers 4180992 + head) leave 22885376: 2784 and 5248 -> 4096. */
+static void test_kv_fit_per_format_and_kv_type(void)
+{
+    kipp_model *m = open_model("synthetic-tiny.gguf");
+    if (!m) return;
+    kipp_machine mc = machine(100, 200, 400, "mixed");
+    mc.ram_available_bytes = 100ull << 20;
+    kipp_plan p;
+    char err[256] = "";
+    CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+    static const struct { uint64_t free_bytes; uint32_t max_ctx[2], ram_ctx[2]; } want[2] = {
+        {104857600 - 85658624, {2336, 4096}, {2336, 4384}}, {104857600 - 81972224, {2784, 4096}, {2784, 5248}}};
+    static const double kv[2] = {8192, 4352};
+    for (int f = 0; f < 2; f++)
+        for (int k = 0; k < KIPP_PLAN_KV_TYPES; k++) {
+            const kipp_plan_kv_fit *x = &p.formats[f].kv_fit[k];
+            CHECK(!strcmp(x->kv_type, k ? "q8_0" : "bf16") && x->kv_bytes_per_token == kv[k] &&
+                      x->free_bytes == want[f].free_bytes && x->max_ctx == want[f].max_ctx[k] &&
+                      x->ram_ctx == want[f].ram_ctx[k],
+                  "%s weights, %s KV: %.0f bytes per token, %llu free, max %u (RAM %u); expected %.0f, %llu, %u (%u)",
+                  p.formats[f].format, x->kv_type, x->kv_bytes_per_token, (unsigned long long)x->free_bytes,
+                  x->max_ctx, x->ram_ctx, kv[k], (unsigned long long)want[f].free_bytes, want[f].max_ctx[k],
+                  want[f].ram_ctx[k]);
+        }
+    mc.ram_available_bytes = 80ull << 20; /* below the bf16 weights: nothing left, no context */
+    CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.formats[0].kv_fit[0].free_bytes == 0 && p.formats[0].kv_fit[0].max_ctx == 0 &&
+              p.formats[0].kv_fit[1].max_ctx == 0, "bf16 weights over the RAM: %u", p.formats[0].kv_fit[0].max_ctx);
+    kipp_model_close(m);
+}
+
 int main(void)
 {
+    RUN(test_kv_fit_per_format_and_kv_type);
     RUN(test_bf16_prefill_and_batch_per_mode);
     RUN(test_quantized_prefill_and_batch);
     RUN(test_serve_pick_and_aggregate);

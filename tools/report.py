@@ -94,7 +94,7 @@ def doc_problem(d: dict) -> str | None:
             cells[cell] = i
         if d.get("kind") in ("model", "peers") and r.get("unit", "tok/s") == "tok/s":
             cell = (r["model"], r["name"], r.get("format", "bf16"), r.get("kipp_head", "bf16"), r.get("peer_format"),
-                    r.get("peer_head"))
+                    r.get("peer_head"), r.get("kv_type", "bf16"))
             if cell in cells:  # newest() would keep the last one without a word
                 return (f"results[{cells[cell]}] and results[{i}] are both {' '.join(map(str, cell))}: "
                         "one document holds one result per model, bench and format (and peer format and heads)")
@@ -255,7 +255,7 @@ def plot_peers(ax, docs: list[dict]) -> int:
         if d.get("kind") != "peers":
             continue
         for r in d.get("results", []):
-            if not batched_cell(r):  # the batched cells have their own table; 7 more lines each would hide these
+            if not batched_cell(r) and not long_cell(r):  # those have their own tables; more lines would hide these
                 series[(r.get("model"), r.get("name"))].append((d.get("git_sha", "?"), r.get("ratio")))
     for (model, bench), pts in sorted(series.items()):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {bench}")
@@ -280,6 +280,11 @@ def batched_cell(r: dict) -> bool:
     return r.get("peer_tool") == "llama-batched-bench"
 
 
+def long_cell(r: dict) -> bool:
+    """Whether a peers cell is a long-context one (tools/bench_peers.py --long: kipp-bench's pplong/tglong)."""
+    return "long_context" in r
+
+
 def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tuple[dict, dict]]:
     """(model, bench, format) -> (result, its document) from the newest documents of kind;
     with by_cpu the key also holds the document's cpu_key, so each CPU keeps its own newest."""
@@ -289,8 +294,8 @@ def newest(docs: list[dict], kind: str, by_cpu: bool = False) -> dict[tuple, tup
             for r in d.get("results", []):
                 if r.get("unit", "tok/s") != "tok/s":
                     continue  # the table's columns are token rates
-                if "peer_format" in r or batched_cell(r):
-                    continue  # a quantized or batched peer cell: quant_peers_table, batched_peers_table
+                if "peer_format" in r or batched_cell(r) or long_cell(r):
+                    continue  # a quantized, batched or long peer cell: their own tables
                 key = (r.get("model"), r.get("name"), r.get("format", "bf16"))
                 out[key + (cpu_key(d),) if by_cpu else key] = (r, d)
     return out
@@ -562,6 +567,52 @@ def batched_peers_table(docs: list[dict]) -> str:
     return "\n".join(out) + "\n" + note + "".join(notes[x] for x in sorted(notes))
 
 
+def long_peers_table(docs: list[dict]) -> str:
+    """Markdown: the long-context peer cells (tools/bench_peers.py --long: a prefill of N tokens and
+    decode with N in the cache, against llama-bench with -fa on and the same KV type), each from the
+    newest peers run that has it: both figures and the ratio, the step limit with its bound, the
+    share of it each engine reached and attention's share of the limit. Empty text when none."""
+    cells: dict[tuple, tuple[dict, dict]] = {}
+    for d in docs:  # oldest first: later documents overwrite
+        if d.get("kind") == "peers":
+            for r in d.get("results", []):
+                if long_cell(r):
+                    cells[(cpu_key(d), r["model"], r.get("kv_type", "bf16"), int(r["long_context"]),
+                           r["name"].startswith("tg"))] = (r, d)
+    if not cells:
+        return ""
+    out = ["| model | KV type | bench | CPU (level) | Kipp tok/s | llama.cpp tok/s | Kipp / llama.cpp | "
+           "step limit tok/s (bound) | Kipp's share | llama.cpp's share | attention's share of the limit | run | file |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes: dict[str, str] = {}
+    for k in sorted(cells, key=lambda k: (str(cpu_of(cells[k][1])), k[1], k[2] != "bf16", k[2], k[3], k[4])):
+        r, d = cells[k]
+        cfg = d.get("config", {}) if isinstance(d.get("config"), dict) else {}
+        load = [cfg.get(x) for x in ("load_avg_1min_at_start", "load_avg_1min_at_end")]
+        run = f"{cfg.get('long_rounds', '?')} rounds, load {'/'.join(f'{x:.1f}' for x in load if _num(x)) or '?'}"
+        if cfg.get("note"):
+            run += "; marked (note below)"
+            notes[d["_file"]] = f"\nMarked run `{d['_file']}`: {cfg['note']}\n"
+        lim = r.get("step_limit") or {}
+
+        def pct(x) -> str:
+            return f"{floor_fmt(100 * x, 1)}%" if _num(x) else "-"
+
+        limit = f"{lim['limit_tok_s']:.2f} ({lim.get('bound', '?')})" if _num(lim.get("limit_tok_s")) else "-"
+        out.append(f"| {r['model']} | {k[2]} | {r['name']} | {cpu_of(d)} | {r['kipp']['median']:.2f} | "
+                   f"{r['llama_cpp']['median']:.2f} | **{r['ratio']:.2f}x** | {limit} | {pct(lim.get('share'))} | "
+                   f"{pct(lim.get('peer_share'))} | {pct(lim.get('attention_share'))} | {run} | `{d['_file']}` |")
+    note = ("\nLong-context cells: `make bench-peers PEERS_ARGS=\"--long-only --kv-types bf16,q8_0\"` (tools/bench_peers.py "
+            "section 7), kipp-bench's ppN (one prefill of N tokens from an empty cache) and tgNk (32 decode steps with N "
+            "tokens in the cache) against `llama-bench -p N -n 0` and `-p 0 -n 32 -d N`, both `-fa on -ctk T -ctv T` at "
+            "the same KV type T, `--no-warmup`, same BF16 weights, threads and machine, rounds interleaved. Step limit: "
+            "decode's weight and KV bytes over the read bandwidth probed beside Kipp's row; prefill's FLOPs (attention's "
+            "causal quadratic term included) over the profile's peak of each part's arithmetic. Attention's share of the "
+            "limit comes from that FLOP/byte split (Kipp has no per-op profile): decode, the KV bytes over the step's "
+            "bytes; prefill, attention's FLOPs at their peak over the compute time.\n")
+    return "\n".join(out) + "\n" + note + "".join(notes[x] for x in sorted(notes))
+
+
 HEADLINE_MODELS = ("synthetic-0.6b", "synthetic-1.7b")
 HEADLINE_BENCHES = ("pp512", "tg128", "tg4k")
 
@@ -623,9 +674,11 @@ def rewrite_between(path: Path, begin: str, end: str, body: str) -> None:
 
 
 def rewrite_readme(path: Path, docs: list[dict]) -> None:
-    """The full tables (model, quantized peer cells, batched peer cells, serve) between the perf-table markers in path."""
-    serve, quant, batched = serve_table(docs), quant_peers_table(docs), batched_peers_table(docs)
-    rewrite_between(path, *TABLE_MARKERS, readme_table(docs) + "".join("\n" + t for t in (quant, batched, serve) if t))
+    """The full tables (model, quantized, batched and long-context peer cells, serve) between the perf-table markers."""
+    serve, quant, batched, long = serve_table(docs), quant_peers_table(docs), batched_peers_table(docs), \
+        long_peers_table(docs)
+    rewrite_between(path, *TABLE_MARKERS,
+                    readme_table(docs) + "".join("\n" + t for t in (quant, batched, long, serve) if t))
 
 
 def rewrite_headline(path: Path, docs: list[dict]) -> None:
