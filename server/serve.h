@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "engine/kipp.h"
+#include "server/step_cost.h"
 
 #define SERVE_MAX_N 8          /* choices per request */
 #define SERVE_MAX_STOP 4       /* stop strings per request (OpenAI) */
@@ -575,6 +576,8 @@ typedef struct {
     uint64_t iter_tokens[SERVE_ITER_BUCKETS + 1]; /* tokens per step (vllm:iteration_tokens_total) */
     double iter_sum;
     uint64_t capped_steps;    /* steps whose prefill share the time target cut */
+    uint64_t kind_steps[3];   /* steps that decoded only, prefilled only, did both (SERVE_STEP_*) */
+    uint64_t burst_steps;     /* mixed steps whose prompts were a burst (no time target) */
     double target_s;          /* the latest step's time target (0 = none applied) */
     double cost[4];           /* the step-cost fit: base, per decode token, per prefill token, per 1024 attention pairs */
     uint64_t rerank[6];       /* /v1/rerank and /v1/score (SERVE_RR_*): requests, documents, prompt tokens, prefix tokens
@@ -616,11 +619,13 @@ void serve_metrics_on_kv(uint64_t blocks);
 void serve_metrics_on_pool(const kipp_pool_stats *st);
 /**
  * One scheduler step (one kipp_eval_batch): seconds per phase (SERVE_PH_*),
- * tokens evaluated, its time target (0 = none), capped 1 when that target cut
- * its prefill share, and the cost fit after it (4 coefficients, step_cost.h).
+ * what it evaluated (decode and prefill tokens), its time target (0 = none),
+ * capped 1 when that target cut its prefill share, burst 1 when it decoded
+ * beside a burst of prompts (serve_step_burst), and the cost fit after it
+ * (4 coefficients, step_cost.h).
  */
-void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], double tokens, double target_s, int capped,
-                           const double cost[4]);
+void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], const serve_step_load *load, double target_s, int capped,
+                           int burst, const double cost[4]);
 /** A choice's session was preempted to free KV blocks. */
 void serve_metrics_on_preempt(void);
 /** A client went away before its request finished. */
