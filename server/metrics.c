@@ -113,6 +113,7 @@ void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], const serve_st
     g_metrics.target_s = target_s;
     for (int i = 0; i < 4; i++) g_metrics.cost[i] = cost[i];
 }
+void serve_metrics_on_render(double seconds, size_t bytes) { g_metrics.render_s += seconds, g_metrics.renders += bytes > 0; }
 void serve_metrics_on_preempt(void) { g_metrics.preemptions++; }
 void serve_metrics_on_cancel(void) { g_metrics.cancelled++; }
 
@@ -345,6 +346,10 @@ static void step_metrics(serve_buf *b, const serve_metrics *m)
     put(b, "# HELP kipp_step_kind_total Scheduler steps that evaluated decode items only, prompt chunks only (nothing "
            "was decoding), or both.\n# TYPE kipp_step_kind_total counter\n");
     for (int i = 0; i < 3; i++) put(b, "kipp_step_kind_total{kind=\"%s\"} %llu\n", kind[i], (unsigned long long)m->kind_steps[i]);
+    gauge(b, "kipp_http_render_seconds_total", "Seconds HTTP threads spent rendering stream events (SSE encoding) under "
+          "the scheduler lock, beside the steps (per step: divide by kipp_scheduler_steps_total).", "counter", m->render_s);
+    gauge(b, "kipp_http_renders_total", "Stream renders that produced bytes (about one per streaming choice per step).",
+          "counter", (double)m->renders);
     gauge(b, "kipp_step_prefill_burst_total", "Mixed steps whose prompts were a burst (at least as many prefilling as "
           "decoding choices): they took the token budget, not the time target.", "counter", (double)m->burst_steps);
     const char *term[4] = {"base", "decode_token", "prefill_token", "attention_kpair"};

@@ -19,11 +19,13 @@
  *      always gets one chunk), and what is left lengthens the chunks, oldest
  *      first. A lone prompt prefills in budget-sized chunks; a decode never
  *      waits behind a prefill; a new request starts within one step.
- *      Stall-free (Sarathi-Serve): while choices decode, the prefill share is
- *      also cut to what fits the step time target (--step-ms) beside the
- *      decode part, as the online step-cost fit predicts it (step_cost.h,
- *      fed each step's measured time); the oldest prefilling choice still
- *      gets SERVE_MIN_CHUNK tokens, so every prompt progresses.
+ *      Stall-free (Sarathi-Serve): while more choices decode than prefill,
+ *      the prefill share is also cut to what fits the step time target
+ *      (--step-ms) beside the decode part, as the online step-cost fit
+ *      predicts it (step_cost.h, fed each step's measured time); the oldest
+ *      prefilling choice still gets SERVE_MIN_CHUNK tokens, so every prompt
+ *      progresses. A burst (serve_step_burst: at least as many prefilling
+ *      choices) takes the token budget in one pass beside the decodes.
  *      Pooled, when the planned step needs more blocks than the pool can
  *      hand out, the least urgent resident choice (highest priority value,
  *      then youngest) is preempted: its session is

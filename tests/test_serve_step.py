@@ -182,6 +182,8 @@ def test_decode_rides_every_prefill_step(synthetic_gguf):
         d = _delta(k0, k1)
         assert d["prefill"] == 0 and d["burst"] == 0, d
         assert d["mixed"] >= 2, d  # 300 prompt tokens at most 254 a step beside 2 decodes; the target cuts more
+        # the streamed request's chunks were rendered by its HTTP thread, each render that produced bytes counted
+        assert s.gauge("kipp_http_renders_total") >= 1 and s.gauge("kipp_http_render_seconds_total") > 0
 
 
 def test_burst_prefills_in_one_step(synthetic_gguf):
