@@ -24,6 +24,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,12 +202,51 @@ static void apply_freq_presence(float *x, uint32_t *counts, const kipp_sample_pa
     }
 }
 
+/* Blocks of SCAN floats: fixed-length inner loops the compiler vectorizes,
+ * so the per-row passes over the vocabulary below run at SIMD width. */
+#define SCAN 64
+
+/* The index of the first x[i] for which bad(x[i]) holds (+/-inf or NaN when
+ * allow_ninf is 0; NaN or +inf when it is 1), or n when none. */
+static size_t first_nonfinite(const float *x, size_t n, int allow_ninf)
+{
+    const uint32_t ninf = allow_ninf ? 0xff800000u : 0; /* -inf's bits, or 0 (a finite value's) */
+    size_t i = 0;
+    for (; i + SCAN <= n; i += SCAN) {
+        uint32_t bad = 0;
+        for (size_t j = 0; j < SCAN; j++) { /* exponent all ones: inf or NaN */
+            uint32_t u;
+            memcpy(&u, x + i + j, sizeof u);
+            bad |= ((u & 0x7f800000u) == 0x7f800000u) & (u != ninf);
+        }
+        if (bad) break;
+    }
+    for (; i < n; i++)
+        if (!isfinite(x[i]) && !(allow_ninf && x[i] == -INFINITY)) return i;
+    return n;
+}
+
+/* The first index of the largest value (x free of NaN): the lowest id wins
+ * ties, as a strict left-to-right scan gives. The maximum comes from SCAN
+ * lanes (max is exact, in any order), then the first index equal to it. */
 static uint32_t argmax(const float *x, size_t n)
 {
-    size_t best = 0;
-    for (size_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i; /* strict: the lowest id wins ties */
-    return (uint32_t)best;
+    float lane[SCAN], m = x[0];
+    size_t i = 0;
+    if (n >= SCAN) {
+        memcpy(lane, x, sizeof lane);
+        for (i = SCAN; i + SCAN <= n; i += SCAN)
+            for (size_t j = 0; j < SCAN; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+        for (size_t j = 0; j < SCAN; j++) m = lane[j] > m ? lane[j] : m;
+    }
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (i = 0; i + SCAN <= n; i += SCAN) {
+        int hit = 0;
+        for (size_t j = 0; j < SCAN; j++) hit |= x[i + j] == m;
+        if (hit) break;
+    }
+    while (x[i] != m) i++; /* m is some x[k], so this stops at or before k */
+    return (uint32_t)i;
 }
 
 /* ---- stages 5-10 over a candidate list ---- */
@@ -348,9 +388,9 @@ static size_t scaled_candidates(const float *x, size_t n_vocab, const kipp_sampl
 static int prepare(const float *logits, size_t n_vocab, const kipp_sample_params *p, float *x, uint32_t *counts,
                    char *err, size_t errlen)
 {
-    for (size_t i = 0; i < n_vocab; i++)
-        if (!isfinite(logits[i]))
-            return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu is %g, expected a finite value", i, (double)logits[i]);
+    size_t bad = first_nonfinite(logits, n_vocab, 0);
+    if (bad < n_vocab)
+        return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu is %g, expected a finite value", bad, (double)logits[bad]);
     apply_bias(x, p);
     apply_repetition(x, counts, p);
     apply_freq_presence(x, counts, p);
@@ -369,10 +409,57 @@ static int prepare(const float *logits, size_t n_vocab, const kipp_sample_params
         }
     }
     if (!n_allowed) return kipp_err(err, errlen, KIPP_EINVAL, "the allowed-token mask is empty, expected at least one token");
-    for (size_t i = 0; i < n_vocab; i++)
-        if (!isfinite(x[i]) && !(p->allowed && x[i] == -INFINITY))
-            return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", i, (double)x[i]);
+    bad = first_nonfinite(x, n_vocab, p->allowed != NULL);
+    if (bad < n_vocab)
+        return kipp_err(err, errlen, KIPP_ENUMERIC, "logit %zu became %g after bias/penalties, expected a finite value", bad, (double)x[bad]);
     return 0;
+}
+
+/* A thread's scratch for sample_or_probs, kept between calls (freed at thread
+ * exit): the logits copy, counts (all zero between calls: the apply_* stages
+ * clear what they mark) and the candidates. A fresh malloc and calloc of a
+ * vocabulary's floats per sampled row came from mmap, and their page faults
+ * cost more than the sampling (the server samples every decoding row of a
+ * step on its scheduler thread). */
+typedef struct {
+    float *x;
+    uint32_t *counts;
+    cand *c;
+    size_t n, n_c;            /* entries x and counts hold; entries c holds */
+} sample_scratch;
+
+static pthread_key_t g_scratch_key;
+static int g_scratch_ok;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg)
+{
+    sample_scratch *s = arg;
+    free(s->x), free(s->counts), free(s->c), free(s);
+}
+
+static void scratch_key(void) { g_scratch_ok = pthread_key_create(&g_scratch_key, scratch_free) == 0; }
+
+/* This thread's scratch with room for n_vocab entries (candidates too when
+ * want_c), or NULL when out of memory. */
+static sample_scratch *scratch_get(size_t n_vocab, int want_c)
+{
+    pthread_once(&g_scratch_once, scratch_key);
+    if (!g_scratch_ok) return NULL;
+    sample_scratch *s = pthread_getspecific(g_scratch_key);
+    if (!s && (!(s = calloc(1, sizeof *s)) || pthread_setspecific(g_scratch_key, s))) return free(s), NULL;
+    if (s->n < n_vocab) {
+        free(s->x), free(s->counts);
+        s->x = malloc(n_vocab * sizeof *s->x), s->counts = calloc(n_vocab, sizeof *s->counts);
+        s->n = s->x && s->counts ? n_vocab : 0;
+        if (!s->n) return NULL;
+    }
+    if (want_c && s->n_c < n_vocab) {
+        free(s->c);
+        s->n_c = (s->c = malloc(n_vocab * sizeof *s->c)) ? n_vocab : 0;
+        if (!s->n_c) return NULL;
+    }
+    return s;
 }
 
 /* Shared by kipp_sample_ex and kipp_sample_probs: the token (probs NULL) or the whole distribution. */
@@ -381,14 +468,12 @@ static int sample_or_probs(const float *logits, size_t n_vocab, const kipp_sampl
 {
     int rc = check_params(p, n_vocab, err, errlen);
     if (rc) return rc;
-    float *x = malloc(n_vocab * sizeof *x);
-    uint32_t *counts = calloc(n_vocab, sizeof *counts);
     int greedy = p->temperature == 0.0f || p->top_p == 0.0f;
-    cand *c = !greedy ? malloc(n_vocab * sizeof *c) : NULL;
-    if (!x || !counts || (!greedy && !c)) {
-        free(x), free(counts), free(c);
-        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory sampling over %zu logits", n_vocab);
-    }
+    sample_scratch *sc = scratch_get(n_vocab, !greedy);
+    if (!sc) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory sampling over %zu logits", n_vocab);
+    float *x = sc->x;
+    uint32_t *counts = sc->counts;
+    cand *c = greedy ? NULL : sc->c;
     memcpy(x, logits, n_vocab * sizeof *x);
     rc = prepare(logits, n_vocab, p, x, counts, err, errlen);
     size_t n = !rc && !greedy ? scaled_candidates(x, n_vocab, p, c) : 0;
@@ -400,7 +485,6 @@ static int sample_or_probs(const float *logits, size_t n_vocab, const kipp_sampl
         for (size_t i = 0; i < n; i++) total += c[i].p;
         for (size_t i = 0; i < n; i++) probs[c[i].id] = (float)(c[i].p / total);
     }
-    free(x), free(counts), free(c);
     return rc;
 }
 

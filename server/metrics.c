@@ -95,10 +95,13 @@ static void step_hist_add(serve_step_hist *h, double seconds)
     h->n++;
 }
 
-void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], double tokens, double target_s, int capped,
-                           const double cost[4])
+void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], const serve_step_load *load, double target_s, int capped,
+                           int burst, const double cost[4])
 {
-    double all = 0;
+    double all = 0, tokens = load->decode_tokens + load->prefill_tokens;
+    int dec = load->decode_tokens > 0, pre = load->prefill_tokens > 0;
+    g_metrics.kind_steps[dec && pre ? 2 : pre ? 1 : 0]++;
+    g_metrics.burst_steps += burst != 0;
     g_metrics.steps++;
     for (int i = 0; i < SERVE_STEP_PHASES; i++) step_hist_add(&g_metrics.phase[i], phase[i]), all += phase[i];
     step_hist_add(&g_metrics.step, all);
@@ -110,6 +113,7 @@ void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], double tokens,
     g_metrics.target_s = target_s;
     for (int i = 0; i < 4; i++) g_metrics.cost[i] = cost[i];
 }
+void serve_metrics_on_render(double seconds, size_t bytes) { g_metrics.render_s += seconds, g_metrics.renders += bytes > 0; }
 void serve_metrics_on_preempt(void) { g_metrics.preemptions++; }
 void serve_metrics_on_cancel(void) { g_metrics.cancelled++; }
 
@@ -338,6 +342,16 @@ static void step_metrics(serve_buf *b, const serve_metrics *m)
     gauge(b, "kipp_step_target_seconds", "The latest step's time target (--step-ms), 0 when none applied.", "gauge", m->target_s);
     gauge(b, "kipp_step_prefill_capped_total", "Steps whose prefill share the time target cut below the token budget's.",
           "counter", (double)m->capped_steps);
+    static const char *const kind[3] = {"decode", "prefill", "mixed"};
+    put(b, "# HELP kipp_step_kind_total Scheduler steps that evaluated decode items only, prompt chunks only (nothing "
+           "was decoding), or both.\n# TYPE kipp_step_kind_total counter\n");
+    for (int i = 0; i < 3; i++) put(b, "kipp_step_kind_total{kind=\"%s\"} %llu\n", kind[i], (unsigned long long)m->kind_steps[i]);
+    gauge(b, "kipp_http_render_seconds_total", "Seconds HTTP threads spent rendering stream events (SSE encoding) under "
+          "the scheduler lock, beside the steps (per step: divide by kipp_scheduler_steps_total).", "counter", m->render_s);
+    gauge(b, "kipp_http_renders_total", "Stream renders that produced bytes (about one per streaming choice per step).",
+          "counter", (double)m->renders);
+    gauge(b, "kipp_step_prefill_burst_total", "Mixed steps whose prompts were a burst (at least as many prefilling as "
+          "decoding choices): they took the token budget, not the time target.", "counter", (double)m->burst_steps);
     const char *term[4] = {"base", "decode_token", "prefill_token", "attention_kpair"};
     put(b, "# HELP kipp_step_cost_seconds The step-cost fit: seconds per step (base), per decode token, per prefill "
            "token, per 1024 attention pairs.\n# TYPE kipp_step_cost_seconds gauge\n");

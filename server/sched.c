@@ -19,11 +19,13 @@
  *      always gets one chunk), and what is left lengthens the chunks, oldest
  *      first. A lone prompt prefills in budget-sized chunks; a decode never
  *      waits behind a prefill; a new request starts within one step.
- *      Stall-free (Sarathi-Serve): while choices decode, the prefill share is
- *      also cut to what fits the step time target (--step-ms) beside the
- *      decode part, as the online step-cost fit predicts it (step_cost.h,
- *      fed each step's measured time); the oldest prefilling choice still
- *      gets SERVE_MIN_CHUNK tokens, so every prompt progresses.
+ *      Stall-free (Sarathi-Serve): while more choices decode than prefill,
+ *      the prefill share is also cut to what fits the step time target
+ *      (--step-ms) beside the decode part, as the online step-cost fit
+ *      predicts it (step_cost.h, fed each step's measured time); the oldest
+ *      prefilling choice still gets SERVE_MIN_CHUNK tokens, so every prompt
+ *      progresses. A burst (serve_step_burst: at least as many prefilling
+ *      choices) takes the token budget in one pass beside the decodes.
  *      Pooled, when the planned step needs more blocks than the pool can
  *      hand out, the least urgent resident choice (highest priority value,
  *      then youngest) is preempted: its session is
@@ -96,6 +98,7 @@ struct serve_sched {
     serve_step_load load;     /* what the planned step evaluates */
     double target_s;          /* its time target (0 = none applied) */
     int capped;               /* 1: the target cut its prefill share below the token budget's */
+    int burst;                /* 1: it decodes beside a burst of prompts, which take the token budget (serve_step_burst) */
     serve_embed_queue eq;     /* embedding requests (sched_embed.c), run between steps */
 };
 
@@ -537,13 +540,13 @@ static int plan(serve_sched *s, kipp_batch_item *items)
     sched_choice *pre[SERVE_MAX_BATCH];
     serve_prefill_want want[SERVE_MAX_BATCH];
     uint32_t give[SERVE_MAX_BATCH], all[SERVE_MAX_BATCH], used = 0;
-    int n = 0, n_pre = prefill_order(s, pre);
+    int n = 0, n_dec = 0, n_pre = prefill_order(s, pre);
     serve_step_load dec = {0};
     for (int k = 0; k < s->n_act; k++) {
         sched_choice *c = s->act[k];
         c->it.token_count = 0;
         if (!c->s || kipp_gen_prompt_left(c->g) || kipp_gen_next(c->g, 1, &c->it, NULL, 0)) continue;
-        used += c->it.token_count, dec.decode_tokens += c->it.token_count;
+        used += c->it.token_count, dec.decode_tokens += c->it.token_count, n_dec++;
         dec.attn_kpairs += serve_attn_kpairs(kipp_session_length(c->s), c->it.token_count);
     }
     serve_step_load steady = dec;
@@ -552,9 +555,11 @@ static int plan(serve_sched *s, kipp_batch_item *items)
         steady.decode_tokens++, steady.attn_kpairs += serve_attn_kpairs(want[p].pos + want[p].left, 1);
     }
     serve_prefill_plan pp = {.token_room = used < s->o.step_tokens ? s->o.step_tokens - used : 0, .chunk = SERVE_CHUNK,
-                             .min_chunk = SERVE_MIN_CHUNK, .target_s = step_target(s, &steady), .cost = &s->cost, .decode = dec};
+                             .min_chunk = SERVE_MIN_CHUNK, .target_s = step_target(s, &steady), .cost = &s->cost, .decode = dec,
+                             .decoding = (uint32_t)n_dec};
     uint32_t got = serve_step_plan_prefill(&pp, want, n_pre, give);
-    s->target_s = n_pre && dec.decode_tokens > 0 ? pp.target_s : 0;
+    s->burst = n_dec && serve_step_burst(&pp, n_pre);
+    s->target_s = n_pre && dec.decode_tokens > 0 && !s->burst ? pp.target_s : 0;
     pp.target_s = 0;
     s->capped = s->target_s > 0 && got < serve_step_plan_prefill(&pp, want, n_pre, all);
     s->load = dec;
@@ -691,7 +696,7 @@ static void step(serve_sched *s)
     }
     t[5] = serve_now();
     const double phase[SERVE_STEP_PHASES] = {t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]};
-    serve_metrics_on_step(phase, s->load.decode_tokens + s->load.prefill_tokens, s->target_s, s->capped, s->cost.theta);
+    serve_metrics_on_step(phase, &s->load, s->target_s, s->capped, s->burst, s->cost.theta);
     if (!rc) serve_cost_observe(&s->cost, &s->load, t[5] - t[0]);
 }
 

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "engine/kipp.h"
+#include "server/step_cost.h"
 
 #define SERVE_MAX_N 8          /* choices per request */
 #define SERVE_MAX_STOP 4       /* stop strings per request (OpenAI) */
@@ -37,11 +38,11 @@
 #define SERVE_MAX_BIAS 300     /* logit_bias entries (OpenAI allows 300) */
 #define SERVE_MAX_MSGS 256     /* chat messages per request */
 #define SERVE_CHUNK 32         /* prefill chunk every prefilling choice gets per step while the budget lasts */
-#define SERVE_STEP_TOKENS 512  /* default token budget of one step (--step-tokens) */
+#define SERVE_STEP_TOKENS 2048 /* default token budget of one step (--step-tokens): a burst of short prompts in one pass */
 #define SERVE_STEP_AUTO 2.0    /* --step-ms auto: a step with prefill may take this times the predicted cost of a
                                 * decode-only step of every resident choice (the steady step they will reach) */
 #define SERVE_STEP_MS_MAX 60000 /* --step-ms's upper bound */
-#define SERVE_STEP_MS_DEFAULT 0 /* --step-ms's default: off (docs/SERVING.md has the A/B that chose it); -1 = auto */
+#define SERVE_STEP_MS_DEFAULT (-1) /* --step-ms's default: auto (docs/SERVING.md has the A/B that chose it); 0 = off */
 #define SERVE_RESERVE 16       /* pooled: KV positions a choice reserves beyond its prompt (admission, resumption) */
 #define SERVE_MAX_TOOLS 128    /* tools per request (OpenAI allows 128) */
 #define SERVE_MAX_PARALLEL 8   /* tool calls one constrained reply may make with parallel_tool_calls */
@@ -575,6 +576,10 @@ typedef struct {
     uint64_t iter_tokens[SERVE_ITER_BUCKETS + 1]; /* tokens per step (vllm:iteration_tokens_total) */
     double iter_sum;
     uint64_t capped_steps;    /* steps whose prefill share the time target cut */
+    uint64_t kind_steps[3];   /* steps that decoded only, prefilled only, did both (SERVE_STEP_*) */
+    uint64_t burst_steps;     /* mixed steps whose prompts were a burst (no time target) */
+    double render_s;          /* seconds HTTP threads spent rendering stream events under the sched mutex */
+    uint64_t renders;         /* renders that produced bytes */
     double target_s;          /* the latest step's time target (0 = none applied) */
     double cost[4];           /* the step-cost fit: base, per decode token, per prefill token, per 1024 attention pairs */
     uint64_t rerank[6];       /* /v1/rerank and /v1/score (SERVE_RR_*): requests, documents, prompt tokens, prefix tokens
@@ -616,11 +621,15 @@ void serve_metrics_on_kv(uint64_t blocks);
 void serve_metrics_on_pool(const kipp_pool_stats *st);
 /**
  * One scheduler step (one kipp_eval_batch): seconds per phase (SERVE_PH_*),
- * tokens evaluated, its time target (0 = none), capped 1 when that target cut
- * its prefill share, and the cost fit after it (4 coefficients, step_cost.h).
+ * what it evaluated (decode and prefill tokens), its time target (0 = none),
+ * capped 1 when that target cut its prefill share, burst 1 when it decoded
+ * beside a burst of prompts (serve_step_burst), and the cost fit after it
+ * (4 coefficients, step_cost.h).
  */
-void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], double tokens, double target_s, int capped,
-                           const double cost[4]);
+void serve_metrics_on_step(const double phase[SERVE_STEP_PHASES], const serve_step_load *load, double target_s, int capped,
+                           int burst, const double cost[4]);
+/** An HTTP thread rendered a stream's new events (SSE encoding, under the sched mutex): seconds, bytes (0 = nothing new). */
+void serve_metrics_on_render(double seconds, size_t bytes);
 /** A choice's session was preempted to free KV blocks. */
 void serve_metrics_on_preempt(void);
 /** A client went away before its request finished. */

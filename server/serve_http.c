@@ -113,11 +113,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         pthread_mutex_lock(mu);
         for (;;) {
             int done;
+            double t0 = serve_now();
             if (anth) done = serve_anthropic_events(&s->h->info, s->job, &s->ast, &s->out);
             else if (s->job->req.api == SERVE_API_RESPONSES)
                 done = s->st.done_sent = serve_responses_chunks(&s->h->info, s->job, &s->out);
             else
                 done = serve_render_chunks(&s->h->info, s->job, &s->st, &s->out);
+            serve_metrics_on_render(serve_now() - t0, s->out.n);
             if (s->out.n || done) break;
             if (client_gone(s->fd)) {
                 serve_sched_cancel(s->h->sched, s->job);

@@ -102,9 +102,15 @@ static uint32_t fit(const serve_prefill_plan *p, uint32_t pos, uint32_t had, uin
 
 static uint32_t min_u(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
+int serve_step_burst(const serve_prefill_plan *p, int n)
+{
+    return n > 0 && (double)n >= SERVE_BURST_RATIO * p->decoding;
+}
+
 uint32_t serve_step_plan_prefill(const serve_prefill_plan *p, const serve_prefill_want *pre, int n, uint32_t *give)
 {
-    int timed = p->target_s > 0 && p->decode.decode_tokens > 0 && p->cost && (p->cost->theta[2] > 0 || p->cost->theta[3] > 0);
+    int timed = p->target_s > 0 && p->decode.decode_tokens > 0 && !serve_step_burst(p, n) && p->cost &&
+                (p->cost->theta[2] > 0 || p->cost->theta[3] > 0);
     double time_left = timed ? p->target_s - serve_cost_predict(p->cost, &p->decode) : INFINITY;
     uint32_t room = p->token_room, used = 0;
     for (int i = 0; i < n; i++) { /* a chunk each while the budgets last; the oldest always progresses */

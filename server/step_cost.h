@@ -32,6 +32,7 @@
 #define SERVE_COST_RIDGE 1e-3   /* pull toward the previous fit, in units of feature^2 (features are O(1..1000)) */
 #define SERVE_COST_TIE 10.0     /* pull of b toward c until two decode batch sizes were seen (see below) */
 #define SERVE_MIN_CHUNK 16      /* prompt tokens the oldest prefilling choice gets in any step (progress) */
+#define SERVE_BURST_RATIO 1.0   /* a burst: prefilling choices >= this x decoding choices (see serve_step_burst) */
 
 /** What one step evaluates, in the model's features. */
 typedef struct {
@@ -73,7 +74,23 @@ typedef struct {
     double target_s;        /* step time target in seconds; 0 = none (token budget only) */
     const serve_cost_model *cost; /* the fit predicting the step (used when target_s > 0) */
     serve_step_load decode; /* the step's decode part */
+    uint32_t decoding;      /* choices with a decode item in the step */
 } serve_prefill_plan;
+
+/**
+ * 1 when the step's n prefilling choices are a burst: at least
+ * SERVE_BURST_RATIO x p->decoding (always when nothing decodes). A burst's
+ * prompts then take the token budget alone, with no time target: many short
+ * prompts go through one pass at the prefill tile's efficiency and start
+ * decoding together, and each decoding choice waits one long step (one
+ * inter-token gap) instead of every prompt's first token waiting for dozens
+ * of target-sized steps (on a CPU a prompt token costs about what a decode
+ * row does, so a stall-free step holds only a few tens of them). TGI's
+ * waiting_served_ratio makes the same call. Otherwise (few prompts beside
+ * many decoding streams) the time target applies: Sarathi-Serve's stall-free
+ * steps.
+ */
+int serve_step_burst(const serve_prefill_plan *p, int n);
 
 /**
  * Fill give[n] with the prompt tokens each prefilling choice pre[n] (oldest
@@ -85,7 +102,8 @@ typedef struct {
  * step's base cost a), and a chunk of n tokens at pos costs
  * c*n + d*serve_attn_kpairs(pos, n) plus what the earlier chunks cost; it
  * applies only when target_s > 0, the step decodes (someone's inter-token
- * latency is at stake) and the fit gives prefill a positive cost (c or d > 0).
+ * latency is at stake), the prompts are not a burst (serve_step_burst) and
+ * the fit gives prefill a positive cost (c or d > 0).
  */
 uint32_t serve_step_plan_prefill(const serve_prefill_plan *p, const serve_prefill_want *pre, int n, uint32_t *give);
 

@@ -7,6 +7,8 @@
  * binomial bound; tokens outside the kept set must never appear.
  */
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "tests/test_harness.h"
@@ -350,6 +352,49 @@ static void test_bad_parameters(void)
     p = d, p.history = hist, p.history_len = 0, p.n_prompt_history = 1, expect_reject(p, KIPP_EINVAL, "n_prompt_history");
 }
 
+/* Vocabularies past the 64-float blocks the scans vectorize over: the greedy
+ * token equals a strict left-to-right scan (the lowest id among ties, -0 and +0
+ * equal), with ties and maxima in the blocks and in the tail, masked tokens
+ * (-inf) never chosen, and a non-finite logit named at its index. */
+static void test_greedy_large_vocab(void)
+{
+    kipp_sample_params p = kipp_sample_params_default();
+    kipp_rng rng;
+    kipp_rng_seed(&rng, 3);
+    static float lg[1100];
+    static uint64_t allowed[(1100 + 63) / 64];
+    uint64_t h = 12345;
+    for (int t = 0; t < 200; t++) {
+        size_t n = 64 + (size_t)(t * 37) % 1000;
+        for (size_t i = 0; i < n; i++) {
+            h = h * 6364136223846793005ull + 1442695040888963407ull;
+            lg[i] = (float)((h >> 33) % 7) - 3.0f; /* many ties */
+            if (lg[i] == 0.0f && (h >> 20 & 1)) lg[i] = -0.0f;
+        }
+        p.allowed = NULL;
+        if (t % 3 == 2) { /* mask a pseudo-random half */
+            for (size_t w = 0; w < (n + 63) / 64; w++) h = h * 6364136223846793005ull + 1, allowed[w] = h | 1;
+            p.allowed = allowed;
+        }
+        size_t want = SIZE_MAX;
+        for (size_t i = 0; i < n; i++)
+            if ((!p.allowed || (allowed[i / 64] >> (i % 64) & 1)) && (want == SIZE_MAX || lg[i] > lg[want])) want = i;
+        uint32_t tok = 0;
+        CHECK(kipp_sample_ex(lg, n, &p, &rng, &tok, NULL, 0) == 0 && tok == want, "n %zu trial %d: %u, expected %zu", n, t, tok, want);
+    }
+    p.allowed = NULL;
+    const size_t at[5] = {0, 63, 64, 700, 1099};
+    for (int k = 0; k < 5; k++) {
+        for (size_t i = 0; i < 1100; i++) lg[i] = (float)(i % 13);
+        lg[at[k]] = k % 2 ? -INFINITY : NAN;
+        char err[256] = "", want[32];
+        uint32_t tok = 0;
+        int rc = kipp_sample_ex(lg, 1100, &p, &rng, &tok, err, sizeof err);
+        snprintf(want, sizeof want, "logit %zu ", at[k]);
+        CHECK(rc == KIPP_ENUMERIC && strstr(err, want), "logit %zu non-finite: rc %d '%s'", at[k], rc, err);
+    }
+}
+
 static void test_nonfinite_logits(void)
 {
     float lg[5];
@@ -398,6 +443,7 @@ int main(void)
     RUN(test_greedy_is_argmax);
     RUN(test_temperature_distribution);
     RUN(test_penalties);
+    RUN(test_greedy_large_vocab);
     RUN(test_top_k_top_p_min_p);
     RUN(test_top_p_zero_is_greedy);
     RUN(test_top_k_ties);

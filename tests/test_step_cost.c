@@ -27,7 +27,7 @@ static serve_cost_model dyadic_model(void)
 static serve_prefill_plan plan_of(const serve_cost_model *m, uint32_t room, double target_s, double decode_tokens)
 {
     return (serve_prefill_plan){.token_room = room, .chunk = 32, .min_chunk = 16, .target_s = target_s, .cost = m,
-                                .decode = {.decode_tokens = decode_tokens}};
+                                .decode = {.decode_tokens = decode_tokens}, .decoding = (uint32_t)decode_tokens};
 }
 
 static void test_attention_pairs(void)
@@ -96,6 +96,29 @@ static void test_min_chunk(void)
     CHECK(got == 200 && give[0] == 100 && give[1] == 100, "%u: %u %u", got, give[0], give[1]);
 }
 
+/* A burst (at least as many prefilling as decoding choices) takes the token
+ * budget alone; fewer prompts beside more decodes get the time target. */
+static void test_burst(void)
+{
+    serve_cost_model m = dyadic_model();
+    serve_prefill_want pre[3] = {{100, 0}, {100, 0}, {100, 0}};
+    uint32_t give[3];
+    serve_prefill_plan p = plan_of(&m, 504, 1.0 / 32, 8); /* target below the decode part: the minimum chunk */
+    p.decoding = 3;                                       /* 3 prompts beside 3 decoding choices: a burst */
+    CHECK(serve_step_burst(&p, 3) && serve_step_burst(&p, 4) && !serve_step_burst(&p, 2) && !serve_step_burst(&p, 0),
+          "burst iff 1 <= prompts and prompts >= %g x 3 decoding", SERVE_BURST_RATIO);
+    uint32_t got = serve_step_plan_prefill(&p, pre, 3, give);
+    CHECK(got == 300 && give[0] == 100 && give[1] == 100 && give[2] == 100, "%u: %u %u %u", got, give[0], give[1], give[2]);
+    p.token_room = 250; /* the token budget still binds a burst: 32 each, then the oldest lengthen */
+    got = serve_step_plan_prefill(&p, pre, 3, give);
+    CHECK(got == 250 && give[0] == 100 && give[1] == 100 && give[2] == 50, "%u: %u %u %u", got, give[0], give[1], give[2]);
+    p.token_room = 504, p.decoding = 4; /* 3 prompts beside 4 decoding choices: stall-free, the oldest's minimum */
+    got = serve_step_plan_prefill(&p, pre, 3, give);
+    CHECK(got == 16 && give[0] == 16 && give[1] == 0 && give[2] == 0, "%u: %u %u %u", got, give[0], give[1], give[2]);
+    p.decoding = 0; /* nothing decodes: always the token budget */
+    CHECK(serve_step_burst(&p, 1), "a lone prompt with no decode is a burst");
+}
+
 static void test_fit(void)
 {
     const double truth[4] = {0.02, 0.004, 0.0015, 0.0003};
@@ -145,6 +168,7 @@ int main(void)
     RUN(test_token_budget_only);
     RUN(test_time_target);
     RUN(test_min_chunk);
+    RUN(test_burst);
     RUN(test_fit);
     RUN(test_tie_until_varied);
     return th_finish();

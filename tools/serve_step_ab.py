@@ -5,6 +5,9 @@ stream starting at once), interleaved: each round runs every setting once, in
 an order that rotates per round, so a neighbour's load hits all alike.
 
     .venv/bin/python tools/serve_step_ab.py --settings 0,auto,150 --streams 8 --reps 3
+    .venv/bin/python tools/serve_step_ab.py --settings 0@512,auto@2048 --streams 16
+
+A setting is a --step-ms value, optionally @ a --step-tokens budget.
 
 Per setting: aggregate tok/s, TTFT p50/p99 and ITL p50/p99 (ms) per round and
 their medians over the rounds, plus the load average before and after. JSON on
@@ -61,13 +64,19 @@ def phase_means(text: str) -> dict:
         out[ph] = 1e3 * float(s.group(1)) / max(1.0, float(n.group(1)))
     out["steps"] = float(re.search(r"^kipp_scheduler_steps_total (\S+)$", text, re.M).group(1))
     out["capped"] = float(re.search(r"^kipp_step_prefill_capped_total (\S+)$", text, re.M).group(1))
+    burst = re.search(r"^kipp_step_prefill_burst_total (\S+)$", text, re.M)  # absent before the burst rule
+    if burst:
+        out["burst"] = float(burst.group(1))
+        for kind in ("decode", "prefill", "mixed"):
+            out[kind] = float(re.search(rf'^kipp_step_kind_total{{kind="{kind}"}} (\S+)$', text, re.M).group(1))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=ROOT / "models" / "synthetic-0.6b.gguf")
-    ap.add_argument("--settings", default="0,auto", help="comma list of --step-ms values")
+    ap.add_argument("--settings", default="0,auto", help="comma list of --step-ms values, each optionally "
+                    "@ a --step-tokens budget (auto@2048)")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
@@ -81,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.reps):
         order = settings[r % len(settings):] + settings[:r % len(settings)]
         for st in order:
-            with Server(args.model, "--ctx", str(args.ctx), "--max-batch", "16", "--threads", str(args.threads),
-                        "--no-spec", "--step-ms", st) as srv:
+            ms, _, tokens = st.partition("@")
+            with Server(args.model, "--ctx", str(args.ctx), "--max-batch", str(max(16, args.streams)), "--threads",
+                        str(args.threads), "--no-spec", "--step-ms", ms, *(("--step-tokens", tokens) if tokens else ())) as srv:
                 serve_bench.level(srv.port, 1, 4)  # warm-up: page in the weights
                 f = staggered(srv.port, args.streams, args.max_tokens, args.stagger)
                 f["load1"] = os.getloadavg()[0]
