@@ -716,10 +716,12 @@ void serve_sched_embed(serve_sched *s, serve_embed_job *j)
 }
 
 /* One group of the oldest embedding request: all of it while nothing generates
- * (up to SERVE_EMBED_IDLE_TOKENS), else a step's token budget (sched_embed.c). */
+ * (up to SERVE_EMBED_IDLE_TOKENS), else the step's token budget capped at
+ * SERVE_EMBED_BUSY_TOKENS (sched_embed.c). */
 static void embed_turn(serve_sched *s)
 {
-    uint64_t tokens = s->n_act ? s->o.step_tokens : SERVE_EMBED_IDLE_TOKENS;
+    uint64_t busy = s->o.step_tokens < SERVE_EMBED_BUSY_TOKENS ? s->o.step_tokens : SERVE_EMBED_BUSY_TOKENS;
+    uint64_t tokens = s->n_act ? busy : SERVE_EMBED_IDLE_TOKENS;
     if (serve_embed_run(&s->eq, s->m, &s->mu, tokens, s->o.pool_blocks ? s->o.pool_blocks / 2 : UINT64_MAX))
         pthread_cond_broadcast(&s->cv);
 }

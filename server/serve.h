@@ -684,6 +684,9 @@ double serve_now(void);
 
 #define SERVE_EMBED_MAX_INPUTS 2048   /* inputs per /v1/embeddings request (OpenAI's limit) */
 #define SERVE_EMBED_IDLE_TOKENS 16384 /* tokens of one embedding group while nothing generates */
+/* Most tokens of one embedding group while something generates: a decode waits for the whole group, and the
+ * step budget (--step-tokens, 2048 by default) is sized for bursts of prompts that decode themselves. */
+#define SERVE_EMBED_BUSY_TOKENS 512
 
 /** One embedding request as the scheduler runs it; fields up to out are the submitter's, set before queuing. */
 typedef struct serve_embed_job {
