@@ -11,7 +11,8 @@
  *
  * Crash safety: a file is written as NAME.tmp (0600, O_EXCL after removing a
  * stale one: the directory lock says no live process owns it), fsynced, then
- * renamed to NAME.kvb, so a reader sees a whole file or none; a kill leaves at
+ * renamed to NAME.kvb and the directory fsynced (the rename survives a power
+ * cut once counted as written), so a reader sees a whole file or none; a kill leaves at
  * most a .tmp, removed at the next start. Every read is verified in full
  * (kv_disk_file.c) before the block is published, so even a file changed
  * behind our back can only be rejected, never used.
@@ -74,6 +75,8 @@ struct kipp_kv_disk {
     kipp_kv_event_fn listener;
     void *listener_ctx;
     unsigned slow_ms;        /* KIPP_TEST_KV_DISK_SLOW_MS: sleep mid-write (the kill -9 test) */
+    unsigned slow_read_ms;   /* KIPP_TEST_KV_DISK_SLOW_READ_MS: sleep before each block read (the stall test), ms < 1000 */
+    struct kipp_disk_load *loads, *loads_tail; /* reads queued, served before writes */
 };
 
 static uint64_t now_ns(void)
@@ -154,11 +157,16 @@ static int dir_open(kipp_kv_disk *d, char *err, size_t errlen)
     const char *p = d->o.dir;
     if (mkdir(p, 0700) && errno != EEXIST)
         return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot create it: %s", p, strerror(errno));
-    d->dirfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat sb;
+    if (!lstat(p, &sb) && S_ISLNK(sb.st_mode))
+        return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' is a symlink; expected a real directory (a symlink is "
+                        "refused: it could point the cache at another user's files)", p);
+    if (!lstat(p, &sb) && !S_ISDIR(sb.st_mode))
+        return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' exists and is not a directory (%s); expected a "
+                        "directory, or a path that does not exist yet", p, S_ISREG(sb.st_mode) ? "a regular file" : "a special file");
+    d->dirfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (d->dirfd < 0 || fstat(d->dirfd, &sb))
-        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot open it as a directory (a symlink is refused): %s",
-                        p, strerror(errno));
+        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot open it as a directory: %s", p, strerror(errno));
     if (sb.st_uid != geteuid())
         return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' is owned by uid %u, expected this process's uid %u: "
                         "refusing to read KV written by another user", p, (unsigned)sb.st_uid, (unsigned)geteuid());
@@ -166,9 +174,12 @@ static int dir_open(kipp_kv_disk *d, char *err, size_t errlen)
         return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' has mode %03o, writable by others; expected no group or "
                         "world write (chmod 700 it)", p, (unsigned)(sb.st_mode & 0777));
     d->lockfd = openat(d->dirfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (d->lockfd < 0 || flock(d->lockfd, LOCK_EX | LOCK_NB))
-        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot lock %s/lock (%s): another kipp process uses "
-                        "this directory", p, p, strerror(errno));
+    if (d->lockfd < 0)
+        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot create its lock file %s/lock: %s; expected a "
+                        "directory this user can write block files into", p, p, strerror(errno));
+    if (flock(d->lockfd, LOCK_EX | LOCK_NB))
+        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot lock %s/lock (%s)%s", p, p, strerror(errno),
+                        errno == EWOULDBLOCK ? ": another kipp process uses this directory" : "");
     return 0;
 }
 
@@ -227,6 +238,8 @@ static int write_file(kipp_kv_disk *d, const job *j, const uint8_t *payload, siz
     int e = errno;
     close(fd);
     if (!rc && renameat(d->dirfd, tmp, d->dirfd, fin)) rc = 1, e = errno;
+    /* the rename is durable once the directory is: a power cut before this may lose the block (never tear it) */
+    if (!rc && fsync(d->dirfd)) rc = 1, e = errno, unlinkat(d->dirfd, fin, 0);
     if (rc) unlinkat(d->dirfd, tmp, 0), errno = e;
     return rc ? -1 : 0;
 }
@@ -263,6 +276,24 @@ static void finish_write(kipp_kv_disk *d, const job *j, uint64_t bytes, int ok)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* Serve load l (mu held on entry and exit, released while reading): its
+ * blocks in order, until one is missing or rejected or l is cancelled. */
+static void run_load(kipp_kv_disk *d, struct kipp_disk_load *l)
+{
+    l->state = KIPP_LOAD_RUNNING;
+    for (uint32_t i = 0; i < l->n && !l->cancelled; i++) {
+        pthread_mutex_unlock(&d->mu);
+        uint32_t b = l->first + i;
+        int got = kipp_kv_disk_get(d, l->hash[i], b > 0, i ? l->hash[i - 1] : l->hash0, l->ids, (b + 1) * KIPP_KV_BLOCK,
+                                   l->blocks[i]);
+        pthread_mutex_lock(&d->mu);
+        if (got != 1) break;
+        l->n_ok = i + 1;
+    }
+    l->state = KIPP_LOAD_DONE;
+    pthread_cond_broadcast(&d->done);
+}
+
 static void *io_main(void *arg)
 {
     kipp_kv_disk *d = arg;
@@ -270,7 +301,14 @@ static void *io_main(void *arg)
     uint8_t *buf = malloc(n_payload);
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->q_len && !d->stop) pthread_cond_wait(&d->work, &d->mu);
+        while (!d->q_len && !d->loads && !d->stop) pthread_cond_wait(&d->work, &d->mu);
+        if (d->loads) { /* a request waits on a read; a write waits on nobody */
+            struct kipp_disk_load *l = d->loads;
+            if (!(d->loads = l->next)) d->loads_tail = NULL;
+            l->next = NULL;
+            run_load(d, l);
+            continue;
+        }
         if (!d->q_len) break;
         job j = d->q[d->q_head];
         d->q_head = (d->q_head + 1) % QCAP, d->q_len--;
@@ -314,6 +352,8 @@ int kipp_kv_disk_open(const kipp_kv_disk_opts *o, kipp_kv_disk **out, char *err,
     pthread_cond_init(&d->work, NULL), pthread_cond_init(&d->done, NULL);
     const char *slow = getenv("KIPP_TEST_KV_DISK_SLOW_MS");
     d->slow_ms = slow ? (unsigned)atoi(slow) : 0;
+    slow = getenv("KIPP_TEST_KV_DISK_SLOW_READ_MS");
+    d->slow_read_ms = slow ? (unsigned)atoi(slow) : 0;
     d->st.enabled = 1, d->st.max_bytes = o->max_bytes;
     d->file_bytes_min = kipp_kv_file_size(KIPP_KV_BLOCK, o->n_seg, o->seg_bytes);
     int rc = !d->dir || !d->pending ? kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the KV disk tier") : 0;
@@ -396,6 +436,40 @@ int kipp_kv_disk_has(kipp_kv_disk *d, uint64_t h)
     return has;
 }
 
+void kipp_kv_disk_load_queue(kipp_kv_disk *d, struct kipp_disk_load *l)
+{
+    pthread_mutex_lock(&d->mu);
+    l->state = KIPP_LOAD_QUEUED, l->next = NULL;
+    if (d->loads_tail) d->loads_tail->next = l;
+    else d->loads = l;
+    d->loads_tail = l;
+    pthread_cond_signal(&d->work);
+    pthread_mutex_unlock(&d->mu);
+}
+
+int kipp_kv_disk_load_ready(kipp_kv_disk *d, const struct kipp_disk_load *l)
+{
+    pthread_mutex_lock(&d->mu);
+    int ready = l->state == KIPP_LOAD_DONE;
+    pthread_mutex_unlock(&d->mu);
+    return ready;
+}
+
+void kipp_kv_disk_load_cancel(kipp_kv_disk *d, struct kipp_disk_load *l)
+{
+    pthread_mutex_lock(&d->mu);
+    l->cancelled = 1;
+    if (l->state == KIPP_LOAD_QUEUED) {
+        struct kipp_disk_load **p = &d->loads, *prev = NULL;
+        while (*p != l) prev = *p, p = &(*p)->next;
+        *p = l->next;
+        if (d->loads_tail == l) d->loads_tail = prev;
+        l->next = NULL, l->state = KIPP_LOAD_DONE;
+    }
+    while (l->state != KIPP_LOAD_DONE) pthread_cond_wait(&d->done, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}
+
 void kipp_kv_disk_count(kipp_kv_disk *d, uint32_t hits, uint32_t misses)
 {
     pthread_mutex_lock(&d->mu);
@@ -468,6 +542,7 @@ int kipp_kv_disk_get(kipp_kv_disk *d, uint64_t h, int has_parent, uint64_t paren
 {
     char name[32], why[160];
     name_of(h, "kvb", name);
+    if (d->slow_read_ms) nanosleep(&(struct timespec){0, (long)d->slow_read_ms * 1000000L}, NULL);
     int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return 0; /* trimmed since the lookup: a miss */
     kipp_kv_file_head want = {.kv_type = KIPP_KV_DISK_BF16, .block_tokens = KIPP_KV_BLOCK, .n_seg = d->o.n_seg,

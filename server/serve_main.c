@@ -376,6 +376,7 @@ static int run(const serve_opts *o, kipp_model *m)
         char derr[512];
         if (kipp_model_enable_disk_tier(m, o->kv_cache_dir, (uint64_t)o->kv_cache_disk_mib, derr, sizeof derr))
             return serve_log("%s", derr), 1;
+        kipp_model_disk_set_async(m, 1); /* reads off the scheduler thread (sched_load.c) */
         serve_metrics_set_disk(m);
     }
     kipp_model_get_info(m, &info);
