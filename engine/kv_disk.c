@@ -51,9 +51,19 @@ typedef struct {
 
 typedef struct {
     uint64_t hash, bytes, stamp; /* stamp: LRU order (ns; file mtime at startup) */
+    uint64_t parent;             /* the parent block's chain hash, when has_parent */
     uint32_t next;               /* bucket chain, or free list */
-    int used;
+    uint32_t n_child;            /* indexed blocks naming this one as parent: the LRU removes leaves only */
+    uint32_t depth;              /* blocks of the prefix up to this one (n_ids / 32): startup events go parents first */
+    uint8_t used, has_parent;
 } entry;
+
+/* What the index keeps of a block file besides its hash, size and stamp. */
+typedef struct {
+    int has_parent;
+    uint64_t parent;
+    uint32_t depth;
+} link_info;
 
 struct kipp_kv_disk {
     kipp_kv_disk_opts o;
@@ -77,6 +87,7 @@ struct kipp_kv_disk {
     unsigned slow_ms;        /* KIPP_TEST_KV_DISK_SLOW_MS: sleep mid-write (the kill -9 test) */
     unsigned slow_read_ms;   /* KIPP_TEST_KV_DISK_SLOW_READ_MS: sleep before each block read (the stall test), ms < 1000 */
     struct kipp_disk_load *loads, *loads_tail; /* reads queued, served before writes */
+    int announced;           /* the blocks found at startup were reported to a listener */
 };
 
 static uint64_t now_ns(void)
@@ -99,8 +110,13 @@ static uint32_t ix_find(kipp_kv_disk *d, uint64_t h)
     return NONE;
 }
 
+/* The entry of i's parent, or NONE. */
+static uint32_t ix_parent(kipp_kv_disk *d, uint32_t i) { return d->ent[i].has_parent ? ix_find(d, d->ent[i].parent) : NONE; }
+
 static void ix_remove(kipp_kv_disk *d, uint32_t i)
 {
+    uint32_t p = ix_parent(d, i);
+    if (p != NONE && d->ent[p].n_child) d->ent[p].n_child--;
     uint32_t *link = bucket_of(d, d->ent[i].hash);
     while (*link != i) link = &d->ent[*link].next;
     *link = d->ent[i].next;
@@ -111,10 +127,10 @@ static void ix_remove(kipp_kv_disk *d, uint32_t i)
 }
 
 /* Add or refresh h's entry; 0, or -1 when out of memory. */
-static int ix_put(kipp_kv_disk *d, uint64_t h, uint64_t bytes, uint64_t stamp)
+static int ix_put(kipp_kv_disk *d, uint64_t h, uint64_t bytes, uint64_t stamp, link_info li)
 {
-    uint32_t i = ix_find(d, h);
-    if (i != NONE) ix_remove(d, i);
+    uint32_t i = ix_find(d, h), kids = 0;
+    if (i != NONE) kids = d->ent[i].n_child, ix_remove(d, i);
     if (d->free_ent == NONE) {
         uint32_t cap = d->cap_ent ? 2 * d->cap_ent : 256;
         entry *e = realloc(d->ent, cap * sizeof *e);
@@ -124,20 +140,38 @@ static int ix_put(kipp_kv_disk *d, uint64_t h, uint64_t bytes, uint64_t stamp)
     }
     i = d->free_ent;
     d->free_ent = d->ent[i].next;
-    d->ent[i] = (entry){.hash = h, .bytes = bytes, .stamp = stamp, .next = *bucket_of(d, h), .used = 1};
+    d->ent[i] = (entry){.hash = h, .bytes = bytes, .stamp = stamp, .next = *bucket_of(d, h), .used = 1, .n_child = kids,
+                        .has_parent = (uint8_t)li.has_parent, .parent = li.parent, .depth = li.depth};
     *bucket_of(d, h) = i;
+    uint32_t p = ix_parent(d, i);
+    if (p != NONE) d->ent[p].n_child++;
     d->st.bytes += bytes;
     d->st.files++;
     return 0;
 }
 
-/* Remove least recently used files until the budget holds; reports them (mu held). */
+/* Recount every entry's children (after the startup scan, which meets children before parents). */
+static void ix_relink(kipp_kv_disk *d)
+{
+    for (uint32_t i = 0; i < d->cap_ent; i++) d->ent[i].n_child = 0;
+    for (uint32_t i = 0; i < d->cap_ent; i++) {
+        uint32_t p = d->ent[i].used ? ix_parent(d, i) : NONE;
+        if (p != NONE) d->ent[p].n_child++;
+    }
+}
+
+/* Remove least recently used files until the budget holds; reports them (mu
+ * held). Only leaves go: a block whose child is on disk stays, as a file
+ * behind a missing parent is never read (a prefix match stops at the gap),
+ * so a chain shrinks from its tail and keeps its useful head. */
 static void ix_trim(kipp_kv_disk *d)
 {
     while (d->st.bytes > d->o.max_bytes && d->st.files) {
         uint32_t old = NONE;
         for (uint32_t i = 0; i < d->cap_ent; i++)
-            if (d->ent[i].used && (old == NONE || d->ent[i].stamp < d->ent[old].stamp)) old = i;
+            if (d->ent[i].used && !d->ent[i].n_child && (old == NONE || d->ent[i].stamp < d->ent[old].stamp)) old = i;
+        for (uint32_t i = 0; old == NONE && i < d->cap_ent; i++) /* no leaf: only a hash cycle could do that */
+            if (d->ent[i].used) old = i;
         char name[32];
         uint64_t h = d->ent[old].hash;
         name_of(h, "kvb", name);
@@ -183,6 +217,23 @@ static int dir_open(kipp_kv_disk *d, char *err, size_t errlen)
     return 0;
 }
 
+/* A block file's parent and depth from its header (unchecked: a read checks
+ * everything); no parent and depth 0 when it cannot be read. */
+static link_info read_link(kipp_kv_disk *d, const char *name)
+{
+    link_info li = {0};
+    uint8_t h[KIPP_KV_FILE_HEAD];
+    int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return li;
+    if (pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h && !memcmp(h, "KIPPKVB1", 8)) {
+        uint32_t hp, n_ids;
+        memcpy(&hp, h + 44, 4), memcpy(&li.parent, h + 56, 8), memcpy(&n_ids, h + 64, 4);
+        li.has_parent = hp != 0, li.depth = n_ids / KIPP_KV_BLOCK;
+    }
+    close(fd);
+    return li;
+}
+
 /* Index NAME.kvb files, remove NAME.tmp ones (a killed writer's). */
 static int dir_scan(kipp_kv_disk *d)
 {
@@ -197,9 +248,11 @@ static int dir_scan(kipp_kv_disk *d)
         struct stat sb;
         if (!strcmp(end, ".tmp")) unlinkat(d->dirfd, e->d_name, 0), d->st.tmp_removed++;
         else if (!strcmp(end, ".kvb") && !fstatat(d->dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) && S_ISREG(sb.st_mode))
-            ix_put(d, h, (uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec);
+            ix_put(d, h, (uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec,
+                   read_link(d, e->d_name));
     }
     closedir(dp);
+    ix_relink(d);
     return 0;
 }
 
@@ -257,7 +310,8 @@ static void copy_block(kipp_kv_disk *d, uint32_t b, uint8_t *buf)
 static void finish_write(kipp_kv_disk *d, const job *j, uint64_t bytes, int ok)
 {
     pthread_mutex_lock(&d->mu);
-    if (ok && !ix_put(d, j->hash, bytes, now_ns())) {
+    link_info li = {.has_parent = j->has_parent, .parent = j->parent_hash, .depth = j->n_ids / KIPP_KV_BLOCK};
+    if (ok && !ix_put(d, j->hash, bytes, now_ns(), li)) {
         d->st.writes++;
         d->st.write_bytes += bytes;
         if (d->listener)
@@ -477,10 +531,46 @@ void kipp_kv_disk_count(kipp_kv_disk *d, uint32_t hits, uint32_t misses)
     pthread_mutex_unlock(&d->mu);
 }
 
+static int by_depth(const void *a, const void *b, void *ent)
+{
+    uint32_t x = ((const entry *)ent)[*(const uint32_t *)a].depth, y = ((const entry *)ent)[*(const uint32_t *)b].depth;
+    return (x > y) - (x < y);
+}
+
+/* Report every indexed block as STORED on DISK, parents before children
+ * (mu held): a router that subscribes learns what a restarted server holds
+ * before its first request. A file whose ids cannot be read is left out
+ * (a read would reject it). */
+static void announce(kipp_kv_disk *d)
+{
+    uint32_t *order = malloc((d->st.files ? d->st.files : 1) * sizeof *order), n = 0;
+    if (!order) return;
+    for (uint32_t i = 0; i < d->cap_ent && n < d->st.files; i++)
+        if (d->ent[i].used && d->ent[i].depth) order[n++] = i;
+    qsort_r(order, n, sizeof *order, by_depth, d->ent);
+    for (uint32_t k = 0; k < n; k++) {
+        const entry *e = &d->ent[order[k]];
+        char name[32];
+        uint32_t ids[KIPP_KV_BLOCK];
+        name_of(e->hash, "kvb", name);
+        int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        off_t off = KIPP_KV_FILE_HEAD + (off_t)(e->depth - 1) * KIPP_KV_BLOCK * 4;
+        int ok = fd >= 0 && pread(fd, ids, sizeof ids, off) == (ssize_t)sizeof ids;
+        if (fd >= 0) close(fd);
+        if (ok)
+            d->listener(d->listener_ctx, &(kipp_kv_event){.kind = KIPP_KV_EVENT_STORED, .hash = e->hash,
+                                                          .has_parent = e->has_parent, .parent_hash = e->parent,
+                                                          .token_ids = ids, .block_tokens = KIPP_KV_BLOCK,
+                                                          .medium = KIPP_KV_MEDIUM_DISK});
+    }
+    free(order);
+}
+
 void kipp_kv_disk_set_listener(kipp_kv_disk *d, kipp_kv_event_fn fn, void *ctx)
 {
     pthread_mutex_lock(&d->mu);
     d->listener = fn, d->listener_ctx = ctx;
+    if (fn && !d->announced) d->announced = 1, announce(d);
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -93,7 +93,11 @@ int kipp_kv_disk_get(kipp_kv_disk *d, uint64_t h, int has_parent, uint64_t paren
 /** Count blocks looked up on disk at a prefix match: adopted and not found. */
 void kipp_kv_disk_count(kipp_kv_disk *d, uint32_t hits, uint32_t misses);
 
-/** Report DISK-medium events (written, LRU-removed) to fn; fn may run on the I/O thread. */
+/**
+ * Report DISK-medium events (written, LRU-removed) to fn; fn may run on the
+ * I/O thread. The first listener also gets, at once, a STORED event for every
+ * block file found at startup, parents first.
+ */
 void kipp_kv_disk_set_listener(kipp_kv_disk *d, kipp_kv_event_fn fn, void *ctx);
 
 /** Thread-safe statistics. */

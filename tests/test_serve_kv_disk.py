@@ -298,6 +298,33 @@ def test_kv_events_report_disk_medium(synthetic_gguf, tmp_path):
             ctx.term()
     want = _chain(PROMPTS[0][:-1])
     assert seen["CPU"] == want and seen["DISK"] == want, seen
+    # a restarted server announces the blocks it found on disk (DISK, parents first) before any request;
+    # they went out before anyone subscribed, so a router gets them through the replay socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        rport = probe.getsockname()[1]
+    with _tier(synthetic_gguf("synthetic-tiny"), tmp_path / "kv", "--kv-events", f"tcp://*:{port}",
+               "--kv-events-replay", f"tcp://*:{rport}") as s:
+        ctx = zmq.Context()
+        replay = ctx.socket(zmq.DEALER)
+        try:
+            replay.connect(f"tcp://127.0.0.1:{rport}")
+            replay.send_multipart([b"", (0).to_bytes(8, "big")])
+            stored = []
+            while True:
+                assert replay.poll(10000), "no replay answer"
+                _, seq, payload = replay.recv_multipart()
+                if seq == (-1).to_bytes(8, "big", signed=True):
+                    break
+                stored += [(ev[1], ev[2], ev[3], ev[6]) for ev in msgpack.unpackb(payload, raw=False)[1]
+                           if ev[0] == "BlockStored"]
+        finally:
+            replay.close(linger=0)
+            ctx.term()
+    # the publisher merges a chain's consecutive blocks into one event (hashes and ids concatenated)
+    assert [h for x in stored for h in x[0]] == want, stored
+    assert stored[0][1] is None and all(x[3] == "DISK" for x in stored)
+    assert [t for x in stored for t in x[2]] == PROMPTS[0][:BLOCK * len(want)]
 
 
 def test_lru_keeps_the_directory_within_budget(synthetic_gguf, tmp_path):
@@ -313,6 +340,10 @@ def test_lru_keeps_the_directory_within_budget(synthetic_gguf, tmp_path):
         assert total == _m(s, "bytes")
         last = _chain(_prompt(402, 70))
         assert {f.stem for f in d.glob("*.kvb")} >= {f"{h:016x}" for h in last}, "the newest blocks stay"
+    kept = {f.stem for f in d.glob("*.kvb")}
+    for f in d.glob("*.kvb"):  # a chain loses its tail first: no file is kept behind a removed parent
+        has_parent, parent = struct.unpack_from("<I", f.read_bytes(), 44)[0], struct.unpack_from("<Q", f.read_bytes(), 56)[0]
+        assert not has_parent or f"{parent:016x}" in kept, f"{f.name} kept without its parent {parent:016x}"
 
 
 
