@@ -12,7 +12,8 @@
 The ITL row (--itl-reps rounds, default 2) is an interleaved A/B, tier off and on
 (order swapped each round), of a --itl-tokens (128) greedy stream's inter-token
 latency while another client sends requests of distinct 257-token prompts one
-after another until the stream ends (their blocks published, and with the tier
+after another until the stream ends (at most --itl-writers, 16: 128 blocks, ~470 MB
+on the 0.6B) (their blocks published, and with the tier
 written to disk, while the stream decodes): medians over rounds of each arm's p50
 and p99. `make bench-serve` runs both rows too (tools/serve_bench.py --kv-disk).
 
@@ -139,10 +140,11 @@ def stream_gaps(port: int, ids: list[int], max_tokens: int, started: threading.E
 
 
 def itl_arm(model: Path, args, tier: bool, k: int) -> dict:
-    """One arm of the ITL A/B: a --itl-tokens greedy stream decodes while a client keeps
-    sending requests of distinct 257-token prompts (8 full blocks each, max_tokens 1), one
-    after another, until the stream ends; with the tier every one of their blocks is new and
-    written to disk while the stream runs. Both arms get the same prompts in the same order."""
+    """One arm of the ITL A/B: a --itl-tokens greedy stream decodes while a client sends
+    requests of distinct 257-token prompts (8 full blocks each, max_tokens 1), one after
+    another, until the stream ends or --itl-writers were sent; with the tier every one of
+    their blocks is new and written to disk while the stream runs. Both arms get the same
+    prompts in the same order. (The server's exit finishes the queued writes.)"""
     d = Path(tempfile.mkdtemp(prefix="kvdisk-itl-", dir=args.dir))
     srv = ["--ctx", str(max(1024, args.itl_tokens + 128)), "--kv-pool-mib", str(args.pool_mib), "--threads",
            str(args.threads), "--no-spec"]
@@ -156,13 +158,11 @@ def itl_arm(model: Path, args, tier: bool, k: int) -> dict:
             t.start()
             started.wait(600)
             sent = 0
-            while t.is_alive() and sent < 10000:
+            while t.is_alive() and sent < args.itl_writers:
                 ttft(s, prompt(6000 + 1000 * k + sent, 257))
                 sent += 1
             t.join(600)
             writes = s.gauge("kipp_kv_disk_writes_total") if tier else 0.0
-            if tier:
-                drain(s)
     finally:
         shutil.rmtree(d, ignore_errors=True)
     gaps = sorted(out["gaps"])
@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--dir", default=None, help="parent of the per-round --kv-cache-dir (default: the system temp dir)")
     ap.add_argument("--itl-reps", type=int, default=2, help="rounds of the ITL A/B (0: skip it)")
     ap.add_argument("--itl-tokens", type=int, default=128, help="tokens of the ITL row's stream")
+    ap.add_argument("--itl-writers", type=int, default=16,
+                    help="at most this many 257-token requests during the stream (8 blocks written each)")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart row")
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args()

@@ -59,8 +59,8 @@ restart, and after dropping the page cache where the machine allows it
 (medians of --kv-disk-reps rounds, each on a fresh directory);
 kv_disk_itl_while_writing is the interleaved A/B, tier off and on (order
 swapped each round, --kv-disk-itl-reps rounds), of a 128-token stream's ITL
-p50/p99 while another client sends distinct 257-token prompts whose blocks the
-tier writes meanwhile. --kv-disk-only runs these rows alone (no peer).
+p50/p99 while another client sends up to 16 distinct 257-token prompts back to
+back, whose blocks the tier writes meanwhile. --kv-disk-only runs these rows alone (no peer).
 
 The model defaults to the synthetic-0.6b shape (models/synthetic-0.6b.gguf,
 made with make_checkpoint + convert when missing, as `make bench` does).
@@ -595,7 +595,7 @@ def quant_peer(peer: dict, fmt: str) -> tuple[dict | None, str]:
 def kv_disk_rows(gguf: Path, mid: str, args: argparse.Namespace, threads: int) -> list[dict]:
     """The disk tier's restart row and ITL A/B (bench_kv_disk.py) on gguf, as serve rows."""
     kv = argparse.Namespace(prefix=args.kv_disk_prefix, reps=args.kv_disk_reps, threads=threads, pool_mib=1024,
-                            disk_mib=2048, dir=None, itl_reps=args.kv_disk_itl_reps, itl_tokens=128)
+                            disk_mib=2048, dir=None, itl_reps=args.kv_disk_itl_reps, itl_tokens=128, itl_writers=16)
     rows = []
     if args.kv_disk_reps:
         rows.append(bench_kv_disk.restart_row(gguf, kv, bench_kv_disk.prompt(7, kv.prefix)))
