@@ -224,7 +224,8 @@ int kipp_model_set_kv_listener(kipp_model *model, kipp_kv_event_fn fn, void *ctx
  * publishes is written, off the calling thread, to one file in dir (created
  * 0700; a directory owned by another user or writable by group or world is
  * refused), and kipp_session_match_prefix reads blocks missing in RAM back
- * from there, verified against the model's identity (XXH3_128 of the whole
+ * from there (or, after kipp_model_disk_set_async, kipp_model_disk_load_*
+ * does, off the calling thread), verified against the model's identity (XXH3_128 of the whole
  * GGUF file, the backend and its kernel paths), the KV layout, the prompt
  * prefix and a payload checksum. The files are kept within max_mib MiB, least
  * recently used removed first. A later process with the same model finds

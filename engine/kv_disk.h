@@ -6,8 +6,9 @@
  * kipp_model_disk_stats (kipp.h).
  *
  * Threads. The scheduler thread (the one calling into the model) enqueues
- * writes, reads blocks back, and cancels writes of blocks the pool is about to
- * reuse. The I/O thread copies a queued block out of the backend's slab (the
+ * writes and reads (kipp_kv_disk_load_queue; or, without async reads, reads
+ * blocks back itself at a prefix match), and cancels writes of blocks the pool
+ * is about to reuse. The I/O thread serves queued reads before writes. The I/O thread copies a queued block out of the backend's slab (the
  * block is published, hence immutable, while the copy runs), then hashes,
  * writes, fsyncs and renames the file without holding anything the scheduler
  * waits for, and keeps the directory within its byte budget (LRU). A full
