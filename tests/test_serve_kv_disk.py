@@ -214,7 +214,7 @@ def test_kill9_mid_write_never_yields_a_wrong_block(synthetic_gguf, oracle, tmp_
             k = it % 4
             assert _text(s, PROMPTS[k])[0] == oracle[k]
             assert _m(s, "rejects") == 0
-            _text(s, _prompt(300 + it, 140), 2)  # more blocks to write
+            _text(s, _prompt(300 + it, 250), 2)  # 7 more blocks to write: ~300 ms of slowed writes, past the longest sleep
             time.sleep(rng.uniform(0, 0.15))
         finally:
             s.proc.send_signal(signal.SIGKILL)
