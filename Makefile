@@ -312,7 +312,8 @@ soak: $(BUILD)/kipp-serve models-test
 # kipp-serve and llama-server (when `make bench-peers` built it; SERVE_ARGS=--no-peers skips it) in one run,
 # alternating rounds, at 1/4/8/16/32 streams plus a 512-token prefill and the prefix rows; MODEL may be a comma
 # list, SERVE_ARGS=--formats bf16,q8_0,affine4_gs32 adds the quantized rows (llama-server on Q8_0 / Q4_0)
-# -> results/<date>-<host>-<cpu id>-serve-<sha>.json
+# -> results/<date>-<host>-<cpu id>-serve-<sha>.json; also the KV disk tier's restart row and tier on/off ITL A/B
+# (tools/bench_kv_disk.py; SERVE_ARGS=--kv-disk-only runs only those, --no-kv-disk skips them)
 bench-serve: $(BUILD)/kipp-serve $(BUILD)/bin/bench_grammar models-test
 	$(PYTHON) tools/serve_bench.py $(if $(MODEL),--checkpoint $(MODEL)) $(SERVE_ARGS)
 	$(BUILD)/bin/bench_grammar --model $(BUILD)/models/synthetic-tiny.gguf
@@ -461,7 +462,7 @@ help:
 	@echo "make fuzz-http  libFuzzer on kipp-serve's request parser for FUZZ_SECONDS"
 	@echo "make soak       kipp-serve: 32 clients for SOAK_SECONDS (default 300), answers checked"
 	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
-	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams -> results/"
+	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams, plus the KV disk tier rows (SERVE_ARGS=--kv-disk-only: only those) -> results/"
 	@echo "make bench-kv-disk [KVDISK_ARGS=--reps 3]   the KV disk tier's restart row: 4K-token prefix TTFT cold / RAM / disk -> results/"
 	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"

@@ -34,6 +34,7 @@ struct kipp_model {
     const char *quant_head;        /* kipp.quant.head's scheme, "bf16" when absent (static) */
     struct kipp_kv_pool *pool;     /* pooled models: block bookkeeping of the backend's KV slab; else NULL */
     struct kipp_kv_disk *disk;     /* the disk tier under the pool (kipp_model_enable_disk_tier); else NULL */
+    int disk_async;                /* 1: prefix matches leave disk reads to kipp_model_disk_load_* (kv_disk_load.c) */
     uint32_t n_sessions;           /* live sessions (a pool can only be enabled at 0) */
     struct kipp_vocab_index *gvi;  /* constrained output's vocabulary index, built on first use (grammar_vocab.c) */
     void **lora_bufs;              /* [lora_tensors] merged tensors (kipp_aligned_alloc), owned; views point here */

@@ -224,7 +224,8 @@ int kipp_model_set_kv_listener(kipp_model *model, kipp_kv_event_fn fn, void *ctx
  * publishes is written, off the calling thread, to one file in dir (created
  * 0700; a directory owned by another user or writable by group or world is
  * refused), and kipp_session_match_prefix reads blocks missing in RAM back
- * from there, verified against the model's identity (XXH3_128 of the whole
+ * from there (or, after kipp_model_disk_set_async, kipp_model_disk_load_*
+ * does, off the calling thread), verified against the model's identity (XXH3_128 of the whole
  * GGUF file, the backend and its kernel paths), the KV layout, the prompt
  * prefix and a payload checksum. The files are kept within max_mib MiB, least
  * recently used removed first. A later process with the same model finds
@@ -235,6 +236,42 @@ int kipp_model_set_kv_listener(kipp_model *model, kipp_kv_event_fn fn, void *ctx
  * (max_mib below one block file), KIPP_EIO, KIPP_ENOMEM.
  */
 int kipp_model_enable_disk_tier(kipp_model *model, const char *dir, uint64_t max_mib, char *err, size_t errlen);
+
+/**
+ * Reading a prompt's blocks from the disk tier without stalling the calling
+ * thread (issue 54; engine/kv_disk_load.c). kipp_model_disk_set_async(m, 1)
+ * makes kipp_session_match_prefix adopt from RAM only; the caller (a
+ * scheduler stepping other sequences meanwhile) instead starts a load for a
+ * prompt, polls kipp_model_disk_load_ready between steps, then calls
+ * kipp_model_disk_load_finish, which publishes the blocks read and verified
+ * into the pool, so the prompt's prefix match right after adopts them. All
+ * three calls belong to the thread that calls into the model; the reads run
+ * on the tier's I/O thread into pool blocks the load holds meanwhile.
+ */
+typedef struct kipp_disk_load kipp_disk_load;
+
+/** Turn the async reads above on (1) or off (0). Errors: KIPP_EINVAL (NULL), KIPP_ENOTSUP (no disk tier). */
+int kipp_model_disk_set_async(kipp_model *model, int on);
+
+/**
+ * Start reading the full blocks of tokens[0, n) that the pool lacks and the
+ * tier holds, in a row after those the pool has, at most max_blocks of them
+ * (pool blocks are reserved for them now: the caller's room). *out is NULL
+ * (and 0 returned) when there is nothing to read; misses are then counted.
+ * Errors: KIPP_EINVAL, KIPP_ENOMEM (*out NULL).
+ */
+int kipp_model_disk_load_start(kipp_model *model, const uint32_t *tokens, uint32_t n, uint32_t max_blocks,
+                               kipp_disk_load **out, char *err, size_t errlen);
+
+/** 1 when load's reads are over (all read, or stopped at a missing or refused file); any thread's poll. */
+int kipp_model_disk_load_ready(kipp_model *model, const kipp_disk_load *load);
+
+/**
+ * End load (NULL accepted): publish its verified blocks into the pool, free
+ * the rest, count hits and misses, free load. Before it is ready, this
+ * cancels it, waiting at most for the one block being read.
+ */
+void kipp_model_disk_load_finish(kipp_model *model, kipp_disk_load *load);
 
 /** The disk tier's counters (kipp_model_disk_stats); all zero when there is none. */
 typedef struct {

@@ -11,7 +11,8 @@
  *
  * Crash safety: a file is written as NAME.tmp (0600, O_EXCL after removing a
  * stale one: the directory lock says no live process owns it), fsynced, then
- * renamed to NAME.kvb, so a reader sees a whole file or none; a kill leaves at
+ * renamed to NAME.kvb and the directory fsynced (the rename survives a power
+ * cut once counted as written), so a reader sees a whole file or none; a kill leaves at
  * most a .tmp, removed at the next start. Every read is verified in full
  * (kv_disk_file.c) before the block is published, so even a file changed
  * behind our back can only be rejected, never used.
@@ -50,9 +51,19 @@ typedef struct {
 
 typedef struct {
     uint64_t hash, bytes, stamp; /* stamp: LRU order (ns; file mtime at startup) */
+    uint64_t parent;             /* the parent block's chain hash, when has_parent */
     uint32_t next;               /* bucket chain, or free list */
-    int used;
+    uint32_t n_child;            /* indexed blocks naming this one as parent: the LRU removes leaves only */
+    uint32_t depth;              /* blocks of the prefix up to this one (n_ids / 32): startup events go parents first */
+    uint8_t used, has_parent;
 } entry;
+
+/* What the index keeps of a block file besides its hash, size and stamp. */
+typedef struct {
+    int has_parent;
+    uint64_t parent;
+    uint32_t depth;
+} link_info;
 
 struct kipp_kv_disk {
     kipp_kv_disk_opts o;
@@ -74,6 +85,9 @@ struct kipp_kv_disk {
     kipp_kv_event_fn listener;
     void *listener_ctx;
     unsigned slow_ms;        /* KIPP_TEST_KV_DISK_SLOW_MS: sleep mid-write (the kill -9 test) */
+    unsigned slow_read_ms;   /* KIPP_TEST_KV_DISK_SLOW_READ_MS: sleep before each block read (the stall test), ms < 1000 */
+    struct kipp_disk_load *loads, *loads_tail; /* reads queued, served before writes */
+    int announced;           /* the blocks found at startup were reported to a listener */
 };
 
 static uint64_t now_ns(void)
@@ -96,8 +110,13 @@ static uint32_t ix_find(kipp_kv_disk *d, uint64_t h)
     return NONE;
 }
 
+/* The entry of i's parent, or NONE. */
+static uint32_t ix_parent(kipp_kv_disk *d, uint32_t i) { return d->ent[i].has_parent ? ix_find(d, d->ent[i].parent) : NONE; }
+
 static void ix_remove(kipp_kv_disk *d, uint32_t i)
 {
+    uint32_t p = ix_parent(d, i);
+    if (p != NONE && d->ent[p].n_child) d->ent[p].n_child--;
     uint32_t *link = bucket_of(d, d->ent[i].hash);
     while (*link != i) link = &d->ent[*link].next;
     *link = d->ent[i].next;
@@ -108,10 +127,10 @@ static void ix_remove(kipp_kv_disk *d, uint32_t i)
 }
 
 /* Add or refresh h's entry; 0, or -1 when out of memory. */
-static int ix_put(kipp_kv_disk *d, uint64_t h, uint64_t bytes, uint64_t stamp)
+static int ix_put(kipp_kv_disk *d, uint64_t h, uint64_t bytes, uint64_t stamp, link_info li)
 {
-    uint32_t i = ix_find(d, h);
-    if (i != NONE) ix_remove(d, i);
+    uint32_t i = ix_find(d, h), kids = 0;
+    if (i != NONE) kids = d->ent[i].n_child, ix_remove(d, i);
     if (d->free_ent == NONE) {
         uint32_t cap = d->cap_ent ? 2 * d->cap_ent : 256;
         entry *e = realloc(d->ent, cap * sizeof *e);
@@ -121,20 +140,38 @@ static int ix_put(kipp_kv_disk *d, uint64_t h, uint64_t bytes, uint64_t stamp)
     }
     i = d->free_ent;
     d->free_ent = d->ent[i].next;
-    d->ent[i] = (entry){.hash = h, .bytes = bytes, .stamp = stamp, .next = *bucket_of(d, h), .used = 1};
+    d->ent[i] = (entry){.hash = h, .bytes = bytes, .stamp = stamp, .next = *bucket_of(d, h), .used = 1, .n_child = kids,
+                        .has_parent = (uint8_t)li.has_parent, .parent = li.parent, .depth = li.depth};
     *bucket_of(d, h) = i;
+    uint32_t p = ix_parent(d, i);
+    if (p != NONE) d->ent[p].n_child++;
     d->st.bytes += bytes;
     d->st.files++;
     return 0;
 }
 
-/* Remove least recently used files until the budget holds; reports them (mu held). */
+/* Recount every entry's children (after the startup scan, which meets children before parents). */
+static void ix_relink(kipp_kv_disk *d)
+{
+    for (uint32_t i = 0; i < d->cap_ent; i++) d->ent[i].n_child = 0;
+    for (uint32_t i = 0; i < d->cap_ent; i++) {
+        uint32_t p = d->ent[i].used ? ix_parent(d, i) : NONE;
+        if (p != NONE) d->ent[p].n_child++;
+    }
+}
+
+/* Remove least recently used files until the budget holds; reports them (mu
+ * held). Only leaves go: a block whose child is on disk stays, as a file
+ * behind a missing parent is never read (a prefix match stops at the gap),
+ * so a chain shrinks from its tail and keeps its useful head. */
 static void ix_trim(kipp_kv_disk *d)
 {
     while (d->st.bytes > d->o.max_bytes && d->st.files) {
         uint32_t old = NONE;
         for (uint32_t i = 0; i < d->cap_ent; i++)
-            if (d->ent[i].used && (old == NONE || d->ent[i].stamp < d->ent[old].stamp)) old = i;
+            if (d->ent[i].used && !d->ent[i].n_child && (old == NONE || d->ent[i].stamp < d->ent[old].stamp)) old = i;
+        for (uint32_t i = 0; old == NONE && i < d->cap_ent; i++) /* no leaf: only a hash cycle could do that */
+            if (d->ent[i].used) old = i;
         char name[32];
         uint64_t h = d->ent[old].hash;
         name_of(h, "kvb", name);
@@ -154,11 +191,16 @@ static int dir_open(kipp_kv_disk *d, char *err, size_t errlen)
     const char *p = d->o.dir;
     if (mkdir(p, 0700) && errno != EEXIST)
         return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot create it: %s", p, strerror(errno));
-    d->dirfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat sb;
+    if (!lstat(p, &sb) && S_ISLNK(sb.st_mode))
+        return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' is a symlink; expected a real directory (a symlink is "
+                        "refused: it could point the cache at another user's files)", p);
+    if (!lstat(p, &sb) && !S_ISDIR(sb.st_mode))
+        return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' exists and is not a directory (%s); expected a "
+                        "directory, or a path that does not exist yet", p, S_ISREG(sb.st_mode) ? "a regular file" : "a special file");
+    d->dirfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (d->dirfd < 0 || fstat(d->dirfd, &sb))
-        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot open it as a directory (a symlink is refused): %s",
-                        p, strerror(errno));
+        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot open it as a directory: %s", p, strerror(errno));
     if (sb.st_uid != geteuid())
         return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' is owned by uid %u, expected this process's uid %u: "
                         "refusing to read KV written by another user", p, (unsigned)sb.st_uid, (unsigned)geteuid());
@@ -166,10 +208,30 @@ static int dir_open(kipp_kv_disk *d, char *err, size_t errlen)
         return kipp_err(err, errlen, KIPP_EINVAL, "--kv-cache-dir '%s' has mode %03o, writable by others; expected no group or "
                         "world write (chmod 700 it)", p, (unsigned)(sb.st_mode & 0777));
     d->lockfd = openat(d->dirfd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (d->lockfd < 0 || flock(d->lockfd, LOCK_EX | LOCK_NB))
-        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot lock %s/lock (%s): another kipp process uses "
-                        "this directory", p, p, strerror(errno));
+    if (d->lockfd < 0)
+        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot create its lock file %s/lock: %s; expected a "
+                        "directory this user can write block files into", p, p, strerror(errno));
+    if (flock(d->lockfd, LOCK_EX | LOCK_NB))
+        return kipp_err(err, errlen, KIPP_EIO, "--kv-cache-dir '%s': cannot lock %s/lock (%s)%s", p, p, strerror(errno),
+                        errno == EWOULDBLOCK ? ": another kipp process uses this directory" : "");
     return 0;
+}
+
+/* A block file's parent and depth from its header (unchecked: a read checks
+ * everything); no parent and depth 0 when it cannot be read. */
+static link_info read_link(kipp_kv_disk *d, const char *name)
+{
+    link_info li = {0};
+    uint8_t h[KIPP_KV_FILE_HEAD];
+    int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return li;
+    if (pread(fd, h, sizeof h, 0) == (ssize_t)sizeof h && !memcmp(h, "KIPPKVB1", 8)) {
+        uint32_t hp, n_ids;
+        memcpy(&hp, h + 44, 4), memcpy(&li.parent, h + 56, 8), memcpy(&n_ids, h + 64, 4);
+        li.has_parent = hp != 0, li.depth = n_ids / KIPP_KV_BLOCK;
+    }
+    close(fd);
+    return li;
 }
 
 /* Index NAME.kvb files, remove NAME.tmp ones (a killed writer's). */
@@ -186,9 +248,11 @@ static int dir_scan(kipp_kv_disk *d)
         struct stat sb;
         if (!strcmp(end, ".tmp")) unlinkat(d->dirfd, e->d_name, 0), d->st.tmp_removed++;
         else if (!strcmp(end, ".kvb") && !fstatat(d->dirfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) && S_ISREG(sb.st_mode))
-            ix_put(d, h, (uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec);
+            ix_put(d, h, (uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec,
+                   read_link(d, e->d_name));
     }
     closedir(dp);
+    ix_relink(d);
     return 0;
 }
 
@@ -227,6 +291,8 @@ static int write_file(kipp_kv_disk *d, const job *j, const uint8_t *payload, siz
     int e = errno;
     close(fd);
     if (!rc && renameat(d->dirfd, tmp, d->dirfd, fin)) rc = 1, e = errno;
+    /* the rename is durable once the directory is: a power cut before this may lose the block (never tear it) */
+    if (!rc && fsync(d->dirfd)) rc = 1, e = errno, unlinkat(d->dirfd, fin, 0);
     if (rc) unlinkat(d->dirfd, tmp, 0), errno = e;
     return rc ? -1 : 0;
 }
@@ -244,7 +310,8 @@ static void copy_block(kipp_kv_disk *d, uint32_t b, uint8_t *buf)
 static void finish_write(kipp_kv_disk *d, const job *j, uint64_t bytes, int ok)
 {
     pthread_mutex_lock(&d->mu);
-    if (ok && !ix_put(d, j->hash, bytes, now_ns())) {
+    link_info li = {.has_parent = j->has_parent, .parent = j->parent_hash, .depth = j->n_ids / KIPP_KV_BLOCK};
+    if (ok && !ix_put(d, j->hash, bytes, now_ns(), li)) {
         d->st.writes++;
         d->st.write_bytes += bytes;
         if (d->listener)
@@ -263,6 +330,24 @@ static void finish_write(kipp_kv_disk *d, const job *j, uint64_t bytes, int ok)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* Serve load l (mu held on entry and exit, released while reading): its
+ * blocks in order, until one is missing or rejected or l is cancelled. */
+static void run_load(kipp_kv_disk *d, struct kipp_disk_load *l)
+{
+    l->state = KIPP_LOAD_RUNNING;
+    for (uint32_t i = 0; i < l->n && !l->cancelled; i++) {
+        pthread_mutex_unlock(&d->mu);
+        uint32_t b = l->first + i;
+        int got = kipp_kv_disk_get(d, l->hash[i], b > 0, i ? l->hash[i - 1] : l->hash0, l->ids, (b + 1) * KIPP_KV_BLOCK,
+                                   l->blocks[i]);
+        pthread_mutex_lock(&d->mu);
+        if (got != 1) break;
+        l->n_ok = i + 1;
+    }
+    l->state = KIPP_LOAD_DONE;
+    pthread_cond_broadcast(&d->done);
+}
+
 static void *io_main(void *arg)
 {
     kipp_kv_disk *d = arg;
@@ -270,7 +355,14 @@ static void *io_main(void *arg)
     uint8_t *buf = malloc(n_payload);
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->q_len && !d->stop) pthread_cond_wait(&d->work, &d->mu);
+        while (!d->q_len && !d->loads && !d->stop) pthread_cond_wait(&d->work, &d->mu);
+        if (d->loads) { /* a request waits on a read; a write waits on nobody */
+            struct kipp_disk_load *l = d->loads;
+            if (!(d->loads = l->next)) d->loads_tail = NULL;
+            l->next = NULL;
+            run_load(d, l);
+            continue;
+        }
         if (!d->q_len) break;
         job j = d->q[d->q_head];
         d->q_head = (d->q_head + 1) % QCAP, d->q_len--;
@@ -314,6 +406,8 @@ int kipp_kv_disk_open(const kipp_kv_disk_opts *o, kipp_kv_disk **out, char *err,
     pthread_cond_init(&d->work, NULL), pthread_cond_init(&d->done, NULL);
     const char *slow = getenv("KIPP_TEST_KV_DISK_SLOW_MS");
     d->slow_ms = slow ? (unsigned)atoi(slow) : 0;
+    slow = getenv("KIPP_TEST_KV_DISK_SLOW_READ_MS");
+    d->slow_read_ms = slow ? (unsigned)atoi(slow) : 0;
     d->st.enabled = 1, d->st.max_bytes = o->max_bytes;
     d->file_bytes_min = kipp_kv_file_size(KIPP_KV_BLOCK, o->n_seg, o->seg_bytes);
     int rc = !d->dir || !d->pending ? kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the KV disk tier") : 0;
@@ -396,6 +490,40 @@ int kipp_kv_disk_has(kipp_kv_disk *d, uint64_t h)
     return has;
 }
 
+void kipp_kv_disk_load_queue(kipp_kv_disk *d, struct kipp_disk_load *l)
+{
+    pthread_mutex_lock(&d->mu);
+    l->state = KIPP_LOAD_QUEUED, l->next = NULL;
+    if (d->loads_tail) d->loads_tail->next = l;
+    else d->loads = l;
+    d->loads_tail = l;
+    pthread_cond_signal(&d->work);
+    pthread_mutex_unlock(&d->mu);
+}
+
+int kipp_kv_disk_load_ready(kipp_kv_disk *d, const struct kipp_disk_load *l)
+{
+    pthread_mutex_lock(&d->mu);
+    int ready = l->state == KIPP_LOAD_DONE;
+    pthread_mutex_unlock(&d->mu);
+    return ready;
+}
+
+void kipp_kv_disk_load_cancel(kipp_kv_disk *d, struct kipp_disk_load *l)
+{
+    pthread_mutex_lock(&d->mu);
+    l->cancelled = 1;
+    if (l->state == KIPP_LOAD_QUEUED) {
+        struct kipp_disk_load **p = &d->loads, *prev = NULL;
+        while (*p != l) prev = *p, p = &(*p)->next;
+        *p = l->next;
+        if (d->loads_tail == l) d->loads_tail = prev;
+        l->next = NULL, l->state = KIPP_LOAD_DONE;
+    }
+    while (l->state != KIPP_LOAD_DONE) pthread_cond_wait(&d->done, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}
+
 void kipp_kv_disk_count(kipp_kv_disk *d, uint32_t hits, uint32_t misses)
 {
     pthread_mutex_lock(&d->mu);
@@ -403,10 +531,46 @@ void kipp_kv_disk_count(kipp_kv_disk *d, uint32_t hits, uint32_t misses)
     pthread_mutex_unlock(&d->mu);
 }
 
+static int by_depth(const void *a, const void *b, void *ent)
+{
+    uint32_t x = ((const entry *)ent)[*(const uint32_t *)a].depth, y = ((const entry *)ent)[*(const uint32_t *)b].depth;
+    return (x > y) - (x < y);
+}
+
+/* Report every indexed block as STORED on DISK, parents before children
+ * (mu held): a router that subscribes learns what a restarted server holds
+ * before its first request. A file whose ids cannot be read is left out
+ * (a read would reject it). */
+static void announce(kipp_kv_disk *d)
+{
+    uint32_t *order = malloc((d->st.files ? d->st.files : 1) * sizeof *order), n = 0;
+    if (!order) return;
+    for (uint32_t i = 0; i < d->cap_ent && n < d->st.files; i++)
+        if (d->ent[i].used && d->ent[i].depth) order[n++] = i;
+    qsort_r(order, n, sizeof *order, by_depth, d->ent);
+    for (uint32_t k = 0; k < n; k++) {
+        const entry *e = &d->ent[order[k]];
+        char name[32];
+        uint32_t ids[KIPP_KV_BLOCK];
+        name_of(e->hash, "kvb", name);
+        int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        off_t off = KIPP_KV_FILE_HEAD + (off_t)(e->depth - 1) * KIPP_KV_BLOCK * 4;
+        int ok = fd >= 0 && pread(fd, ids, sizeof ids, off) == (ssize_t)sizeof ids;
+        if (fd >= 0) close(fd);
+        if (ok)
+            d->listener(d->listener_ctx, &(kipp_kv_event){.kind = KIPP_KV_EVENT_STORED, .hash = e->hash,
+                                                          .has_parent = e->has_parent, .parent_hash = e->parent,
+                                                          .token_ids = ids, .block_tokens = KIPP_KV_BLOCK,
+                                                          .medium = KIPP_KV_MEDIUM_DISK});
+    }
+    free(order);
+}
+
 void kipp_kv_disk_set_listener(kipp_kv_disk *d, kipp_kv_event_fn fn, void *ctx)
 {
     pthread_mutex_lock(&d->mu);
     d->listener = fn, d->listener_ctx = ctx;
+    if (fn && !d->announced) d->announced = 1, announce(d);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -468,6 +632,7 @@ int kipp_kv_disk_get(kipp_kv_disk *d, uint64_t h, int has_parent, uint64_t paren
 {
     char name[32], why[160];
     name_of(h, "kvb", name);
+    if (d->slow_read_ms) nanosleep(&(struct timespec){0, (long)d->slow_read_ms * 1000000L}, NULL);
     int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return 0; /* trimmed since the lookup: a miss */
     kipp_kv_file_head want = {.kv_type = KIPP_KV_DISK_BF16, .block_tokens = KIPP_KV_BLOCK, .n_seg = d->o.n_seg,

@@ -6,8 +6,9 @@
  * kipp_model_disk_stats (kipp.h).
  *
  * Threads. The scheduler thread (the one calling into the model) enqueues
- * writes, reads blocks back, and cancels writes of blocks the pool is about to
- * reuse. The I/O thread copies a queued block out of the backend's slab (the
+ * writes and reads (kipp_kv_disk_load_queue; or, without async reads, reads
+ * blocks back itself at a prefix match), and cancels writes of blocks the pool
+ * is about to reuse. The I/O thread serves queued reads before writes. The I/O thread copies a queued block out of the backend's slab (the
  * block is published, hence immutable, while the copy runs), then hashes,
  * writes, fsyncs and renames the file without holding anything the scheduler
  * waits for, and keeps the directory within its byte budget (LRU). A full
@@ -93,11 +94,51 @@ int kipp_kv_disk_get(kipp_kv_disk *d, uint64_t h, int has_parent, uint64_t paren
 /** Count blocks looked up on disk at a prefix match: adopted and not found. */
 void kipp_kv_disk_count(kipp_kv_disk *d, uint32_t hits, uint32_t misses);
 
-/** Report DISK-medium events (written, LRU-removed) to fn; fn may run on the I/O thread. */
+/**
+ * Report DISK-medium events (written, LRU-removed) to fn; fn may run on the
+ * I/O thread. The first listener also gets, at once, a STORED event for every
+ * block file found at startup, parents first.
+ */
 void kipp_kv_disk_set_listener(kipp_kv_disk *d, kipp_kv_event_fn fn, void *ctx);
 
 /** Thread-safe statistics. */
 void kipp_kv_disk_stats(kipp_kv_disk *d, kipp_disk_stats *out);
+
+/**
+ * A read of a prompt's blocks from disk off the scheduler thread
+ * (kv_disk_load.c: kipp_model_disk_load_start). The scheduler thread fills
+ * everything above `state` and owns it; the I/O thread reads blocks[i] (slab
+ * blocks the load holds PRIVATE, which nothing else touches) and sets the
+ * fields from `state` on, under the tier's mutex.
+ */
+struct kipp_disk_load {
+    uint32_t first, n;        /* logical blocks [first, first + n) are read */
+    uint32_t max;             /* full blocks of the prompt looked up (hits + misses) */
+    uint32_t *blocks;         /* [n] slab blocks reserved for them */
+    uint64_t *hash;           /* [n] their chain hashes */
+    uint64_t hash0;           /* chain hash of block first - 1 (the root seed when first == 0) */
+    uint32_t *ram;            /* [first] the RAM blocks before them, referenced while the load lives */
+    uint32_t *ids;            /* [(first + n) x 32] the prompt's ids */
+    int state;                /* KIPP_LOAD_QUEUED, _RUNNING, _DONE */
+    int cancelled;            /* the scheduler gave up on it: the I/O thread stops at the next block */
+    uint32_t n_ok;            /* blocks read and verified, a prefix of blocks[] */
+    struct kipp_disk_load *next; /* the tier's read queue */
+};
+
+enum { KIPP_LOAD_QUEUED = 0, KIPP_LOAD_RUNNING = 1, KIPP_LOAD_DONE = 2 };
+
+/** Queue load l for the I/O thread (reads go before queued writes). */
+void kipp_kv_disk_load_queue(kipp_kv_disk *d, struct kipp_disk_load *l);
+
+/** 1 when the I/O thread is done with l (all read, or stopped at a miss or a reject). */
+int kipp_kv_disk_load_ready(kipp_kv_disk *d, const struct kipp_disk_load *l);
+
+/**
+ * Make the I/O thread let go of l: take it off the queue when it has not
+ * started, else stop it at the next block and wait for the block in
+ * progress (one file's read). No-op when it is done.
+ */
+void kipp_kv_disk_load_cancel(kipp_kv_disk *d, struct kipp_disk_load *l);
 
 /* ---- kv_disk_file.c: one block file ---- */
 

@@ -231,7 +231,7 @@ int kipp_session_match_prefix(kipp_session *s, const uint32_t *tokens, uint32_t 
         h = hb;
     }
     kipp_kv_pool_count(p, b, max - b);
-    if (s->model->disk && b < max) b = adopt_from_disk(s, tokens, b, max, h, parent);
+    if (s->model->disk && !s->model->disk_async && b < max) b = adopt_from_disk(s, tokens, b, max, h, parent);
     s->n_shared = s->n_alloc = b;
     s->length = b * BLOCK;
     memcpy(s->tokens, tokens, (size_t)s->length * sizeof *tokens);

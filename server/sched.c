@@ -304,18 +304,20 @@ static uint64_t reserve(const sched_choice *c)
     return kipp_session_pool_need(c->s, want < cap ? (uint32_t)want : cap);
 }
 
-/* Pool room for every resident choice's reservation - a new job's or a
- * resumed choice's included, after their prefix adoption - within what the
- * pool can still hand out (free + unreferenced published blocks). */
-static int pool_fits(serve_sched *s)
+/* What the pool can still hand out (free + unreferenced published blocks)
+ * beyond every resident choice's reservation - a new job's or a resumed
+ * choice's included, after their prefix adoption; negative when short. */
+static int64_t pool_room(serve_sched *s)
 {
     kipp_pool_stats st;
     kipp_model_pool_stats(s->m, &st);
-    uint64_t need = 0;
+    int64_t room = (int64_t)st.blocks_available;
     for (int k = 0; k < s->n_act; k++)
-        if (s->act[k]->s) need += reserve(s->act[k]);
-    return need <= st.blocks_available;
+        if (s->act[k]->s) room -= (int64_t)reserve(s->act[k]);
+    return room;
 }
+
+static int pool_fits(serve_sched *s) { return pool_room(s) >= 0; }
 
 /* Preempt choice c (mu held): destroy its session, which publishes its full
  * blocks (its prefix stays adoptable until evicted), and keep its gen. */
@@ -417,6 +419,8 @@ static void admit(serve_sched *s)
            (s->o.pool_blocks || s->kv_held + serve_job_blocks(s->head) <= s->o.kv_budget_blocks)) {
         serve_job *j = s->head;
         if (!j->cancelled && j == s->blocked && s->n_finished == s->blocked_at) break; /* no room freed since */
+        int64_t room = s->o.pool_blocks && !j->cancelled && !j->kv_load_tried ? pool_room(s) : 0;
+        if (!j->cancelled && s->o.pool_blocks && serve_load_wait(s->m, j, room > 0 ? (uint32_t)room : 0)) break; /* loading */
         s->blocked = NULL;
         if (!j->cancelled) {
             if (j->req.echo && j->req.logprobs && !j->prompt_top && !(j->prompt_top = calloc(j->req.n_prompt, sizeof *j->prompt_top)))
@@ -433,6 +437,7 @@ static void admit(serve_sched *s)
         if (!s->head) s->tail = NULL;
         j->next = NULL, j->queued = 0;
         s->n_queued--;
+        serve_load_drop(s->m, j); /* a cancelled job's read in flight */
         if (j->cancelled) {
             for (int i = 0; i < j->req.n; i++) serve_metrics_on_finish(FIN_CANCELLED, j->t_arrive, 0, 0, 0, serve_now());
             serve_job_unref(j);
@@ -462,6 +467,7 @@ static void end_everything(serve_sched *s)
         serve_job *j = s->head;
         s->head = j->next, j->next = NULL, j->queued = 0;
         s->n_queued--;
+        serve_load_drop(s->m, j);
         for (int i = 0; i < j->req.n; i++) {
             j->out[i].finish = j->cancelled ? FIN_CANCELLED : FIN_LENGTH;
             serve_metrics_on_finish(j->out[i].finish, j->t_arrive, 0, 0, 0, serve_now());
@@ -771,7 +777,8 @@ static void *sched_main(void *arg)
         count_running(s);
         embed_turn(s);
         if (s->n_act == 0) {
-            if (!s->eq.head && !s->tasks) pthread_cond_wait(&s->cv, &s->mu);
+            if (serve_load_pending(s->head)) serve_sched_wait(s, 2); /* a disk read ends without a signal */
+            else if (!s->eq.head && !s->tasks) pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
         step(s);
@@ -824,6 +831,7 @@ void serve_sched_stop(serve_sched *s)
     while (s->head) {
         serve_job *j = s->head;
         s->head = j->next;
+        serve_load_drop(s->m, j); /* the scheduler thread has ended: the model is this thread's */
         serve_job_unref(j);
     }
     free(s);

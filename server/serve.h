@@ -18,6 +18,7 @@
  *   metrics.c        counters and histograms, Prometheus text
  *   api_embed.c      POST /v1/embeddings: body -> token ids, results -> OpenAI JSON
  *   sched_embed.c    embedding requests run by the scheduler thread between steps
+ *   sched_load.c     a queued request's prompt blocks read from the KV disk tier off the scheduler thread
  *
  * Only engine/kipp.h is below: the server never sees backend state or KV memory.
  */
@@ -403,6 +404,8 @@ typedef struct serve_job {
     int done;                 /* every choice finished */
     int cancelled;            /* client gone: the scheduler frees its choices */
     int queued;               /* still in the FIFO */
+    kipp_disk_load *kv_load;  /* its prompt's blocks being read from the KV disk tier (sched_load.c); scheduler only */
+    int kv_load_tried;        /* that read was started (or found nothing to read) */
     char error[256];          /* engine failure ("" = none) */
     int refs;
     struct serve_job *next;   /* FIFO link */
@@ -720,5 +723,21 @@ int serve_embed_run(serve_embed_queue *q, kipp_model *m, pthread_mutex_t *mu, ui
 void serve_embed_fail_all(serve_embed_queue *q, int rc, const char *why);
 /** Queue j on the scheduler (call without the sched mutex); wait for j->done under it (serve_sched_wait). */
 void serve_sched_embed(serve_sched *s, serve_embed_job *j);
+
+/* ---- KV disk reads (sched_load.c) ---- */
+
+/**
+ * Scheduler thread: 1 while queued job j waits for its prompt's blocks to be
+ * read from the model's KV disk tier. The first call starts the read (at
+ * most room pool blocks; nothing when the model has no tier, or j needs
+ * every prompt row: echo logprobs); once the reads are over it publishes the
+ * verified blocks into the pool (kipp_model_disk_load_finish) and returns 0,
+ * so j's prefix match adopts them. Meanwhile the scheduler steps the others.
+ */
+int serve_load_wait(kipp_model *m, serve_job *j, uint32_t room);
+/** Scheduler thread: end j's read, if any (j leaves the queue: admitted, cancelled, failed, drained). */
+void serve_load_drop(kipp_model *m, serve_job *j);
+/** 1 when some job queued from head on has a read in flight: the scheduler polls rather than sleeps. */
+int serve_load_pending(const serve_job *head);
 
 #endif

@@ -122,8 +122,10 @@ static void usage(FILE *f)
             "  --no-prefetch      streamed: no one-layer-ahead madvise(MADV_WILLNEED) prefetch thread\n"
             "  --kv-cache-dir DIR a disk tier under the KV pool: published blocks are written to DIR (created\n"
             "                     0700) in the background and read back, verified, by later prompts and by later\n"
-            "                     processes of the same model; default off\n"
-            "  --kv-cache-disk-mib N  the tier's size in MiB, least recently used files removed first; default 4096\n"
+            "                     processes of the same model (in the background too: running streams keep\n"
+            "                     stepping); default off\n"
+            "  --kv-cache-disk-mib N  the tier's size in MiB, least recently used chain tails removed first;\n"
+            "                     default 4096\n"
             "  --no-spec          greedy requests (temperature 0 or top_k 1) decode one token per step;\n"
             "                     by default they use prompt-lookup speculative decoding (same tokens)\n"
             "  --draft-model FILE a draft model with the model's tokenizer (e.g. its q8_0/affine4 twin) drafts\n"
@@ -377,6 +379,7 @@ static int run(const serve_opts *o, kipp_model *m)
         char derr[512];
         if (kipp_model_enable_disk_tier(m, o->kv_cache_dir, (uint64_t)o->kv_cache_disk_mib, derr, sizeof derr))
             return serve_log("%s", derr), 1;
+        kipp_model_disk_set_async(m, 1); /* reads off the scheduler thread (sched_load.c) */
         serve_metrics_set_disk(m);
     }
     kipp_model_get_info(m, &info);

