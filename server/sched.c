@@ -50,57 +50,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/serve.h"
-#include "server/step_cost.h"
-
-typedef struct {
-    serve_job *job;
-    int idx;
-    uint64_t seq;             /* admission order: prefill chunks go oldest first */
-    kipp_session *s;          /* NULL while preempted: g is never stepped until kipp_gen_rebind */
-    kipp_gen *g;              /* sampling, history, stops, detokenizer, drafter */
-    uint32_t held;            /* positions its session held when preempted (echo rows were given for these) */
-    int echo;                 /* 1: prompt rows get logits (echo + logprobs) */
-    kipp_batch_item it;       /* this step's item; token_count 0 = none */
-    size_t text_pos;          /* bytes of the gen's text before its next token (logprob offsets) */
-    /* kipp_gen_advance's outcome, computed outside `mu` and published under it */
-    int adv_rc;
-    kipp_gen_event ev;
-    uint64_t spec_d[3];       /* drafted, accepted, emitted by this step when it was a speculative one */
-    int spec_step;
-    char err[256];
-} sched_choice;
-
-struct serve_sched {
-    kipp_model *m;
-    kipp_model_info info;
-    serve_sched_opts o;
-    pthread_mutex_t mu, tok;
-    pthread_cond_t cv;
-    pthread_t th;
-    int stop, started;
-    serve_job *head, *tail;
-    int n_queued;
-    sched_choice *act[SERVE_MAX_BATCH];
-    int n_act;
-    uint64_t seed_salt;
-    uint64_t n_finished;      /* choices finished so far: pool room can only grow when this moves */
-    uint64_t n_admitted;      /* choices admitted so far: their seq */
-    uint64_t n_preempted;     /* choices preempted so far: pool room can have grown when this moves */
-    uint64_t kv_held;         /* unpooled: KV blocks of the budget the live sessions hold */
-    serve_job *blocked;       /* head job last refused for pool room, retried once n_finished moves */
-    uint64_t blocked_at;      /* n_finished at that refusal */
-    int end_all;              /* drain: end every running and queued job at the next step boundary */
-    serve_task *tasks, *tasks_tail; /* serve_sched_run's queue, run between steps */
-    int resume_waits;         /* the oldest preempted choice did not fit at resume_at */
-    uint64_t resume_at;       /* n_finished + preemptions then: room can only have grown when this moves */
-    serve_cost_model cost;    /* the step-cost fit (step_cost.h): only the scheduler thread touches it */
-    serve_step_load load;     /* what the planned step evaluates */
-    double target_s;          /* its time target (0 = none applied) */
-    int capped;               /* 1: the target cut its prefill share below the token budget's */
-    int burst;                /* 1: it decodes beside a burst of prompts, which take the token budget (serve_step_burst) */
-    serve_embed_queue eq;     /* embedding requests (sched_embed.c), run between steps */
-};
+#include "server/sched_internal.h"
 
 double serve_now(void)
 {
@@ -399,8 +349,7 @@ static void unadmit(serve_sched *s, serve_job *j)
     j->cached_tokens = 0;
 }
 
-/* The scheduler's snapshot of the KV pool for /metrics (mu held). */
-static void pool_snapshot(serve_sched *s)
+void serve_sched_pool_snapshot(serve_sched *s)
 {
     kipp_pool_stats st;
     if (s->o.pool_blocks && !kipp_model_pool_stats(s->m, &st)) serve_metrics_on_pool(&st);
@@ -454,7 +403,7 @@ static void admit(serve_sched *s)
         serve_metrics_on_admit(j->req.n_prompt, j->cached_tokens);
     }
     serve_metrics_on_queue(s->n_queued, s->n_act);
-    pool_snapshot(s);
+    serve_sched_pool_snapshot(s);
 }
 
 /* Drain (mu held): end every active choice as if its length ran out (the gen
@@ -712,82 +661,30 @@ static void drop_cancelled(serve_sched *s)
         if (s->act[k]->job->cancelled) choice_finish(s, k, FIN_CANCELLED);
 }
 
-void serve_sched_embed(serve_sched *s, serve_embed_job *j)
-{
-    pthread_mutex_lock(&s->mu);
-    if (s->end_all || s->stop) j->rc = KIPP_EBACKEND, snprintf(j->error, sizeof j->error, "the server is shutting down"), j->done = 1;
-    else serve_embed_queue_push(&s->eq, j);
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* One group of the oldest embedding request: all of it while nothing generates
- * (up to SERVE_EMBED_IDLE_TOKENS), else the step's token budget capped at
- * SERVE_EMBED_BUSY_TOKENS (sched_embed.c). */
-static void embed_turn(serve_sched *s)
-{
-    uint64_t busy = s->o.step_tokens < SERVE_EMBED_BUSY_TOKENS ? s->o.step_tokens : SERVE_EMBED_BUSY_TOKENS;
-    uint64_t tokens = s->n_act ? busy : SERVE_EMBED_IDLE_TOKENS;
-    if (serve_embed_run(&s->eq, s->m, &s->mu, tokens, s->o.pool_blocks ? s->o.pool_blocks / 2 : UINT64_MAX))
-        pthread_cond_broadcast(&s->cv);
-}
-
-int serve_sched_run(serve_sched *s, serve_task *t)
-{
-    pthread_mutex_lock(&s->mu);
-    t->done = 0, t->next = NULL, t->rc = -1;
-    if (s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        return -1;
-    }
-    if (s->tasks_tail) s->tasks_tail->next = t;
-    else s->tasks = t;
-    s->tasks_tail = t;
-    pthread_cond_broadcast(&s->cv);
-    while (!t->done) pthread_cond_wait(&s->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-    return t->rc;
-}
-
-/* Run the queued tasks (mu held on entry and exit; released while each runs). */
-static void run_tasks(serve_sched *s)
-{
-    while (s->tasks) {
-        serve_task *t = s->tasks;
-        if (!(s->tasks = t->next)) s->tasks_tail = NULL;
-        pthread_mutex_unlock(&s->mu);
-        int rc = t->fn(s->m, t->ctx);
-        pthread_mutex_lock(&s->mu);
-        t->rc = rc, t->done = 1;
-        pool_snapshot(s);
-        pthread_cond_broadcast(&s->cv);
-    }
-}
-
 static void *sched_main(void *arg)
 {
     serve_sched *s = arg;
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
-        run_tasks(s);
+        serve_sched_run_tasks(s);
         drop_cancelled(s);
         admit(s);
         if (s->end_all) end_everything(s), serve_embed_fail_all(&s->eq, KIPP_EBACKEND, "the server is shutting down"),
             pthread_cond_broadcast(&s->cv);
         count_running(s);
-        embed_turn(s);
+        serve_sched_embed_turn(s);
         if (s->n_act == 0) {
             if (serve_load_pending(s->head)) serve_sched_wait(s, 2); /* a disk read ends without a signal */
             else if (!s->eq.head && !s->tasks) pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
         step(s);
-        pool_snapshot(s);
+        serve_sched_pool_snapshot(s);
         pthread_cond_broadcast(&s->cv);
     }
     drop_cancelled(s);
     serve_embed_fail_all(&s->eq, KIPP_EBACKEND, "the server is shutting down");
-    run_tasks(s); /* waiters queued before stop still get their answer */
+    serve_sched_run_tasks(s); /* waiters queued before stop still get their answer */
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -809,7 +706,7 @@ serve_sched *serve_sched_start(kipp_model *m, const serve_sched_opts *o, char *e
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->tok, NULL);
     pthread_cond_init(&s->cv, NULL);
-    pool_snapshot(s); /* /metrics shows the pool from the first request, before the thread's first turn */
+    serve_sched_pool_snapshot(s); /* /metrics shows the pool from the first request, before the thread's first turn */
     if (pthread_create(&s->th, NULL, sched_main, s)) {
         snprintf(err, errlen, "cannot start the scheduler thread");
         free(s);

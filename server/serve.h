@@ -17,7 +17,7 @@
  *   job.c            jobs: creation, references, random public ids (serve_job_set_id)
  *   metrics.c        counters and histograms, Prometheus text
  *   api_embed.c      POST /v1/embeddings: body -> token ids, results -> OpenAI JSON
- *   sched_embed.c    embedding requests run by the scheduler thread between steps
+ *   sched_embed.c    embedding requests and tasks run by the scheduler thread between steps
  *   sched_load.c     a queued request's prompt blocks read from the KV disk tier off the scheduler thread
  *
  * Only engine/kipp.h is below: the server never sees backend state or KV memory.
