@@ -186,3 +186,19 @@ def test_kipp_bench_refuses_a_draft_of_another_kind(tmp_path: Path) -> None:
     r = kipp_bench(tmp_path, "--bench", "tg128", "--reps", "1", "--warmup", "0", "--draft-model", str(emb))
     assert r.returncode == 1 and f"--draft-model '{emb}' cannot draft for 'synthetic-tiny'" in r.stderr
     assert "the draft is an embedding model" in r.stderr, r.stderr
+
+
+def test_cmake_dirs_keep_the_cache_paths(tmp_path: Path) -> None:
+    """A llama.cpp tree configured under another path (a worktree's linked build/peers) is
+    reconfigured by the path its cache names while that path leads to it; else a clear refusal."""
+    real = tmp_path / "real"
+    (real / "cmake").mkdir(parents=True)
+    (real / "src").mkdir()
+    (tmp_path / "link").symlink_to(real)
+    cache = real / "cmake" / "CMakeCache.txt"
+    assert bench_peers.cmake_dirs(real / "cmake", real / "src") == (real / "cmake", real / "src")  # no cache yet
+    cache.write_text(f"CMAKE_CACHEFILE_DIR:INTERNAL={tmp_path}/link/cmake\nCMAKE_HOME_DIRECTORY:INTERNAL={tmp_path}/link/src\n")
+    assert bench_peers.cmake_dirs(real / "cmake", real / "src") == (tmp_path / "link" / "cmake", tmp_path / "link" / "src")
+    cache.write_text(f"CMAKE_CACHEFILE_DIR:INTERNAL={tmp_path}/gone/cmake\nCMAKE_HOME_DIRECTORY:INTERNAL={tmp_path}/gone/src\n")
+    with pytest.raises(SystemExit, match="is no longer this tree"):
+        bench_peers.cmake_dirs(real / "cmake", real / "src")

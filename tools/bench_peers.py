@@ -132,6 +132,24 @@ def fetch_source() -> Path:
     return tree / "llama.cpp"
 
 
+def cmake_dirs(cfg: Path, tree: Path) -> tuple[Path, Path]:
+    """The build and source paths to configure with: an existing cache keeps the paths it was made
+    under (CMake refuses the same tree by another path), when they still lead to these directories."""
+    cache = cfg / "CMakeCache.txt"
+    if not cache.is_file():
+        return cfg, tree
+    keys = dict(ln.split(":INTERNAL=", 1) for ln in cache.read_text(errors="replace").splitlines()
+                if ln.startswith(("CMAKE_CACHEFILE_DIR:INTERNAL=", "CMAKE_HOME_DIRECTORY:INTERNAL=")))
+    old_cfg, old_tree = Path(keys.get("CMAKE_CACHEFILE_DIR", cfg)), Path(keys.get("CMAKE_HOME_DIRECTORY", tree))
+    try:
+        if old_cfg.samefile(cfg) and old_tree.samefile(tree):
+            return old_cfg, old_tree
+    except OSError:
+        pass
+    raise SystemExit(f"bench_peers: {cache} was made for {old_cfg} (source {old_tree}), which is no longer this "
+                     f"tree; link that path to {cfg.parent.parent} or move {cfg} away to rebuild")
+
+
 def build_peers() -> tuple[Path, str]:
     """build/peers/<version>/bin with the TARGETS; returns (bin dir, version). A tree built
     before a target was added is reconfigured in place (the same cache, examples on) and only
@@ -146,7 +164,7 @@ def build_peers() -> tuple[Path, str]:
         return bindir, version
     if not shutil.which("cmake"):
         raise SystemExit("bench_peers: cmake is missing; run tools/install_deps.sh")
-    cfg = out / "cmake"
+    cfg, tree = cmake_dirs(out / "cmake", tree)
     log(f"building llama.cpp {version} (CPU, native ISA): {', '.join(missing)} into {out}")
     run(["cmake", "-S", str(tree), "-B", str(cfg), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
          "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
