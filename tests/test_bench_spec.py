@@ -158,12 +158,12 @@ def test_kipp_bench_draft_row(tmp_path: Path) -> None:
     """The row is exact (speculative greedy equals plain greedy), and --draft-max bounds the
     tokens one verification emits (at most the draft plus one)."""
     r = kipp_bench(tmp_path, "--bench", "tg128", "--reps", "2", "--warmup", "0", "--draft-model",
-                   str(MODELS / "synthetic-tiny-q8_0.gguf"), "--draft-max", "2", "--threads", "1")
+                   str(MODELS / "synthetic-tiny-q8_0-head_q8_0.gguf"), "--draft-max", "2", "--threads", "1")
     assert r.returncode == 0, r.stderr
     doc = json.loads(next(tmp_path.glob("*.json")).read_text())
     rows = {x["name"]: x for x in doc["results"]}
     assert "tg128" in rows
-    row = rows["tg128_draft:synthetic-tiny-q8_0"]
+    row = rows["tg128_draft:synthetic-tiny-q8_0-head_q8_0"]
     assert row["exact"] is True and row["reps"] == 2 and row["draft_max"] == 2
     assert row["drafted"] > 0 and 0 <= row["accepted"] <= row["drafted"]
     assert 1.0 <= row["tokens_per_verify"] <= 3.0
