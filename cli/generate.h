@@ -36,6 +36,7 @@ typedef struct {
     const char *kv_cache_dir; /* --kv-cache-dir DIR (chat): the KV disk tier; NULL = off */
     uint64_t kv_cache_disk_mib; /* --kv-cache-disk-mib N (chat); 0 = not given (4096) */
     int spec;                 /* --spec (generate): prompt-lookup speculative decoding, greedy only */
+    int no_spec;              /* --no-spec: plain decoding (the default; refused beside --spec or a draft) */
     uint32_t spec_k;          /* --spec-k N: longest draft, 1..16; default 8 */
     int spec_fixed;           /* --spec-fixed: no adaptive gate, always draft up to --spec-k */
     const char *draft_model;  /* --draft-model FILE: draft-model speculative decoding (sets spec) */

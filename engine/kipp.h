@@ -998,6 +998,18 @@ int kipp_spec_propose_ex(kipp_spec *sp, kipp_session *s, const uint32_t *ctx, si
  */
 int kipp_draft_check(const kipp_model *target, const kipp_model *draft, char *err, size_t errlen);
 
+/**
+ * The file of `--draft-self quant` (quant "q8_0", or "affine4" / "affine4_gs32"): the
+ * converter's quantized twin next to model_path, as `make models-test` and the benchmark
+ * set name them: X.gguf -> X-<scheme>-head_<scheme>.gguf (the head quantized too, so a
+ * draft step reads the fewest bytes), else X-<scheme>.gguf; the first that exists is
+ * written to out[outlen]. Kipp does not quantize at load. Errors: KIPP_EINVAL for another
+ * quant (naming it and the two expected), a path that does not fit out, or neither file
+ * there (naming both and the converter command that makes them).
+ */
+int kipp_draft_self_path(const char *model_path, const char *quant, char *out, size_t outlen, char *err,
+                         size_t errlen);
+
 /** 1 when sampling with p is a deterministic function of the logits (greedy): speculation is exact. */
 int kipp_spec_params_ok(const kipp_sample_params *p);
 

@@ -21,8 +21,10 @@
  * distributions kipp_sample_ex draws from: kipp_sample_probs). A draft with
  * no q (prompt lookup, or a greedy proposal) is a point mass: q(x) = 1.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/spec_impl.h"
 
@@ -49,6 +51,32 @@ int kipp_draft_check(const kipp_model *target, const kipp_model *draft, char *er
         return kipp_err(err, errlen, KIPP_EINVAL, "the draft's tokenizer differs from the target's (target against "
                         "draft: %s), expected the same tokenizer", why);
     return 0;
+}
+
+int kipp_draft_self_path(const char *model_path, const char *quant, char *out, size_t outlen, char *err,
+                         size_t errlen)
+{
+    if (!model_path || !quant || !out || !outlen)
+        return kipp_err(err, errlen, KIPP_EINVAL, "kipp_draft_self_path: NULL model path, quant or output");
+    int q8 = !strcmp(quant, "q8_0");
+    if (!q8 && strcmp(quant, "affine4") && strcmp(quant, "affine4_gs32"))
+        return kipp_err(err, errlen, KIPP_EINVAL, "--draft-self '%s' is not a draft format, expected q8_0 or affine4",
+                        quant);
+    size_t n = strlen(model_path);
+    if (n > 5 && !strcmp(model_path + n - 5, ".gguf")) n -= 5;
+    const char *scheme = q8 ? "q8_0" : "affine4_gs32";
+    char twin[2][4096];
+    for (int i = 0; i < 2; i++) {
+        int len = i ? snprintf(twin[i], sizeof twin[i], "%.*s-%s.gguf", (int)n, model_path, scheme)
+                    : snprintf(twin[i], sizeof twin[i], "%.*s-%s-head_%s.gguf", (int)n, model_path, scheme, scheme);
+        if (len < 0 || (size_t)len >= sizeof twin[i] || (size_t)len >= outlen)
+            return kipp_err(err, errlen, KIPP_EINVAL, "--draft-self: the path of the model '%s' is too long", model_path);
+        if (access(twin[i], R_OK) == 0) return memcpy(out, twin[i], (size_t)len + 1), 0;
+    }
+    return kipp_err(err, errlen, KIPP_EINVAL, "--draft-self %s: neither '%s' nor '%s' is next to the model '%s'; Kipp "
+                    "does not quantize at load, expected the converter's twin (tools/convert_to_gguf.py --quant %s "
+                    "[--quant-head %s] --out ...) or --draft-model FILE", quant, twin[0], twin[1], model_path, scheme,
+                    scheme);
 }
 
 int kipp_spec_draft_init(kipp_spec *sp, kipp_model *dm, char *err, size_t errlen)

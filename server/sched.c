@@ -197,7 +197,7 @@ static kipp_gen_options gen_options(const serve_sched *s, const serve_job *j, in
         .stop = (const char *const *)r->stop,
         .n_stop = r->n_stop,
         .spec = !s->o.no_spec,
-        .spec_opts = {.draft_model = s->o.draft},
+        .spec_opts = {.draft_model = s->o.draft, .k_max = s->o.draft_max, .draft_min = s->o.draft_min},
         .prompt_rows = echo,
         .grammar = r->grammar,
         /* the schema binds the answer, not the thoughts (text_out.c splits them the same way) */

@@ -423,6 +423,8 @@ typedef struct {
     int no_spec;              /* --no-spec: greedy choices decode one token per step */
     kipp_model *draft;        /* --draft-model: drafts for every choice's speculative steps (greedy: exact; sampled:
                                * speculative sampling), its own session per choice; NULL = prompt lookup */
+    uint32_t draft_max, draft_min; /* --draft-max/--draft-min with a draft model (kipp_spec_options k_max, draft_min);
+                                    * 0 = the defaults */
     uint32_t step_tokens;     /* --step-tokens: tokens one step evaluates (decodes first, then prefill chunks) */
     double step_ms;           /* --step-ms: time target of a step that prefills beside decodes, in ms; 0 = none
                                * (the token budget alone); < 0 = auto (SERVE_STEP_AUTO x a steady decode step) */

@@ -40,6 +40,9 @@ typedef struct {
     int no_spec;              /* --no-spec */
     int embeddings;           /* --embeddings: /v1/embeddings on a generation model too (llama-server's flag) */
     const char *draft_model;  /* --draft-model FILE: draft-model speculation, NULL = prompt lookup */
+    const char *draft_self;   /* --draft-self q8_0|affine4: the converter's twin of --model as the draft */
+    char draft_path[4096];    /* the --draft-self file */
+    long long draft_max, draft_min; /* --draft-max/--draft-min: draft lengths, 1..16; 0 = not given */
     kipp_model *draft;        /* the opened draft model */
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
     int rope_override;        /* --rope-scaling given: rope replaces the file's scaling */
@@ -131,8 +134,34 @@ static void usage(FILE *f)
             "  --draft-model FILE a draft model with the model's tokenizer (e.g. its q8_0/affine4 twin) drafts\n"
             "                     instead: greedy choices keep their exact tokens, sampled ones their\n"
             "                     distribution (speculative sampling); each choice has its own draft session\n"
+            "  --draft-self q8_0|affine4  as --draft-model with the converter's quantized twin next to --model\n"
+            "                     (X.gguf: X-q8_0-head_q8_0.gguf, else X-q8_0.gguf; likewise affine4_gs32)\n"
+            "  --draft-max N      with a draft model: longest draft, 1..16 tokens; default 8\n"
+            "  --draft-min N      with a draft model: a draft the gate allows is at least N tokens, 1..--draft-max\n"
             "  --embeddings       serve POST /v1/embeddings with a generation model too (last-token pooling of\n"
             "                     its final hidden state); an embedding model serves it without this flag\n");
+}
+
+/* The draft options' combinations (parse_args); resolves --draft-self's file into draft_path. 0 or 2 (printed). */
+static int check_draft(serve_opts *o)
+{
+    const char *draft = o->draft_model ? "--draft-model" : o->draft_self ? "--draft-self" : NULL;
+    if (o->draft_model && o->draft_self)
+        return fprintf(stderr, "kipp-serve: --draft-model and --draft-self both name a draft, expected one of them\n"), 2;
+    if (draft && o->no_spec)
+        return fprintf(stderr, "kipp-serve: %s and --no-spec: speculation is off, expected one of them\n", draft), 2;
+    if (!draft && (o->draft_max || o->draft_min))
+        return fprintf(stderr, "kipp-serve: %s applies to a draft model, expected it with --draft-model or --draft-self\n",
+                       o->draft_max ? "--draft-max" : "--draft-min"), 2;
+    long long longest = o->draft_max ? o->draft_max : 8;
+    if (o->draft_min > longest)
+        return fprintf(stderr, "kipp-serve: --draft-min %lld is above the longest draft %lld, expected at most "
+                               "--draft-max\n", o->draft_min, longest), 2;
+    char err[1024];
+    if (o->draft_self && kipp_draft_self_path(o->model, o->draft_self, o->draft_path, sizeof o->draft_path, err, sizeof err))
+        return fprintf(stderr, "kipp-serve: %s\n", err), 2;
+    if (o->draft_self) o->draft_model = o->draft_path;
+    return 0;
 }
 
 static int parse_args(int argc, char **argv, serve_opts *o)
@@ -151,6 +180,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         {"--kv-pool-mib", &o->kv_pool_mib, 0, 1 << 24, ""}, {"--step-tokens", &o->step_tokens, 16, 8192, ""},
         {"--shutdown-timeout", &o->shutdown_timeout, 0, 86400, ""},
         {"--kv-cache-disk-mib", &o->kv_cache_disk_mib, 1, 1LL << 30, ""},
+        {"--draft-max", &o->draft_max, 1, KIPP_SPEC_K_MAX, ""}, {"--draft-min", &o->draft_min, 1, KIPP_SPEC_K_MAX, ""},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -165,6 +195,12 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         const char *v = argv[++i];
         if (!strcmp(a, "--model")) { o->model = v; continue; }
         if (!strcmp(a, "--draft-model")) { o->draft_model = v; continue; }
+        if (!strcmp(a, "--draft-self")) {
+            if (strcmp(v, "q8_0") && strcmp(v, "affine4"))
+                return fprintf(stderr, "kipp-serve: --draft-self '%s' is invalid, expected q8_0 or affine4\n", v), 2;
+            o->draft_self = v;
+            continue;
+        }
         if (!strcmp(a, "--backend")) { o->backend = v; continue; }
         if (!strcmp(a, "--host")) { o->host = v; continue; }
         if (!strcmp(a, "--alias")) { o->alias = v; continue; }
@@ -216,6 +252,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         *ints[k].dst = x;
     }
     if (!o->model) return fprintf(stderr, "kipp-serve: --model FILE.gguf is required (see --help)\n"), 2;
+    if (check_draft(o)) return 2;
     /* --kv-mib budgets the unpooled server only; with the pool it used to be ignored silently. */
     if (o->kv_mib >= 0 && o->kv_pool_mib != 0)
         return fprintf(stderr, "kipp-serve: --kv-mib %lld applies only without the KV pool, which is on (%s); size the "
@@ -390,6 +427,7 @@ static int run(const serve_opts *o, kipp_model *m)
     serve_sched_opts so = {.max_choices = (int)o->max_batch, .max_queue = (int)o->max_queue, .n_ctx = n_ctx,
                            .kv_budget_blocks = ((uint64_t)o->kv_mib << 20) / block_bytes,
                            .pool_blocks = info.kv_pool_blocks, .no_spec = o->no_spec, .draft = o->draft,
+                           .draft_max = (uint32_t)o->draft_max, .draft_min = (uint32_t)o->draft_min,
                            .step_tokens = (uint32_t)o->step_tokens, .step_ms = o->step_ms};
     serve_http h = {.max_body = (size_t)o->max_body, .max_header = (size_t)o->max_header, .started = time(NULL),
                     .api_key = o->api_key, .protect_ops = o->protect_ops, .cors_origin = o->cors_origin,
@@ -489,7 +527,7 @@ int main(int argc, char **argv)
     if (info.n_lora)
         serve_log("merged %u LoRA adapter(s) into %u tensors (%.1f MiB private RAM) in %.0f ms", info.n_lora,
                   info.lora_tensors, info.lora_bytes / 1048576.0, info.lora_merge_ms);
-    if (o.draft_model && !o.no_spec) { /* unpooled: each choice's draft session is its own */
+    if (o.draft_model) { /* unpooled: each choice's draft session is its own; --no-spec refused in check_draft */
         /* the draft sees the target's positions: the same RoPE scaling override */
         kipp_model_options dmo = {.n_threads = (int)o.threads, .stream = o.stream, .no_prefetch = o.no_prefetch,
                                   .rope_override = o.rope_override, .rope = o.rope};
@@ -501,10 +539,6 @@ int main(int argc, char **argv)
             kipp_model_close(m);
             return 2;
         }
-    } else if (o.draft_model) {
-        serve_log("--draft-model '%s' and --no-spec: speculation is off, expected one of them", o.draft_model);
-        kipp_model_close(m);
-        return 2;
     }
     rc = run(&o, m);
     kipp_model_close(o.draft);

@@ -284,12 +284,13 @@ OWN = {
     "generate": {"--model", "--prompt", "--backend", "--threads", "--chat", "--no-think", "--max-tokens", "--ctx",
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora",
-                 "--stream", "--no-prefetch", "--rope-scaling", "--draft-model", "--draft-self", "--draft-max", "--draft-min"},
+                 "--stream", "--no-prefetch", "--rope-scaling", "--draft-model", "--draft-self", "--draft-max", "--draft-min",
+                 "--no-spec"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--kv-cache-dir", "--kv-cache-disk-mib",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch", "--rope-scaling",
-             "--draft-model", "--draft-self", "--draft-max", "--draft-min"},
+             "--draft-model", "--draft-self", "--draft-max", "--draft-min", "--no-spec"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora",
                "--stream", "--no-prefetch", "--rope-scaling"},
 }
@@ -310,7 +311,7 @@ def test_help_goes_to_stdout_and_lists_only_own_options(cmd, flag):
 def test_option_of_another_command_is_rejected(cmd, flag):
     args = [*TINY, "--prompt", "x", "--out", "o.f32"] if cmd == "logits" else [*TINY, "--prompt", "x"]
     args = [a for a in args if cmd != "chat" or a not in ("--prompt", "x")]
-    value = [] if flag in ("--chat", "--show-ids", "--no-cache-reuse", "--no-think") else ["1"]
+    value = [] if flag in ("--chat", "--show-ids", "--no-cache-reuse", "--no-think", "--no-spec") else ["1"]
     r = kipp(cmd, *args, flag, *value, stdin="")
     assert r.returncode == 2, r.stderr
     assert f"option {flag} does not apply to `kipp {cmd}`" in r.stderr
@@ -520,7 +521,8 @@ def test_spec_options_belong_to_generate_only():
 DRAFT_LINE = re.compile(r"draft model k (\d+): acceptance ([\d.]+)% \(drafted (\d+), accepted (\d+), emitted (\d+) in (\d+) forwards\)")
 
 
-@pytest.mark.parametrize("extra", [["--draft-self", "q8_0"], ["--draft-model", "synthetic-tiny-affine4_gs32", "--draft-max", "3"],
+@pytest.mark.parametrize("extra", [["--draft-self", "q8_0"], ["--draft-model", "synthetic-tiny-affine4_gs32-head_affine4_gs32",
+                                                             "--draft-max", "3"],
                                    ["--draft-self", "affine4", "--draft-min", "2"]])
 def test_generate_draft_model_equals_plain_greedy(extra):
     extra = [str(gguf(a)) if a.startswith("synthetic-") else a for a in extra]
@@ -530,7 +532,7 @@ def test_generate_draft_model_equals_plain_greedy(extra):
     assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
     assert spec_ids(spec) == spec_ids(plain) and spec.stdout == plain.stdout
     m = DRAFT_LINE.search(spec.stderr)
-    assert m, spec.stderr
+    assert m and int(m[3]) > 0, spec.stderr  # drafted: the equality is not that of a plain run
 
 
 def test_chat_takes_a_draft_model_and_samples():
@@ -545,6 +547,9 @@ def test_chat_takes_a_draft_model_and_samples():
     (["--draft-self", "q4"], "--draft-self 'q4' is invalid, expected q8_0 or affine4", 2),
     (["--draft-self", "q8_0", "--draft-max", "2", "--draft-min", "3"], "--draft-min 3 is above the longest draft 2", 2),
     (["--draft-self", "q8_0", "--draft-model", "x.gguf"], "both name a draft", 2),
+    (["--no-spec", "--draft-self", "q8_0"], "--no-spec turns speculative decoding off and --draft-self turns it on", 2),
+    (["--draft-model", "x.gguf", "--no-spec"], "--no-spec turns speculative decoding off and --draft-model turns it on", 2),
+    (["--no-spec", "--spec"], "--no-spec turns speculative decoding off and --spec turns it on", 2),
     (["--draft-model", str(gguf("synthetic-tiny-embedding"))], "the draft is an embedding model (kipp.variant embedding), "
      "expected a generation model", 2),
     (["--draft-model", str(gguf("synthetic-tiny-reranker"))], "the draft is a reranker model (kipp.variant reranker)", 2),
@@ -552,6 +557,18 @@ def test_chat_takes_a_draft_model_and_samples():
 def test_generate_draft_argument_errors(args, needle, status):
     r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", *args)
     assert r.returncode == status and needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat"])
+def test_no_spec_is_plain_decoding(cmd):
+    """--no-spec (kipp-serve's flag) is plain decoding: the same text and ids, no speculative counters."""
+    base = [cmd, "--model", str(gguf("synthetic-tiny")), "--max-tokens", "16"]
+    base += ["--prompt", "one two three one two", "--show-ids"] if cmd == "generate" else []
+    plain, off = kipp(*base, stdin="hello\n"), kipp(*base, "--no-spec", stdin="hello\n")
+    assert plain.returncode == 0 and off.returncode == 0, plain.stderr + off.stderr
+    assert off.stdout == plain.stdout and "acceptance" not in off.stderr
+    if cmd == "generate":
+        assert spec_ids(off) == spec_ids(plain)
 
 
 def test_draft_self_without_a_twin_names_the_files():

@@ -69,12 +69,15 @@ def test_no_spec_in_help():
     assert r.returncode == 0 and "--no-spec" in r.stdout
 
 
-# ---- --draft-model: a draft model (synthetic-tiny's q8_0 twin) instead of prompt lookup ----
+# ---- --draft-model: a draft model (synthetic-tiny's affine4 twin) instead of prompt lookup ----
 
 @pytest.fixture(scope="module")
 def drafted(synthetic_gguf):
+    """The affine4 twin with its quantized head: on the tiny shape the 151,936-row head is most of
+    the bytes, so a twin with a BF16 head costs the gate about a whole target step per draft token,
+    and it rightly never drafts (a paused draft model is first probed after 128 steps)."""
     model = synthetic_gguf("synthetic-tiny")
-    twin = model.parent / "synthetic-tiny-q8_0.gguf"
+    twin = model.parent / "synthetic-tiny-affine4_gs32-head_affine4_gs32.gguf"
     assert twin.is_file(), f"{twin} is missing: `make models-test` writes it"
     with Server(model, "--ctx", "128", "--draft-model", str(twin), backend="ref") as srv:
         assert f"; draft model {twin}" in srv.banner, srv.banner  # the startup line names the draft
@@ -115,3 +118,47 @@ def test_retrieval_model_is_refused_as_draft(synthetic_gguf, draft, kind):
     r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf("synthetic-tiny")), "--draft-model",
                         str(synthetic_gguf(draft)), "--port", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and f"the draft is {kind} model" in r.stderr and f"{draft}.gguf" in r.stderr, r.stderr
+
+
+# ---- --draft-self, --draft-max, --draft-min: the model's own quantized twin as the draft ----
+
+@pytest.fixture(scope="module")
+def self_drafted(synthetic_gguf):
+    model = synthetic_gguf("synthetic-tiny")
+    twin = model.parent / "synthetic-tiny-q8_0-head_q8_0.gguf"  # the quantized-head twin comes first
+    assert twin.is_file(), f"{twin} is missing: `make models-test` writes it"
+    with Server(model, "--ctx", "128", "--draft-self", "q8_0", "--draft-max", "2", backend="ref") as srv:
+        assert f"; draft model {twin}" in srv.banner, srv.banner
+        yield srv
+
+
+@pytest.mark.parametrize("kw", [{"temperature": 0}, {"temperature": 0, "n": 3, "logprobs": 2}])
+def test_draft_self_greedy_equals_no_spec(pair, self_drafted, kw):
+    _, plain = pair
+    for prompt in PROMPTS[:2]:
+        a, b = _complete(self_drafted, prompt=prompt, **kw), _complete(plain, prompt=prompt, **kw)
+        assert _strip(a) == _strip(b)
+        assert a["usage"] == b["usage"]
+    # --draft-max 2: no verification checks more than 2 drafted tokens
+    steps, drafted = self_drafted.gauge("kipp_spec_steps_total"), self_drafted.gauge("kipp_spec_drafted_tokens_total")
+    assert steps > 0 and 0 < drafted <= 2 * steps
+
+
+@pytest.mark.parametrize("model,args,needle", [
+    ("synthetic-tiny", ["--draft-self", "q4"], "--draft-self 'q4' is invalid, expected q8_0 or affine4"),
+    ("synthetic-tiny", ["--draft-self", "q8_0", "--no-spec"], "--draft-self and --no-spec: speculation is off"),
+    ("synthetic-tiny", ["--draft-max", "2"], "--draft-max applies to a draft model, expected it with --draft-model or "
+                                             "--draft-self"),
+    ("synthetic-tiny", ["--draft-self", "q8_0", "--draft-max", "2", "--draft-min", "3"],
+     "--draft-min 3 is above the longest draft 2"),
+    ("synthetic-tiny", ["--draft-self", "q8_0", "--draft-model", "x.gguf"], "both name a draft"),
+    ("synthetic-tiny", ["--draft-self", "q8_0", "--draft-max", "17"], "--draft-max '17' is invalid, expected an integer "
+                                                                      "in 1..16"),
+    ("synthetic-tiny-untied", ["--draft-self", "q8_0"], "synthetic-tiny-untied-q8_0.gguf' is next to the model"),
+])
+def test_draft_option_errors(synthetic_gguf, model, args, needle):
+    import subprocess
+    from serve_harness import SERVE
+    r = subprocess.run([str(SERVE), "--model", str(synthetic_gguf(model)), *args, "--port", "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr

@@ -8,7 +8,9 @@ machine, interleaved, so every claim is a ratio from one run.
    broader `--no-binary :all:` would also build pip's cmake from source, ~30
    minutes, for nothing: the tree is built with Debian's cmake) into
    build/peers/src/, and only llama-bench, llama-server and llama-quantize are
-   built (with llama-batched-bench), CPU-only with native ISA, static, into build/peers/<version>/bin/.
+   built (with llama-batched-bench, and llama-speculative and llama-completion for
+   tools/bench_spec.py: examples on, since llama-speculative is one), CPU-only with
+   native ISA, static, into build/peers/<version>/bin/.
    Cached: a second run reuses them. Nothing is vendored into the repo.
 2. Weights: each Kipp GGUF (tools/bench_models.py makes it when missing) is
    rewritten for llama.cpp by tools/peer_gguf.py (same tensor bytes).
@@ -92,7 +94,8 @@ import peer_gguf  # noqa: E402
 import step_limit  # noqa: E402
 
 PEERS = ROOT / "build" / "peers"
-TARGETS = ["llama-bench", "llama-batched-bench", "llama-server", "llama-quantize"]
+TARGETS = ["llama-bench", "llama-batched-bench", "llama-server", "llama-quantize", "llama-speculative",
+           "llama-completion"]
 # llama-bench arguments per kipp-bench row: tg4k decodes 32 tokens after 4,096
 # in the KV cache (kipp-bench's LONG_STEPS), pp4096 is one 4,096-token prefill
 # from an empty cache.
@@ -153,25 +156,47 @@ def fetch_source() -> Path:
     return tree / "llama.cpp"
 
 
+def cmake_dirs(cfg: Path, tree: Path) -> tuple[Path, Path]:
+    """The build and source paths to configure with: an existing cache keeps the paths it was made
+    under (CMake refuses the same tree by another path), when they still lead to these directories."""
+    cache = cfg / "CMakeCache.txt"
+    if not cache.is_file():
+        return cfg, tree
+    keys = dict(ln.split(":INTERNAL=", 1) for ln in cache.read_text(errors="replace").splitlines()
+                if ln.startswith(("CMAKE_CACHEFILE_DIR:INTERNAL=", "CMAKE_HOME_DIRECTORY:INTERNAL=")))
+    old_cfg, old_tree = Path(keys.get("CMAKE_CACHEFILE_DIR", cfg)), Path(keys.get("CMAKE_HOME_DIRECTORY", tree))
+    try:
+        if old_cfg.samefile(cfg) and old_tree.samefile(tree):
+            return old_cfg, old_tree
+    except OSError:
+        pass
+    raise SystemExit(f"bench_peers: {cache} was made for {old_cfg} (source {old_tree}), which is no longer this "
+                     f"tree; link that path to {cfg.parent.parent} or move {cfg} away to rebuild")
+
+
 def build_peers() -> tuple[Path, str]:
-    """build/peers/<version>/bin with the three tools; returns (bin dir, version)."""
-    tree = fetch_source()
+    """build/peers/<version>/bin with the TARGETS; returns (bin dir, version). A tree built
+    before a target was added is reconfigured in place (the same cache, examples on) and only
+    the missing targets are built. Paths are resolved, so a worktree whose build/peers is a
+    link configures the real tree (CMake refuses a cache made under another path)."""
+    tree = fetch_source().resolve()
     version = tree.parent.name.split("-", 1)[1]
-    out = PEERS / version
+    out = PEERS.resolve() / version
     bindir = out / "bin"
-    if all((bindir / t).is_file() for t in TARGETS):
+    missing = [t for t in TARGETS if not (bindir / t).is_file()]
+    if not missing:
         return bindir, version
     if not shutil.which("cmake"):
         raise SystemExit("bench_peers: cmake is missing; run tools/install_deps.sh")
-    cfg = out / "cmake"
-    log(f"building llama.cpp {version} (CPU, native ISA) into {out.relative_to(ROOT)}")
+    cfg, tree = cmake_dirs(out / "cmake", tree)
+    log(f"building llama.cpp {version} (CPU, native ISA): {', '.join(missing)} into {out}")
     run(["cmake", "-S", str(tree), "-B", str(cfg), "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-         "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+         "-DGGML_CUDA=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
          "-DBUILD_SHARED_LIBS=OFF"], stdout=subprocess.DEVNULL)
-    run(["cmake", "--build", str(cfg), "-j", str(os.cpu_count() or 2), "--target", *TARGETS],
+    run(["nice", "cmake", "--build", str(cfg), "-j", str(os.cpu_count() or 2), "--target", *missing],
         stdout=subprocess.DEVNULL)
     bindir.mkdir(parents=True, exist_ok=True)
-    for t in TARGETS:
+    for t in missing:
         shutil.copy2(cfg / "bin" / t, bindir / t)
     return bindir, version
 
