@@ -783,6 +783,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     if (!m->view.stream) (void)madvise(m->map, m->map_size, MADV_WILLNEED);
     m->ops = ops;
     m->view.n_threads = opts ? opts->n_threads : 0;
+    if (opts && (rc = kipp_kv_type_set(m, opts->kv_type, err, errlen))) return kipp_model_close(m), rc;
     if ((rc = kipp_view_check(&m->view, err, errlen))) return kipp_model_close(m), rc;
     rc = ops->model_create(&m->view, &m->bm, err, errlen);
     if (rc) {
@@ -840,7 +841,8 @@ int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->rope = m->rope;
     info->n_stop = c->n_stop;
     memcpy(info->stop_ids, c->stop_ids, sizeof info->stop_ids);
-    info->kv_bytes_per_token = kipp_kv_bytes_per_token(c);
+    info->kv_bytes_per_token = kipp_kv_type_bytes(c->n_layer, c->n_kv_head, c->head_dim, m->view.kv_type);
+    info->kv_type = kipp_kv_type_name(m->view.kv_type);
     info->weight_bytes = m->weight_bytes;
     info->rope_theta = m->view.dims.rope_theta;
     info->file_bytes = m->map_size;

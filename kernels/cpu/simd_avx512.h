@@ -74,7 +74,19 @@ static inline __m512 kemu_cvtph_ps(__m256i v)
     memcpy(&r, d, sizeof r);
     return r;
 }
+static inline __m512i kemu_cvtepi8_epi32(__m128i v)
+{
+    int8_t s[16];
+    int32_t d[16];
+    __m512i r;
+    memcpy(s, &v, sizeof s);
+    for (int i = 0; i < 16; i++) d[i] = s[i];
+    memcpy(&r, d, sizeof r);
+    return r;
+}
 #define _mm512_cvtepi32_ps kemu_cvtepi32_ps
+#undef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32 kemu_cvtepi8_epi32
 #undef _mm512_cvtph_ps
 #define _mm512_cvtph_ps kemu_cvtph_ps
 #define _mm512_cvtepu16_epi32 kemu_cvtepu16_epi32
