@@ -64,7 +64,7 @@ static void cost_of(const kipp_model_info *in, model_cost *c)
     c->layer_weight_bytes = 2 * (c->layer_params + L * (2 * D + 2 * in->head_dim));
     c->head_params = (double)in->vocab_size * D;
     c->head_bytes = 2.0 * c->head_params;
-    c->kv_bytes_per_pos = L * 2 * KV * 2;
+    c->kv_bytes_per_pos = (double)in->kv_bytes_per_token; /* L x 2 x KV x 2 in bf16, x 34/64 in q8_0 (--kv-type) */
     c->attn_flops_per_pos = L * 4 * A;
 }
 
@@ -412,7 +412,8 @@ static void reset_peak_rss(void)
 /* Peak resident memory of loading the model (mapping,
  * packing, scratch: target <= 1.1x the GGUF) and of the whole run (plus the
  * session's KV cache, kv_bytes), on every result of the model. */
-static void add_memory(json_t *results, size_t first, const char *path, double load_peak, double peak, double kv_bytes)
+static void add_memory(json_t *results, size_t first, const char *path, double load_peak, double peak, double kv_bytes,
+                       const kipp_model_info *info)
 {
     struct stat st;
     double file = stat(path, &st) == 0 ? (double)st.st_size : -1;
@@ -424,6 +425,8 @@ static void add_memory(json_t *results, size_t first, const char *path, double l
         json_object_set_new(r, "load_peak_rss_vs_gguf", ok ? json_real(load_peak / file) : json_null());
         json_object_set_new(r, "peak_rss_bytes", peak > 0 ? json_real(peak) : json_null());
         json_object_set_new(r, "kv_cache_bytes", json_real(kv_bytes));
+        json_object_set_new(r, "kv_type", json_string(info->kv_type));
+        json_object_set_new(r, "kv_bytes_per_token", json_integer((json_int_t)info->kv_bytes_per_token));
     }
     if (ok)
         printf("  memory: load peak RSS %.2f GB = %.2fx the GGUF (%.2f GB; target <= 1.10x: %s); run peak %.2f GB "
@@ -457,7 +460,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     kipp_model *m = NULL;
     kipp_session *s = NULL;
     kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora,
-                             .rope_override = o->rope_override, .rope = o->rope};
+                             .rope_override = o->rope_override, .rope = o->rope, .kv_type = o->kv_type};
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
@@ -545,7 +548,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     }
     if ((rc = batch_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
 out:
-    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap);
+    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * cap, &c.info);
     for (size_t i = first; !rc && i < json_array_size(results); i++) /* the file's scheme, not result_json's "bf16" */
         json_object_set_new(json_array_get(results, i), "format", json_string(c.info.quant));
     for (size_t i = first; !rc && c.info.n_lora && i < json_array_size(results); i++) { /* the merge, timed in the open */
@@ -572,7 +575,8 @@ static void usage(FILE *f)
             "                  [--bench pp512,tg128,tg4k,pp4096,batch1,batch2,batch4,batch8,batch16,batch32,pp8x128]\n"
             "                  [--reps N] [--warmup N] [--threads N] [--profiles DIR] [--out DIR]\n"
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n"
-            "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n",
+            "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n"
+            "                  [--kv-type bf16|q8_0]  (the KV cache's type; default bf16)\n",
             kipp_backend_names(backends, sizeof backends, "|"));
 }
 
@@ -605,6 +609,13 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--threads")) { if (parse_int(a, v, 0, 1024, &o->threads)) return -1; }
         else if (!strcmp(a, "--profiles") && v) o->profiles = v;
         else if (!strcmp(a, "--out") && v) o->out = v;
+        else if (!strcmp(a, "--kv-type") && v) {
+            char err[256];
+            if (kipp_kv_type_parse(v, &o->kv_type, err, sizeof err)) {
+                fprintf(stderr, "kipp-bench: %s\n", err);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--rope-scaling") && v) {
             char err[384];
             if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) {
