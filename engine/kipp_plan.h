@@ -77,6 +77,9 @@ int kipp_machine_measure_with(const char *model_path, const char *profile_path, 
 typedef struct {
     char format[16];               /* kipp.quant.scheme: "bf16", "q8_0", "affine4_gs32" */
     double weight_bytes;           /* every tensor in this format, bytes (norms, embedding and head stay BF16) */
+    uint32_t fit_ctx[KIPP_KV_TYPE_COUNT]; /* per KV type (KIPP_KV_BF16, KIPP_KV_Q8_0): the largest context, tokens
+                                      (multiple of 32), whose KV fits all the available RAM beside these weights
+                                      resident (kipp_plan_fit_context); the model's context limit not applied */
     double decode_bytes_per_token; /* weights + KV read by one decode step at a short context, bytes */
     double prefill_flops_per_token;/* FLOPs per token of a 512-token prefill */
     double prefill_peak_gflops;    /* this format's own peak for that prefill: its FLOPs over the sum of each part's
@@ -111,7 +114,9 @@ typedef struct {
     kipp_machine machine;
     char model_id[64];             /* registry id */
     char file_format[16];          /* the opened file's scheme */
-    uint64_t kv_bytes_per_token;   /* all layers, K and V */
+    uint64_t kv_bytes_per_token;   /* all layers, K and V, in the model's KV type */
+    char kv_type[8];               /* the model's KV type (--kv-type): "bf16" or "q8_0" */
+    uint64_t kv_type_bytes[KIPP_KV_TYPE_COUNT]; /* KV bytes per token of each KV type (kipp_kv_type_bytes) */
     uint64_t usable_ram_bytes;     /* ram_available_bytes minus the resident weights (0 when they do not fit) */
     uint32_t ctx;                  /* tokens: KV of ctx fits usable_ram_bytes / 4; multiple of 32, <= context_length */
     uint32_t context_length;       /* the model's longest context: the file's max_position_embeddings, or with YaRN
@@ -155,6 +160,14 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
  * /proc/meminfo cannot be read, KIPP_ERANGE when not even 32 positions fit.
  */
 int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t errlen);
+
+/**
+ * The largest context, tokens (a multiple of 32), whose KV of kv_bytes_per_token
+ * bytes per token fits ram_bytes beside weight_bytes of resident weights: what
+ * `kipp plan` reports per format and KV type (fit_ctx). 0 when the weights
+ * alone do not fit or kv_bytes_per_token is 0.
+ */
+uint32_t kipp_plan_fit_context(double ram_bytes, double weight_bytes, uint64_t kv_bytes_per_token);
 
 /** The plan as JSON text (schema "kipp.plan.v1"); malloc'd, the caller frees; NULL when out of memory. */
 char *kipp_plan_json(const kipp_plan *p);

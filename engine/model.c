@@ -772,6 +772,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     }
     if (opts && opts->rope_override && (rc = kipp_rope_apply(m, &opts->rope, "--rope-scaling", err, errlen)))
         return kipp_model_close(m), rc;
+    if (opts && (rc = kipp_kv_type_set(m, opts->kv_type, err, errlen))) return kipp_model_close(m), rc;
     if (!ops) { /* "none": read-only use of the file, no weights touched */
         *out = m;
         return KIPP_OK;
@@ -783,7 +784,6 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     if (!m->view.stream) (void)madvise(m->map, m->map_size, MADV_WILLNEED);
     m->ops = ops;
     m->view.n_threads = opts ? opts->n_threads : 0;
-    if (opts && (rc = kipp_kv_type_set(m, opts->kv_type, err, errlen))) return kipp_model_close(m), rc;
     if ((rc = kipp_view_check(&m->view, err, errlen))) return kipp_model_close(m), rc;
     rc = ops->model_create(&m->view, &m->bm, err, errlen);
     if (rc) {

@@ -459,6 +459,8 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     snprintf(o->arith, sizeof o->arith, "q|k|v %s, o/gate|up/down %s, attention %s, head %s", ARITH_NAMES[a.qkv],
              ARITH_NAMES[a.rest], ARITH_NAMES[a.attn], ARITH_NAMES[a.head]);
     o->weight_bytes = c.layer_bytes + c.head_bytes + c.embd_bytes;
+    for (int t = 0; t < KIPP_KV_TYPE_COUNT; t++)
+        o->fit_ctx[t] = kipp_plan_fit_context((double)mc->ram_available_bytes, o->weight_bytes, p->kv_type_bytes[t]);
     o->decode_bytes_per_token = c.layer_bytes + c.head_bytes + 4.0 * in->d_model + TG_CONTEXT * in->kv_bytes_per_token;
     double pre_s;
     o->prefill_flops_per_token = step_flops(in, &c, &a, mc, 1, (PP_TOKENS + 1) / 2, 1 / PP_TOKENS, &pre_s);
@@ -482,6 +484,13 @@ static void plan_format(const kipp_plan *p, const kipp_model_info *in, const kip
     kipp_plan_rationale(p, o, streamed);
 }
 
+uint32_t kipp_plan_fit_context(double ram_bytes, double weight_bytes, uint64_t kv_bytes_per_token)
+{
+    if (!kv_bytes_per_token || !(ram_bytes > weight_bytes)) return 0;
+    double n = floor((ram_bytes - weight_bytes) / (double)kv_bytes_per_token / CTX_BLOCK) * CTX_BLOCK;
+    return n > (double)UINT32_MAX - CTX_BLOCK ? UINT32_MAX / CTX_BLOCK * CTX_BLOCK : (uint32_t)n;
+}
+
 int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *results_dir, kipp_plan *out,
                    char *err, size_t errlen)
 {
@@ -492,6 +501,9 @@ int kipp_plan_make(const kipp_model *model, const kipp_machine *mc, const char *
                        .context_length = in.context_length};
     snprintf(out->model_id, sizeof out->model_id, "%s", in.checkpoint_id);
     snprintf(out->file_format, sizeof out->file_format, "%s", in.quant);
+    snprintf(out->kv_type, sizeof out->kv_type, "%s", in.kv_type);
+    for (int t = 0; t < KIPP_KV_TYPE_COUNT; t++)
+        out->kv_type_bytes[t] = kipp_kv_type_bytes(in.n_layer, in.n_kv_head, in.head_dim, t);
     kipp_context_limit_note(&in, out->context_limit, sizeof out->context_limit);
     out->rope_factor = in.rope.yarn ? in.rope.factor : 0;
     out->rope_original_context = in.rope.yarn ? in.rope.original_context : 0;

@@ -60,6 +60,9 @@ static json_t *format_json(const kipp_plan_format *f)
     json_object_set_new(o, "batch8", b);
     json_object_set_new(o, "serve", s);
     json_object_set_new(o, "rationale", json_string(f->rationale));
+    json_t *fit = json_object();
+    for (int t = 0; fit && t < KIPP_KV_TYPE_COUNT; t++) json_object_set_new(fit, kipp_kv_type_name(t), json_integer(f->fit_ctx[t]));
+    json_object_set_new(o, "fit_context_by_kv_type", fit ? fit : json_null());
     return o;
 }
 
@@ -110,8 +113,9 @@ char *kipp_plan_text(const kipp_plan *p)
     OUT("model: %s (%s), %u layers: %u resident, %u streamed%s%s\n", p->model_id, p->file_format, p->n_layer,
         p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "",
         p->head_resident ? "" : "; the head is streamed too");
-    OUT("  KV %llu bytes per token; context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u: %s)\n",
-        (unsigned long long)p->kv_bytes_per_token, p->ctx, p->usable_ram_bytes * 1e-9, p->context_length,
+    OUT("  KV %s, %llu bytes per token (bf16 %llu, q8_0 %llu); context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u: %s)\n",
+        p->kv_type, (unsigned long long)p->kv_bytes_per_token, (unsigned long long)p->kv_type_bytes[KIPP_KV_BF16],
+        (unsigned long long)p->kv_type_bytes[KIPP_KV_Q8_0], p->ctx, p->usable_ram_bytes * 1e-9, p->context_length,
         p->context_limit);
     for (size_t i = 0; i < p->n_formats; i++) {
         const kipp_plan_format *f = &p->formats[i];
@@ -119,6 +123,8 @@ char *kipp_plan_text(const kipp_plan *p)
             "%u  (%.2f GB of weights)%s\n  %s\n", f->format, f->decode_tps, f->prefill_tps, KIPP_PLAN_BATCH,
             f->batch_tps, f->serve_tps, f->serve_max_batch, f->weight_bytes * 1e-9,
             strcmp(f->format, p->file_format) ? "" : "  <- this file", f->rationale);
+        OUT("  largest context whose KV fits the available RAM beside these weights: %u tokens with bf16 KV, %u with "
+            "q8_0 KV (the model allows %u)\n", f->fit_ctx[KIPP_KV_BF16], f->fit_ctx[KIPP_KV_Q8_0], p->context_length);
     }
     if (p->results_dir[0]) OUT("shares from the model benchmarks in %s\n", p->results_dir);
     if (p->results_skipped[0]) OUT("results not read (shares taken without them): %s\n", p->results_skipped);
