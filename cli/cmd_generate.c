@@ -295,11 +295,11 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
     }
     fprintf(stderr,
             "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.*f tok/s, decode %.*f tok/s, "
-            "TTFT %.1f ms, KV %llu bytes/token (%s), backend %s, seed %llu%s\n",
+            "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu, KV type %s%s\n",
             cmd, n_prompt, st->n_generated,
             st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
             RATE_PREC(pre), pre, RATE_PREC(dec), dec, st->t_first * 1e3,
-            (unsigned long long)info.kv_bytes_per_token, info.kv_type, info.backend, (unsigned long long)o->seed, spec);
+            (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed, info.kv_type, spec);
     if (st->full)
         fprintf(stderr, "kipp %s: stopped early: the session's context of %u tokens is full (--ctx, at most %u)\n",
                 cmd, kipp_session_capacity(s), info.context_length);
