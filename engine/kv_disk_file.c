@@ -67,8 +67,8 @@ int kipp_kv_file_check(const uint8_t raw[KIPP_KV_FILE_HEAD], const uint32_t *fil
     if (get64(raw + SUM_AT) != head_sum(raw, file_ids, want->n_ids)) return WHY("header checksum mismatch (corrupt)");
     if (memcmp(raw + 16, want->model_id, 16)) return WHY("written for another model (model identity differs)");
     if (get32(raw + 12) != want->kv_type)
-        return WHY("KV type %s, expected %s (another --kv-type)", kipp_kv_type_name((int)get32(raw + 12) - 1),
-                   kipp_kv_type_name((int)want->kv_type - 1));
+        return WHY("KV type %u (%s), expected %u (%s): another --kv-type", get32(raw + 12),
+                   kipp_kv_type_name((int)get32(raw + 12) - 1), want->kv_type, kipp_kv_type_name((int)want->kv_type - 1));
     if (get32(raw + 32) != want->block_tokens || get32(raw + 36) != want->n_seg || get32(raw + 40) != want->seg_bytes)
         return WHY("block layout %u tokens x %u segments x %u bytes, expected %u x %u x %u", get32(raw + 32),
                    get32(raw + 36), get32(raw + 40), want->block_tokens, want->n_seg, want->seg_bytes);
