@@ -69,7 +69,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/bin/%)
 BENCH_MAIN:= $(wildcard bench/*.c)
 SERVER_SRC:= $(wildcard server/*.c)
 
-.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-spec-lookup bench-peers bench-serve bench-kv-disk bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant vectors-rerank bench-rerank report
+.PHONY: all check test asan fuzz fuzz-http soak bench bench-stream bench-lora bench-spec bench-spec-lookup bench-peers bench-serve bench-kv-disk bench-kv-fidelity bench-embed bench-cluster bench-kernels bench-tokenizer profile demo cuda help clean models-test deps vectors vectors-quant vectors-rerank bench-rerank report
 .DEFAULT_GOAL := all
 
 EMU_TEST  := $(if $(HAVE_SIMDE),$(BUILD)/bin/kcheck_emu)
@@ -331,6 +331,11 @@ bench-serve: $(BUILD)/kipp-serve $(BUILD)/bin/bench_grammar models-test
 bench-kv-disk: $(BUILD)/kipp-serve | $(VENV_PY)
 	$(PYTHON) tools/bench_kv_disk.py $(KVDISK_ARGS)
 
+# The q8_0 KV cache's logits against bf16 KV at long context (tools/kv_fidelity.py: 0.6B at 4K and 16K,
+# tiny-outliers at 4K; minutes of prefill) -> results/<date>-<host>-<cpu id>-kvfidelity-<sha>.json
+bench-kv-fidelity: $(BUILD)/kipp | $(VENV_PY)
+	$(PYTHON) tools/kv_fidelity.py $(KVFID_ARGS)
+
 # N kipp-serve replicas behind vllm-router: round-robin vs cache-aware on a shared-prefix multi-tenant load,
 # plus a replica killed mid-load (tools/cluster_bench.py) -> results/<date>-<host>-<cpu id>-cluster-<sha>.json
 bench-cluster: $(BUILD)/kipp-serve
@@ -472,6 +477,7 @@ help:
 	@echo "make bench-cluster [MODEL=synthetic-0.6b] [CLUSTER_ARGS=...]   replicas behind vllm-router: round-robin vs cache-aware, a replica killed -> results/"
 	@echo "make bench-serve [MODEL=synthetic-0.6b[,synthetic-1.7b]] [SERVE_ARGS=--formats bf16,q8_0,affine4_gs32]   kipp-serve vs llama-server (if built by bench-peers), 1/4/8/16/32 streams, plus the KV disk tier rows (SERVE_ARGS=--kv-disk-only: only those) -> results/"
 	@echo "make bench-kv-disk [KVDISK_ARGS=--reps 3]   the KV disk tier's restart row: 4K-token prefix TTFT cold / RAM / disk -> results/"
+	@echo "make bench-kv-fidelity [KVFID_ARGS=--case MODEL:TOKENS]   q8_0 KV logits vs bf16 KV at 4K/16K (0.6B) -> results/"
 	@echo "make bench-spec [SPEC_ARGS=--rounds 5 --pair T=D[+D]]   draft-model speculative decoding vs llama-speculative, same files, tg128: 0.6B self-drafts, 1.7B/0.6B -> results/*-specdraft-*.json"
 	@echo "make bench-spec-lookup [SPEC_MODEL=synthetic-tiny-untied] [LOOKUP_ARGS=...]   prompt-lookup speculative vs plain greedy (copy, free, adversarial) + verify cost model -> results/*-spec-*.json"
 	@echo "make bench-stream [MODEL=synthetic-4b] [STREAM_ARGS=--limit-gb G --tokens N --reps N]   streamed under a memory cgroup below the model, prefetch on/off -> results/*-stream-*.json"

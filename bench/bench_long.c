@@ -25,11 +25,6 @@
 #define TARGET_LONG_PREFILL 0.80
 #define TARGET_LONG_DECODE 0.90
 
-/* The KV type whose bytes kv_bytes_per_pos counts: the cache is BF16 (2 bytes a value). A quantized KV cache
- * (--kv-type, issue 53 item 2) must set both from the session's type: tools/bench_peers.py refuses a row whose
- * kv_type is not the one it asked for, and takes the decode limit from kv_bytes_per_step. */
-static const char *const KV_TYPE = "bf16";
-
 /* The step keys of one long row: tokens per step (N for the prefill, 1 for a decode step), the bytes
  * (weights once, the KV of ctx positions: read by decode, written by the prefill) and the FLOPs by part
  * (layers 2 per weight per token, the head 2 per head weight for the one sampled row, attention QK^T and
@@ -38,7 +33,9 @@ static void long_keys(json_t *r, const model_cost *c, double tokens, double ctx,
 {
     double kv = kv_positions * c->kv_bytes_per_pos, w = c->layer_weight_bytes + c->head_bytes;
     json_object_set_new(r, "long_context", json_integer(n));
-    json_object_set_new(r, "kv_type", json_string(KV_TYPE));
+    /* the model's --kv-type, whose bytes kv_bytes_per_pos counts: tools/bench_peers.py refuses a row whose
+     * kv_type is not the one it asked for, and takes the decode limit from kv_bytes_per_step */
+    json_object_set_new(r, "kv_type", json_string(c->info.kv_type));
     json_object_set_new(r, "tokens_per_step", json_real(tokens));
     json_object_set_new(r, "sampled_rows_per_step", json_real(1));
     json_object_set_new(r, "bytes_per_step", json_real(w + tokens * 4.0 * c->info.d_model + kv));

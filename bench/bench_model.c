@@ -66,7 +66,7 @@ static void cost_of(const kipp_model_info *in, model_cost *c)
     c->layer_weight_bytes = 2 * (c->layer_params + L * (2 * D + 2 * in->head_dim));
     c->head_params = (double)in->vocab_size * D;
     c->head_bytes = 2.0 * c->head_params;
-    c->kv_bytes_per_pos = L * 2 * KV * 2;
+    c->kv_bytes_per_pos = (double)in->kv_bytes_per_token; /* L x 2 x KV x 2 in bf16, x 34/64 in q8_0 (--kv-type) */
     c->attn_flops_per_pos = L * 4 * A;
 }
 
@@ -415,7 +415,8 @@ static void reset_peak_rss(void)
 /* Peak resident memory of loading the model (mapping,
  * packing, scratch: target <= 1.1x the GGUF) and of the whole run (plus the
  * session's KV cache, kv_bytes), on every result of the model. */
-static void add_memory(json_t *results, size_t first, const char *path, double load_peak, double peak, double kv_bytes)
+static void add_memory(json_t *results, size_t first, const char *path, double load_peak, double peak, double kv_bytes,
+                       const kipp_model_info *info)
 {
     struct stat st;
     double file = stat(path, &st) == 0 ? (double)st.st_size : -1;
@@ -427,6 +428,8 @@ static void add_memory(json_t *results, size_t first, const char *path, double l
         json_object_set_new(r, "load_peak_rss_vs_gguf", ok ? json_real(load_peak / file) : json_null());
         json_object_set_new(r, "peak_rss_bytes", peak > 0 ? json_real(peak) : json_null());
         json_object_set_new(r, "kv_cache_bytes", json_real(kv_bytes));
+        json_object_set_new(r, "kv_type", json_string(info->kv_type));
+        json_object_set_new(r, "kv_bytes_per_token", json_integer((json_int_t)info->kv_bytes_per_token));
     }
     if (ok)
         printf("  memory: load peak RSS %.2f GB = %.2fx the GGUF (%.2f GB; target <= 1.10x: %s); run peak %.2f GB "
@@ -460,7 +463,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     kipp_model *m = NULL;
     kipp_session *s = NULL;
     kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora,
-                             .rope_override = o->rope_override, .rope = o->rope};
+                             .rope_override = o->rope_override, .rope = o->rope, .kv_type = o->kv_type};
     char id[256];
     model_id_of(path, id, sizeof id);
     double t0 = kipp_timer_now();
@@ -550,7 +553,7 @@ static int bench_model(const options *o, const char *path, const kipp_profile *p
     if ((rc = long_rows(o, m, &c, prof, &act, id, results, err, errlen))) goto out;
     if (o->draft_model && (rc = draft_row(o, m, id, results, err, errlen))) goto out;
 out:
-    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * ((double)cap + long_cap(o)));
+    if (!rc) add_memory(results, first, path, load_peak, peak_rss(), c.kv_bytes_per_pos * ((double)cap + long_cap(o)), &c.info);
     for (size_t i = first; !rc && i < json_array_size(results); i++) /* the file's scheme, not result_json's "bf16" */
         json_object_set_new(json_array_get(results, i), "format", json_string(c.info.quant));
     for (size_t i = first; !rc && c.info.n_lora && i < json_array_size(results); i++) { /* the merge, timed in the open */
@@ -581,7 +584,9 @@ static void usage(FILE *f)
             "                  [--lora PATH[:SCALE]]...  (adapters merged at load, at most 8)\n"
             "                  [--rope-scaling none|yarn:F[:ORIG]]  (RoPE scaling instead of the file's)\n"
             "                  [--draft-model FILE [--draft-max N (1..16, default 8)] [--draft-min N]]\n"
-            "                  (the tg128_draft row: speculative greedy with FILE drafting, against plain greedy)\n",
+            "                  (the tg128_draft row: speculative greedy with FILE drafting, against plain greedy)\n"
+
+            "                  [--kv-type bf16|q8_0]  (the KV cache's type; default bf16)\n",
             kipp_backend_names(backends, sizeof backends, "|"));
 }
 
@@ -623,6 +628,13 @@ static int parse_args(int argc, char **argv, options *o)
         else if (!strcmp(a, "--draft-model") && v) o->draft_model = v;
         else if (!strcmp(a, "--draft-max")) { if (parse_int(a, v, 1, KIPP_SPEC_K_MAX, &o->draft_max)) return -1; }
         else if (!strcmp(a, "--draft-min")) { if (parse_int(a, v, 1, KIPP_SPEC_K_MAX, &o->draft_min)) return -1; }
+        else if (!strcmp(a, "--kv-type") && v) {
+            char err[256];
+            if (kipp_kv_type_parse(v, &o->kv_type, err, sizeof err)) {
+                fprintf(stderr, "kipp-bench: %s\n", err);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--rope-scaling") && v) {
             char err[384];
             if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) {

@@ -36,6 +36,7 @@ typedef struct {
     char lora_path[MAX_LORA][4096];
     uint32_t n_lora;
     int rope_override;             /* --rope-scaling given: rope replaces the file's scaling */
+    int kv_type;                   /* --kv-type: KIPP_KV_BF16 (default) or KIPP_KV_Q8_0 */
     kipp_rope_scaling rope;
     uint32_t long_ctx;             /* --long-ctx: positions of the pplong/tglong rows (bench_long.c) */
     const char *draft_model;       /* --draft-model FILE: the tg128_draft row (bench_draft.c); NULL = none */

@@ -62,7 +62,8 @@ static int open_draft(const char *cmd, cli_gen_opts *o, const kipp_model_options
 int cli_gen_open(const char *cmd, cli_gen_opts *o, kipp_model **out)
 {
     kipp_model_options mo = {.n_threads = o->threads, .lora = o->lora, .n_lora = o->n_lora, .stream = o->stream,
-                             .no_prefetch = o->no_prefetch, .rope_override = o->rope_override, .rope = o->rope};
+                             .no_prefetch = o->no_prefetch, .rope_override = o->rope_override, .rope = o->rope,
+                             .kv_type = o->kv_type};
     char err[512];
     kipp_mapped_file_guard(o->model); /* a model truncated while mapped: a clear message, not SIGBUS */
     int rc = kipp_model_open(o->model, o->backend, &mo, out, err, sizeof err);
@@ -271,11 +272,11 @@ void cli_gen_print_timings(const char *cmd, const kipp_model *m, kipp_session *s
     }
     fprintf(stderr,
             "kipp %s: prompt %zu tokens, generated %u (%s), prefill %.*f tok/s, decode %.*f tok/s, "
-            "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu%s\n",
+            "TTFT %.1f ms, KV %llu bytes/token, backend %s, seed %llu, KV type %s%s\n",
             cmd, n_prompt, st->n_generated,
             st->interrupted ? "interrupted" : st->stopped ? "stop token" : st->full ? "context full" : "max tokens",
             RATE_PREC(pre), pre, RATE_PREC(dec), dec, st->t_first * 1e3,
-            (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed, spec);
+            (unsigned long long)info.kv_bytes_per_token, info.backend, (unsigned long long)o->seed, info.kv_type, spec);
     if (st->full)
         fprintf(stderr, "kipp %s: stopped early: the session's context of %u tokens is full (--ctx, at most %u)\n",
                 cmd, kipp_session_capacity(s), info.context_length);

@@ -24,7 +24,7 @@
 static int usage(FILE *f)
 {
     fprintf(f, "usage: kipp plan --model FILE.gguf | --shape ID [--json] [--results DIR] [--profile FILE]\n"
-               "                 [--rope-scaling none|yarn:F[:ORIG]]\n"
+               "                 [--rope-scaling none|yarn:F[:ORIG]] [--kv-type bf16|q8_0]\n"
                "  measures cores, ISA level, RAM, RAM read bandwidth, the FP32 FMA, BF16 dot and int8 dot peaks\n"
                "  and the model file's read speed, then prints resident vs streamed layers, the context whose\n"
                "  KV fits a quarter of the usable RAM and, per weight format, predicted decode, prefill and\n"
@@ -36,7 +36,8 @@ static int usage(FILE *f)
                "  --profile  take the read bandwidth, peaks, ISA level and CPU id from this machine profile\n"
                "             (make profile: profiles/<host>-<level>-<cpu id>.json) instead of probing them\n"
                "  --rope-scaling  plan with this RoPE scaling instead of the file's: YaRN raises the context\n"
-               "             limit to ORIG x F (kipp generate --help; `kipp registry` lists the cards' yarn_ctx)\n");
+               "             limit to ORIG x F (kipp generate --help; `kipp registry` lists the cards' yarn_ctx)\n"
+               "  --kv-type  plan with this KV cache type (default bf16; q8_0: 34/64 of its bytes per token)\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -62,6 +63,11 @@ int cmd_plan(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
         if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--kv-type")) {
+            char err[256];
+            if (i + 1 == argc) return cli_errorf("plan", "--kv-type needs a value: bf16 or q8_0"), 2;
+            if (kipp_kv_type_parse(argv[++i], &mo.kv_type, err, sizeof err)) return cli_errorf("plan", "%s", err), 2;
+        }
         else if (!strcmp(argv[i], "--rope-scaling")) {
             char err[384];
             if (i + 1 == argc) return cli_errorf("plan", "--rope-scaling needs a value: none, yarn:F or yarn:F:ORIG"), 2;
@@ -80,7 +86,7 @@ int cmd_plan(int argc, char **argv)
             *(k == 'o' ? &model : k == 'e' ? &results : k == 'h' ? &shape : &profile) = argv[i + 1], i++;
         } else {
             cli_errorf("plan", "unexpected argument '%s'; expected --model FILE, --shape ID, --json, --results DIR, "
-                       "--profile FILE or --rope-scaling SPEC",
+                       "--profile FILE, --rope-scaling SPEC or --kv-type bf16|q8_0",
                        argv[i]);
             return usage(stderr);
         }

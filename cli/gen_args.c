@@ -80,6 +80,9 @@ static const opt_def OPTS[] = {
     {"--rope-scaling", "none|yarn:F[:ORIG]", C_ALL, "RoPE scaling instead of the file's: YaRN with factor F over ORIG original\n"
                                                    "      context tokens (default ORIG: the model card's, e.g. 32768, else the file's\n"
                                                    "      context length), so --ctx may reach ORIG x F; none turns it off"},
+    {"--kv-type", "bf16|q8_0", C_ALL, "the KV cache's type: q8_0 keeps int8 values and an fp16 scale per 32\n"
+                                     "      (34/64 of bf16's bytes per token, so about twice the context per GiB);\n"
+                                     "      default bf16"},
     {"--help", NULL, C_ALL, "print this help and exit"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -244,7 +247,10 @@ static int parse_value_opt(const char *cmd, const char *f, const char *v, cli_ge
     }
     else if (!strcmp(f, "--logit-bias")) return parse_bias(cmd, v, o);
     else if (!strcmp(f, "--lora")) return parse_lora(cmd, v, o);
-    else if (!strcmp(f, "--rope-scaling")) {
+    else if (!strcmp(f, "--kv-type")) {
+        char err[256];
+        if (kipp_kv_type_parse(v, &o->kv_type, err, sizeof err)) return cli_errorf(cmd, "%s", err), 2;
+    } else if (!strcmp(f, "--rope-scaling")) {
         char err[384];
         if (kipp_rope_scaling_parse(v, &o->rope, err, sizeof err)) return cli_errorf(cmd, "%s", err), 2;
         o->rope_override = 1;

@@ -59,6 +59,7 @@ typedef struct {
     int no_prefetch;          /* --no-prefetch */
     int rope_override;        /* 1: --rope-scaling given (rope below), else the file's scaling */
     kipp_rope_scaling rope;   /* --rope-scaling */
+    int kv_type;              /* --kv-type: KIPP_KV_BF16 (default) or KIPP_KV_Q8_0 */
 } cli_gen_opts;
 
 /**

@@ -78,6 +78,8 @@ typedef struct {
     int prefetch;           /* with stream: 1 = madvise(MADV_WILLNEED) one layer ahead, 0 = none */
     uint64_t stream_budget; /* with stream: bytes of the file the page cache may keep (0.75 x available
                                RAM at open; UINT64_MAX when unknown): the rest is dropped behind use */
+    int kv_type;            /* KV cache type (kipp.h KIPP_KV_BF16 0, KIPP_KV_Q8_0 1; checked by the engine);
+                               a backend without the type refuses it in model_create (KIPP_ENOTSUP) */
 } kipp_model_view;
 
 /**
@@ -112,7 +114,7 @@ typedef struct {
     int (*model_create)(const kipp_model_view *model, void **backend_model, char *err,
                         size_t errlen);
     void (*model_destroy)(void *backend_model);
-    /** Allocate KV for n_blocks physical 32-position blocks ([layer][block*32+i][8][128] bf16 K and V). */
+    /** Allocate KV for n_blocks physical 32-position blocks ([layer][block*32+i][8][128] K and V in view.kv_type). */
     int (*session_create)(void *backend_model, uint32_t n_blocks, void **backend_session,
                           char *err, size_t errlen);
     void (*session_destroy)(void *backend_session);
@@ -138,8 +140,8 @@ typedef struct {
     void (*pool_copy_block)(void *backend_model, uint32_t src, uint32_t dst);
     /**
      * Optional (the disk tier, engine/kv_disk.h): the host address of segment
-     * seg of slab block b - seg 2l is layer l's K, 2l+1 its V, each 32 x 8 x
-     * 128 bf16 - and its bytes in *bytes. NULL op: the slab is not host memory.
+     * seg of slab block b - seg 2l is layer l's K, 2l+1 its V, each 32 rows of
+     * 8 x 128 in view.kv_type - and its bytes in *bytes. NULL op: the slab is not host memory.
      */
     void *(*pool_block_seg)(void *backend_model, uint32_t b, uint32_t seg, size_t *bytes);
     /**

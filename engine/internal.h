@@ -189,6 +189,9 @@ void kipp_plan_rationale(const kipp_plan *p, kipp_plan_format *o, double streame
  */
 int kipp_stream_resolve(kipp_model *m, const kipp_model_options *opts, char *err, size_t errlen);
 
+/** Set m's KV type (engine/kv_type.c) before the backend is created; KIPP_EINVAL naming a value out of range. */
+int kipp_kv_type_set(kipp_model *m, int kv_type, char *err, size_t errlen);
+
 /**
  * The one check of a model view before a backend sees it (engine/view_check.c):
  * a Qwen3 shape, every tensor present with its slot's shape, norms and

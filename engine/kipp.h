@@ -107,7 +107,31 @@ typedef struct {
      * (rope.yarn 0 turns scaling off); 0 = the file's. Bad values: KIPP_EINVAL. */
     int rope_override;
     kipp_rope_scaling rope;
+    /* --kv-type: the KV cache's element type, KIPP_KV_BF16 (0, the default) or KIPP_KV_Q8_0
+     * (per 32 values int8 and an fp16 scale, 34/64 of BF16's bytes; backends cpu and ref;
+     * cuda refuses it with KIPP_ENOTSUP). Another value: KIPP_EINVAL. */
+    int kv_type;
 } kipp_model_options;
+
+#define KIPP_KV_BF16 0
+#define KIPP_KV_Q8_0 1
+#define KIPP_KV_TYPE_COUNT 2
+
+/** The name of KV type t ("bf16", "q8_0"); "?" when out of range. */
+const char *kipp_kv_type_name(int t);
+
+/**
+ * Parse a --kv-type value ("bf16" or "q8_0") into *out. Errors: KIPP_EINVAL
+ * naming the value and the choices.
+ */
+int kipp_kv_type_parse(const char *s, int *out, char *err, size_t errlen);
+
+/**
+ * KV bytes per cached token of a model shape (all layers, K and V) in KV type
+ * t: n_layer x 2 x n_kv_head x head_dim x 2 for bf16, x 34/32 for q8_0. 0 when
+ * t is out of range.
+ */
+uint64_t kipp_kv_type_bytes(uint32_t n_layer, uint32_t n_kv_head, uint32_t head_dim, int t);
 
 #define KIPP_STREAM_AUTO 0
 #define KIPP_STREAM_ON 1
@@ -325,7 +349,8 @@ typedef struct {
     kipp_rope_scaling rope;     /* the scaling in use (file's or override), defaults resolved */
     uint32_t n_stop;
     uint32_t stop_ids[2];
-    uint64_t kv_bytes_per_token; /* logical KV bytes per cached token (all layers) */
+    uint64_t kv_bytes_per_token; /* KV bytes per cached token (all layers) in the model's KV type */
+    const char *kv_type;         /* the KV cache's type: "bf16" or "q8_0" (kipp_model_options.kv_type) */
     uint64_t weight_bytes;       /* bytes of all tensors in the file */
     float rope_theta;            /* RoPE base */
     uint64_t file_bytes;         /* size of the mapped file */

@@ -73,7 +73,7 @@ int kipp_machine_measure_with(const char *model_path, const char *profile_path, 
 #define KIPP_PLAN_SERVE_PROMPT 110 /* the server workload the plan predicts: `make bench-serve`'s prompts ... */
 #define KIPP_PLAN_SERVE_TOKENS 64  /* ... and tokens generated per stream */
 
-#define KIPP_PLAN_KV_TYPES 2 /* bf16 and q8_0 (kipp_plan_format.kv_fit) */
+#define KIPP_PLAN_KV_TYPES KIPP_KV_TYPE_COUNT /* bf16 and q8_0 (kipp_plan_format.kv_fit), in kipp_kv_type order */
 
 /** The longest context one weight format leaves room for with one KV cache type: the KV of every cached
  * token in all the available RAM beside the format's weights (no quarter kept back, unlike kipp_plan.ctx;
@@ -126,7 +126,9 @@ typedef struct {
     kipp_machine machine;
     char model_id[64];             /* registry id */
     char file_format[16];          /* the opened file's scheme */
-    uint64_t kv_bytes_per_token;   /* all layers, K and V */
+    uint64_t kv_bytes_per_token;   /* all layers, K and V, in the model's KV type */
+    char kv_type[8];               /* the model's KV type (--kv-type): "bf16" or "q8_0" */
+    uint64_t kv_type_bytes[KIPP_KV_TYPE_COUNT]; /* KV bytes per token of each KV type (kipp_kv_type_bytes) */
     uint64_t usable_ram_bytes;     /* ram_available_bytes minus the resident weights (0 when they do not fit) */
     uint32_t ctx;                  /* tokens: KV of ctx fits usable_ram_bytes / 4; multiple of 32, <= context_length */
     uint32_t context_length;       /* the model's longest context: the file's max_position_embeddings, or with YaRN
@@ -185,6 +187,7 @@ int kipp_plan_shape(const char *checkpoint_id, kipp_model_info *out, char *err, 
  * /proc/meminfo cannot be read, KIPP_ERANGE when not even 32 positions fit.
  */
 int kipp_plan_context(const kipp_model *model, uint32_t *ctx, char *err, size_t errlen);
+
 
 /** The plan as JSON text (schema "kipp.plan.v1"); malloc'd, the caller frees; NULL when out of memory. */
 char *kipp_plan_json(const kipp_plan *p);

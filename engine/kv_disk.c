@@ -273,7 +273,7 @@ static int write_all(int fd, const void *p, size_t n)
 /* Write job j's file from payload[] (outside mu). 0, or -1 (errno kept for the log). */
 static int write_file(kipp_kv_disk *d, const job *j, const uint8_t *payload, size_t n_payload)
 {
-    kipp_kv_file_head h = {.kv_type = KIPP_KV_DISK_BF16, .block_tokens = KIPP_KV_BLOCK, .n_seg = d->o.n_seg,
+    kipp_kv_file_head h = {.kv_type = d->o.kv_type, .block_tokens = KIPP_KV_BLOCK, .n_seg = d->o.n_seg,
                            .seg_bytes = (uint32_t)d->o.seg_bytes, .hash = j->hash, .parent_hash = j->parent_hash,
                            .has_parent = (uint32_t)j->has_parent, .n_ids = j->n_ids,
                            .payload_xxh = XXH3_64bits(payload, n_payload)};
@@ -635,7 +635,7 @@ int kipp_kv_disk_get(kipp_kv_disk *d, uint64_t h, int has_parent, uint64_t paren
     if (d->slow_read_ms) nanosleep(&(struct timespec){0, (long)d->slow_read_ms * 1000000L}, NULL);
     int fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return 0; /* trimmed since the lookup: a miss */
-    kipp_kv_file_head want = {.kv_type = KIPP_KV_DISK_BF16, .block_tokens = KIPP_KV_BLOCK, .n_seg = d->o.n_seg,
+    kipp_kv_file_head want = {.kv_type = d->o.kv_type, .block_tokens = KIPP_KV_BLOCK, .n_seg = d->o.n_seg,
                               .seg_bytes = (uint32_t)d->o.seg_bytes, .hash = h, .parent_hash = parent_hash,
                               .has_parent = (uint32_t)has_parent, .n_ids = n_ids};
     memcpy(want.model_id, d->o.model_id, 16);

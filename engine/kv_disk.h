@@ -19,7 +19,7 @@
  * hash, parent hash, prefix length, payload XXH3_64, header XXH3_64), then the
  * prompt's token ids from position 0 to the block's end (so a read checks the
  * whole prefix, not only a 64-bit hash), then the payload: for each layer,
- * that block's K then V (32 x 8 x 128 bf16 each).
+ * that block's K then V (32 rows of 8 x 128 in the KV type each).
  */
 #ifndef KIPP_KV_DISK_H
 #define KIPP_KV_DISK_H
@@ -43,6 +43,7 @@ typedef struct {
     const char *dir;          /* directory; created 0700 when absent */
     uint64_t max_bytes;       /* LRU budget of the files, bytes (>= one block file) */
     uint8_t model_id[16];     /* model identity (XXH3_128, kv_disk_id.c) */
+    uint32_t kv_type;         /* the file header's KV type: KIPP_KV_DISK_BF16 or KIPP_KV_DISK_Q8_0 */
     uint32_t n_seg;           /* segments per block: 2 x n_layer */
     size_t seg_bytes;         /* bytes of one segment */
     uint32_t n_blocks;        /* blocks of the pool's slab */
@@ -145,7 +146,7 @@ void kipp_kv_disk_load_cancel(kipp_kv_disk *d, struct kipp_disk_load *l);
 /** The fixed header of a block file; 128 bytes on disk. */
 typedef struct {
     uint8_t model_id[16];
-    uint32_t kv_type;         /* KIPP_KV_DISK_BF16 */
+    uint32_t kv_type;         /* KIPP_KV_DISK_BF16 or KIPP_KV_DISK_Q8_0: a file of the other type is refused */
     uint32_t block_tokens;    /* 32 */
     uint32_t n_seg;
     uint32_t seg_bytes;
@@ -156,6 +157,9 @@ typedef struct {
 } kipp_kv_file_head;
 
 #define KIPP_KV_DISK_BF16 1u
+#define KIPP_KV_DISK_Q8_0 2u /* q8_0 KV rows (backends/cpu/kv_store.h) */
+/** The file header's KV type of kipp.h's KV type t (KIPP_KV_BF16 -> KIPP_KV_DISK_BF16, ...). */
+#define KIPP_KV_DISK_TYPE(t) ((uint32_t)(t) + 1u)
 #define KIPP_KV_FILE_HEAD 128u
 
 /** Bytes of a file holding n_ids ids and n_seg x seg_bytes payload. */

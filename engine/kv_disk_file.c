@@ -66,7 +66,9 @@ int kipp_kv_file_check(const uint8_t raw[KIPP_KV_FILE_HEAD], const uint32_t *fil
     if (get32(raw + 64) != want->n_ids) return WHY("holds a %u-token prefix, expected %u", get32(raw + 64), want->n_ids);
     if (get64(raw + SUM_AT) != head_sum(raw, file_ids, want->n_ids)) return WHY("header checksum mismatch (corrupt)");
     if (memcmp(raw + 16, want->model_id, 16)) return WHY("written for another model (model identity differs)");
-    if (get32(raw + 12) != want->kv_type) return WHY("KV type %u, expected %u (bf16)", get32(raw + 12), want->kv_type);
+    if (get32(raw + 12) != want->kv_type)
+        return WHY("KV type %u (%s), expected %u (%s): another --kv-type", get32(raw + 12),
+                   kipp_kv_type_name((int)get32(raw + 12) - 1), want->kv_type, kipp_kv_type_name((int)want->kv_type - 1));
     if (get32(raw + 32) != want->block_tokens || get32(raw + 36) != want->n_seg || get32(raw + 40) != want->seg_bytes)
         return WHY("block layout %u tokens x %u segments x %u bytes, expected %u x %u x %u", get32(raw + 32),
                    get32(raw + 36), get32(raw + 40), want->block_tokens, want->n_seg, want->seg_bytes);

@@ -67,7 +67,7 @@ int kipp_model_enable_disk_tier(kipp_model *m, const char *dir, uint64_t max_mib
     size_t seg_bytes;
     m->ops->pool_block_seg(m->bm, 0, 0, &seg_bytes);
     kipp_kv_disk_opts o = {.dir = dir, .max_bytes = max_mib > (UINT64_MAX >> 20) ? UINT64_MAX : max_mib << 20,
-                           .n_seg = 2 * info.n_layer, .seg_bytes = seg_bytes, .n_blocks = info.kv_pool_blocks,
+                           .kv_type = KIPP_KV_DISK_TYPE(m->view.kv_type), .n_seg = 2 * info.n_layer, .seg_bytes = seg_bytes, .n_blocks = info.kv_pool_blocks,
                            .seg = m->ops->pool_block_seg, .backend_model = m->bm};
     double t0 = now_ms();
     if (model_identity(m, o.model_id)) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory hashing the model");

@@ -48,6 +48,12 @@ static void notify(const kipp_kv_pool *p, kipp_kv_event_kind kind, uint32_t b)
     p->listener(p->listener_ctx, &ev);
 }
 
+uint64_t kipp_kv_pool_root(int kv_type)
+{
+    const char *name = kipp_kv_type_name(kv_type);
+    return kv_type == KIPP_KV_BF16 ? KIPP_POOL_ROOT_HASH : XXH3_64bits_withSeed(name, strlen(name), KIPP_POOL_ROOT_HASH);
+}
+
 uint64_t kipp_kv_pool_hash(uint64_t parent_hash, const uint32_t *ids)
 {
     return XXH3_64bits_withSeed(ids, KIPP_KV_BLOCK * sizeof *ids, parent_hash);

@@ -40,6 +40,11 @@ kipp_kv_pool *kipp_kv_pool_create(uint32_t n_blocks);
 /** Destroy; NULL accepted. */
 void kipp_kv_pool_destroy(kipp_kv_pool *p);
 
+/** The chain hash seed of block 0 for KV type kv_type (kipp.h KIPP_KV_*): KIPP_POOL_ROOT_HASH for
+ *  bf16 (the hashes of older pools and disk files), another seed per type, so a block's hash names its
+ *  KV type and no block of one type is ever found by a session of another. */
+uint64_t kipp_kv_pool_root(int kv_type);
+
 /** Chain hash of a block: XXH3_64 of ids[32] seeded with the parent's hash. */
 uint64_t kipp_kv_pool_hash(uint64_t parent_hash, const uint32_t *ids);
 

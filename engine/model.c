@@ -772,6 +772,7 @@ int kipp_model_open(const char *path, const char *backend, const kipp_model_opti
     }
     if (opts && opts->rope_override && (rc = kipp_rope_apply(m, &opts->rope, "--rope-scaling", err, errlen)))
         return kipp_model_close(m), rc;
+    if (opts && (rc = kipp_kv_type_set(m, opts->kv_type, err, errlen))) return kipp_model_close(m), rc;
     if (!ops) { /* "none": read-only use of the file, no weights touched */
         *out = m;
         return KIPP_OK;
@@ -840,7 +841,8 @@ int kipp_model_get_info(const kipp_model *m, kipp_model_info *info)
     info->rope = m->rope;
     info->n_stop = c->n_stop;
     memcpy(info->stop_ids, c->stop_ids, sizeof info->stop_ids);
-    info->kv_bytes_per_token = kipp_kv_bytes_per_token(c);
+    info->kv_bytes_per_token = kipp_kv_type_bytes(c->n_layer, c->n_kv_head, c->head_dim, m->view.kv_type);
+    info->kv_type = kipp_kv_type_name(m->view.kv_type);
     info->weight_bytes = m->weight_bytes;
     info->rope_theta = m->view.dims.rope_theta;
     info->file_bytes = m->map_size;

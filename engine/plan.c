@@ -448,21 +448,14 @@ static void plan_serve(const kipp_plan *p, const kipp_model_info *in, const shap
     o->serve_tps = isfinite(wall) && wall > 0 ? N * G / wall : 0;
 }
 
-/* KV cache types the planner sizes contexts for (kipp_plan_kv_fit): bytes per `values` values. */
-static const struct {
-    const char *name;
-    double bytes, values;
-} KV_TYPES[KIPP_PLAN_KV_TYPES] = {{"bf16", 2, 1}, {"q8_0", 34, 32}};
-
 /* o->kv_fit: per KV type, the whole 32-token blocks of KV that fit the RAM beside the format's weights. */
 static void plan_kv_fit(const kipp_plan *p, const kipp_model_info *in, kipp_plan_format *o)
 {
     uint64_t avail = p->machine.ram_available_bytes, w = (uint64_t)o->weight_bytes;
     for (int k = 0; k < KIPP_PLAN_KV_TYPES; k++) {
         kipp_plan_kv_fit *x = &o->kv_fit[k];
-        snprintf(x->kv_type, sizeof x->kv_type, "%s", KV_TYPES[k].name);
-        x->kv_bytes_per_token = (double)in->n_layer * 2 * in->n_kv_head * in->head_dim * KV_TYPES[k].bytes /
-                                KV_TYPES[k].values;
+        snprintf(x->kv_type, sizeof x->kv_type, "%s", kipp_kv_type_name(k));
+        x->kv_bytes_per_token = (double)kipp_kv_type_bytes(in->n_layer, in->n_kv_head, in->head_dim, k);
         x->free_bytes = avail > w ? avail - w : 0;
         double n = floor((double)x->free_bytes / x->kv_bytes_per_token);
         uint32_t ram = n >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)n;
@@ -545,6 +538,9 @@ int kipp_plan_make_info(const kipp_model_info *inp, const kipp_machine *mc, cons
                        .context_length = in.context_length};
     snprintf(out->model_id, sizeof out->model_id, "%s", in.checkpoint_id);
     snprintf(out->file_format, sizeof out->file_format, "%s", in.quant);
+    snprintf(out->kv_type, sizeof out->kv_type, "%s", in.kv_type);
+    for (int t = 0; t < KIPP_KV_TYPE_COUNT; t++)
+        out->kv_type_bytes[t] = kipp_kv_type_bytes(in.n_layer, in.n_kv_head, in.head_dim, t);
     kipp_context_limit_note(&in, out->context_limit, sizeof out->context_limit);
     out->rope_factor = in.rope.yarn ? in.rope.factor : 0;
     out->rope_original_context = in.rope.yarn ? in.rope.original_context : 0;

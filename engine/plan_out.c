@@ -121,8 +121,9 @@ char *kipp_plan_text(const kipp_plan *p)
     OUT("model: %s (%s), %u layers: %u resident, %u streamed%s%s\n", p->model_id, p->file_format, p->n_layer,
         p->layers_resident, p->layers_streamed, p->streamed ? " (weights exceed 0.75 x available RAM)" : "",
         p->head_resident ? "" : "; the head is streamed too");
-    OUT("  KV %llu bytes per token; context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u: %s)\n",
-        (unsigned long long)p->kv_bytes_per_token, p->ctx, p->usable_ram_bytes * 1e-9, p->context_length,
+    OUT("  KV %s, %llu bytes per token (bf16 %llu, q8_0 %llu); context %u tokens (KV in a quarter of %.2f GB usable RAM, at most %u: %s)\n",
+        p->kv_type, (unsigned long long)p->kv_bytes_per_token, (unsigned long long)p->kv_type_bytes[KIPP_KV_BF16],
+        (unsigned long long)p->kv_type_bytes[KIPP_KV_Q8_0], p->ctx, p->usable_ram_bytes * 1e-9, p->context_length,
         p->context_limit);
     for (size_t i = 0; i < p->n_formats; i++) {
         const kipp_plan_format *f = &p->formats[i];

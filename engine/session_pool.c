@@ -50,7 +50,7 @@ int kipp_model_enable_pool(kipp_model *m, uint64_t pool_mib, char *err, size_t e
     if (m->n_sessions)
         return kipp_err(err, errlen, KIPP_EINVAL, "a KV pool must be enabled before the first session; %u sessions are open",
                         m->n_sessions);
-    uint64_t block_bytes = kipp_kv_bytes_per_token(m->ckpt) * BLOCK;
+    uint64_t block_bytes = kipp_kv_type_bytes(m->ckpt->n_layer, m->ckpt->n_kv_head, m->ckpt->head_dim, m->view.kv_type) * BLOCK;
     uint64_t n = pool_mib ? (pool_mib > (UINT64_MAX >> 20) ? UINT64_MAX : (pool_mib << 20) / block_bytes)
                           : blocks_for(m->view.dims.context_length);
     if (n == 0 || n >= KIPP_POOL_NONE)
@@ -126,7 +126,7 @@ static void publish_full(kipp_session *s)
 {
     kipp_kv_pool *p = s->model->pool;
     uint32_t full = s->length / BLOCK, parent = KIPP_POOL_NONE;
-    uint64_t h = KIPP_POOL_ROOT_HASH, ph;
+    uint64_t h = kipp_kv_pool_root(s->model->view.kv_type), ph;
     for (uint32_t b = 0; b < full; b++) {
         const uint32_t *ids = s->tokens + (size_t)b * BLOCK;
         ph = h;
@@ -220,7 +220,7 @@ int kipp_session_match_prefix(kipp_session *s, const uint32_t *tokens, uint32_t 
         return kipp_err(err, errlen, KIPP_EINVAL,
                         "kipp_session_match_prefix needs an empty session; this one holds %u tokens (reset it first)", s->length);
     uint32_t max = (n < s->capacity ? n : s->capacity) / BLOCK, parent = KIPP_POOL_NONE, b = 0;
-    uint64_t h = KIPP_POOL_ROOT_HASH; /* chain hash of block b - 1 */
+    uint64_t h = kipp_kv_pool_root(s->model->view.kv_type); /* chain hash of block b - 1 */
     for (; b < max; b++) {
         const uint32_t *ids = tokens + (size_t)b * BLOCK;
         uint64_t hb = kipp_kv_pool_hash(h, ids);

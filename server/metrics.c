@@ -76,6 +76,9 @@ void serve_metrics_set_model(const char *model_name) { g_metrics.model_name = mo
 
 static const kipp_model *g_disk_model; /* the model whose disk tier /metrics reads (thread-safe stats) */
 void serve_metrics_set_disk(const kipp_model *m) { g_disk_model = m; }
+static const char *g_kv_type = "bf16";
+static uint64_t g_kv_bytes_per_token;
+void serve_metrics_set_kv(const char *kv_type, uint64_t bytes_per_token) { g_kv_type = kv_type, g_kv_bytes_per_token = bytes_per_token; }
 void serve_metrics_on_start(uint64_t kv_capacity) { g_metrics.kv_capacity = kv_capacity; }
 void serve_metrics_on_queue(int queued, int active) { g_metrics.queue_depth = queued, g_metrics.active_choices = active; }
 void serve_metrics_on_kv(uint64_t blocks) { g_metrics.kv_blocks = blocks; }
@@ -428,6 +431,9 @@ char *serve_metrics_text(const serve_metrics *m)
     gauge(&b, "kipp_kv_blocks_in_use", "32-position KV blocks held by live sessions.", "gauge", (double)m->kv_blocks);
     gauge(&b, "kipp_prompt_tokens_cached_total", "Prompt tokens adopted from the KV pool instead of prefilled.", "counter",
           (double)m->prompt_tokens_cached);
+    put(&b, "# HELP kipp_kv_bytes_per_token KV cache bytes per cached token, all layers, K and V, in the cache's type (--kv-type).\n"
+            "# TYPE kipp_kv_bytes_per_token gauge\nkipp_kv_bytes_per_token{kv_type=\"%s\"} %llu\n", g_kv_type,
+        (unsigned long long)g_kv_bytes_per_token);
     if (m->pooled) pool_metrics(&b, &m->pool);
     disk_metrics(&b);
     gauge(&b, "kipp_preemptions_total", "Choices whose session was taken to free KV blocks (recomputed later).", "counter",

@@ -609,6 +609,8 @@ char *serve_metrics_text(const serve_metrics *m);
  */
 /** Before any thread starts: the reported model id, the vllm:* model_name label (static string). */
 void serve_metrics_set_model(const char *model_name);
+/** The KV cache's type name ("bf16", "q8_0"; static) and bytes per token, for /metrics' kipp_kv_bytes_per_token. */
+void serve_metrics_set_kv(const char *kv_type, uint64_t bytes_per_token);
 /** The model whose KV disk tier /metrics exports (kipp_model_disk_stats, thread-safe); NULL = none. Before any thread reads it. */
 void serve_metrics_set_disk(const kipp_model *m);
 /** At scheduler start: the KV blocks the pool (pooled) or the budget (unpooled) holds. */

@@ -47,6 +47,7 @@ typedef struct {
     int stream, no_prefetch;  /* --stream auto|on|off (KIPP_STREAM_*), --no-prefetch */
     int rope_override;        /* --rope-scaling given: rope replaces the file's scaling */
     kipp_rope_scaling rope;
+    int kv_type;              /* --kv-type bf16|q8_0 (KIPP_KV_*) */
     kipp_lora_spec lora[SERVE_MAX_LORA]; /* --lora PATH[:SCALE], repeatable; paths in lora_path */
     char lora_path[SERVE_MAX_LORA][4096];
     uint32_t n_lora;
@@ -77,6 +78,8 @@ static void usage(FILE *f)
             "  --rope-scaling none|yarn:F[:ORIG]  RoPE scaling instead of the file's: YaRN, factor F over ORIG\n"
             "                     original context tokens (default: the model card's, else the file's context\n"
             "                     length), so --ctx may reach ORIG x F; none turns it off\n"
+            "  --kv-type bf16|q8_0  the KV cache's type: q8_0 keeps int8 values and an fp16 scale per 32 (34/64\n"
+            "                     of bf16's bytes per token: about twice the context per GiB); default bf16\n"
             "  --max-batch N      active choices per step, 8..64, default 16\n"
             "  --max-queue N      requests waiting for a batch slot before 429, 1..4096, default 64 (requests\n"
             "                     that free slots will take at the next step do not count)\n"
@@ -212,6 +215,11 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             if (kipp_lora_parse_arg(v, &o->lora[o->n_lora], o->lora_path[o->n_lora], sizeof o->lora_path[0], err, sizeof err))
                 return fprintf(stderr, "kipp-serve: %s\n", err), 2;
             o->n_lora++;
+            continue;
+        }
+        if (!strcmp(a, "--kv-type")) {
+            char err[256];
+            if (kipp_kv_type_parse(v, &o->kv_type, err, sizeof err)) return fprintf(stderr, "kipp-serve: %s\n", err), 2;
             continue;
         }
         if (!strcmp(a, "--rope-scaling")) {
@@ -434,6 +442,7 @@ static int run(const serve_opts *o, kipp_model *m)
                     .access_log = o->access_log, .canonical = info.checkpoint_id, .task = kipp_model_task(m),
                     .embeddings = o->embeddings};
     serve_metrics_set_model(o->alias ? o->alias : info.checkpoint_id); /* before any thread reads it */
+    serve_metrics_set_kv(info.kv_type, info.kv_bytes_per_token);
     serve_kv_events *kev = NULL;
     if (o->kv_events) { /* before the scheduler: every block the pool ever stores is reported */
         serve_kv_events_opts ko = {
@@ -466,9 +475,11 @@ static int run(const serve_opts *o, kipp_model *m)
     } else {
         char kv[4608];
         if (info.kv_pool_blocks)
-            snprintf(kv, sizeof kv, "KV pool %u blocks, %.2f GiB: %s", info.kv_pool_blocks,
+            snprintf(kv, sizeof kv, "KV %s, %llu bytes/token; KV pool %u blocks, %.2f GiB: %s", info.kv_type,
+                     (unsigned long long)info.kv_bytes_per_token, info.kv_pool_blocks,
                      (double)info.kv_pool_blocks * (double)block_bytes / (1 << 30), pool_why);
-        else snprintf(kv, sizeof kv, "no KV pool, KV budget %llu blocks (--kv-mib)", (unsigned long long)so.kv_budget_blocks);
+        else snprintf(kv, sizeof kv, "KV %s, %llu bytes/token; no KV pool, KV budget %llu blocks (--kv-mib)", info.kv_type,
+                      (unsigned long long)info.kv_bytes_per_token, (unsigned long long)so.kv_budget_blocks);
         if (o->kv_cache_dir)
             snprintf(kv + strlen(kv), sizeof kv - strlen(kv), "; disk tier %s, %lld MiB", o->kv_cache_dir, o->kv_cache_disk_mib);
         if (o->draft) snprintf(kv + strlen(kv), sizeof kv - strlen(kv), "; draft model %s", o->draft_model);
@@ -509,7 +520,8 @@ int main(int argc, char **argv)
     if (rc) return rc == 1 ? 0 : rc;
     kipp_log_set_sink(engine_note, NULL);
     kipp_model_options mo = {.n_threads = (int)o.threads, .lora = o.lora, .n_lora = o.n_lora, .stream = o.stream,
-                             .no_prefetch = o.no_prefetch, .rope_override = o.rope_override, .rope = o.rope};
+                             .no_prefetch = o.no_prefetch, .rope_override = o.rope_override, .rope = o.rope,
+                             .kv_type = o.kv_type};
     kipp_model *m = NULL;
     char err[512];
     /* Pooled by default (seed 000: the server uses pooled models on CPU): --kv-pool-mib N sizes the pool

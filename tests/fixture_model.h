@@ -24,6 +24,7 @@ typedef struct {
 } fx_model;
 
 static uint64_t fx_rand_state = 0x1234567u;
+static int fx_kv_type = 0; /* the KV type fixtures are created with (kipp.h KIPP_KV_*) */
 /* Uniform in [-1, 1) from a 64-bit LCG (Knuth MMIX constants). */
 static float fx_uniform(void)
 {
@@ -51,6 +52,7 @@ static fx_model *fx_model_create(const char *backend, char *err, size_t errlen)
     kipp_bf16 *cur = fx->arena;
     fx->model.view.dims = d;
     fx->model.view.checkpoint_id = "fixture";
+    fx->model.view.kv_type = fx_kv_type;
     fx->model.view.w.token_embd = fx_tensor(&cur, FX_VOCAB, D, 1.0f, 0.0f);
     for (uint32_t i = 0; i < d.n_layer; i++) {
         kipp_qwen3_layer *L = &layers[i];

@@ -285,14 +285,14 @@ OWN = {
                  "--show-ids", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty",
                  "--frequency-penalty", "--presence-penalty", "--logit-bias", "--help", "--spec", "--spec-k", "--spec-fixed", "--lora",
                  "--stream", "--no-prefetch", "--rope-scaling", "--draft-model", "--draft-self", "--draft-max", "--draft-min",
-                 "--no-spec"},
+                 "--no-spec", "--kv-type"},
     "chat": {"--model", "--backend", "--threads", "--no-think", "--max-tokens", "--ctx", "--no-cache-reuse", "--system",
              "--kv-cache-dir", "--kv-cache-disk-mib",
              "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--repeat-penalty", "--frequency-penalty",
              "--presence-penalty", "--logit-bias", "--help", "--lora", "--stream", "--no-prefetch", "--rope-scaling",
-             "--draft-model", "--draft-self", "--draft-max", "--draft-min", "--no-spec"},
+             "--draft-model", "--draft-self", "--draft-max", "--draft-min", "--no-spec", "--kv-type"},
     "logits": {"--model", "--prompt", "--out", "--backend", "--threads", "--chat", "--no-think", "--help", "--lora",
-               "--stream", "--no-prefetch", "--rope-scaling"},
+               "--stream", "--no-prefetch", "--rope-scaling", "--kv-type"},
 }
 ALL_OPTS = set().union(*OWN.values())
 
@@ -510,6 +510,26 @@ def test_generate_spec_equals_plain_greedy(backend, extra):
 def test_generate_spec_argument_errors(args, needle):
     r = kipp("generate", "--model", str(gguf("synthetic-tiny")), "--prompt", "x", *args)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["generate", "logits"])
+def test_bad_kv_type_names_value_and_choices(cmd, tmp_path):
+    extra = ["--out", str(tmp_path / "o.f32")] if cmd == "logits" else []
+    r = kipp(cmd, *TINY, "--prompt", "x", *extra, "--kv-type", "q4_0")
+    assert r.returncode == 2
+    assert "--kv-type 'q4_0' is not a KV cache type; expected bf16 or q8_0" in r.stderr, r.stderr
+
+
+def test_kv_type_q8_0_halves_kv_bytes_per_token():
+    """34/64 of bf16's bytes (int8 + an fp16 scale per 32 values), named on the timings line."""
+    got = {}
+    for t in ("bf16", "q8_0"):
+        r = kipp("generate", *TINY, "--prompt", "hello", "--max-tokens", "2", "--kv-type", t)
+        assert r.returncode == 0, r.stderr
+        m = re.search(r", KV (\d+) bytes/token, backend ref, seed 0, KV type (\w+)", r.stderr)
+        assert m and m[2] == t, r.stderr
+        got[t] = int(m[1])
+    assert got["bf16"] == 2 * 2 * 8 * 128 * 2 and got["q8_0"] * 64 == got["bf16"] * 34, got
 
 
 def test_spec_options_belong_to_generate_only():

@@ -25,6 +25,8 @@
 static const char *const MODELS[] = {"synthetic-tiny.gguf", "synthetic-tiny-q8_0.gguf",
                                      "synthetic-tiny-affine4_gs32.gguf"};
 
+static int g_kv_type = KIPP_KV_BF16; /* the KV type every model opens with (test_kv_q8_0 sets q8_0) */
+
 typedef struct {
     kipp_model *m;
     uint32_t V;
@@ -35,7 +37,7 @@ static int tm_open(tm *t, const char *file, int n_threads, const char *what)
 {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/%s", th_models_dir(), file);
-    kipp_model_options o = {.n_threads = n_threads};
+    kipp_model_options o = {.n_threads = n_threads, .kv_type = g_kv_type};
     int rc = kipp_model_open(path, "cpu", &o, &t->m, err, sizeof err);
     CHECK(rc == 0, "open %s: %s", path, err);
     if (rc) return rc;
@@ -148,7 +150,7 @@ static void batched(const tm *t, const uint32_t *ids, const float *want)
 static void paths(const char *file, kipp_isa isa)
 {
     char what[160];
-    snprintf(what, sizeof what, "%s at %s", file, kipp_isa_name(isa));
+    snprintf(what, sizeof what, "%s at %s, %s KV", file, kipp_isa_name(isa), kipp_kv_type_name(g_kv_type));
     setenv("KIPP_ISA", kipp_isa_name(isa), 1);
     tm t, t1;
     if (tm_open(&t, file, 2, what)) return;
@@ -212,6 +214,18 @@ static void test_outliers(void)
     paths("synthetic-tiny-outliers-affine4_gs32.gguf", kipp_isa_cpu_max());
 }
 
+/* The q8_0 KV cache (kipp_model_options.kv_type): the same gates within that type, bf16 weights
+ * at every level, the integer formats and the outlier checkpoints at the best one. */
+static void test_kv_q8_0(void)
+{
+    g_kv_type = KIPP_KV_Q8_0;
+    for (int isa = KIPP_ISA_REF; isa <= (int)kipp_isa_cpu_max(); isa++) paths(MODELS[0], (kipp_isa)isa);
+    paths(MODELS[1], kipp_isa_cpu_max());
+    paths(MODELS[2], kipp_isa_cpu_max());
+    paths("synthetic-tiny-outliers.gguf", kipp_isa_cpu_max());
+    g_kv_type = KIPP_KV_BF16;
+}
+
 int main(void)
 {
     printf("levels on this CPU: up to %s (the others: kcheck_emu's rowinv and flash rows)\n",
@@ -220,6 +234,7 @@ int main(void)
     RUN(test_q8_0);
     RUN(test_affine4);
     RUN(test_outliers);
+    RUN(test_kv_q8_0);
     unsetenv("KIPP_ISA");
     return th_finish();
 }

@@ -20,6 +20,7 @@
 enum { NB = 8, NSEG = 4, SEG = 1024, NIDS = 32 };
 static uint8_t slab[NB][NSEG][SEG];
 static char root[64];
+static uint32_t g_kv_type = KIPP_KV_DISK_BF16; /* the header's KV type open_dir asks for */
 
 static void *seg_of(void *bm, uint32_t b, uint32_t seg, size_t *bytes)
 {
@@ -36,7 +37,7 @@ static void fill(uint32_t b, unsigned seed)
 
 static kipp_kv_disk *open_dir(const char *name, uint64_t max_bytes, uint8_t model_byte, char *err)
 {
-    kipp_kv_disk_opts o = {.max_bytes = max_bytes, .n_seg = NSEG, .seg_bytes = SEG, .n_blocks = NB, .seg = seg_of};
+    kipp_kv_disk_opts o = {.max_bytes = max_bytes, .kv_type = g_kv_type, .n_seg = NSEG, .seg_bytes = SEG, .n_blocks = NB, .seg = seg_of};
     char path[128];
     snprintf(path, sizeof path, "%s/%s", root, name);
     o.dir = path;
@@ -113,6 +114,37 @@ static void test_foreign_model_and_corruption(void)
     }
     CHECK(kipp_kv_disk_get(d, 0x222, 1, 0x111, ids, NIDS, 4) == -1, "a flipped payload byte is refused");
     CHECK(kipp_kv_disk_get(d, 0x222, 1, 0x111, ids, NIDS, 4) == 0, "and its file is gone: a miss now");
+    kipp_kv_disk_close(d);
+}
+
+/* A bf16 block file is refused (and removed) by a q8_0 tier of the same model and layout, and back. */
+static void test_other_kv_type_refused(void)
+{
+    char err[512];
+    uint32_t ids[NIDS];
+    ids_for(ids, 4);
+    kipp_kv_disk *d = open_dir("t", 1 << 20, 3, err);
+    CHECK(d != NULL, "open: %s", err);
+    if (!d) return;
+    fill(3, 4);
+    kipp_kv_disk_put(d, 3, 0x333, 0, 0, ids, NIDS);
+    kipp_kv_disk_close(d);
+    g_kv_type = KIPP_KV_DISK_Q8_0;
+    d = open_dir("t", 1 << 20, 3, err);
+    CHECK(d != NULL, "reopen as q8_0: %s", err);
+    if (d) {
+        kipp_disk_stats st;
+        int got = kipp_kv_disk_get(d, 0x333, 0, 0, ids, NIDS, 6);
+        kipp_kv_disk_stats(d, &st);
+        CHECK(got == -1 && st.rejects == 1, "a bf16 file read by a q8_0 tier: %d, %llu rejects; expected -1, 1", got,
+              (unsigned long long)st.rejects);
+        fill(3, 5);
+        kipp_kv_disk_put(d, 3, 0x334, 0, 0, ids, NIDS);
+        kipp_kv_disk_close(d);
+    }
+    g_kv_type = KIPP_KV_DISK_BF16;
+    d = open_dir("t", 1 << 20, 3, err);
+    CHECK(d && kipp_kv_disk_get(d, 0x334, 0, 0, ids, NIDS, 6) == -1, "a q8_0 file read by a bf16 tier is refused");
     kipp_kv_disk_close(d);
 }
 
@@ -216,6 +248,7 @@ int main(void)
     if (!mkdtemp(root)) return perror("mkdtemp"), 1;
     umask(022);
     RUN(test_roundtrip_and_rejects);
+    RUN(test_other_kv_type_refused);
     RUN(test_foreign_model_and_corruption);
     RUN(test_reuse_never_writes_new_bytes);
     RUN(test_budget_and_tmp_sweep);

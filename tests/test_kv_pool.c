@@ -308,13 +308,26 @@ static void test_open_pooled(void)
     kipp_model_close(m);
 }
 
+/* A block's chain hash names its KV type: the same ids under another type's root never match, so
+ * a block (or a disk file named by its hash) of one type is never adopted by a session of another. */
+static void test_kv_type_roots(void)
+{
+    uint32_t ids[32];
+    fx_tokens(ids, 32, 9);
+    uint64_t rb = kipp_kv_pool_root(KIPP_KV_BF16), rq = kipp_kv_pool_root(KIPP_KV_Q8_0);
+    CHECK(rb == KIPP_POOL_ROOT_HASH, "bf16 root %llx changed (older pools and disk files)", (unsigned long long)rb);
+    CHECK(rq != rb && kipp_kv_pool_hash(rq, ids) != kipp_kv_pool_hash(rb, ids), "q8_0 and bf16 chain hashes collide");
+}
+
 int main(void)
 {
     RUN(test_open_pooled);
+    RUN(test_kv_type_roots);
     const char *backends[2] = {"ref", "cpu"};
-    for (int i = 0; i < 2; i++) {
-        backend = backends[i];
-        printf("-- backend %s\n", backend);
+    for (int i = 0; i < 4; i++) {
+        backend = backends[i % 2];
+        fx_kv_type = i < 2 ? KIPP_KV_BF16 : KIPP_KV_Q8_0;
+        printf("-- backend %s, %s KV\n", backend, kipp_kv_type_name(fx_kv_type));
         char err[256] = "";
         fx_rand_state = 0x1234567u;
         plain = fx_model_create(backend, err, sizeof err);

@@ -448,6 +448,34 @@ static void test_yarn_context(void)
     kipp_model_close(m);
 }
 
+/* Per format and KV type, the longest context whose KV fits beside the weights: floor((RAM - weights) / KV
+ * bytes per token) to 32, with the KV bytes written out here (bf16: L x 2 x 8 x 128 x 2; q8_0: 34 bytes per
+ * 32 values), against kv_fit[].ram_ctx (uncapped) and max_ctx (capped at the model's context). */
+static void test_fit_context_per_kv_type(void)
+{
+    kipp_model_info in;
+    kipp_model *m = open_tiny(&in);
+    if (!m) return;
+    kipp_machine mc = machine(1ull << 30);
+    kipp_plan p;
+    char err[256] = "";
+    CHECK(kipp_plan_make(m, &mc, NULL, &p, err, sizeof err) == 0, "%s", err);
+    uint64_t kv[2] = {(uint64_t)in.n_layer * 2 * 8 * 128 * 2, (uint64_t)in.n_layer * 2 * 8 * 128 / 32 * 34};
+    CHECK(p.kv_type_bytes[KIPP_KV_BF16] == kv[0] && p.kv_type_bytes[KIPP_KV_Q8_0] == kv[1] && kv[1] * 64 == kv[0] * 34,
+          "KV bytes per token %llu and %llu, expected %llu and %llu", (unsigned long long)p.kv_type_bytes[0],
+          (unsigned long long)p.kv_type_bytes[1], (unsigned long long)kv[0], (unsigned long long)kv[1]);
+    for (size_t i = 0; i < p.n_formats; i++)
+        for (int t = 0; t < 2; t++) {
+            const kipp_plan_kv_fit *x = &p.formats[i].kv_fit[t];
+            double want = floor(((double)mc.ram_available_bytes - p.formats[i].weight_bytes) / (double)kv[t] / 32) * 32;
+            uint32_t capped = (uint32_t)(want < in.context_length ? want : in.context_length / 32 * 32);
+            CHECK(x->ram_ctx == (uint32_t)want && x->max_ctx == capped && !strcmp(x->kv_type, kipp_kv_type_name(t)),
+                  "%s with %s KV: fits %u (capped %u), expected %.0f (%u)", p.formats[i].format, x->kv_type, x->ram_ctx,
+                  x->max_ctx, want, capped);
+        }
+    kipp_model_close(m);
+}
+
 int main(void)
 {
     RUN(test_resident_when_it_fits);
@@ -459,5 +487,6 @@ int main(void)
     RUN(test_unreadable_results_are_named);
     RUN(test_ram_from_cgroup_files);
     RUN(test_yarn_context);
+    RUN(test_fit_context_per_kv_type);
     return th_finish();
 }

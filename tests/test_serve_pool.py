@@ -195,3 +195,35 @@ def test_default_pool_holds_whole_contexts(synthetic_gguf):
     with Server(synthetic_gguf("synthetic-tiny"), "--ctx", "500", "--max-batch", "8") as s:
         assert _metric(s.metrics(), "kipp_kv_pool_blocks", state="total") == 8 * 16
     assert "KV pool 128 blocks" in s.banner and "--max-batch full contexts" in s.banner, s.banner
+
+
+def test_q8_0_kv_pool_reuse_and_preemption_match_unpooled(synthetic_gguf):
+    """--kv-type q8_0 (34/64 of bf16's bytes per token): the same gates within that KV type. The
+    oracle is an unpooled q8_0 server; --kv-pool-mib 1 holds 7 blocks (1 MiB / (32 x 4352 bytes))
+    where bf16 held 4; a warm prompt adopts its published blocks, and under a load that runs the
+    pool out every request still reproduces its isolated output."""
+    tiny = synthetic_gguf("synthetic-tiny")
+    bodies = [{"prompt": "word " * (3 * k + 1), "max_tokens": 90, "temperature": 0.7, "seed": k} for k in range(6)]
+    bodies += [{"prompt": "one two three one two three one two three", "max_tokens": 90, "temperature": 0},
+               {"prompt": LONG, "max_tokens": 8, "temperature": 0}]
+    with Server(tiny, "--ctx", "512", "--kv-pool-mib", "0", "--kv-type", "q8_0") as plain:
+        want = [plain.post("/v1/completions", b) for b in bodies]
+        assert 'kipp_kv_bytes_per_token{kv_type="q8_0"} 4352' in plain.metrics()
+    assert "KV q8_0, 4352 bytes/token; no KV pool" in plain.banner, plain.banner
+    assert all(st == 200 for st, _ in want), want
+    with Server(tiny, "--ctx", "512", "--kv-pool-mib", "1", "--kv-type", "q8_0") as s:
+        warm = s.post("/v1/completions", bodies[-1])[1]
+        assert warm["choices"][0]["text"] == want[-1][1]["choices"][0]["text"]
+        again = s.post("/v1/completions", bodies[-1])[1]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, again["usage"]
+        assert again["choices"][0]["text"] == want[-1][1]["choices"][0]["text"]
+        got = _post_all(s, bodies)
+        for b, (_, w), (st, g) in zip(bodies, want, got):
+            assert st == 200, g
+            assert [(c["text"], c["finish_reason"]) for c in g["choices"]] == \
+                [(c["text"], c["finish_reason"]) for c in w["choices"]], b
+        assert s.wait_idle()
+        text = s.metrics()
+        assert _metric(text, "kipp_kv_pool_blocks", state="total") == 7
+        assert _metric(text, "kipp_preemptions_total") > 0, "the workload was meant to run out of pool blocks"
+    assert "KV q8_0, 4352 bytes/token; KV pool 7 blocks" in s.banner, s.banner

@@ -1,5 +1,5 @@
 /*
- * cpu_attention.c - causal GQA attention over the paged BF16 KV for one round
+ * cpu_attention.c - causal GQA attention over the paged BF16 or q8_0 KV for one round
  * (seed 000 step 5; seed 002 item 6: threaded over (token, head)).
  *
  * Every query's attention is the same two walks however the round is shaped:
@@ -27,8 +27,8 @@
 #include "base/errbuf.h"
 
 /* Layer bases of the K and V stores of the session behind round row `row`. */
-static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const kipp_bf16 **kc,
-                   const kipp_bf16 **vc, const uint32_t **bt)
+static void row_kv(const cpu_round *r, uint32_t row, uint32_t layer, const uint8_t **kc,
+                   const uint8_t **vc, const uint32_t **bt)
 {
     const kipp_eval_item *it = &r->items[r->m->row_item[row]];
     const cpu_session *s = it->session;
@@ -56,12 +56,17 @@ typedef struct {
 } lane_state;
 
 /* Walk [p0, p1) (inside one page) for the n query vectors at offset o of the tile state. */
-static void walk(const cpu_round *r, const float *q, size_t n, const kipp_bf16 *kc, const kipp_bf16 *vc, uint32_t kvh,
+static void walk(const cpu_round *r, const float *q, size_t n, const uint8_t *kc, const uint8_t *vc, uint32_t kvh,
                  const uint32_t *bt, uint32_t p0, uint32_t p1, const lane_state *st, size_t o)
 {
     const lane_state *ls = &st[k_attn_lane(p0)];
-    r->m->flash_gqa(q + o * KIPP_HEAD_DIM, n, kc, vc, kvh, bt, p0, p1, 1.0f / sqrtf((float)KIPP_HEAD_DIM),
-                            ls->m + o, ls->l + o, ls->acc + o * KIPP_HEAD_DIM);
+    const float scale = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
+    if (r->m->kv_q8)
+        r->m->k->flash_gqa_q8_0(q + o * KIPP_HEAD_DIM, n, kc, vc, kvh, bt, p0, p1, scale, ls->m + o, ls->l + o,
+                                ls->acc + o * KIPP_HEAD_DIM);
+    else
+        r->m->flash_gqa(q + o * KIPP_HEAD_DIM, n, (const kipp_bf16 *)kc, (const kipp_bf16 *)vc, kvh, bt, p0, p1, scale,
+                        ls->m + o, ls->l + o, ls->acc + o * KIPP_HEAD_DIM);
 }
 
 /* One (tile, KV head) unit: the tile's T tokens at positions p0..p0+T-1.
@@ -84,7 +89,7 @@ static void tile_unit(const cpu_round *r, uint32_t layer, uint32_t tile, uint32_
         st[i] = (lane_state){base, base + Qmax, base + 2 * Qmax};
         k_attn_init(Q, st[i].m, st[i].l, st[i].acc);
     }
-    const kipp_bf16 *kc, *vc;
+    const uint8_t *kc, *vc;
     const uint32_t *bt;
     row_kv(r, r0, layer, &kc, &vc, &bt);
     for (uint32_t t = 0; t < T; t++)
@@ -92,7 +97,8 @@ static void tile_unit(const cpu_round *r, uint32_t layer, uint32_t tile, uint32_
     uint32_t A = p0 / K_ATTN_CHUNK * K_ATTN_CHUNK;
     for (uint32_t a = 0; a < A; a += KIPP_KV_BLOCK) {
         uint32_t e = a + KIPP_KV_BLOCK < A ? a + KIPP_KV_BLOCK : A;
-        if (e < A) k_kv_prefetch(kc, vc, kvh, bt, e, e + K_ATTN_CHUNK < A ? e + K_ATTN_CHUNK : A);
+        if (e < A && !m->kv_q8) /* the q8_0 walk prefetches its own next chunk only */
+            k_kv_prefetch((const kipp_bf16 *)kc, (const kipp_bf16 *)vc, kvh, bt, e, e + K_ATTN_CHUNK < A ? e + K_ATTN_CHUNK : A);
         walk(r, q, Q, kc, vc, kvh, bt, a, e, st, 0);
     }
     for (uint32_t c = A; c < pend; c += K_ATTN_CHUNK) {
@@ -136,7 +142,7 @@ static void attend_rows(cpu_round *r, uint32_t layer, int ith, int nth)
     const uint32_t units = r->n_rows * K_ATTN_LANES * split, width = KIPP_N_KV_HEAD / split;
     for (uint32_t u; (u = atomic_fetch_add(&r->attn_next, 1)) < units;) {
         uint32_t row = u / (K_ATTN_LANES * split), lane = u / split % K_ATTN_LANES, h0 = (u % split) * width;
-        const kipp_bf16 *kc, *vc;
+        const uint8_t *kc, *vc;
         const uint32_t *bt;
         row_kv(r, row, layer, &kc, &vc, &bt);
         size_t g0 = (size_t)h0 * group, n = (size_t)width * group;
@@ -147,8 +153,12 @@ static void attend_rows(cpu_round *r, uint32_t layer, int ith, int nth)
         uint32_t end = m->row_pos[row] + 1;
         for (uint32_t a = lane * KIPP_KV_BLOCK; a < end; a += K_ATTN_LANES * KIPP_KV_BLOCK) {
             uint32_t an = a + K_ATTN_LANES * KIPP_KV_BLOCK; /* the lane's next page, prefetched under this one */
-            m->flash_rows(q, group, kc, vc, bt, h0, h0 + width, a, a + KIPP_KV_BLOCK < end ? a + KIPP_KV_BLOCK : end,
-                          an < end ? an : K_ATTN_NO_NEXT, scale, ml, ml + H, acc);
+            uint32_t pe = a + KIPP_KV_BLOCK < end ? a + KIPP_KV_BLOCK : end, next = an < end ? an : K_ATTN_NO_NEXT;
+            if (m->kv_q8)
+                m->k->flash_rows_q8_0(q, group, kc, vc, bt, h0, h0 + width, a, pe, next, scale, ml, ml + H, acc);
+            else
+                m->flash_rows(q, group, (const kipp_bf16 *)kc, (const kipp_bf16 *)vc, bt, h0, h0 + width, a, pe, next,
+                              scale, ml, ml + H, acc);
         }
     }
     kipp_threadpool_barrier(m->pool);

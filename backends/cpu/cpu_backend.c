@@ -313,6 +313,7 @@ static int cpu_model_create(const kipp_model_view *v, void **out, char *err, siz
     if (!m) return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for the cpu backend model");
     m->d = v->dims;
     m->w = v->w;
+    m->kv_q8 = v->kv_type == 1; /* KIPP_KV_Q8_0; the engine checked the range */
     choose_kernels(m);
     rc = choose_bf16_read(m, err, errlen);
     if (rc) { cpu_model_destroy(m); return rc; }
@@ -375,10 +376,10 @@ static int cpu_session_create(void *bm, uint32_t n_blocks, void **out, char *err
     *out = NULL;
     assert_n_blocks(m, n_blocks);
     cpu_session *s = calloc(1, sizeof *s);
-    if (!s || kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 0)) {
+    if (!s || kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, m->kv_q8, 0)) {
         free(s);
-        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for 2 x %zu bytes of KV (%u blocks)",
-                        (size_t)m->d.n_layer * n_blocks * kipp_kv_block_elems() * sizeof(kipp_bf16), n_blocks);
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for %zu bytes of KV (%u blocks)",
+                        kipp_kv_store_bytes(m->d.n_layer, n_blocks, m->kv_q8), n_blocks);
     }
     s->m = m;
     s->n_blocks = n_blocks;
@@ -399,9 +400,9 @@ static int cpu_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen
 {
     cpu_model *m = bm;
     KIPP_ASSERT(!m->slab.k && n_blocks >= 1);
-    if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 0))
-        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a KV pool of %u blocks (2 x %zu bytes)", n_blocks,
-                        (size_t)m->d.n_layer * n_blocks * kipp_kv_block_elems() * sizeof(kipp_bf16));
+    if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, m->kv_q8, 0))
+        return kipp_err(err, errlen, KIPP_ENOMEM, "out of memory for a KV pool of %u blocks (%zu bytes)", n_blocks,
+                        kipp_kv_store_bytes(m->d.n_layer, n_blocks, m->kv_q8));
     return 0;
 }
 
@@ -540,7 +541,9 @@ static void cpu_describe(void *bm, char *out, size_t outlen)
     }
     PUT(" (format/activations)\n");
     PUT("threads: %d (%s)\n", m->nth, kipp_threadpool_pinning(m->pool));
-    const char *att = m->flash_gqa == m->k->flash_gqa_bf16 ? "bf16" : "dot";
+    const char *att = m->kv_q8 ? "q8_0" : m->flash_gqa == m->k->flash_gqa_bf16 ? "bf16" : "dot";
+    PUT("KV cache: %s (%zu bytes per position per layer, K and V)\n", m->kv_q8 ? "q8_0" : "bf16",
+        2 * kipp_kv_row_bytes(m->kv_q8));
     PUT("paths: decode = the format's matvec, prefill = its tiled matmul (same per-row arithmetic); attention "
         "k_flash_gqa_%s in %u-token query tiles (prefill), k_flash_rows_%s per page of each lane (decode), "
         "two walks per query (even and odd pages, merged) in %u-position chunks either way%s\n", att, m->tile_tokens, att,

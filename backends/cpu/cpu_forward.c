@@ -79,8 +79,12 @@ static void qk_rows(cpu_round *r, uint32_t l, int ith, int nth)
         m->k->rmsnorm_f32(k, L->k_norm.data, k, KIPP_N_KV_HEAD, KIPP_HEAD_DIM, m->d.rms_eps);
         m->k->rope_f32(q, m->d.n_q_head, cs);
         m->k->rope_f32(k, KIPP_N_KV_HEAD, cs);
-        m->k->kv_write_bf16(kipp_kv_layer_k(&s->kv, l), kipp_kv_layer_v(&s->kv, l), it->block_table,
-                            m->row_pos[i], k, v);
+        if (m->kv_q8)
+            m->k->kv_write_q8_0(kipp_kv_layer_k(&s->kv, l), kipp_kv_layer_v(&s->kv, l), it->block_table,
+                                m->row_pos[i], k, v);
+        else
+            m->k->kv_write_bf16((kipp_bf16 *)kipp_kv_layer_k(&s->kv, l), (kipp_bf16 *)kipp_kv_layer_v(&s->kv, l),
+                                it->block_table, m->row_pos[i], k, v);
     }
 }
 

@@ -71,6 +71,7 @@ typedef struct cpu_model {
     const k_cpu_ops *k;        /* chosen once at create */
     kipp_isa isa;
     char isa_note[200];        /* fallback sentence, "" when the best path runs */
+    int kv_q8;                 /* 1: q8_0 KV (view.kv_type): kv_write_q8_0 and flash_*_q8_0 instead of the bf16 walks */
     const char *bf16_mode;     /* KIPP_BF16_ACT mode in force: "f32", "mixed" or "bf16" (cpu_backend.c) */
     k_fmt bf16_read[5];        /* the read format of a bf16 projection, in plan_layer's order Q|K|V, O,
                                   Gate|Up, Down, then the head: K_FMT_BF16 (FP32 activations) or

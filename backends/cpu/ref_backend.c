@@ -34,6 +34,7 @@ typedef struct {
     kipp_qwen3_weights w;   /* views into the engine's mapping; layers owned by the engine */
     uint32_t attn_width;    /* n_q_head * 128: not d_model (seed 000) */
     uint32_t group;         /* query heads per KV head: n_q_head / 8 */
+    int kv_q8;              /* 1: q8_0 KV (view.kv_type), k_*_q8_0_ref; 0: BF16 */
     float *x;               /* [REF_CHUNK][d_model] residual stream */
     float *xn;              /* [REF_CHUNK][d_model] normed input of a sublayer */
     float *q;               /* [REF_CHUNK][attn_width] queries */
@@ -95,6 +96,7 @@ static int ref_model_create(const kipp_model_view *mv, void **backend_model, cha
     m->w = mv->w;
     m->attn_width = m->d.n_q_head * KIPP_HEAD_DIM;
     m->group = m->d.n_q_head / KIPP_N_KV_HEAD;
+    m->kv_q8 = mv->kv_type == 1; /* KIPP_KV_Q8_0 */
     int fail = 0;
     m->x = scratch(REF_CHUNK, m->d.d_model, &fail);
     m->xn = scratch(REF_CHUNK, m->d.d_model, &fail);
@@ -144,7 +146,7 @@ static int session_new(ref_model *m, uint32_t n_blocks, const kipp_kv_store *sla
     s->n_pos = n_blocks * KIPP_KV_BLOCK;
     s->pooled = slab != NULL;
     if (slab) s->kv = *slab;
-    else if (kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, 1)) goto oom;
+    else if (kipp_kv_store_alloc(&s->kv, m->d.n_layer, n_blocks, m->kv_q8, 1)) goto oom;
     s->rope = kipp_aligned_alloc((size_t)s->n_pos * KIPP_HEAD_DIM * sizeof(float));
     if (!s->rope) goto oom;
     k_rope_table_yarn(s->rope, s->n_pos, m->d.rope_theta, &m->d.rope_yarn);
@@ -167,7 +169,7 @@ static int ref_pool_create(void *bm, uint32_t n_blocks, char *err, size_t errlen
 {
     ref_model *m = bm;
     KIPP_ASSERT(!m->slab.k && n_blocks >= 1); /* one pool of >= 1 block: engine/session_pool.c */
-    if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, 1)) {
+    if (kipp_kv_store_alloc(&m->slab, m->d.n_layer, n_blocks, m->kv_q8, 1)) {
         if (err) snprintf(err, errlen, "ref backend: out of memory allocating a KV pool of %u blocks", n_blocks);
         return KIPP_ENOMEM;
     }
@@ -241,25 +243,30 @@ static void step_rope(const ref_round *r)
 }
 
 /* Step 5: causal grouped-query attention. The round's K/V go into the paged
- * cache first (rounded to BF16), and every query then reads K/V back from the
- * cache, so the current token sees the same BF16 values a later decode step
+ * cache first (rounded to BF16, or quantized to q8_0), and every query then reads K/V back from the
+ * cache, so the current token sees the same cached values a later decode step
  * will: cached and uncached evaluation are one code path. Query heads
  * [kvh*group, (kvh+1)*group) share KV head kvh (HF repeat_kv). */
 static void step_attention(const ref_round *r, uint32_t layer)
 {
     ref_model *m = r->m;
-    kipp_bf16 *kc = kipp_kv_layer_k(&r->s->kv, layer);
-    kipp_bf16 *vc = kipp_kv_layer_v(&r->s->kv, layer);
-    for (uint32_t t = 0; t < r->n; t++)
-        k_kv_write_bf16_ref(kc, vc, r->block_table, r->pos0 + t, m->k + (size_t)t * REF_KV_WIDTH,
-                            m->v + (size_t)t * REF_KV_WIDTH);
+    uint8_t *kc = kipp_kv_layer_k(&r->s->kv, layer), *vc = kipp_kv_layer_v(&r->s->kv, layer);
+    for (uint32_t t = 0; t < r->n; t++) {
+        const float *k = m->k + (size_t)t * REF_KV_WIDTH, *v = m->v + (size_t)t * REF_KV_WIDTH;
+        if (m->kv_q8) k_kv_write_q8_0_ref(kc, vc, r->block_table, r->pos0 + t, k, v);
+        else k_kv_write_bf16_ref((kipp_bf16 *)kc, (kipp_bf16 *)vc, r->block_table, r->pos0 + t, k, v);
+    }
     const float scale = 1.0f / sqrtf((float)KIPP_HEAD_DIM);
     for (uint32_t t = 0; t < r->n; t++) {
         for (uint32_t kvh = 0; kvh < KIPP_N_KV_HEAD; kvh++) {
             size_t off = (size_t)t * m->attn_width + (size_t)kvh * m->group * KIPP_HEAD_DIM;
             k_attn_init(m->group, m->fm, m->fl, m->facc); /* one walk from position 0 */
-            k_flash_gqa_bf16_ref(m->q + off, m->group, kc, vc, kvh, r->block_table, 0,
-                                 r->pos0 + t + 1, scale, m->fm, m->fl, m->facc);
+            if (m->kv_q8)
+                k_flash_gqa_q8_0_ref(m->q + off, m->group, kc, vc, kvh, r->block_table, 0, r->pos0 + t + 1, scale,
+                                     m->fm, m->fl, m->facc);
+            else
+                k_flash_gqa_bf16_ref(m->q + off, m->group, (const kipp_bf16 *)kc, (const kipp_bf16 *)vc, kvh,
+                                     r->block_table, 0, r->pos0 + t + 1, scale, m->fm, m->fl, m->facc);
             for (uint32_t g = 0; g < m->group; g++)
                 for (uint32_t i = 0; i < KIPP_HEAD_DIM; i++)
                     m->att[off + g * KIPP_HEAD_DIM + i] = m->facc[g * KIPP_HEAD_DIM + i] / m->fl[g];

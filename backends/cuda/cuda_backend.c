@@ -202,6 +202,12 @@ static cudaError_t dalloc(void **p, size_t bytes, size_t *total)
 static int cu_model_create(const kipp_model_view *mv, void **backend_model, char *err, size_t errlen)
 {
     *backend_model = NULL;
+    if (mv->kv_type != 0) { /* KIPP_KV_BF16 only: its KV kernels read BF16 rows */
+        if (err)
+            snprintf(err, errlen, "cuda backend: --kv-type q8_0 is not supported (its KV cache is bf16 only); use "
+                     "--kv-type bf16, or --backend cpu for a q8_0 KV cache");
+        return KIPP_ENOTSUP;
+    }
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0) {

@@ -1,4 +1,6 @@
-/* attention_avx512.c - kernels/cpu/attention_simd.h (flash GQA over the paged KV) compiled for the avx512 level. */
+/* attention_avx512.c - kernels/cpu/attention_simd.h (flash GQA over the paged BF16 KV) and attention_q8_simd.h (over the q8_0 KV) compiled for the avx512 level. */
 #include "kernels/cpu/simd_avx512.h"
 
 #include "kernels/cpu/attention_simd.h"
+
+#include "kernels/cpu/attention_q8_simd.h"

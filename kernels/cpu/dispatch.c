@@ -67,6 +67,9 @@ static const k_cpu_ops level_ref = {
     .act[K_ACT_BF16] = k_quant_bf16_ref,
     .flash_gqa_dot = k_flash_gqa_dot_ref,
     .flash_rows_dot = k_flash_rows_dot_ref,
+    .kv_write_q8_0 = k_kv_write_q8_0_ref,
+    .flash_gqa_q8_0 = k_flash_gqa_q8_0_ref,
+    .flash_rows_q8_0 = k_flash_rows_q8_0_ref,
 };
 
 /* x86 builds only: a portable build (KIPP_X86_LEVELS 0, kernels/common.h)
@@ -79,6 +82,8 @@ static const k_cpu_ops level_avx2 = {
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx2, .matmul = k_matmul_q8_0_avx2},
     .fmt[K_FMT_AFFINE4] = {.matvec = k_matvec_affine4_avx2, .matmul = k_matmul_affine4_avx2},
     .act[K_ACT_Q8] = k_quant_q8_avx2,
+    .flash_gqa_q8_0 = k_flash_gqa_q8_0_avx2,
+    .flash_rows_q8_0 = k_flash_rows_q8_0_avx2,
 };
 
 static const k_cpu_ops level_avx512 = {
@@ -87,6 +92,8 @@ static const k_cpu_ops level_avx512 = {
     .fmt[K_FMT_BF16] = {.matvec = k_matvec_bf16_avx512, .matmul = k_matmul_bf16_avx512},
     .fmt[K_FMT_Q8_0] = {.matvec = k_matvec_q8_0_avx512, .matmul = k_matmul_q8_0_avx512},
     .fmt[K_FMT_AFFINE4] = {.matvec = k_matvec_affine4_avx512, .matmul = k_matmul_affine4_avx512},
+    .flash_gqa_q8_0 = k_flash_gqa_q8_0_avx512,
+    .flash_rows_q8_0 = k_flash_rows_q8_0_avx512,
 };
 
 static const k_cpu_ops level_avx512_bf16 = {
@@ -127,6 +134,9 @@ static void merge(kipp_isa isa, k_cpu_ops *out, k_cpu_src *src)
 #undef K_OP_MERGE
         TAKE(out->flash_gqa_dot, L->flash_gqa_dot, src->flash_gqa_dot, (kipp_isa)lv);
         TAKE(out->flash_rows_dot, L->flash_rows_dot, src->flash_rows_dot, (kipp_isa)lv);
+        TAKE(out->kv_write_q8_0, L->kv_write_q8_0, src->kv_write_q8_0, (kipp_isa)lv);
+        TAKE(out->flash_gqa_q8_0, L->flash_gqa_q8_0, src->flash_gqa_q8_0, (kipp_isa)lv);
+        TAKE(out->flash_rows_q8_0, L->flash_rows_q8_0, src->flash_rows_q8_0, (kipp_isa)lv);
         for (int f = 0; f < K_FMT_COUNT; f++) {
             TAKE(out->fmt[f].pack, L->fmt[f].pack, src->fmt[f][0], (kipp_isa)lv);
             TAKE(out->fmt[f].matvec, L->fmt[f].matvec, src->fmt[f][1], (kipp_isa)lv);
@@ -179,6 +189,8 @@ void k_cpu_ops_describe(kipp_isa isa, char *out, size_t outlen)
     K_CPU_OP_LIST(K_OP_LINE)
 #undef K_OP_LINE
     PUT("  k_flash_gqa_dot_%s\n  k_flash_rows_dot_%s\n", kipp_isa_name(s.flash_gqa_dot), kipp_isa_name(s.flash_rows_dot));
+    PUT("  k_kv_write_q8_0_%s\n  k_flash_gqa_q8_0_%s\n  k_flash_rows_q8_0_%s\n", kipp_isa_name(s.kv_write_q8_0),
+        kipp_isa_name(s.flash_gqa_q8_0), kipp_isa_name(s.flash_rows_q8_0));
     for (int f = 0; f < K_FMT_COUNT; f++) {
         const k_fmt_info *fi = fmt_info[f];
         PUT("  format %s: pack %s, matvec %s, matmul %s (%s activations)\n", fi->name,

@@ -19,7 +19,7 @@
  *
  * Threaded kernels take (ith, nth) and split their rows; no kernel spawns
  * threads. Shapes are row-major. Activations are FP32 unless a format asks for
- * another activation format (K_ACT_*); KV is BF16.
+ * another activation format (K_ACT_*); KV is BF16, or q8_0 ("q8_0 KV cache").
  */
 #ifndef KIPP_KERNELS_CPU_H
 #define KIPP_KERNELS_CPU_H
@@ -444,6 +444,58 @@ static inline float k_f16_at(const uint8_t *p)
     return kipp_f16_to_f32(h);
 }
 
+/* ---- q8_0 KV cache (kipp_model_options.kv_type, docs/ARCHITECTURE.md "KV cache") ----
+ *
+ * A layer's paged K (or V) cache of the q8_0 KV type is [n_blocks*32] rows of
+ * K_KVQ8_ROW bytes, one row per position (physical row block_table[pos >> 5]
+ * * 32 + (pos & 31), as the BF16 layout): int8 q[8][128] (the 8 KV heads),
+ * then fp16 d[8][4], one scale per 32 values of a head (llama.cpp's q8_0
+ * block: 34 bytes per 32 values against BF16's 64). Value (h, i) = d[h][i/32]
+ * * q[h][i], exact in FP32 (8 x 11 significant bits).
+ *
+ * kv_write_q8_0: write one position's K and V ([8][128] f32 each): per 32
+ *   values amax = max |x|, d = amax / 127, id = d ? 1/d : 0 (FP32), q =
+ *   roundf(x * id) clamped to [-127, 127], d stored as fp16 (RNE); as
+ *   ggml's quantize_row_q8_0_ref. NaN inputs store q 0; a non-finite amax a
+ *   non-finite scale (the BF16 cache keeps such values too).
+ * flash_gqa_q8_0, flash_rows_q8_0: flash_gqa_bf16 and flash_rows_bf16 (same
+ *   arguments, state, chunking, lanes and row invariance) over the q8_0
+ *   layout, reading the dequantized values. flash_rows_q8_0 is flash_gqa_q8_0
+ *   per KV head, bit for bit.
+ */
+#define K_KVQ8_Q (KIPP_N_KV_HEAD * KIPP_HEAD_DIM)                  /* int8 bytes of a row: 1024 */
+#define K_KVQ8_ROW (K_KVQ8_Q + KIPP_N_KV_HEAD * KIPP_HEAD_DIM / 32 * 2) /* + fp16 scales: 1088 */
+
+/** Byte offset of position pos's row in a layer's q8_0 K or V cache. */
+static inline size_t k_kvq8_off(const uint32_t *block_table, uint32_t pos)
+{
+    return ((size_t)block_table[pos / KIPP_KV_BLOCK] * KIPP_KV_BLOCK + pos % KIPP_KV_BLOCK) * K_KVQ8_ROW;
+}
+
+typedef void (*k_kv_write_q8_0_fn)(uint8_t *kc, uint8_t *vc, const uint32_t *block_table, uint32_t pos,
+                                   const float *k, const float *v);
+typedef void (*k_flash_gqa_q8_0_fn)(const float *q, size_t group, const uint8_t *kc, const uint8_t *vc,
+                                    uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,
+                                    float scale, float *m, float *l, float *acc);
+typedef void (*k_flash_rows_q8_0_fn)(const float *q, size_t group, const uint8_t *kc, const uint8_t *vc,
+                                     const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0,
+                                     uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc);
+
+/* ref (kernels/cpu/ref_kvq8.c) has all three; avx2 and avx512 the walks (attention_q8_simd.h) */
+void k_kv_write_q8_0_ref(uint8_t *kc, uint8_t *vc, const uint32_t *block_table, uint32_t pos, const float *k,
+                         const float *v);
+#define K_FLASH_Q8_DECL(sfx)                                                                             \
+    void k_flash_gqa_q8_0_##sfx(const float *q, size_t group, const uint8_t *kc, const uint8_t *vc,     \
+                                uint32_t kvh, const uint32_t *block_table, uint32_t p0, uint32_t p1,    \
+                                float scale, float *m, float *l, float *acc);                           \
+    void k_flash_rows_q8_0_##sfx(const float *q, size_t group, const uint8_t *kc, const uint8_t *vc,    \
+                                 const uint32_t *block_table, uint32_t kvh0, uint32_t kvh1, uint32_t p0, \
+                                 uint32_t p1, uint32_t pnext, float scale, float *m, float *l, float *acc);
+K_FLASH_Q8_DECL(ref)
+K_FLASH_Q8_DECL(avx2)
+K_FLASH_Q8_DECL(avx512)
+#undef K_FLASH_Q8_DECL
+
 /* ---- the table ---- */
 
 #define K_OP_MEMBER(name, params) k_##name##_fn name;
@@ -453,6 +505,9 @@ typedef struct {
     K_CPU_OP_LIST(K_OP_MEMBER)
     k_flash_gqa_bf16_fn flash_gqa_dot;   /* BF16-dot attention (flash_gqa_dot above) */
     k_flash_rows_bf16_fn flash_rows_dot;
+    k_kv_write_q8_0_fn kv_write_q8_0;      /* q8_0 KV (above) */
+    k_flash_gqa_q8_0_fn flash_gqa_q8_0;
+    k_flash_rows_q8_0_fn flash_rows_q8_0;
     k_fmt_kernels fmt[K_FMT_COUNT]; /* one row per weight format */
     k_act_fn act[K_ACT_COUNT];      /* activation quantizers (F32: NULL, no conversion) */
 } k_cpu_ops;
@@ -464,6 +519,7 @@ typedef struct {
     K_CPU_OP_LIST(K_OP_SRC)
 #undef K_OP_SRC
     kipp_isa flash_gqa_dot, flash_rows_dot;
+    kipp_isa kv_write_q8_0, flash_gqa_q8_0, flash_rows_q8_0;
     kipp_isa fmt[K_FMT_COUNT][3]; /* pack, matvec, matmul */
     kipp_isa act[K_ACT_COUNT];
 } k_cpu_src;

@@ -82,6 +82,17 @@ static inline vf vf_ldexp(vf p, vf n)
 /** y where x >= lo, else exactly 0 (NaN x gives 0 too). */
 static inline vf vf_keep_ge(vf x, vf lo, vf y) { return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), y); }
 
+/** VF_LANES int8 at p widened to f32 (exact). */
+static inline vf vf_from_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
+/** 2 x VF_LANES int8 at p as f32 (exact): the even elements into *e, the odd into *o (vf_even/vf_odd's order). */
+static inline void vf_i8_eo(const int8_t *p, vf *e, vf *o)
+{
+    __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    *e = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(w, 16), 16));
+    *o = _mm256_cvtepi32_ps(_mm256_srai_epi32(w, 16));
+}
+
 /** VF_LANES bf16 -> VF_LANES f32 (exact). */
 static inline vf vf_widen(const kipp_bf16 *p)
 {

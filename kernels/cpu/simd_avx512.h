@@ -74,7 +74,19 @@ static inline __m512 kemu_cvtph_ps(__m256i v)
     memcpy(&r, d, sizeof r);
     return r;
 }
+static inline __m512i kemu_cvtepi8_epi32(__m128i v)
+{
+    int8_t s[16];
+    int32_t d[16];
+    __m512i r;
+    memcpy(s, &v, sizeof s);
+    for (int i = 0; i < 16; i++) d[i] = s[i];
+    memcpy(&r, d, sizeof r);
+    return r;
+}
 #define _mm512_cvtepi32_ps kemu_cvtepi32_ps
+#undef _mm512_cvtepi8_epi32
+#define _mm512_cvtepi8_epi32 kemu_cvtepi8_epi32
 #undef _mm512_cvtph_ps
 #define _mm512_cvtph_ps kemu_cvtph_ps
 #define _mm512_cvtepu16_epi32 kemu_cvtepu16_epi32
@@ -146,6 +158,24 @@ static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_N
 static inline vf vf_ldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
 /** y where x >= lo, else exactly 0 (NaN x gives 0 too). */
 static inline vf vf_keep_ge(vf x, vf lo, vf y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y); }
+
+/** VF_LANES int8 at p widened to f32 (exact). */
+static inline vf vf_from_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+
+/** 2 x VF_LANES int8 at p as f32 (exact): the even elements into *e, the odd into *o (vf_even/vf_odd's order). */
+static inline void vf_i8_eo(const int8_t *p, vf *e, vf *o)
+{
+#ifdef KIPP_SIMDE_EMU /* SIMDe 0.7.4 has no _mm512_srai_epi32: the same lanes by a loop */
+    float fe[16], fo[16];
+    for (int i = 0; i < 16; i++) fe[i] = p[2 * i], fo[i] = p[2 * i + 1];
+    memcpy(e, fe, sizeof fe);
+    memcpy(o, fo, sizeof fo);
+#else
+    __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    *e = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16));
+    *o = _mm512_cvtepi32_ps(_mm512_srai_epi32(w, 16));
+#endif
+}
 
 /** VF_LANES bf16 -> VF_LANES f32 (exact). */
 static inline vf vf_widen(const kipp_bf16 *p)

@@ -203,6 +203,24 @@ const kcase kcase_rows[] = {
     {"flash_rows_dot", -1, {8, 64, 96, 0}, DOT, 1, 0},
     {"flash_rows_dot", -1, {2, 0, 4096, 8}, DOT, 1, 1},
     {"flash_rows_dot", -1, {4, 0, 4096, 8}, DOT, 1, 1},
+    /* q8_0 KV cache: the write against the q8_0 rule (bitwise), the walks against k_flash_gqa_q8_0_ref
+     * (ORDER: same dequantized values, another summation order and exp) and bitwise invariant */
+    {"kv_write_q8_0", -1, {4, 0, 0, 0}, EXACT, 2, 0},
+    {"flash_gqa_q8_0", -1, {2, 0, 1, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {2, 0, 45, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {2, 4095, 4096, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {4, 3, 100, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {5, 37, 300, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {37, 5, 200, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {128, 0, 96, 0}, ORDER, 2, 0},
+    {"flash_gqa_q8_0", -1, {2, 0, 4096, 8}, ORDER, 2, 1},
+    {"flash_gqa_q8_0", -1, {128, 0, 4096, 1}, ORDER, 2, 1},
+    {"flash_rows_q8_0", -1, {2, 0, 1, 0}, ORDER, 1, 0},
+    {"flash_rows_q8_0", -1, {2, 3, 100, 0}, ORDER, 1, 0},
+    {"flash_rows_q8_0", -1, {4, 37, 300, 0}, ORDER, 1, 0},
+    {"flash_rows_q8_0", -1, {8, 31, 33, 0}, ORDER, 1, 0},
+    {"flash_rows_q8_0", -1, {2, 0, 4096, 8}, ORDER, 1, 1},
+    {"flash_rows_q8_0", -1, {4, 0, 4096, 8}, ORDER, 1, 1},
     {NULL, 0, {0, 0, 0, 0}, 0, 0, 0},
 };
 
@@ -210,14 +228,15 @@ extern const kcase_kind kcase_kind_matvec, kcase_kind_matmul, kcase_kind_matmul_
     kcase_kind_rowinv, kcase_kind_pack,
     kcase_kind_act, kcase_kind_rmsnorm, kcase_kind_rope, kcase_kind_swiglu, kcase_kind_add,
     kcase_kind_embed, kcase_kind_kv_write, kcase_kind_flash_gqa, kcase_kind_flash_rows,
-    kcase_kind_flash_gqa_dot, kcase_kind_flash_rows_dot;
+    kcase_kind_flash_gqa_dot, kcase_kind_flash_rows_dot, kcase_kind_kv_write_q8_0, kcase_kind_flash_gqa_q8_0,
+    kcase_kind_flash_rows_q8_0;
 
 static const kcase_kind *const kinds[] = {
     &kcase_kind_matvec, &kcase_kind_matmul, &kcase_kind_matmul_f32, &kcase_kind_matmul_outl, &kcase_kind_rowinv,
     &kcase_kind_pack, &kcase_kind_act,
     &kcase_kind_rmsnorm, &kcase_kind_rope, &kcase_kind_swiglu, &kcase_kind_add, &kcase_kind_embed,
     &kcase_kind_kv_write, &kcase_kind_flash_gqa, &kcase_kind_flash_rows, &kcase_kind_flash_gqa_dot,
-    &kcase_kind_flash_rows_dot,
+    &kcase_kind_flash_rows_dot, &kcase_kind_kv_write_q8_0, &kcase_kind_flash_gqa_q8_0, &kcase_kind_flash_rows_q8_0,
 };
 
 const kcase_kind *kcase_kind_find(const char *op)
@@ -229,7 +248,7 @@ const kcase_kind *kcase_kind_find(const char *op)
 
 const char *kcase_kind_names(void)
 {
-    static char buf[256];
+    static char buf[512];
     if (!buf[0])
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
             if (i) strncat(buf, " ", sizeof buf - strlen(buf) - 1);
