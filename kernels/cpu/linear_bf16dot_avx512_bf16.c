@@ -108,8 +108,11 @@ void k_matvec_bf16dot_avx512_bf16(const void *wpv, const void *xv, float *y, siz
  * tiles find them in L1): it prefetches each panel DM_PF elements ahead.
  * Without it a batched decode step (8 tokens, one tile) waited on every
  * weight line: the hardware streamers stop at each 4 KB page and restart
- * slowly under 16 dpbf16 per line pair. */
-#define DM_PF 1024u
+ * slowly under 16 dpbf16 per line pair. 4 KB ahead (2048 elements) rather
+ * than 2 KB: one-thread kernel A/B, 4096 x 1024 past the LLC, fastest of 21
+ * reps on a loaded machine, 4 tokens 0.217-0.233 ms against 0.270-0.272,
+ * 8 tokens 0.332-0.354 against 0.377-0.380 (8 KB: no better). */
+#define DM_PF 2048u
 
 static inline __attribute__((always_inline)) void
 dm_tile(const kipp_bf16 *p, size_t ps, const kipp_bf16 *x, size_t ldx, size_t kn, float *y, size_t ldy, int T,

@@ -1,7 +1,8 @@
 /*
- * linear_kblock_simd.h - the one prefill driver of the bf16 packed layout's
- * matmuls (the FP32-FMA tile of linear_simd.h and the vdpbf16ps tile of
- * linear_bf16dot_avx512_bf16.c), written once over a per-kernel tile and
+ * linear_kblock_simd.h - the one matmul driver of the bf16 packed layout
+ * (linear_simd.h's FP32-FMA tiles, the small-M sm_tile and the widened
+ * mm_tile, and the vdpbf16ps tile of linear_bf16dot_avx512_bf16.c),
+ * written once over a per-kernel tile and
  * included by each after simd_<level>.h:
  *
  *   #define KB_MATMUL  the matmul's name (k_matmul_fn)

@@ -27,6 +27,8 @@
 #define K_MV_PANELS 4 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 256u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
 #define K_MM_GROUP 128u  /* bf16 FP32-FMA matmul: rows per group, 128 KB of widened weights in L2 */
+#define K_SM_TT 4        /* bf16 FP32-FMA small-M tile tokens (linear_simd.h sm_tile) */
+#define K_SM_MAX 32u     /* bf16 FP32-FMA matmul: up to this many tokens (batched decode) take the small-M tile */
 
 typedef __m256 vf;
 typedef __m256i vi;

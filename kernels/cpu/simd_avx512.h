@@ -114,6 +114,8 @@ static inline __m512i kemu_cvtepi8_epi32(__m128i v)
 #define K_MV_PANELS 1 /* bf16 decode matvec: 16-row panels walked together (linear_simd.h) */
 #define K_MM_KB 128u     /* bf16 FP32-FMA matmul: k per block (linear_simd.h) */
 #define K_MM_GROUP 32u   /* bf16 FP32-FMA matmul: rows per group, 16 KB of widened weights in L1 */
+#define K_SM_TT 8        /* bf16 FP32-FMA small-M tile tokens (linear_simd.h sm_tile) */
+#define K_SM_MAX 32u     /* bf16 FP32-FMA matmul: up to this many tokens (batched decode) take the small-M tile */
 
 typedef __m512 vf;
 typedef __m512i vi;

@@ -47,6 +47,8 @@ const kcase kcase_rows[] = {
     {"matmul", K_FMT_BF16, {1056, 1056, 15, 0}, ORDER, 3, 0},
     {"matmul", K_FMT_BF16, {512, 1024, 2, 1}, ORDER, 2, 0},     /* accumulate onto y */
     {"matmul", K_FMT_BF16, {1056, 1056, 25, 1}, ORDER, 2, 0},
+    {"matmul", K_FMT_BF16, {1040, 1056, 27, 0}, ORDER, 3, 0},   /* small-M tile: token tiles and a tail, a 16-row tail */
+    {"matmul", K_FMT_BF16, {4096, 1024, 8, 0}, ORDER, 2, 1},    /* 0.6B Q|K|V, batched decode B = 8 (small-M tile) */
     {"matmul", K_FMT_BF16, {6144, 1024, 512, 0}, ORDER, 2, 1},  /* 0.6B gate|up, pp512 */
     {"matmul", K_FMT_BF16, {1024, 3072, 512, 0}, ORDER, 2, 1},  /* 0.6B down, pp512 */
     /* the four 0.6B projections at the CPU backend's round of 256 tokens (KIPP_CPU_ROUND_TOKENS) */
@@ -61,6 +63,9 @@ const kcase kcase_rows[] = {
      * tile tails, odd panel counts and thread splits */
     {"rowinv", K_FMT_BF16, {1040, 1056, 25, 0}, EXACT, 3, 0},
     {"rowinv", K_FMT_BF16, {1024, 3072, 13, 0}, EXACT, 2, 0},
+    {"rowinv", K_FMT_BF16, {1040, 1056, 9, 0}, EXACT, 3, 0},  /* small-M tile: a 1-token tail tile, a 16-row tail */
+    {"rowinv", K_FMT_BF16, {1056, 1024, 32, 0}, EXACT, 2, 0}, /* small-M tile at its widest (K_SM_MAX) */
+    {"rowinv", K_FMT_BF16, {1056, 1024, 33, 0}, EXACT, 2, 0}, /* the widened path just past it */
     {"rowinv", K_FMT_Q8_0, {1040, 1056, 25, 0}, EXACT, 3, 0},
     {"rowinv", K_FMT_Q8_0, {1024, 3072, 13, 0}, EXACT, 2, 0},
     {"rowinv", K_FMT_AFFINE4, {1040, 1056, 25, 0}, EXACT, 3, 0},
