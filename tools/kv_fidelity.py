@@ -77,7 +77,7 @@ def main() -> None:
         ref, nt, s_ref = logits(model, text, "bf16", args.threads)
         got, _, s_q8 = logits(model, text, "q8_0", args.threads)
         nmse = float(np.sum((got.astype(np.float64) - ref) ** 2) / np.sum(ref.astype(np.float64) ** 2))
-        row = {"model": path, "prompt_tokens": nt, "logits_nmse": nmse, "bound": 1e-3, "pass": nmse <= 1e-3 and
+        row = {"name": f"kv_q8_0_fidelity_{nt}", "model": path, "prompt_tokens": nt, "logits_nmse": nmse, "bound": 1e-3, "pass": nmse <= 1e-3 and
                int(np.argmax(got)) == int(np.argmax(ref)), "argmax_bf16": int(np.argmax(ref)),
                "argmax_q8_0": int(np.argmax(got)), "wall_s_bf16": round(s_ref, 1), "wall_s_q8_0": round(s_q8, 1)}
         rows.append(row)
