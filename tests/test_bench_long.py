@@ -184,3 +184,25 @@ def test_report_draws_the_long_table(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith(
         "| synthetic-0.6b | q8_0 | tg16k | AMD EPYC amd-f26m2 (avx512_bf16) | 30.00 | 12.00 | **2.50x** | 40.00 (read) | "
         "75.0% | 30.0% | 52.3% | 1 rounds, load 0.1/0.2 | `b-peers.json` |"), lines
+
+
+TINY = ROOT / "build" / "models" / "synthetic-tiny.gguf"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["build/kipp-bench", "--model", str(TINY), "--kv-type", "q4_0"],
+     "--kv-type 'q4_0' is not a KV cache type; expected bf16 or q8_0"),
+    (["build/kipp-serve", "--model", str(TINY), "--kv-type", "q4_0"],
+     "--kv-type 'q4_0' is not a KV cache type; expected bf16 or q8_0"),
+    (["build/kipp-bench", "--model", str(TINY), "--long-ctx", "10"], "--long-ctx '10' is not an integer in 64..1048576"),
+    (["build/kipp-bench", "--model", str(TINY), "--bench", "pplong", "--long-ctx", "100000", "--out", "{tmp}"],
+     "--long-ctx 100000 needs a context of 100032 positions (32 decode steps after it); synthetic-tiny has a "
+     "context length of 4096"),
+])
+def test_bad_kv_type_and_long_ctx_are_named(tmp_path: Path, argv: list[str], needle: str) -> None:
+    """kipp-bench and kipp-serve refuse a KV type they do not have and a --long-ctx out of range or beyond the
+    model's context, naming the value and the limit, before any benchmark or server starts."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and needle in r.stderr, (r.returncode, r.stderr)
+    assert not list(tmp_path.glob("*.json"))  # nothing written for a refused run
